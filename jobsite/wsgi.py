@@ -1,0 +1,8 @@
+"""WSGI entry point (gunicorn jobsite.wsgi)."""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "jobsite.settings")
+application = get_wsgi_application()

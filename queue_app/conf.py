@@ -1,0 +1,51 @@
+"""`queue_settings`: jobsite's namespaced settings with defaults (the `JOBSITE` dict in Django settings).
+
+Modelled on DRF's api_settings: read lazily, cached, and reloaded when a test overrides settings.
+"""
+
+from typing import Any
+
+from django.core.signals import setting_changed
+
+DEFAULTS: dict[str, Any] = {
+    "DEFAULT_QUEUE": "default",
+    "DEFAULT_LEASE_TIMEOUT": 60.0,  # seconds a reservation stays valid without a heartbeat
+    "DEFAULT_MAX_ATTEMPTS": 5,
+    "DEDUP_WINDOW": 300.0,  # seconds; SQS FIFO's window
+    "MAX_PAYLOAD_BYTES": 1_048_576,
+    "MAX_PAYLOAD_DEPTH": 64,
+    "BACKOFF_BASE": 1.0,  # first retry after about this many seconds
+    "BACKOFF_MAX": 3600.0,
+    "BACKOFF_JITTER": 0.2,  # +-20%
+    "NOTIFY_CHANNEL": "jobsite_queue",
+    "DEFAULT_RETENTION_DAYS": 7,
+}
+
+
+class QueueSettings:
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"Invalid jobsite setting: {name!r}")
+        if name not in self._cache:
+            from django.conf import settings
+
+            user = getattr(settings, "JOBSITE", {}) or {}
+            self._cache[name] = user.get(name, DEFAULTS[name])
+        return self._cache[name]
+
+    def reload(self) -> None:
+        self._cache.clear()
+
+
+queue_settings = QueueSettings()
+
+
+def _reload(*, setting: str, **kwargs: Any) -> None:
+    if setting == "JOBSITE":
+        queue_settings.reload()
+
+
+setting_changed.connect(_reload)

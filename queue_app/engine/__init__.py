@@ -1,0 +1,38 @@
+"""The queue engine: enqueue, lease, settle, maintain. Plain SQL (engine/sql.py) on Django's connection.
+
+    from queue_app import engine
+    item = engine.enqueue("billing.charge", {"order": 42}, dedup_key="order-42")
+    for held in engine.lease(["default"], 10, worker_id="w1"):
+        engine.complete(held, {"ok": True})
+"""
+
+from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue
+from .errors import InvalidEnqueue, QueueError, StaleReservation
+from .lease import ALL_QUEUES, Lease, lease
+from .maintenance import prune_dedup_claims, prune_done, rescue_expired
+from .retry import backoff_seconds
+from .settle import complete, complete_many, dead, extend, extend_many, fail, release
+
+__all__ = [
+    "ALL_QUEUES",
+    "Enqueued",
+    "InvalidEnqueue",
+    "Lease",
+    "QueueError",
+    "StaleReservation",
+    "backoff_seconds",
+    "complete",
+    "complete_many",
+    "dead",
+    "enqueue",
+    "enqueue_many",
+    "ensure_queue",
+    "extend",
+    "extend_many",
+    "fail",
+    "lease",
+    "prune_dedup_claims",
+    "prune_done",
+    "release",
+    "rescue_expired",
+]

@@ -1,0 +1,214 @@
+"""enqueue() and enqueue_many(): validate, then write in one round trip (COPY for bulk), NOTIFY on commit.
+
+NOTIFY is sent inside the caller's transaction; PostgreSQL delivers it only at commit and folds repeats of the
+same (channel, queue) within one transaction, so a rolled-back enqueue never wakes a worker.
+"""
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+
+from ..conf import queue_settings
+from . import sql
+from .db import cursor
+from .errors import InvalidEnqueue
+from .payload import encode_json
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,100}$")
+_known_queues: set[tuple[str, str]] = set()
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    id: int
+    queue: str
+    task: str
+    run_at: datetime | None
+    duplicate: bool
+
+
+def _number(name: str, value: Any, *, minimum: float, integer: bool = False) -> Any:
+    if value is None:
+        return None
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise InvalidEnqueue(f"{name} must be {'an integer' if integer else 'a number'}, not {value!r}")
+    if not math.isfinite(value) or value < minimum:
+        raise InvalidEnqueue(f"{name} must be a finite number >= {minimum}, not {value!r}")
+    return value
+
+
+def _key(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 200 or "\x00" in value:
+        raise InvalidEnqueue(f"{name} must be a non-empty string of at most 200 characters, not {value!r}")
+    return value
+
+
+def _params(
+    task: str,
+    *,
+    queue: str | None,
+    priority: int,
+    run_at: datetime | None,
+    delay: float | timedelta | None,
+    ordering_key: str | None,
+    max_attempts: int | None,
+    lease_timeout: float | None,
+) -> dict[str, Any]:
+    if not isinstance(task, str) or not task or len(task) > 200 or "\x00" in task:
+        raise InvalidEnqueue(f"task must be a non-empty name of at most 200 characters, not {task!r}")
+    queue = queue_settings.DEFAULT_QUEUE if queue is None else queue
+    if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
+        raise InvalidEnqueue(f"queue name must match {QUEUE_NAME.pattern}, not {queue!r}")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+        raise InvalidEnqueue(f"priority must be an integer from -100 to 100, not {priority!r}")
+    if run_at is not None and delay is not None:
+        raise InvalidEnqueue("give run_at or delay, not both")
+    if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
+        raise InvalidEnqueue(f"run_at must be a timezone-aware datetime, not {run_at!r}")
+    if isinstance(delay, timedelta):
+        delay = delay.total_seconds()
+    delay = _number("delay", delay, minimum=0)
+    return {
+        "queue": queue,
+        "task": task,
+        "priority": priority,
+        "run_at": run_at,
+        "delay": float(delay or 0),
+        "ordering_key": _key("ordering_key", ordering_key),
+        "max_attempts": _number("max_attempts", max_attempts, minimum=1, integer=True),
+        "lease_timeout": _number("lease_timeout", lease_timeout, minimum=0.001),
+        "channel": queue_settings.NOTIFY_CHANNEL,
+    }
+
+
+def ensure_queue(name: str, using: str = "default") -> None:
+    """Create the queue row with defaults if it does not exist yet (cached per process once committed)."""
+    if (using, name) in _known_queues:
+        return
+    with cursor(using) as cur:
+        cur.execute(
+            sql.ENSURE_QUEUE,
+            {
+                "queue": name,
+                "lease_timeout": float(queue_settings.DEFAULT_LEASE_TIMEOUT),
+                "max_attempts": int(queue_settings.DEFAULT_MAX_ATTEMPTS),
+                "retention": timedelta(days=queue_settings.DEFAULT_RETENTION_DAYS),
+            },
+        )
+    # Only remember it once it is durable: a rolled-back caller must not leave us believing it exists.
+    transaction.on_commit(lambda: _known_queues.add((using, name)), using=using)
+
+
+def enqueue(
+    task: str,
+    payload: Any = None,
+    *,
+    queue: str | None = None,
+    priority: int = 0,
+    run_at: datetime | None = None,
+    delay: float | timedelta | None = None,
+    dedup_key: str | None = None,
+    dedup_window: float | timedelta | None = None,
+    ordering_key: str | None = None,
+    max_attempts: int | None = None,
+    lease_timeout: float | None = None,
+    using: str = "default",
+) -> Enqueued:
+    """Queue one item. Joins the caller's transaction. With `dedup_key`, a second enqueue of the same key in
+    the same queue within the window returns the first item with `duplicate=True` and writes nothing."""
+    params = _params(
+        task,
+        queue=queue,
+        priority=priority,
+        run_at=run_at,
+        delay=delay,
+        ordering_key=ordering_key,
+        max_attempts=max_attempts,
+        lease_timeout=lease_timeout,
+    )
+    params["payload"] = encode_json({} if payload is None else payload)
+    if dedup_key is not None:
+        params["dedup_key"] = _key("dedup_key", dedup_key)
+        if isinstance(dedup_window, timedelta):
+            dedup_window = dedup_window.total_seconds()
+        window = queue_settings.DEDUP_WINDOW if dedup_window is None else dedup_window
+        params["dedup_window"] = float(_number("dedup_window", window, minimum=0.001))
+    with transaction.atomic(using=using):
+        ensure_queue(params["queue"], using)
+        with cursor(using) as cur:
+            cur.execute(sql.ENQUEUE if dedup_key is None else sql.ENQUEUE_DEDUP, params)
+            row = cur.fetchone()
+            if row is not None:
+                return Enqueued(row[0], params["queue"], task, row[1], duplicate=False)
+            cur.execute(sql.DEDUP_OWNER, params)
+            owner = cur.fetchone()
+    if owner is None:  # the claim vanished between the two statements (pruned): claim again
+        return enqueue(
+            task,
+            payload,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            delay=delay,
+            dedup_key=dedup_key,
+            dedup_window=dedup_window,
+            ordering_key=ordering_key,
+            max_attempts=max_attempts,
+            lease_timeout=lease_timeout,
+            using=using,
+        )
+    return Enqueued(owner[0], params["queue"], task, owner[1], duplicate=True)
+
+
+def enqueue_many(
+    task: str,
+    payloads: Iterable[Any],
+    *,
+    queue: str | None = None,
+    priority: int = 0,
+    run_at: datetime | None = None,
+    delay: float | timedelta | None = None,
+    ordering_key: str | None = None,
+    max_attempts: int | None = None,
+    lease_timeout: float | None = None,
+    using: str = "default",
+) -> list[int]:
+    """Queue many items of one task with COPY; all payloads are validated before anything is written.
+    Returns the new item ids in payload order. Dedup keys are per item: use enqueue() for those."""
+    params = _params(
+        task,
+        queue=queue,
+        priority=priority,
+        run_at=run_at,
+        delay=delay,
+        ordering_key=ordering_key,
+        max_attempts=max_attempts,
+        lease_timeout=lease_timeout,
+    )
+    encoded = [encode_json({} if p is None else p) for p in payloads]
+    if not encoded:
+        return []
+    with transaction.atomic(using=using):
+        ensure_queue(params["queue"], using)
+        with cursor(using) as cur:
+            cur.execute(sql.ALLOCATE_IDS, {"n": len(encoded), "queue": params["queue"]})
+            now, ids, queue_max_attempts = cur.fetchone()
+            due = params["run_at"] or now + timedelta(seconds=params["delay"])
+            attempts = params["max_attempts"] or queue_max_attempts
+            fixed = (params["queue"], task)
+            tail = ("ready", priority, due, due, 0, attempts, params["lease_timeout"], None)
+            tail2 = (params["ordering_key"], "", now, now)
+            raw = cur.cursor  # psycopg's cursor: Django's wrapper has no COPY
+            with raw.copy(sql.COPY_ITEMS) as copy:
+                for item_id, text in zip(ids, encoded, strict=True):
+                    copy.write_row((item_id, *fixed, text, *tail, *tail2))
+            cur.execute(sql.NOTIFY, {"channel": params["channel"], "queue": params["queue"]})
+    return ids

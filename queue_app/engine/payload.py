@@ -1,0 +1,48 @@
+"""Payload validation and encoding: JSON only, bounded in size and depth, storable as jsonb."""
+
+import json
+import math
+from typing import Any
+
+from ..conf import queue_settings
+from .errors import InvalidEnqueue
+
+
+def _check_depth(value: Any, limit: int, what: str) -> None:
+    # Iterative, so a hostile payload cannot blow the Python stack before we refuse it.
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            raise InvalidEnqueue(f"{what} nested deeper than {limit} levels")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, depth + 1) for v in node)
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise InvalidEnqueue(f"{what} contains {node!r}, which JSON cannot carry")
+
+
+def encode_json(value: Any, what: str = "payload") -> str:
+    """Return `value` as JSON text for a jsonb column, or raise InvalidEnqueue saying why it cannot be stored."""
+    _check_depth(value, queue_settings.MAX_PAYLOAD_DEPTH, what)
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidEnqueue(f"{what} is not JSON-serializable: {exc}") from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidEnqueue(f"{what} is not valid UTF-8 text: {exc.reason}") from None
+    if size > queue_settings.MAX_PAYLOAD_BYTES:
+        raise InvalidEnqueue(f"{what} is {size} bytes, over the limit of {queue_settings.MAX_PAYLOAD_BYTES}")
+    if "\\u0000" in text or "\x00" in text:
+        raise InvalidEnqueue(f"{what} contains a NUL character, which PostgreSQL jsonb cannot store")
+    return text
+
+
+def decode_json(value: Any) -> Any:
+    """jsonb comes back from Django's psycopg setup as text; decode it (None stays None)."""
+    if value is None or not isinstance(value, (str, bytes)):
+        return value
+    return json.loads(value)

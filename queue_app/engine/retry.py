@@ -1,0 +1,15 @@
+"""The retry policy: exponential backoff with jitter, a small pure function (River's default policy)."""
+
+import random
+
+from ..conf import queue_settings
+
+
+def backoff_seconds(attempt: int, *, base: float | None = None, cap: float | None = None) -> float:
+    """Seconds to wait before attempt `attempt + 1`, after `attempt` failures: base * 2^(attempt-1), capped,
+    with +-jitter so retries of a burst of failures spread out."""
+    base = queue_settings.BACKOFF_BASE if base is None else base
+    cap = queue_settings.BACKOFF_MAX if cap is None else cap
+    delay = min(cap, base * (2 ** max(0, attempt - 1)))
+    jitter = queue_settings.BACKOFF_JITTER
+    return max(0.0, delay * random.uniform(1 - jitter, 1 + jitter))

@@ -1,0 +1,154 @@
+"""Settling a reservation: complete, fail (retry or dead), dead, extend, release. All fenced by reservation id.
+
+A settle whose reservation is no longer the item's current one changes nothing: the single forms raise
+StaleReservation, the batch forms return the stale ones so a worker can log them and move on.
+"""
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from . import sql
+from .db import cursor
+from .errors import StaleReservation
+from .payload import encode_json
+from .retry import backoff_seconds
+
+
+class Held(Protocol):
+    """Anything naming an item and the reservation that holds it (a Lease, or a stored Reservation)."""
+
+    reservation_id: int
+    item_id: int
+    attempt: int
+
+
+def complete_many(done: Iterable[tuple[Held, Any]], *, using: str = "default") -> list[Held]:
+    """Mark items done with their results in one statement. Returns the leases that were stale (unchanged).
+    Results must be JSON (InvalidEnqueue otherwise, raised before anything is written)."""
+    pairs = list(done)
+    if not pairs:
+        return []
+    results = [None if result is None else encode_json(result, "result") for _, result in pairs]
+    with cursor(using) as cur:
+        cur.execute(
+            sql.COMPLETE_MANY,
+            {
+                "item_ids": [h.item_id for h, _ in pairs],
+                "reservation_ids": [h.reservation_id for h, _ in pairs],
+                "results": results,
+            },
+        )
+        settled = {row[0] for row in cur.fetchall()}
+    return [h for h, _ in pairs if h.reservation_id not in settled]
+
+
+def complete(held: Held, result: Any = None, *, using: str = "default") -> None:
+    if complete_many([(held, result)], using=using):
+        raise StaleReservation(held.reservation_id, held.item_id, "complete")
+
+
+def _fail(
+    held: Held,
+    *,
+    error: str,
+    traceback: str,
+    retry_in: float,
+    force_dead: bool,
+    reason: str,
+    outcome: str | None,
+    action: str,
+    using: str,
+) -> str:
+    with cursor(using) as cur:
+        cur.execute(
+            sql.FAIL,
+            {
+                "item_id": held.item_id,
+                "reservation_id": held.reservation_id,
+                "error": error,
+                "traceback": traceback,
+                "retry_in": float(retry_in),
+                "force_dead": force_dead,
+                "reason": reason,
+                "outcome": outcome,
+            },
+        )
+        row = cur.fetchone()
+    if row is None:
+        raise StaleReservation(held.reservation_id, held.item_id, action)
+    return "dead" if row[1] else "retry"
+
+
+def fail(
+    held: Held,
+    error: str,
+    *,
+    traceback: str = "",
+    retry_in: float | None = None,
+    timed_out: bool = False,
+    using: str = "default",
+) -> str:
+    """Record a failed attempt. With attempts left the item goes back to ready after `retry_in` seconds
+    (default: exponential backoff with jitter); otherwise it becomes a dead letter. Returns "retry" or "dead"."""
+    return _fail(
+        held,
+        error=error,
+        traceback=traceback,
+        retry_in=backoff_seconds(held.attempt) if retry_in is None else max(0.0, retry_in),
+        force_dead=False,
+        reason="",
+        outcome="timed_out" if timed_out else None,
+        action="fail",
+        using=using,
+    )
+
+
+def dead(held: Held, reason: str, error: str = "", *, traceback: str = "", using: str = "default") -> None:
+    """Send the item straight to the dead letters (poison: unknown task, undecodable payload), whatever its
+    attempts."""
+    _fail(
+        held,
+        error=error or reason,
+        traceback=traceback,
+        retry_in=0,
+        force_dead=True,
+        reason=reason[:200],
+        outcome=None,
+        action="dead-letter",
+        using=using,
+    )
+
+
+def extend_many(held: Sequence[Held], seconds: float, *, using: str = "default") -> dict[int, datetime]:
+    """Push the lease deadline of each current reservation to now + seconds (heartbeat). Returns
+    {reservation_id: new deadline} for those still current; a missing id means that reservation is stale."""
+    if not held:
+        return {}
+    with cursor(using) as cur:
+        cur.execute(
+            sql.EXTEND_MANY,
+            {
+                "item_ids": [h.item_id for h in held],
+                "reservation_ids": [h.reservation_id for h in held],
+                "seconds": float(seconds),
+            },
+        )
+        return dict(cur.fetchall())
+
+
+def extend(held: Held, seconds: float, *, using: str = "default") -> datetime:
+    deadline = extend_many([held], seconds, using=using).get(held.reservation_id)
+    if deadline is None:
+        raise StaleReservation(held.reservation_id, held.item_id, "extend")
+    return deadline
+
+
+def release(held: Held, *, delay: float = 0.0, using: str = "default") -> None:
+    """Hand the item back to the queue without spending the attempt (the handler never ran)."""
+    with cursor(using) as cur:
+        cur.execute(
+            sql.RELEASE, {"item_id": held.item_id, "reservation_id": held.reservation_id, "delay": float(delay)}
+        )
+        if cur.fetchone() is None:
+            raise StaleReservation(held.reservation_id, held.item_id, "release")

@@ -1,0 +1,254 @@
+"""Every SQL statement of the queue's hot path, named, in one place (River keeps its queries the same way).
+
+Conventions:
+- Parameters are named (`%(name)s`); each statement is one round trip.
+- Every settle is fenced: it matches `reservation_id = %(reservation_id)s AND state = 'reserved'`, so a
+  reservation that is no longer current changes nothing (the caller sees zero rows and raises StaleReservation).
+- `visible_at` is SQS's visibility: the due time while ready, the lease deadline while reserved. The partial
+  index `item_fetch` (queue, priority DESC, visible_at, id) WHERE state IN ('ready','reserved') serves the fetch;
+  done, dead and cancelled rows are not in it, so history never slows a lease.
+"""
+
+ITEM = "queue_app_queueitem"
+RESERVATION = "queue_app_reservation"
+DEAD_LETTER = "queue_app_deadletter"
+QUEUE = "queue_app_queue"
+DEDUP = "queue_app_dedupclaim"
+
+# -- queues ---------------------------------------------------------------------------------------------------
+
+ENSURE_QUEUE = f"""
+INSERT INTO {QUEUE} (name, paused, concurrency_limit, lease_timeout, max_attempts, retention, created_at)
+VALUES (%(queue)s, false, NULL, %(lease_timeout)s, %(max_attempts)s, %(retention)s, now())
+ON CONFLICT (name) DO NOTHING
+"""
+
+# Queues a lease may draw from: not paused; `all_queues` ignores the name list.
+LEASABLE_QUEUES = f"""
+SELECT name, concurrency_limit FROM {QUEUE}
+WHERE NOT paused AND (%(all_queues)s OR name = ANY(%(queues)s))
+"""
+
+# Serializes leasers of one concurrency-limited queue, then counts what is in flight (a lease that expired is
+# not in flight: it can be taken again).
+LOCK_LIMITED_QUEUE = f"SELECT concurrency_limit FROM {QUEUE} WHERE name = %(queue)s AND NOT paused FOR UPDATE"
+IN_FLIGHT = f"""
+SELECT count(*) FROM {ITEM}
+WHERE queue_id = %(queue)s AND state = 'reserved' AND visible_at > now()
+"""
+
+# -- enqueue --------------------------------------------------------------------------------------------------
+
+_ITEM_COLUMNS = """(id, queue_id, task, payload, state, priority, run_at, visible_at, attempts, max_attempts,
+    lease_timeout, dedup_key, ordering_key, error, created_at, updated_at)"""
+
+_DUE = "COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s))"
+# An item without its own max_attempts takes its queue's.
+_MAX_ATTEMPTS = f"COALESCE(%(max_attempts)s, (SELECT max_attempts FROM {QUEUE} WHERE name = %(queue)s))"
+
+ENQUEUE = f"""
+WITH ins AS (
+    INSERT INTO {ITEM} {_ITEM_COLUMNS}
+    VALUES (DEFAULT, %(queue)s, %(task)s, %(payload)s::jsonb, 'ready', %(priority)s, {_DUE}, {_DUE}, 0,
+            {_MAX_ATTEMPTS}, %(lease_timeout)s, NULL, %(ordering_key)s, '', now(), now())
+    RETURNING id, run_at
+)
+SELECT id, run_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
+"""
+
+# The claim row decides, under concurrency, which enqueue owns the key: the first inserts it; the others wait
+# on its row lock, then see an unexpired claim and get no row back (a duplicate). An expired claim is taken over.
+ENQUEUE_DEDUP = f"""
+WITH claim AS (
+    INSERT INTO {DEDUP} AS c (queue_id, key, item_id, expires_at)
+    VALUES (%(queue)s, %(dedup_key)s, nextval(pg_get_serial_sequence('{ITEM}', 'id')),
+            now() + make_interval(secs => %(dedup_window)s))
+    ON CONFLICT (queue_id, key) DO UPDATE
+        SET item_id = EXCLUDED.item_id, expires_at = EXCLUDED.expires_at
+        WHERE c.expires_at <= now()
+    RETURNING item_id
+), ins AS (
+    INSERT INTO {ITEM} {_ITEM_COLUMNS}
+    SELECT claim.item_id, %(queue)s, %(task)s, %(payload)s::jsonb, 'ready', %(priority)s, {_DUE}, {_DUE}, 0,
+           {_MAX_ATTEMPTS}, %(lease_timeout)s, %(dedup_key)s, %(ordering_key)s, '', now(), now()
+    FROM claim
+    RETURNING id, run_at
+)
+SELECT id, run_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
+"""
+
+# Runs as its own statement after ENQUEUE_DEDUP returned nothing, so its snapshot sees the winner's commit.
+DEDUP_OWNER = f"""
+SELECT c.item_id, i.run_at FROM {DEDUP} c LEFT JOIN {ITEM} i ON i.id = c.item_id
+WHERE c.queue_id = %(queue)s AND c.key = %(dedup_key)s
+"""
+
+# Bulk enqueue: ids and the transaction's clock first, then COPY the rows.
+ALLOCATE_IDS = f"""
+SELECT now(), array(SELECT nextval(pg_get_serial_sequence('{ITEM}', 'id')) FROM generate_series(1, %(n)s)),
+       (SELECT max_attempts FROM {QUEUE} WHERE name = %(queue)s)
+"""
+COPY_ITEMS = f"COPY {ITEM} {_ITEM_COLUMNS} FROM STDIN"
+NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
+
+# -- lease ----------------------------------------------------------------------------------------------------
+
+# Due ready items and items whose lease expired (attempts left), from the given queues, best first; an item
+# with an ordering key only when no older item of its key is still open (one in flight per key, in enqueue
+# order, a retried item keeps blocking its key). SKIP LOCKED lets concurrent leasers pass each other.
+LEASE = f"""
+WITH picked AS (
+    SELECT i.id, i.queue_id, i.state AS prev_state, i.reservation_id AS prev_reservation, i.attempts,
+           i.lease_timeout
+    FROM {ITEM} i
+    WHERE i.state IN ('ready', 'reserved')
+      AND i.visible_at <= now()
+      AND i.queue_id = ANY(%(queues)s)
+      AND (i.state = 'ready' OR i.attempts < i.max_attempts)
+      AND (i.ordering_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {ITEM} o
+            WHERE o.queue_id = i.queue_id AND o.ordering_key = i.ordering_key
+              AND o.state IN ('ready', 'reserved') AND o.id < i.id))
+    ORDER BY i.priority DESC, i.visible_at, i.id
+    LIMIT %(n)s
+    FOR UPDATE OF i SKIP LOCKED
+), expired AS (
+    UPDATE {RESERVATION} r SET outcome = 'expired', finished_at = now()
+    FROM picked p
+    WHERE p.prev_state = 'reserved' AND r.id = p.prev_reservation AND r.outcome IS NULL
+), res AS (
+    INSERT INTO {RESERVATION}
+        (item_id, attempt, worker_id, reserved_at, lease_expires_at, heartbeat_at, error, traceback)
+    SELECT p.id, p.attempts + 1, %(worker_id)s, now(),
+           now() + make_interval(secs => COALESCE(
+               p.lease_timeout, %(lease_timeout)s, (SELECT q.lease_timeout FROM {QUEUE} q WHERE q.name = p.queue_id)
+           )), now(), '', ''
+    FROM picked p
+    RETURNING id, item_id, attempt, lease_expires_at
+)
+UPDATE {ITEM} i
+SET state = 'reserved', reservation_id = res.id, attempts = res.attempt, visible_at = res.lease_expires_at,
+    updated_at = now()
+FROM res
+WHERE i.id = res.item_id
+RETURNING res.id, i.id, i.queue_id, i.task, i.payload, res.attempt, i.max_attempts, res.lease_expires_at,
+          i.priority, i.ordering_key, i.run_at, i.created_at
+"""
+
+# -- settle ---------------------------------------------------------------------------------------------------
+
+COMPLETE_MANY = f"""
+WITH v AS (
+    SELECT * FROM unnest(%(item_ids)s::bigint[], %(reservation_ids)s::bigint[], %(results)s::jsonb[])
+        AS v(item_id, reservation_id, result)
+), settled AS (
+    UPDATE {ITEM} i
+    SET state = 'done', result = v.result, error = '', finished_at = now(), updated_at = now()
+    FROM v
+    WHERE i.id = v.item_id AND i.reservation_id = v.reservation_id AND i.state = 'reserved'
+    RETURNING i.reservation_id
+)
+UPDATE {RESERVATION} r SET outcome = 'done', finished_at = now()
+FROM settled s WHERE r.id = s.reservation_id
+RETURNING r.id
+"""
+
+# Fail one attempt: back to ready after `retry_in` seconds while attempts are left, otherwise dead with a
+# DeadLetter row. `force_dead` sends it straight to the dead letters (poison: unknown task, bad payload).
+# `outcome` names how the attempt ended when it is not a plain failure (timed_out).
+FAIL = f"""
+WITH cur AS (
+    SELECT id, reservation_id, (attempts >= max_attempts OR %(force_dead)s) AS dies
+    FROM {ITEM}
+    WHERE id = %(item_id)s AND reservation_id = %(reservation_id)s AND state = 'reserved'
+    FOR UPDATE
+), settled AS (
+    UPDATE {ITEM} i
+    SET state = CASE WHEN cur.dies THEN 'dead' ELSE 'ready' END,
+        run_at = CASE WHEN cur.dies THEN i.run_at ELSE now() + make_interval(secs => %(retry_in)s) END,
+        visible_at = CASE WHEN cur.dies THEN i.visible_at ELSE now() + make_interval(secs => %(retry_in)s) END,
+        finished_at = CASE WHEN cur.dies THEN now() END,
+        error = %(error)s, updated_at = now()
+    FROM cur
+    WHERE i.id = cur.id
+    RETURNING i.id, i.reservation_id, cur.dies
+), letter AS (
+    INSERT INTO {DEAD_LETTER} (item_id, reason, last_error, died_at, requeued_by)
+    SELECT id, CASE WHEN %(force_dead)s THEN %(reason)s ELSE 'max attempts exhausted' END, %(error)s, now(), ''
+    FROM settled WHERE dies
+)
+UPDATE {RESERVATION} r
+SET outcome = COALESCE(%(outcome)s, CASE WHEN s.dies THEN 'dead' ELSE 'retry' END),
+    finished_at = now(), error = %(error)s, traceback = %(traceback)s
+FROM settled s WHERE r.id = s.reservation_id
+RETURNING r.id, s.dies
+"""
+
+EXTEND_MANY = f"""
+WITH v AS (
+    SELECT * FROM unnest(%(item_ids)s::bigint[], %(reservation_ids)s::bigint[]) AS v(item_id, reservation_id)
+), ext AS (
+    UPDATE {ITEM} i SET visible_at = now() + make_interval(secs => %(seconds)s), updated_at = now()
+    FROM v
+    WHERE i.id = v.item_id AND i.reservation_id = v.reservation_id AND i.state = 'reserved'
+    RETURNING i.reservation_id, i.visible_at
+)
+UPDATE {RESERVATION} r SET lease_expires_at = ext.visible_at, heartbeat_at = now()
+FROM ext WHERE r.id = ext.reservation_id
+RETURNING r.id, r.lease_expires_at
+"""
+
+# Hand an item back without spending its attempt (worker shutting down before it started the handler).
+RELEASE = f"""
+WITH settled AS (
+    UPDATE {ITEM}
+    SET state = 'ready', attempts = attempts - 1, visible_at = now() + make_interval(secs => %(delay)s),
+        updated_at = now()
+    WHERE id = %(item_id)s AND reservation_id = %(reservation_id)s AND state = 'reserved'
+    RETURNING reservation_id
+)
+UPDATE {RESERVATION} r SET outcome = 'released', finished_at = now()
+FROM settled s WHERE r.id = s.reservation_id
+RETURNING r.id
+"""
+
+# -- maintenance ----------------------------------------------------------------------------------------------
+
+# Expired leases: back to ready (attempt already counted at lease) or, with no attempts left, dead.
+RESCUE_EXPIRED = f"""
+WITH cur AS (
+    SELECT id, reservation_id, attempts >= max_attempts AS dies
+    FROM {ITEM}
+    WHERE state = 'reserved' AND visible_at < now()
+    ORDER BY visible_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), settled AS (
+    UPDATE {ITEM} i
+    SET state = CASE WHEN cur.dies THEN 'dead' ELSE 'ready' END,
+        visible_at = now(),
+        finished_at = CASE WHEN cur.dies THEN now() END,
+        error = 'lease expired: the worker holding it stopped or hung', updated_at = now()
+    FROM cur WHERE i.id = cur.id
+    RETURNING i.id, i.reservation_id, cur.dies
+), letter AS (
+    INSERT INTO {DEAD_LETTER} (item_id, reason, last_error, died_at, requeued_by)
+    SELECT id, 'lease expired on the last attempt', 'lease expired: the worker holding it stopped or hung',
+           now(), ''
+    FROM settled WHERE dies
+), outcome AS (
+    UPDATE {RESERVATION} r SET outcome = 'expired', finished_at = now()
+    FROM settled s WHERE r.id = s.reservation_id AND r.outcome IS NULL
+)
+SELECT count(*) FILTER (WHERE NOT dies), count(*) FILTER (WHERE dies) FROM settled
+"""
+
+PRUNE_DONE = f"""
+DELETE FROM {ITEM} WHERE id IN (
+    SELECT i.id FROM {ITEM} i JOIN {QUEUE} q ON q.name = i.queue_id
+    WHERE i.state = 'done' AND i.finished_at < now() - q.retention
+    LIMIT %(limit)s
+)
+"""
+
+PRUNE_DEDUP = f"DELETE FROM {DEDUP} WHERE expires_at <= now()"

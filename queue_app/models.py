@@ -1,0 +1,207 @@
+"""The queue's tables: Queue, QueueItem, Reservation, DeadLetter, DedupClaim, Worker.
+
+Rows are written by the engine (queue_app/engine/, plain SQL on the hot path) and by services.py; the models
+give the admin and the ORM a typed view, and the migrations carry the indexes the hot path needs.
+"""
+
+from datetime import timedelta
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+
+class ItemState(models.TextChoices):
+    READY = "ready"
+    RESERVED = "reserved"
+    DONE = "done"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+class Outcome(models.TextChoices):
+    """How one attempt (reservation) ended."""
+
+    DONE = "done"
+    RETRY = "retry"  # failed, item went back to ready with backoff
+    DEAD = "dead"  # failed for the last time, or poison
+    EXPIRED = "expired"  # lease ran out (worker died or hung); the item was taken again or rescued
+    RELEASED = "released"  # handed back without spending the attempt
+    CANCELLED = "cancelled"  # the item was cancelled while reserved
+    TIMED_OUT = "timed_out"  # handler stopped at its hard timeout, then retried or dead
+
+
+class Queue(models.Model):
+    name = models.CharField(primary_key=True, max_length=100)
+    paused = models.BooleanField(default=False)
+    concurrency_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Most items in flight at once across all workers; empty = no limit."
+    )
+    lease_timeout = models.FloatField(default=60.0, help_text="Default visibility timeout in seconds.")
+    max_attempts = models.PositiveIntegerField(default=5)
+    retention = models.DurationField(
+        default=timedelta(days=7), help_text="How long done items are kept before pruning."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        permissions = [("pause_queue", "Can pause and resume queues")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class QueueItem(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    queue = models.ForeignKey(Queue, on_delete=models.PROTECT, db_constraint=True, related_name="items")
+    task = models.CharField(max_length=200)
+    payload = models.JSONField(default=dict)
+    state = models.CharField(max_length=10, choices=ItemState.choices, default=ItemState.READY)
+    priority = models.SmallIntegerField(default=0, help_text="-100..100, higher first.")
+    run_at = models.DateTimeField(db_default=Now(), help_text="When the item is due (as enqueued, or after backoff).")
+    # SQS's visibility: when a worker may take the item. Equals run_at while ready and the lease deadline
+    # while reserved, so one ordered partial index serves both "due" and "lease expired".
+    visible_at = models.DateTimeField(db_default=Now())
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=5)
+    lease_timeout = models.FloatField(null=True, blank=True, help_text="Per-item lease, seconds.")
+    dedup_key = models.CharField(max_length=200, null=True, blank=True)
+    ordering_key = models.CharField(max_length=200, null=True, blank=True)
+    reservation = models.OneToOneField(
+        "Reservation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
+    )
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="", help_text="Summary of the last error.")
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        permissions = [
+            ("requeue_queueitem", "Can requeue items and dead letters"),
+            ("cancel_queueitem", "Can cancel items"),
+        ]
+        indexes = [
+            # The fetch: only rows a worker may take, in the order it takes them.
+            models.Index(
+                "queue",
+                models.F("priority").desc(),
+                "visible_at",
+                "id",
+                name="item_fetch",
+                condition=Q(state__in=["ready", "reserved"]),
+            ),
+            # Ordering keys: "is an older item of my key still open?"
+            models.Index(
+                "queue",
+                "ordering_key",
+                "id",
+                name="item_ordering_open",
+                condition=Q(state__in=["ready", "reserved"], ordering_key__isnull=False),
+            ),
+            models.Index("queue", "state", "finished_at", name="item_queue_state_finished"),
+            models.Index("task", "state", name="item_task_state"),
+            models.Index("dedup_key", name="item_dedup_key", condition=Q(dedup_key__isnull=False)),
+            models.Index("created_at", name="item_created"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(priority__gte=-100, priority__lte=100), name="item_priority_range"),
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in ItemState]), name="item_state_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.id} {self.task} ({self.state})"
+
+    def save(self, *args, **kwargs) -> None:
+        # A row created through the ORM becomes visible when it is due, like one from engine.enqueue().
+        if self._state.adding and self.run_at is not None and not isinstance(self.run_at, models.Expression):
+            self.visible_at = self.run_at
+        super().save(*args, **kwargs)
+
+
+class Reservation(models.Model):
+    """One attempt at one item; its id is the fencing token a settle must name."""
+
+    id = models.BigAutoField(primary_key=True)
+    item = models.ForeignKey(QueueItem, on_delete=models.DB_CASCADE, related_name="reservations")
+    attempt = models.PositiveIntegerField()
+    worker_id = models.CharField(max_length=200)
+    reserved_at = models.DateTimeField()
+    lease_expires_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=10, choices=Outcome.choices, null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index("item", "id", name="reservation_item")]
+
+    def __str__(self) -> str:
+        return f"reservation {self.id} of item {self.item_id} (attempt {self.attempt})"
+
+
+class DeadLetter(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    item = models.ForeignKey(QueueItem, on_delete=models.DB_CASCADE, related_name="dead_letters")
+    reason = models.CharField(max_length=200)
+    last_error = models.TextField(blank=True, default="")
+    died_at = models.DateTimeField()
+    requeued_at = models.DateTimeField(null=True, blank=True)
+    requeued_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index("died_at", name="deadletter_died"),
+            models.Index("item", name="deadletter_open_item", condition=Q(requeued_at__isnull=True)),
+        ]
+
+    def __str__(self) -> str:
+        return f"dead letter of item {self.item_id}: {self.reason}"
+
+
+class DedupClaim(models.Model):
+    """(queue, dedup key) -> the item that holds the key until `expires_at`.
+
+    The primary key makes concurrent enqueuers of one key agree on one item; a claim past its window is taken
+    over by the next enqueue (INSERT ... ON CONFLICT DO UPDATE ... WHERE expired).
+    """
+
+    pk = models.CompositePrimaryKey("queue_id", "key")
+    queue_id = models.CharField(max_length=100)
+    key = models.CharField(max_length=200)
+    item_id = models.BigIntegerField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index("expires_at", name="dedup_expires")]
+
+
+class WorkerState(models.TextChoices):
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class Worker(models.Model):
+    id = models.CharField(primary_key=True, max_length=200)
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    queues = models.JSONField(default=list)
+    concurrency = models.PositiveIntegerField(default=1)
+    started_at = models.DateTimeField()
+    last_heartbeat = models.DateTimeField()
+    state = models.CharField(max_length=10, choices=WorkerState.choices, default=WorkerState.RUNNING)
+    stats = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-last_heartbeat"]
+
+    def __str__(self) -> str:
+        return self.id

@@ -1,0 +1,142 @@
+"""One function per state change outside the hot path: requeue, retry now, cancel, pause, resume, purge.
+
+The admin, the dashboard, the CLI and the worker call these and never write queue rows themselves (Zulip's
+`do_*` actions). Each returns how many rows it changed, so callers can report counts; ids in a state the action
+does not apply to are left alone and not counted.
+"""
+
+from collections.abc import Iterable
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from .conf import queue_settings
+from .engine.db import cursor
+from .engine.sql import NOTIFY
+from .models import DeadLetter, ItemState, Outcome, Queue, QueueItem, Reservation
+
+REQUEUEABLE = (ItemState.DEAD, ItemState.CANCELLED)
+CANCELLABLE = (ItemState.READY, ItemState.RESERVED)
+
+
+def _notify(queues: Iterable[str]) -> None:
+    with cursor() as cur:
+        for queue in set(queues):
+            cur.execute(NOTIFY, {"channel": queue_settings.NOTIFY_CHANNEL, "queue": queue})
+
+
+@transaction.atomic
+def requeue_items(item_ids: Iterable[int], *, actor: str = "") -> int:
+    """Dead or cancelled items go back to ready with their attempts reset; their attempt history stays and
+    their open dead letters are marked requeued (by `actor`)."""
+    locked = list(
+        QueueItem.objects.select_for_update()
+        .filter(id__in=list(item_ids), state__in=REQUEUEABLE)
+        .values_list("id", "queue_id")
+    )
+    if not locked:
+        return 0
+    ids = [item_id for item_id, _ in locked]
+    QueueItem.objects.filter(id__in=ids).update(
+        state=ItemState.READY,
+        attempts=0,
+        run_at=Now(),
+        visible_at=Now(),
+        finished_at=None,
+        error="",
+        updated_at=Now(),
+    )
+    DeadLetter.objects.filter(item_id__in=ids, requeued_at__isnull=True).update(
+        requeued_at=Now(), requeued_by=actor[:150]
+    )
+    _notify(queue for _, queue in locked)
+    return len(ids)
+
+
+def requeue_dead_letters(dead_letter_ids: Iterable[int], *, actor: str = "") -> int:
+    """Requeue the items of these dead letters (those not requeued already)."""
+    item_ids = DeadLetter.objects.filter(id__in=list(dead_letter_ids), requeued_at__isnull=True).values_list(
+        "item_id", flat=True
+    )
+    return requeue_items(list(item_ids), actor=actor)
+
+
+@transaction.atomic
+def retry_now(item_ids: Iterable[int]) -> int:
+    """Ready items waiting for their run time or backoff become due now."""
+    locked = list(
+        QueueItem.objects.select_for_update()
+        .filter(id__in=list(item_ids), state=ItemState.READY, visible_at__gt=Now())
+        .values_list("id", "queue_id")
+    )
+    if not locked:
+        return 0
+    QueueItem.objects.filter(id__in=[i for i, _ in locked]).update(run_at=Now(), visible_at=Now(), updated_at=Now())
+    _notify(queue for _, queue in locked)
+    return len(locked)
+
+
+@transaction.atomic
+def cancel_items(item_ids: Iterable[int], *, actor: str = "") -> int:
+    """Ready or reserved items become cancelled. A worker holding one finds its reservation stale: its settle
+    changes nothing, and its heartbeat tells it to stop the handler."""
+    locked = list(
+        QueueItem.objects.select_for_update()
+        .filter(id__in=list(item_ids), state__in=CANCELLABLE)
+        .values_list("id", "state", "reservation_id")
+    )
+    if not locked:
+        return 0
+    QueueItem.objects.filter(id__in=[i for i, _, _ in locked]).update(
+        state=ItemState.CANCELLED,
+        finished_at=Now(),
+        error=f"cancelled by {actor}" if actor else "cancelled",
+        updated_at=Now(),
+    )
+    held = [rid for _, state, rid in locked if state == ItemState.RESERVED and rid is not None]
+    Reservation.objects.filter(id__in=held, outcome__isnull=True).update(outcome=Outcome.CANCELLED, finished_at=Now())
+    return len(locked)
+
+
+def pause_queue(name: str) -> int:
+    """Stop workers leasing from the queue; items in flight finish normally."""
+    return Queue.objects.filter(name=name, paused=False).update(paused=True)
+
+
+def resume_queue(name: str) -> int:
+    changed = Queue.objects.filter(name=name, paused=True).update(paused=False)
+    if changed:
+        _notify([name])
+    return changed
+
+
+@transaction.atomic
+def purge_dead_letters(older_than: timedelta) -> int:
+    """Delete items that have been dead for longer than `older_than`, with their dead letters and history."""
+    doomed = QueueItem.objects.filter(
+        state=ItemState.DEAD, finished_at__lt=Now() - older_than
+    ).values_list("id", flat=True)
+    deleted, _ = QueueItem.objects.filter(id__in=list(doomed)).delete()
+    return deleted
+
+
+def set_queue_options(name: str, **options: object) -> int:
+    """Change a queue's settings (concurrency_limit, lease_timeout, max_attempts, retention)."""
+    allowed = {"concurrency_limit", "lease_timeout", "max_attempts", "retention"}
+    unknown = set(options) - allowed
+    if unknown:
+        raise ValueError(f"unknown queue options: {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(allowed))}")
+    return Queue.objects.filter(name=name).update(**options)
+
+
+__all__ = [
+    "cancel_items",
+    "pause_queue",
+    "purge_dead_letters",
+    "requeue_dead_letters",
+    "requeue_items",
+    "resume_queue",
+    "retry_now",
+    "set_queue_options",
+]

@@ -1,0 +1,78 @@
+"""Shared fixtures: a real PostgreSQL (embedded by default, DATABASE_URL when set) and the environment a
+child process (a real worker) needs to reach the same test database."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child_env(db_name: str, **extra: str) -> dict[str, str]:
+    """Environment for a subprocess (manage.py run_worker ...) that must use the test database `db_name`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["JOBSITE_NO_BOOTSTRAP"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["DJANGO_SETTINGS_MODULE"] = "jobsite.settings"
+    if "DATABASE_URL" in env:
+        parts = urlsplit(env["DATABASE_URL"])
+        env["DATABASE_URL"] = urlunsplit(parts._replace(path="/" + db_name))
+    else:
+        env["JOBSITE_DB_NAME"] = db_name
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def test_db_name(transactional_db) -> str:
+    from django.db import connection
+
+    return connection.settings_dict["NAME"]
+
+
+@pytest.fixture
+def manage(test_db_name):
+    """Run `python manage.py ...` as a real child process against the test database."""
+
+    def run(*args: str, timeout: float = 120, env: dict[str, str] | None = None, **kwargs):
+        return subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT,
+            env=child_env(test_db_name, **(env or {})),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **kwargs,
+        )
+
+    return run
+
+
+@pytest.fixture
+def spawn(test_db_name):
+    """Start `python manage.py ...` in the background; every child is killed at teardown."""
+    children: list[subprocess.Popen] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT,
+            env=child_env(test_db_name, **(env or {})),
+            stdout=kwargs.pop("stdout", subprocess.PIPE),
+            stderr=kwargs.pop("stderr", subprocess.STDOUT),
+            text=True,
+            start_new_session=True,
+            **kwargs,
+        )
+        children.append(proc)
+        return proc
+
+    yield start
+    for proc in children:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
