@@ -18,8 +18,8 @@ def main():
         from django.core.management import execute_from_command_line
     except ImportError as exc:
         raise ImportError(
-            "Couldn't import Django. Run `python3 manage.py ...` without JOBSITE_NO_BOOTSTRAP, or install the "
-            "project into your environment (`pip install -e '.[dev]'`)."
+            "Couldn't import Django. Run `python3 manage.py ...` without JOBSITE_NO_BOOTSTRAP, or install "
+            "the project into your environment (`pip install -e '.[dev]'`)."
         ) from exc
     execute_from_command_line(sys.argv)
 

@@ -7,8 +7,8 @@ older than the 3.12 that Django 6.1 needs), before Django is imported.
 
 * already running the project's ``.venv`` python -> reinstall if pyproject.toml changed, then return;
 * otherwise find Python 3.12+ (3.12 first: the ``pgserver`` wheels with embedded PostgreSQL are cp312 only),
-  create ``.venv`` with it if missing, ``pip install -e .[dev]`` when pyproject.toml changed (its hash is kept in
-  ``.venv/.jobsite-installed``), and re-run the same command with ``.venv/bin/python`` (``os.execv``).
+  create ``.venv`` with it if missing, ``pip install -e .[dev]`` when pyproject.toml changed (its hash is
+  kept in ``.venv/.jobsite-installed``), and re-run the same command with ``.venv/bin/python`` (``os.execv``).
 
 Set ``JOBSITE_NO_BOOTSTRAP=1`` to skip all of it (CI or tools that manage their own environment) and
 ``JOBSITE_PYTHON=/path/to/python3.12`` to choose the interpreter.
@@ -16,6 +16,7 @@ Set ``JOBSITE_NO_BOOTSTRAP=1`` to skip all of it (CI or tools that manage their 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -82,7 +83,7 @@ def _probe(executable: str) -> tuple[int, int, str] | None:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            universal_newlines=True,
+            text=True,
             timeout=30,
         )
     except (OSError, subprocess.SubprocessError):
@@ -122,7 +123,7 @@ def _candidates() -> list[str]:
                 [pyenv, "root"],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
-                universal_newlines=True,
+                text=True,
                 timeout=30,
             )
             if out.returncode == 0 and out.stdout.strip():
@@ -161,7 +162,7 @@ def _candidates() -> list[str]:
                     [py, "-" + minor, "-c", "import sys; print(sys.executable)"],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,
-                    universal_newlines=True,
+                    text=True,
                     timeout=30,
                 )
                 if out.returncode == 0 and out.stdout.strip():
@@ -210,10 +211,8 @@ class _Lock:
         except ImportError:  # pragma: no cover - Windows
             return self
         self.fd = os.open(ROOT, os.O_RDONLY)
-        try:
+        with contextlib.suppress(OSError):  # a filesystem without flock on directories: go on unlocked
             fcntl.flock(self.fd, fcntl.LOCK_EX)
-        except OSError:  # a filesystem without flock on directories: go on unlocked
-            pass
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -231,7 +230,7 @@ def _venv_version() -> tuple[int, int] | None:
 def _create_venv() -> None:
     found = find_python()
     if found is None:
-        _say(NEED_PYTHON)
+        sys.stderr.write(NEED_PYTHON + "\n")
         sys.exit(2)
     executable, version = found
     if os.path.exists(VENV):
@@ -239,16 +238,16 @@ def _create_venv() -> None:
         shutil.rmtree(VENV)
     if version != PREFERRED:
         _say(
-            "note: Python %d.%d chosen; pgserver (embedded PostgreSQL) needs 3.12, so system PostgreSQL "
-            "binaries (initdb/pg_ctl) will be used instead" % version
+            f"note: Python {version[0]}.{version[1]} chosen; pgserver (embedded PostgreSQL) needs 3.12, so "
+            "system PostgreSQL binaries (initdb/pg_ctl) will be used instead"
         )
-    _say("creating .venv with python%d.%d (%s) ..." % (version[0], version[1], executable))
+    _say(f"creating .venv with python{version[0]}.{version[1]} ({executable}) ...")
     started = time.monotonic()
     result = subprocess.run([executable, "-m", "venv", VENV], stdin=subprocess.DEVNULL)
     if result.returncode != 0:
-        _say("could not create .venv with %s (exit %d)" % (executable, result.returncode))
+        _say(f"could not create .venv with {executable} (exit {result.returncode})")
         sys.exit(result.returncode or 1)
-    _say("created .venv in %.1fs" % (time.monotonic() - started))
+    _say(f"created .venv in {time.monotonic() - started:.1f}s")
 
 
 def _install() -> None:
@@ -256,7 +255,7 @@ def _install() -> None:
     want = _pyproject_hash()
     if os.path.exists(STAMP):
         os.unlink(STAMP)
-    _say("installing jobsite[%s] into .venv (pip install -e '.[%s]'; log: %s) ..." % (EXTRAS, EXTRAS, INSTALL_LOG))
+    _say(f"installing jobsite[{EXTRAS}] into .venv (pip install -e '.[{EXTRAS}]'; log: {INSTALL_LOG}) ...")
     started = time.monotonic()
     cmd = [
         _venv_python(),
@@ -266,7 +265,7 @@ def _install() -> None:
         "--disable-pip-version-check",
         "--no-input",
         "-e",
-        ".[%s]" % EXTRAS,
+        f".[{EXTRAS}]",
     ]
     with open(INSTALL_LOG, "w") as log:
         result = subprocess.run(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
@@ -277,11 +276,11 @@ def _install() -> None:
         except OSError:
             tail = []
         sys.stderr.write("\n".join(tail) + "\n")
-        _say("pip install failed (exit %d); full log: %s" % (result.returncode, INSTALL_LOG))
+        _say(f"pip install failed (exit {result.returncode}); full log: {INSTALL_LOG}")
         sys.exit(result.returncode or 1)
     with open(STAMP, "w") as fh:
         fh.write(want + "\n")
-    _say("installed in %.1fs" % (time.monotonic() - started))
+    _say(f"installed in {time.monotonic() - started:.1f}s")
 
 
 def _prepare_venv() -> None:
@@ -304,7 +303,7 @@ def ensure_venv() -> None:
             _prepare_venv()  # pyproject.toml changed since the last install
         return
     if os.environ.get("JOBSITE_BOOTSTRAPPED") == "1":
-        _say("re-executed but still not inside %s (sys.prefix=%s); giving up" % (VENV, sys.prefix))
+        _say(f"re-executed but still not inside {VENV} (sys.prefix={sys.prefix}); giving up")
         sys.exit(1)
     _prepare_venv()
     python = _venv_python()

@@ -1,8 +1,8 @@
 """The project's private, embedded PostgreSQL cluster.
 
-Used when ``DATABASE_URL`` is unset (see jobsite/settings.py and jobsite/embedded_backend). The cluster lives in
-``<VAR_DIR>/pgdata`` (``VAR_DIR`` = env ``JOBSITE_VAR_DIR``, else settings.VAR_DIR, else ``<project>/var``), is
-started on demand, reused while it runs, and listens only on a unix socket (``-h ''``: no TCP port at all).
+Used when ``DATABASE_URL`` is unset (see jobsite/settings.py and jobsite/embedded_backend). The cluster lives
+in ``<VAR_DIR>/pgdata`` (``VAR_DIR``: env ``JOBSITE_VAR_DIR``, else settings.VAR_DIR, else ``<project>/var``),
+is started on demand, reused while it runs, and listens only on a unix socket (``-h ''``: no TCP port at all).
 
 Where the binaries come from, in order:
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 import re
 import shlex
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,12 +61,12 @@ class EmbeddedPostgresUnavailable(ImproperlyConfigured):
     """No PostgreSQL binaries can run the embedded cluster."""
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Locations
 
 
 def var_dir() -> Path:
-    """``JOBSITE_VAR_DIR``, else ``settings.VAR_DIR`` (when settings are configured), else ``<project>/var``."""
+    """``JOBSITE_VAR_DIR``, else ``settings.VAR_DIR`` (if settings are configured), else ``<project>/var``."""
     env = os.environ.get("JOBSITE_VAR_DIR")
     if env:
         return Path(env).expanduser().resolve()
@@ -86,7 +88,7 @@ def _log_file(pgdata: Path) -> Path:
     return pgdata / "log"  # the same name pgserver uses
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Reading the running server's state (cheap: files and a signal 0, no subprocess)
 
 
@@ -164,7 +166,7 @@ def _params(info: _PostmasterInfo) -> dict:
     return {"host": info.socket_dir, "port": info.port, "user": PG_USER}
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Locking
 
 
@@ -182,7 +184,7 @@ def _lock():
         os.close(fd)
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Running commands (as the server's OS user when we are root)
 
 
@@ -202,8 +204,8 @@ def _owner_name(path: Path) -> str | None:
 def _run(cmd: list[str], *, as_user: str | None = None, timeout: float | None = None) -> str:
     """Run a PostgreSQL command, optionally as another OS user (we are root then).
 
-    Output goes to temporary files, not pipes: the postmaster that ``pg_ctl start`` leaves behind must not hold
-    a pipe of ours open.
+    Output goes to temporary files, not pipes: the postmaster that ``pg_ctl start`` leaves behind must not
+    hold a pipe of ours open.
     """
     kwargs: dict = {}
     if as_user is not None and _is_root():
@@ -240,7 +242,7 @@ def _major_of(bindir: Path) -> str | None:
     return match.group(1) if match else None
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Engines: pgserver (preferred) and system binaries (fallback)
 
 
@@ -262,8 +264,11 @@ class _PgserverEngine(_Engine):
     name = "pgserver"
 
     def start(self, pgdata: Path) -> None:
-        import pgserver
-
+        pgserver = _import_pgserver()
+        # pgserver logs every command at INFO; keep that out of the project's logs unless asked for.
+        pg_logger = logging.getLogger("pgserver")
+        if pg_logger.level == logging.NOTSET:
+            pg_logger.setLevel(logging.WARNING)
         # pgserver caches one handle per data dir and process; drop it so a server stopped since is restarted.
         pgserver.PostgresServer._instances.pop(pgdata.resolve(), None)
         # cleanup_mode=None: the server outlives this process and is reused by the next one.
@@ -286,7 +291,8 @@ class _SystemEngine(_Engine):
         except KeyError:
             raise EmbeddedPostgresUnavailable(
                 "PostgreSQL refuses to run as root and there is no `postgres` OS user to run the embedded "
-                "cluster as. Set DATABASE_URL, or install pgserver (Python 3.12), or create a `postgres` user."
+                "cluster as. Set DATABASE_URL, or install pgserver (Python 3.12), or create a `postgres` "
+                "user."
             ) from None
         return "postgres"
 
@@ -364,8 +370,17 @@ def _socket_dir_for(pgdata: Path, os_user: str | None) -> Path:
     return path
 
 
+def _import_pgserver():
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (pgserver keeps a lock file there; /tmp is fine).
+        warnings.simplefilter("ignore")
+        import pgserver
+    return pgserver
+
+
 def _pgserver_engine() -> _Engine | None:
     try:
+        _import_pgserver()
         from pgserver._commands import POSTGRES_BIN_PATH
     except Exception:  # not installed (e.g. Python 3.13), or broken
         return None
@@ -440,12 +455,12 @@ def _log_tail(pgdata: Path, lines: int = 20) -> str:
     return "Server log (last lines):\n" + "\n".join(text[-lines:])
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Public API
 
 
 def ensure_running() -> dict:
-    """Start the embedded cluster if needed; return connection params ``{"host": socket_dir, "port", "user"}``."""
+    """Start the embedded cluster if needed; return ``{"host": <socket dir>, "port": ..., "user": ...}``."""
     pgdata = pgdata_dir()
     info = _ready_info(pgdata)
     if info is not None:  # fast path: already running
@@ -464,7 +479,8 @@ def ensure_running() -> dict:
                 raise
             except Exception as exc:
                 raise ImproperlyConfigured(
-                    f"Could not start the embedded PostgreSQL ({engine!r}) in {pgdata}: {exc}\n{_log_tail(pgdata)}"
+                    f"Could not start the embedded PostgreSQL ({engine!r}) in {pgdata}: {exc}\n"
+                    f"{_log_tail(pgdata)}"
                 ) from exc
             info = _wait_ready(pgdata, START_TIMEOUT)
         if info is None:
@@ -550,7 +566,17 @@ def stop(timeout: float = START_TIMEOUT) -> bool:
         if bindir is not None:
             try:
                 _run(
-                    [str(bindir / "pg_ctl"), "-D", str(pgdata), "-m", "fast", "-w", "-t", str(int(timeout)), "stop"],
+                    [
+                        str(bindir / "pg_ctl"),
+                        "-D",
+                        str(pgdata),
+                        "-m",
+                        "fast",
+                        "-w",
+                        "-t",
+                        str(int(timeout)),
+                        "stop",
+                    ],
                     as_user=os_user,
                     timeout=timeout + 10,
                 )
@@ -563,7 +589,9 @@ def stop(timeout: float = START_TIMEOUT) -> bool:
         deadline = time.monotonic() + timeout
         while _pid_alive(info.pid):
             if time.monotonic() > deadline:
-                raise ImproperlyConfigured(f"The embedded PostgreSQL (pid {info.pid}) did not stop in {timeout}s.")
+                raise ImproperlyConfigured(
+                    f"The embedded PostgreSQL (pid {info.pid}) did not stop in {timeout}s."
+                )
             time.sleep(0.05)
         return True
 
@@ -578,14 +606,15 @@ def status() -> dict:
     except PermissionError:
         version = "?"
     info = _read_postmaster_pid(pgdata)
+    alive = info is not None and _is_postgres_process(info.pid)
     ready = _ready_info(pgdata)
     result: dict = {
         "pgdata": str(pgdata),
         "initialized": version is not None,
         "pg_version": version,
         "running": ready is not None,
-        "pid": info.pid if info is not None and _is_postgres_process(info.pid) else None,
-        "state": (info.status or "starting") if info is not None and _is_postgres_process(info.pid) else "stopped",
+        "pid": info.pid if alive else None,
+        "state": (info.status or "starting") if alive else "stopped",
         "log": str(_log_file(pgdata)),
     }
     if ready is not None:

@@ -54,7 +54,8 @@ class Queue(models.Model):
 
 class QueueItem(models.Model):
     id = models.BigAutoField(primary_key=True)
-    queue = models.ForeignKey(Queue, on_delete=models.PROTECT, db_constraint=True, related_name="items")
+    # DO_NOTHING in Python; the database FK (no ON DELETE action) refuses to drop a queue that has items.
+    queue = models.ForeignKey(Queue, on_delete=models.DO_NOTHING, related_name="items")
     task = models.CharField(max_length=200)
     payload = models.JSONField(default=dict)
     state = models.CharField(max_length=10, choices=ItemState.choices, default=ItemState.READY)
@@ -69,7 +70,7 @@ class QueueItem(models.Model):
     dedup_key = models.CharField(max_length=200, null=True, blank=True)
     ordering_key = models.CharField(max_length=200, null=True, blank=True)
     reservation = models.OneToOneField(
-        "Reservation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
+        "Reservation", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+", db_constraint=False
     )
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="", help_text="Summary of the last error.")
@@ -182,6 +183,9 @@ class DedupClaim(models.Model):
     class Meta:
         indexes = [models.Index("expires_at", name="dedup_expires")]
 
+    def __str__(self) -> str:
+        return f"{self.queue_id}/{self.key} -> item {self.item_id}"
+
 
 class WorkerState(models.TextChoices):
     RUNNING = "running"
@@ -205,3 +209,41 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class ExecutionLog(models.Model):
+    """One row per run of a probe task's handler, written outside the handler's transaction so it survives a
+    rollback: how anyone checks the delivery guarantees from outside (count runs per item and reservation).
+
+    Plain ids rather than foreign keys: a log line must outlive pruned items and never block a delete.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    item_id = models.BigIntegerField()
+    reservation_id = models.BigIntegerField()
+    attempt = models.PositiveIntegerField()
+    task = models.CharField(max_length=200)
+    delivery = models.CharField(max_length=20)
+    pid = models.IntegerField()
+    worker_id = models.CharField(max_length=200)
+    executed_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index("item_id", name="execlog_item")]
+
+    def __str__(self) -> str:
+        return f"run of item {self.item_id} (reservation {self.reservation_id}, attempt {self.attempt})"
+
+
+class ProbeEffect(models.Model):
+    """The database write a probe handler makes, keyed by item id. A probe upserts `applied = applied + 1`, so
+    an effect applied twice shows as 2; in transactional delivery the write commits with the settle or not at
+    all."""
+
+    key = models.CharField(primary_key=True, max_length=200)
+    applied = models.PositiveIntegerField(default=1)
+    applied_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"effect {self.key} applied {self.applied}x"

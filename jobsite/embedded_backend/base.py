@@ -1,9 +1,10 @@
 """``ENGINE = "jobsite.embedded_backend"``: Django's PostgreSQL backend on the embedded cluster.
 
-``get_connection_params()`` is the one hook every connection goes through, including the maintenance connection
-to the ``postgres`` database that ``_nodb_cursor()`` opens (``NAME=None``) to create and drop test databases, and
-pooled connections. It starts the cluster if needed and points host/port/user at it. Once per process it creates
-the configured database if it is missing; test databases are left to Django's test-database creation.
+``get_connection_params()`` is the one hook every connection goes through, including the maintenance
+connection to the ``postgres`` database that ``_nodb_cursor()`` opens (``NAME=None``) to create and drop test
+databases, and pooled connections. It starts the cluster if needed and points host/port/user at it. Once per
+process it creates the configured database if it is missing; test databases are left to Django's test-database
+creation.
 """
 
 import threading

@@ -80,7 +80,7 @@ class Migration(migrations.Migration):
                 ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
                 ('updated_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
                 ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('queue', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='items', to='queue_app.queue')),
+                ('queue', models.ForeignKey(on_delete=django.db.models.deletion.DO_NOTHING, related_name='items', to='queue_app.queue')),
             ],
             options={
                 'ordering': ['-id'],
@@ -109,7 +109,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='queueitem',
             name='reservation',
-            field=models.OneToOneField(blank=True, db_constraint=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='queue_app.reservation'),
+            field=models.OneToOneField(blank=True, db_constraint=False, null=True, on_delete=django.db.models.deletion.DO_NOTHING, related_name='+', to='queue_app.reservation'),
         ),
         migrations.CreateModel(
             name='DeadLetter',

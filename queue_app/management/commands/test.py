@@ -1,0 +1,59 @@
+"""``manage.py test [pytest args...]``: run the test suite with pytest (replaces Django's test runner).
+
+Everything after ``test`` goes to pytest untouched (``-x``, ``-k expr``, ``-m "not spark"``, paths, node ids).
+pytest's exit code becomes the command's; "no tests collected" (pytest's 5) counts as a failure.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+NO_TESTS_COLLECTED = 5
+
+
+class Command(BaseCommand):
+    help = "Run the tests with pytest; all arguments are passed to pytest (see `manage.py test --help`)."
+    requires_system_checks = []
+
+    def add_arguments(self, parser):
+        parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="arguments for pytest")
+
+    def run_from_argv(self, argv):
+        # Bypass Django's option parsing: pytest owns every option (-v, -x, -k ...). --settings/--pythonpath
+        # were already applied by manage.py (DJANGO_SETTINGS_MODULE is in the environment pytest inherits).
+        args = []
+        skip_next = False
+        for arg in argv[2:]:
+            if skip_next:
+                skip_next = False
+                continue
+            if arg in ("--settings", "--pythonpath"):
+                skip_next = True
+                continue
+            if arg.startswith(("--settings=", "--pythonpath=")):
+                continue
+            args.append(arg)
+        sys.exit(self.run_pytest(args))
+
+    def handle(self, *args, pytest_args=(), **options):  # call_command("test", ...) path
+        sys.exit(self.run_pytest(list(pytest_args)))
+
+    def run_pytest(self, args):
+        cmd = [sys.executable, "-m", "pytest", *args]
+        proc = subprocess.Popen(cmd, cwd=settings.BASE_DIR, env=os.environ.copy())
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:  # pytest got the Ctrl-C too; let it finish its report
+                continue
+        if code == NO_TESTS_COLLECTED:
+            self.stderr.write(
+                self.style.ERROR("no tests ran (pytest collected none); counting that as a failure")
+            )
+            return 1
+        return code
