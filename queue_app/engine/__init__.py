@@ -12,18 +12,33 @@ from .lease import ALL_QUEUES, Lease, lease
 from .maintenance import prune_dedup_claims, prune_done, rescue_expired
 from .retry import backoff_seconds
 from .settle import complete, complete_many, dead, extend, extend_many, fail, release
+from .workers import (
+    LeaseTerms,
+    WorkerRow,
+    dead_after_at_most_once,
+    dedicated_connection,
+    lock_reserved,
+    renew_leases,
+    save_worker,
+    sweep_workers,
+    try_maintenance_lock,
+)
 
 __all__ = [
     "ALL_QUEUES",
     "Enqueued",
     "InvalidEnqueue",
     "Lease",
+    "LeaseTerms",
     "QueueError",
     "StaleReservation",
+    "WorkerRow",
     "backoff_seconds",
     "complete",
     "complete_many",
     "dead",
+    "dead_after_at_most_once",
+    "dedicated_connection",
     "enqueue",
     "enqueue_many",
     "ensure_queue",
@@ -31,8 +46,13 @@ __all__ = [
     "extend_many",
     "fail",
     "lease",
+    "lock_reserved",
     "prune_dedup_claims",
     "prune_done",
     "release",
+    "renew_leases",
     "rescue_expired",
+    "save_worker",
+    "sweep_workers",
+    "try_maintenance_lock",
 ]

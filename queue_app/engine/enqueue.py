@@ -20,7 +20,6 @@ from .errors import InvalidEnqueue
 from .payload import encode_json
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,100}$")
-_known_queues: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +42,35 @@ def _number(name: str, value: Any, *, minimum: float, integer: bool = False) -> 
     return value
 
 
+def _is_storable_text(value: Any) -> bool:
+    """A non-empty str of at most 200 characters that PostgreSQL text can hold: UTF-8 (no lone surrogate),
+    no NUL."""
+    if not isinstance(value, str) or not value or len(value) > 200 or "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _key(name: str, value: Any) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not value or len(value) > 200 or "\x00" in value:
-        raise InvalidEnqueue(f"{name} must be a non-empty string of at most 200 characters, not {value!r}")
+    if not _is_storable_text(value):
+        raise InvalidEnqueue(
+            f"{name} must be a non-empty UTF-8 string of at most 200 characters without NUL, not {value!r}"
+        )
     return value
+
+
+def _queue_defaults() -> dict[str, Any]:
+    """Parameters of sql.ENSURE_QUEUE: the settings a queue is created with when an enqueue first names it."""
+    return {
+        "queue_lease_timeout": float(queue_settings.DEFAULT_LEASE_TIMEOUT),
+        "queue_max_attempts": int(queue_settings.DEFAULT_MAX_ATTEMPTS),
+        "queue_retention": timedelta(days=queue_settings.DEFAULT_RETENTION_DAYS),
+    }
 
 
 def _params(
@@ -62,8 +84,10 @@ def _params(
     max_attempts: int | None,
     lease_timeout: float | None,
 ) -> dict[str, Any]:
-    if not isinstance(task, str) or not task or len(task) > 200 or "\x00" in task:
-        raise InvalidEnqueue(f"task must be a non-empty name of at most 200 characters, not {task!r}")
+    if not _is_storable_text(task):
+        raise InvalidEnqueue(
+            f"task must be a non-empty UTF-8 name of at most 200 characters without NUL, not {task!r}"
+        )
     queue = queue_settings.DEFAULT_QUEUE if queue is None else queue
     if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
         raise InvalidEnqueue(f"queue name must match {QUEUE_NAME.pattern}, not {queue!r}")
@@ -86,25 +110,15 @@ def _params(
         "max_attempts": _number("max_attempts", max_attempts, minimum=1, integer=True),
         "lease_timeout": _number("lease_timeout", lease_timeout, minimum=0.001),
         "channel": queue_settings.NOTIFY_CHANNEL,
+        **_queue_defaults(),
     }
 
 
 def ensure_queue(name: str, using: str = "default") -> None:
-    """Create the queue row with defaults if it does not exist yet (cached per process once committed)."""
-    if (using, name) in _known_queues:
-        return
+    """Create the queue row with defaults if it does not exist yet. enqueue() and enqueue_many() do this in
+    their own statement (sql.ENSURE_QUEUE as a CTE); this is for callers that need the row without an item."""
     with cursor(using) as cur:
-        cur.execute(
-            sql.ENSURE_QUEUE,
-            {
-                "queue": name,
-                "lease_timeout": float(queue_settings.DEFAULT_LEASE_TIMEOUT),
-                "max_attempts": int(queue_settings.DEFAULT_MAX_ATTEMPTS),
-                "retention": timedelta(days=queue_settings.DEFAULT_RETENTION_DAYS),
-            },
-        )
-    # Only remember it once it is durable: a rolled-back caller must not leave us believing it exists.
-    transaction.on_commit(lambda: _known_queues.add((using, name)), using=using)
+        cur.execute(sql.ENSURE_QUEUE, {"queue": name, **_queue_defaults()})
 
 
 def enqueue(
@@ -141,15 +155,13 @@ def enqueue(
             dedup_window = dedup_window.total_seconds()
         window = queue_settings.DEDUP_WINDOW if dedup_window is None else dedup_window
         params["dedup_window"] = float(_number("dedup_window", window, minimum=0.001))
-    with transaction.atomic(using=using):
-        ensure_queue(params["queue"], using)
-        with cursor(using) as cur:
-            cur.execute(sql.ENQUEUE if dedup_key is None else sql.ENQUEUE_DEDUP, params)
-            row = cur.fetchone()
-            if row is not None:
-                return Enqueued(row[0], params["queue"], task, row[1], duplicate=False)
-            cur.execute(sql.DEDUP_OWNER, params)
-            owner = cur.fetchone()
+    with transaction.atomic(using=using), cursor(using) as cur:
+        cur.execute(sql.ENQUEUE if dedup_key is None else sql.ENQUEUE_DEDUP, params)
+        row = cur.fetchone()
+        if row is not None:
+            return Enqueued(row[0], params["queue"], task, row[1], duplicate=False)
+        cur.execute(sql.DEDUP_OWNER, params)
+        owner = cur.fetchone()
     if owner is None:  # the claim vanished between the two statements (pruned): claim again
         return enqueue(
             task,
@@ -196,19 +208,17 @@ def enqueue_many(
     encoded = [encode_json({} if p is None else p) for p in payloads]
     if not encoded:
         return []
-    with transaction.atomic(using=using):
-        ensure_queue(params["queue"], using)
-        with cursor(using) as cur:
-            cur.execute(sql.ALLOCATE_IDS, {"n": len(encoded), "queue": params["queue"]})
-            now, ids, queue_max_attempts = cur.fetchone()
-            due = params["run_at"] or now + timedelta(seconds=params["delay"])
-            attempts = params["max_attempts"] or queue_max_attempts
-            fixed = (params["queue"], task)
-            tail = ("ready", priority, due, due, 0, attempts, params["lease_timeout"], None)
-            tail2 = (params["ordering_key"], "", now, now)
-            raw = cur.cursor  # psycopg's cursor: Django's wrapper has no COPY
-            with raw.copy(sql.COPY_ITEMS) as copy:
-                for item_id, text in zip(ids, encoded, strict=True):
-                    copy.write_row((item_id, *fixed, text, *tail, *tail2))
-            cur.execute(sql.NOTIFY, {"channel": params["channel"], "queue": params["queue"]})
+    with transaction.atomic(using=using), cursor(using) as cur:
+        cur.execute(sql.ALLOCATE_IDS, {"n": len(encoded), "queue": params["queue"], **_queue_defaults()})
+        now, ids, queue_max_attempts = cur.fetchone()
+        due = params["run_at"] or now + timedelta(seconds=params["delay"])
+        attempts = params["max_attempts"] or queue_max_attempts
+        fixed = (params["queue"], task)
+        tail = ("ready", priority, due, due, 0, attempts, params["lease_timeout"], None)
+        tail2 = (params["ordering_key"], "", now, now)
+        raw = cur.cursor  # psycopg's cursor: Django's wrapper has no COPY
+        with raw.copy(sql.COPY_ITEMS) as copy:
+            for item_id, text in zip(ids, encoded, strict=True):
+                copy.write_row((item_id, *fixed, text, *tail, *tail2))
+        cur.execute(sql.NOTIFY, {"channel": params["channel"], "queue": params["queue"]})
     return ids

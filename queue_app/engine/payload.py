@@ -2,10 +2,15 @@
 
 import json
 import math
+import re
 from typing import Any
 
 from ..conf import queue_settings
 from .errors import InvalidEnqueue
+
+# A JSON-escaped NUL (\u0000) that is not itself escaped: preceded by an even number of backslashes. The JSON
+# text of the six characters `\u0000` is `\\u0000`, which is ordinary text and must not match.
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def _check_depth(value: Any, limit: int, what: str) -> None:
@@ -36,7 +41,7 @@ def encode_json(value: Any, what: str = "payload") -> str:
         raise InvalidEnqueue(f"{what} is not valid UTF-8 text: {exc.reason}") from None
     if size > queue_settings.MAX_PAYLOAD_BYTES:
         raise InvalidEnqueue(f"{what} is {size} bytes, over the limit of {queue_settings.MAX_PAYLOAD_BYTES}")
-    if "\\u0000" in text or "\x00" in text:
+    if "\x00" in text or _ESCAPED_NUL.search(text):
         raise InvalidEnqueue(f"{what} contains a NUL character, which PostgreSQL jsonb cannot store")
     return text
 

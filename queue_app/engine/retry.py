@@ -10,6 +10,7 @@ def backoff_seconds(attempt: int, *, base: float | None = None, cap: float | Non
     with +-jitter so retries of a burst of failures spread out."""
     base = queue_settings.BACKOFF_BASE if base is None else base
     cap = queue_settings.BACKOFF_MAX if cap is None else cap
-    delay = min(cap, base * (2 ** max(0, attempt - 1)))
+    # The exponent is bounded so a queue with a very large max_attempts cannot overflow float (2**1024).
+    delay = min(cap, base * (2 ** min(max(0, attempt - 1), 64)))
     jitter = queue_settings.BACKOFF_JITTER
     return max(0.0, delay * random.uniform(1 - jitter, 1 + jitter))

@@ -48,6 +48,13 @@ def complete(held: Held, result: Any = None, *, using: str = "default") -> None:
         raise StaleReservation(held.reservation_id, held.item_id, "complete")
 
 
+def _storable(text: str) -> str:
+    """Handler-supplied text (error, traceback) as PostgreSQL text can hold it: a NUL character is written as
+    the four characters \\x00 and a lone surrogate as "?", instead of the settle failing and the item staying
+    reserved until its lease expires."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "replace").decode("utf-8")
+
+
 def _fail(
     held: Held,
     *,
@@ -66,11 +73,11 @@ def _fail(
             {
                 "item_id": held.item_id,
                 "reservation_id": held.reservation_id,
-                "error": error,
-                "traceback": traceback,
+                "error": _storable(error),
+                "traceback": _storable(traceback),
                 "retry_in": float(retry_in),
                 "force_dead": force_dead,
-                "reason": reason,
+                "reason": _storable(reason)[:200],
                 "outcome": outcome,
             },
         )

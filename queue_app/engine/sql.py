@@ -17,9 +17,12 @@ DEDUP = "queue_app_dedupclaim"
 
 # -- queues ---------------------------------------------------------------------------------------------------
 
+# Also the first CTE of every enqueue statement: a queue is created by the enqueue that first names it, in the
+# same round trip and transaction, with no per-process "known queues" cache that a deleted (or test-flushed)
+# queue row would make stale. ON CONFLICT DO NOTHING on an existing queue is an index probe: nothing written.
 ENSURE_QUEUE = f"""
 INSERT INTO {QUEUE} (name, paused, concurrency_limit, lease_timeout, max_attempts, retention, created_at)
-VALUES (%(queue)s, false, NULL, %(lease_timeout)s, %(max_attempts)s, %(retention)s, now())
+VALUES (%(queue)s, false, NULL, %(queue_lease_timeout)s, %(queue_max_attempts)s, %(queue_retention)s, now())
 ON CONFLICT (name) DO NOTHING
 """
 
@@ -30,8 +33,11 @@ WHERE NOT paused AND (%(all_queues)s OR name = ANY(%(queues)s))
 """
 
 # Serializes leasers of one concurrency-limited queue, then counts what is in flight (a lease that expired is
-# not in flight: it can be taken again).
-LOCK_LIMITED_QUEUE = f"SELECT concurrency_limit FROM {QUEUE} WHERE name = %(queue)s AND NOT paused FOR UPDATE"
+# not in flight: it can be taken again). NO KEY UPDATE, not UPDATE: leasers still exclude each other, but the
+# FOR KEY SHARE lock of an enqueue's foreign-key check (at its commit) is not blocked by a lease in progress.
+LOCK_LIMITED_QUEUE = (
+    f"SELECT concurrency_limit FROM {QUEUE} WHERE name = %(queue)s AND NOT paused FOR NO KEY UPDATE"
+)
 IN_FLIGHT = f"""
 SELECT count(*) FROM {ITEM}
 WHERE queue_id = %(queue)s AND state = 'reserved' AND visible_at > now()
@@ -43,11 +49,13 @@ _ITEM_COLUMNS = """(id, queue_id, task, payload, state, priority, run_at, visibl
     lease_timeout, dedup_key, ordering_key, error, created_at, updated_at)"""
 
 _DUE = "COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s))"
-# An item without its own max_attempts takes its queue's.
-_MAX_ATTEMPTS = f"COALESCE(%(max_attempts)s, (SELECT max_attempts FROM {QUEUE} WHERE name = %(queue)s))"
+# An item without its own max_attempts takes its queue's; a queue created by this very statement (invisible to
+# its snapshot) has the default the ENSURE_QUEUE CTE just inserted.
+_MAX_ATTEMPTS = f"""COALESCE(%(max_attempts)s, (SELECT max_attempts FROM {QUEUE} WHERE name = %(queue)s),
+    %(queue_max_attempts)s)"""
 
 ENQUEUE = f"""
-WITH ins AS (
+WITH q AS ({ENSURE_QUEUE}), ins AS (
     INSERT INTO {ITEM} {_ITEM_COLUMNS}
     VALUES (DEFAULT, %(queue)s, %(task)s, %(payload)s::jsonb, 'ready', %(priority)s, {_DUE}, {_DUE}, 0,
             {_MAX_ATTEMPTS}, %(lease_timeout)s, NULL, %(ordering_key)s, '', now(), now())
@@ -59,7 +67,7 @@ SELECT id, run_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
 # The claim row decides, under concurrency, which enqueue owns the key: the first inserts it; the others wait
 # on its row lock, then see an unexpired claim and get no row back (a duplicate). An expired claim is taken over.
 ENQUEUE_DEDUP = f"""
-WITH claim AS (
+WITH q AS ({ENSURE_QUEUE}), claim AS (
     INSERT INTO {DEDUP} AS c (queue_id, key, item_id, expires_at)
     VALUES (%(queue)s, %(dedup_key)s, nextval(pg_get_serial_sequence('{ITEM}', 'id')),
             now() + make_interval(secs => %(dedup_window)s))
@@ -85,8 +93,9 @@ WHERE c.queue_id = %(queue)s AND c.key = %(dedup_key)s
 
 # Bulk enqueue: ids and the transaction's clock first, then COPY the rows.
 ALLOCATE_IDS = f"""
+WITH q AS ({ENSURE_QUEUE})
 SELECT now(), array(SELECT nextval(pg_get_serial_sequence('{ITEM}', 'id')) FROM generate_series(1, %(n)s)),
-       (SELECT max_attempts FROM {QUEUE} WHERE name = %(queue)s)
+       COALESCE((SELECT max_attempts FROM {QUEUE} WHERE name = %(queue)s), %(queue_max_attempts)s)
 """
 COPY_ITEMS = f"COPY {ITEM} {_ITEM_COLUMNS} FROM STDIN"
 NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
@@ -98,20 +107,31 @@ NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
 # order, a retried item keeps blocking its key). SKIP LOCKED lets concurrent leasers pass each other.
 LEASE = f"""
 WITH picked AS (
-    SELECT i.id, i.queue_id, i.state AS prev_state, i.reservation_id AS prev_reservation, i.attempts,
-           i.lease_timeout
-    FROM {ITEM} i
-    WHERE i.state IN ('ready', 'reserved')
-      AND i.visible_at <= now()
-      AND i.queue_id = ANY(%(queues)s)
-      AND (i.state = 'ready' OR i.attempts < i.max_attempts)
-      AND (i.ordering_key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM {ITEM} o
-            WHERE o.queue_id = i.queue_id AND o.ordering_key = i.ordering_key
-              AND o.state IN ('ready', 'reserved') AND o.id < i.id))
-    ORDER BY i.priority DESC, i.visible_at, i.id
+    -- One ordered scan of item_fetch per queue (queue_id = q.name), each stopping after n rows it could lock,
+    -- then the best n of those. `queue_id = ANY(array)` cannot walk the index in order (before PostgreSQL 17):
+    -- it sorted every due row of the queues on each lease, and its cost estimate switched JIT on.
+    SELECT c.* FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT i.id, i.queue_id, i.state AS prev_state, i.reservation_id AS prev_reservation, i.attempts,
+               i.lease_timeout, i.priority, i.visible_at
+        FROM {ITEM} i
+        WHERE i.queue_id = q.name
+          AND i.state IN ('ready', 'reserved')
+          AND i.visible_at <= now()
+          AND (i.state = 'ready' OR i.attempts < i.max_attempts)
+          AND (i.ordering_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM {ITEM} o
+                WHERE o.queue_id = i.queue_id AND o.ordering_key = i.ordering_key
+                  AND o.state IN ('ready', 'reserved') AND o.id <> i.id
+                  -- an older open item, or a younger one in flight: enqueues of one key may commit out of id
+                  -- order, and the younger one may already be out when the older one becomes visible
+                  AND (o.id < i.id OR (o.state = 'reserved' AND o.visible_at > now()))))
+        ORDER BY i.priority DESC, i.visible_at, i.id
+        LIMIT %(n)s
+        FOR UPDATE OF i SKIP LOCKED
+    ) c
+    ORDER BY c.priority DESC, c.visible_at, c.id
     LIMIT %(n)s
-    FOR UPDATE OF i SKIP LOCKED
 ), expired AS (
     UPDATE {RESERVATION} r SET outcome = 'expired', finished_at = now()
     FROM picked p
@@ -252,3 +272,98 @@ DELETE FROM {ITEM} WHERE id IN (
 """
 
 PRUNE_DEDUP = f"DELETE FROM {DEDUP} WHERE expires_at <= now()"
+
+# -- worker ---------------------------------------------------------------------------------------------------
+
+WORKER = "queue_app_worker"
+
+# Register, heartbeat and mark stopped are one upsert: a worker whose row was swept while it could not reach
+# the database puts it back with its next heartbeat.
+UPSERT_WORKER = f"""
+INSERT INTO {WORKER} AS w (id, host, pid, queues, concurrency, started_at, last_heartbeat, state, stats)
+VALUES (%(worker_id)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(concurrency)s, %(started_at)s, now(), %(state)s,
+        %(stats)s::jsonb)
+ON CONFLICT (id) DO UPDATE
+    SET host = EXCLUDED.host, pid = EXCLUDED.pid, queues = EXCLUDED.queues, concurrency = EXCLUDED.concurrency,
+        started_at = EXCLUDED.started_at, last_heartbeat = now(), state = EXCLUDED.state, stats = EXCLUDED.stats
+"""
+
+# Workers silent for `lost_after` seconds are marked stopped (they died without saying so); rows silent for
+# `forget_after` seconds are deleted. Returns (marked stopped, deleted).
+SWEEP_WORKERS = f"""
+WITH gone AS (
+    DELETE FROM {WORKER} WHERE last_heartbeat < now() - make_interval(secs => %(forget_after)s)
+    RETURNING id
+), lost AS (
+    UPDATE {WORKER} SET state = 'stopped'
+    WHERE state <> 'stopped' AND last_heartbeat < now() - make_interval(secs => %(lost_after)s)
+      AND id NOT IN (SELECT id FROM gone)
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM lost), (SELECT count(*) FROM gone)
+"""
+
+# Renew the leases a worker holds: each to now + its task's lease (else the item's, else its queue's), never
+# less than the task's floor (hard timeout + margin). `keep_longer` (heartbeats) only ever lengthens a lease, so
+# one a handler extended itself stays; without it (right after lease) the task's lease replaces the default,
+# and a lease already within `tolerance` seconds of it is left alone: nothing locked or written, so the common
+# case costs no commit. Rows locked by someone else are skipped, not waited for: a transactional handler holds
+# its item's row lock, and while it does no leaser can take the item (SKIP LOCKED), so its lease needs no
+# renewal. Returns every reservation still current, with its new deadline or NULL when not rewritten; a
+# reservation missing from the result is stale.
+RENEW_LEASES = f"""
+WITH v AS (
+    SELECT * FROM unnest(%(item_ids)s::bigint[], %(reservation_ids)s::bigint[], %(task_leases)s::float8[],
+                         %(min_leases)s::float8[]) AS v(item_id, reservation_id, task_lease, min_lease)
+), cur AS (
+    SELECT i.id, i.reservation_id, now() + make_interval(secs => GREATEST(
+               COALESCE(v.task_lease, i.lease_timeout, q.lease_timeout), v.min_lease)) AS deadline
+    FROM {ITEM} i
+    JOIN v ON i.id = v.item_id AND i.reservation_id = v.reservation_id
+    JOIN {QUEUE} q ON q.name = i.queue_id
+    WHERE i.state = 'reserved'
+), mine AS (
+    SELECT i.id, cur.deadline FROM {ITEM} i JOIN cur ON i.id = cur.id
+    WHERE i.reservation_id = cur.reservation_id AND i.state = 'reserved'
+      AND CASE WHEN %(keep_longer)s THEN cur.deadline > i.visible_at
+               ELSE abs(extract(epoch FROM cur.deadline - i.visible_at)) >= %(tolerance)s END
+    FOR UPDATE OF i SKIP LOCKED
+), ext AS (
+    UPDATE {ITEM} i SET visible_at = mine.deadline, updated_at = now()
+    FROM mine WHERE i.id = mine.id
+    RETURNING i.reservation_id, i.visible_at
+), res AS (
+    UPDATE {RESERVATION} r SET lease_expires_at = ext.visible_at, heartbeat_at = now()
+    FROM ext WHERE r.id = ext.reservation_id
+)
+SELECT cur.reservation_id, ext.visible_at FROM cur LEFT JOIN ext ON ext.reservation_id = cur.reservation_id
+"""
+
+# Transactional delivery: lock the item's row for the handler's transaction, fenced like a settle. While the
+# lock is held no leaser or rescuer can take the item (both SKIP LOCKED), so the settle at the end of the same
+# transaction cannot find it taken.
+LOCK_RESERVED = f"""
+SELECT id FROM {ITEM}
+WHERE id = %(item_id)s AND reservation_id = %(reservation_id)s AND state = 'reserved'
+FOR UPDATE
+"""
+
+# At-most-once delivery settles before the handler runs; when the handler then fails, the done item becomes a
+# dead letter (never retried). Fenced on the reservation that settled it.
+AT_MOST_ONCE_FAILED = f"""
+WITH settled AS (
+    UPDATE {ITEM} SET state = 'dead', error = %(error)s, updated_at = now()
+    WHERE id = %(item_id)s AND reservation_id = %(reservation_id)s AND state = 'done'
+    RETURNING id, reservation_id
+), letter AS (
+    INSERT INTO {DEAD_LETTER} (item_id, reason, last_error, died_at, requeued_by)
+    SELECT id, %(reason)s, %(error)s, now(), '' FROM settled
+)
+UPDATE {RESERVATION} r
+SET outcome = COALESCE(%(outcome)s, 'dead'), error = %(error)s, traceback = %(traceback)s
+FROM settled s WHERE r.id = s.reservation_id
+RETURNING r.id
+"""
+
+# Maintenance runs under a transaction-scoped advisory lock, so one worker at a time does each duty.
+TRY_MAINTENANCE_LOCK = "SELECT pg_try_advisory_xact_lock(%(namespace)s, hashtext(%(unit)s))"

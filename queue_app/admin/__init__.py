@@ -1,0 +1,22 @@
+"""The queue's admin: read-only screens over items, attempts, dead letters, queues and workers; every change an
+Operation (a services.py call behind a custom permission, see actions.py); the queue overview as the landing
+page (templates/admin/index.html renders overview.py's fragment above the app list)."""
+
+from django.contrib import admin
+
+from ..models import DeadLetter, Queue, QueueItem, Reservation, Worker
+from .dead_letters import DeadLetterAdmin
+from .items import QueueItemAdmin
+from .queues import QueueAdmin
+from .reservations import ReservationAdmin
+from .workers import WorkerAdmin
+
+admin.site.site_header = "jobsite"
+admin.site.site_title = "jobsite admin"
+admin.site.index_title = "Queue overview"
+
+admin.site.register(QueueItem, QueueItemAdmin)
+admin.site.register(Reservation, ReservationAdmin)
+admin.site.register(DeadLetter, DeadLetterAdmin)
+admin.site.register(Queue, QueueAdmin)
+admin.site.register(Worker, WorkerAdmin)

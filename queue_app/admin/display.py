@@ -1,0 +1,48 @@
+"""How queue rows read in the admin: lists get text cut short (payloads, errors, tracebacks), detail pages get
+it whole and JSON pretty-printed. Everything goes through format_html, so a payload's markup is shown, not run."""
+
+import json
+from typing import Any
+
+from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+
+LIST_TEXT_CHARS = 80  # payloads, errors and tracebacks are cut to this in lists; shown whole on detail
+HEAD_CHARS = 200  # what the database sends for a list cell (LEFT(...)), so a 1 MB payload never travels
+
+
+def shorten(text: str | None, chars: int = LIST_TEXT_CHARS) -> str:
+    return Truncator(" ".join((text or "").split())).chars(chars)
+
+
+def pretty_json(value: Any) -> SafeString:
+    return format_html('<pre class="queue-json">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def preformatted(text: str) -> SafeString | str:
+    return format_html('<pre class="queue-text">{}</pre>', text) if text else "-"
+
+
+class ItemColumns:
+    """Columns of rows that belong to an item (dead letters, reservations): the item as a link, its queue and
+    task (their lists select the item along), and the row's own error, cut short."""
+
+    @admin.display(description="item", ordering="item_id")
+    def item(self, obj: Any) -> SafeString:
+        url = reverse("admin:queue_app_queueitem_change", args=[obj.item_id])
+        return format_html('<a href="{}">#{}</a>', url, obj.item_id)
+
+    @admin.display(description="queue")
+    def queue(self, obj: Any) -> str:
+        return obj.item.queue_id
+
+    @admin.display(description="task")
+    def task(self, obj: Any) -> str:
+        return obj.item.task
+
+    @admin.display(description="error")
+    def error_short(self, obj: Any) -> str:
+        return shorten(obj.error_head) or "-"

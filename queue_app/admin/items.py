@@ -1,0 +1,145 @@
+"""Queue items: the list (filter by queue, state, task, time; exact search on id, dedup key, ordering key) and the
+read-only detail page (payload pretty-printed, attempt timeline, dead-letter reason). Requeue, retry now and
+cancel run through services.py."""
+
+from django.contrib import admin
+from django.db.models import QuerySet, TextField
+from django.db.models.functions import Cast, Left, Now
+from django.http import HttpRequest
+from django.template.loader import render_to_string
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from .. import services
+from ..models import ItemState, QueueItem
+from .actions import Operation, ReadOnlyAdmin
+from .display import HEAD_CHARS, preformatted, pretty_json, shorten
+from .filters import TaskFilter, exact_search, recent
+
+TIMELINE_ATTEMPTS = 100  # the detail page shows this many most recent attempts
+
+REQUEUE = Operation(
+    name="requeue",
+    label="Requeue",
+    done="Requeued {n} {noun}",
+    permission="requeue",
+    eligible=lambda qs: qs.filter(state__in=services.REQUEUEABLE),
+    eligible_label="dead or cancelled",
+    apply=lambda pks, actor: services.requeue_items(pks, actor=actor),
+    bulk_button=True,
+)
+RETRY_NOW = Operation(
+    name="retry_now",
+    label="Retry now",
+    done="Made {n} {noun} due now",
+    permission="requeue",
+    eligible=lambda qs: qs.filter(state=ItemState.READY, visible_at__gt=Now()),
+    eligible_label="ready and waiting for their run time or backoff",
+    apply=lambda pks, actor: services.retry_now(pks),
+)
+CANCEL = Operation(
+    name="cancel",
+    label="Cancel",
+    done="Cancelled {n} {noun}",
+    permission="cancel",
+    eligible=lambda qs: qs.filter(state__in=services.CANCELLABLE),
+    eligible_label="ready or reserved",
+    apply=lambda pks, actor: services.cancel_items(pks, actor=actor),
+)
+
+
+def attempt_timeline(item: QueueItem) -> SafeString:
+    attempts = list(item.reservations.order_by("-id")[:TIMELINE_ATTEMPTS])[::-1]
+    return render_to_string(
+        "admin/queue_app/attempt_timeline.html",
+        {"attempts": attempts, "current": item.reservation_id, "limit": TIMELINE_ATTEMPTS},
+    )
+
+
+class QueueItemAdmin(ReadOnlyAdmin):
+    operations = (REQUEUE, RETRY_NOW, CANCEL)
+    actions = [op.as_action() for op in operations]
+    list_display = (
+        "id",
+        "queue",
+        "task",
+        "state",
+        "attempts_of",
+        "run_at",
+        "created_at",
+        "keys",
+        "payload_short",
+        "error_short",
+    )
+    list_select_related = ("queue",)
+    list_filter = ("queue", "state", TaskFilter, recent("created_at", "created", "created"))
+    sortable_by = ("id", "created_at")
+    search_fields = ("=id", "=dedup_key", "=ordering_key")  # see get_search_results: exact matches only
+    search_help_text = "Exact item id (123 or #123), dedup key or ordering key."
+    fieldsets = (
+        (None, {"fields": ("id", "queue", "task", "state", "priority", "attempts_of", "dedup_key", "ordering_key")}),
+        ("Timing", {"fields": ("run_at", "visible_at", "created_at", "updated_at", "finished_at", "lease_timeout")}),
+        ("Payload", {"fields": ("payload_pretty",)}),
+        ("Outcome", {"fields": ("dead_letter", "error_full", "result_pretty")}),
+        ("Attempts", {"fields": ("timeline",)}),
+    )
+    readonly_fields = ("attempts_of", "payload_pretty", "dead_letter", "error_full", "result_pretty", "timeline")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        # Lists get the first HEAD_CHARS of payload and error from the database, never the whole value.
+        return (
+            super()
+            .get_queryset(request)
+            .defer("payload", "result", "error")
+            .annotate(
+                payload_head=Left(Cast("payload", TextField()), HEAD_CHARS),
+                error_head=Left("error", HEAD_CHARS),
+            )
+        )
+
+    def get_search_results(self, request, queryset, search_term):
+        return exact_search(queryset, search_term, ids=("id",), keys=("dedup_key", "ordering_key")), False
+
+    @admin.display(description="attempts")
+    def attempts_of(self, obj: QueueItem) -> str:
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="dedup / ordering key")
+    def keys(self, obj: QueueItem) -> str:
+        return " / ".join(shorten(k, 40) for k in (obj.dedup_key, obj.ordering_key) if k) or "-"
+
+    @admin.display(description="payload")
+    def payload_short(self, obj: QueueItem) -> str:
+        return shorten(obj.payload_head)
+
+    @admin.display(description="error")
+    def error_short(self, obj: QueueItem) -> str:
+        return shorten(obj.error_head) or "-"
+
+    @admin.display(description="payload")
+    def payload_pretty(self, obj: QueueItem) -> SafeString:
+        return pretty_json(obj.payload)
+
+    @admin.display(description="result")
+    def result_pretty(self, obj: QueueItem) -> SafeString | str:
+        return "-" if obj.result is None else pretty_json(obj.result)
+
+    @admin.display(description="last error")
+    def error_full(self, obj: QueueItem) -> SafeString | str:
+        return preformatted(obj.error)
+
+    @admin.display(description="dead letter")
+    def dead_letter(self, obj: QueueItem) -> SafeString | str:
+        letter = obj.dead_letters.order_by("-id").first()
+        if letter is None:
+            return "-"
+        requeued = (
+            format_html(" — requeued {} by {}", letter.requeued_at, letter.requeued_by or "?")
+            if letter.requeued_at
+            else ""
+        )
+        return format_html("<strong>{}</strong> (died {}){}", letter.reason, letter.died_at, requeued)
+
+    @admin.display(description="attempt timeline")
+    def timeline(self, obj: QueueItem) -> SafeString:
+        return attempt_timeline(obj)

@@ -1,0 +1,113 @@
+"""The queue overview: the admin's landing page (templates/admin/index.html puts it above the app list).
+
+Per queue: depth by state, oldest due item, in flight, processed / failed / lease expirations over the last
+minutes, dead letters and live workers, plus a small throughput chart (inline SVG drawn here, no script). The
+page re-fetches the rendered fragment every few seconds from `overview_fragment`.
+"""
+
+from typing import Any
+from urllib.parse import urlencode
+
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from ..models import ItemState
+from ..monitoring import OVERVIEW_EXACT_UP_TO, Snapshot, snapshot
+
+REFRESH_SECONDS = 5
+WINDOW_MINUTES = 15
+CHART_WIDTH, CHART_HEIGHT = 420, 90
+TEMPLATE = "admin/queue_app/overview.html"
+
+
+def may_view(request: HttpRequest) -> bool:
+    user = request.user
+    return (
+        user.is_active
+        and user.is_staff
+        and (user.has_perm("queue_app.view_queue") or user.has_perm("queue_app.change_queue"))
+    )
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    if seconds < 86400:
+        return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+    return f"{seconds // 86400} d {seconds % 86400 // 3600} h"
+
+
+def changelist_link(model_name: str, **params: str) -> str:
+    """URL of a queue_app change list with these filter parameters."""
+    return f"{reverse(f'admin:queue_app_{model_name}_changelist')}?{urlencode(params)}"
+
+
+def throughput_chart(snap: Snapshot) -> dict[str, Any]:
+    """Stacked bars per minute, oldest on the left: completed attempts (bottom) and failed ones (top)."""
+    minutes = snap.window_minutes
+    top = max([p + f for p, f in zip(snap.processed_per_minute, snap.failed_per_minute, strict=True)] + [1])
+    slot = CHART_WIDTH / minutes
+    bars = []
+    for i, (done, failed) in enumerate(zip(snap.processed_per_minute, snap.failed_per_minute, strict=True)):
+        done_h = done / top * CHART_HEIGHT
+        failed_h = failed / top * CHART_HEIGHT
+        bars.append(
+            {
+                "x": round(i * slot + 1, 1),
+                "width": round(slot - 2, 1),
+                "done_y": round(CHART_HEIGHT - done_h, 1),
+                "done_h": round(done_h, 1),
+                "failed_y": round(CHART_HEIGHT - done_h - failed_h, 1),
+                "failed_h": round(failed_h, 1),
+                "done": done,
+                "failed": failed,
+                "ago": minutes - 1 - i,
+            }
+        )
+    return {"width": CHART_WIDTH, "height": CHART_HEIGHT, "bars": bars, "top": top}
+
+
+def overview_context(request: HttpRequest) -> dict[str, Any]:
+    snap = snapshot(window_minutes=WINDOW_MINUTES, cap=OVERVIEW_EXACT_UP_TO)
+    rows = []
+    for q in snap.queues:
+        depth = [
+            (
+                state.value,
+                q.depth[state.value],
+                changelist_link("queueitem", queue__name__exact=q.name, state__exact=state.value),
+            )
+            for state in ItemState
+        ]
+        rows.append(
+            {
+                "stats": q,
+                "items_url": changelist_link("queueitem", queue__name__exact=q.name),
+                "dead_letters_url": changelist_link("deadletter", item__queue__name__exact=q.name, status="open"),
+                "depth": depth,
+                "oldest_ready": age(q.oldest_ready_age),
+            }
+        )
+    return {
+        "snapshot": snap,
+        "rows": rows,
+        "states": [state.value for state in ItemState],
+        "chart": throughput_chart(snap),
+        "refresh_url": reverse("admin:queue_app_queue_overview"),
+        "refresh_seconds": REFRESH_SECONDS,
+        "workers_url": reverse("admin:queue_app_worker_changelist"),
+    }
+
+
+def overview_fragment(request: HttpRequest) -> TemplateResponse:
+    """The overview alone (no page around it), for the landing page's periodic refresh."""
+    if not may_view(request):
+        raise PermissionDenied
+    return TemplateResponse(request, TEMPLATE, overview_context(request))

@@ -1,0 +1,66 @@
+"""Reservations: the attempt history (worker, lease, outcome, error, traceback). Read-only; nothing to run."""
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.db.models.functions import Left
+from django.http import HttpRequest
+from django.utils.safestring import SafeString
+
+from ..models import Reservation
+from .actions import ReadOnlyAdmin
+from .display import HEAD_CHARS, ItemColumns, preformatted
+from .filters import exact_search, recent
+
+
+class ReservationAdmin(ItemColumns, ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "item",
+        "task",
+        "attempt",
+        "worker_id",
+        "reserved_at",
+        "lease_expires_at",
+        "finished_at",
+        "outcome",
+        "error_short",
+    )
+    list_select_related = ("item",)
+    list_filter = ("outcome", "item__queue", recent("reserved_at", "reserved", "reserved"))
+    sortable_by = ("id",)
+    search_fields = ("=id", "=item__id", "=worker_id")
+    search_help_text = "Exact reservation or item id (123 or #123), or worker id."
+    fields = (
+        "id",
+        "item",
+        "task",
+        "attempt",
+        "worker_id",
+        "reserved_at",
+        "lease_expires_at",
+        "heartbeat_at",
+        "finished_at",
+        "outcome",
+        "error_full",
+        "traceback_full",
+    )
+    readonly_fields = ("item", "task", "error_full", "traceback_full")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return (
+            super()
+            .get_queryset(request)
+            .defer("error", "traceback", "item__payload", "item__result", "item__error")
+            .annotate(error_head=Left("error", HEAD_CHARS))
+        )
+
+    def get_search_results(self, request, queryset, search_term):
+        return exact_search(queryset, search_term, ids=("id", "item_id"), keys=("worker_id",)), False
+
+    @admin.display(description="error")
+    def error_full(self, obj: Reservation) -> SafeString | str:
+        return preformatted(obj.error)
+
+    @admin.display(description="traceback")
+    def traceback_full(self, obj: Reservation) -> SafeString | str:
+        return preformatted(obj.traceback)

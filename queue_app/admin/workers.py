@@ -1,0 +1,66 @@
+"""Workers: who is registered, what they serve, and whether their heartbeat is recent. Read-only."""
+
+from django.contrib import admin
+from django.utils import timezone
+
+from ..models import Worker
+from ..monitoring import WORKER_ALIVE_WITHIN
+from .actions import ReadOnlyAdmin
+from .display import pretty_json, shorten
+from .filters import exact_search
+
+
+class AliveFilter(admin.SimpleListFilter):
+    title = "heartbeat"
+    parameter_name = "alive"
+
+    def lookups(self, request, model_admin):
+        seconds = int(WORKER_ALIVE_WITHIN.total_seconds())
+        return [("yes", f"Within {seconds} s"), ("no", f"Older than {seconds} s")]
+
+    def queryset(self, request, queryset):
+        since = timezone.now() - WORKER_ALIVE_WITHIN
+        if self.value() == "yes":
+            return queryset.filter(last_heartbeat__gte=since)
+        if self.value() == "no":
+            return queryset.filter(last_heartbeat__lt=since)
+        return queryset
+
+
+class WorkerAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "host",
+        "pid",
+        "queue_names",
+        "concurrency",
+        "state",
+        "started_at",
+        "last_heartbeat",
+        "alive",
+        "stats_short",
+    )
+    list_filter = ("state", AliveFilter)
+    search_fields = ("=id", "=host")
+    search_help_text = "Exact worker id or host."
+    fields = (*list_display[:-1], "stats_pretty")
+    readonly_fields = ("queue_names", "alive", "stats_pretty")
+
+    def get_search_results(self, request, queryset, search_term):
+        return exact_search(queryset, search_term, ids=(), keys=("id", "host")), False
+
+    @admin.display(description="queues")
+    def queue_names(self, obj: Worker) -> str:
+        return ", ".join(obj.queues) if obj.queues else "all"
+
+    @admin.display(description="alive", boolean=True)
+    def alive(self, obj: Worker) -> bool:
+        return obj.last_heartbeat >= timezone.now() - WORKER_ALIVE_WITHIN
+
+    @admin.display(description="stats")
+    def stats_short(self, obj: Worker) -> str:
+        return shorten(", ".join(f"{k}={v}" for k, v in (obj.stats or {}).items())) or "-"
+
+    @admin.display(description="stats")
+    def stats_pretty(self, obj: Worker):
+        return pretty_json(obj.stats)

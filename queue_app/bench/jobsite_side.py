@@ -1,0 +1,292 @@
+"""jobsite's own figures, in a scratch database migrated like the real one:
+
+- bulk enqueue: rows/s through `engine.enqueue_many` (validation, JSON encoding and COPY included);
+- end-to-end: N `queue_app.noop` items queued, then one `run_worker --burst` process drains them; a few
+  (pool, concurrency, batch) settings are tried and the best kept (and used by the latency and admin parts);
+- enqueue-to-start latency on an idle queue: single items queued one at a time while a worker waits; the
+  reservation's `reserved_at` minus the item's `created_at`, p50 and p99;
+- the admin change list under load: a separate process (admin_probe.py) GETs the QueueItem change list as a
+  superuser while a worker drains a backlog.
+
+The worker parts need `manage.py run_worker`; without it they are reported as n/a.
+"""
+
+import copy
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+
+from django.core.management import call_command, get_commands
+from django.db import connections
+
+from .. import engine
+from ..conf import queue_settings
+from .context import BenchContext, Drain, django_child_env, drain, log_tail, manage_args, spawn, stop, tune
+from .report import Figure, Results
+from .sizes import Sizes
+
+NOOP_TASK = "queue_app.noop"
+ALIAS = "jobsite_bench"
+ENQUEUE_QUEUE = "bench_enqueue"
+ENQUEUE_CHUNK = 10_000
+WORKER_MISSING = "n/a (run_worker missing)"
+
+
+def run_worker_available() -> bool:
+    return "run_worker" in get_commands()
+
+
+@contextmanager
+def bench_database(ctx: BenchContext, part: str) -> Iterator[str]:
+    """A fresh, migrated scratch database for `part`, reachable in this process as the connection ALIAS."""
+    db = ctx.fresh_database(part)
+    settings = copy.deepcopy(connections["default"].settings_dict)
+    settings["NAME"] = db
+    settings["TEST"] = {**settings.get("TEST", {}), "NAME": db}
+    connections.settings[ALIAS] = settings
+    try:
+        call_command("migrate", database=ALIAS, verbosity=0, interactive=False)
+        yield db
+    finally:
+        connections[ALIAS].close()
+        del connections[ALIAS]
+        del connections.settings[ALIAS]
+
+
+def _scalar(query: str, params: dict | None = None):
+    with connections[ALIAS].cursor() as cur:
+        cur.execute(query, params)
+        row = cur.fetchone()
+    return row[0] if row else None
+
+
+def _open_items(queue: str) -> int:
+    return _scalar(
+        "SELECT count(*) FROM queue_app_queueitem WHERE queue_id = %(q)s AND state IN ('ready', 'reserved')",
+        {"q": queue},
+    )
+
+
+WorkerSettings = tuple[str, int, int]  # (pool, concurrency, batch)
+
+
+def worker_args(settings: WorkerSettings, *, burst: bool) -> list[str]:
+    pool, concurrency, batch = settings
+    args = ["run_worker", "--pool", pool, "--concurrency", str(concurrency), "--batch", str(batch)]
+    return manage_args(*args, *(["--burst"] if burst else []))
+
+
+def describe(settings: WorkerSettings) -> str:
+    return "--pool {} --concurrency {} --batch {}".format(*settings)
+
+
+def measure_enqueue(ctx: BenchContext, sizes: Sizes) -> Figure:
+    payloads = [{} for _ in range(ENQUEUE_CHUNK)]
+    engine.enqueue_many(NOOP_TASK, payloads[:1000], queue=ENQUEUE_QUEUE, using=ALIAS)  # warm: queue row, conn
+    rows = 0
+    t0 = time.perf_counter()
+    while rows < sizes.enqueue_rows:
+        chunk = min(ENQUEUE_CHUNK, sizes.enqueue_rows - rows)
+        rows += len(engine.enqueue_many(NOOP_TASK, payloads[:chunk], queue=ENQUEUE_QUEUE, using=ALIAS))
+    elapsed = time.perf_counter() - t0
+    # Keep them as history for the admin measure, out of every worker's way.
+    _scalar("UPDATE queue_app_queue SET paused = true WHERE name = %(q)s RETURNING 1", {"q": ENQUEUE_QUEUE})
+    per_s = rows / elapsed
+    ctx.progress("jobsite", f"bulk enqueue: {rows:,} rows in {elapsed:.2f}s = {per_s:,.0f} rows/s")
+    return Figure(
+        "jobsite.enqueue",
+        "jobsite: bulk enqueue (enqueue_many)",
+        per_s,
+        "rows/s",
+        note=f"{ENQUEUE_CHUNK:,} rows per call",
+        detail={"rows": rows, "seconds": round(elapsed, 3)},
+    )
+
+
+def _clear_queue(queue: str) -> None:
+    with connections[ALIAS].cursor() as cur:
+        cur.execute("DELETE FROM queue_app_queueitem WHERE queue_id = %(q)s", {"q": queue})
+        cur.execute("VACUUM ANALYZE queue_app_queueitem")
+        cur.execute("VACUUM ANALYZE queue_app_reservation")
+
+
+def measure_e2e(ctx: BenchContext, sizes: Sizes, db: str) -> tuple[Figure, WorkerSettings | None]:
+    queue = queue_settings.DEFAULT_QUEUE
+    label = "jobsite: end-to-end no-op, 1 run_worker"
+    exits: list[int | None] = []
+
+    def attempt(settings: WorkerSettings, jobs: int) -> Drain:
+        _clear_queue(queue)
+        engine.enqueue_many(NOOP_TASK, [{} for _ in range(jobs)], queue=queue, using=ALIAS)
+        name = "e2e {} c={} b={}".format(*settings)
+        log = "jobsite-e2e-{}-c{}-b{}-{}".format(*settings, len(exits))
+        proc = spawn(worker_args(settings, burst=True), env=django_child_env(db), log=ctx.log_path(log))
+        try:
+            result = drain(
+                lambda: _open_items(queue),
+                jobs,
+                [proc],
+                timeout=sizes.drain_timeout,
+                report=lambda m: ctx.progress("jobsite", f"{name}: {m}"),
+            )
+            exit_code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            exit_code = None
+        finally:
+            stop([proc])
+        exits.append(exit_code)
+        # Drained is not done: an item that went dead (unknown task, failure) left the backlog too.
+        done = _scalar(
+            "SELECT count(*) FROM queue_app_queueitem WHERE queue_id = %(q)s AND state = 'done'", {"q": queue}
+        )
+        if done < jobs:
+            tail = log_tail(ctx.log_path(log), 8)
+            ctx.progress("jobsite", f"{name}: only {done}/{jobs} done (exit {exit_code})\n{tail}")
+            return replace(result, done=done)
+        ctx.progress("jobsite", f"{name} {jobs:,} jobs: {result.steady_per_s:,.0f} jobs/s (exit {exit_code})")
+        return result
+
+    tried, best = tune(
+        sizes.e2e_grid,
+        attempt,
+        jobs=sizes.e2e_jobs,
+        drain_seconds=sizes.drain_seconds,
+        most_jobs=sizes.most_jobs,
+    )
+    _clear_queue(queue)
+    detail = {"tries": [{"settings": describe(s), **r.as_dict()} for s, r in tried], "exit_codes": exits}
+    if best is None:
+        return Figure("jobsite.e2e", label, None, "jobs/s", note="n/a (no try finished)", detail=detail), None
+    settings, result = best
+    return Figure("jobsite.e2e", label, result.steady_per_s, "jobs/s", note=describe(settings), detail=detail), settings
+
+
+def _wait_for_worker(proc: subprocess.Popen, timeout: float = 30.0) -> bool:
+    """Until this worker process has registered itself as running; False if it exits or never does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _scalar(
+            "SELECT count(*) FROM queue_app_worker WHERE state = 'running' AND pid = %(pid)s", {"pid": proc.pid}
+        ):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def measure_latency(ctx: BenchContext, sizes: Sizes, db: str, settings: WorkerSettings) -> list[Figure]:
+    queue = queue_settings.DEFAULT_QUEUE
+    _clear_queue(queue)
+    log = "jobsite-latency"
+    proc = spawn(worker_args(settings, burst=False), env=django_child_env(db), log=ctx.log_path(log))
+    ids: list[int] = []
+    try:
+        if not _wait_for_worker(proc):
+            raise RuntimeError(f"run_worker did not start:\n{log_tail(ctx.log_path(log))}")
+        time.sleep(0.5)  # let it reach its idle wait (LISTEN) before the first item
+        for n in range(sizes.latency_samples):
+            item = engine.enqueue(NOOP_TASK, {"n": n}, queue=queue, using=ALIAS)
+            ids.append(item.id)
+            deadline = time.monotonic() + 10
+            while _scalar("SELECT state FROM queue_app_queueitem WHERE id = %(id)s", {"id": item.id}) in (
+                "ready",
+                "reserved",
+            ):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"item {item.id} was not done within 10 s")
+                time.sleep(0.002)
+            time.sleep(0.05)  # idle again before the next one
+    finally:
+        stop([proc])
+    with connections[ALIAS].cursor() as cur:
+        cur.execute(
+            """SELECT EXTRACT(EPOCH FROM r.reserved_at - i.created_at) * 1000
+               FROM queue_app_queueitem i JOIN queue_app_reservation r ON r.item_id = i.id AND r.attempt = 1
+               WHERE i.id = ANY(%(ids)s)""",
+            {"ids": ids},
+        )
+        ms = [float(row[0]) for row in cur.fetchall()]
+    p50, p99 = _percentile(ms, 0.50), _percentile(ms, 0.99)
+    ctx.progress("jobsite", f"idle enqueue-to-start over {len(ms)} items: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+    detail = {"samples": len(ms), "mean_ms": round(statistics.fmean(ms), 3), "max_ms": round(max(ms), 3)}
+    return [
+        Figure("jobsite.latency_p50", "jobsite: idle enqueue-to-start p50", p50, "ms", detail=detail),
+        Figure("jobsite.latency_p99", "jobsite: idle enqueue-to-start p99", p99, "ms", detail=detail),
+    ]
+
+
+def measure_admin(ctx: BenchContext, sizes: Sizes, db: str, settings: WorkerSettings | None) -> list[Figure]:
+    """The change list timed from its own process, while a worker drains a backlog when there is a worker."""
+    queue = queue_settings.DEFAULT_QUEUE
+    workers: list[subprocess.Popen] = []
+    load = "under load" if settings else "no worker load"
+    if settings:
+        _clear_queue(queue)
+        engine.enqueue_many(NOOP_TASK, [{} for _ in range(sizes.e2e_jobs)], queue=queue, using=ALIAS)
+        workers.append(
+            spawn(worker_args(settings, burst=False), env=django_child_env(db), log=ctx.log_path("jobsite-admin"))
+        )
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-m", "queue_app.bench.admin_probe", str(sizes.admin_requests)],
+            env=django_child_env(db),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        stop(workers)
+    lines = probe.stdout.strip().splitlines()
+    try:
+        out = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        out = {}
+    label = f"jobsite: admin change list {load}"
+    if "p50_ms" not in out:
+        reason = out.get("error") or (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        ctx.progress("jobsite", f"admin change list: {reason}")
+        return [Figure("jobsite.admin_p50", f"{label} p50", None, "ms", note=f"n/a ({reason[:60]})")]
+    note = "" if out["statuses"] == {"200": sizes.admin_requests} else f"statuses {out['statuses']}"
+    ctx.progress("jobsite", f"admin change list {load}: p50 {out['p50_ms']:.1f} ms, p99 {out['p99_ms']:.1f} ms")
+    return [
+        Figure("jobsite.admin_p50", f"{label} p50", out["p50_ms"], "ms", note=note, detail=out),
+        Figure("jobsite.admin_p99", f"{label} p99", out["p99_ms"], "ms", note=note, detail=out),
+    ]
+
+
+def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
+    with bench_database(ctx, "jobsite") as db:
+        ctx.progress("jobsite", f"scratch database {db} migrated")
+        results.add(measure_enqueue(ctx, sizes))
+        settings = None
+        if run_worker_available():
+            figure, settings = measure_e2e(ctx, sizes, db)
+            results.add(figure)
+        else:
+            ctx.progress("jobsite", "run_worker is not a command yet: end-to-end and latency are n/a")
+            results.add(
+                Figure("jobsite.e2e", "jobsite: end-to-end no-op, 1 run_worker", None, "jobs/s", WORKER_MISSING)
+            )
+        if settings:
+            try:
+                for figure in measure_latency(ctx, sizes, db, settings):
+                    results.add(figure)
+            except RuntimeError as exc:
+                ctx.progress("jobsite", f"latency: {exc}")
+                results.add(
+                    Figure("jobsite.latency_p50", "jobsite: idle enqueue-to-start p50", None, "ms", "n/a (error)")
+                )
+        else:
+            results.add(Figure("jobsite.latency_p50", "jobsite: idle enqueue-to-start p50", None, "ms", WORKER_MISSING))
+            results.add(Figure("jobsite.latency_p99", "jobsite: idle enqueue-to-start p99", None, "ms", WORKER_MISSING))
+        for figure in measure_admin(ctx, sizes, db, settings):
+            results.add(figure)

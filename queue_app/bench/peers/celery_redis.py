@@ -1,0 +1,94 @@
+"""Celery with Redis as broker (127.0.0.1:6379, database 13 unless JOBSITE_BENCH_REDIS_URL says otherwise).
+`app` here is also what its workers load (`celery -A queue_app.bench.peers.celery_redis worker`).
+
+Results are ignored (no result backend: Celery's fastest setting), so the no-op counts its own completion with
+one Redis INCR, about 0.05 ms, which is how the bench knows when the backlog is done. Settings tried: several
+solo workers (one process each, the usual advice for tiny tasks), prefork and thread pools, prefetch multiplier.
+Only this bench's keys are deleted afterwards; the Redis database is never flushed.
+"""
+
+import os
+import subprocess
+import sys
+
+import redis
+from celery import Celery
+
+from ..context import spawn
+from . import Peer, Variant
+
+REDIS_URL = os.environ.get("JOBSITE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
+QUEUE = "jobsite_bench"
+DONE_KEY = "jobsite_bench:done"
+# kombu's Redis transport keeps unacked messages and the queue binding under these keys.
+KOMBU_KEYS = ("unacked", "unacked_index", "unacked_mutex", f"_kombu.binding.{QUEUE}")
+
+app = Celery("jobsite_bench", broker=REDIS_URL)
+app.conf.update(
+    task_ignore_result=True,
+    task_default_queue=QUEUE,
+    worker_prefetch_multiplier=int(os.environ.get("JOBSITE_BENCH_PREFETCH", "64")),
+    worker_hijack_root_logger=False,
+    worker_send_task_events=False,
+    worker_disable_rate_limits=True,
+    broker_connection_retry_on_startup=True,
+)
+
+_counter: redis.Redis | None = None
+
+
+@app.task(name="noop")
+def noop() -> None:
+    global _counter
+    if _counter is None:
+        _counter = redis.Redis.from_url(REDIS_URL)
+    _counter.incr(DONE_KEY)
+
+
+class CeleryRedisPeer(Peer):
+    name = "celery_redis"
+    distribution = "celery"
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.redis = redis.Redis.from_url(REDIS_URL)
+        self.queued = 0
+
+    def variants(self) -> list[Variant]:
+        return [
+            Variant("4 solo workers, prefetch 64", 4, {"pool": "solo", "concurrency": 1, "prefetch": 64}),
+            Variant("2 solo workers, prefetch 64", 2, {"pool": "solo", "concurrency": 1, "prefetch": 64}),
+            Variant("prefork -c 2, prefetch 64", 1, {"pool": "prefork", "concurrency": 2, "prefetch": 64}),
+            Variant("threads -c 8, prefetch 64", 1, {"pool": "threads", "concurrency": 8, "prefetch": 64}),
+            Variant("2 solo workers, prefetch 4", 2, {"pool": "solo", "concurrency": 1, "prefetch": 4}),
+        ]
+
+    def setup(self) -> None:
+        self.redis.ping()
+
+    def reset(self) -> None:
+        self.redis.delete(QUEUE, DONE_KEY, *KOMBU_KEYS)
+        self.queued = 0
+
+    def enqueue(self, n: int) -> None:
+        with app.producer_or_acquire() as producer:
+            for _ in range(n):
+                noop.apply_async(producer=producer)
+        self.queued = n
+
+    def start(self, variant: Variant, log: str) -> list[subprocess.Popen]:
+        env = {**os.environ, "JOBSITE_BENCH_PREFETCH": str(variant.options["prefetch"])}
+        args = [sys.executable, "-m", "celery", "-A", __name__, "worker", "-Q", QUEUE, "-l", "WARNING"]
+        args += ["--pool", variant.options["pool"], "--concurrency", str(variant.options["concurrency"])]
+        args += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+        return [
+            spawn([*args, "-n", f"bench{i}@%h"], env=env, log=self.ctx.log_path(log)) for i in range(variant.processes)
+        ]
+
+    def remaining(self) -> int:
+        return self.queued - int(self.redis.get(DONE_KEY) or 0)
+
+    def teardown(self) -> None:
+        self.reset()
+        self.redis.close()
+        super().teardown()

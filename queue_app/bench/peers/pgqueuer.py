@@ -1,0 +1,95 @@
+"""PgQueuer (PostgreSQL, asyncio, FOR UPDATE SKIP LOCKED + LISTEN/NOTIFY; Oban-like in design): `factory`
+here is what its workers run (`work()`, as `pgq run` would), each on one psycopg connection to the scratch
+database the bench gives it.
+
+PgQueuer deletes a job when it finishes (and logs it in pgqueuer_log), so finished jobs never slow the queue.
+Settings tried: worker processes x batch size (jobs fetched per dequeue); drain mode exits when empty.
+"""
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+
+import pgqueuer
+import psycopg
+from pgqueuer import PsycopgDriver, Queries, QueueManager
+from pgqueuer.models import Job
+from pgqueuer.types import QueueExecutionMode
+
+from ..context import spawn
+from . import Peer, Variant
+
+DSN_ENV = "JOBSITE_BENCH_PEER_DSN"
+
+
+@asynccontextmanager
+async def factory() -> AsyncIterator[QueueManager]:
+    async with await psycopg.AsyncConnection.connect(os.environ[DSN_ENV], autocommit=True) as conn:
+        qm = QueueManager(Queries(PsycopgDriver(conn)))
+
+        @qm.entrypoint("noop")
+        async def noop(job: Job) -> None:
+            return None
+
+        yield qm
+
+
+def work(batch_size: int) -> None:
+    """One worker process until the queue is empty: what `pgq run --mode drain` does (its CLI's --log-level
+    handling is broken in 1.6.0, so the bench calls the library's own `pgqueuer.run`)."""
+    run = pgqueuer.run(
+        factory,
+        batch_size=batch_size,
+        mode=QueueExecutionMode.drain,
+        dequeue_timeout=timedelta(seconds=1),
+    )
+    asyncio.run(run)
+
+
+class PgQueuerPeer(Peer):
+    name = "pgqueuer"
+    distribution = "pgqueuer"
+
+    def variants(self) -> list[Variant]:
+        return [
+            Variant("1 proc, batch 100", 1, {"batch": 100}),
+            Variant("2 procs, batch 50", 2, {"batch": 50}),
+            Variant("1 proc, batch 10 (default)", 1, {"batch": 10}),
+            Variant("2 procs, batch 200", 2, {"batch": 200}),
+        ]
+
+    def setup(self) -> None:
+        self.ctx.fresh_database(self.name)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pgqueuer", "--pg-dsn", self.dsn, "install"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"pgq install failed: {(proc.stderr or proc.stdout).strip()[-500:]}")
+
+    def reset(self) -> None:
+        self.scalar("TRUNCATE pgqueuer, pgqueuer_log")
+
+    def enqueue(self, n: int) -> None:
+        async def go() -> None:
+            async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                queries = Queries(PsycopgDriver(conn))
+                for start in range(0, n, 5_000):
+                    size = min(5_000, n - start)
+                    await queries.enqueue(["noop"] * size, [None] * size, [0] * size)
+
+        asyncio.run(go())
+
+    def start(self, variant: Variant, log: str) -> list[subprocess.Popen]:
+        args = [sys.executable, "-c", f"from {__name__} import work; work({int(variant.options['batch'])})"]
+        env = {**os.environ, DSN_ENV: self.dsn}
+        return [spawn(args, env=env, log=self.ctx.log_path(log)) for _ in range(variant.processes)]
+
+    def remaining(self) -> int:
+        return self.scalar("SELECT count(*) FROM pgqueuer")

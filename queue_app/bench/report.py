@@ -1,0 +1,188 @@
+"""The bench's results: figures, the ratios between them, the issue's goals, the table and the JSON file.
+
+Every figure of one run is compared only with figures of the same run (same machine, same server, same load),
+so the ratios mean something even when the absolute numbers are noisy.
+"""
+
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+PEER_LABELS = {
+    "procrastinate": "Procrastinate",
+    "django_tasks_db": "django-tasks-db",
+    "celery_redis": "Celery+Redis",
+    "pgqueuer": "PgQueuer",
+}
+
+
+@dataclass
+class Figure:
+    key: str
+    label: str
+    value: float | None
+    unit: str
+    note: str = ""  # the settings that won, or why there is no value ("n/a (run_worker missing)")
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Goal:
+    name: str
+    figure: str
+    over: str | None  # None: compare the figure itself with `target`
+    op: str  # ">=" or "<="
+    target: float
+
+
+GOALS = (
+    Goal("end-to-end >= 40% of the batched ceiling", "jobsite.e2e", "ceiling.lease_batch", ">=", 0.40),
+    Goal("end-to-end >= 20x Procrastinate", "jobsite.e2e", "peer.procrastinate", ">=", 20.0),
+    Goal("end-to-end >= 20x django-tasks-db", "jobsite.e2e", "peer.django_tasks_db", ">=", 20.0),
+    Goal("end-to-end >= 5x Celery+Redis", "jobsite.e2e", "peer.celery_redis", ">=", 5.0),
+    Goal("bulk enqueue >= 70% of the insert ceiling", "jobsite.enqueue", "ceiling.insert", ">=", 0.70),
+    Goal("idle enqueue-to-start p50 <= 5 ms", "jobsite.latency_p50", None, "<=", 5.0),
+    Goal("idle enqueue-to-start p99 <= 50 ms", "jobsite.latency_p99", None, "<=", 50.0),
+    Goal("size after steady churn <= 2x the start", "churn.growth", None, "<=", 2.0),
+)
+
+# Which ceiling a figure is measured against (jobs/s against the batched lease, rows/s against the insert).
+CEILING_OF = {
+    "jobsite.enqueue": "ceiling.insert",
+    "jobsite.e2e": "ceiling.lease_batch",
+    "ceiling.lease_one": "ceiling.lease_batch",
+    **{f"peer.{name}": "ceiling.lease_batch" for name in PEER_LABELS},
+}
+# Figures compared with each peer (jobs/s).
+VERSUS_PEERS = ("ceiling.lease_one", "ceiling.lease_batch", "jobsite.e2e")
+
+
+@dataclass
+class Results:
+    size: str
+    started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    figures: dict[str, Figure] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, figure: Figure) -> Figure:
+        self.figures[figure.key] = figure
+        return figure
+
+    def value(self, key: str) -> float | None:
+        figure = self.figures.get(key)
+        return figure.value if figure else None
+
+    def ratio(self, key: str, over: str) -> float | None:
+        a, b = self.value(key), self.value(over)
+        return a / b if a is not None and b else None
+
+    def goals(self) -> list[dict[str, Any]]:
+        rows = []
+        for goal in GOALS:
+            if goal.figure not in self.figures:
+                continue
+            actual = self.ratio(goal.figure, goal.over) if goal.over else self.value(goal.figure)
+            passed = None
+            if actual is not None:
+                passed = actual >= goal.target if goal.op == ">=" else actual <= goal.target
+            rows.append({"goal": goal.name, "target": goal.target, "actual": _round(actual), "passed": passed})
+        return rows
+
+    def as_dict(self) -> dict[str, Any]:
+        peers = [k for k in self.figures if k.startswith("peer.")]
+        ratios: dict[str, dict[str, float | None]] = {}
+        for key in self.figures:
+            row = {}
+            if key in CEILING_OF:
+                row["ceiling"] = _round(self.ratio(key, CEILING_OF[key]))
+            if key in VERSUS_PEERS:
+                row.update({peer: _round(self.ratio(key, peer)) for peer in peers})
+            if row:
+                ratios[key] = row
+        return {
+            "schema": 1,
+            "size": self.size,
+            "started_at": self.started_at,
+            "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": self.machine,
+            "figures": {k: asdict(f) for k, f in self.figures.items()},
+            "ratios": ratios,
+            "goals": self.goals(),
+            "notes": self.notes,
+        }
+
+
+def machine_info(server_version: str = "") -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "postgres": server_version,
+        "host": platform.node(),
+    }
+
+
+def _round(x: float | None) -> float | None:
+    if x is None:
+        return None
+    return round(x, 3) if abs(x) < 100 else round(x, 1)
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:,.2f}" if abs(value) >= 1 else f"{value:.3f}"
+
+
+def _fmt_ratio(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}x" if value < 100 else f"{value:,.0f}x"
+
+
+def table(results: Results) -> str:
+    """The figures as a text table: value, ratio to its ceiling, ratio to each peer; then the goals."""
+    peers = [k for k in results.figures if k.startswith("peer.")]
+    head = ["figure", "value", "unit", "vs ceiling", *(PEER_LABELS[p.split(".", 1)[1]] for p in peers), "settings"]
+    rows = [head]
+    for key, figure in results.figures.items():
+        ceiling = _fmt_ratio(results.ratio(key, CEILING_OF[key])) if key in CEILING_OF else ""
+        versus = [_fmt_ratio(results.ratio(key, p)) if key in VERSUS_PEERS else "" for p in peers]
+        value = _fmt(figure.value) if figure.value is not None else (figure.note or "n/a")
+        note = figure.note if figure.value is not None else ""
+        rows.append([figure.label, value, figure.unit, ceiling, *versus, note])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    right = {1, 3, *range(4, 4 + len(peers))}
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    goals = results.goals()
+    if goals:
+        lines += ["", "goals (ratios from this run):"]
+        for g in goals:
+            mark = {True: "PASS", False: "FAIL", None: "n/a "}[g["passed"]]
+            lines.append(f"  {mark}  {g['goal']}: {_fmt(g['actual'])}")
+    for note in results.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def write_json(results: Results, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results.as_dict(), indent=2) + "\n")
+    return path
+
+
+def default_json_path(var_dir: Path) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return var_dir / "bench" / f"{stamp}.json"

@@ -1,0 +1,68 @@
+"""One bench run: the parts asked for, in order, on scratch databases that are dropped at the end; then the
+table and the JSON file."""
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from django.conf import settings
+
+from . import ceiling, churn, jobsite_side, peers
+from .context import BenchContext, Progress, server_from_django
+from .report import Results, default_json_path, machine_info, table, write_json
+from .sizes import Sizes
+
+PARTS = ("ceiling", "jobsite", "peers")
+
+
+def var_dir() -> Path:
+    return Path(getattr(settings, "VAR_DIR", Path(settings.BASE_DIR) / "var"))
+
+
+def run_bench(
+    *,
+    sizes: Sizes,
+    parts: Sequence[str],
+    peer_names: Sequence[str],
+    churn_minutes: float | None,
+    json_out: Path | None,
+    db_prefix: str,
+    keep_databases: bool,
+    write: Callable[[str], None],
+) -> tuple[Results, Path]:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    ctx = BenchContext(
+        server=server_from_django(),
+        db_prefix=db_prefix,
+        progress=Progress(write),
+        log_dir=var_dir() / "bench" / "logs" / stamp,
+        keep_databases=keep_databases,
+    )
+    with ctx.server.connect("postgres") as conn:
+        version = conn.execute("SHOW server_version").fetchone()[0]
+    results = Results(size=sizes.name, machine=machine_info(version))
+    load = results.machine["load_average"][0]
+    cpus = results.machine["cpus"] or 1
+    if load > 0.5 * cpus:
+        results.notes.append(
+            f"load average {load:.2f} on {cpus} cpus at start: absolute figures are noisy, compare ratios"
+        )
+    ctx.progress("bench", f"{sizes.name} run of {', '.join(parts) or 'nothing'} on PostgreSQL {version}")
+    try:
+        if "ceiling" in parts:
+            ceiling.run(ctx, sizes, results)
+        if "jobsite" in parts:
+            jobsite_side.run(ctx, sizes, results)
+        if "peers" in parts:
+            peers.run(ctx, sizes, results, peer_names)
+        if churn_minutes:
+            churn.run(ctx, results, minutes=churn_minutes)
+    finally:
+        ctx.drop_databases()
+    if ctx.log_dir.exists():
+        results.notes.append(f"child process logs: {ctx.log_dir}")
+    path = write_json(results, json_out or default_json_path(var_dir()))
+    write("")
+    write(table(results))
+    write(f"\nresults written to {path}")
+    return results, path

@@ -1,0 +1,68 @@
+"""How big a bench run is: `--quick` for a CI smoke run (about a minute without peers), `--full` for the
+README's figures (the default)."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Sizes:
+    name: str
+    # ceiling: seconds per pgbench run, client counts tried (the best is kept)
+    ceiling_seconds: int
+    ceiling_clients: tuple[int, ...]
+    # jobsite
+    enqueue_rows: int
+    e2e_jobs: int
+    e2e_grid: tuple[tuple[str, int, int], ...]  # (pool, concurrency, batch) tried for run_worker
+    latency_samples: int
+    admin_requests: int
+    # peers: jobs in the first try, and how many of each peer's variants are tried (in the order listed)
+    peer_jobs: int
+    peer_variants: int
+    drain_timeout: float
+    # A drain should last about this long; one much shorter is run again with a backlog scaled to the speed
+    # seen (at most `most_jobs`), so fast queues are not measured on a fraction of a second.
+    drain_seconds: float
+    most_jobs: int
+
+
+QUICK = Sizes(
+    name="quick",
+    ceiling_seconds=2,
+    ceiling_clients=(2, 4),
+    enqueue_rows=20_000,
+    e2e_jobs=5_000,
+    e2e_grid=(("process", 8, 50), ("thread", 16, 100)),
+    latency_samples=40,
+    admin_requests=10,
+    peer_jobs=1_000,
+    peer_variants=2,
+    drain_timeout=120.0,
+    drain_seconds=4.0,
+    most_jobs=50_000,
+)
+
+FULL = Sizes(
+    name="full",
+    ceiling_seconds=10,
+    ceiling_clients=(1, 2, 4, 8, 16),
+    enqueue_rows=200_000,
+    e2e_jobs=10_000,
+    e2e_grid=(
+        ("process", 4, 50),
+        ("process", 8, 100),
+        ("process", 16, 200),
+        ("thread", 8, 100),
+        ("thread", 32, 200),
+        ("thread", 64, 500),
+    ),
+    latency_samples=400,
+    admin_requests=50,
+    peer_jobs=3_000,
+    peer_variants=99,
+    drain_timeout=600.0,
+    drain_seconds=20.0,
+    most_jobs=500_000,
+)
+
+SIZES = {s.name: s for s in (QUICK, FULL)}

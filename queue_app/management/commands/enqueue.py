@@ -1,0 +1,60 @@
+"""`manage.py enqueue TASK`: queue items from the command line (demos, benchmarks, scripts).
+
+    python manage.py enqueue queue_app.echo --payload '{"hello": "world"}'
+    python manage.py enqueue queue_app.noop --count 100000          # one COPY (engine.enqueue_many)
+    python manage.py enqueue queue_app.sleep --payload '{"seconds": 2}' --delay 10 --dedup-key nap
+
+A registered task brings its own queue, attempts and dedup window; a name no task is registered under is
+queued anyway (with a warning): a worker that does not know it either sends it to the dead letters.
+"""
+
+import json
+from functools import partial
+
+from django.core.management.base import BaseCommand, CommandError
+
+from queue_app import engine
+from queue_app.registry import find_task
+
+
+class Command(BaseCommand):
+    help = "Enqueue items of a task: one, or --count N of the same payload."
+
+    def add_arguments(self, parser):
+        parser.add_argument("task", help="task name, e.g. queue_app.noop")
+        parser.add_argument("--payload", default=None, help="JSON payload (default: {})")
+        parser.add_argument("--count", type=int, default=1, help="how many items (bulk enqueue when > 1)")
+        parser.add_argument("--queue", default=None, help="queue (default: the task's, else the default queue)")
+        parser.add_argument("--priority", type=int, default=0, help="-100..100, higher first")
+        parser.add_argument("--delay", type=float, default=None, help="seconds before the item is due")
+        parser.add_argument("--dedup-key", default=None, help="enqueue at most once per key within the window")
+        parser.add_argument("--ordering-key", default=None, help="items of one key run one at a time, in order")
+
+    def handle(self, *args, task, payload, count, queue, priority, delay, dedup_key, ordering_key, **options):
+        try:
+            data = {} if payload is None else json.loads(payload)
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"--payload is not valid JSON: {exc}") from None
+        if count < 1:
+            raise CommandError(f"--count must be at least 1, not {count}")
+        if count > 1 and dedup_key is not None:
+            raise CommandError("--dedup-key enqueues one item; it cannot be combined with --count")
+        registered = find_task(task)
+        if registered is None:
+            self.stderr.write(self.style.WARNING(f"warning: no task is registered as {task!r} here; queuing it anyway"))
+        options = {"queue": queue, "priority": priority, "delay": delay, "ordering_key": ordering_key}
+        try:
+            if count > 1:
+                many = registered.enqueue_many if registered else partial(engine.enqueue_many, task)
+                ids = many([data] * count, **options)
+            else:
+                one = registered.enqueue if registered else partial(engine.enqueue, task)
+                item = one(data, dedup_key=dedup_key, **options)
+        except engine.InvalidEnqueue as exc:
+            raise CommandError(str(exc)) from None
+        if count > 1:
+            self.stdout.write(f"enqueued {len(ids)} items of {task} (ids {ids[0]}..{ids[-1]})")
+        elif item.duplicate:
+            self.stdout.write(f"duplicate: item {item.id} of {task} already holds dedup key {dedup_key!r}")
+        else:
+            self.stdout.write(f"enqueued item {item.id} of {task} on queue {item.queue}")

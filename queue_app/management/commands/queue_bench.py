@@ -1,0 +1,66 @@
+"""`manage.py queue_bench`: the queue's benchmark against the PostgreSQL ceiling and the peers (see
+queue_app/bench/). `--quick` for a CI smoke run, `--full` (default) for the README's figures, `--churn` for the
+hour of steady churn that measures table and index growth.
+
+    python manage.py queue_bench --quick --only ceiling
+    python manage.py queue_bench --peers procrastinate,celery_redis
+    python manage.py queue_bench --churn --churn-minutes 60
+"""
+
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from queue_app.bench.peers import PEERS
+from queue_app.bench.runner import PARTS, run_bench
+from queue_app.bench.sizes import FULL, QUICK
+
+
+def _names(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(allowed))
+    if unknown:
+        raise CommandError(f"unknown {what}: {', '.join(unknown)} (choose from {', '.join(allowed)})")
+    return names
+
+
+class Command(BaseCommand):
+    help = "Measure the queue against the PostgreSQL ceiling (pgbench) and peer queues on this machine."
+
+    def add_arguments(self, parser):
+        size = parser.add_mutually_exclusive_group()
+        size.add_argument("--quick", action="store_true", help="small sizes for a CI smoke run")
+        size.add_argument("--full", action="store_true", help="full sizes for the README (default)")
+        parser.add_argument("--only", default=None, help=f"comma-separated parts: {','.join(PARTS)} (default: all)")
+        parser.add_argument("--peers", default=",".join(PEERS), help=f"peers to run (default: {','.join(PEERS)})")
+        parser.add_argument(
+            "--churn", action="store_true", help="measure table growth under steady churn (alone unless --only)"
+        )
+        parser.add_argument("--churn-minutes", type=float, default=60.0, help="length of the churn run")
+        parser.add_argument("--json-out", type=Path, default=None, help="results file (default var/bench/<ts>.json)")
+        parser.add_argument("--db-prefix", default="bench", help="scratch databases are named <prefix>_<part>")
+        parser.add_argument("--keep-dbs", action="store_true", help="keep the scratch databases afterwards")
+
+    def handle(self, *args, **options):
+        sizes = QUICK if options["quick"] else FULL
+        if options["only"] is not None:
+            parts = _names(options["only"], PARTS, "part")
+        else:
+            parts = [] if options["churn"] else list(PARTS)
+        if options["churn_minutes"] <= 0:
+            raise CommandError("--churn-minutes must be positive")
+
+        def write(line: str) -> None:
+            self.stdout.write(line)
+            self.stdout.flush()
+
+        run_bench(
+            sizes=sizes,
+            parts=parts,
+            peer_names=_names(options["peers"], tuple(PEERS), "peer"),
+            churn_minutes=options["churn_minutes"] if options["churn"] else None,
+            json_out=options["json_out"],
+            db_prefix=options["db_prefix"],
+            keep_databases=options["keep_dbs"],
+            write=write,
+        )

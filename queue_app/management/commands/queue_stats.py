@@ -1,0 +1,90 @@
+"""`manage.py queue_stats [--json]`: per queue, items by state ("ready" = due now, "scheduled" = ready but due
+later: delay or backoff), the age of the oldest due ready item, and open dead letters. Exact counts (one grouped scan of the item table): meant for operators and scripts, not for a
+dashboard refreshed every second on a huge table."""
+
+import json
+
+from django.core.management.base import BaseCommand
+from django.db.models import Count, Min, Q
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from queue_app.models import DeadLetter, ItemState, Queue, QueueItem
+
+STATES = [state.value for state in ItemState]
+
+
+def queue_stats() -> list[dict]:
+    now = timezone.now()
+    counts: dict[str, dict[str, int]] = {}
+    for row in QueueItem.objects.order_by().values("queue_id", "state").annotate(n=Count("id")):
+        counts.setdefault(row["queue_id"], {})[row["state"]] = row["n"]
+    due = dict(
+        QueueItem.objects.order_by()
+        .filter(state=ItemState.READY, run_at__lte=Now())
+        .values("queue_id")
+        .annotate(oldest=Min("run_at"))
+        .values_list("queue_id", "oldest")
+    )
+    letters = dict(
+        DeadLetter.objects.order_by()
+        .filter(requeued_at__isnull=True)
+        .values("item__queue_id")
+        .annotate(n=Count("id"))
+        .values_list("item__queue_id", "n")
+    )
+    scheduled = dict(
+        QueueItem.objects.order_by()
+        .filter(Q(state=ItemState.READY) & Q(run_at__gt=Now()))
+        .values("queue_id")
+        .annotate(n=Count("id"))
+        .values_list("queue_id", "n")
+    )
+    stats = []
+    for queue in Queue.objects.order_by("name"):
+        by_state = {state: counts.get(queue.name, {}).get(state, 0) for state in STATES}
+        by_state[ItemState.READY] -= scheduled.get(queue.name, 0)  # "ready" counts due items only
+        oldest = due.get(queue.name)
+        stats.append(
+            {
+                "queue": queue.name,
+                "paused": queue.paused,
+                "concurrency_limit": queue.concurrency_limit,
+                **by_state,
+                "scheduled": scheduled.get(queue.name, 0),  # ready, not due yet (delay or backoff)
+                "oldest_ready_age": None if oldest is None else round((now - oldest).total_seconds(), 3),
+                "dead_letters": letters.get(queue.name, 0),
+            }
+        )
+    return stats
+
+
+class Command(BaseCommand):
+    help = "Show per-queue counts by state, the oldest ready item's age, and open dead letters."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    def handle(self, *args, **options):
+        stats = queue_stats()
+        if options["json"]:
+            self.stdout.write(json.dumps({"queues": stats}, indent=2))
+            return
+        columns = ["queue", *STATES, "scheduled", "oldest_ready_age", "dead_letters", "paused"]
+        rows = [[_cell(row[c]) for c in columns] for row in stats]
+        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+        self.stdout.write("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+        for row in rows:
+            self.stdout.write("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+        if not rows:
+            self.stdout.write("(no queues yet)")
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.1f}s"
+    return str(value)

@@ -1,0 +1,86 @@
+"""`manage.py run_worker`: lease items from the queue and run their handlers (see queue_app/worker/).
+
+    python manage.py run_worker                              # every queue, one child process per CPU
+    python manage.py run_worker --queues default,mail --concurrency 8
+    python manage.py run_worker --pool thread --concurrency 32   # I/O-bound handlers
+    python manage.py run_worker --burst                      # exit 0 once nothing is ready or in flight
+
+SIGTERM or SIGINT: stop leasing, let in-flight handlers finish within --grace-period, hand back the rest,
+exit 0. A second signal exits at once (leases then expire and their items are delivered again).
+"""
+
+import importlib
+import os
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError
+
+from queue_app.worker import Supervisor, WorkerOptions
+
+
+def _queues(values: list[str]) -> list[str] | None:
+    names = [name.strip() for value in values for name in value.split(",") if name.strip()]
+    if not names:
+        raise CommandError("--queues needs at least one queue name, or 'all'")
+    return None if "all" in names or "*" in names else names
+
+
+class Command(BaseCommand):
+    help = "Run a worker: lease items from the queues, run their tasks, settle them."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--queues", nargs="+", default=["all"], help="queue names (space or comma separated) or 'all' (default)"
+        )
+        parser.add_argument(
+            "--concurrency", type=int, default=os.cpu_count() or 1, help="handlers run at once (default: CPUs)"
+        )
+        parser.add_argument(
+            "--pool",
+            choices=["process", "thread"],
+            default="process",
+            help="process (default: a stuck handler can be killed) or thread (I/O-bound handlers; a thread past "
+            "its hard timeout is abandoned, not killed)",
+        )
+        parser.add_argument("--batch", type=int, default=None, help="most items per lease (default: free slots)")
+        parser.add_argument(
+            "--poll-interval", type=float, default=1.0, help="seconds between polls when no NOTIFY arrives"
+        )
+        parser.add_argument("--worker-id", default=None, help="default: host:pid:random")
+        parser.add_argument("--burst", action="store_true", help="exit 0 once nothing is ready or in flight")
+        parser.add_argument("--max-items", type=int, default=None, help="stop after taking this many items")
+        parser.add_argument(
+            "--grace-period", type=float, default=25.0, help="seconds in-flight work gets to finish on SIGTERM"
+        )
+        parser.add_argument(
+            "--import",
+            dest="imports",
+            action="append",
+            default=[],
+            metavar="MODULE",
+            help="also import this module for its tasks (besides every installed app's tasks.py); repeatable",
+        )
+
+    def handle(self, *args, **options):
+        for module in options["imports"]:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise CommandError(f"--import {module}: {exc}") from exc
+        worker_options = WorkerOptions(
+            queues=_queues(options["queues"]),
+            concurrency=options["concurrency"],
+            pool=options["pool"],
+            batch=options["batch"],
+            poll_interval=options["poll_interval"],
+            worker_id=options["worker_id"],
+            burst=options["burst"],
+            max_items=options["max_items"],
+            grace_period=options["grace_period"],
+        )
+        try:
+            code = Supervisor(worker_options).run()
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
+        if code:
+            raise SystemExit(code)

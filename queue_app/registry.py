@@ -1,0 +1,289 @@
+"""The task registry: `@job(...)` registers a handler under a name with its options (a frozen `Task`), and the
+worker finds it with `get_task(name)`. Every installed app's `tasks.py` is imported on the first lookup, so
+task modules need no configuration. queue_app's own built-in tasks live in queue_app/tasks.py.
+
+    from queue_app.registry import Retry, job
+
+    @job("billing.charge", queue="billing", retry=Retry(times=3, on=(TimeoutError,)), hard_timeout=20)
+    def charge(payload, ctx):
+        # ctx.item_id is the idempotency key: the same item may be delivered again (at-least-once)
+        ...
+
+    charge.enqueue({"order": 42})
+"""
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import autodiscover_modules, import_string
+
+from . import engine
+from .engine.errors import QueueError
+
+logger = logging.getLogger("jobsite.worker")
+
+# A lease is always longer than the hard timeout by at least this much, so the worker has stopped a runaway
+# handler (and settled its attempt) before anyone else may take the item.
+LEASE_MARGIN = 2.0
+DEFAULT_HARD_TIMEOUT = 30.0
+
+
+def _check_seconds(name: str, value: Any, *, allow_none: bool = False, allow_zero: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"{name} must be a finite number of seconds, not {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, not {value!r}")
+
+
+class Delivery(StrEnum):
+    """When the worker settles an item relative to running its handler (see DESIGN.md, Guarantees)."""
+
+    AT_LEAST_ONCE = "at_least_once"  # run, then settle: a crash in between re-delivers
+    AT_MOST_ONCE = "at_most_once"  # settle, then run: a crash or error is recorded, never retried
+    TRANSACTIONAL = "transactional"  # handler and settle in one transaction: a lost lease rolls both back
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """A task's retry policy (Sentry's taskworker `Retry`): which failures are retried, how often, how soon.
+
+    `times`: attempts in all, the first included (None: the item's queue decides). `on`: exceptions that are
+    retried; `ignore`: exceptions never retried, even when they match `on`: the item goes straight to the dead
+    letters. `delay`: fixed seconds between attempts; None means exponential backoff with jitter from
+    `backoff_base`, capped at `backoff_max` (the JOBSITE settings when None).
+    """
+
+    times: int | None = None
+    on: tuple[type[BaseException], ...] = (Exception,)
+    ignore: tuple[type[BaseException], ...] = ()
+    delay: float | None = None
+    backoff_base: float | None = None
+    backoff_max: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.times is not None and (isinstance(self.times, bool) or not isinstance(self.times, int)):
+            raise TypeError(f"Retry.times must be an integer or None, not {self.times!r}")
+        if self.times is not None and self.times < 1:
+            raise ValueError(f"Retry.times counts every attempt and must be at least 1, not {self.times}")
+        for name in ("on", "ignore"):
+            kinds = getattr(self, name)
+            if not isinstance(kinds, tuple) or not all(
+                isinstance(k, type) and issubclass(k, BaseException) for k in kinds
+            ):
+                raise TypeError(f"Retry.{name} must be a tuple of exception classes, not {kinds!r}")
+        for name in ("delay", "backoff_base", "backoff_max"):
+            _check_seconds(f"Retry.{name}", getattr(self, name), allow_none=True, allow_zero=True)
+
+    def should_retry(self, exc: BaseException) -> bool:
+        return isinstance(exc, self.on) and not isinstance(exc, self.ignore)
+
+    def retry_in(self, attempt: int) -> float:
+        """Seconds before the next attempt after attempt number `attempt` failed."""
+        if self.delay is not None:
+            return self.delay
+        return engine.backoff_seconds(attempt, base=self.backoff_base, cap=self.backoff_max)
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a handler is told about the attempt it runs. `item_id` is the idempotency key: an at-least-once
+    item can run more than once, always under the same item id. Also a `Held` for the engine's settle calls."""
+
+    item_id: int
+    reservation_id: int
+    attempt: int
+    max_attempts: int
+    task: str
+    queue: str
+    delivery: Delivery
+    worker_id: str
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    def extend_lease(self, seconds: float) -> datetime:
+        """Push this attempt's lease deadline to now + `seconds` (the worker renews leases anyway; its renewals
+        never shorten this). Raises StaleReservation when the item was cancelled or taken away: the handler
+        should stop, its outcome will not be recorded. The hard timeout still applies."""
+        return engine.extend(self, seconds)
+
+
+Handler = Callable[[Any, Context], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """A registered handler and its options. Build it with `@job(...)`.
+
+    An item of this task runs under a lease of `lease_timeout` seconds (None: the item's own, else its queue's),
+    never shorter than `min_lease` = hard timeout + LEASE_MARGIN; the worker sets it when it starts the item
+    and renews it while the handler runs.
+    """
+
+    name: str
+    func: Handler = field(repr=False)
+    queue: str | None = None  # None: the JOBSITE DEFAULT_QUEUE
+    delivery: Delivery = Delivery.AT_LEAST_ONCE
+    retry: Retry = Retry()
+    hard_timeout: float = DEFAULT_HARD_TIMEOUT
+    lease_timeout: float | None = None  # None: the item's or its queue's, raised to min_lease if shorter
+    dedup_window: float | None = None  # None: the JOBSITE DEDUP_WINDOW
+    decode: Callable[[Any], Any] | None = field(default=None, repr=False)
+
+    @property
+    def min_lease(self) -> float:
+        """The shortest lease this task's items may run under: hard timeout plus margin."""
+        return self.hard_timeout + LEASE_MARGIN
+
+    @property
+    def max_attempts(self) -> int | None:
+        """Attempts an item of this task gets in all: 1 for at-most-once, else the retry policy's times."""
+        return 1 if self.delivery is Delivery.AT_MOST_ONCE else self.retry.times
+
+    def problems(self) -> list[str]:
+        """Why a worker must refuse to run this task (empty when it may)."""
+        if self.lease_timeout is not None and self.lease_timeout <= self.min_lease:
+            return [
+                f"task {self.name!r}: lease_timeout={self.lease_timeout:g}s is not longer than its hard timeout "
+                f"({self.hard_timeout:g}s) plus the {LEASE_MARGIN:g}s margin, so its lease could expire under a "
+                f"live handler; give it lease_timeout > {self.min_lease:g} or a shorter hard_timeout"
+            ]
+        return []
+
+    def _enqueue_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        options = dict(options)
+        if options.get("queue") is None:
+            options["queue"] = self.queue
+        if options.get("max_attempts") is None:
+            options["max_attempts"] = self.max_attempts
+        return options
+
+    def enqueue(self, payload: Any = None, **options: Any) -> engine.Enqueued:
+        """engine.enqueue() with this task's queue, attempts and dedup window (options given win)."""
+        options = self._enqueue_options(options)
+        if options.get("dedup_key") is not None and options.get("dedup_window") is None:
+            options["dedup_window"] = self.dedup_window
+        return engine.enqueue(self.name, payload, **options)
+
+    def enqueue_many(self, payloads: Iterable[Any], **options: Any) -> list[int]:
+        """engine.enqueue_many() with this task's queue and attempts (options given win)."""
+        return engine.enqueue_many(self.name, payloads, **self._enqueue_options(options))
+
+    def __call__(self, payload: Any, ctx: Context) -> Any:
+        return self.func(payload, ctx)
+
+
+class UnknownTask(QueueError, LookupError):
+    """No task is registered under this name in this process."""
+
+
+_registry: dict[str, Task] = {}
+_resolved: dict[str, Task] = {}
+# Where a name no @job registered is looked up next: import paths of `(name) -> Task | None` callables.
+# django.tasks functions enqueued through jobsite's backend are stored under their module path.
+RESOLVERS: list[str] = ["queue_app.tasks_backend.job_spec_for"]
+_discovery = threading.Lock()
+_discovered = False
+
+
+def job(
+    name: str | None = None,
+    *,
+    queue: str | None = None,
+    delivery: Delivery | str = Delivery.AT_LEAST_ONCE,
+    retry: Retry | None = None,
+    hard_timeout: float = DEFAULT_HARD_TIMEOUT,
+    lease_timeout: float | None = None,
+    dedup_window: float | None = None,
+    decode: Callable[[Any], Any] | None = None,
+) -> Callable[[Handler], Task]:
+    """Register the decorated `handler(payload, ctx)` as a task named `name` (default: module.qualname).
+
+    `decode(payload)` may turn the stored JSON into what the handler takes; if it raises, the item is
+    poison and goes to the dead letters ("undecodable payload: ..."). It runs in the worker before the item
+    is started, and again where the handler runs, so it must be a pure function.
+    """
+    delivery = Delivery(delivery)
+    _check_seconds("hard_timeout", hard_timeout)
+    _check_seconds("lease_timeout", lease_timeout, allow_none=True)
+    _check_seconds("dedup_window", dedup_window, allow_none=True)
+    retry = Retry() if retry is None else retry
+    if not isinstance(retry, Retry):
+        raise TypeError(f"retry must be a Retry, not {retry!r}")
+    if delivery is Delivery.AT_MOST_ONCE and retry.times not in (None, 1):
+        raise ImproperlyConfigured(f"an at-most-once task is never retried: Retry(times={retry.times}) contradicts it")
+
+    def register(func: Handler) -> Task:
+        task_name = name or f"{func.__module__}.{func.__qualname__}"
+        task = Task(
+            name=task_name,
+            func=func,
+            queue=queue,
+            delivery=delivery,
+            retry=retry,
+            hard_timeout=float(hard_timeout),
+            lease_timeout=None if lease_timeout is None else float(lease_timeout),
+            dedup_window=dedup_window,
+            decode=decode,
+        )
+        known = _registry.get(task_name)
+        if known is not None and (known.func.__module__, known.func.__qualname__) != (
+            func.__module__,
+            func.__qualname__,
+        ):
+            raise ImproperlyConfigured(
+                f"task name {task_name!r} is registered twice: by {known.func.__module__}.{known.func.__qualname__}"
+                f" and by {func.__module__}.{func.__qualname__}"
+            )
+        _registry[task_name] = task
+        return task
+
+    return register
+
+
+def autodiscover() -> None:
+    """Import `tasks` of every installed app (once per process)."""
+    global _discovered
+    with _discovery:
+        if not _discovered:
+            autodiscover_modules("tasks")
+            _discovered = True
+
+
+def get_task(name: str) -> Task:
+    task = find_task(name)
+    if task is None:
+        raise UnknownTask(f"unknown task: {name}")
+    return task
+
+
+def find_task(name: str) -> Task | None:
+    """The task registered as `name`, else what a resolver makes of the name, else None."""
+    autodiscover()
+    task = _registry.get(name) or _resolved.get(name)
+    if task is None:
+        for path in RESOLVERS:
+            try:
+                task = import_string(path)(name)
+            except Exception:  # a resolver that fails on a strange name must not stop the worker
+                logger.warning("task resolver %s failed on %r", path, name, exc_info=True)
+                continue
+            if task is not None:
+                _resolved[name] = task
+                break
+    return task
+
+
+def registered_tasks() -> dict[str, Task]:
+    autodiscover()
+    return dict(sorted(_registry.items()))

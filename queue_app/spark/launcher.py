@@ -1,0 +1,345 @@
+"""Running one Spark run as its own `spark-submit` child process, and watching it until it ends.
+
+`launch()` is what the worker calls for a SparkRun: it validates the parameters, checks Java, starts
+spark-submit (SPARK_HOME = the installed pyspark, PYSPARK_PYTHON = this interpreter) in a new session so the
+JVM, the Python driver and their Python workers form one process group, and then, until the group is gone:
+
+* reads the child's stdout and stderr line by line: progress/started events go to `on_progress`/`on_start`,
+  everything else to `on_log` and the log tail. Callbacks run in the caller's thread (safe for the ORM);
+* polls `should_cancel()` about every `poll_interval` seconds and watches the timeout; either one sends
+  SIGTERM to the group (the child cancels its job group), then SIGKILL after `grace` seconds.
+
+The outcome: `succeeded` when the child wrote a succeeded result (the output file is written atomically after
+the job returned, so it is the proof of success even if a late signal followed); otherwise `timed_out` or
+`cancelled` when the launcher stopped it for that reason (or the child says it was cancelled); else `failed`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from queue_app.spark import protocol, session
+from queue_app.spark.java import JavaNotFound, check_java
+from queue_app.spark.registry import SparkJobError, get_job
+
+Outcome = Literal["succeeded", "failed", "cancelled", "timed_out"]
+CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_GRACE = 10.0
+LOG_TAIL_LINES = 200
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    outcome: Outcome
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    outputs: Any = None
+    app_id: str | None = None
+    error: str = ""
+    log_tail: str = ""
+    returncode: int | None = None
+    duration: float = 0.0
+    progress: Mapping[str, Any] | None = None  # the last progress event
+
+
+def submit_command(
+    job: str,
+    params: Mapping[str, Any],
+    run_id: int | str,
+    output_file: str,
+    *,
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The spark-submit command line of a run (`params` already validated and JSON-safe)."""
+    cmd = [
+        os.path.join(session.spark_home(), "bin", "spark-submit"),
+        "--master",
+        master or session.spark_master(),
+        "--name",
+        session.job_group(run_id),
+    ]
+    for key, value in session.run_conf(run_id, conf).items():
+        cmd += ["--conf", f"{key}={value}"]
+    cmd += [
+        CHILD_SCRIPT,
+        "--job",
+        job,
+        "--params-json",
+        json.dumps(dict(params), separators=(",", ":")),
+        "--run-id",
+        str(run_id),
+        "--output-file",
+        output_file,
+    ]
+    return cmd
+
+
+def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of spark-submit: this interpreter for the driver and the Python workers, this project on
+    the path, Spark from the installed pyspark."""
+    env = dict(os.environ)
+    env.pop("PYSPARK_SUBMIT_ARGS", None)  # meant for in-process sessions; spark-submit gets its own arguments
+    env.update(
+        SPARK_HOME=session.spark_home(),
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p),
+    )
+    env.setdefault("DJANGO_SETTINGS_MODULE", "jobsite.settings")
+    env.update(extra or {})
+    return env
+
+
+def launch(
+    job: str,
+    params: Mapping[str, Any],
+    run_id: int | str,
+    *,
+    on_progress: Callable[[dict[str, Any]], Any] | None = None,
+    on_log: Callable[[str], Any] | None = None,
+    on_start: Callable[[dict[str, Any]], Any] | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+    timeout: float | None = None,
+    grace: float = DEFAULT_GRACE,
+    poll_interval: float = 0.5,
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> LaunchResult:
+    """Run `job` with `params` as run `run_id` in a spark-submit child and wait for it to end.
+
+    Bad parameters or a missing Java return a `failed` result at once (nothing is started); the message says
+    what is wrong. The child's process group is gone when this returns.
+    """
+    started = time.monotonic()
+    try:
+        spark_job = get_job(job)
+        values = spark_job.validate(params)
+        check_java()
+    except (SparkJobError, JavaNotFound) as exc:
+        return LaunchResult(outcome="failed", error=str(exc))
+    workdir = tempfile.mkdtemp(prefix=f"{session.job_group(run_id)}-")
+    output_file = os.path.join(workdir, "result.json")
+    cmd = submit_command(
+        job,
+        spark_job.dump_params(values),
+        run_id,
+        output_file,
+        master=master,
+        conf={**spark_job.conf, **(conf or {})},
+    )
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=PROJECT_ROOT,
+            env=child_environment(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+        )
+        watch = _Watch(proc, on_progress=on_progress, on_log=on_log, on_start=on_start)
+        try:
+            stopped_for = watch.run(should_cancel, timeout, grace, poll_interval, started)
+        finally:
+            watch.stop_group(grace)  # also when a callback raised: never leave a JVM behind
+        result = _read_output(output_file)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return _result(result, stopped_for, proc.returncode, watch, time.monotonic() - started)
+
+
+class _Watch:
+    """Follows one child: its output lines, cancel and timeout, and the end of its process group."""
+
+    def __init__(self, proc: subprocess.Popen, *, on_progress, on_log, on_start) -> None:
+        self.proc = proc
+        self.pgid = proc.pid  # start_new_session: the child leads its own group
+        self.on_progress, self.on_log, self.on_start = on_progress, on_log, on_start
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        self.app_id: str | None = None
+        self.progress: dict[str, Any] | None = None
+        self.readers = [
+            threading.Thread(target=self._pump, args=(stream,), daemon=True) for stream in (proc.stdout, proc.stderr)
+        ]
+        for reader in self.readers:
+            reader.start()
+        self.kill_at: float | None = None
+
+    def _pump(self, stream) -> None:
+        try:
+            for line in stream:
+                self.lines.put(line.rstrip("\n"))
+        except (OSError, ValueError):  # closed under us by stop_group()
+            pass
+        finally:
+            self.lines.put(None)
+
+    def run(self, should_cancel, timeout, grace, poll_interval, started) -> Outcome | None:
+        """Until the child exits and its output is drained; returns why the launcher stopped it, if it did."""
+        stopped_for: Outcome | None = None
+        open_streams = len(self.readers)
+        next_poll = time.monotonic()
+        exited_at: float | None = None
+        while open_streams or self.proc.poll() is None:
+            try:
+                line = self.lines.get(timeout=poll_interval / 2)
+            except queue.Empty:
+                line = ""
+            if line is None:
+                open_streams -= 1
+            elif line:
+                self._handle(line)
+            now = time.monotonic()
+            if now >= next_poll:
+                next_poll = now + poll_interval
+                if stopped_for is None and self.proc.poll() is None:
+                    if timeout is not None and now - started > timeout:
+                        stopped_for = "timed_out"
+                    elif should_cancel is not None and should_cancel():
+                        stopped_for = "cancelled"
+                    if stopped_for:
+                        self.signal(signal.SIGTERM)
+                        self.kill_at = now + grace
+                if self.kill_at is not None and now >= self.kill_at and self.group_alive():
+                    self.signal(signal.SIGKILL)
+                    self.kill_at = None
+                if exited_at is None and self.proc.poll() is not None:
+                    exited_at = now
+                # A grandchild that kept a pipe open must not hold us after the child itself is gone.
+                if exited_at is not None and now - exited_at > 5:
+                    break
+        self.proc.wait()
+        return stopped_for
+
+    def _handle(self, line: str) -> None:
+        event = protocol.decode(line)
+        if event is None:
+            self.tail.append(line)
+            if self.on_log:
+                self.on_log(line)
+            return
+        kind, payload = event
+        if kind == protocol.STARTED:
+            self.app_id = payload.get("app_id")
+            if self.on_start:
+                self.on_start(payload)
+        elif kind == protocol.PROGRESS:
+            self.progress = payload
+            if self.on_progress:
+                self.on_progress(payload)
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, sig)
+
+    def group_alive(self) -> bool:
+        return bool(group_members(self.pgid))
+
+    def stop_group(self, grace: float) -> None:
+        """Make sure nothing of the run is left: SIGTERM what remains, SIGKILL after `grace`."""
+        if self.proc.poll() is None or self.group_alive():
+            self.signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while self.group_alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if self.group_alive():
+                self.signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=grace)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream:
+                stream.close()
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group `pgid`.
+
+    Reads /proc on Linux: `killpg(pgid, 0)` also succeeds for zombies, and an orphaned zombie under an init
+    that does not reap would make a finished group look alive forever.
+    """
+    if not os.path.isdir("/proc/self"):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        return [pgid]
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            members.append(int(entry))
+    return members
+
+
+def _read_output(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _result(
+    output: dict[str, Any] | None, stopped_for: Outcome | None, returncode: int | None, watch: _Watch, duration: float
+) -> LaunchResult:
+    output = output or {}
+    status = output.get("status")
+    if status == "succeeded":
+        outcome: Outcome = "succeeded"
+    elif stopped_for is not None:
+        outcome = stopped_for
+    elif status == "cancelled" or returncode == protocol.EXIT_CANCELLED:
+        outcome = "cancelled"
+    else:
+        outcome = "failed"
+    error = ""
+    if outcome == "timed_out":
+        error = "timed out: stopped by the launcher"
+    elif outcome == "cancelled":
+        error = "cancelled"
+    elif outcome == "failed":
+        error = output.get("error") or _exit_message(returncode, watch.tail)
+    return LaunchResult(
+        outcome=outcome,
+        metrics=output.get("metrics") or {},
+        outputs=output.get("outputs"),
+        app_id=output.get("app_id") or watch.app_id,
+        error=error,
+        log_tail="\n".join(watch.tail),
+        returncode=returncode,
+        duration=round(duration, 3),
+        progress=output.get("progress") or watch.progress,
+    )
+
+
+def _exit_message(returncode: int | None, tail: Sequence[str]) -> str:
+    last = [line for line in tail if line.strip()][-5:]
+    return f"spark-submit exited with code {returncode} without a result" + (": " + " | ".join(last) if last else "")

@@ -1,0 +1,295 @@
+"""A Django 6 `django.tasks` backend on top of the engine: any `@task` runs through jobsite's queue.
+
+    TASKS = {"default": {"BACKEND": "queue_app.tasks_backend.QueueBackend", "QUEUES": []}}
+
+    @task(priority=10, max_attempts=3, delivery="transactional")   # jobsite options ride on JobsiteTask
+    def send_invoice(order_id): ...
+
+    with transaction.atomic():
+        result = send_invoice.using(dedup_key=f"invoice-{order.id}").enqueue(order.id)  # joins the transaction
+
+An item's task name is the function's module path; the worker resolves it to the `Task` object, so a task
+needs no other registration. `get_result()` reads the item and its reservations (one TaskError per failed
+attempt, one worker id per attempt).
+"""
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from django.core import checks
+from django.db import connections, transaction
+from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TaskContext, TaskError
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.utils import timezone
+from django.utils.json import normalize_json
+from django.utils.module_loading import import_string
+
+from . import engine
+from .engine.enqueue import QUEUE_NAME
+from .registry import DEFAULT_HARD_TIMEOUT, LEASE_MARGIN, Context, Delivery, Retry
+from .registry import Task as JobSpec
+
+STATUS = {
+    "ready": TaskResultStatus.READY,
+    "reserved": TaskResultStatus.RUNNING,
+    "done": TaskResultStatus.SUCCESSFUL,
+    "dead": TaskResultStatus.FAILED,
+    "cancelled": TaskResultStatus.FAILED,
+}
+FAILED_OUTCOMES = ("retry", "dead", "timed_out")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobsiteTask(Task):
+    """Django's Task plus jobsite's per-task options; `@task(max_attempts=3, ...)` forwards them here."""
+
+    max_attempts: int | None = None
+    delivery: str = Delivery.AT_LEAST_ONCE.value
+    hard_timeout: float = DEFAULT_HARD_TIMEOUT
+    lease_timeout: float | None = None
+    dedup_key: str | None = None
+    dedup_window: float | None = None
+    ordering_key: str | None = None
+
+    def using(
+        self,
+        *,
+        dedup_key: str | None = None,
+        dedup_window: float | None = None,
+        ordering_key: str | None = None,
+        **django_options: Any,
+    ) -> "JobsiteTask":
+        """Django's `using()` plus the per-enqueue keys: dedup_key (+ window) and ordering_key."""
+        task = Task.using(self, **django_options)
+        changes = {
+            k: v
+            for k, v in (("dedup_key", dedup_key), ("dedup_window", dedup_window), ("ordering_key", ordering_key))
+            if v is not None
+        }
+        return replace(task, **changes) if changes else task
+
+    def job_spec(self) -> JobSpec:
+        """The worker's view of this task: a registry Task that calls the function with the stored arguments."""
+        return JobSpec(
+            name=self.module_path,
+            func=_run_django_task,
+            queue=self.queue_name,
+            delivery=Delivery(self.delivery),
+            retry=Retry(times=self.max_attempts),
+            hard_timeout=self.hard_timeout,
+            lease_timeout=self.lease_timeout,
+            dedup_window=self.dedup_window,
+        )
+
+
+def _task_result(task: Task, item: Any, reservations: list[Any], backend: str) -> TaskResult:
+    payload = item.payload if isinstance(item.payload, dict) else {}
+    errors = [
+        TaskError(exception_class_path=_exception_path(r.error, r.traceback), traceback=r.traceback or r.error)
+        for r in reservations
+        if r.outcome in FAILED_OUTCOMES or (r.outcome is None and r.error)
+    ]
+    result = TaskResult(
+        task=task,
+        id=str(item.id),
+        status=STATUS[item.state],
+        enqueued_at=item.created_at,
+        started_at=reservations[0].reserved_at if reservations else None,
+        finished_at=item.finished_at if item.state in ("done", "dead", "cancelled") else None,
+        last_attempted_at=reservations[-1].reserved_at if reservations else None,
+        args=payload.get("args", []),
+        kwargs=payload.get("kwargs", {}),
+        backend=backend,
+        errors=errors,
+        worker_ids=[r.worker_id for r in reservations],
+    )
+    if item.state == "done":
+        object.__setattr__(result, "_return_value", item.result)
+    return result
+
+
+def _exception_path(error: str, traceback: str) -> str:
+    """The exception's import path, from the traceback's last line ("pkg.mod.Error: message")."""
+    lines = [line for line in (traceback or error or "").strip().splitlines() if line.strip()]
+    head = lines[-1].split(":", 1)[0].strip() if lines else "Exception"
+    if not head.replace(".", "").replace("_", "").isalnum():
+        head = "Exception"
+    return head if "." in head else f"builtins.{head}"
+
+
+class QueueBackend(BaseTaskBackend):
+    """Runs `django.tasks` tasks on jobsite's PostgreSQL queue. Touches no database until used."""
+
+    task_class = JobsiteTask
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        # An empty QUEUES list means any queue name is accepted.
+        self.queues = set(params.get("QUEUES", []))
+        self.using_db = self.options.get("DATABASE", "default")
+
+    def validate_task(self, task: Task) -> None:
+        super().validate_task(task)
+        if not QUEUE_NAME.match(task.queue_name):
+            raise InvalidTask(f"queue name must match {QUEUE_NAME.pattern}, not {task.queue_name!r}")
+        if isinstance(task, JobsiteTask):
+            try:
+                Delivery(task.delivery)
+            except ValueError:
+                raise InvalidTask(
+                    f"delivery must be one of {', '.join(d.value for d in Delivery)}, not {task.delivery!r}"
+                ) from None
+            if task.max_attempts is not None and (not isinstance(task.max_attempts, int) or task.max_attempts < 1):
+                raise InvalidTask(f"max_attempts must be an integer >= 1, not {task.max_attempts!r}")
+            if task.lease_timeout is not None and task.lease_timeout <= task.hard_timeout + LEASE_MARGIN:
+                raise InvalidTask(
+                    f"lease_timeout ({task.lease_timeout:g}s) must be longer than hard_timeout "
+                    f"({task.hard_timeout:g}s) + {LEASE_MARGIN:g}s, or a lease could expire under a live handler"
+                )
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        self.validate_task(task)
+        payload = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
+        extra = task if isinstance(task, JobsiteTask) else JobsiteTask(func=task.func, backend=self.alias)
+        item = engine.enqueue(
+            task.module_path,
+            payload,
+            queue=task.queue_name,
+            priority=task.priority,
+            run_at=task.run_after,
+            max_attempts=extra.max_attempts,
+            lease_timeout=extra.lease_timeout,
+            dedup_key=extra.dedup_key,
+            dedup_window=extra.dedup_window,
+            ordering_key=extra.ordering_key,
+            using=self.using_db,
+        )
+        result = TaskResult(
+            task=task,
+            id=str(item.id),
+            status=TaskResultStatus.READY,
+            enqueued_at=item.run_at if not item.duplicate else None,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=payload["args"],
+            kwargs=payload["kwargs"],
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        if item.duplicate:
+            return self.get_result(result.id)
+        # "Enqueued" means durable: announce it when the caller's transaction commits.
+        transaction.on_commit(
+            lambda: task_enqueued.send(type(self), task_result=result), using=self.using_db, robust=True
+        )
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        from .models import QueueItem
+
+        try:
+            item = QueueItem.objects.using(self.using_db).get(id=int(result_id))
+        except (ValueError, TypeError, QueueItem.DoesNotExist):
+            raise TaskResultDoesNotExist(result_id) from None
+        task = resolve_task(item.task)
+        if task is None:
+            raise TaskResultDoesNotExist(f"{result_id} is not a django.tasks task ({item.task})")
+        reservations = list(item.reservations.order_by("id"))
+        return _task_result(task, item, reservations, self.alias)
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        errors: list[checks.CheckMessage] = []
+        for name in sorted(self.queues):
+            if not QUEUE_NAME.match(name):
+                errors.append(
+                    checks.Error(
+                        f"TASKS[{self.alias!r}]['QUEUES'] has an invalid queue name {name!r}",
+                        hint=f"Queue names must match {QUEUE_NAME.pattern}.",
+                        id="jobsite.E001",
+                    )
+                )
+        unknown = set(self.options) - {"DATABASE"}
+        if unknown:
+            errors.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS'] has unknown keys: {', '.join(sorted(unknown))}",
+                    hint="QueueBackend accepts OPTIONS = {'DATABASE': '<alias>'}.",
+                    id="jobsite.E002",
+                )
+            )
+        if self.using_db not in connections.settings:
+            errors.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses database {self.using_db!r}, which is not in DATABASES",
+                    id="jobsite.E003",
+                )
+            )
+        elif connections.settings[self.using_db]["ENGINE"] not in (
+            "django.db.backends.postgresql",
+            "jobsite.embedded_backend",
+        ):
+            errors.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] needs PostgreSQL; database {self.using_db!r} is "
+                    f"{connections.settings[self.using_db]['ENGINE']}",
+                    hint="jobsite's queue relies on SKIP LOCKED and LISTEN/NOTIFY.",
+                    id="jobsite.E004",
+                )
+            )
+        return errors
+
+
+def resolve_task(name: str) -> Task | None:
+    """The django.tasks Task stored under `name` (a module path), or None if it is not one of ours."""
+    if "." not in name:
+        return None
+    try:
+        task = import_string(name)
+    except ImportError:
+        return None
+    if not isinstance(task, Task) or not isinstance(task.get_backend(), QueueBackend):
+        return None
+    return task
+
+
+def job_spec_for(name: str) -> JobSpec | None:
+    """The registry hook: a worker that meets an unregistered task name asks here."""
+    task = resolve_task(name)
+    if task is None:
+        return None
+    return (task if isinstance(task, JobsiteTask) else JobsiteTask(func=task.func, backend=task.backend)).job_spec()
+
+
+def _run_django_task(payload: Any, ctx: Context) -> Any:
+    """The handler behind every django.tasks item: call the function with its stored arguments, sending
+    task_started and task_finished in the process that runs it, as Django's own backends do."""
+    task = resolve_task(ctx.task)
+    backend = task.get_backend()
+    result = backend.get_result(str(ctx.item_id))
+    object.__setattr__(result, "status", TaskResultStatus.RUNNING)
+    task_started.send(type(backend), task_result=result)
+    args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+        value = normalize_json(value)
+    except BaseException:
+        object.__setattr__(result, "status", TaskResultStatus.FAILED)
+        task_finished.send(type(backend), task_result=result)
+        raise
+    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "_return_value", value)
+    object.__setattr__(result, "finished_at", timezone.now())
+    task_finished.send(type(backend), task_result=result)
+    return value

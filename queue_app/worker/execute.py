@@ -1,0 +1,132 @@
+"""Running one item's handler where the pool puts it (a child process or a thread): decode the payload, build
+the handler's context, apply the delivery mode's rules around the call, and report an Outcome.
+
+- at-least-once and at-most-once: call the handler; the supervisor settles (after, or already before).
+- transactional: in one transaction, lock the item's row fenced on the reservation (stale: do not run), call
+  the handler, settle the item done, commit. The handler's writes and the settle commit together or not at all.
+"""
+
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import close_old_connections, transaction
+
+from .. import engine
+from ..engine.errors import InvalidEnqueue, StaleReservation
+from ..engine.payload import encode_json
+from ..registry import Context, Delivery, Task, get_task
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One item handed to the pool: what the handler's context needs, and its payload as stored."""
+
+    reservation_id: int
+    item_id: int
+    queue: str
+    task: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    worker_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How running one job went.
+
+    status: "ok" (handler returned `result`: the supervisor settles), "settled" (transactional: done and
+    committed with the handler's writes), "stale" (transactional: the reservation was no longer current, the
+    handler's writes were not kept), "failed" (`error`, `traceback`; `retryable` by the task's Retry policy,
+    `timed_out` when stopped at its hard timeout).
+    """
+
+    reservation_id: int
+    status: str
+    result: Any = None
+    error: str = ""
+    traceback: str = ""
+    retryable: bool = True
+    timed_out: bool = False
+
+
+class ResultNotJSON(Exception):
+    """The handler returned something the queue cannot store as its result."""
+
+
+ERROR_CHARS = 2_000
+TRACEBACK_CHARS = 50_000
+
+
+def storable(text: str, limit: int) -> str:
+    """Text PostgreSQL can store: no NUL, valid UTF-8 (no lone surrogates), at most `limit` characters."""
+    text = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - 20] + " ... (truncated)"
+
+
+def failed(
+    reservation_id: int, error: str, *, tb: str = "", retryable: bool = True, timed_out: bool = False
+) -> Outcome:
+    return Outcome(
+        reservation_id,
+        "failed",
+        error=storable(error, ERROR_CHARS),
+        traceback=storable(tb, TRACEBACK_CHARS),
+        retryable=retryable,
+        timed_out=timed_out,
+    )
+
+
+def _check_result(result: Any) -> None:
+    try:
+        encode_json(result, "result")
+    except InvalidEnqueue as exc:
+        raise ResultNotJSON(f"the handler's result cannot be stored: {exc}") from None
+
+
+def _run_transactional(task: Task, payload: Any, ctx: Context) -> Outcome:
+    try:
+        with transaction.atomic():
+            if not engine.lock_reserved(ctx):
+                return Outcome(ctx.reservation_id, "stale")
+            result = task.func(payload, ctx)
+            _check_result(result)
+            engine.complete(ctx, result)
+    except StaleReservation:
+        return Outcome(ctx.reservation_id, "stale")
+    return Outcome(ctx.reservation_id, "settled", result)
+
+
+def run_job(job: Job) -> Outcome:
+    """Run `job`'s handler under its delivery mode. Exceptions become a failed Outcome; BaseExceptions
+    (SystemExit, KeyboardInterrupt) are left to the caller."""
+    close_old_connections()  # as Django does per request: drop connections broken by a server restart
+    task: Task | None = None
+    try:
+        task = get_task(job.task)
+        payload = task.decode(job.payload) if task.decode else job.payload
+        ctx = Context(
+            item_id=job.item_id,
+            reservation_id=job.reservation_id,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            task=job.task,
+            queue=job.queue,
+            delivery=task.delivery,
+            worker_id=job.worker_id,
+        )
+        if task.delivery is Delivery.TRANSACTIONAL:
+            return _run_transactional(task, payload, ctx)
+        result = task.func(payload, ctx)
+        _check_result(result)
+        return Outcome(job.reservation_id, "ok", result)
+    except Exception as exc:
+        return failed(
+            job.reservation_id,
+            f"{type(exc).__name__}: {exc}",
+            tb=traceback.format_exc(),
+            retryable=task is None or task.retry.should_retry(exc),
+        )
+    finally:
+        close_old_connections()

@@ -1,0 +1,79 @@
+"""Maintenance duties, each a small unit with one job and its own interval (River's maintenance services):
+rescue expired leases, prune done items and dedup claims, sweep the Worker rows of dead workers.
+
+Every worker carries the units; a unit runs inside a transaction holding its advisory lock
+(pg_try_advisory_xact_lock), so one worker at a time does each duty and the others skip it.
+"""
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from .. import engine
+
+logger = logging.getLogger("jobsite.worker")
+
+RESCUE_BATCH = 1000
+PRUNE_BATCH = 10_000
+WORKER_LOST_AFTER = 60.0  # seconds without a heartbeat before a running worker is marked stopped
+WORKER_FORGET_AFTER = 600.0  # seconds without a heartbeat before a Worker row is deleted
+
+
+@dataclass
+class Unit:
+    """One duty. `run` does one bounded round and returns (counts to log, whether a full batch suggests more)."""
+
+    name: str
+    every: float
+    run: Callable[[], tuple[dict[str, int], bool]]
+    due_at: float = 0.0
+
+
+def _rescue() -> tuple[dict[str, int], bool]:
+    rescued, died = engine.rescue_expired(RESCUE_BATCH)
+    return {"rescued": rescued, "dead": died}, rescued + died >= RESCUE_BATCH
+
+
+def _prune() -> tuple[dict[str, int], bool]:
+    pruned = engine.prune_done(PRUNE_BATCH)
+    claims = engine.prune_dedup_claims()
+    return {"pruned": pruned, "dedup_claims": claims}, pruned >= PRUNE_BATCH
+
+
+def _sweep_workers() -> tuple[dict[str, int], bool]:
+    lost, forgotten = engine.sweep_workers(WORKER_LOST_AFTER, WORKER_FORGET_AFTER)
+    return {"marked_stopped": lost, "deleted": forgotten}, False
+
+
+def default_units() -> list[Unit]:
+    return [
+        Unit("rescue_expired", 1.0, _rescue),
+        Unit("prune_done", 60.0, _prune),
+        Unit("sweep_workers", 60.0, _sweep_workers),
+    ]
+
+
+class Maintenance:
+    def __init__(self, units: list[Unit] | None = None) -> None:
+        self.units = default_units() if units is None else units
+
+    def next_due(self) -> float:
+        return min((u.due_at for u in self.units), default=float("inf"))
+
+    def run_due(self) -> None:
+        """Run the units that are due. A database error propagates (the unit stays due)."""
+        for unit in self.units:
+            now = time.monotonic()
+            if now < unit.due_at:
+                continue
+            with transaction.atomic():
+                if not engine.try_maintenance_lock(unit.name):
+                    unit.due_at = now + unit.every
+                    continue
+                counts, more = unit.run()
+            unit.due_at = now if more else now + unit.every
+            if any(counts.values()):
+                logger.info("maintenance unit=%s %s", unit.name, " ".join(f"{k}={v}" for k, v in counts.items()))

@@ -1,0 +1,299 @@
+"""Executors: where handlers run. One job per slot at a time; the supervisor decides what runs and when to stop it.
+
+- ProcessPool (default): one forked child process per slot, fed over a pipe. A child past its hard timeout,
+  or whose reservation went stale, is SIGKILLed and replaced; a child that dies on its own (os._exit, a
+  segfault, SystemExit) is replaced and its job reported failed. Children die with the supervisor
+  (PR_SET_PDEATHSIG), so a kill -9 of the worker leaves no handler running behind it.
+- ThreadPool (`--pool thread`, for I/O-bound handlers): one thread per slot. A thread cannot be killed: at its
+  hard timeout the attempt is failed as timed out and the thread is abandoned (it runs on, its outcome is
+  ignored) and a new thread takes the slot. A handler that never returns keeps its thread forever, and a
+  transactional one keeps its transaction and its item's row lock: that item is settled by its own
+  transaction when the handler returns, or comes back when its lease expires after the rollback.
+"""
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Protocol
+
+from django.db import connections
+
+from .execute import Job, Outcome, failed, run_job
+
+_fork = multiprocessing.get_context("fork")
+PR_SET_PDEATHSIG = 1
+
+
+class Pool(Protocol):
+    kind: str
+    size: int
+
+    def start(self) -> None: ...
+    def idle(self) -> int: ...
+    def submit(self, job: Job) -> None: ...
+    def fds(self) -> list[int]: ...
+    def collect(self) -> list[Outcome]: ...
+    def stop(self, reservation_id: int) -> None: ...
+    def shutdown(self) -> None: ...
+    def kill(self) -> None: ...
+
+
+def make_pool(kind: str, size: int, runner: Callable[[Job], Outcome] = run_job) -> Pool:
+    if kind == "process":
+        return ProcessPool(size, runner)
+    if kind == "thread":
+        return ThreadPool(size, runner)
+    raise ValueError(f"unknown pool {kind!r}: use 'process' or 'thread'")
+
+
+# -- processes ------------------------------------------------------------------------------------------------
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    # Not Linux: no prctl; the pipe's EOF then ends the child when it next asks for work.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(0)
+
+
+def _child_main(conn: Connection, inherited: list[Connection], parent_pid: int, runner) -> None:
+    _die_with_parent(parent_pid)
+    # The supervisor owns shutdown: a SIGINT from the terminal or a SIGTERM sent to the whole process group
+    # must not kill a handler mid-run; the supervisor lets it finish, or kills it after the grace period.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for other in inherited:  # the supervisor's ends of the other children's pipes
+        other.close()
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            break
+        if job is None:
+            break
+        outcome = runner(job)
+        try:
+            conn.send(outcome)
+        except (OSError, ValueError):
+            break
+    connections.close_all()
+
+
+@dataclass(eq=False)
+class _Child:
+    process: multiprocessing.process.BaseProcess
+    conn: Connection
+    job: Job | None = None
+
+
+def _describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "stopped answering"
+    if exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+class ProcessPool:
+    kind = "process"
+
+    def __init__(self, size: int, runner: Callable[[Job], Outcome] = run_job) -> None:
+        self.size = size
+        self.runner = runner
+        self.children: list[_Child] = []
+
+    def _spawn(self) -> _Child:
+        # A forked child must not share the supervisor's database sockets: close them first (the supervisor
+        # reconnects on its next query, the child opens its own on first use).
+        connections.close_all()
+        parent_end, child_end = _fork.Pipe()
+        inherited = [c.conn for c in self.children] + [parent_end]
+        process = _fork.Process(
+            target=_child_main,
+            args=(child_end, inherited, os.getpid(), self.runner),
+            name="jobsite-worker-child",
+            daemon=True,
+        )
+        process.start()
+        child_end.close()
+        return _Child(process, parent_end)
+
+    def start(self) -> None:
+        for _ in range(self.size):
+            self.children.append(self._spawn())
+
+    def idle(self) -> int:
+        return sum(1 for c in self.children if c.job is None)
+
+    def submit(self, job: Job) -> None:
+        child = next(c for c in self.children if c.job is None)
+        child.job = job
+        try:
+            child.conn.send(job)
+        except OSError:  # it died while idle: its replacement takes the job
+            self._replace(child)
+            self.submit(job)
+
+    def fds(self) -> list[int]:
+        return [c.conn.fileno() for c in self.children if c.job is not None]
+
+    def _replace(self, child: _Child) -> None:
+        if child.process.is_alive():
+            child.process.kill()
+        child.process.join(5)
+        child.conn.close()
+        with contextlib.suppress(ValueError):  # closing a Process that never got reaped
+            child.process.close()
+        index = self.children.index(child)
+        self.children[index] = self._spawn()
+
+    def collect(self) -> list[Outcome]:
+        outcomes = []
+        for child in list(self.children):
+            if child.job is None or not child.conn.poll():
+                continue
+            job = child.job
+            try:
+                outcome = child.conn.recv()
+            except (EOFError, OSError):
+                child.process.join(5)
+                outcome = failed(
+                    job.reservation_id,
+                    f"the worker child running the handler (pid {child.process.pid}) "
+                    f"{_describe_exit(child.process.exitcode)}",
+                )
+                self._replace(child)
+            else:
+                child.job = None
+            outcomes.append(outcome)
+        return outcomes
+
+    def stop(self, reservation_id: int) -> None:
+        for child in self.children:
+            if child.job is not None and child.job.reservation_id == reservation_id:
+                self._replace(child)
+                return
+
+    def shutdown(self) -> None:
+        for child in self.children:
+            if child.job is None:
+                with contextlib.suppress(OSError):
+                    child.conn.send(None)
+            else:
+                child.process.kill()
+        for child in self.children:
+            child.process.join(5)
+            if child.process.is_alive():
+                child.process.kill()
+                child.process.join(5)
+            child.conn.close()
+        self.children = []
+
+    def kill(self) -> None:
+        """Kill every child now (the supervisor is about to exit without settling)."""
+        for child in self.children:
+            with contextlib.suppress(OSError):
+                child.process.kill()
+
+
+# -- threads --------------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Thread:
+    inbox: queue.SimpleQueue
+    thread: threading.Thread | None = None
+    job: Job | None = None
+
+
+class ThreadPool:
+    kind = "thread"
+
+    def __init__(self, size: int, runner: Callable[[Job], Outcome] = run_job) -> None:
+        self.size = size
+        self.runner = runner
+        self.slots: list[_Thread] = []
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    def _serve(self, slot: _Thread) -> None:
+        while True:
+            job = slot.inbox.get()
+            if job is None:
+                break
+            try:
+                outcome = self.runner(job)
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt raised by a handler: fail, carry on
+                outcome = failed(job.reservation_id, f"the handler raised {type(exc).__name__}: {exc}")
+            self.outbox.put((slot, outcome))
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.write(self._wake_w, b".")
+        connections.close_all()  # this thread's own connections
+
+    def _new_slot(self) -> _Thread:
+        slot = _Thread(queue.SimpleQueue())
+        slot.thread = threading.Thread(target=self._serve, args=(slot,), name="jobsite-handler", daemon=True)
+        slot.thread.start()
+        return slot
+
+    def start(self) -> None:
+        self.slots = [self._new_slot() for _ in range(self.size)]
+
+    def idle(self) -> int:
+        return sum(1 for s in self.slots if s.job is None)
+
+    def submit(self, job: Job) -> None:
+        slot = next(s for s in self.slots if s.job is None)
+        slot.job = job
+        slot.inbox.put(job)
+
+    def fds(self) -> list[int]:
+        return [self._wake_r]
+
+    def collect(self) -> list[Outcome]:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+        outcomes = []
+        while True:
+            try:
+                slot, outcome = self.outbox.get_nowait()
+            except queue.Empty:
+                return outcomes
+            if slot in self.slots and slot.job is not None and slot.job.reservation_id == outcome.reservation_id:
+                slot.job = None
+                outcomes.append(outcome)
+            # else: the outcome of an abandoned thread, already reported as stopped
+
+    def stop(self, reservation_id: int) -> None:
+        for index, slot in enumerate(self.slots):
+            if slot.job is not None and slot.job.reservation_id == reservation_id:
+                slot.inbox.put(None)  # the abandoned thread exits once its handler returns
+                self.slots[index] = self._new_slot()
+                return
+
+    def shutdown(self) -> None:
+        for slot in self.slots:
+            slot.inbox.put(None)
+        for slot in self.slots:
+            if slot.job is None and slot.thread is not None:
+                slot.thread.join(5)
+        self.slots = []
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def kill(self) -> None:
+        """Threads cannot be killed; they end with the process."""

@@ -1,0 +1,86 @@
+"""What a worker tells its operator: on a terminal, one live status line (processed/s, in flight, failures);
+otherwise structured `key=value` log lines on the "jobsite.worker" logger every few seconds while it works."""
+
+import collections
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import TextIO
+
+logger = logging.getLogger("jobsite.worker")
+
+LINE_EVERY = 0.5  # seconds between refreshes of the terminal status line
+LOG_EVERY = 10.0  # seconds between status log lines while something changes
+IDLE_LOG_EVERY = 300.0  # ...and while nothing does
+
+
+@dataclass
+class Stats:
+    """Counters of one worker run, saved in its Worker row."""
+
+    processed: int = 0  # items done (at-most-once: settled before running)
+    failed: int = 0  # failed attempts (retried or dead), timeouts included
+    timed_out: int = 0
+    dead: int = 0  # items this worker sent to the dead letters (poison, last attempt, at-most-once failures)
+    stale: int = 0  # attempts whose reservation was lost or cancelled under them
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def fields(**values: object) -> str:
+    return " ".join(f"{key}={value}" for key, value in values.items())
+
+
+class StatusReporter:
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.samples: collections.deque[tuple[float, int]] = collections.deque()
+        self.next_at = 0.0
+        self.last_logged: tuple | None = None
+        self.last_log_at = 0.0
+
+    def rate(self, now: float, processed: int) -> float:
+        """Items per second over the last five seconds."""
+        self.samples.append((now, processed))
+        while len(self.samples) > 2 and now - self.samples[0][0] > 5.0:
+            self.samples.popleft()
+        then, before = self.samples[0]
+        return (processed - before) / (now - then) if now > then else 0.0
+
+    def next_due(self) -> float:
+        return self.next_at
+
+    def tick(self, stats: Stats, *, in_flight: int, state: str, db_ok: bool) -> None:
+        now = time.monotonic()
+        if now < self.next_at:
+            return
+        self.next_at = now + (LINE_EVERY if self.tty else 1.0)
+        rate = self.rate(now, stats.processed)
+        values = {
+            "state": state,
+            "processed": stats.processed,
+            "rate": f"{rate:.1f}/s",
+            "in_flight": in_flight,
+            "failed": stats.failed,
+            "timed_out": stats.timed_out,
+            "dead": stats.dead,
+            "stale": stats.stale,
+            "db": "ok" if db_ok else "down",
+        }
+        if self.tty:
+            self.stream.write("\r\x1b[K" + fields(**values))
+            self.stream.flush()
+            return
+        snapshot = (stats.processed, stats.failed, stats.dead, stats.stale, in_flight, state, db_ok)
+        quiet = snapshot == self.last_logged
+        if now - self.last_log_at >= (IDLE_LOG_EVERY if quiet else LOG_EVERY):
+            logger.info("status %s", fields(**values))
+            self.last_logged, self.last_log_at = snapshot, now
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()

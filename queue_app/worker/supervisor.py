@@ -1,0 +1,566 @@
+"""The supervisor: run_worker's loop. It leases items in batches up to its free slots, starts them in the pool,
+settles what finishes (in batches), stops handlers past their hard timeout, renews the leases of items in
+flight and its Worker row's heartbeat, runs the maintenance units, and waits for work on LISTEN/NOTIFY with
+polling as the fallback.
+
+Delivery modes, from here:
+- at-least-once: run, then settle (complete_many; fail with the task's Retry policy; dead letter).
+- at-most-once: settle done before the handler starts (a stale settle: do not run); a failure afterwards makes
+  the item a dead letter, never retried.
+- transactional: the pool runs handler and settle in one transaction (worker/execute.py); failures are
+  settled here, after the rollback.
+
+Outages: every database round is guarded; on a lost connection the supervisor logs once, backs off (0.5 s
+doubling to 10 s) and retries, keeping finished outcomes in memory; they are settled when the server is back
+(settles are fenced, so a lease lost meanwhile is reported stale and changes nothing).
+"""
+
+import contextlib
+import logging
+import os
+import secrets
+import select
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+from django.db.utils import DatabaseError, InterfaceError, OperationalError
+
+from .. import engine
+from ..engine import ALL_QUEUES, Lease, LeaseTerms, StaleReservation
+from ..registry import Delivery, Task, find_task, registered_tasks
+from .execute import Job, Outcome
+from .listener import Listener
+from .maintenance import Maintenance
+from .pool import Pool, make_pool
+from .status import Stats, StatusReporter, fields
+
+logger = logging.getLogger("jobsite.worker")
+
+DATABASE_DOWN = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
+BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
+HEARTBEAT_MAX = 10.0  # seconds between heartbeats at most; less when the shortest lease asks for it
+# While other items still run, a freed slot and its finished item wait up to this long for company, so settles
+# and leases go in batches rather than one round trip per item.
+GATHER = 0.005
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    queues: list[str] | None = None  # None: every queue
+    concurrency: int = 4
+    pool: str = "process"
+    batch: int | None = None  # most items per lease; None: as many as there are free slots
+    poll_interval: float = 1.0
+    worker_id: str | None = None
+    burst: bool = False
+    max_items: int | None = None
+    grace_period: float = 25.0
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.concurrency < 1:
+            found.append(f"--concurrency must be at least 1, not {self.concurrency}")
+        if self.batch is not None and self.batch < 1:
+            found.append(f"--batch must be at least 1, not {self.batch}")
+        if not self.poll_interval > 0:
+            found.append(f"--poll-interval must be > 0 seconds, not {self.poll_interval}")
+        if self.max_items is not None and self.max_items < 1:
+            found.append(f"--max-items must be at least 1, not {self.max_items}")
+        if self.grace_period < 0:
+            found.append(f"--grace-period must be >= 0 seconds, not {self.grace_period}")
+        if self.pool not in ("process", "thread"):
+            found.append(f"--pool must be 'process' or 'thread', not {self.pool!r}")
+        return found
+
+
+@dataclass
+class Running:
+    lease: Lease
+    task: Task
+    deadline: float  # time.monotonic() at which the hard timeout stops the handler
+
+
+@dataclass
+class Pending:
+    """A settle (other than a plain complete) waiting for the database; `apply` returns the item's fate."""
+
+    lease: Lease
+    what: str
+    apply: Callable[[], str]
+
+
+class Supervisor:
+    def __init__(self, options: WorkerOptions, pool: Pool | None = None) -> None:
+        self.options = opts = options
+        self.pool = pool
+        self.stats = Stats()
+        self.worker_id = opts.worker_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.queues = None if opts.queues is None or tuple(opts.queues) == ALL_QUEUES else list(opts.queues)
+        self.batch = opts.batch or opts.concurrency
+        self.row = engine.WorkerRow(
+            worker_id=self.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=list(ALL_QUEUES) if self.queues is None else self.queues,
+            concurrency=opts.concurrency,
+            started_at=datetime.now(UTC),
+        )
+        self.listener = Listener(self.queues)
+        self.maintenance = Maintenance()
+        self.status = StatusReporter()
+        self.running: dict[int, Running] = {}
+        self.leased: list[tuple[Lease, Task]] = []  # leased, not started yet
+        self.done: list[tuple[Lease, Any]] = []  # handler returned: complete_many these
+        self.pending: list[Pending] = []
+        self.taken = 0
+        self.stopping = False
+        self.grace_deadline = float("inf")
+        self.registered = False
+        self.woken = True
+        self.maybe_more = True
+        self.next_poll = 0.0
+        self.next_heartbeat = 0.0
+        self.gather_since: float | None = None  # when the first slot freed since the last lease
+        self.db_down_since: float | None = None
+        self.db_backoff = BACKOFF_FIRST
+        self.db_retry_at = 0.0
+        self.listener_retry_at = 0.0
+        self.idle_after_lease = False
+        self.heartbeat_every = HEARTBEAT_MAX
+
+    # -- start and stop -------------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Refuse to start with bad options or a task whose lease could expire under a live handler."""
+        tasks = registered_tasks()  # imports every app's tasks.py, before the pool forks
+        problems = self.options.problems() + [p for task in tasks.values() for p in task.problems()]
+        if problems:
+            raise ImproperlyConfigured("the worker cannot start:\n  " + "\n  ".join(problems))
+        shortest = min(((t.lease_timeout or t.min_lease) for t in tasks.values()), default=HEARTBEAT_MAX * 3)
+        self.heartbeat_every = min(HEARTBEAT_MAX, shortest / 3)
+
+    def run(self) -> int:
+        self.check()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.pool = self.pool or make_pool(self.options.pool, self.options.concurrency)
+        self.pool.start()
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        logger.info(
+            "worker started %s",
+            fields(
+                worker_id=self.worker_id,
+                queues=",".join(self.row.queues),
+                concurrency=self.options.concurrency,
+                pool=self.options.pool,
+                tasks=len(registered_tasks()),
+            ),
+        )
+        try:
+            while not self._finished():
+                self._step()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._close()
+        return 0
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.stopping:
+            logger.warning("second %s: exiting at once; leases in flight expire and their items come back", name)
+            if self.pool is not None:
+                self.pool.kill()
+            os._exit(1)
+        self.stopping = True
+        self.grace_deadline = time.monotonic() + self.options.grace_period
+        self.next_heartbeat = 0.0  # say "stopping" in the Worker row now
+        logger.info(
+            "%s: stopping %s",
+            name,
+            fields(in_flight=len(self.running), grace_period=f"{self.options.grace_period:g}s"),
+        )
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"!")
+
+    def _finished(self) -> bool:
+        if not self.stopping:
+            if self.options.burst and self.idle_after_lease:
+                logger.info("burst: nothing ready and nothing in flight; stopping")
+                self.stopping = True
+            elif self.options.max_items is not None and self.taken >= self.options.max_items:
+                logger.info("max items reached; finishing the items in flight, then stopping")
+                self.stopping = True
+        if not self.stopping or self.running or self.leased:
+            return False
+        if not (self.done or self.pending):
+            return True
+        down_for = 0.0 if self.db_down_since is None else time.monotonic() - self.db_down_since
+        if down_for >= max(self.options.grace_period, 5.0):
+            logger.warning(
+                "exiting with %d settles unwritten (database unavailable); their items come back when their "
+                "leases expire",
+                len(self.done) + len(self.pending),
+            )
+            return True
+        return False
+
+    def _close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+        self.listener.close()
+        try:
+            engine.save_worker(self.row, "stopped", self.stats.as_dict())
+        except DATABASE_DOWN as exc:
+            logger.warning("could not mark the worker stopped: %s", exc)
+        self.status.close()
+        logger.info("worker stopped %s", fields(worker_id=self.worker_id, **self.stats.as_dict()))
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    # -- the loop -------------------------------------------------------------------------------------------
+
+    def _step(self) -> None:
+        for outcome in self.pool.collect():
+            self._finish(outcome)
+        self._enforce_deadlines()
+        self._database_round()
+        self.status.tick(
+            self.stats,
+            in_flight=len(self.running),
+            state="stopping" if self.stopping else "running",
+            db_ok=self.db_down_since is None,
+        )
+        if not self._finished():
+            self._wait()
+
+    def _free(self) -> int:
+        free = self.pool.idle() - len(self.leased)
+        if self.options.max_items is not None:
+            free = min(free, self.options.max_items - self.taken)
+        return max(0, min(free, self.batch))
+
+    def _gathered(self, now: float) -> bool:
+        """Time to settle and lease: nothing else runs, or half the slots are free, or the first freed slot
+        has waited GATHER seconds."""
+        if not self.running or self.stopping or self.gather_since is None:
+            return True
+        return 2 * self.pool.idle() >= self.pool.size or now - self.gather_since >= GATHER
+
+    def _should_lease(self, now: float) -> bool:
+        if self.stopping or self._free() == 0:
+            return False
+        wanted = self.woken or self.maybe_more or now >= self.next_poll or (self.options.burst and not self.running)
+        return wanted and self._gathered(now)
+
+    def _settle_due(self, now: float) -> bool:
+        return bool(self.pending) or (bool(self.done) and self._gathered(now))
+
+    def _slot_freed(self) -> None:
+        if self.gather_since is None:
+            self.gather_since = time.monotonic()
+
+    def _wait(self) -> None:
+        now = time.monotonic()
+        if self.db_down_since is None and self._should_lease(now) and (self.maybe_more or self.woken):
+            return  # more work is waiting: do not sleep
+        deadlines = [self.next_poll, self.next_heartbeat, self.maintenance.next_due(), self.status.next_due()]
+        deadlines += [r.deadline for r in self.running.values()]
+        if self.stopping:
+            deadlines.append(self.grace_deadline)
+        if self.gather_since is not None and self.running:
+            deadlines.append(self.gather_since + GATHER)
+        if self.db_down_since is not None:
+            deadlines.append(self.db_retry_at)
+        if not self.listener.connected and not self.stopping:
+            deadlines.append(self.listener_retry_at)
+        timeout = min(max(0.0, min(deadlines) - now), self.options.poll_interval)
+        fds = [self._wake_r, *self.pool.fds()]
+        listener_fd = self.listener.fileno()
+        if listener_fd is not None:
+            fds.append(listener_fd)
+        readable, _, _ = select.select(fds, [], [], timeout)
+        if self._wake_r in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 64)
+        if listener_fd is not None and listener_fd in readable:
+            try:
+                self.woken |= self.listener.drain()
+            except DATABASE_DOWN as exc:
+                self._listener_lost(exc)
+
+    # -- outcomes -------------------------------------------------------------------------------------------
+
+    def _finish(self, outcome: Outcome) -> None:
+        running = self.running.pop(outcome.reservation_id, None)
+        if running is None:  # already stopped (hard timeout, stale) and accounted for
+            return
+        self._slot_freed()
+        lease, task = running.lease, running.task
+        if outcome.status == "ok":
+            if task.delivery is not Delivery.AT_MOST_ONCE:  # at-most-once was settled before it ran
+                self.done.append((lease, outcome.result))
+        elif outcome.status == "settled":
+            self.stats.processed += 1
+        elif outcome.status == "stale":
+            self._stale(lease, "its transaction found the reservation no longer current; nothing was kept")
+        else:
+            self._failed(lease, task, outcome.error, outcome.traceback, outcome.retryable, outcome.timed_out)
+
+    def _stale(self, lease: Lease, why: str) -> None:
+        self.stats.stale += 1
+        logger.info("stale %s", fields(item=lease.item_id, reservation=lease.reservation_id, why=repr(why)))
+
+    def _failed(self, lease: Lease, task: Task, error: str, tb: str, retryable: bool, timed_out: bool = False) -> None:
+        self.stats.failed += 1
+        self.stats.timed_out += timed_out
+        logger.info(
+            "attempt failed %s",
+            fields(item=lease.item_id, task=lease.task, attempt=lease.attempt, error=repr(error[:200])),
+        )
+        if task.delivery is Delivery.AT_MOST_ONCE:
+            self._settle_later(
+                lease,
+                "dead letter (at-most-once)",
+                lambda: (
+                    "dead"
+                    if engine.dead_after_at_most_once(lease, error, traceback=tb, timed_out=timed_out)
+                    else "stale"
+                ),
+            )
+        elif not retryable:
+            reason = f"not retryable: {error}"
+            self._settle_later(lease, "dead letter", lambda: self._dead(lease, reason, error, tb))
+        elif task.retry.times is not None and task.retry.times <= lease.attempt < lease.max_attempts:
+            # The task allows fewer attempts than the item was enqueued with (not through the task).
+            self._settle_later(lease, "dead letter", lambda: self._dead(lease, "max attempts exhausted", error, tb))
+        else:
+            retry_in = task.retry.retry_in(lease.attempt)
+            self._settle_later(
+                lease,
+                "fail",
+                lambda: engine.fail(lease, error, traceback=tb, retry_in=retry_in, timed_out=timed_out),
+            )
+
+    @staticmethod
+    def _dead(lease: Lease, reason: str, error: str = "", tb: str = "") -> str:
+        engine.dead(lease, reason, error, traceback=tb)
+        return "dead"
+
+    def _settle_later(self, lease: Lease, what: str, apply: Callable[[], str]) -> None:
+        self.pending.append(Pending(lease, what, apply))
+
+    def _poison(self, lease: Lease, reason: str) -> None:
+        logger.warning("poison %s", fields(item=lease.item_id, task=lease.task, reason=repr(reason)))
+        self._settle_later(lease, "dead letter (poison)", lambda: self._dead(lease, reason[:200], reason))
+
+    def _enforce_deadlines(self) -> None:
+        now = time.monotonic()
+        for reservation_id, running in list(self.running.items()):
+            if now < running.deadline and not (self.stopping and now >= self.grace_deadline):
+                continue
+            self.pool.stop(reservation_id)
+            del self.running[reservation_id]
+            self._slot_freed()
+            lease, task = running.lease, running.task
+            if self.pool.kind == "thread" and task.delivery is Delivery.TRANSACTIONAL:
+                # An abandoned thread keeps its transaction and the item's row lock: a settle from here would
+                # wait on that lock. Its transaction settles the item or rolls back; then the lease expires.
+                logger.warning(
+                    "abandoned %s", fields(item=lease.item_id, task=lease.task, why="transactional thread overran")
+                )
+                self.stats.timed_out += now >= running.deadline
+                continue
+            if now >= running.deadline:
+                how = "its child process was killed" if self.pool.kind == "process" else "its thread was abandoned"
+                error = f"hard timeout: the handler ran longer than {task.hard_timeout:g}s and was stopped ({how})"
+                logger.warning("timed out %s", fields(item=lease.item_id, task=lease.task, attempt=lease.attempt))
+                self._failed(lease, task, error, "", retryable=True, timed_out=True)
+            elif task.delivery is Delivery.AT_MOST_ONCE:
+                self._failed(lease, task, "the worker shut down before the handler finished", "", retryable=False)
+            else:
+                self._release_later(lease)
+
+    def _release_later(self, lease: Lease) -> None:
+        def release() -> str:
+            engine.release(lease)
+            return "released"
+
+        self._settle_later(lease, "release", release)
+
+    # -- the database round ---------------------------------------------------------------------------------
+
+    def _database_round(self) -> None:
+        now = time.monotonic()
+        if not self.listener.connected and not self.stopping and now >= self.listener_retry_at:
+            try:
+                self.listener.connect()
+                self.woken = True  # notifications sent while we were not listening are lost
+            except DATABASE_DOWN as exc:
+                self._listener_lost(exc)
+        if now < self.db_retry_at:
+            return
+        try:
+            self._database_steps(now)
+        except DATABASE_DOWN as exc:
+            self._database_down(exc)
+        else:
+            if self.db_down_since is not None:
+                logger.warning("database back %s", fields(after=f"{time.monotonic() - self.db_down_since:.1f}s"))
+                self.db_down_since = None
+                self.db_backoff = BACKOFF_FIRST
+
+    def _database_steps(self, now: float) -> None:
+        if not self.registered:
+            engine.save_worker(self.row, "running", self.stats.as_dict())
+            self.registered = True
+        if self.stopping and self.leased:
+            for lease, _ in self.leased:
+                self._release_later(lease)
+            self.leased = []
+        if self._settle_due(now):
+            self._settle()
+        self._start_leased()
+        if now >= self.next_heartbeat:
+            self._heartbeat()
+        self.maintenance.run_due()
+        if self._should_lease(now):
+            self._lease(now)
+            self._start_leased()
+
+    def _settle(self) -> None:
+        if self.done:
+            stale = engine.complete_many(self.done)
+            self.stats.processed += len(self.done) - len(stale)
+            for lease in stale:
+                self._stale(lease, "complete found the reservation no longer current")
+            self.done = []
+        while self.pending:
+            settle = self.pending[0]
+            try:
+                fate = settle.apply()
+            except StaleReservation:
+                fate = "stale"
+            except DATABASE_DOWN:
+                raise
+            except DatabaseError:  # the server refused this one settle: log it, never spin on it
+                logger.exception("settle refused %s", fields(item=settle.lease.item_id, what=repr(settle.what)))
+                fate = "refused"
+            self.pending.pop(0)
+            if fate == "dead":
+                self.stats.dead += 1
+            elif fate == "stale":
+                self._stale(settle.lease, f"{settle.what} found the reservation no longer current")
+
+    def _lease(self, now: float) -> None:
+        want = self._free()
+        leases = engine.lease(self.queues, want, self.worker_id)
+        self.taken += len(leases)
+        self.maybe_more = len(leases) == want
+        self.woken = False
+        self.gather_since = None
+        self.next_poll = now + self.options.poll_interval
+        self.idle_after_lease = not leases and not (self.running or self.leased or self.done or self.pending)
+        for lease in leases:
+            task = find_task(lease.task)
+            if task is None:
+                self._poison(lease, f"unknown task: {lease.task}")
+                continue
+            if task.problems():  # a task found by a resolver, not checked at start-up
+                self._poison(lease, f"task cannot run: {task.problems()[0]}")
+                continue
+            if task.decode is not None:
+                try:
+                    task.decode(lease.payload)
+                except Exception as exc:
+                    self._poison(lease, f"undecodable payload: {type(exc).__name__}: {exc}")
+                    continue
+            self.leased.append((lease, task))
+        if self.pending:
+            self._settle()
+
+    def _start_leased(self) -> None:
+        """Give leased items their task's lease, settle at-most-once ones, and start them in the pool."""
+        if not self.leased:
+            return
+        renew = [
+            LeaseTerms(lease, task.lease_timeout, task.min_lease)
+            for lease, task in self.leased
+            if task.delivery is not Delivery.AT_MOST_ONCE
+        ]
+        current = engine.renew_leases(renew, keep_longer=False, tolerance=0.5)
+        settle_first = [(lease, None) for lease, task in self.leased if task.delivery is Delivery.AT_MOST_ONCE]
+        stale = {lease.reservation_id for lease in engine.complete_many(settle_first)}
+        leased, self.leased = self.leased, []
+        now = time.monotonic()
+        for lease, task in leased:
+            if task.delivery is Delivery.AT_MOST_ONCE:
+                if lease.reservation_id in stale:
+                    self._stale(lease, "settling before the run found the reservation gone; not run")
+                    continue
+                self.stats.processed += 1
+            elif lease.reservation_id not in current:
+                self._stale(lease, "the reservation was lost before the handler started; not run")
+                continue
+            self.running[lease.reservation_id] = Running(lease, task, now + task.hard_timeout)
+            self.heartbeat_every = min(self.heartbeat_every, (task.lease_timeout or task.min_lease) / 3)
+            self.pool.submit(
+                Job(
+                    reservation_id=lease.reservation_id,
+                    item_id=lease.item_id,
+                    queue=lease.queue,
+                    task=lease.task,
+                    payload=lease.payload,
+                    attempt=lease.attempt,
+                    max_attempts=lease.max_attempts,
+                    worker_id=self.worker_id,
+                )
+            )
+
+    def _heartbeat(self) -> None:
+        held = [r for r in self.running.values() if r.task.delivery is not Delivery.AT_MOST_ONCE]
+        current = engine.renew_leases(
+            [LeaseTerms(r.lease, r.task.lease_timeout, r.task.min_lease) for r in held], keep_longer=True
+        )
+        for running in held:
+            # A transactional handler that looks stale has committed already (its settle is in its
+            # transaction) or will find out itself under its row lock: never kill it for that.
+            if running.lease.reservation_id in current or running.task.delivery is Delivery.TRANSACTIONAL:
+                continue
+            self.pool.stop(running.lease.reservation_id)
+            del self.running[running.lease.reservation_id]
+            self._slot_freed()
+            self._stale(running.lease, "lease lost or item cancelled while running; handler stopped")
+        engine.save_worker(self.row, "stopping" if self.stopping else "running", self.stats.as_dict())
+        self.next_heartbeat = time.monotonic() + self.heartbeat_every
+
+    # -- outages --------------------------------------------------------------------------------------------
+
+    def _database_down(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if self.db_down_since is None:
+            self.db_down_since = now
+            self.db_backoff = BACKOFF_FIRST
+            logger.warning("database unavailable; retrying with backoff %s", fields(error=repr(str(exc)[:200])))
+        else:
+            self.db_backoff = min(BACKOFF_MAX, self.db_backoff * 2)
+        self.db_retry_at = now + self.db_backoff
+        for conn in connections.all(initialized_only=True):
+            try:
+                conn.close()
+            except Exception:  # closing a broken connection may raise; it is gone either way
+                logger.debug("closing a broken connection failed", exc_info=True)
+        self._listener_lost(exc)
+
+    def _listener_lost(self, exc: BaseException) -> None:
+        self.listener.close()
+        self.listener_retry_at = time.monotonic() + max(self.db_backoff, BACKOFF_FIRST)

@@ -1,0 +1,128 @@
+"""The admin in a real browser: headless Chromium (Debian's `chromium`, installed by .ci/install-browser) driven by
+Playwright with `executable_path`, so no browser is ever downloaded.
+
+One journey: log in, land on the queue overview, filter the dead letters by queue, requeue one, run a real
+worker (`manage.py run_worker --burst`) and watch the item end done, in the UI. The overview is saved as a
+screenshot (OVERVIEW_SCREENSHOT, default /tmp/overview.png).
+
+Everything that touches the database from the test itself happens before Playwright starts: its sync API
+keeps an event loop running in this thread, and Django refuses ORM calls there.
+"""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from queue_app import engine
+from tests.admin_fixtures import dead, done, failed, fast_password_hashing_fixture  # noqa: F401
+from tests.conftest import ROOT
+
+CHROMIUM = os.environ.get("JOBSITE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOT = Path(os.environ.get("OVERVIEW_SCREENSHOT", "/tmp/overview.png"))
+TIMEOUT_MS = 20_000
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def browser_page():
+    """A Playwright page in headless Debian Chromium (skips when either is missing)."""
+    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+        pytest.skip(f"{CHROMIUM} not found: run .ci/install-browser (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
+
+    def open_page():
+        playwright = sync_api.sync_playwright().start()
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(TIMEOUT_MS)
+        opened.append((playwright, browser))
+        return page
+
+    opened: list = []
+    yield open_page
+    for playwright, browser in opened:
+        browser.close()
+        playwright.stop()
+
+
+def test_requeue_a_dead_letter_and_watch_a_worker_complete_it(live_server, admin_user, browser_page, spawn):
+    if not (ROOT / "queue_app" / "management" / "commands" / "run_worker.py").exists():
+        pytest.skip("run_worker not available yet")
+    # A queue worth looking at: recent completions and failures elsewhere, work waiting in "browser", and two
+    # dead letters, one in "browser" (poison at first, a real task that succeeds once requeued).
+    for _ in range(4):
+        done(queue="mail")
+    failed(queue="mail")
+    dead(queue="other")
+    engine.enqueue_many("queue_app.echo", [{"n": n} for n in range(12)], queue="browser")
+    item_id = dead("queue_app.echo", {"order": 42}, queue="browser", reason="poison: handler crashed")
+
+    page = browser_page()
+    base = live_server.url
+
+    page.goto(f"{base}/admin/")
+    page.fill("#id_username", admin_user.username)
+    page.fill("#id_password", "password")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{base}/admin/")
+    overview = page.locator("#queue-overview")
+    assert overview.is_visible()
+    assert overview.locator('tr[data-queue="browser"] td.depth-dead').inner_text() == "1"
+    assert overview.locator('tr[data-queue="browser"] td.depth-ready').inner_text() == "12"
+
+    page.goto(f"{base}/admin/queue_app/deadletter/")
+    assert page.locator("#result_list tbody tr").count() == 2
+    page.locator("#changelist-filter").get_by_role("link", name="browser", exact=True).click()
+    page.wait_for_url("**/deadletter/?item__queue__name__exact=browser")
+    rows = page.locator("#result_list tbody tr")
+    assert rows.count() == 1
+    assert "poison: handler crashed" in rows.first.inner_text()
+    rows.first.locator("input.action-select").check()
+    page.select_option("select[name=action]", "requeue")
+    page.click("button[name=index]")
+    assert page.locator(".messagelist .success").inner_text() == "Requeued the items of 1 dead letter."
+    page.goto(f"{base}/admin/queue_app/queueitem/{item_id}/change/")
+    assert page.locator(".field-state .readonly").inner_text() == "Ready"
+
+    worker = spawn("run_worker", "--burst", "--queues", "browser", "--concurrency", "2")
+    try:
+        output, _ = worker.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        output, _ = worker.communicate()
+        pytest.fail(f"run_worker --burst did not finish:\n{output}")
+    assert worker.returncode == 0, output
+
+    page.reload()
+    assert page.locator(".field-state .readonly").inner_text() == "Done"
+    assert "queue_app.echo" in page.locator(".field-task .readonly").inner_text()
+    timeline = page.locator("table.queue-timeline tbody tr")
+    assert timeline.count() == 2  # the poisoned attempt, then the worker's
+    assert "Done" in timeline.nth(1).inner_text()
+
+    page.goto(f"{base}/admin/")
+    browser_row = page.locator('#queue-overview tr[data-queue="browser"]')
+    assert browser_row.locator("td.depth-done").inner_text() == "13"
+    assert browser_row.locator("td.depth-dead").inner_text() == "0"
+    assert browser_row.locator("td.processed").inner_text() == "13"
+    stamp = page.locator("#queue-overview time").get_attribute("datetime")
+    page.wait_for_function(
+        "stamp => document.querySelector('#queue-overview time').getAttribute('datetime') !== stamp",
+        arg=stamp,
+        timeout=15_000,
+    )  # it re-rendered itself from the fragment, no reload
+    page.screenshot(path=str(SCREENSHOT), full_page=True)

@@ -1,0 +1,232 @@
+"""The queue overview (the admin's landing page), /metrics in Prometheus' format, and /healthz."""
+
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+from django.db import OperationalError, connection
+from prometheus_client.parser import text_string_to_metric_families
+
+from queue_app import monitoring
+from tests.admin_fixtures import (
+    dead,
+    done,
+    failed,
+    fast_password_hashing_fixture,  # noqa: F401 (autouse)
+    live_worker,
+    ready,
+    reserved,
+    staff_client_fixture,  # noqa: F401
+    url,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def activity():
+    """mail: 2 ready, 1 reserved, 2 done, 1 retrying, 1 dead; billing: 1 ready; one live worker."""
+    ready(queue="mail")
+    ready(queue="mail")
+    reserved(queue="mail")
+    done(queue="mail")
+    done(queue="mail")
+    failed(queue="mail")
+    dead(queue="mail")
+    ready(queue="billing")
+    live_worker("worker-1", queues=["mail"], stats={"processed": 7, "failed": 2})
+
+
+# -- the overview ---------------------------------------------------------------------------------------------
+
+
+def test_the_overview_is_the_landing_page_after_login(client, admin_user, activity):
+    response = client.post("/admin/login/?next=/admin/", {"username": "admin", "password": "password"}, follow=True)
+
+    html = response.content.decode()
+    assert response.redirect_chain == [("/admin/", 302)]
+    assert 'id="queue-overview"' in html
+    assert 'data-queue="mail"' in html
+    assert url("queueitem") in html  # Django's app list is still there, below
+    assert 'id="recent-actions-module"' in html
+
+
+def test_the_overview_shows_depth_by_state_and_recent_flow(admin_client, activity):
+    context = admin_client.get("/admin/").context
+    mail = next(row["stats"] for row in context["rows"] if row["stats"].name == "mail")
+
+    assert {state: count.value for state, count in mail.depth.items()} == {
+        "ready": 3,  # two waiting, one retrying
+        "reserved": 1,
+        "done": 2,
+        "dead": 1,
+        "cancelled": 0,
+    }
+    assert mail.in_flight.value == 1
+    assert (mail.processed, mail.failed, mail.lease_expirations) == (2, 2, 0)
+    assert mail.dead_letters.value == 1
+    assert mail.oldest_ready_age is not None
+    assert mail.workers == 1
+    assert context["snapshot"].processed_per_minute[-1] == 2
+
+
+def test_the_overview_links_each_count_to_its_filtered_list(admin_client, activity):
+    html = admin_client.get("/admin/").content.decode()
+
+    assert f'href="{url("queueitem")}?queue__name__exact=mail&amp;state__exact=ready"' in html
+    assert f'href="{url("deadletter")}?item__queue__name__exact=mail&amp;status=open"' in html
+
+
+def test_the_overview_draws_a_throughput_chart(admin_client, activity):
+    html = admin_client.get("/admin/").content.decode()
+
+    assert '<svg width="420" height="90"' in html
+    assert html.count('<rect class="done"') == 15
+    assert "0 min ago: 2 completed, 2 failed" in html
+
+
+def test_the_overview_refreshes_itself_from_its_fragment(admin_client, activity):
+    page = admin_client.get("/admin/").content.decode()
+    fragment = admin_client.get(url("queue", "overview"))
+
+    assert f'data-refresh-url="{url("queue", "overview")}"' in page
+    assert "setInterval(refresh" in page
+    assert fragment.status_code == 200
+    assert fragment.content.decode().lstrip().startswith("<style")
+    assert "<html" not in fragment.content.decode()
+
+
+def test_the_overview_counts_only_live_workers(admin_client, activity):
+    live_worker("worker-gone", age=timedelta(minutes=5))
+    live_worker("worker-stopped", state="stopped")
+
+    snapshot = admin_client.get("/admin/").context["snapshot"]
+
+    assert [w.id for w in snapshot.workers] == ["worker-1"]
+
+
+def test_the_overview_is_hidden_from_staff_without_queue_view_permission(staff_client, django_user_model):
+    client = staff_client()
+    user = django_user_model.objects.get(username="staff")
+    user.user_permissions.remove(*user.user_permissions.filter(codename="view_queue"))
+
+    assert 'id="queue-overview"' not in client.get("/admin/").content.decode()
+    assert client.get(url("queue", "overview")).status_code == 403
+
+
+def test_depths_beyond_the_cap_are_estimated():
+    for _ in range(4):
+        ready(queue="big")
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE queue_app_queueitem")
+
+    big = next(q for q in monitoring.snapshot(cap=2).queues if q.name == "big")
+
+    assert big.depth["ready"].exact is False
+    assert big.depth["ready"].value >= 3
+    assert str(big.depth["ready"]).startswith("≈ ")
+    assert big.depth["done"].exact is True
+
+
+# -- /metrics -------------------------------------------------------------------------------------------------
+
+
+def metrics(client) -> dict[tuple[str, tuple], float]:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain; version=")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for sample in family.samples
+    }
+
+
+def test_metrics_export_depth_per_queue_and_state(client, activity):
+    values = metrics(client)
+
+    assert values["jobsite_queue_depth", (("queue", "mail"), ("state", "ready"))] == 3
+    assert values["jobsite_queue_depth", (("queue", "mail"), ("state", "dead"))] == 1
+    assert values["jobsite_queue_depth", (("queue", "billing"), ("state", "ready"))] == 1
+
+
+def test_metrics_export_flow_dead_letters_and_workers(client, activity):
+    values = metrics(client)
+    mail = (("queue", "mail"),)
+
+    assert values["jobsite_queue_oldest_ready_age_seconds", mail] >= 0
+    assert values["jobsite_queue_in_flight", mail] == 1
+    assert values["jobsite_queue_processed_recent", mail] == 2
+    assert values["jobsite_queue_failed_recent", mail] == 2
+    assert values["jobsite_queue_lease_expirations_recent", mail] == 0
+    assert values["jobsite_queue_dead_letters", mail] == 1
+    assert values["jobsite_queue_paused", mail] == 0
+    assert values["jobsite_queue_workers_alive", mail] == 1
+    assert values["jobsite_queue_workers_alive", (("queue", "billing"),)] == 0
+    assert values["jobsite_workers_alive", ()] == 1
+
+
+def test_metrics_export_each_live_workers_counters(client, activity):
+    values = metrics(client)
+
+    assert values["jobsite_worker_processed_total", (("worker", "worker-1"),)] == 7
+    assert values["jobsite_worker_failed_total", (("worker", "worker-1"),)] == 2
+
+
+def test_metrics_count_expired_leases(client):
+    ready(queue="mail", lease_timeout=0.001)
+    from queue_app import engine
+
+    engine.lease(["mail"], 1, "worker-1", lease_timeout=0.001)
+    with connection.cursor() as cur:  # the lease ran out: the next lease takes the item over
+        cur.execute("UPDATE queue_app_queueitem SET visible_at = now() - interval '1 second'")
+    engine.lease(["mail"], 1, "worker-2")
+
+    assert metrics(client)["jobsite_queue_lease_expirations_recent", (("queue", "mail"),)] == 1
+
+
+def test_metrics_say_503_when_the_database_is_down(client):
+    with mock.patch.object(monitoring, "snapshot", side_effect=OperationalError("connection refused")):
+        response = client.get("/metrics")
+
+    assert response.status_code == 503
+
+
+# -- /healthz -------------------------------------------------------------------------------------------------
+
+
+def test_healthz_is_ok_with_database_migrations_and_a_live_worker(client):
+    live_worker()
+
+    response = client.get("/healthz")
+
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "database": True, "migrations": True, "live_workers": 1}
+
+
+def test_healthz_fails_without_a_live_worker(client):
+    live_worker(age=timedelta(minutes=5))
+
+    response = client.get("/healthz")
+
+    assert response.status_code == 503
+    assert response.json()["live_workers"] == 0
+
+
+def test_healthz_fails_with_unapplied_migrations(client, monkeypatch):
+    live_worker()
+    monkeypatch.setattr(monitoring, "_migrations_applied", False)
+    with mock.patch.object(monitoring.MigrationExecutor, "migration_plan", return_value=[("0099_next", False)]):
+        response = client.get("/healthz")
+
+    assert response.status_code == 503
+    assert response.json()["migrations"] is False
+
+
+def test_healthz_fails_when_the_database_is_unreachable(client):
+    with mock.patch.object(connection, "cursor", side_effect=OperationalError("connection refused")):
+        response = client.get("/healthz")
+
+    assert response.status_code == 503
+    assert response.json()["database"] is False
+    assert "connection refused" in response.json()["error"]

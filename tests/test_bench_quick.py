@@ -1,0 +1,39 @@
+"""`queue_bench --quick --only ceiling` as a smoke test: it runs pgbench against the same server, prints the
+table and writes the JSON results. Structure only: the figures are not judged (the machine may be busy)."""
+
+import json
+import os
+
+import pytest
+
+from queue_app.bench.ceiling import find_pgbench
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.skipif(find_pgbench() is None, reason="no pgbench on this machine")
+def test_quick_ceiling_run_reports_positive_figures_and_writes_json(manage, tmp_path):
+    out = tmp_path / "bench.json"
+    proc = manage(
+        "queue_bench",
+        "--quick",
+        "--only",
+        "ceiling",
+        "--json-out",
+        str(out),
+        "--db-prefix",
+        f"test_bench_{os.getpid()}",
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    results = json.loads(out.read_text())
+    figures = results["figures"]
+    assert set(figures) == {"ceiling.lease_one", "ceiling.lease_batch", "ceiling.insert"}
+    for figure in figures.values():
+        assert figure["value"] > 0, figure
+        assert figure["detail"]["tries"], figure
+    assert results["size"] == "quick"
+    assert results["ratios"]["ceiling.lease_one"]["ceiling"] > 0
+    assert "ceiling: lease 100 + complete 100" in proc.stdout
+    assert f"results written to {out}" in proc.stdout

@@ -1,0 +1,104 @@
+"""`manage.py enqueue` and `manage.py queue_stats`."""
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from queue_app import engine
+from queue_app.models import DeadLetter, QueueItem
+from tests import worker_tasks  # noqa: F401  (registers tests.* tasks)
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args: str) -> tuple[str, str]:
+    out, err = StringIO(), StringIO()
+    call_command(*args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_enqueue_one_item_with_its_task_options():
+    out, _ = run("enqueue", "tests.flaky", "--payload", '{"succeed_on": 2}', "--priority", "5")
+    item = QueueItem.objects.get()
+    assert out.strip() == f"enqueued item {item.id} of tests.flaky on queue default"
+    assert (item.payload, item.priority, item.max_attempts) == ({"succeed_on": 2}, 5, 3)
+
+
+def test_enqueue_count_queues_many_in_bulk():
+    out, _ = run("enqueue", "queue_app.noop", "--count", "50", "--queue", "bulk")
+    ids = sorted(QueueItem.objects.filter(queue_id="bulk").values_list("id", flat=True))
+    assert len(ids) == 50
+    assert out.strip() == f"enqueued 50 items of queue_app.noop (ids {ids[0]}..{ids[-1]})"
+
+
+def test_enqueue_with_dedup_key_reports_the_duplicate():
+    first, _ = run("enqueue", "queue_app.echo", "--dedup-key", "k1")
+    again, _ = run("enqueue", "queue_app.echo", "--dedup-key", "k1")
+    item = QueueItem.objects.get()
+    assert again.strip() == f"duplicate: item {item.id} of queue_app.echo already holds dedup key 'k1'"
+
+
+def test_enqueue_delay_and_ordering_key_are_stored():
+    run("enqueue", "queue_app.echo", "--delay", "60", "--ordering-key", "customer-7")
+    item = QueueItem.objects.get()
+    assert item.ordering_key == "customer-7"
+    assert 55 < (item.run_at - timezone.now()).total_seconds() <= 60
+
+
+def test_enqueue_of_an_unregistered_task_warns_and_queues_it():
+    out, err = run("enqueue", "nobody.knows")
+    assert "no task is registered as 'nobody.knows'" in err
+    assert QueueItem.objects.get().task == "nobody.knows"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--payload", "{nope"], "--payload is not valid JSON"),
+        (["--priority", "500"], "priority must be an integer from -100 to 100"),
+        (["--queue", "bad queue!"], "queue name must match"),
+        (["--count", "0"], "--count must be at least 1"),
+        (["--count", "2", "--dedup-key", "k"], "cannot be combined with --count"),
+        (["--payload", '{"deep": ' * 70 + "1" + "}" * 70], "nested deeper than"),
+    ],
+)
+def test_enqueue_bad_input_is_a_command_error_with_the_reason(args, message):
+    with pytest.raises(CommandError, match=message):
+        run("enqueue", "queue_app.echo", *args)
+    assert not QueueItem.objects.exists()
+
+
+def test_queue_stats_counts_items_by_state_per_queue():
+    engine.enqueue_many("queue_app.noop", [{}] * 3)
+    engine.enqueue("queue_app.noop", {}, delay=600)
+    engine.enqueue("queue_app.noop", {}, queue="other")
+    held = engine.lease(["other"], 1, "w")
+    engine.dead(held[0], "poison")
+    out, _ = run("queue_stats", "--json")
+    stats = {row["queue"]: row for row in json.loads(out)["queues"]}
+    assert (stats["default"]["ready"], stats["default"]["scheduled"], stats["default"]["done"]) == (3, 1, 0)
+    assert stats["default"]["oldest_ready_age"] >= 0
+    assert (stats["other"]["dead"], stats["other"]["dead_letters"], stats["other"]["ready"]) == (1, 1, 0)
+    assert stats["other"]["oldest_ready_age"] is None
+    assert DeadLetter.objects.count() == 1
+
+
+def test_queue_stats_prints_a_table():
+    engine.enqueue_many("queue_app.noop", [{}] * 2)
+    out, _ = run("queue_stats")
+    header, row = out.splitlines()
+    assert header.split()[:3] == ["queue", "ready", "reserved"]
+    assert row.split()[:2] == ["default", "2"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_and_queue_stats_from_the_command_line(manage):
+    result = manage("enqueue", "queue_app.noop", "--count", "3")
+    assert result.returncode == 0 and result.stdout.startswith("enqueued 3 items"), result.stderr
+    stats = json.loads(manage("queue_stats", "--json").stdout)
+    assert stats["queues"][0]["ready"] == 3
+    bad = manage("enqueue", "queue_app.noop", "--payload", "[")
+    assert bad.returncode == 1 and "--payload is not valid JSON" in bad.stderr

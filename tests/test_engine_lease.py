@@ -1,0 +1,395 @@
+"""engine.lease: what a lease takes (due, by priority, per ordering key, from unpaused queues) and what it writes
+(a reservation per attempt); lease expiry, rescue_expired and release."""
+
+import json
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from queue_app import engine, services
+from queue_app.engine import sql
+from queue_app.models import DeadLetter, QueueItem, Reservation
+
+LONG = 3600.0  # a retry/lease far beyond any test's duration
+
+
+def ids(leases) -> list[int]:
+    return [h.item_id for h in leases]
+
+
+def sleep_past(when) -> None:
+    """Sleep until a database timestamp has passed, plus a margin (the database runs on this machine's clock)."""
+    time.sleep(max(0.0, (when - timezone.now()).total_seconds()) + 0.3)
+
+
+# -- lease -> reserved --------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_lease_reserves_the_item_and_counts_the_attempt():
+    queued = engine.enqueue("t", {"x": 1}, max_attempts=3)
+
+    (held,) = engine.lease(["default"], 10, "worker-1", lease_timeout=30)
+
+    item = QueueItem.objects.get(id=queued.id)
+    assert item.state == "reserved"
+    assert item.attempts == 1
+    assert item.reservation_id == held.reservation_id
+    assert (held.item_id, held.task, held.payload, held.queue) == (queued.id, "t", {"x": 1}, "default")
+    assert (held.attempt, held.max_attempts, held.is_last_attempt) == (1, 3, False)
+
+
+@pytest.mark.django_db
+def test_lease_records_a_reservation_with_worker_and_deadline():
+    queued = engine.enqueue("t")
+
+    (held,) = engine.lease(["default"], 1, "worker-1", lease_timeout=30)
+
+    res = Reservation.objects.get(id=held.reservation_id)
+    item = QueueItem.objects.get(id=queued.id)
+    assert (res.item_id, res.attempt, res.worker_id, res.outcome) == (queued.id, 1, "worker-1", None)
+    assert res.lease_expires_at - res.reserved_at == timedelta(seconds=30)
+    assert res.lease_expires_at == held.lease_expires_at == item.visible_at
+    assert res.heartbeat_at == res.reserved_at
+    assert res.finished_at is None
+
+
+@pytest.mark.django_db
+def test_lease_without_timeout_uses_the_queues_lease_timeout():
+    engine.enqueue("t", queue="slow")
+    services.set_queue_options("slow", lease_timeout=600.0)
+
+    (held,) = engine.lease(["slow"], 1, "w1")
+
+    res = Reservation.objects.get(id=held.reservation_id)
+    assert res.lease_expires_at - res.reserved_at == timedelta(seconds=600)
+
+
+@pytest.mark.django_db
+def test_lease_without_timeout_uses_the_items_own_lease_timeout_over_the_queues():
+    engine.enqueue("t", queue="slow", lease_timeout=45.0)
+    services.set_queue_options("slow", lease_timeout=600.0)
+
+    (held,) = engine.lease(["slow"], 1, "w1")
+
+    res = Reservation.objects.get(id=held.reservation_id)
+    assert res.lease_expires_at - res.reserved_at == timedelta(seconds=45)
+
+
+@pytest.mark.django_db
+def test_lease_takes_at_most_n_items():
+    engine.enqueue_many("t", [{}] * 5)
+    assert len(engine.lease(["default"], 3, "w1")) == 3
+    assert len(engine.lease(["default"], 3, "w1")) == 2
+    assert engine.lease(["default"], 3, "w1") == []
+
+
+@pytest.mark.django_db
+def test_lease_of_zero_items_takes_nothing():
+    engine.enqueue("t")
+    assert engine.lease(["default"], 0, "w1") == []
+    assert QueueItem.objects.get().state == "ready"
+
+
+@pytest.mark.django_db
+def test_a_reserved_item_is_not_leased_again_before_its_lease_expires():
+    engine.enqueue("t")
+    engine.lease(["default"], 1, "w1", lease_timeout=LONG)
+    assert engine.lease(["default"], 1, "w2") == []
+    assert Reservation.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_lease_only_takes_from_the_named_queues():
+    a = engine.enqueue("t", queue="qa")
+    engine.enqueue("t", queue="qb")
+    assert ids(engine.lease(["qa", "unknown-queue"], 10, "w1")) == [a.id]
+
+
+@pytest.mark.django_db
+def test_lease_of_all_queues_takes_from_every_queue():
+    a = engine.enqueue("t", queue="qa")
+    b = engine.enqueue("t", queue="qb")
+    assert sorted(ids(engine.lease(engine.ALL_QUEUES, 10, "w1"))) == [a.id, b.id]
+    assert engine.lease(None, 10, "w1") == []
+
+
+# -- order: priority, then due time, then id; nothing before it is due ---------------------------------------
+
+
+@pytest.mark.django_db
+def test_higher_priority_is_leased_first():
+    low = engine.enqueue("t", priority=-5)
+    mid = engine.enqueue("t", priority=0)
+    high = engine.enqueue("t", priority=10)
+    high2 = engine.enqueue("t", priority=10)
+
+    order = [engine.lease(["default"], 1, "w1")[0].item_id for _ in range(4)]
+
+    assert order == [high.id, high2.id, mid.id, low.id]
+
+
+@pytest.mark.django_db
+def test_a_batch_lease_takes_the_highest_priorities_and_returns_them_best_first():
+    low = [engine.enqueue("t", priority=-1).id for _ in range(3)]
+    high = [engine.enqueue("t", priority=50).id for _ in range(3)]
+    assert ids(engine.lease(["default"], 3, "w1")) == high
+    assert ids(engine.lease(["default"], 3, "w1")) == low
+
+
+@pytest.mark.django_db
+def test_same_priority_is_leased_in_due_order_then_id_order():
+    later = engine.enqueue("t")
+    earliest = engine.enqueue("t", run_at=timezone.now() - timedelta(hours=2))
+    earlier = engine.enqueue("t", run_at=timezone.now() - timedelta(hours=1))
+    order = [engine.lease(["default"], 1, "w1")[0].item_id for _ in range(3)]
+    assert order == [earliest.id, earlier.id, later.id]
+
+
+@pytest.mark.django_db
+def test_item_with_delay_is_not_leased_before_it_is_due():
+    engine.enqueue("t", delay=LONG)
+    assert engine.lease(["default"], 10, "w1") == []
+    assert QueueItem.objects.get().state == "ready"
+
+
+@pytest.mark.django_db
+def test_item_with_future_run_at_is_not_leased_before_it_is_due():
+    engine.enqueue("t", run_at=timezone.now() + timedelta(hours=1))
+    assert engine.lease(["default"], 10, "w1") == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_delayed_item_is_leased_once_due():
+    queued = engine.enqueue("t", delay=1.0)
+    assert engine.lease(["default"], 1, "w1") == []
+
+    sleep_past(QueueItem.objects.get(id=queued.id).run_at)
+
+    assert ids(engine.lease(["default"], 1, "w1")) == [queued.id]
+
+
+# -- ordering keys ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_items_of_an_ordering_key_are_leased_one_at_a_time_in_enqueue_order():
+    a = [engine.enqueue("t", {"n": n}, ordering_key="A").id for n in range(3)]
+    free = engine.enqueue("t").id
+
+    assert sorted(ids(engine.lease(["default"], 10, "w1"))) == [a[0], free]
+    assert engine.lease(["default"], 10, "w1") == []
+
+
+@pytest.mark.django_db
+def test_next_item_of_a_key_is_leased_after_the_previous_one_is_done():
+    a = [engine.enqueue("t", ordering_key="A").id for _ in range(3)]
+    order = []
+    while held := engine.lease(["default"], 10, "w1"):
+        assert len(held) == 1
+        order.append(held[0].item_id)
+        engine.complete(held[0])
+    assert order == a
+
+
+@pytest.mark.django_db
+def test_different_ordering_keys_are_leased_in_parallel():
+    a1 = engine.enqueue("t", ordering_key="A").id
+    engine.enqueue("t", ordering_key="A")
+    b1 = engine.enqueue("t", ordering_key="B").id
+    assert sorted(ids(engine.lease(["default"], 10, "w1"))) == [a1, b1]
+
+
+@pytest.mark.django_db
+def test_ordering_keys_are_per_queue():
+    a = engine.enqueue("t", ordering_key="A", queue="qa").id
+    b = engine.enqueue("t", ordering_key="A", queue="qb").id
+    assert sorted(ids(engine.lease(["qa", "qb"], 10, "w1"))) == [a, b]
+
+
+@pytest.mark.django_db
+def test_priority_does_not_jump_the_order_of_a_key():
+    first = engine.enqueue("t", ordering_key="A", priority=0).id
+    engine.enqueue("t", ordering_key="A", priority=100)
+    assert ids(engine.lease(["default"], 10, "w1")) == [first]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retried_head_item_blocks_its_key_while_in_backoff():
+    head = engine.enqueue("t", ordering_key="A").id
+    engine.enqueue("t", ordering_key="A")
+    other = engine.enqueue("t", ordering_key="B").id
+    held = {h.item_id: h for h in engine.lease(["default"], 10, "w1")}
+    assert set(held) == {head, other}
+
+    assert engine.fail(held[head], "boom", retry_in=LONG) == "retry"
+    engine.complete(held[other])
+
+    assert engine.lease(["default"], 10, "w1") == []  # A2 waits behind A1's retry
+    services.retry_now([head])
+    assert ids(engine.lease(["default"], 10, "w1")) == [head]  # the retried head keeps its place
+
+
+@pytest.mark.django_db
+def test_dead_head_item_unblocks_its_key():
+    head = engine.enqueue("t", ordering_key="A", max_attempts=1).id
+    second = engine.enqueue("t", ordering_key="A").id
+    (held,) = engine.lease(["default"], 10, "w1")
+    assert held.item_id == head
+
+    assert engine.fail(held, "boom") == "dead"
+
+    assert ids(engine.lease(["default"], 10, "w1")) == [second]
+
+
+@pytest.mark.django_db
+def test_cancelled_head_item_unblocks_its_key():
+    head = engine.enqueue("t", ordering_key="A").id
+    second = engine.enqueue("t", ordering_key="A").id
+    services.cancel_items([head])
+    assert ids(engine.lease(["default"], 10, "w1")) == [second]
+
+
+# -- lease expiry, rescue, release --------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_expired_lease_is_leased_again_as_a_new_attempt():
+    queued = engine.enqueue("t", max_attempts=3)
+    (first,) = engine.lease(["default"], 1, "w1", lease_timeout=0.2)
+    time.sleep(0.6)
+
+    (second,) = engine.lease(["default"], 1, "w2", lease_timeout=LONG)
+
+    assert second.item_id == queued.id
+    assert second.reservation_id != first.reservation_id
+    assert second.attempt == 2
+    old = Reservation.objects.get(id=first.reservation_id)
+    assert (old.outcome, old.worker_id) == ("expired", "w1")
+    assert old.finished_at is not None
+    item = QueueItem.objects.get(id=queued.id)
+    assert (item.state, item.attempts, item.reservation_id) == ("reserved", 2, second.reservation_id)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_expired_lease_on_the_last_attempt_is_not_leased_again():
+    engine.enqueue("t", max_attempts=1)
+    engine.lease(["default"], 1, "w1", lease_timeout=0.2)
+    time.sleep(0.6)
+    assert engine.lease(["default"], 1, "w2") == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rescue_expired_returns_an_expired_item_to_ready_with_its_attempt_counted():
+    queued = engine.enqueue("t", max_attempts=3)
+    (held,) = engine.lease(["default"], 1, "w1", lease_timeout=0.2)
+    time.sleep(0.6)
+
+    assert engine.rescue_expired() == (1, 0)
+
+    item = QueueItem.objects.get(id=queued.id)
+    assert (item.state, item.attempts) == ("ready", 1)
+    assert "lease expired" in item.error
+    assert Reservation.objects.get(id=held.reservation_id).outcome == "expired"
+    (again,) = engine.lease(["default"], 1, "w2")
+    assert again.attempt == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rescue_expired_on_the_last_attempt_makes_a_dead_letter():
+    queued = engine.enqueue("t", max_attempts=1)
+    (held,) = engine.lease(["default"], 1, "w1", lease_timeout=0.2)
+    time.sleep(0.6)
+
+    assert engine.rescue_expired() == (0, 1)
+
+    item = QueueItem.objects.get(id=queued.id)
+    assert item.state == "dead"
+    assert item.finished_at is not None
+    letter = DeadLetter.objects.get(item_id=queued.id)
+    assert letter.reason == "lease expired on the last attempt"
+    assert Reservation.objects.get(id=held.reservation_id).outcome == "expired"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rescue_expired_leaves_live_leases_alone():
+    live = engine.enqueue("t").id
+    engine.lease(["default"], 1, "w1", lease_timeout=LONG)
+    assert engine.rescue_expired() == (0, 0)
+    assert QueueItem.objects.get(id=live).state == "reserved"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_extended_lease_does_not_expire():
+    engine.enqueue("t")
+    (held,) = engine.lease(["default"], 1, "w1", lease_timeout=0.3)
+    engine.extend(held, LONG)
+    time.sleep(0.8)
+    assert engine.lease(["default"], 1, "w2") == []
+    assert engine.rescue_expired() == (0, 0)
+    engine.complete(held)
+
+
+@pytest.mark.django_db
+def test_release_returns_the_item_to_ready_without_spending_the_attempt():
+    queued = engine.enqueue("t", max_attempts=1)
+    (held,) = engine.lease(["default"], 1, "w1")
+
+    engine.release(held)
+
+    item = QueueItem.objects.get(id=queued.id)
+    assert (item.state, item.attempts) == ("ready", 0)
+    assert Reservation.objects.get(id=held.reservation_id).outcome == "released"
+    (again,) = engine.lease(["default"], 1, "w2")
+    assert (again.item_id, again.attempt, again.is_last_attempt) == (queued.id, 1, True)
+
+
+@pytest.mark.django_db
+def test_release_with_delay_hides_the_item_for_that_long():
+    queued = engine.enqueue("t")
+    (held,) = engine.lease(["default"], 1, "w1")
+
+    engine.release(held, delay=90)
+
+    item = QueueItem.objects.get(id=queued.id)
+    assert item.visible_at - item.updated_at == timedelta(seconds=90)
+    assert engine.lease(["default"], 1, "w1") == []
+
+
+@pytest.mark.django_db
+def test_a_lease_across_queues_takes_the_best_items_of_all_of_them():
+    engine.enqueue_many("t", [{}] * 3, queue="qa", priority=0)
+    high = engine.enqueue_many("t", [{}] * 2, queue="qb", priority=9)
+
+    held = engine.lease(["qa", "qb"], 3, "w1")
+
+    assert [h.item_id for h in held[:2]] == high
+    assert [h.queue for h in held] == ["qb", "qb", "qa"]
+
+
+def plan_nodes(node: dict) -> list[dict]:
+    return [node, *(n for child in node.get("Plans", []) for n in plan_nodes(child))]
+
+
+@pytest.mark.django_db
+def test_lease_walks_the_fetch_index_in_order_instead_of_sorting_the_backlog():
+    # With a backlog, the fetch must be an ordered scan of the partial index item_fetch that stops after n rows
+    # (not a scan and sort of every due row per lease, which also made PostgreSQL JIT-compile each lease).
+    engine.enqueue_many("t", [{"n": n} for n in range(20_000)], queue="qa")
+    engine.enqueue_many("t", [{"n": n} for n in range(2_000)], queue="qb")
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE queue_app_queueitem")
+        params = {"queues": ["qa", "qb"], "n": 100, "worker_id": "w1", "lease_timeout": None}
+        cur.execute("EXPLAIN (FORMAT JSON) " + sql.LEASE, params)
+        (explained,) = cur.fetchone()
+    explained = json.loads(explained) if isinstance(explained, str) else explained
+
+    nodes = plan_nodes(explained[0]["Plan"])
+    item_scans = [n for n in nodes if n.get("Relation Name") == "queue_app_queueitem" and "Scan" in n["Node Type"]]
+    fetch = [n for n in item_scans if n.get("Index Name") == "item_fetch"]
+    assert [n["Node Type"] for n in fetch] == ["Index Scan"]
+    assert "Seq Scan" not in [n["Node Type"] for n in item_scans]
+    assert "JIT" not in explained[0]

@@ -1,0 +1,253 @@
+"""What runs where the handler runs (worker/execute.py) and the executors (worker/pool.py), in process."""
+
+import faulthandler
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from queue_app import engine
+from queue_app.models import ItemState, ProbeEffect, QueueItem
+from queue_app.registry import get_task
+from queue_app.tasks import close_log_connection
+from queue_app.worker.execute import Job, Outcome, run_job
+from queue_app.worker.pool import ProcessPool, ThreadPool
+from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks)
+from tests.conftest import ROOT
+
+
+@pytest.fixture(autouse=True)
+def _close_probe_log_connection():
+    yield
+    close_log_connection()  # else the test database cannot be dropped at the end
+
+
+def job_for(lease: engine.Lease) -> Job:
+    return Job(
+        reservation_id=lease.reservation_id,
+        item_id=lease.item_id,
+        queue=lease.queue,
+        task=lease.task,
+        payload=lease.payload,
+        attempt=lease.attempt,
+        max_attempts=lease.max_attempts,
+        worker_id="test",
+    )
+
+
+def lease_one(task: str, payload=None) -> engine.Lease:
+    item = get_task(task).enqueue(payload or {})
+    (held,) = engine.lease(None, 1, "test")
+    assert held.item_id == item.id
+    return held
+
+
+@pytest.mark.django_db(transaction=True)
+def test_transactional_handler_and_settle_commit_together():
+    held = lease_one("queue_app.probe_transactional")
+    outcome = run_job(job_for(held))
+    assert outcome.status == "settled"
+    assert QueueItem.objects.get(id=held.item_id).state == ItemState.DONE
+    assert ProbeEffect.objects.get(key=str(held.item_id)).applied == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_transactional_handler_error_rolls_back_its_writes():
+    held = lease_one("queue_app.probe_transactional", {"fail": True})
+    outcome = run_job(job_for(held))
+    assert outcome.status == "failed" and "probe asked to fail" in outcome.error
+    assert not ProbeEffect.objects.filter(key=str(held.item_id)).exists()
+    assert QueueItem.objects.get(id=held.item_id).state == ItemState.RESERVED  # the supervisor settles the failure
+
+
+@pytest.mark.django_db(transaction=True)
+def test_transactional_handler_does_not_run_on_a_stale_reservation():
+    held = lease_one("queue_app.probe_transactional")
+    engine.release(held)
+    outcome = run_job(job_for(held))
+    assert outcome.status == "stale"
+    assert not ProbeEffect.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_handler_result_that_is_not_json_fails_the_attempt_with_a_clear_error():
+    held = lease_one("tests.not_json")
+    outcome = run_job(job_for(held))
+    assert outcome.status == "failed"
+    assert "result cannot be stored" in outcome.error and "not JSON-serializable" in outcome.error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_exception_in_retry_policy_ignore_list_is_not_retryable():
+    held = lease_one("tests.unfixable")
+    outcome = run_job(job_for(held))
+    assert (outcome.status, outcome.retryable) == ("failed", False)
+    assert "Unfixable: retrying cannot help" in outcome.error and "Traceback" in outcome.traceback
+
+
+@pytest.mark.django_db(transaction=True)
+def test_handler_can_extend_its_own_lease():
+    held = lease_one("tests.extends", {"seconds": 600})
+    outcome = run_job(job_for(held))
+    assert outcome.status == "ok"
+    item = QueueItem.objects.get(id=held.item_id)
+    assert (item.visible_at - held.lease_expires_at).total_seconds() > 300
+
+
+# -- pools ----------------------------------------------------------------------------------------------------
+
+
+def scripted(job: Job) -> Outcome:
+    """A runner for pool tests: the payload says what to do."""
+    action = job.payload.get("do")
+    if action == "exit":
+        os._exit(3)
+    if action == "segfault":
+        faulthandler.disable()  # pytest's, inherited: no traceback dump on stderr
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if action == "system_exit":
+        raise SystemExit(4)
+    if action == "sleep":
+        time.sleep(job.payload["seconds"])
+    return Outcome(job.reservation_id, "ok", {"pid": os.getpid()})
+
+
+def scripted_job(reservation_id: int, **payload) -> Job:
+    return Job(reservation_id, reservation_id, "q", "t", payload, 1, 1, "test")
+
+
+def wait_outcomes(pool, n: int, timeout: float = 10.0) -> list[Outcome]:
+    outcomes: list[Outcome] = []
+    deadline = time.monotonic() + timeout
+    while len(outcomes) < n and time.monotonic() < deadline:
+        outcomes += pool.collect()
+        time.sleep(0.01)
+    return outcomes
+
+
+@pytest.fixture(params=[ProcessPool, ThreadPool], ids=["process", "thread"])
+def pool(request):
+    pool = request.param(2, scripted)
+    pool.start()
+    yield pool
+    pool.shutdown()
+
+
+def test_pool_runs_jobs_and_reports_outcomes(pool):
+    pool.submit(scripted_job(1))
+    pool.submit(scripted_job(2))
+    assert pool.idle() == 0
+    outcomes = wait_outcomes(pool, 2)
+    assert sorted(o.reservation_id for o in outcomes) == [1, 2]
+    assert all(o.status == "ok" for o in outcomes)
+    assert pool.idle() == 2
+
+
+@pytest.mark.parametrize(
+    ("action", "expected"),
+    [("exit", "exited with code 3"), ("segfault", "killed by SIGSEGV"), ("system_exit", "exited with code 4")],
+)
+def test_child_that_dies_fails_its_attempt_and_is_replaced(action, expected):
+    pool = ProcessPool(1, scripted)
+    pool.start()
+    try:
+        first_pid = pool.children[0].process.pid
+        pool.submit(scripted_job(1, do=action))
+        (outcome,) = wait_outcomes(pool, 1)
+        assert outcome.status == "failed" and expected in outcome.error
+        assert pool.children[0].process.pid != first_pid
+        pool.submit(scripted_job(2))
+        (after,) = wait_outcomes(pool, 1)
+        assert after.status == "ok"
+    finally:
+        pool.shutdown()
+
+
+def test_thread_pool_reports_system_exit_as_failure_and_keeps_the_thread():
+    pool = ThreadPool(1, scripted)
+    pool.start()
+    try:
+        pool.submit(scripted_job(1, do="system_exit"))
+        (outcome,) = wait_outcomes(pool, 1)
+        assert outcome.status == "failed" and "SystemExit" in outcome.error
+        pool.submit(scripted_job(2))
+        assert wait_outcomes(pool, 1)[0].status == "ok"
+    finally:
+        pool.shutdown()
+
+
+def test_stopping_a_stuck_child_kills_it_and_frees_the_slot():
+    pool = ProcessPool(1, scripted)
+    pool.start()
+    try:
+        stuck = pool.children[0].process.pid
+        pool.submit(scripted_job(1, do="sleep", seconds=60))
+        time.sleep(0.2)
+        pool.stop(1)
+        assert not alive(stuck)
+        assert pool.idle() == 1
+        pool.submit(scripted_job(2))
+        assert [o.reservation_id for o in wait_outcomes(pool, 1)] == [2]
+    finally:
+        pool.shutdown()
+
+
+def test_stopping_a_stuck_thread_abandons_it_and_ignores_its_late_outcome():
+    pool = ThreadPool(1, scripted)
+    pool.start()
+    try:
+        pool.submit(scripted_job(1, do="sleep", seconds=0.5))
+        pool.stop(1)
+        assert pool.idle() == 1
+        pool.submit(scripted_job(2))
+        outcomes = wait_outcomes(pool, 1)
+        time.sleep(0.7)
+        outcomes += pool.collect()
+        assert [o.reservation_id for o in outcomes] == [2]
+    finally:
+        pool.shutdown()
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting for whoever inherited it to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+SUPERVISOR_STANDIN = """
+import time
+import django
+django.setup()
+from queue_app.worker.pool import ProcessPool
+from tests.test_worker_execute import scripted
+pool = ProcessPool(1, scripted)
+pool.start()
+print(pool.children[0].process.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_children_die_with_the_supervisor():
+    """PR_SET_PDEATHSIG: a child whose supervisor is SIGKILLed does not run on."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "jobsite.settings", "JOBSITE_NO_BOOTSTRAP": "1"}
+    standin = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISOR_STANDIN], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        child_pid = int(standin.stdout.readline())
+        assert alive(child_pid)
+    finally:
+        standin.kill()
+        standin.wait()
+    deadline = time.monotonic() + 5
+    while alive(child_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if alive(child_pid):
+        os.kill(child_pid, signal.SIGKILL)
+        pytest.fail("the pool's child outlived its supervisor")

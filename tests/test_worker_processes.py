@@ -1,0 +1,361 @@
+"""The worker's guarantees, proved with real `manage.py run_worker` processes against real PostgreSQL.
+
+The probe tasks record every run of their handler in ExecutionLog (outside the handler's transaction) and
+their database effect in ProbeEffect; these tests count those rows after killing workers, stopping them,
+and restarting the database server under them.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.db.models import Count
+
+from queue_app import engine, services
+from queue_app.models import DeadLetter, ExecutionLog, ItemState, ProbeEffect, QueueItem, Reservation, Worker
+from queue_app.registry import get_task
+from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks the workers --import)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+PROBE = "queue_app.probe"
+
+
+def wait_for(predicate, *, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def worker(spawn, tmp_path):
+    """Start `run_worker --worker-id NAME ...` with the test tasks loaded; its output goes to a file."""
+    logs: dict[str, Path] = {}
+
+    def start(name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        logs[name] = tmp_path / f"{name}.log"
+        out = logs[name].open("w")
+        proc = spawn(
+            "run_worker",
+            "--worker-id",
+            name,
+            "--import",
+            "tests.worker_tasks",
+            "--poll-interval",
+            "0.2",
+            *args,
+            stdout=out,
+            env=env,
+        )
+        out.close()
+        proc.log = logs[name]
+        return proc
+
+    return start
+
+
+def output(proc: subprocess.Popen) -> str:
+    return proc.log.read_text()
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"worker did not exit within {timeout}s; its output:\n{output(proc)[-3000:]}") from None
+
+
+def runs_per_item() -> Counter:
+    return Counter(dict(ExecutionLog.objects.values_list("item_id").annotate(n=Count("id"))))
+
+
+def open_items() -> int:
+    return QueueItem.objects.filter(state__in=[ItemState.READY, ItemState.RESERVED]).count()
+
+
+def held_by(worker_id: str) -> set[int]:
+    """Items whose attempt by `worker_id` never ended: in flight in it when it died."""
+    return set(Reservation.objects.filter(worker_id=worker_id, outcome__isnull=True).values_list("item_id", flat=True))
+
+
+def short_leases(queue: str = "default") -> None:
+    """Leases as short as the tasks allow (their hard timeout + margin), so a killed worker's items come back
+    within seconds."""
+    engine.ensure_queue(queue)
+    services.set_queue_options(queue, lease_timeout=1.0)
+
+
+def test_three_workers_run_each_of_10000_probes_exactly_once(worker):
+    ids = get_task(PROBE).enqueue_many([{}] * 10_000)
+    workers = [worker(f"w{n}", "--burst", "--concurrency", "4") for n in range(3)]
+    for proc in workers:
+        assert finish(proc, timeout=300) == 0, output(proc)
+    assert QueueItem.objects.filter(id__in=ids, state=ItemState.DONE).count() == 10_000
+    runs = runs_per_item()
+    assert set(runs) == set(ids) and set(runs.values()) == {1}
+    assert set(ExecutionLog.objects.values_list("worker_id", flat=True)) == {"w0", "w1", "w2"}
+    assert not ProbeEffect.objects.exclude(applied=1).exists()
+    assert set(Worker.objects.values_list("state", flat=True)) == {"stopped"}
+
+
+def test_kill_9_loses_nothing_and_repeats_only_items_in_flight_in_the_killed_worker(worker):
+    short_leases()
+    ids = get_task(PROBE).enqueue_many([{"sleep": 0.02}] * 600)
+    victim = worker("victim", "--concurrency", "4")
+    wait_for(lambda: ExecutionLog.objects.count() >= 100, timeout=60, what="the victim to get going")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    in_flight = held_by("victim")
+    assert in_flight, "the kill should land mid-batch"
+    survivor = worker("survivor", "--concurrency", "4")
+    wait_for(lambda: open_items() == 0, timeout=120, what="every item to be settled")
+    survivor.terminate()
+    assert finish(survivor, timeout=30) == 0
+    assert QueueItem.objects.filter(id__in=ids, state=ItemState.DONE).count() == len(ids)
+    runs = runs_per_item()
+    assert set(runs) == set(ids)  # none lost
+    repeated = {item for item, n in runs.items() if n > 1}
+    assert repeated <= in_flight  # duplicates only where the killed worker was holding the item
+    assert set(
+        Reservation.objects.filter(worker_id="victim", item_id__in=in_flight).values_list("outcome", flat=True)
+    ) == {"expired"}
+
+
+def test_sigterm_finishes_in_flight_items_and_exits_0(worker):
+    ids = get_task(PROBE).enqueue_many([{"sleep": 0.5}] * 12)
+    proc = worker("drain", "--concurrency", "2")
+    wait_for(lambda: ExecutionLog.objects.count() >= 2, timeout=30, what="handlers to start")
+    proc.send_signal(signal.SIGTERM)
+    assert finish(proc, timeout=20) == 0
+    assert not QueueItem.objects.filter(state=ItemState.RESERVED).exists()
+    done = set(QueueItem.objects.filter(id__in=ids, state=ItemState.DONE).values_list("id", flat=True))
+    assert set(runs_per_item()) == done and 2 <= len(done) < len(ids)  # in-flight finished, no new leases
+    assert set(Reservation.objects.filter(worker_id="drain").values_list("outcome", flat=True)) == {"done"}
+    assert Worker.objects.get(id="drain").state == "stopped"
+    assert "worker stopped" in output(proc)
+
+
+def test_sigterm_hands_back_what_the_grace_period_cannot_finish(worker):
+    ids = get_task(PROBE).enqueue_many([{"sleep": 4}] * 2)
+    proc = worker("hasty", "--concurrency", "2", "--grace-period", "0.5")
+    wait_for(lambda: ExecutionLog.objects.count() == 2, timeout=30, what="both handlers to start")
+    proc.send_signal(signal.SIGTERM)
+    assert finish(proc, timeout=10) == 0
+    for item in QueueItem.objects.filter(id__in=ids):
+        assert (item.state, item.attempts) == (ItemState.READY, 0)  # released: the attempt is not spent
+    assert set(Reservation.objects.values_list("outcome", flat=True)) == {"released"}
+
+
+def test_second_signal_exits_at_once_and_leaves_leases_to_expire(worker):
+    get_task(PROBE).enqueue_many([{"sleep": 4}] * 2)
+    proc = worker("impatient", "--concurrency", "2")
+    wait_for(lambda: ExecutionLog.objects.count() == 2, timeout=30, what="both handlers to start")
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert finish(proc, timeout=5) != 0
+    assert time.monotonic() - started < 2
+    assert QueueItem.objects.filter(state=ItemState.RESERVED).count() == 2
+
+
+def test_handler_past_its_hard_timeout_is_killed_and_the_worker_keeps_working(worker):
+    stuck = get_task("tests.sleepy").enqueue({"seconds": 60}).id
+    probes = get_task(PROBE).enqueue_many([{"sleep": 0.1}] * 20)
+    proc = worker("timer", "--burst", "--concurrency", "2")
+    assert finish(proc, timeout=30) == 0, output(proc)
+    item = QueueItem.objects.get(id=stuck)
+    assert item.state == ItemState.DEAD and "child process was killed" in item.error
+    assert list(Reservation.objects.filter(item_id=stuck).values_list("outcome", flat=True)) == ["timed_out"] * 2
+    assert QueueItem.objects.filter(id__in=probes, state=ItemState.DONE).count() == 20
+
+
+def test_at_most_once_probe_never_runs_twice_even_when_its_worker_is_killed(worker):
+    short_leases()
+    ids = get_task("queue_app.probe_at_most_once").enqueue_many([{"sleep": 0.05}] * 300)
+    victim = worker("amo-victim", "--concurrency", "4")
+    wait_for(lambda: ExecutionLog.objects.count() >= 40, timeout=60, what="the victim to get going")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    survivor = worker("amo-survivor", "--concurrency", "4")
+    wait_for(lambda: open_items() == 0, timeout=120, what="every item to be settled")
+    survivor.terminate()
+    assert finish(survivor, timeout=30) == 0
+    runs = runs_per_item()
+    assert max(runs.values()) == 1
+    assert QueueItem.objects.filter(id__in=ids, state=ItemState.DONE).count() == len(ids)
+    assert len(runs) >= len(ids) - 4  # only what the victim held when it died may have missed its run
+
+
+def test_transactional_probe_killed_between_handler_and_settle_applies_its_write_once(worker):
+    short_leases()
+    ids = get_task("queue_app.probe_transactional").enqueue_many([{"sleep": 0.3}] * 40)
+    victim = worker("tx-victim", "--concurrency", "4")
+    wait_for(lambda: ExecutionLog.objects.count() >= 8, timeout=60, what="the victim to get going")
+    victim.send_signal(signal.SIGKILL)  # handlers are asleep after their write, before their settle
+    victim.wait(10)
+    survivor = worker("tx-survivor", "--concurrency", "4")
+    wait_for(lambda: open_items() == 0, timeout=120, what="every item to be settled")
+    survivor.terminate()
+    assert finish(survivor, timeout=30) == 0
+    assert QueueItem.objects.filter(id__in=ids, state=ItemState.DONE).count() == len(ids)
+    effects = dict(ProbeEffect.objects.values_list("key", "applied"))
+    assert effects == {str(item): 1 for item in ids}
+    assert max(runs_per_item().values()) == 2  # some handlers did run twice: their first write rolled back
+
+
+def test_unknown_task_and_undecodable_payload_are_dead_lettered_while_the_worker_keeps_running(worker):
+    unknown = engine.enqueue("no.such.task", {"x": 1}).id
+    undecodable = get_task("queue_app.sleep").enqueue({"seconds": "a while"}).id
+    probes = get_task(PROBE).enqueue_many([{}] * 10)
+    proc = worker("poison", "--burst", "--concurrency", "2")
+    assert finish(proc, timeout=30) == 0, output(proc)
+    assert DeadLetter.objects.get(item_id=unknown).reason == "unknown task: no.such.task"
+    assert DeadLetter.objects.get(item_id=undecodable).reason.startswith("undecodable payload: ValueError")
+    assert QueueItem.objects.filter(id__in=probes, state=ItemState.DONE).count() == 10
+
+
+@pytest.mark.parametrize(
+    ("how", "expected"),
+    [("exit", "exited with code 3"), ("segfault", "killed by SIGSEGV"), ("system_exit", "exited with code 4")],
+)
+def test_child_process_that_dies_fails_its_attempt_and_the_worker_carries_on(worker, how, expected):
+    crash = get_task("tests.crash").enqueue({"how": how}).id
+    probes = get_task(PROBE).enqueue_many([{}] * 5)
+    proc = worker(f"crash-{how}", "--burst", "--concurrency", "1")
+    assert finish(proc, timeout=30) == 0, output(proc)
+    item = QueueItem.objects.get(id=crash)
+    assert item.state == ItemState.DEAD and expected in item.error
+    assert QueueItem.objects.filter(id__in=probes, state=ItemState.DONE).count() == 5
+
+
+def test_worker_refuses_to_start_with_a_task_whose_lease_is_not_longer_than_its_hard_timeout(manage):
+    result = manage("run_worker", "--burst", "--import", "tests.worker_tasks_bad_lease")
+    assert result.returncode == 1
+    assert "tests.bad_lease" in result.stderr and "not longer than its hard timeout" in result.stderr
+
+
+def test_notify_wakes_an_idle_worker_at_once(worker):
+    proc = worker("listener", "--concurrency", "1", "--poll-interval", "30")
+    wait_for(lambda: Worker.objects.filter(id="listener").exists(), timeout=30, what="the worker to register")
+    time.sleep(0.5)
+    item = get_task(PROBE).enqueue({}).id
+    run = wait_for(lambda: ExecutionLog.objects.filter(item_id=item).first(), timeout=5, what="the run")
+    assert (run.executed_at - QueueItem.objects.get(id=item).created_at).total_seconds() < 1
+    proc.terminate()
+    assert finish(proc, timeout=30) == 0
+
+
+def test_cancelling_a_running_item_stops_its_handler(worker):
+    item = get_task(PROBE).enqueue({"sleep": 60}).id
+    proc = worker("canceller", "--concurrency", "1")
+    wait_for(lambda: ExecutionLog.objects.filter(item_id=item).exists(), timeout=30, what="the handler to start")
+    services.cancel_items([item])
+    wait_for(lambda: Worker.objects.get(id="canceller").stats.get("stale") == 1, timeout=10, what="the handler stopped")
+    proc.terminate()
+    assert finish(proc, timeout=5) == 0  # nothing left in flight to wait for
+    assert QueueItem.objects.get(id=item).state == ItemState.CANCELLED
+
+
+def test_queue_concurrency_limit_holds_across_workers(worker):
+    engine.ensure_queue("limited")
+    services.set_queue_options("limited", concurrency_limit=1)
+    get_task(PROBE).enqueue_many([{"sleep": 0.2}] * 6, queue="limited")
+    procs = [worker(f"lim{n}", "--burst", "--concurrency", "3", "--queues", "limited") for n in range(2)]
+    wait_for(lambda: open_items() == 0, timeout=60, what="every item to be settled")
+    for proc in procs:
+        proc.terminate()
+        finish(proc, timeout=30)
+    spans = sorted(Reservation.objects.values_list("reserved_at", "finished_at"))
+    assert len(spans) == 6
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        assert start >= end  # one at a time
+
+
+# -- a database restart under a working worker ----------------------------------------------------------------
+
+PG_BIN = next(
+    (
+        p
+        for p in ("/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/15/bin", "/usr/local/bin")
+        if Path(p, "pg_ctl").exists()
+    ),
+    None,
+)
+
+
+def _as_postgres(*cmd: str) -> list[str]:
+    """PostgreSQL refuses to run as root: run its tools as the postgres user when we are root."""
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else list(cmd)
+
+
+@pytest.fixture
+def private_cluster():
+    """A PostgreSQL cluster owned by this test, so it may restart it. Yields its DATABASE_URL and data dir."""
+    if PG_BIN is None:
+        pytest.skip("no PostgreSQL server binaries (pg_ctl) on this machine")
+    datadir = Path(tempfile.mkdtemp(prefix="jobsite-restart-"))
+    if os.geteuid() == 0:
+        shutil.chown(datadir, "postgres", "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pg_ctl = [f"{PG_BIN}/pg_ctl", "-D", str(datadir / "data"), "-l", str(datadir / "log"), "-w"]
+    subprocess.run(
+        _as_postgres(f"{PG_BIN}/initdb", "-D", str(datadir / "data"), "-U", "postgres", "-A", "trust", "--no-sync"),
+        check=True,
+        capture_output=True,
+    )
+    options = f"-p {port} -k {datadir} -c listen_addresses=127.0.0.1 -c fsync=off"
+    subprocess.run(_as_postgres(*pg_ctl, "-o", options, "start"), check=True, capture_output=True)
+    try:
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+            conn.execute("CREATE DATABASE restart_test")
+        yield {"url": f"postgres://postgres@127.0.0.1:{port}/restart_test", "pg_ctl": pg_ctl}
+    finally:
+        subprocess.run(_as_postgres(*pg_ctl, "-m", "immediate", "stop"), capture_output=True)
+        shutil.rmtree(datadir, ignore_errors=True)
+
+
+def test_worker_rides_out_a_database_restart_and_finishes(manage, worker, private_cluster):
+    env = {"DATABASE_URL": private_cluster["url"]}
+    for command in (["migrate", "-v", "0"], ["enqueue", PROBE, "--count", "1000"]):
+        result = manage(*command, env=env)
+        assert result.returncode == 0, result.stderr
+    proc = worker("restarted", "--concurrency", "2", env=env)
+    conninfo = private_cluster["url"].replace("postgres://", "postgresql://", 1)
+
+    def count(sql: str) -> int:
+        try:
+            with psycopg.connect(conninfo) as conn:
+                return conn.execute(sql).fetchone()[0]
+        except psycopg.OperationalError:  # the server is restarting
+            return -1
+
+    wait_for(lambda: count("SELECT count(*) FROM queue_app_executionlog") >= 150, timeout=60, what="work to start")
+    subprocess.run(_as_postgres(*private_cluster["pg_ctl"], "-m", "fast", "restart"), check=True, capture_output=True)
+    wait_for(
+        lambda: count("SELECT count(*) FROM queue_app_queueitem WHERE state = 'done'") == 1000,
+        timeout=120,
+        what="every item done after the restart",
+        interval=0.5,
+    )
+    assert proc.poll() is None  # it did not crash
+    proc.terminate()
+    assert finish(proc, timeout=30) == 0
+    log = output(proc)
+    assert "database unavailable" in log and "database back" in log
+    assert count("SELECT count(DISTINCT item_id) FROM queue_app_executionlog") == 1000

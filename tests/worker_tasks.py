@@ -1,0 +1,60 @@
+"""Tasks only the tests need (handlers that crash their process, overrun their hard timeout, return
+non-JSON...). Workers started by the tests load them with `run_worker --import tests.worker_tasks`."""
+
+import ctypes
+import os
+import time
+
+from queue_app.registry import Context, Retry, job
+
+
+class Flaky(Exception):
+    pass
+
+
+class Unfixable(Exception):
+    pass
+
+
+@job("tests.sleepy", hard_timeout=1.0, retry=Retry(times=2, delay=0))
+def sleepy(payload: dict, ctx: Context) -> None:
+    time.sleep(payload.get("seconds", 30))
+
+
+@job("tests.crash", retry=Retry(times=1))
+def crash(payload: dict, ctx: Context) -> None:
+    how = payload["how"]
+    if how == "exit":
+        os._exit(3)
+    if how == "segfault":
+        ctypes.string_at(0)
+    if how == "system_exit":
+        raise SystemExit(4)
+    raise ValueError(f"unknown crash {how!r}")
+
+
+@job("tests.flaky", retry=Retry(times=3, delay=0))
+def flaky(payload: dict, ctx: Context) -> dict:
+    if ctx.attempt < payload.get("succeed_on", 3):
+        raise Flaky(f"attempt {ctx.attempt} fails")
+    return {"attempt": ctx.attempt}
+
+
+@job("tests.unfixable", retry=Retry(times=5, delay=0, ignore=(Unfixable,)))
+def unfixable(payload: dict, ctx: Context) -> None:
+    raise Unfixable("retrying cannot help")
+
+
+@job("tests.not_json", retry=Retry(times=1))
+def not_json(payload: dict, ctx: Context) -> set:
+    return {1, 2}
+
+
+@job("tests.extends", hard_timeout=10.0)
+def extends(payload: dict, ctx: Context) -> str:
+    return ctx.extend_lease(payload["seconds"]).isoformat()
+
+
+@job("tests.nasty_error", retry=Retry(times=1))
+def nasty_error(payload: dict, ctx: Context) -> None:
+    raise ValueError("NUL \x00 and a lone surrogate \udcff" + "x" * 10_000)
