@@ -18,6 +18,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from .sizes import Sizes
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 MANAGE = ROOT / "manage.py"
 
@@ -244,22 +246,30 @@ def _crossing(samples: list[tuple[float, int]], target: float) -> float | None:
 
 def tune[V](
     variants: Iterable[V],
-    attempt: Callable[[V, int], Drain],
+    attempt: Callable[[V, int, float], Drain],
     *,
     jobs: int,
-    drain_seconds: float,
-    most_jobs: int,
+    sizes: Sizes,
 ) -> tuple[list[tuple[V, Drain]], tuple[V, Drain] | None]:
-    """Try each variant on a backlog of `jobs` and keep the fastest complete one. A drain too short to measure
-    well is run again on a backlog scaled to the speed seen, and later variants keep the larger backlog."""
+    """Try each variant on a backlog of `jobs` (called as `attempt(variant, jobs, timeout)`) and keep the fastest
+    complete one. A drain too short to measure well is run again on a backlog scaled to the speed seen, and
+    later variants keep the larger backlog; a variant is given up once it is clearly under a quarter of the best
+    speed so far."""
     tried: list[tuple[V, Drain]] = []
     best: tuple[V, Drain] | None = None
     for variant in variants:
-        result = attempt(variant, jobs)
-        if result.too_short(drain_seconds) and jobs < most_jobs:
-            jobs = result.jobs_for(drain_seconds, most_jobs)
-            result = attempt(variant, jobs)
+        result = attempt(variant, jobs, _patience(jobs, best, sizes))
+        if result.too_short(sizes.drain_seconds) and jobs < sizes.most_jobs:
+            jobs = result.jobs_for(sizes.drain_seconds, sizes.most_jobs)
+            result = attempt(variant, jobs, _patience(jobs, best, sizes))
         tried.append((variant, result))
         if result.complete and (best is None or result.steady_per_s > best[1].steady_per_s):
             best = (variant, result)
     return tried, best
+
+
+def _patience(jobs: int, best: tuple[object, Drain] | None, sizes: Sizes) -> float:
+    if best is None:
+        return sizes.drain_timeout
+    quarter_speed = jobs / (best[1].steady_per_s / 4) + 30  # + start-up
+    return min(sizes.drain_timeout, max(sizes.drain_seconds * 3, quarter_speed))

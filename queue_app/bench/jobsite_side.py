@@ -120,7 +120,7 @@ def measure_e2e(ctx: BenchContext, sizes: Sizes, db: str) -> tuple[Figure, Worke
     label = "jobsite: end-to-end no-op, 1 run_worker"
     exits: list[int | None] = []
 
-    def attempt(settings: WorkerSettings, jobs: int) -> Drain:
+    def attempt(settings: WorkerSettings, jobs: int, timeout: float) -> Drain:
         _clear_queue(queue)
         engine.enqueue_many(NOOP_TASK, [{} for _ in range(jobs)], queue=queue, using=ALIAS)
         name = "e2e {} c={} b={}".format(*settings)
@@ -131,10 +131,10 @@ def measure_e2e(ctx: BenchContext, sizes: Sizes, db: str) -> tuple[Figure, Worke
                 lambda: _open_items(queue),
                 jobs,
                 [proc],
-                timeout=sizes.drain_timeout,
+                timeout=timeout,
                 report=lambda m: ctx.progress("jobsite", f"{name}: {m}"),
             )
-            exit_code = proc.wait(30)
+            exit_code = proc.wait(30) if result.complete else None  # a burst worker exits once drained
         except subprocess.TimeoutExpired:
             exit_code = None
         finally:
@@ -145,19 +145,16 @@ def measure_e2e(ctx: BenchContext, sizes: Sizes, db: str) -> tuple[Figure, Worke
             "SELECT count(*) FROM queue_app_queueitem WHERE queue_id = %(q)s AND state = 'done'", {"q": queue}
         )
         if done < jobs:
-            tail = log_tail(ctx.log_path(log), 8)
-            ctx.progress("jobsite", f"{name}: only {done}/{jobs} done (exit {exit_code})\n{tail}")
+            if result.wall_seconds >= timeout:
+                ctx.progress("jobsite", f"{name}: given up after {timeout:.0f}s, {done}/{jobs} done")
+            else:
+                tail = log_tail(ctx.log_path(log), 8)
+                ctx.progress("jobsite", f"{name}: only {done}/{jobs} done (exit {exit_code})\n{tail}")
             return replace(result, done=done)
         ctx.progress("jobsite", f"{name} {jobs:,} jobs: {result.steady_per_s:,.0f} jobs/s (exit {exit_code})")
         return result
 
-    tried, best = tune(
-        sizes.e2e_grid,
-        attempt,
-        jobs=sizes.e2e_jobs,
-        drain_seconds=sizes.drain_seconds,
-        most_jobs=sizes.most_jobs,
-    )
+    tried, best = tune(sizes.e2e_grid, attempt, jobs=sizes.e2e_jobs, sizes=sizes)
     _clear_queue(queue)
     detail = {"tries": [{"settings": describe(s), **r.as_dict()} for s, r in tried], "exit_codes": exits}
     if best is None:

@@ -85,9 +85,7 @@ def _params(
     lease_timeout: float | None,
 ) -> dict[str, Any]:
     if not _is_storable_text(task):
-        raise InvalidEnqueue(
-            f"task must be a non-empty UTF-8 name of at most 200 characters without NUL, not {task!r}"
-        )
+        raise InvalidEnqueue(f"task must be a non-empty UTF-8 name of at most 200 characters without NUL, not {task!r}")
     queue = queue_settings.DEFAULT_QUEUE if queue is None else queue
     if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
         raise InvalidEnqueue(f"queue name must match {QUEUE_NAME.pattern}, not {queue!r}")

@@ -35,9 +35,7 @@ WHERE NOT paused AND (%(all_queues)s OR name = ANY(%(queues)s))
 # Serializes leasers of one concurrency-limited queue, then counts what is in flight (a lease that expired is
 # not in flight: it can be taken again). NO KEY UPDATE, not UPDATE: leasers still exclude each other, but the
 # FOR KEY SHARE lock of an enqueue's foreign-key check (at its commit) is not blocked by a lease in progress.
-LOCK_LIMITED_QUEUE = (
-    f"SELECT concurrency_limit FROM {QUEUE} WHERE name = %(queue)s AND NOT paused FOR NO KEY UPDATE"
-)
+LOCK_LIMITED_QUEUE = f"SELECT concurrency_limit FROM {QUEUE} WHERE name = %(queue)s AND NOT paused FOR NO KEY UPDATE"
 IN_FLIGHT = f"""
 SELECT count(*) FROM {ITEM}
 WHERE queue_id = %(queue)s AND state = 'reserved' AND visible_at > now()

@@ -194,6 +194,8 @@ class SparkJob:
     check: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None
 
     def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(raw, Mapping):
+            raise SparkParamError(self.name, {"__all__": f"parameters must be a mapping, got {type(raw).__name__}"})
         errors: dict[str, str] = {}
         values: dict[str, Any] = {}
         declared = {p.name for p in self.params}

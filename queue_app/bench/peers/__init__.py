@@ -51,7 +51,6 @@ class Peer:
         self.dsn = ctx.server.conninfo(self.db)
         self._conn: psycopg.Connection | None = None
         self._tries = 0
-        self.timeout = 600.0
 
     def scalar(self, query: str) -> Any:
         """Run one statement in the peer's database on a connection kept open (the drain samples often)."""
@@ -89,7 +88,7 @@ class Peer:
     def version(self) -> str:
         return importlib.metadata.version(self.distribution)
 
-    def attempt(self, variant: Variant, jobs: int) -> Drain:
+    def attempt(self, variant: Variant, jobs: int, timeout: float) -> Drain:
         """One try: `jobs` no-ops queued, the variant's workers started, the backlog drained, workers stopped."""
         say = self.ctx.progress
         self.reset()
@@ -102,29 +101,24 @@ class Peer:
                 self.remaining,
                 jobs,
                 procs,
-                timeout=self.timeout,
+                timeout=timeout,
                 report=lambda m: say("peers", f"{self.name} [{variant.label}] {m}"),
             )
         finally:
             stop(procs)
         if result.complete:
             say("peers", f"{self.name} [{variant.label}] {jobs:,} jobs: {result.steady_per_s:,.0f} jobs/s")
+        elif result.wall_seconds >= timeout:
+            say("peers", f"{self.name} [{variant.label}]: given up after {timeout:.0f}s, {result.done}/{jobs} done")
         else:
             tail = log_tail(self.ctx.log_path(log), 5)
-            say("peers", f"{self.name} [{variant.label}]: only {result.done}/{jobs} done\n{tail}")
+            say("peers", f"{self.name} [{variant.label}]: workers exited, {result.done}/{jobs} done\n{tail}")
         return result
 
     def measure(self, sizes: Sizes) -> Figure:
         key, label = f"peer.{self.name}", f"peer: {PEER_LABELS[self.name]} {self.version()}"
-        self.timeout = sizes.drain_timeout
         self.setup()
-        tried, best = tune(
-            self.variants()[: sizes.peer_variants],
-            self.attempt,
-            jobs=sizes.peer_jobs,
-            drain_seconds=sizes.drain_seconds,
-            most_jobs=sizes.most_jobs,
-        )
+        tried, best = tune(self.variants()[: sizes.peer_variants], self.attempt, jobs=sizes.peer_jobs, sizes=sizes)
         detail = {"tries": [{"settings": v.label, **r.as_dict()} for v, r in tried]}
         if best is None:
             return Figure(key, label, None, "jobs/s", note="n/a (no try finished)", detail=detail)
