@@ -121,13 +121,13 @@ def test_a_run_past_its_timeout_ends_timed_out():
         {"tasks": "400", "seconds": "1"},
         run_id="timeout",
         conf=FAST_JVM,
-        timeout=25,
+        timeout=15,
         grace=5,
         **rec.callbacks(),
     )
     assert result.outcome == "timed_out"
     assert result.error.startswith("timed out")
-    assert 25 <= result.duration < 25 + 5 + 3
+    assert 15 <= result.duration < 15 + 5 + 3
     if rec.pgid is not None:
         assert group_members(rec.pgid) == []
 
