@@ -105,6 +105,9 @@ class QueueItem(models.Model):
             models.Index("queue", "state", "finished_at", name="item_queue_state_finished"),
             models.Index("task", "state", name="item_task_state"),
             models.Index("dedup_key", name="item_dedup_key", condition=Q(dedup_key__isnull=False)),
+            # Admin search by ordering key, and the rescue of expired leases (only rows in flight).
+            models.Index("ordering_key", name="item_ordering_key", condition=Q(ordering_key__isnull=False)),
+            models.Index("visible_at", name="item_reserved_deadline", condition=Q(state="reserved")),
             models.Index("created_at", name="item_created"),
         ]
         constraints = [
@@ -141,7 +144,11 @@ class Reservation(models.Model):
 
     class Meta:
         ordering = ["-id"]
-        indexes = [models.Index("item", "id", name="reservation_item")]
+        indexes = [
+            models.Index("item", "id", name="reservation_item"),
+            # "Processed and failed in the last minutes" (overview, /metrics) without scanning history.
+            models.Index("finished_at", name="reservation_finished", condition=Q(finished_at__isnull=False)),
+        ]
 
     def __str__(self) -> str:
         return f"reservation {self.id} of item {self.item_id} (attempt {self.attempt})"
@@ -247,3 +254,152 @@ class ProbeEffect(models.Model):
 
     def __str__(self) -> str:
         return f"effect {self.key} applied {self.applied}x"
+
+
+class CatchUp(models.TextChoices):
+    SKIP = "skip", "Skip missed fire times"
+    ONCE = "once", "Fire once for all missed fire times"
+
+
+class TargetKind(models.TextChoices):
+    TASK = "task", "Registered task"
+    SPARK = "spark", "Spark job"
+
+
+class Schedule(models.Model):
+    """A cron expression that enqueues a target (a task with a payload, or a Spark job with params)."""
+
+    name = models.CharField(max_length=100, unique=True)
+    cron = models.CharField(max_length=100, help_text="Five fields: minute hour day-of-month month day-of-week.")
+    timezone = models.CharField(max_length=64, default="UTC")
+    target_kind = models.CharField(max_length=10, choices=TargetKind.choices, default=TargetKind.TASK)
+    target = models.CharField(max_length=200, help_text="Task name or Spark job name.")
+    payload = models.JSONField(default=dict, blank=True, help_text="Task payload, or Spark job params.")
+    enabled = models.BooleanField(default=True)
+    catch_up = models.CharField(max_length=10, choices=CatchUp.choices, default=CatchUp.SKIP)
+    dedup_window = models.FloatField(
+        null=True, blank=True, help_text="Seconds; while an earlier fire's item holds the key, skip the fire."
+    )
+    last_fire_at = models.DateTimeField(null=True, blank=True)
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["name"]
+        indexes = [models.Index("next_fire_at", name="schedule_due", condition=Q(enabled=True))]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ScheduleFire(models.Model):
+    """One row per (schedule, fire time) that fired; its unique constraint is the exactly-once guarantee."""
+
+    schedule = models.ForeignKey(Schedule, on_delete=models.DB_CASCADE, related_name="fires")
+    fire_at = models.DateTimeField()
+    manual = models.BooleanField(default=False)
+    item_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-fire_at"]
+        constraints = [models.UniqueConstraint("schedule", "fire_at", name="schedulefire_once")]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} @ {self.fire_at:%Y-%m-%d %H:%M}"
+
+
+class SparkRunState(models.TextChoices):
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+
+SPARK_FINAL_STATES = (SparkRunState.SUCCEEDED, SparkRunState.FAILED, SparkRunState.CANCELLED, SparkRunState.TIMED_OUT)
+
+
+class SparkTrigger(models.TextChoices):
+    DASHBOARD = "dashboard"
+    SCHEDULE = "schedule"
+    ORM = "orm"
+    CLI = "cli"
+
+
+class SparkRun(models.Model):
+    """One run of a registered Spark job, carried by one queue item on the `spark` queue."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.CharField(max_length=100)
+    params = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=12, choices=SparkRunState.choices, default=SparkRunState.QUEUED)
+    trigger = models.CharField(max_length=12, choices=SparkTrigger.choices, default=SparkTrigger.ORM)
+    requested_by = models.CharField(max_length=150, blank=True, default="")
+    item_id = models.BigIntegerField(null=True, blank=True, help_text="The queue item that carries the run.")
+    attempt = models.PositiveIntegerField(default=0)
+    app_id = models.CharField(max_length=100, blank=True, default="")
+    ui_url = models.CharField(max_length=200, blank=True, default="")
+    # Where the current attempt's spark-submit process group lives: a re-delivered run kills it first.
+    driver_host = models.CharField(max_length=255, blank=True, default="")
+    driver_pgid = models.IntegerField(null=True, blank=True)
+    progress = models.JSONField(default=dict, blank=True)
+    log_tail = models.TextField(blank=True, default="")
+    metrics = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    timeout = models.FloatField(null=True, blank=True, help_text="Seconds before the run is stopped (timed_out).")
+    queued_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        permissions = [
+            ("trigger_sparkrun", "Can trigger Spark runs"),
+            ("cancel_sparkrun", "Can cancel Spark runs"),
+        ]
+        indexes = [
+            models.Index("job", models.F("id").desc(), name="sparkrun_job"),
+            models.Index("state", name="sparkrun_state"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} run #{self.id} ({self.state})"
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in SPARK_FINAL_STATES
+
+
+class QueueStatsHourly(models.Model):
+    """Per queue, task and hour: what the queue-analytics Spark pipeline computed (seconds for times)."""
+
+    pk = models.CompositePrimaryKey("queue", "task", "hour")
+    queue = models.CharField(max_length=100)
+    task = models.CharField(max_length=200)
+    hour = models.DateTimeField()
+    processed = models.BigIntegerField(default=0)
+    failed = models.BigIntegerField(default=0)
+    dead = models.BigIntegerField(default=0)
+    retries = models.BigIntegerField(default=0)
+    wait_p50 = models.FloatField(null=True)
+    wait_p95 = models.FloatField(null=True)
+    wait_p99 = models.FloatField(null=True)
+    run_p50 = models.FloatField(null=True)
+    run_p95 = models.FloatField(null=True)
+    run_p99 = models.FloatField(null=True)
+    computed_at = models.DateTimeField(db_default=Now())
+    run_id = models.BigIntegerField(null=True)
+
+    class Meta:
+        db_table = "queue_app_queuestats_hourly"
+        ordering = ["-hour"]
+        indexes = [models.Index("hour", name="queuestats_hourly_hour")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.task} {self.hour:%Y-%m-%d %H}:00"
