@@ -138,9 +138,14 @@ JOBSITE = {
         ("DEFAULT_MAX_ATTEMPTS", int),
         ("DEDUP_WINDOW", float),
         ("MAX_PAYLOAD_BYTES", int),
+        ("BACKOFF_BASE", float),
     )
     if f"JOBSITE_{key}" in env
 }
+
+# Django's task framework runs on jobsite's queue: any `@task` is an item a `run_worker` runs (QUEUES empty: any
+# queue name). See queue_app/tasks_backend.py.
+TASKS = {"default": {"BACKEND": "queue_app.tasks_backend.QueueBackend", "QUEUES": []}}
 
 LOGGING = {
     "version": 1,

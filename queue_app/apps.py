@@ -5,3 +5,6 @@ class QueueAppConfig(AppConfig):
     name = "queue_app"
     verbose_name = "Queue"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from .spark import checks  # noqa: F401  registers jobsite.W010 (Java for Spark runs)

@@ -2,24 +2,32 @@
 
 The guarantee is the unique constraint on ScheduleFire(schedule, fire_at): the fire row and the enqueue of its
 target are written in one transaction, so a fire time is either fired (row + item) or not at all, and a second
-scheduler racing for the same fire time inserts nothing and enqueues nothing. Cron strings are parsed by
-croniter, in the schedule's time zone.
+scheduler racing for the same fire time inserts nothing and enqueues nothing. Schedulers also claim due
+schedules with SKIP LOCKED, which keeps them from doing the same work twice, but correctness rests on the row.
+Cron strings are parsed by croniter (five fields), in the schedule's time zone; fire times are stored in UTC.
+
+The worker's "scheduler" maintenance unit calls `tick()` about once a second; the admin calls `run_now()`,
+`set_enabled()` and `reschedule()`.
 """
 
 import logging
 import zoneinfo
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from croniter import croniter
 from django.core.exceptions import ValidationError
 from django.db import connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 logger = logging.getLogger("jobsite.scheduler")
 
 # With catch-up "skip", a fire time missed by more than this is skipped rather than fired late.
 MISFIRE_GRACE = timedelta(seconds=60)
+ERROR_CHARS = 1000
 
 INSERT_FIRE = """
 INSERT INTO queue_app_schedulefire (schedule_id, fire_at, manual, created_at)
@@ -31,27 +39,38 @@ RETURNING id
 
 @dataclass(frozen=True, slots=True)
 class Fired:
+    """One fire time that this call fired. `duplicate`: the dedup window was still held by an earlier fire's
+    item, so nothing new was queued (`item_id` is that earlier item)."""
+
     schedule: str
     fire_at: datetime
     item_id: int | None
+    duplicate: bool = False
 
 
 def validate_cron(expression: str) -> str:
+    """The expression, whitespace normalised, if croniter accepts it as five cron fields; else ValidationError."""
     expression = " ".join((expression or "").split())
-    if not expression or not croniter.is_valid(expression):
-        raise ValidationError(
-            f"{expression!r} is not a valid cron expression; use five fields: minute hour day-of-month month "
-            "day-of-week, e.g. '*/5 * * * *' (every five minutes) or '0 3 * * 1' (Mondays at 03:00)",
-            code="invalid_cron",
-        )
+    message = (
+        f"{expression!r} is not a valid cron expression; use five fields: minute hour day-of-month month "
+        "day-of-week, e.g. '*/5 * * * *' (every five minutes) or '0 3 * * 1' (Mondays at 03:00)"
+    )
+    if len(expression.split()) != 5 or not croniter.is_valid(expression):
+        raise ValidationError(message, code="invalid_cron")
+    try:
+        croniter(expression, datetime.now(UTC)).get_next(datetime)
+    except Exception:  # e.g. "0 0 31 2 *" parses but never matches
+        raise ValidationError(message + " that matches at least one date", code="invalid_cron") from None
     return expression
 
 
 def validate_timezone(name: str) -> str:
     try:
         zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        raise ValidationError(f"{name!r} is not a known time zone (e.g. 'UTC', 'Europe/Paris')", code="tz") from None
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError):
+        raise ValidationError(
+            f"{name!r} is not a known time zone (an IANA name such as 'UTC' or 'Europe/Paris')", code="invalid_tz"
+        ) from None
     return name
 
 
@@ -80,9 +99,28 @@ def latest_fire_at_or_before(expression: str, tz: str, now: datetime) -> datetim
     return it.get_prev(datetime).astimezone(UTC)
 
 
-def fire(schedule, fire_at: datetime, *, manual: bool = False) -> int | None:
-    """Enqueue the schedule's target for `fire_at` unless that fire time was fired already.
-    Returns the item id, or None when another scheduler fired it first. Runs in the caller's transaction."""
+def enqueue_target(schedule: Any, fire_at: datetime) -> tuple[int, bool]:
+    """Queue the schedule's target: a registered task with its payload, or a Spark run with its params.
+    Returns (item id, whether the dedup window returned an earlier item instead)."""
+    if schedule.target_kind == "spark":
+        from .spark.runs import trigger_run
+
+        run = trigger_run(
+            schedule.target, schedule.payload, trigger="schedule", requested_by=f"schedule {schedule.name}"
+        )
+        return run.item_id, False
+    from .registry import get_task
+
+    dedup = {}
+    if schedule.dedup_window:
+        dedup = {"dedup_key": f"schedule:{schedule.name}", "dedup_window": schedule.dedup_window}
+    item = get_task(schedule.target).enqueue(schedule.payload, **dedup)
+    return item.id, item.duplicate
+
+
+def fire(schedule: Any, fire_at: datetime, *, manual: bool = False) -> Fired | None:
+    """Enqueue the schedule's target for `fire_at` unless that fire time was fired already (None then).
+    Runs in the caller's transaction: the fire row and the item commit together or not at all."""
     from .models import ScheduleFire
 
     with connections["default"].cursor() as cur:
@@ -90,32 +128,45 @@ def fire(schedule, fire_at: datetime, *, manual: bool = False) -> int | None:
         row = cur.fetchone()
     if row is None:
         return None
-    item_id = enqueue_target(schedule, fire_at)
-    ScheduleFire.objects.filter(id=row[0]).update(item_id=item_id)
-    return item_id
+    item_id, duplicate = enqueue_target(schedule, fire_at)
+    if duplicate:
+        logger.info("schedule %s: %s not queued, item %s still holds the dedup window", schedule.name, fire_at, item_id)
+    else:
+        ScheduleFire.objects.filter(id=row[0]).update(item_id=item_id)
+    return Fired(schedule.name, fire_at, item_id, duplicate)
 
 
-def enqueue_target(schedule, fire_at: datetime) -> int:
-    """Queue the schedule's target: a registered task with its payload, or a Spark run with its params."""
-    dedup = {}
-    if schedule.dedup_window:
-        dedup = {"dedup_key": f"schedule:{schedule.name}", "dedup_window": schedule.dedup_window}
-    if schedule.target_kind == "spark":
-        from .spark.runs import trigger_run
-
-        run = trigger_run(
-            schedule.target, schedule.payload, trigger="schedule", requested_by=f"schedule {schedule.name}"
-        )
-        return run.item_id
-    from .registry import get_task
-
-    task = get_task(schedule.target)
-    return task.enqueue(schedule.payload, **dedup).id
+def _fire_due(schedule: Any, now: datetime) -> Fired | None:
+    """Fire what is due of one claimed schedule and move its next_fire_at past `now`."""
+    fired = None
+    if schedule.next_fire_at is not None:
+        fire_at = latest_fire_at_or_before(schedule.cron, schedule.timezone, now)
+        late = now - fire_at
+        if fire_at < schedule.next_fire_at:
+            pass  # next_fire_at was moved past this fire time (rescheduled): nothing is due yet
+        elif schedule.catch_up == "skip" and late > MISFIRE_GRACE:
+            logger.info("schedule %s: skipping fire time %s (%.0fs late)", schedule.name, fire_at, late.total_seconds())
+        else:
+            try:
+                with transaction.atomic():
+                    fired = fire(schedule, fire_at)
+            except Exception as exc:  # a broken target must not stop the other schedules
+                logger.error("schedule %s: could not fire %s: %s", schedule.name, fire_at, exc)
+                schedule.last_error = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
+            else:
+                if fired is not None:
+                    schedule.last_fire_at = fire_at
+                    schedule.last_error = ""
+    schedule.next_fire_at = next_fire(schedule.cron, schedule.timezone, now)
+    return fired
 
 
 def tick(now: datetime | None = None, *, limit: int = 100) -> list[Fired]:
     """Fire every enabled schedule whose next fire time has come. Safe in any number of workers at once:
-    schedules are claimed with SKIP LOCKED, and the unique fire row settles any race that remains."""
+    schedules are claimed with SKIP LOCKED, and the unique fire row settles any race that remains.
+
+    A schedule created without next_fire_at gets one (no fire). A schedule whose cron or time zone no longer
+    parses records the error and waits (next_fire_at empty) until it is saved again."""
     from .models import Schedule
 
     now = now or timezone.now()
@@ -123,34 +174,47 @@ def tick(now: datetime | None = None, *, limit: int = 100) -> list[Fired]:
     with transaction.atomic():
         due = list(
             Schedule.objects.select_for_update(skip_locked=True)
-            .filter(enabled=True, next_fire_at__lte=now)
+            .filter(Q(next_fire_at__lte=now) | Q(next_fire_at__isnull=True, last_error=""), enabled=True)
             .order_by("next_fire_at")[:limit]
         )
         for schedule in due:
-            fire_at = latest_fire_at_or_before(schedule.cron, schedule.timezone, now)
-            late = now - fire_at
-            if schedule.catch_up == "skip" and late > MISFIRE_GRACE:
-                logger.info(
-                    "schedule %s: skipping fire time %s (%.0fs late)", schedule.name, fire_at, late.total_seconds()
-                )
-            else:
-                try:
-                    with transaction.atomic():
-                        item_id = fire(schedule, fire_at)
-                except Exception as exc:  # a broken target must not stop the other schedules
-                    logger.error("schedule %s: could not fire %s: %s", schedule.name, fire_at, exc)
-                    schedule.last_error = str(exc)[:1000]
-                else:
-                    if item_id is not None:
-                        fired.append(Fired(schedule.name, fire_at, item_id))
-                        schedule.last_fire_at = fire_at
-                        schedule.last_error = ""
-            schedule.next_fire_at = next_fire(schedule.cron, schedule.timezone, now)
+            try:
+                result = _fire_due(schedule, now)
+            except Exception as exc:  # bad cron or time zone stored behind the admin's back
+                logger.error("schedule %s: cannot compute its fire times: %s", schedule.name, exc)
+                schedule.last_error = f"cannot compute fire times: {type(exc).__name__}: {exc}"[:ERROR_CHARS]
+                schedule.next_fire_at = None
+                result = None
+            if result is not None:
+                fired.append(result)
             schedule.save(update_fields=["last_fire_at", "next_fire_at", "last_error"])
     return fired
 
 
-def run_now(schedule) -> int | None:
+def run_now(schedule: Any) -> Fired | None:
     """Fire the schedule's target at once ("run now" in the admin), recorded as a manual fire."""
     with transaction.atomic():
         return fire(schedule, timezone.now(), manual=True)
+
+
+def reschedule(schedule: Any, now: datetime | None = None) -> None:
+    """Set next_fire_at from the cron, time zone and enable flag (not saved): after an edit, or on enabling,
+    so time spent disabled or the old expression never counts as missed fire times."""
+    schedule.next_fire_at = (
+        next_fire(schedule.cron, schedule.timezone, now or timezone.now()) if schedule.enabled else None
+    )
+
+
+def set_enabled(pks: Iterable[int], enabled: bool) -> int:
+    """Enable or disable schedules; returns how many changed. Enabling computes the next fire time from now."""
+    from .models import Schedule
+
+    changed = 0
+    with transaction.atomic():
+        for schedule in Schedule.objects.select_for_update().filter(pk__in=list(pks)).exclude(enabled=enabled):
+            schedule.enabled = enabled
+            reschedule(schedule)
+            schedule.last_error = ""
+            schedule.save(update_fields=["enabled", "next_fire_at", "last_error"])
+            changed += 1
+    return changed

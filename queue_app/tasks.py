@@ -139,3 +139,5 @@ probe_at_most_once = job(
 probe_transactional = job(
     "queue_app.probe_transactional", delivery=Delivery.TRANSACTIONAL, hard_timeout=PROBE_HARD_TIMEOUT
 )(_probe)
+from . import maintenance_tasks as _maintenance_tasks  # noqa: E402, F401  registers queue_app.prune
+from .spark import runs as _spark_runs  # noqa: E402, F401  registers queue_app.spark_run

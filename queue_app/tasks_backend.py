@@ -13,6 +13,9 @@ needs no other registration. `get_result()` reads the item and its reservations 
 attempt, one worker id per attempt).
 """
 
+import builtins
+import re
+import traceback as tb
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,7 +32,7 @@ from django.utils.module_loading import import_string
 
 from . import engine
 from .engine.enqueue import QUEUE_NAME
-from .registry import DEFAULT_HARD_TIMEOUT, LEASE_MARGIN, Context, Delivery, Retry
+from .registry import DEFAULT_HARD_TIMEOUT, LEASE_MARGIN, Context, Delivery, Retry, _check_seconds
 from .registry import Task as JobSpec
 
 STATUS = {
@@ -75,7 +78,7 @@ class JobsiteTask(Task):
         """The worker's view of this task: a registry Task that calls the function with the stored arguments."""
         return JobSpec(
             name=self.module_path,
-            func=_run_django_task,
+            func=run_django_task,
             queue=self.queue_name,
             delivery=Delivery(self.delivery),
             retry=Retry(times=self.max_attempts),
@@ -88,7 +91,7 @@ class JobsiteTask(Task):
 def _task_result(task: Task, item: Any, reservations: list[Any], backend: str) -> TaskResult:
     payload = item.payload if isinstance(item.payload, dict) else {}
     errors = [
-        TaskError(exception_class_path=_exception_path(r.error, r.traceback), traceback=r.traceback or r.error)
+        TaskError(exception_class_path=exception_path(r), traceback=r.traceback or r.error)
         for r in reservations
         if r.outcome in FAILED_OUTCOMES or (r.outcome is None and r.error)
     ]
@@ -111,13 +114,30 @@ def _task_result(task: Task, item: Any, reservations: list[Any], backend: str) -
     return result
 
 
-def _exception_path(error: str, traceback: str) -> str:
-    """The exception's import path, from the traceback's last line ("pkg.mod.Error: message")."""
-    lines = [line for line in (traceback or error or "").strip().splitlines() if line.strip()]
-    head = lines[-1].split(":", 1)[0].strip() if lines else "Exception"
-    if not head.replace(".", "").replace("_", "").isalnum():
-        head = "Exception"
-    return head if "." in head else f"builtins.{head}"
+# "pkg.mod.Error: message" or "Error" (no message): the line Python prints for the exception itself.
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+_TRACEBACK_HEAD = "Traceback (most recent call last):"
+
+
+def exception_path(reservation: Any) -> str:
+    """A failed attempt's exception class as an import path ("builtins.ValueError", "billing.errors.Declined").
+
+    The worker stores `Name: message` as the error and the formatted traceback, whose exception line names
+    the class with its module (Python leaves the module out for builtins). A chained traceback ends with the
+    exception raised last; its line is the first unindented one after the last "Traceback" header (a message
+    may run over several lines). An attempt stopped at its hard timeout is a TimeoutError.
+    """
+    if reservation.outcome == "timed_out":
+        return "builtins.TimeoutError"
+    lines = (reservation.traceback or "").splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(_TRACEBACK_HEAD)]
+    candidates = [line for line in lines[starts[-1] + 1 :] if line and not line[0].isspace()] if starts else []
+    candidates.append((reservation.error or "").strip())
+    match = _EXCEPTION_LINE.match(candidates[0])
+    name = match.group(1) if match else "Exception"
+    if "." in name:
+        return name
+    return f"builtins.{name}" if isinstance(getattr(builtins, name, None), type) else "builtins.Exception"
 
 
 class QueueBackend(BaseTaskBackend):
@@ -146,8 +166,20 @@ class QueueBackend(BaseTaskBackend):
                 raise InvalidTask(
                     f"delivery must be one of {', '.join(d.value for d in Delivery)}, not {task.delivery!r}"
                 ) from None
-            if task.max_attempts is not None and (not isinstance(task.max_attempts, int) or task.max_attempts < 1):
+            if task.max_attempts is not None and (
+                isinstance(task.max_attempts, bool) or not isinstance(task.max_attempts, int) or task.max_attempts < 1
+            ):
                 raise InvalidTask(f"max_attempts must be an integer >= 1, not {task.max_attempts!r}")
+            if Delivery(task.delivery) is Delivery.AT_MOST_ONCE and task.max_attempts not in (None, 1):
+                raise InvalidTask(
+                    f"an at-most-once task is never retried: max_attempts={task.max_attempts} contradicts it"
+                )
+            try:
+                _check_seconds("hard_timeout", task.hard_timeout)
+                _check_seconds("lease_timeout", task.lease_timeout, allow_none=True)
+                _check_seconds("dedup_window", task.dedup_window, allow_none=True)
+            except (TypeError, ValueError) as exc:
+                raise InvalidTask(str(exc)) from None
             if task.lease_timeout is not None and task.lease_timeout <= task.hard_timeout + LEASE_MARGIN:
                 raise InvalidTask(
                     f"lease_timeout ({task.lease_timeout:g}s) must be longer than hard_timeout "
@@ -157,14 +189,14 @@ class QueueBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
         payload = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
-        extra = task if isinstance(task, JobsiteTask) else JobsiteTask(func=task.func, backend=self.alias)
+        extra = as_jobsite_task(task)
         item = engine.enqueue(
             task.module_path,
             payload,
             queue=task.queue_name,
             priority=task.priority,
             run_at=task.run_after,
-            max_attempts=extra.max_attempts,
+            max_attempts=extra.job_spec().max_attempts,  # 1 for at-most-once
             lease_timeout=extra.lease_timeout,
             dedup_key=extra.dedup_key,
             dedup_window=extra.dedup_window,
@@ -175,7 +207,7 @@ class QueueBackend(BaseTaskBackend):
             task=task,
             id=str(item.id),
             status=TaskResultStatus.READY,
-            enqueued_at=item.run_at if not item.duplicate else None,
+            enqueued_at=timezone.now(),
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
@@ -203,7 +235,7 @@ class QueueBackend(BaseTaskBackend):
         task = resolve_task(item.task)
         if task is None:
             raise TaskResultDoesNotExist(f"{result_id} is not a django.tasks task ({item.task})")
-        reservations = list(item.reservations.order_by("id"))
+        reservations = list(item.reservations.using(self.using_db).order_by("id"))
         return _task_result(task, item, reservations, self.alias)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -266,10 +298,24 @@ def job_spec_for(name: str) -> JobSpec | None:
     task = resolve_task(name)
     if task is None:
         return None
-    return (task if isinstance(task, JobsiteTask) else JobsiteTask(func=task.func, backend=task.backend)).job_spec()
+    return as_jobsite_task(task).job_spec()
 
 
-def _run_django_task(payload: Any, ctx: Context) -> Any:
+def as_jobsite_task(task: Task) -> JobsiteTask:
+    """A plain django.tasks Task (built without the decorator) as a JobsiteTask with jobsite's default options."""
+    if isinstance(task, JobsiteTask):
+        return task
+    return JobsiteTask(
+        func=task.func,
+        priority=task.priority,
+        backend=task.backend,
+        queue_name=task.queue_name,
+        run_after=task.run_after,
+        takes_context=task.takes_context,
+    )
+
+
+def run_django_task(payload: Any, ctx: Context) -> Any:
     """The handler behind every django.tasks item: call the function with its stored arguments, sending
     task_started and task_finished in the process that runs it, as Django's own backends do."""
     task = resolve_task(ctx.task)
@@ -284,8 +330,14 @@ def _run_django_task(payload: Any, ctx: Context) -> Any:
         else:
             value = task.call(*args, **kwargs)
         value = normalize_json(value)
-    except BaseException:
+    except BaseException as exc:
+        kind = type(exc)
+        error = TaskError(
+            exception_class_path=f"{kind.__module__}.{kind.__qualname__}", traceback="".join(tb.format_exception(exc))
+        )
+        object.__setattr__(result, "errors", [*result.errors, error])
         object.__setattr__(result, "status", TaskResultStatus.FAILED)
+        object.__setattr__(result, "finished_at", timezone.now())
         task_finished.send(type(backend), task_result=result)
         raise
     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)

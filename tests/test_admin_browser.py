@@ -1,5 +1,5 @@
-"""The admin in a real browser: headless Chromium (Debian's `chromium`, installed by .ci/install-browser) driven by
-Playwright with `executable_path`, so no browser is ever downloaded.
+"""The admin in a real browser: headless Chromium (Debian's `chromium`, installed by `manage.py test` where
+missing) driven by Playwright with `executable_path`, so no browser is ever downloaded.
 
 One journey: log in, land on the queue overview, filter the dead letters by queue, requeue one, run a real
 worker (`manage.py run_worker --burst`) and watch the item end done, in the UI. The overview is saved as a
@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 def browser_page():
     """A Playwright page in headless Debian Chromium (skips when either is missing)."""
     if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
-        pytest.skip(f"{CHROMIUM} not found: run .ci/install-browser (apt-get install chromium)")
+        pytest.skip(f"{CHROMIUM} not found: apt-get install chromium (manage.py test installs it when run as root)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
 
     def open_page():

@@ -211,10 +211,12 @@ def test_status_line_refreshes_in_place_on_a_terminal():
     stream = Terminal()
     reporter = StatusReporter(stream)
     reporter.tick(Stats(processed=5, failed=1), in_flight=3, state="running", db_ok=True)
+    line = stream.getvalue()
+    assert line.startswith("\r\x1b[K") and "processed=5" in line and "in_flight=3" in line and "failed=1" in line
+    logging.getLogger("jobsite.worker").info("a log line")
+    assert stream.getvalue() == line + "\r\x1b[K"  # the status line is wiped before a log line
     reporter.close()
-    text = stream.getvalue()
-    assert text.startswith("\r\x1b[K") and "processed=5" in text and "in_flight=3" in text
-    assert "failed=1" in text and text.endswith("\n")
+    assert reporter not in logging.getLogger("jobsite.worker").filters
 
 
 def test_status_goes_to_structured_log_lines_off_a_terminal(caplog):

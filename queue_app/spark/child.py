@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             "master": sc.master,
             "spark_version": sc.version,
             "pid": os.getpid(),
+            "ui_url": sc.uiWebUrl,  # None when the UI is off (JOBSITE_SPARK_UI=false, the default)
             "job": job.name,
             # Where the child's start-up went (the JVM that launched this process started before it).
             "setup_seconds": {

@@ -17,6 +17,7 @@ the job returned, so it is the proof of success even if a late signal followed);
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import queue
@@ -156,6 +157,7 @@ def launch(
             errors="replace",
             bufsize=1,
             start_new_session=True,
+            preexec_fn=_child_preexec,
         )
         watch = _Watch(proc, on_progress=on_progress, on_log=on_log, on_start=on_start)
         try:
@@ -166,6 +168,23 @@ def launch(
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return _result(result, stopped_for, proc.returncode, watch, time.monotonic() - started)
+
+
+PR_SET_PDEATHSIG = 1
+try:  # looked up here, not after fork: dlopen in a forked child of a threaded process can deadlock
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: no prctl; orphans are then killed when the run is re-delivered
+    _prctl = None
+
+
+def _child_preexec() -> None:
+    """In spark-submit's process, before exec: die with the thread that launched it (a worker killed -9 must
+    not leave a JVM writing output behind it), and take SIGTERM/SIGINT back from a parent that ignores them
+    (the worker's pool children do), so the launcher's SIGTERM reaches the JVM and the driver."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class _Watch:

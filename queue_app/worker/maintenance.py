@@ -1,5 +1,6 @@
 """Maintenance duties, each a small unit with one job and its own interval (River's maintenance services):
-rescue expired leases, prune done items and dedup claims, sweep the Worker rows of dead workers.
+rescue expired leases, prune done items and dedup claims, sweep the Worker rows of dead workers, and fire the
+cron schedules that are due (the scheduler; off with `run_worker --no-scheduler`).
 
 Every worker carries the units; a unit runs inside a transaction holding its advisory lock
 (pg_try_advisory_xact_lock), so one worker at a time does each duty and the others skip it.
@@ -12,12 +13,13 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from .. import engine
+from .. import engine, scheduling
 
 logger = logging.getLogger("jobsite.worker")
 
 RESCUE_BATCH = 1000
 PRUNE_BATCH = 10_000
+SCHEDULE_BATCH = 100  # due schedules claimed per round
 WORKER_LOST_AFTER = 60.0  # seconds without a heartbeat before a running worker is marked stopped
 WORKER_FORGET_AFTER = 600.0  # seconds without a heartbeat before a Worker row is deleted
 
@@ -48,17 +50,26 @@ def _sweep_workers() -> tuple[dict[str, int], bool]:
     return {"marked_stopped": lost, "deleted": forgotten}, False
 
 
-def default_units() -> list[Unit]:
-    return [
+def _fire_schedules() -> tuple[dict[str, int], bool]:
+    # The advisory lock keeps schedulers from working in parallel; the unique fire row is the guarantee.
+    fired = scheduling.tick(limit=SCHEDULE_BATCH)
+    return {"fired": sum(not f.duplicate for f in fired), "dedup_skipped": sum(f.duplicate for f in fired)}, False
+
+
+def default_units(*, scheduler: bool = True) -> list[Unit]:
+    units = [
         Unit("rescue_expired", 1.0, _rescue),
         Unit("prune_done", 60.0, _prune),
         Unit("sweep_workers", 60.0, _sweep_workers),
     ]
+    if scheduler:
+        units.append(Unit("scheduler", 1.0, _fire_schedules))
+    return units
 
 
 class Maintenance:
-    def __init__(self, units: list[Unit] | None = None) -> None:
-        self.units = default_units() if units is None else units
+    def __init__(self, units: list[Unit] | None = None, *, scheduler: bool = True) -> None:
+        self.units = default_units(scheduler=scheduler) if units is None else units
 
     def next_due(self) -> float:
         return min((u.due_at for u in self.units), default=float("inf"))

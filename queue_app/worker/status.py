@@ -33,10 +33,17 @@ def fields(**values: object) -> str:
     return " ".join(f"{key}={value}" for key, value in values.items())
 
 
-class StatusReporter:
+class StatusReporter(logging.Filter):
+    """Also a filter on the worker's logger: on a terminal, a log line first wipes the status line (the next
+    tick draws it again), so the two never run into each other."""
+
     def __init__(self, stream: TextIO | None = None) -> None:
+        super().__init__()
         self.stream = sys.stderr if stream is None else stream
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.line_shown = False
+        if self.tty:
+            logger.addFilter(self)
         self.samples: collections.deque[tuple[float, int]] = collections.deque()
         self.next_at = 0.0
         self.last_logged: tuple | None = None
@@ -73,6 +80,7 @@ class StatusReporter:
         if self.tty:
             self.stream.write("\r\x1b[K" + fields(**values))
             self.stream.flush()
+            self.line_shown = True
             return
         snapshot = (stats.processed, stats.failed, stats.dead, stats.stale, in_flight, state, db_ok)
         quiet = snapshot == self.last_logged
@@ -80,7 +88,16 @@ class StatusReporter:
             logger.info("status %s", fields(**values))
             self.last_logged, self.last_log_at = snapshot, now
 
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.line_shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.line_shown = False
+        return True
+
     def close(self) -> None:
         if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+            logger.removeFilter(self)
+            if self.line_shown:
+                self.stream.write("\n")
+                self.stream.flush()

@@ -63,6 +63,7 @@ class WorkerOptions:
     burst: bool = False
     max_items: int | None = None
     grace_period: float = 25.0
+    scheduler: bool = True  # fire due cron schedules (the "scheduler" maintenance unit)
 
     def problems(self) -> list[str]:
         found = []
@@ -114,7 +115,7 @@ class Supervisor:
             started_at=datetime.now(UTC),
         )
         self.listener = Listener(self.queues)
-        self.maintenance = Maintenance()
+        self.maintenance = Maintenance(scheduler=opts.scheduler)
         self.status = StatusReporter()
         self.running: dict[int, Running] = {}
         self.leased: list[tuple[Lease, Task]] = []  # leased, not started yet

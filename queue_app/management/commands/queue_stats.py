@@ -1,6 +1,7 @@
 """`manage.py queue_stats [--json]`: per queue, items by state ("ready" = due now, "scheduled" = ready but due
-later: delay or backoff), the age of the oldest due ready item, and open dead letters. Exact counts (one grouped scan of the item table): meant for operators and scripts, not for a
-dashboard refreshed every second on a huge table."""
+later: delay or backoff), the age of the oldest due ready item, and open dead letters. Exact counts (one
+grouped scan of the item table): meant for operators and scripts, not for a dashboard refreshed every second
+on a huge table."""
 
 import json
 

@@ -4,6 +4,7 @@
     python manage.py run_worker --queues default,mail --concurrency 8
     python manage.py run_worker --pool thread --concurrency 32   # I/O-bound handlers
     python manage.py run_worker --burst                      # exit 0 once nothing is ready or in flight
+    python manage.py run_worker --no-scheduler               # do not fire cron schedules from this worker
 
 SIGTERM or SIGINT: stop leasing, let in-flight handlers finish within --grace-period, hand back the rest,
 exit 0. A second signal exits at once (leases then expire and their items are delivered again).
@@ -53,6 +54,13 @@ class Command(BaseCommand):
             "--grace-period", type=float, default=25.0, help="seconds in-flight work gets to finish on SIGTERM"
         )
         parser.add_argument(
+            "--no-scheduler",
+            dest="scheduler",
+            action="store_false",
+            help="do not fire due cron schedules from this worker (default: every worker may; each fire time "
+            "fires once)",
+        )
+        parser.add_argument(
             "--import",
             dest="imports",
             action="append",
@@ -77,6 +85,7 @@ class Command(BaseCommand):
             burst=options["burst"],
             max_items=options["max_items"],
             grace_period=options["grace_period"],
+            scheduler=options["scheduler"],
         )
         try:
             code = Supervisor(worker_options).run()

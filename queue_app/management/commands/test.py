@@ -12,6 +12,8 @@ import sys
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from jobsite import system_packages
+
 NO_TESTS_COLLECTED = 5
 
 
@@ -43,6 +45,8 @@ class Command(BaseCommand):
         sys.exit(self.run_pytest(list(pytest_args)))
 
     def run_pytest(self, args):
+        # Spark tests need Java and the JDBC jar, browser tests Chromium: installed here where missing.
+        system_packages.ensure(["java", "jdbc", "chromium"])
         cmd = [sys.executable, "-m", "pytest", *args]
         proc = subprocess.Popen(cmd, cwd=settings.BASE_DIR, env=os.environ.copy())
         while True:

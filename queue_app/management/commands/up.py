@@ -21,7 +21,7 @@ from django.core.management import call_command, get_commands
 from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError, connections
 
-from jobsite import embedded_pg
+from jobsite import embedded_pg, system_packages
 
 EMBEDDED_ENGINE = "jobsite.embedded_backend"
 STOP_GRACE = 30.0  # seconds children get to finish after SIGTERM before they are killed
@@ -119,6 +119,7 @@ class Command(BaseCommand):
             where = default.get("HOST") or "local socket"
             self.say(f"database: {default.get('NAME')} on {where} (DATABASE_URL)")
 
+        system_packages.ensure(["java", "jdbc"])  # Spark runs; the rest of the app works without them
         call_command("migrate", interactive=False, verbosity=max(0, opts["verbosity"] - 1))
         self.say("migrations applied")
         call_command("collectstatic", interactive=False, verbosity=0)

@@ -1,0 +1,46 @@
+"""OS packages some parts of jobsite need, installed by the README's commands where they are missing.
+
+Spark runs need a Java runtime and PostgreSQL's JDBC driver (Debian: openjdk-17-jre-headless,
+libpostgresql-jdbc-java); the browser tests need Debian's chromium. Nothing is downloaded outside the package
+manager. Without root (or sudo) or apt-get, this says what to install and the tests that need the missing piece
+skip with that reason.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+JDBC_JAR = Path("/usr/share/java/postgresql.jar")
+
+# name -> (how to tell it is there, Debian packages)
+NEEDS = {
+    "java": (lambda: shutil.which("java") is not None, ["openjdk-17-jre-headless"]),
+    "jdbc": (JDBC_JAR.exists, ["libpostgresql-jdbc-java"]),
+    "chromium": (lambda: shutil.which("chromium") is not None, ["chromium", "fonts-liberation"]),
+}
+
+
+def missing(names: list[str]) -> list[str]:
+    return [name for name in names if not NEEDS[name][0]()]
+
+
+def ensure(names: list[str], *, out=sys.stderr) -> list[str]:
+    """Install the Debian packages behind `names` that are missing. Returns what is still missing."""
+    absent = missing(names)
+    if not absent or os.environ.get("JOBSITE_NO_SYSTEM_PACKAGES") == "1":
+        return absent
+    packages = [pkg for name in absent for pkg in NEEDS[name][1]]
+    sudo = [] if os.geteuid() == 0 else (["sudo", "-n"] if shutil.which("sudo") else None)
+    if sudo is None or not shutil.which("apt-get"):
+        print(f"jobsite: missing {', '.join(absent)}; install the OS packages {' '.join(packages)}", file=out)
+        return absent
+    print(f"jobsite: installing {' '.join(packages)} (apt-get) ...", file=out, flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    quiet = {"stdout": subprocess.DEVNULL, "env": env}
+    subprocess.run([*sudo, "apt-get", "update", "-qq"], check=False, **quiet)
+    done = subprocess.run([*sudo, "apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages], **quiet)
+    if done.returncode != 0:
+        print(f"jobsite: apt-get install {' '.join(packages)} failed (exit {done.returncode})", file=out)
+    return missing(names)

@@ -1,0 +1,432 @@
+"""The Spark dashboard, inside the admin: runs (list with live progress, filters by job and state), a run's page
+(live progress bars, log tail, metrics, error, Spark UI link, cancel and re-run), the trigger page (one form per
+registered job, built from its declared parameters), and charts (run durations per job; the queue-analytics
+output, QueueStatsHourly, per hour for a chosen queue).
+
+Rows change only through queue_app/spark/runs.py (trigger_run, cancel_run, rerun), behind the custom permissions
+trigger_sparkrun and cancel_sparkrun; viewing needs view_sparkrun. Live parts re-fetch a small fragment (the run
+page) or JSON (the list) every second or two and stop once the run is final. Charts are SVG drawn here, like the
+queue overview's.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.views.decorators.http import require_POST
+
+from ..models import SPARK_FINAL_STATES as SPARK_FINAL
+from ..models import QueueStatsHourly, SparkRun, SparkRunState
+from ..spark import all_jobs, get_job
+from ..spark.forms import SparkRunForm
+from ..spark.registry import SparkParamError, UnknownSparkJob
+from ..spark.runs import cancel_run, rerun, trigger_run
+from .actions import Operation, ReadOnlyAdmin
+from .display import shorten
+from .overview import CHART_HEIGHT, CHART_WIDTH, age
+
+PERMISSIONS = {"trigger": "queue_app.trigger_sparkrun", "cancel": "queue_app.cancel_sparkrun"}
+LIVE_SECONDS = 1  # the run page's refresh
+LIST_LIVE_SECONDS = 2  # the run list's refresh
+CHART_RUNS = 200  # finished runs in the durations chart
+STATS_HOURS = 48  # hours of QueueStatsHourly in the analytics charts
+TEMPLATES = "admin/queue_app/spark/"
+
+CANCEL = Operation(
+    name="cancel_runs",
+    label="Cancel",
+    done="Asked {n} {noun} to stop",
+    permission="cancel",
+    eligible=lambda qs: qs.exclude(state__in=[*SPARK_FINAL, SparkRunState.CANCELLING]),
+    eligible_label="queued, starting or running",
+    apply=lambda pks, actor: sum(cancel_run(pk, actor=actor) for pk in pks),
+)
+
+
+def progress_of(run: SparkRun) -> dict[str, Any]:
+    """Done/total bars of a run's last progress event (jobs, stages, tasks) and the tasks' percentage."""
+    p = run.progress or {}
+    bars = []
+    for kind in ("jobs", "stages", "tasks"):
+        done, total = int(p.get(f"{kind}_done") or 0), int(p.get(f"{kind}_total") or 0)
+        bars.append({"kind": kind, "done": done, "total": total, "pct": round(100 * done / total) if total else 0})
+    tasks = bars[2]
+    pct = 100 if run.state == SparkRunState.SUCCEEDED else tasks["pct"]
+    return {"bars": bars, "pct": pct, "label": f"{tasks['done']}/{tasks['total']} tasks" if tasks["total"] else ""}
+
+
+def duration_of(run: SparkRun) -> float | None:
+    if run.started_at is None:
+        return None
+    return ((run.finished_at or timezone.now()) - run.started_at).total_seconds()
+
+
+def live_state(run: SparkRun) -> dict[str, Any]:
+    progress = progress_of(run)
+    return {
+        "state": run.state,
+        "final": run.is_final,
+        "pct": progress["pct"],
+        "label": progress["label"],
+        "duration": age(duration_of(run)),
+    }
+
+
+# -- charts ---------------------------------------------------------------------------------------------------
+
+
+def _x(when: datetime, start: datetime, span: float) -> float:
+    return round((when - start).total_seconds() / span * (CHART_WIDTH - 8) + 4, 1)
+
+
+def _y(value: float, top: float) -> float:
+    return round(CHART_HEIGHT - 4 - value / top * (CHART_HEIGHT - 8), 1)
+
+
+def duration_charts() -> list[dict[str, Any]]:
+    """Per job: the durations of its last finished runs against their finish time (a shared time axis)."""
+    runs = list(
+        SparkRun.objects.filter(state__in=SPARK_FINAL, started_at__isnull=False, finished_at__isnull=False)
+        .order_by("-id")
+        .only("id", "job", "state", "started_at", "finished_at")[:CHART_RUNS]
+    )
+    if not runs:
+        return []
+    start = min(r.finished_at for r in runs)
+    span = max((max(r.finished_at for r in runs) - start).total_seconds(), 1.0)
+    by_job: dict[str, list[SparkRun]] = defaultdict(list)
+    for run in sorted(runs, key=lambda r: r.finished_at):
+        by_job[run.job].append(run)
+    charts = []
+    for job_name, job_runs in sorted(by_job.items()):
+        top = max(duration_of(r) for r in job_runs) or 1.0
+        points = [
+            {
+                "x": _x(r.finished_at, start, span),
+                "y": _y(duration_of(r), top),
+                "ok": r.state == SparkRunState.SUCCEEDED,
+                "title": f"run #{r.id} {r.state}: {duration_of(r):.1f} s, finished {r.finished_at:%Y-%m-%d %H:%M}",
+                "url": reverse("admin:queue_app_sparkrun_change", args=[r.id]),
+            }
+            for r in job_runs
+        ]
+        line = " ".join(f"{p['x']},{p['y']}" for p in points if p["ok"])
+        charts.append({"job": job_name, "points": points, "line": line, "top": round(top, 1), "runs": len(job_runs)})
+    return charts
+
+
+def stats_charts(queue: str | None) -> dict[str, Any]:
+    """The chosen queue's last STATS_HOURS hours of QueueStatsHourly, summed over its tasks: processed and
+    failed attempts per hour (stacked bars), and the highest task p95 of wait and of run time per hour."""
+    queues = list(QueueStatsHourly.objects.order_by("queue").values_list("queue", flat=True).distinct())
+    if not queues:
+        return {"queues": [], "queue": None}
+    queue = queue if queue in queues else queues[0]
+    last = QueueStatsHourly.objects.filter(queue=queue).order_by("-hour").values_list("hour", flat=True).first()
+    since = last - timedelta(hours=STATS_HOURS - 1)
+    hours: dict[datetime, dict[str, Any]] = {}
+    for row in QueueStatsHourly.objects.filter(queue=queue, hour__gte=since).values(
+        "hour", "processed", "failed", "wait_p95", "run_p95"
+    ):
+        h = hours.setdefault(row["hour"], {"processed": 0, "failed": 0, "wait_p95": None, "run_p95": None})
+        h["processed"] += row["processed"]
+        h["failed"] += row["failed"]
+        for key in ("wait_p95", "run_p95"):
+            if row[key] is not None:
+                h[key] = max(row[key], h[key] or 0.0)
+    slot = CHART_WIDTH / STATS_HOURS
+    top = max([h["processed"] + h["failed"] for h in hours.values()] + [1])
+    top_p95 = max([h[k] or 0 for h in hours.values() for k in ("wait_p95", "run_p95")] + [0.001])
+    bars, wait_line, run_line = [], [], []
+    for i in range(STATS_HOURS):
+        hour = since + timedelta(hours=i)
+        h = hours.get(hour)
+        if h is None:
+            continue
+        done_h = h["processed"] / top * CHART_HEIGHT
+        failed_h = h["failed"] / top * CHART_HEIGHT
+        x = round(i * slot + 1, 1)
+        bars.append(
+            {
+                "x": x,
+                "width": round(max(slot - 2, 1), 1),
+                "done_y": round(CHART_HEIGHT - done_h, 1),
+                "done_h": round(done_h, 1),
+                "failed_y": round(CHART_HEIGHT - done_h - failed_h, 1),
+                "failed_h": round(failed_h, 1),
+                "title": f"{hour:%Y-%m-%d %H}:00 UTC: {h['processed']} processed, {h['failed']} failed",
+            }
+        )
+        center = round(x + slot / 2, 1)
+        if h["wait_p95"] is not None:
+            wait_line.append(f"{center},{_y(h['wait_p95'], top_p95)}")
+        if h["run_p95"] is not None:
+            run_line.append(f"{center},{_y(h['run_p95'], top_p95)}")
+    return {
+        "queues": queues,
+        "queue": queue,
+        "since": since,
+        "last": last,
+        "hours": STATS_HOURS,
+        "bars": bars,
+        "top": top,
+        "top_p95": round(top_p95, 3),
+        "wait_line": " ".join(wait_line),
+        "run_line": " ".join(run_line),
+        "rows": len(hours),
+    }
+
+
+class JobFilter(admin.SimpleListFilter):
+    """The registered jobs (from the registry: no DISTINCT over the runs table)."""
+
+    title = "job"
+    parameter_name = "job"
+
+    def lookups(self, request, model_admin):
+        return [(spark_job.name, spark_job.name) for spark_job in all_jobs()]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(job=self.value()) if self.value() else queryset
+
+
+# -- the ModelAdmin -------------------------------------------------------------------------------------------
+
+
+class SparkRunAdmin(ReadOnlyAdmin):
+    operations = (CANCEL,)
+    actions = [op.as_action() for op in operations]
+    list_display = (
+        "id",
+        "job",
+        "state_badge",
+        "progress_bar",
+        "duration",
+        "trigger",
+        "requested_by",
+        "params_short",
+        "attempt",
+        "queued_at",
+    )
+    list_display_links = ("id", "job")
+    list_filter = (JobFilter, "state", "trigger")
+    search_fields = ("=id", "=job", "=app_id")
+    search_help_text = "Exact run id, job name or Spark application id."
+    change_list_template = TEMPLATES + "run_list.html"
+    list_per_page = 50
+
+    # -- permissions ------------------------------------------------------------------------------------------
+
+    def has_cancel_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(PERMISSIONS["cancel"])
+
+    def has_trigger_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(PERMISSIONS["trigger"])
+
+    # -- list columns -----------------------------------------------------------------------------------------
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, run: SparkRun) -> SafeString:
+        return format_html('<span class="spark-state state-{}" data-run="{}">{}</span>', run.state, run.id, run.state)
+
+    @admin.display(description="progress")
+    def progress_bar(self, run: SparkRun) -> SafeString:
+        p = progress_of(run)
+        return format_html(
+            '<span class="spark-bar" data-run="{}"><progress max="100" value="{}"></progress> '
+            '<span class="spark-bar-label">{}</span></span>',
+            run.id,
+            p["pct"],
+            p["label"],
+        )
+
+    @admin.display(description="duration")
+    def duration(self, run: SparkRun) -> SafeString:
+        return format_html('<span class="spark-duration" data-run="{}">{}</span>', run.id, age(duration_of(run)))
+
+    @admin.display(description="params")
+    def params_short(self, run: SparkRun) -> str:
+        return shorten(", ".join(f"{k}={v}" for k, v in (run.params or {}).items())) or "-"
+
+    # -- URLs and views ---------------------------------------------------------------------------------------
+
+    def get_urls(self) -> list:
+        view = self.admin_site.admin_view
+        return [
+            path("trigger/", view(self.trigger_view), name=self.url_name("trigger")),
+            path("charts/", view(self.charts_view), name=self.url_name("charts")),
+            path("live/", view(self.list_live_view), name=self.url_name("list_live")),
+            path("<int:run_id>/live/", view(self.live_view), name=self.url_name("live")),
+            path("<int:run_id>/cancel/", view(require_POST(self.cancel_view)), name=self.url_name("cancel")),
+            path("<int:run_id>/rerun/", view(require_POST(self.rerun_view)), name=self.url_name("rerun")),
+            *super().get_urls(),
+        ]
+
+    def reverse(self, suffix: str, *args: Any) -> str:
+        return reverse(f"{self.admin_site.name}:{self.url_name(suffix)}", args=args)
+
+    def object_tool_links(self, request: HttpRequest) -> list[tuple[str, str]]:
+        links = [("Charts", self.reverse("charts"))]
+        if self.has_trigger_permission(request):
+            links.insert(0, ("Trigger a run", self.reverse("trigger")))
+        return [*links, *super().object_tool_links(request)]
+
+    def _require_view(self, request: HttpRequest) -> None:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+
+    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": title,
+            "may_trigger": self.has_trigger_permission(request),
+            "may_cancel": self.has_cancel_permission(request),
+            "changelist_url": self.reverse("changelist"),
+            "trigger_url": self.reverse("trigger"),
+            "charts_url": self.reverse("charts"),
+            **extra,
+        }
+
+    def _log(self, request: HttpRequest, run: SparkRun, flag: int, message: str) -> None:
+        LogEntry.objects.log_actions(
+            user_id=request.user.pk,
+            queryset=SparkRun.objects.filter(pk=run.pk),
+            action_flag=flag,
+            change_message=message,
+        )
+
+    def _run_context(self, request: HttpRequest, run: SparkRun) -> dict[str, Any]:
+        return {
+            "run": run,
+            "progress": progress_of(run),
+            "duration": age(duration_of(run)),
+            "live_url": self.reverse("live", run.id),
+            "cancel_url": self.reverse("cancel", run.id),
+            "rerun_url": self.reverse("rerun", run.id),
+            "item_url": reverse("admin:queue_app_queueitem_change", args=[run.item_id]) if run.item_id else "",
+            "may_trigger": self.has_trigger_permission(request),
+            "may_cancel": self.has_cancel_permission(request),
+            "cancellable": run.state not in SPARK_FINAL and run.state != SparkRunState.CANCELLING,
+            "refresh_seconds": LIVE_SECONDS,
+        }
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
+        self._require_view(request)
+        if request.method == "POST":  # the run page has no form of its own: buttons post to their own URLs
+            raise PermissionDenied
+        try:
+            run = SparkRun.objects.get(pk=int(object_id))
+        except (ValueError, SparkRun.DoesNotExist):
+            raise Http404(f"no Spark run {object_id!r}") from None
+        context = self._context(request, f"{run.job} run #{run.id}", **self._run_context(request, run))
+        context["original"] = run
+        return TemplateResponse(request, TEMPLATES + "run_detail.html", context)
+
+    def live_view(self, request: HttpRequest, run_id: int) -> HttpResponse:
+        """The live part of a run's page (state, bars, log tail, metrics, buttons), re-fetched by the page."""
+        self._require_view(request)
+        run = get_object_or_404(SparkRun, pk=run_id)
+        return TemplateResponse(request, TEMPLATES + "run_live.html", self._run_context(request, run))
+
+    def list_live_view(self, request: HttpRequest) -> JsonResponse:
+        """{run id: state, percentage, label, duration, final} for the ids the run list still shows live."""
+        self._require_view(request)
+        ids = [int(i) for i in request.GET.get("ids", "").split(",") if i.strip().isdigit()][:200]
+        runs = SparkRun.objects.filter(id__in=ids).only(
+            "id", "state", "progress", "started_at", "finished_at", "job", "params"
+        )
+        return JsonResponse({str(run.id): live_state(run) for run in runs})
+
+    def cancel_view(self, request: HttpRequest, run_id: int) -> HttpResponse:
+        if not self.has_cancel_permission(request):
+            raise PermissionDenied
+        run = get_object_or_404(SparkRun, pk=run_id)
+        if cancel_run(run.id, actor=request.user.get_username()):
+            self._log(request, run, CHANGE, "Asked the run to stop (cancel)")
+            self.message_user(request, f"Run #{run.id}: cancel requested.", messages.SUCCESS)
+        else:
+            self.message_user(request, f"Run #{run.id} is {run.state}: nothing to cancel.", messages.WARNING)
+        return HttpResponseRedirect(self.reverse("change", run.id))
+
+    def rerun_view(self, request: HttpRequest, run_id: int) -> HttpResponse:
+        if not self.has_trigger_permission(request):
+            raise PermissionDenied
+        old = get_object_or_404(SparkRun, pk=run_id)
+        try:
+            run = rerun(old.id, actor=request.user.get_username())
+        except (SparkParamError, UnknownSparkJob) as exc:  # the job or its parameters changed since
+            self.message_user(request, f"Cannot re-run #{old.id}: {exc}", messages.ERROR)
+            return HttpResponseRedirect(self.reverse("change", old.id))
+        self._log(request, run, ADDITION, f"Re-run of run #{old.id}")
+        self.message_user(request, f"Run #{run.id} queued (re-run of #{old.id}).", messages.SUCCESS)
+        return HttpResponseRedirect(self.reverse("change", run.id))
+
+    def trigger_view(self, request: HttpRequest) -> HttpResponse:
+        self._require_view(request)
+        may_trigger = self.has_trigger_permission(request)
+        posted_job = None
+        if request.method == "POST":
+            if not may_trigger:
+                raise PermissionDenied
+            posted_job = request.POST.get("job", "")
+            try:
+                get_job(posted_job)
+            except UnknownSparkJob:
+                raise Http404(f"no Spark job {posted_job!r}") from None
+        forms = []
+        for spark_job in all_jobs():
+            if spark_job.name == posted_job:
+                form = SparkRunForm(spark_job, request.POST)
+                if form.is_valid():
+                    try:
+                        run = trigger_run(
+                            spark_job.name,
+                            form.params(),
+                            trigger="dashboard",
+                            requested_by=request.user.get_username(),
+                            timeout=form.cleaned_data.get("timeout"),
+                        )
+                    except SparkParamError as exc:  # e.g. an input path removed since the form was checked
+                        form.add_param_errors(exc)
+                    else:
+                        self._log(request, run, ADDITION, f"Triggered {run.job} from the dashboard")
+                        self.message_user(request, f"Run #{run.id} of {run.job} queued.", messages.SUCCESS)
+                        return HttpResponseRedirect(self.reverse("change", run.id))
+            else:
+                form = SparkRunForm(spark_job)
+            forms.append({"job": spark_job, "form": form, "open": spark_job.name == posted_job})
+        context = self._context(request, "Trigger a Spark run", job_forms=forms, may_trigger=may_trigger)
+        status = 400 if posted_job else 200  # a POST that comes back here had errors
+        return TemplateResponse(request, TEMPLATES + "trigger.html", context, status=status)
+
+    def charts_view(self, request: HttpRequest) -> HttpResponse:
+        self._require_view(request)
+        context = self._context(
+            request,
+            "Spark charts",
+            durations=duration_charts(),
+            stats=stats_charts(request.GET.get("queue")),
+            chart_width=CHART_WIDTH,
+            chart_height=CHART_HEIGHT,
+        )
+        return TemplateResponse(request, TEMPLATES + "charts.html", context)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+        extra = {"list_live_url": self.reverse("list_live"), "refresh_seconds": LIST_LIVE_SECONDS}
+        return super().changelist_view(request, {**extra, **(extra_context or {})})
+
+
+admin.site.register(SparkRun, SparkRunAdmin)

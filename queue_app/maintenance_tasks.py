@@ -1,0 +1,25 @@
+"""Built-in maintenance tasks a schedule can name: `queue_app.prune` (the shipped "prune-done" schedule).
+
+The worker's own maintenance units prune too; the task lets an operator see, time and trigger pruning from the
+admin like any other schedule, and run it on a cluster whose workers run with --no-scheduler elsewhere.
+"""
+
+from typing import Any
+
+from . import engine
+from .registry import Context, job
+
+PRUNE_BATCH = 10_000
+PRUNE_ROUNDS = 100  # at most a million done items per run; the next fire takes the rest
+
+
+@job("queue_app.prune", hard_timeout=300.0)
+def prune(payload: Any, ctx: Context) -> dict[str, int]:
+    """Delete done items past their queue's retention (in batches) and expired dedup claims."""
+    pruned = 0
+    for _ in range(PRUNE_ROUNDS):
+        batch = engine.prune_done(PRUNE_BATCH)
+        pruned += batch
+        if batch < PRUNE_BATCH:
+            break
+    return {"pruned": pruned, "dedup_claims": engine.prune_dedup_claims()}

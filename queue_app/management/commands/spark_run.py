@@ -1,0 +1,96 @@
+"""`manage.py spark_run JOB`: trigger a Spark run from the command line (through the same trigger_run() as the
+dashboard and the schedules); a worker serving the `spark` queue runs it.
+
+    python manage.py spark_run --list
+    python manage.py spark_run demo_sleep --param tasks=4 --param seconds=0.5 --wait
+    python manage.py spark_run file_rollup --param input_dir=/data/in --param output_dir=/data/out --timeout 600
+
+Prints the run id. With --wait, follows the run until it is final, printing its state and progress, and exits
+non-zero unless it succeeded. Bad parameters are reported per field and nothing is queued.
+"""
+
+import json
+import time
+
+from django.core.management.base import BaseCommand, CommandError
+
+from queue_app.models import SparkRun
+from queue_app.spark import SparkParamError, UnknownSparkJob, all_jobs
+from queue_app.spark.runs import trigger_run
+
+
+def parse_params(pairs: list[str]) -> dict[str, str]:
+    params: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise CommandError(f"--param takes NAME=VALUE, not {pair!r}")
+        params[name.strip()] = value
+    return params
+
+
+def progress_line(run: SparkRun) -> str:
+    p = run.progress or {}
+    parts = [f"run {run.id} {run.state}"]
+    if run.attempt > 1:
+        parts.append(f"attempt {run.attempt}")
+    for kind in ("jobs", "stages", "tasks"):
+        if p.get(f"{kind}_total"):
+            parts.append(f"{kind} {p.get(f'{kind}_done', 0)}/{p[f'{kind}_total']}")
+    return "  ".join(parts)
+
+
+class Command(BaseCommand):
+    help = "Trigger a Spark run (prints its id); --wait follows it to the end; --list shows the jobs."
+
+    def add_arguments(self, parser):
+        parser.add_argument("job", nargs="?", help="registered Spark job, e.g. demo_sleep")
+        parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a job parameter")
+        parser.add_argument("--timeout", type=float, default=None, help="seconds before the run is stopped")
+        parser.add_argument("--wait", action="store_true", help="follow the run until it ends")
+        parser.add_argument("--poll", type=float, default=1.0, help="seconds between looks at the run (--wait)")
+        parser.add_argument("--list", dest="list_only", action="store_true", help="list the jobs and their parameters")
+
+    def handle(self, *args, job, param, timeout, wait, poll, list_only, **options):
+        if list_only:
+            self.list_jobs()
+            return
+        if not job:
+            raise CommandError("name a Spark job (see --list)")
+        try:
+            run = trigger_run(job, parse_params(param), trigger="cli", requested_by="cli", timeout=timeout)
+        except UnknownSparkJob as exc:
+            raise CommandError(str(exc)) from None
+        except SparkParamError as exc:
+            lines = "\n".join(f"  {name}: {message}" for name, message in exc.errors.items())
+            raise CommandError(f"invalid parameters for {job}; nothing was queued:\n{lines}") from None
+        self.stdout.write(str(run.id))
+        if wait:
+            self.follow(run.id, poll)
+
+    def list_jobs(self) -> None:
+        for spark_job in all_jobs():
+            self.stdout.write(self.style.MIGRATE_HEADING(spark_job.name) + f"  {spark_job.description}")
+            for p in spark_job.params:
+                what = p.type + (f" of {', '.join(p.choices)}" if p.choices else "")
+                bounds = "".join(
+                    f" {sign}{value:g}" for sign, value in ((">=", p.min), ("<=", p.max)) if value is not None
+                )
+                need = "required" if p.required else f"default {json.dumps(p.default)}"
+                self.stdout.write(f"  --param {p.name}=…  {what}{bounds}, {need}" + (f"  {p.help}" if p.help else ""))
+
+    def follow(self, run_id: int, poll: float) -> None:
+        last = ""
+        while True:
+            run = SparkRun.objects.get(id=run_id)
+            line = progress_line(run)
+            if line != last:
+                self.stdout.write(line)
+                last = line
+            if run.is_final:
+                break
+            time.sleep(poll)
+        if run.metrics:
+            self.stdout.write(json.dumps(run.metrics, default=str))
+        if run.state != "succeeded":
+            raise CommandError(f"run {run.id} ended {run.state}" + (f": {run.error}" if run.error else ""))

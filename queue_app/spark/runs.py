@@ -1,0 +1,329 @@
+"""Spark runs as queue work: the services that trigger, cancel and re-run them, and the `queue_app.spark_run`
+task that carries each run through the worker.
+
+Every trigger (dashboard, schedule, ORM, `manage.py spark_run`) goes through `trigger_run()`: the parameters are
+validated first, then one transaction creates the SparkRun and enqueues its item on the `spark` queue, so a run
+never exists without its item or the other way round. The worker runs the item's handler, which launches the run
+as its own spark-submit child (launcher.launch) and writes state, progress and log lines back to the row.
+
+Timeouts and leases: the task's hard timeout is fixed when it is registered, so it is the longest a run may
+take (MAX_RUN_TIMEOUT) plus the time to stop a run at its timeout (SIGTERM, STOP_GRACE, SIGKILL) and write its
+end. A run's own timeout (default and ceiling: MAX_RUN_TIMEOUT) is enforced by the launcher, which always acts
+before the supervisor's hard timeout would. The lease is the registry's floor (hard timeout + margin) and the
+supervisor renews it by heartbeat while the handler lives; when the worker dies, the run comes back once the
+lease has expired. Both bounds are read from the environment (JOBSITE_SPARK_MAX_TIMEOUT, default 3600 s, and
+JOBSITE_SPARK_STOP_GRACE, default 10 s) when this module is imported, in the worker as in the triggering process.
+
+Outputs and re-delivery: a job's `publish(outputs, run_id)` runs in the transaction that marks the run
+succeeded, fenced on the item's current reservation (an attempt whose reservation was taken away publishes
+nothing). Before a new attempt launches, a spark-submit process group left by an earlier attempt on this host
+(its worker was killed -9) is killed, so two attempts never write at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from .. import engine, services
+from ..models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
+from ..registry import Context, Retry, job
+from .launcher import LaunchResult, group_members, launch
+from .registry import SparkParamError, get_job
+from .session import job_group
+
+logger = logging.getLogger("jobsite.spark")
+
+TASK = "queue_app.spark_run"
+QUEUE = "spark"
+MAX_RUN_TIMEOUT = float(os.environ.get("JOBSITE_SPARK_MAX_TIMEOUT", "3600"))
+STOP_GRACE = float(os.environ.get("JOBSITE_SPARK_STOP_GRACE", "10"))
+# After its timeout a run gets SIGTERM, SIGKILL after the grace, the launcher waits up to the grace twice more for
+# the group and 5 s for its pipes; then the handler writes the run's end.
+HARD_TIMEOUT = MAX_RUN_TIMEOUT + 3 * STOP_GRACE + 6.0
+WRITE_EVERY = 1.0  # seconds between writes of progress and log lines to the run's row
+CANCEL_POLL = 0.5  # seconds between reads of the row's state while the child runs
+LOG_TAIL_LINES = 200
+LOG_TAIL_CHARS = 20_000
+
+
+class RunNotStartable(Exception):
+    """The run cannot start at all (unknown job, bad parameters, no Java): retrying would not help."""
+
+
+class RunFailed(Exception):
+    """The run's child failed; the queue retries the item per its policy."""
+
+
+# -- services -------------------------------------------------------------------------------------------------
+
+
+def check_timeout(job_name: str, timeout: Any) -> float | None:
+    if timeout is None or timeout == "":
+        return None
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        raise SparkParamError(job_name, {"timeout": f"must be a number of seconds, got {timeout!r}"}) from None
+    if not 0 < seconds <= MAX_RUN_TIMEOUT:
+        raise SparkParamError(job_name, {"timeout": f"must be > 0 and <= {MAX_RUN_TIMEOUT:g} seconds"})
+    return seconds
+
+
+def trigger_run(
+    job: str,
+    params: Mapping[str, Any] | None,
+    *,
+    trigger: str,
+    requested_by: str = "",
+    timeout: float | None = None,
+) -> SparkRun:
+    """Validate `params` for the job, then create its SparkRun and enqueue the run's item in one transaction.
+
+    Raises UnknownSparkJob or SparkParamError (every bad field at once) before anything is written.
+    """
+    spark_job = get_job(job)
+    values = spark_job.validate(params or {})
+    seconds = check_timeout(job, timeout)
+    trigger = SparkTrigger(trigger).value
+    with transaction.atomic():
+        run = SparkRun.objects.create(
+            job=spark_job.name,
+            params=spark_job.dump_params(values),
+            trigger=trigger,
+            requested_by=(requested_by or "")[:150],
+            timeout=seconds,
+        )
+        run.item_id = spark_run.enqueue({"run_id": run.id}).id
+        run.save(update_fields=["item_id"])
+    logger.info("spark run %s queued: job=%s trigger=%s item=%s", run.id, run.job, trigger, run.item_id)
+    return run
+
+
+def cancel_run(run_id: int, *, actor: str) -> bool:
+    """Ask a run to stop. A run not started yet is cancelled at once (with its queue item); a starting or
+    running one goes to `cancelling`, and its handler stops the child. False when there is nothing to cancel."""
+    with transaction.atomic():
+        run = SparkRun.objects.select_for_update().filter(id=run_id).first()
+        if run is None or run.state in SPARK_FINAL_STATES or run.state == SparkRunState.CANCELLING:
+            return False
+        now = timezone.now()
+        run.cancel_requested_at = now
+        if run.state == SparkRunState.QUEUED:
+            # The handler marks the row `starting` under this lock before it launches anything: a row still
+            # queued here has no child, and its handler (if it has begun) will find the row cancelled.
+            run.state = SparkRunState.CANCELLED
+            run.finished_at = now
+            run.error = f"cancelled by {actor} before it started" if actor else "cancelled before it started"
+            if run.item_id is not None:
+                services.cancel_items([run.item_id], actor=actor)
+        else:
+            run.state = SparkRunState.CANCELLING
+        run.save(update_fields=["state", "cancel_requested_at", "finished_at", "error"])
+    logger.info("spark run %s: cancel requested by %s", run_id, actor or "?")
+    return True
+
+
+def rerun(run_id: int, *, actor: str) -> SparkRun:
+    """A new run of the same job with the same parameters and timeout (triggered from the dashboard)."""
+    run = SparkRun.objects.get(id=run_id)
+    return trigger_run(run.job, run.params, trigger=SparkTrigger.DASHBOARD, requested_by=actor, timeout=run.timeout)
+
+
+# -- orphans --------------------------------------------------------------------------------------------------
+
+
+def _belongs_to_run(pid: int, run_id: int) -> bool:
+    """Whether process `pid` is part of run `run_id` (guards against a recycled process group id)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return False
+    run_arg = str(run_id).encode()
+    named = any(a == b"--run-id" and b == run_arg for a, b in zip(args, args[1:], strict=False))
+    return job_group(run_id).encode() in args or named
+
+
+def kill_orphan(run: SparkRun, *, wait: float = 10.0) -> bool:
+    """SIGKILL the spark-submit group an earlier attempt of `run` left on this host, if it still lives.
+    True when one was found (and is gone now)."""
+    if not run.driver_pgid or run.driver_host != socket.gethostname():
+        return False
+    members = group_members(run.driver_pgid)
+    if not any(_belongs_to_run(pid, run.id) for pid in members):
+        return False
+    logger.warning("spark run %s: killing the orphaned process group %s of an earlier attempt", run.id, members)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(run.driver_pgid, signal.SIGKILL)
+    deadline = time.monotonic() + wait
+    while group_members(run.driver_pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return True
+
+
+# -- the handler ----------------------------------------------------------------------------------------------
+
+
+class RunReporter:
+    """The launcher's callbacks for one attempt: they write to the run's row, at most about once a second for
+    progress and log lines, and read its state for cancel requests."""
+
+    def __init__(self, run_id: int, attempt: int) -> None:
+        self.run_id = run_id
+        self.attempt = attempt
+        self.rows = SparkRun.objects.filter(id=run_id, attempt=attempt)  # fenced on this attempt
+        self.log: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        self.progress: dict[str, Any] | None = None
+        self.dirty: set[str] = set()
+        self.written_at = 0.0
+        self.polled_at = 0.0
+        self.cancel = False
+
+    def on_start(self, event: dict[str, Any]) -> None:
+        pgid = None
+        with contextlib.suppress(OSError, TypeError):
+            pgid = os.getpgid(int(event["pid"]))  # the Python driver shares the run's process group
+        self.rows.filter(state=SparkRunState.STARTING).update(state=SparkRunState.RUNNING)
+        self.rows.update(
+            app_id=(event.get("app_id") or "")[:100],
+            ui_url=(event.get("ui_url") or "")[:200],
+            driver_host=socket.gethostname()[:255],
+            driver_pgid=pgid,
+        )
+
+    def on_progress(self, event: dict[str, Any]) -> None:
+        self.progress = event
+        self.dirty.add("progress")
+        self.flush()
+
+    def on_log(self, line: str) -> None:
+        self.log.append(line)
+        self.dirty.add("log_tail")
+        self.flush()
+
+    def log_tail(self) -> str:
+        text = "\n".join(self.log)
+        return text[-LOG_TAIL_CHARS:]
+
+    def flush(self, *, force: bool = False) -> None:
+        if not self.dirty or (not force and time.monotonic() - self.written_at < WRITE_EVERY):
+            return
+        fields: dict[str, Any] = {}
+        if "progress" in self.dirty:
+            fields["progress"] = self.progress
+        if "log_tail" in self.dirty:
+            fields["log_tail"] = self.log_tail()
+        self.rows.update(**fields)
+        self.dirty.clear()
+        self.written_at = time.monotonic()
+
+    def should_cancel(self) -> bool:
+        self.flush()
+        now = time.monotonic()
+        if not self.cancel and now - self.polled_at >= CANCEL_POLL:
+            self.polled_at = now
+            state = self.rows.values_list("state", flat=True).first()
+            # Gone, taken by another attempt, or asked to cancel: stop the child either way.
+            self.cancel = state is None or state == SparkRunState.CANCELLING
+        return self.cancel
+
+
+def _claim(run_id: int, ctx: Context) -> SparkRun | None:
+    """Lock the row and mark this attempt `starting`; None when the run must not start (final or cancelled)."""
+    with transaction.atomic():
+        run = SparkRun.objects.select_for_update().filter(id=run_id).first()
+        if run is None:
+            logger.warning("spark run %s does not exist (item %s): nothing to do", run_id, ctx.item_id)
+            return None
+        if run.state in SPARK_FINAL_STATES:
+            return None  # finished by an earlier attempt, or cancelled before it started
+        if run.state == SparkRunState.CANCELLING:  # cancel asked while an earlier attempt was lost
+            run.state, run.finished_at = SparkRunState.CANCELLED, timezone.now()
+            run.save(update_fields=["state", "finished_at"])
+            return None
+        kill_orphan(run)
+        run.state = SparkRunState.STARTING
+        run.attempt = ctx.attempt
+        run.started_at = timezone.now()
+        run.finished_at = None
+        run.app_id = run.ui_url = run.driver_host = run.error = ""
+        run.driver_pgid = None
+        run.progress = {}
+        run.metrics = None
+        run.save()
+        return run
+
+
+def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Context) -> str:
+    """Write the attempt's end in one transaction (with the job's publish when it succeeded); returns the state."""
+    spark_job = get_job(run.job)
+    with transaction.atomic():
+        row = SparkRun.objects.select_for_update().filter(id=run.id, attempt=ctx.attempt).first()
+        if row is None or row.state in SPARK_FINAL_STATES:
+            return row.state if row else "gone"
+        if not engine.lock_reserved(ctx):  # the item was cancelled or re-delivered: this attempt keeps nothing
+            logger.warning("spark run %s attempt %s lost its reservation; its end is not recorded", run.id, ctx.attempt)
+            return "stale"
+        outcome = result.outcome
+        if outcome == "succeeded":
+            if spark_job.publish is not None and result.outputs is not None:
+                spark_job.publish(result.outputs, run.id)
+            state = SparkRunState.SUCCEEDED
+        elif outcome == "failed" and row.state != SparkRunState.CANCELLING:
+            # Back to queued while the queue will retry it; failed for good on the last attempt, or when
+            # nothing could be started (bad parameters, no Java), which a retry would not change.
+            retried = not ctx.is_last_attempt and result.returncode is not None
+            state = SparkRunState.QUEUED if retried else SparkRunState.FAILED
+        else:
+            state = SparkRunState.CANCELLED if outcome != "timed_out" else SparkRunState.TIMED_OUT
+        row.state = state
+        row.metrics = dict(result.metrics) if outcome == "succeeded" else row.metrics
+        row.progress = dict(result.progress or reporter.progress or row.progress or {})
+        row.log_tail = reporter.log_tail() or result.log_tail[-LOG_TAIL_CHARS:]
+        row.error = result.error or ""
+        row.app_id = row.app_id or (result.app_id or "")[:100]
+        row.finished_at = timezone.now() if state in SPARK_FINAL_STATES else None
+        row.save(update_fields=["state", "metrics", "progress", "log_tail", "error", "app_id", "finished_at"])
+    return state
+
+
+@job(TASK, queue=QUEUE, hard_timeout=HARD_TIMEOUT, retry=Retry(ignore=(RunNotStartable,)))
+def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
+    """Run one SparkRun (payload {"run_id": id}) as its own spark-submit child."""
+    run_id = int(payload["run_id"])
+    run = _claim(run_id, ctx)
+    if run is None:
+        return {"run_id": run_id, "state": "skipped"}
+    reporter = RunReporter(run.id, ctx.attempt)
+    timeout = min(run.timeout or MAX_RUN_TIMEOUT, MAX_RUN_TIMEOUT)
+    result = launch(
+        run.job,
+        run.params,
+        run.id,
+        on_start=reporter.on_start,
+        on_progress=reporter.on_progress,
+        on_log=reporter.on_log,
+        should_cancel=reporter.should_cancel,
+        timeout=timeout,
+        grace=STOP_GRACE,
+    )
+    state = _finish(run, result, reporter, ctx)
+    logger.info(
+        "spark run %s attempt %s ended %s (%s) in %.1fs", run.id, ctx.attempt, state, result.outcome, result.duration
+    )
+    if state == SparkRunState.FAILED and result.returncode is None:
+        raise RunNotStartable(result.error)
+    if state in (SparkRunState.FAILED, SparkRunState.QUEUED):
+        raise RunFailed(result.error or "the Spark run failed")
+    return {"run_id": run.id, "state": state, "app_id": result.app_id, "seconds": result.duration}

@@ -1,0 +1,166 @@
+"""Spark runs through a real worker (`manage.py run_worker --queues spark`) and real spark-submit children:
+live progress on the row, cancel, and a worker killed -9 mid-run whose run comes back without duplicating its
+output or leaving a process behind.
+
+One JVM at a time: each test starts one worker with concurrency 1.
+"""
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from queue_app.models import ItemState, QueueItem, SparkRun
+from queue_app.spark.launcher import group_members
+from queue_app.spark.pipelines.file_rollup import write_sample_input
+from queue_app.spark.runs import cancel_run, trigger_run
+from tests.spark_fixtures import require_spark
+
+pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+# The worker's Spark children: two local cores and a JVM tuned for start-up (as the in-process test session).
+WORKER_ENV = {
+    "SPARK_MASTER": "local[2]",
+    "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "JOBSITE_SPARK_STOP_GRACE": "3",
+}
+
+
+@pytest.fixture(autouse=True)
+def _spark_available():
+    require_spark()
+
+
+@pytest.fixture
+def spark_worker(spawn):
+    def start(**env: str):
+        return spawn(
+            "run_worker", "--queues", "spark", "--concurrency", "1", "--poll-interval", "0.5", env={**WORKER_ENV, **env}
+        )
+
+    return start
+
+
+def wait_for(check, timeout: float, every: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def row(run_id: int) -> SparkRun:
+    return SparkRun.objects.get(id=run_id)
+
+
+def final(run_id: int) -> SparkRun | None:
+    run = row(run_id)
+    return run if run.is_final else None
+
+
+def test_run_through_a_worker_reports_progress_while_running_and_metrics_at_the_end(spark_worker, record_property):
+    spark_worker()
+    t0 = time.monotonic()
+    run = trigger_run("demo_sleep", {"tasks": 6, "seconds": 1.5}, trigger="orm", requested_by="test")
+    assert run.state == "queued" and run.item_id
+    seen_states, mid_run, first_task_at = set(), None, None
+    while time.monotonic() - t0 < 120:
+        current = row(run.id)
+        seen_states.add(current.state)
+        done, total = current.progress.get("tasks_done", 0), current.progress.get("tasks_total", 0)
+        if first_task_at is None and done > 0:
+            first_task_at = time.monotonic() - t0
+        if current.state == "running" and 0 < done < total:
+            mid_run = dict(current.progress)
+        if current.is_final:
+            break
+        time.sleep(0.1)
+    record_property("trigger_to_first_task_seconds", round(first_task_at or -1, 2))
+    print(f"trigger -> first task done, through the worker: {first_task_at:.2f}s")
+
+    run = row(run.id)
+    assert run.state == "succeeded", (run.error, run.log_tail[-2000:])
+    assert {"starting", "running"} <= seen_states
+    assert mid_run is not None, "no progress with some but not all tasks done was seen while running"
+    assert run.metrics == {"tasks": 6, "sum": 15}
+    assert run.progress["tasks_done"] == run.progress["tasks_total"] == 6
+    assert run.attempt == 1 and run.app_id.startswith("local-")
+    assert run.driver_host == socket.gethostname() and run.driver_pgid
+    assert run.log_tail and len(run.log_tail) <= 20_000
+    assert run.started_at and run.finished_at > run.started_at
+    assert QueueItem.objects.get(id=run.item_id).state == ItemState.DONE
+    assert group_members(run.driver_pgid) == []
+
+
+def test_cancel_stops_the_run_and_its_process_group(spark_worker):
+    spark_worker()
+    run = trigger_run("demo_sleep", {"tasks": 2, "seconds": 120}, trigger="orm")
+    running = wait_for(
+        lambda: (r := row(run.id)).state == "running" and r.progress.get("tasks_active") and r,
+        120,
+        what="the run's tasks to be running",
+    )
+    pgid = running.driver_pgid
+    assert group_members(pgid)
+
+    assert cancel_run(run.id, actor="tester") is True
+    assert row(run.id).state == "cancelling"
+    assert cancel_run(run.id, actor="tester") is False  # asked already
+
+    ended = wait_for(lambda: final(run.id), 60, what="the run to end")
+    assert ended.state == "cancelled"
+    assert ended.cancel_requested_at and ended.finished_at
+    assert group_members(pgid) == []
+    # Cancelled is an end, not a failure: the item is settled done, never retried.
+    wait_for(lambda: QueueItem.objects.get(id=run.item_id).state == ItemState.DONE, 10, what="the item to be done")
+
+
+def test_worker_killed_mid_run_redelivers_the_run_without_duplicating_its_output(spark_worker, tmp_path):
+    input_dir, output_dir = tmp_path / "in", tmp_path / "out"
+    write_sample_input(str(input_dir), rows=3000, days=3)
+    # The first worker allows runs of at most 35 s, so its spark task's hard timeout, and with it the lease
+    # (hard timeout + margin, see runs.py), is ~46 s instead of an hour: the run comes back that long after the
+    # kill. The second worker has the defaults.
+    first = spark_worker(JOBSITE_SPARK_MAX_TIMEOUT="35", JOBSITE_SPARK_STOP_GRACE="1")
+    run = trigger_run(
+        "file_rollup", {"input_dir": str(input_dir), "output_dir": str(output_dir)}, trigger="orm", requested_by="t"
+    )
+    # Kill the worker right after the first attempt wrote its output, before it could mark the run succeeded.
+    wait_for(lambda: len(_parquet_files(output_dir)) == 3, 120, every=0.02, what="the first attempt's output")
+    first_files = _parquet_files(output_dir)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(10)
+    killed = row(run.id)
+    assert killed.state == "running" and killed.attempt == 1
+    wait_for(lambda: not group_members(killed.driver_pgid), 15, what="the first attempt's processes to die")
+
+    spark_worker()
+    ended = wait_for(lambda: final(run.id), 150, every=0.5, what="the re-delivered run to end")
+    assert ended.state == "succeeded", (ended.error, ended.log_tail[-2000:])
+    assert ended.attempt == 2
+    assert ended.metrics["days"] == ["2025-01-01", "2025-01-02", "2025-01-03"]
+    days = sorted(p.name for p in output_dir.iterdir() if p.is_dir())
+    assert days == ["event_date=2025-01-01", "event_date=2025-01-02", "event_date=2025-01-03"]
+    files = _parquet_files(output_dir)
+    # One file per day: the second attempt replaced the first one's files (dynamic partition overwrite), added none.
+    assert len(files) == 3 and {f.parent.name for f in files} == set(days)
+    assert not set(files) & set(first_files)
+    assert not [p for p in output_dir.iterdir() if p.name.startswith(".spark-staging")]
+    assert group_members(ended.driver_pgid) == []
+    assert not _processes_of_run(run.id)
+
+
+def _parquet_files(output_dir: Path) -> list[Path]:
+    # Dynamic partition overwrite writes no _SUCCESS marker; a day's file appears when the job commits.
+    return sorted(output_dir.glob("event_date=*/part-*.parquet")) if output_dir.exists() else []
+
+
+def _processes_of_run(run_id: int) -> list[int]:
+    from queue_app.spark.runs import _belongs_to_run
+
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _belongs_to_run(int(p.name), run_id)]
