@@ -147,7 +147,8 @@ class Task:
 
     @property
     def max_attempts(self) -> int | None:
-        """Attempts an item of this task gets in all: 1 for at-most-once, else the retry policy's times."""
+        """Attempts an item of this task gets in all (None: its queue's). At-most-once: 1, never retried; an
+        item whose worker died between lease and settle (its handler never ran) becomes a dead letter."""
         return 1 if self.delivery is Delivery.AT_MOST_ONCE else self.retry.times
 
     def problems(self) -> list[str]:

@@ -17,7 +17,7 @@ from queue_app.models import ItemState, QueueItem, SparkRun
 from queue_app.spark.launcher import group_members
 from queue_app.spark.pipelines.file_rollup import write_sample_input
 from queue_app.spark.runs import cancel_run, trigger_run
-from tests.spark_fixtures import require_spark
+from tests.spark_fixtures import TEST_CONF, require_spark
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -34,11 +34,30 @@ def _spark_available():
     require_spark()
 
 
+def worker_env(conf_dir: Path, **extra: str) -> dict[str, str]:
+    """WORKER_ENV plus a SPARK_CONF_DIR whose spark-defaults.conf gives launched runs the test sizes (two
+    shuffle partitions instead of 200: a small rollup is then a few tasks, not hundreds)."""
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    (conf_dir / "spark-defaults.conf").write_text(
+        "".join(f"{key} {value}\n" for key, value in TEST_CONF.items() if key != "spark.ui.enabled")
+    )
+    return {**WORKER_ENV, "SPARK_CONF_DIR": str(conf_dir), **extra}
+
+
 @pytest.fixture
-def spark_worker(spawn):
+def spark_worker(spawn, tmp_path_factory):
+    conf_dir = tmp_path_factory.mktemp("spark-conf")
+
     def start(**env: str):
         return spawn(
-            "run_worker", "--queues", "spark", "--concurrency", "1", "--poll-interval", "0.5", env={**WORKER_ENV, **env}
+            "run_worker",
+            "--queues",
+            "spark",
+            "--concurrency",
+            "1",
+            "--poll-interval",
+            "0.5",
+            env=worker_env(conf_dir, **env),
         )
 
     return start
@@ -123,10 +142,10 @@ def test_cancel_stops_the_run_and_its_process_group(spark_worker):
 def test_worker_killed_mid_run_redelivers_the_run_without_duplicating_its_output(spark_worker, tmp_path):
     input_dir, output_dir = tmp_path / "in", tmp_path / "out"
     write_sample_input(str(input_dir), rows=3000, days=3)
-    # The first worker allows runs of at most 35 s, so its spark task's hard timeout, and with it the lease
-    # (hard timeout + margin, see runs.py), is ~46 s instead of an hour: the run comes back that long after the
+    # The first worker allows runs of at most 40 s, so its spark task's hard timeout, and with it the lease
+    # (hard timeout + margin, see runs.py), is ~51 s instead of an hour: the run comes back that long after the
     # kill. The second worker has the defaults.
-    first = spark_worker(JOBSITE_SPARK_MAX_TIMEOUT="35", JOBSITE_SPARK_STOP_GRACE="1")
+    first = spark_worker(JOBSITE_SPARK_MAX_TIMEOUT="40", JOBSITE_SPARK_STOP_GRACE="1")
     run = trigger_run(
         "file_rollup", {"input_dir": str(input_dir), "output_dir": str(output_dir)}, trigger="orm", requested_by="t"
     )
