@@ -479,8 +479,7 @@ def ensure_running() -> dict:
                 raise
             except Exception as exc:
                 raise ImproperlyConfigured(
-                    f"Could not start the embedded PostgreSQL ({engine!r}) in {pgdata}: {exc}\n"
-                    f"{_log_tail(pgdata)}"
+                    f"Could not start the embedded PostgreSQL ({engine!r}) in {pgdata}: {exc}\n{_log_tail(pgdata)}"
                 ) from exc
             info = _wait_ready(pgdata, START_TIMEOUT)
         if info is None:
@@ -589,9 +588,7 @@ def stop(timeout: float = START_TIMEOUT) -> bool:
         deadline = time.monotonic() + timeout
         while _pid_alive(info.pid):
             if time.monotonic() > deadline:
-                raise ImproperlyConfigured(
-                    f"The embedded PostgreSQL (pid {info.pid}) did not stop in {timeout}s."
-                )
+                raise ImproperlyConfigured(f"The embedded PostgreSQL (pid {info.pid}) did not stop in {timeout}s.")
             time.sleep(0.05)
         return True
 

@@ -19,6 +19,9 @@ DEFAULTS: dict[str, Any] = {
     "BACKOFF_JITTER": 0.2,  # +-20%
     "NOTIFY_CHANNEL": "jobsite_queue",
     "DEFAULT_RETENTION_DAYS": 7,
+    # A worker whose heartbeat is older than this is not live: /healthz and the admin stop counting it, and
+    # maintenance marks its row stopped.
+    "WORKER_LOST_AFTER": 60.0,
 }
 
 

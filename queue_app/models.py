@@ -112,9 +112,7 @@ class QueueItem(models.Model):
         ]
         constraints = [
             models.CheckConstraint(condition=Q(priority__gte=-100, priority__lte=100), name="item_priority_range"),
-            models.CheckConstraint(
-                condition=Q(state__in=[s.value for s in ItemState]), name="item_state_valid"
-            ),
+            models.CheckConstraint(condition=Q(state__in=[s.value for s in ItemState]), name="item_state_valid"),
         ]
 
     def __str__(self) -> str:

@@ -23,11 +23,18 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .conf import queue_settings
 from .models import ItemState, Outcome, Worker, WorkerState
 
 EXACT_UP_TO = 10_000  # queue depths above this are the planner's estimate (/metrics)
 OVERVIEW_EXACT_UP_TO = 1_000  # the overview refreshes every few seconds: ~15 ms of counting at a million items
-WORKER_ALIVE_WITHIN = timedelta(seconds=60)  # a worker whose heartbeat is older is not counted as live
+
+
+def worker_alive_within() -> timedelta:
+    """A worker whose heartbeat is older is not counted as live (the same cutoff maintenance uses)."""
+    return timedelta(seconds=queue_settings.WORKER_LOST_AFTER)
+
+
 FAILED_OUTCOMES = (Outcome.RETRY, Outcome.DEAD, Outcome.TIMED_OUT)
 
 # -- counting without COUNT(*) over a big table ---------------------------------------------------------------
@@ -174,7 +181,7 @@ class Snapshot:
 def live_workers() -> list[Worker]:
     return list(
         Worker.objects.filter(
-            last_heartbeat__gte=timezone.now() - WORKER_ALIVE_WITHIN,
+            last_heartbeat__gte=timezone.now() - worker_alive_within(),
             state__in=[WorkerState.RUNNING, WorkerState.STOPPING],
         ).order_by("id")
     )

@@ -114,9 +114,9 @@ def resume_queue(name: str) -> int:
 @transaction.atomic
 def purge_dead_letters(older_than: timedelta) -> int:
     """Delete items that have been dead for longer than `older_than`, with their dead letters and history."""
-    doomed = QueueItem.objects.filter(
-        state=ItemState.DEAD, finished_at__lt=Now() - older_than
-    ).values_list("id", flat=True)
+    doomed = QueueItem.objects.filter(state=ItemState.DEAD, finished_at__lt=Now() - older_than).values_list(
+        "id", flat=True
+    )
     deleted, _ = QueueItem.objects.filter(id__in=list(doomed)).delete()
     return deleted
 

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.utils import timezone
 
 from ..models import Worker
-from ..monitoring import WORKER_ALIVE_WITHIN
+from ..monitoring import worker_alive_within
 from .actions import ReadOnlyAdmin
 from .display import pretty_json, shorten
 from .filters import exact_search
@@ -15,11 +15,11 @@ class AliveFilter(admin.SimpleListFilter):
     parameter_name = "alive"
 
     def lookups(self, request, model_admin):
-        seconds = int(WORKER_ALIVE_WITHIN.total_seconds())
+        seconds = int(worker_alive_within().total_seconds())
         return [("yes", f"Within {seconds} s"), ("no", f"Older than {seconds} s")]
 
     def queryset(self, request, queryset):
-        since = timezone.now() - WORKER_ALIVE_WITHIN
+        since = timezone.now() - worker_alive_within()
         if self.value() == "yes":
             return queryset.filter(last_heartbeat__gte=since)
         if self.value() == "no":
@@ -55,7 +55,7 @@ class WorkerAdmin(ReadOnlyAdmin):
 
     @admin.display(description="alive", boolean=True)
     def alive(self, obj: Worker) -> bool:
-        return obj.last_heartbeat >= timezone.now() - WORKER_ALIVE_WITHIN
+        return obj.last_heartbeat >= timezone.now() - worker_alive_within()
 
     @admin.display(description="stats")
     def stats_short(self, obj: Worker) -> str:

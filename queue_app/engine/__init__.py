@@ -1,9 +1,9 @@
 """The queue engine: enqueue, lease, settle, maintain. Plain SQL (engine/sql.py) on Django's connection.
 
-    from queue_app import engine
-    item = engine.enqueue("billing.charge", {"order": 42}, dedup_key="order-42")
-    for held in engine.lease(["default"], 10, worker_id="w1"):
-        engine.complete(held, {"ok": True})
+from queue_app import engine
+item = engine.enqueue("billing.charge", {"order": 42}, dedup_key="order-42")
+for held in engine.lease(["default"], 10, worker_id="w1"):
+    engine.complete(held, {"ok": True})
 """
 
 from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue

@@ -153,28 +153,18 @@ def enqueue(
             dedup_window = dedup_window.total_seconds()
         window = queue_settings.DEDUP_WINDOW if dedup_window is None else dedup_window
         params["dedup_window"] = float(_number("dedup_window", window, minimum=0.001))
-    with transaction.atomic(using=using), cursor(using) as cur:
-        cur.execute(sql.ENQUEUE if dedup_key is None else sql.ENQUEUE_DEDUP, params)
-        row = cur.fetchone()
-        if row is not None:
-            return Enqueued(row[0], params["queue"], task, row[1], duplicate=False)
-        cur.execute(sql.DEDUP_OWNER, params)
-        owner = cur.fetchone()
-    if owner is None:  # the claim vanished between the two statements (pruned): claim again
-        return enqueue(
-            task,
-            payload,
-            queue=queue,
-            priority=priority,
-            run_at=run_at,
-            delay=delay,
-            dedup_key=dedup_key,
-            dedup_window=dedup_window,
-            ordering_key=ordering_key,
-            max_attempts=max_attempts,
-            lease_timeout=lease_timeout,
-            using=using,
-        )
+    statement = sql.ENQUEUE if dedup_key is None else sql.ENQUEUE_DEDUP
+    while True:
+        with transaction.atomic(using=using), cursor(using) as cur:
+            cur.execute(statement, params)
+            row = cur.fetchone()
+            if row is not None:
+                return Enqueued(row[0], params["queue"], task, row[1], duplicate=False)
+            cur.execute(sql.DEDUP_OWNER, params)
+            owner = cur.fetchone()
+        if owner is not None:
+            break
+        # The claim vanished between the two statements (its window ended and it was pruned): claim again.
     return Enqueued(owner[0], params["queue"], task, owner[1], duplicate=True)
 
 

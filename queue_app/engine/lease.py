@@ -37,9 +37,7 @@ class Lease:
 
 
 def _lease_rows(cur: Any, queues: list[str], n: int, worker_id: str, lease_timeout: float | None) -> list[Lease]:
-    cur.execute(
-        sql.LEASE, {"queues": queues, "n": n, "worker_id": worker_id, "lease_timeout": lease_timeout}
-    )
+    cur.execute(sql.LEASE, {"queues": queues, "n": n, "worker_id": worker_id, "lease_timeout": lease_timeout})
     rows = cur.fetchall()
     leases = [
         Lease(r[0], r[1], r[2], r[3], decode_json(r[4]), r[5], r[6], r[7], r[8], r[9], r[10], r[11]) for r in rows

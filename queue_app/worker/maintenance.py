@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from .. import engine, scheduling
+from ..conf import queue_settings
 
 logger = logging.getLogger("jobsite.worker")
 
 RESCUE_BATCH = 1000
 PRUNE_BATCH = 10_000
 SCHEDULE_BATCH = 100  # due schedules claimed per round
-WORKER_LOST_AFTER = 60.0  # seconds without a heartbeat before a running worker is marked stopped
 WORKER_FORGET_AFTER = 600.0  # seconds without a heartbeat before a Worker row is deleted
 
 
@@ -46,7 +46,7 @@ def _prune() -> tuple[dict[str, int], bool]:
 
 
 def _sweep_workers() -> tuple[dict[str, int], bool]:
-    lost, forgotten = engine.sweep_workers(WORKER_LOST_AFTER, WORKER_FORGET_AFTER)
+    lost, forgotten = engine.sweep_workers(queue_settings.WORKER_LOST_AFTER, WORKER_FORGET_AFTER)
     return {"marked_stopped": lost, "deleted": forgotten}, False
 
 

@@ -71,9 +71,7 @@ class Command(BaseCommand):
     def do_psql(self, dbname):
         psql = embedded_pg.psql_executable()
         if psql is None:
-            raise CommandError(
-                "psql not found; install the PostgreSQL client (e.g. `apt install postgresql-client`)"
-            )
+            raise CommandError("psql not found; install the PostgreSQL client (e.g. `apt install postgresql-client`)")
         url = embedded_pg.uri(dbname)
         self.stdout.flush()
         os.execv(psql, [psql, url])

@@ -56,8 +56,6 @@ class Command(BaseCommand):
             except KeyboardInterrupt:  # pytest got the Ctrl-C too; let it finish its report
                 continue
         if code == NO_TESTS_COLLECTED:
-            self.stderr.write(
-                self.style.ERROR("no tests ran (pytest collected none); counting that as a failure")
-            )
+            self.stderr.write(self.style.ERROR("no tests ran (pytest collected none); counting that as a failure"))
             return 1
         return code

@@ -67,9 +67,7 @@ class _Child:
         self.restart_at = None
 
     def start(self, preexec):
-        self.proc = subprocess.Popen(
-            self.cmd, cwd=settings.BASE_DIR, stdin=subprocess.DEVNULL, preexec_fn=preexec
-        )
+        self.proc = subprocess.Popen(self.cmd, cwd=settings.BASE_DIR, stdin=subprocess.DEVNULL, preexec_fn=preexec)
         self.started_at = time.monotonic()
         self.restart_at = None
 
@@ -151,9 +149,7 @@ class Command(BaseCommand):
             return
         password = secrets.token_urlsafe(16)
         try:
-            user_model._default_manager.create_superuser(
-                **{username_field: "admin"}, email="", password=password
-            )
+            user_model._default_manager.create_superuser(**{username_field: "admin"}, email="", password=password)
         except IntegrityError:  # created concurrently
             self.say("superuser 'admin' exists (forgot its password? python3 manage.py changepassword admin)")
             return
@@ -247,8 +243,7 @@ class Command(BaseCommand):
             return  # gunicorn died or is slow; the supervision loop reports it
         shown = "localhost" if host in ("0.0.0.0", "::", "127.0.0.1", "::1") else host
         self.say(
-            f"jobsite is up in {time.monotonic() - started:.1f}s: "
-            f"http://{shown}:{port}/admin/  (Ctrl-C to stop)",
+            f"jobsite is up in {time.monotonic() - started:.1f}s: http://{shown}:{port}/admin/  (Ctrl-C to stop)",
             self.style.SUCCESS,
         )
 
