@@ -139,6 +139,7 @@ JOBSITE = {
         ("DEDUP_WINDOW", float),
         ("MAX_PAYLOAD_BYTES", int),
         ("BACKOFF_BASE", float),
+        ("WORKER_LOST_AFTER", float),
     )
     if f"JOBSITE_{key}" in env
 }

@@ -393,3 +393,30 @@ def test_lease_walks_the_fetch_index_in_order_instead_of_sorting_the_backlog():
     assert [n["Node Type"] for n in fetch] == ["Index Scan"]
     assert "Seq Scan" not in [n["Node Type"] for n in item_scans]
     assert "JIT" not in explained[0]
+
+
+def _worker_row(worker_id: str, *, silent_for: float) -> None:
+    from queue_app.models import Worker
+
+    now = timezone.now()
+    Worker.objects.create(
+        id=worker_id, host="h", pid=1, started_at=now, last_heartbeat=now - timedelta(seconds=silent_for)
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rescue_takes_back_leases_of_a_worker_silent_past_the_cutoff_and_leaves_live_ones():
+    silent, live = (engine.enqueue("t", {"n": n}, lease_timeout=3600).id for n in range(2))
+    _worker_row("silent", silent_for=120)
+    _worker_row("live", silent_for=1)
+    held_silent = engine.lease(None, 1, "silent")
+    held_live = engine.lease(None, 1, "live")
+    assert {h.item_id for h in held_silent + held_live} == {silent, live}
+    assert engine.rescue_expired(lost_after=60) == (1, 0)
+    lost = held_silent[0].item_id
+    assert QueueItem.objects.get(id=lost).state == "ready"
+    assert Reservation.objects.get(id=held_silent[0].reservation_id).outcome == "expired"
+    assert QueueItem.objects.get(id=held_live[0].item_id).state == "reserved"
+    with pytest.raises(engine.StaleReservation):
+        engine.complete(held_silent[0])
+    engine.complete(held_live[0])

@@ -13,11 +13,13 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
 from django.db.models import Count
+from django.utils import timezone
 
 from queue_app import engine, services
 from queue_app.models import DeadLetter, ExecutionLog, ItemState, ProbeEffect, QueueItem, Reservation, Worker
@@ -367,3 +369,31 @@ def test_worker_rides_out_a_database_restart_and_finishes(manage, worker, privat
     log = output(proc)
     assert "database unavailable" in log and "database back" in log
     assert count("SELECT count(DISTINCT item_id) FROM queue_app_executionlog") == 1000
+
+
+def test_a_killed_workers_long_lease_comes_back_when_its_heartbeat_goes_stale_not_at_its_deadline(worker):
+    item = get_task("tests.long_lease").enqueue({"seconds": 300})
+    quick = {"JOBSITE_WORKER_LOST_AFTER": "3"}  # both workers beat every second; silence for 3 s means lost
+    victim = worker("victim-long", "--concurrency", "1", env=quick)
+    wait_for(lambda: held_by("victim-long") == {item.id}, timeout=30, what="the victim to hold the item")
+    # The worker stretches a fresh lease to the task's 700 s right after leasing: wait for that.
+    long_from_now = timezone.now() + timedelta(seconds=600)
+    wait_for(lambda: QueueItem.objects.get(id=item.id).visible_at > long_from_now, timeout=30, what="the long lease")
+    deadline = QueueItem.objects.get(id=item.id).visible_at
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    killed_at = time.monotonic()
+    rescuer = worker("rescuer", "--concurrency", "1", env=quick)
+    wait_for(lambda: held_by("rescuer") == {item.id}, timeout=30, what="the rescuer to take the item over")
+    taken_after = time.monotonic() - killed_at
+    rescuer.send_signal(signal.SIGKILL)
+    rescuer.wait(10)
+    victims = Reservation.objects.get(item_id=item.id, worker_id="victim-long")
+    assert taken_after < 30
+    assert victims.outcome == "expired"
+    assert (deadline - victims.finished_at).total_seconds() > 600  # long before its lease would have run out
+    # The rescuer's own lease was never taken from it while it lived: one attempt each.
+    assert list(Reservation.objects.filter(item_id=item.id).order_by("id").values_list("worker_id", flat=True)) == [
+        "victim-long",
+        "rescuer",
+    ]

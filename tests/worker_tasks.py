@@ -58,3 +58,9 @@ def extends(payload: dict, ctx: Context) -> str:
 @job("tests.nasty_error", retry=Retry(times=1))
 def nasty_error(payload: dict, ctx: Context) -> None:
     raise ValueError("NUL \x00 and a lone surrogate \udcff" + "x" * 10_000)
+
+
+@job("tests.long_lease", hard_timeout=600.0, lease_timeout=700.0)
+def long_lease(payload, ctx):
+    """Holds its item for a long time under a long lease (like a Spark run)."""
+    time.sleep(payload.get("seconds", 300))

@@ -232,15 +232,22 @@ RETURNING r.id
 
 # -- maintenance ----------------------------------------------------------------------------------------------
 
-# Expired leases: back to ready (attempt already counted at lease) or, with no attempts left, dead.
+# Expired leases: back to ready (attempt already counted at lease) or, with no attempts left, dead. A lease
+# held by a worker that stopped heartbeating (`lost_after` seconds) counts as expired too: a killed worker's
+# long leases (Spark runs, hour-long hard timeouts) come back in about a minute instead of at their deadline.
+# Only rows in flight are read (partial index item_reserved_deadline), each joined by primary key.
 RESCUE_EXPIRED = f"""
 WITH cur AS (
-    SELECT id, reservation_id, attempts >= max_attempts AS dies
-    FROM {ITEM}
-    WHERE state = 'reserved' AND visible_at < now()
-    ORDER BY visible_at
+    SELECT i.id, i.reservation_id, i.attempts >= i.max_attempts AS dies
+    FROM {ITEM} i
+    LEFT JOIN {RESERVATION} r ON r.id = i.reservation_id
+    LEFT JOIN queue_app_worker w ON w.id = r.worker_id
+    WHERE i.state = 'reserved'
+      AND (i.visible_at < now()
+           OR w.last_heartbeat < now() - make_interval(secs => %(lost_after)s))
+    ORDER BY i.visible_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF i SKIP LOCKED
 ), settled AS (
     UPDATE {ITEM} i
     SET state = CASE WHEN cur.dies THEN 'dead' ELSE 'ready' END,

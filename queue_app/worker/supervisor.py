@@ -34,6 +34,7 @@ from django.db import connections
 from django.db.utils import DatabaseError, InterfaceError, OperationalError
 
 from .. import engine
+from ..conf import queue_settings
 from ..engine import ALL_QUEUES, Lease, LeaseTerms, StaleReservation
 from ..registry import Delivery, Task, find_task, registered_tasks
 from .execute import Job, Outcome
@@ -135,9 +136,14 @@ class Supervisor:
         self.db_retry_at = 0.0
         self.listener_retry_at = 0.0
         self.idle_after_lease = False
-        self.heartbeat_every = HEARTBEAT_MAX
+        self.heartbeat_every = self._heartbeat_cap()
 
     # -- start and stop -------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _heartbeat_cap() -> float:
+        # Other workers rescue the leases of a worker silent for WORKER_LOST_AFTER: beat well inside it.
+        return min(HEARTBEAT_MAX, queue_settings.WORKER_LOST_AFTER / 3)
 
     def check(self) -> None:
         """Refuse to start with bad options or a task whose lease could expire under a live handler."""
@@ -146,7 +152,7 @@ class Supervisor:
         if problems:
             raise ImproperlyConfigured("the worker cannot start:\n  " + "\n  ".join(problems))
         shortest = min(((t.lease_timeout or t.min_lease) for t in tasks.values()), default=HEARTBEAT_MAX * 3)
-        self.heartbeat_every = min(HEARTBEAT_MAX, shortest / 3)
+        self.heartbeat_every = min(self._heartbeat_cap(), shortest / 3)
 
     def run(self) -> int:
         self.check()
