@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -22,15 +22,7 @@ def table_counts() -> dict[str, int]:
 
 def listener() -> psycopg.Connection:
     """A separate connection LISTENing on the queue's channel, as a worker would."""
-    s = connection.settings_dict
-    conn = psycopg.connect(
-        dbname=s["NAME"],
-        host=s["HOST"] or None,
-        port=s["PORT"] or None,
-        user=s["USER"] or None,
-        password=s["PASSWORD"] or None,
-        autocommit=True,
-    )
+    conn = engine.dedicated_connection()  # the backend's parameters: they carry the embedded socket directory
     conn.execute(f"LISTEN {queue_settings.NOTIFY_CHANNEL}")
     return conn
 
