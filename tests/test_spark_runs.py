@@ -18,6 +18,7 @@ from queue_app.spark.launcher import group_members
 from queue_app.spark.pipelines.file_rollup import write_sample_input
 from queue_app.spark.runs import cancel_run, trigger_run
 from tests.spark_fixtures import TEST_CONF, require_spark
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -61,16 +62,6 @@ def spark_worker(spawn, tmp_path_factory):
         )
 
     return start
-
-
-def wait_for(check, timeout: float, every: float = 0.1, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
 
 
 def row(run_id: int) -> SparkRun:
@@ -150,7 +141,7 @@ def test_worker_killed_mid_run_redelivers_the_run_without_duplicating_its_output
         "file_rollup", {"input_dir": str(input_dir), "output_dir": str(output_dir)}, trigger="orm", requested_by="t"
     )
     # Kill the worker right after the first attempt wrote its output, before it could mark the run succeeded.
-    wait_for(lambda: len(_parquet_files(output_dir)) == 3, 120, every=0.02, what="the first attempt's output")
+    wait_for(lambda: len(_parquet_files(output_dir)) == 3, 120, interval=0.02, what="the first attempt's output")
     first_files = _parquet_files(output_dir)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(10)
@@ -159,7 +150,7 @@ def test_worker_killed_mid_run_redelivers_the_run_without_duplicating_its_output
     wait_for(lambda: not group_members(killed.driver_pgid), 15, what="the first attempt's processes to die")
 
     spark_worker()
-    ended = wait_for(lambda: final(run.id), 150, every=0.5, what="the re-delivered run to end")
+    ended = wait_for(lambda: final(run.id), 150, interval=0.5, what="the re-delivered run to end")
     assert ended.state == "succeeded", (ended.error, ended.log_tail[-2000:])
     assert ended.attempt == 2
     assert ended.metrics["days"] == ["2025-01-01", "2025-01-02", "2025-01-03"]

@@ -4,7 +4,6 @@ tests/django_tasks_app.py, enqueued here and run by real `manage.py run_worker` 
 jobsite/settings.py makes QueueBackend the default backend, so these tests use no override."""
 
 import json
-import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -23,6 +22,7 @@ from queue_app.models import DeadLetter, ItemState, QueueItem
 from queue_app.registry import find_task
 from queue_app.tasks_backend import JobsiteTask, QueueBackend, exception_path, run_django_task
 from tests import django_tasks_app as app
+from tests.waiting import wait_for
 
 
 class Rollback(Exception):
@@ -86,15 +86,6 @@ def worker(spawn, signal_log):
         )
 
     return start
-
-
-def wait_for(predicate, *, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def signals(path: Path) -> list[dict]:

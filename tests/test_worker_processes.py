@@ -25,20 +25,11 @@ from queue_app import engine, services
 from queue_app.models import DeadLetter, ExecutionLog, ItemState, ProbeEffect, QueueItem, Reservation, Worker
 from queue_app.registry import get_task
 from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks the workers --import)
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 PROBE = "queue_app.probe"
-
-
-def wait_for(predicate, *, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
