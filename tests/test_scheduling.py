@@ -243,19 +243,21 @@ def test_fire_times_cross_the_spring_dst_change_in_local_time():
 # -- validation and the admin -----------------------------------------------------------------------------------
 
 
+FORM_FIELDS = {
+    "name": "nightly",
+    "enabled": "on",
+    "cron": "0 3 * * *",
+    "timezone": "UTC",
+    "catch_up": "skip",
+    "target_kind": "task",
+    "target": "queue_app.noop",
+    "payload": "{}",
+    "dedup_window": "",
+}
+
+
 def form(**overrides) -> ScheduleForm:
-    data = {
-        "name": "nightly",
-        "enabled": "on",
-        "cron": "0 3 * * *",
-        "timezone": "UTC",
-        "catch_up": "skip",
-        "target_kind": "task",
-        "target": "queue_app.noop",
-        "payload": "{}",
-        "dedup_window": "",
-    }
-    data.update(overrides)
+    data = {**FORM_FIELDS, **overrides}
     return ScheduleForm(data=data)
 
 
@@ -339,15 +341,7 @@ def test_admin_detail_shows_the_next_five_fire_times_and_recent_fires(admin_clie
 
 def post_data(**overrides) -> dict[str, str]:
     data = {
-        "name": "nightly",
-        "enabled": "on",
-        "cron": "0 3 * * *",
-        "timezone": "UTC",
-        "catch_up": "skip",
-        "target_kind": "task",
-        "target": "queue_app.noop",
-        "payload": "{}",
-        "dedup_window": "",
+        **FORM_FIELDS,
         "fires-TOTAL_FORMS": "0",
         "fires-INITIAL_FORMS": "0",
         "fires-MIN_NUM_FORMS": "0",
