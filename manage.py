@@ -21,6 +21,14 @@ def main():
             "Couldn't import Django. Run `python3 manage.py ...` without JOBSITE_NO_BOOTSTRAP, or install "
             "the project into your environment (`pip install -e '.[dev]'`)."
         ) from exc
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        settings.INSTALLED_APPS  # noqa: B018  (loads the settings: SECRET_KEY, ALLOWED_HOSTS... are checked there)
+    except ImproperlyConfigured as exc:
+        # A configuration refusal (e.g. DEBUG off without SECRET_KEY) is a message for the operator, not a traceback.
+        sys.exit(f"jobsite: {exc}")
     execute_from_command_line(sys.argv)
 
 

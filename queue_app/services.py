@@ -5,6 +5,7 @@ The admin, the dashboard, the CLI and the worker call these and never write queu
 does not apply to are left alone and not counted.
 """
 
+import math
 from collections.abc import Iterable
 from datetime import timedelta
 
@@ -121,12 +122,45 @@ def purge_dead_letters(older_than: timedelta) -> int:
     return deleted
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+QUEUE_OPTION_RULES = {
+    # option: (is the value acceptable?, what it must be)
+    "concurrency_limit": (
+        lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+        "an integer >= 1, or empty for no limit (pause the queue to stop it)",
+    ),
+    "lease_timeout": (lambda v: _is_number(v) and v > 0, "a finite number of seconds > 0"),
+    "max_attempts": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
+    "retention": (lambda v: isinstance(v, timedelta) and v >= timedelta(0), "a duration >= 0"),
+}
+
+
+def queue_option_errors(**options: object) -> dict[str, str]:
+    """{option: what is wrong} for the options a queue cannot run with (a zero lease, no attempts, a negative
+    retention...); empty when all are fine. The admin's queue form shows these per field."""
+    errors = {}
+    for name, value in options.items():
+        rule = QUEUE_OPTION_RULES.get(name)
+        if rule is None:
+            errors[name] = f"unknown queue option; allowed: {', '.join(sorted(QUEUE_OPTION_RULES))}"
+        elif not rule[0](value):
+            errors[name] = f"must be {rule[1]}, not {value!r}"
+    return errors
+
+
 def set_queue_options(name: str, **options: object) -> int:
-    """Change a queue's settings (concurrency_limit, lease_timeout, max_attempts, retention)."""
-    allowed = {"concurrency_limit", "lease_timeout", "max_attempts", "retention"}
-    unknown = set(options) - allowed
-    if unknown:
-        raise ValueError(f"unknown queue options: {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(allowed))}")
+    """Change a queue's settings (concurrency_limit, lease_timeout, max_attempts, retention); ValueError naming
+    every bad option (nothing changed) if any is unknown or out of range."""
+    errors = queue_option_errors(**options)
+    if errors:
+        unknown = sorted(n for n in errors if n not in QUEUE_OPTION_RULES)
+        if unknown:
+            allowed = ", ".join(sorted(QUEUE_OPTION_RULES))
+            raise ValueError(f"unknown queue options: {', '.join(unknown)}; allowed: {allowed}")
+        raise ValueError("; ".join(f"{n} {message}" for n, message in errors.items()))
     return Queue.objects.filter(name=name).update(**options)
 
 
@@ -134,6 +168,7 @@ __all__ = [
     "cancel_items",
     "pause_queue",
     "purge_dead_letters",
+    "queue_option_errors",
     "requeue_dead_letters",
     "requeue_items",
     "resume_queue",

@@ -31,6 +31,7 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from . import engine
+from .conf import queue_settings
 from .engine.enqueue import QUEUE_NAME
 from .registry import DEFAULT_HARD_TIMEOUT, LEASE_MARGIN, Context, Delivery, Retry, _check_seconds
 from .registry import Task as JobSpec
@@ -188,7 +189,12 @@ class QueueBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
-        payload = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
+        try:
+            payload = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
+        except RecursionError:  # normalize_json recurses: hostile nesting must be refused, not crash the caller
+            raise engine.InvalidEnqueue(
+                f"payload nested deeper than {queue_settings.MAX_PAYLOAD_DEPTH} levels"
+            ) from None
         extra = as_jobsite_task(task)
         item = engine.enqueue(
             task.module_path,

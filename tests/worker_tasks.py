@@ -30,6 +30,8 @@ def crash(payload: dict, ctx: Context) -> None:
         ctypes.string_at(0)
     if how == "system_exit":
         raise SystemExit(4)
+    if how == "keyboard_interrupt":
+        raise KeyboardInterrupt("raised by the handler")
     raise ValueError(f"unknown crash {how!r}")
 
 
@@ -48,6 +50,26 @@ def unfixable(payload: dict, ctx: Context) -> None:
 @job("tests.not_json", retry=Retry(times=1))
 def not_json(payload: dict, ctx: Context) -> set:
     return {1, 2}
+
+
+@job("tests.bad_result", retry=Retry(times=1))
+def bad_result(payload: dict, ctx: Context) -> object:
+    """Returns what the payload names, none of which the queue can store as a result."""
+    kind = payload["kind"]
+    if kind == "object":
+        return object()
+    if kind == "nan":
+        return {"ratio": float("nan")}
+    if kind == "deep":
+        value: list = []
+        for _ in range(200):
+            value = [value]
+        return value
+    if kind == "huge":
+        return "x" * (payload["bytes"] + 1)
+    if kind == "nul":
+        return {"s": "a\x00b"}
+    raise ValueError(f"unknown kind {kind!r}")
 
 
 @job("tests.extends", hard_timeout=10.0)

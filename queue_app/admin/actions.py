@@ -19,7 +19,7 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import model_ngettext
 from django.contrib.admin.views.main import ERROR_FLAG, PAGE_VAR
 from django.contrib.contenttypes.models import ContentType
-from django.core.exceptions import BadRequest, PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied, ValidationError
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.template.response import TemplateResponse
@@ -137,10 +137,33 @@ class OperationsAdmin(admin.ModelAdmin):
         if posted - set(self.get_actions(request, action_location=location)):
             raise PermissionDenied
 
+    def _forged_ids(self, request: HttpRequest) -> list[str]:
+        """Posted row ids that cannot be a primary key of this model (a forged or mangled form). Left to Django,
+        they would fail the action's query with a 500."""
+        if request.method != "POST":
+            return []
+        forged = []
+        for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+            try:
+                self.opts.pk.to_python(value)
+            except ValidationError:
+                forged.append(value)
+        return forged
+
+    def _refuse_forged_ids(self, request: HttpRequest) -> HttpResponse | None:
+        forged = self._forged_ids(request)
+        if not forged:
+            return None
+        shown = ", ".join(repr(v) for v in forged[:5]) + (f" and {len(forged) - 5} more" if len(forged) > 5 else "")
+        self.message_user(request, f"Not {self.opts.verbose_name} ids: {shown}. Nothing was changed.", messages.ERROR)
+        return HttpResponseRedirect(request.get_full_path())
+
     # -- views ------------------------------------------------------------------------------------------------
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
         self._refuse_unpermitted_action(request, ActionLocation.CHANGE_LIST)
+        if refused := self._refuse_forged_ids(request):
+            return refused
         context = {"object_tool_links": self.object_tool_links(request), **(extra_context or {})}
         return super().changelist_view(request, context)
 
@@ -148,6 +171,8 @@ class OperationsAdmin(admin.ModelAdmin):
         self, request: HttpRequest, object_id: str | None = None, form_url: str = "", extra_context=None
     ) -> HttpResponse:
         self._refuse_unpermitted_action(request, ActionLocation.CHANGE_FORM)
+        if refused := self._refuse_forged_ids(request):
+            return refused
         return super().changeform_view(request, object_id, form_url, extra_context)
 
     def object_tool_links(self, request: HttpRequest) -> list[tuple[str, str]]:
@@ -186,8 +211,10 @@ class OperationsAdmin(admin.ModelAdmin):
         if request.POST.get("select_across") == "1":  # "Select all N": the count is confirmed first
             return HttpResponseRedirect(self.bulk_url(op, filter_query(request).urlencode()))
         pks = list(queryset.values_list("pk", flat=True))
+        # Posted ids that match no row here: deleted meanwhile, forged, or outside the change list's filter.
+        missing = max(len(set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))) - len(pks), 0)
         changed = op.apply(pks, request.user.get_username())
-        message = self.count_message(op, changed, len(pks))
+        message = self.count_message(op, changed, len(pks) + missing, missing)
         LogEntry.objects.log_actions(
             user_id=request.user.pk,
             queryset=self.model._default_manager.filter(pk__in=pks),
@@ -197,11 +224,18 @@ class OperationsAdmin(admin.ModelAdmin):
         self.message_user(request, message, messages.SUCCESS if changed else messages.WARNING)
         return None
 
-    def count_message(self, op: Operation, changed: int, selected: int) -> str:
+    def count_message(self, op: Operation, changed: int, selected: int, missing: int = 0) -> str:
         if changed == selected:
             return op.done.format(n=changed, noun=model_ngettext(self.opts, changed)) + "."
         report = op.done.format(n=f"{changed} of {selected} selected", noun=model_ngettext(self.opts, selected))
-        return f"{report}; the other {selected - changed} were not {op.eligible_label} and were left alone."
+        ineligible = selected - missing - changed
+        if not missing:
+            return f"{report}; the other {ineligible} were not {op.eligible_label} and were left alone."
+        parts = [report]
+        if ineligible:
+            parts.append(f"{ineligible} were not {op.eligible_label} and were left alone")
+        parts.append(f"{missing} matched no {self.opts.verbose_name} (deleted, or outside the current filter)")
+        return "; ".join(parts) + "."
 
     def log_summary(self, request: HttpRequest, action_flag: int, object_repr: str, message: str) -> None:
         """One LogEntry for an operation on a set too large to log row by row."""

@@ -3,6 +3,7 @@ pause_queue), and the URL of the overview fragment the landing page refreshes fr
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 from django.urls import path
@@ -36,7 +37,19 @@ RESUME = Operation(
 )
 
 
+class QueueForm(forms.ModelForm):
+    """A queue's options, refused per field when the queue could not run with them (services decides)."""
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        options = {name: data[name] for name in OPTIONS if name in data and name in self.changed_data}
+        for name, message in services.queue_option_errors(**options).items():
+            self.add_error(name, message)
+        return data
+
+
 class QueueAdmin(OperationsAdmin):
+    form = QueueForm
     operations = (PAUSE, RESUME)
     actions = [op.as_action() for op in operations]
     list_display = ("name", "paused", *OPTIONS, "created_at", "links")

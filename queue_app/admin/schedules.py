@@ -13,6 +13,7 @@ from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
+from django.forms.fields import InvalidJSONInput
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -21,6 +22,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from .. import scheduling
+from ..conf import queue_settings
+from ..engine.errors import InvalidEnqueue
+from ..engine.payload import encode_json
 from ..models import Schedule, ScheduleFire, TargetKind
 from ..registry import find_task, registered_tasks
 from .actions import Operation, OperationsAdmin
@@ -79,10 +83,45 @@ def _django_task_payload_problem(payload: Any) -> str | None:
     return None
 
 
+class PayloadField(forms.JSONField):
+    """JSON the queue can store, by the engine's own rules (no NaN or Infinity, bounded depth and size, valid
+    UTF-8, no NUL): a schedule never holds a payload every fire of it would fail to enqueue, and text nested too
+    deeply for Python's JSON parser is an error on the field, not a server error."""
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            value = super().to_python(value)
+        except RecursionError:
+            raise ValidationError(
+                f"payload nested deeper than {queue_settings.MAX_PAYLOAD_DEPTH} levels", code="invalid"
+            ) from None
+        if value is not None:
+            try:
+                encode_json(value)
+            except InvalidEnqueue as exc:
+                raise ValidationError(str(exc), code="invalid") from None
+        return value
+
+    def prepare_value(self, value: Any) -> Any:
+        text = super().prepare_value(value)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate typed as "\udcff": re-shown escaped, a page must be UTF-8
+            return json.dumps(value, cls=self.encoder)
+        return text
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:  # re-shown as the text typed, like any other invalid JSON
+            return InvalidJSONInput(data)
+
+
 class ScheduleForm(forms.ModelForm):
     class Meta:
         model = Schedule
         fields = ("name", "enabled", "cron", "timezone", "catch_up", "target_kind", "target", "payload", "dedup_window")
+        field_classes = {"payload": PayloadField}
         help_texts = {
             "cron": "Five fields: minute hour day-of-month month day-of-week, read by croniter "
             "(e.g. '*/10 * * * *', '0 3 * * 1-5').",
@@ -98,6 +137,12 @@ class ScheduleForm(forms.ModelForm):
 
     def clean_timezone(self) -> str:
         return scheduling.validate_timezone(self.cleaned_data["timezone"].strip())
+
+    def clean_dedup_window(self) -> float | None:
+        window = self.cleaned_data["dedup_window"]
+        if window is not None and window < 0:  # 0 or empty: no dedup (scheduling.py reads it as "off")
+            raise ValidationError("a number of seconds >= 0, or empty for no dedup window", code="invalid")
+        return window
 
     def clean_target(self) -> str:
         return self.cleaned_data["target"].strip()

@@ -384,8 +384,9 @@ class SparkRunAdmin(ReadOnlyAdmin):
             posted_job = request.POST.get("job", "")
             try:
                 get_job(posted_job)
-            except UnknownSparkJob:
-                raise Http404(f"no Spark job {posted_job!r}") from None
+            except UnknownSparkJob as exc:  # a forged or stale form: say so on the page, queue nothing
+                self.message_user(request, f"Nothing was queued: {exc}.", messages.ERROR)
+                posted_job = None
         forms = []
         for spark_job in all_jobs():
             if spark_job.name == posted_job:
@@ -409,7 +410,7 @@ class SparkRunAdmin(ReadOnlyAdmin):
                 form = SparkRunForm(spark_job)
             forms.append({"job": spark_job, "form": form, "open": spark_job.name == posted_job})
         context = self._context(request, "Trigger a Spark run", job_forms=forms, may_trigger=may_trigger)
-        status = 400 if posted_job else 200  # a POST that comes back here had errors
+        status = 400 if request.method == "POST" else 200  # a POST that comes back here had errors
         return TemplateResponse(request, TEMPLATES + "trigger.html", context, status=status)
 
     def charts_view(self, request: HttpRequest) -> HttpResponse:

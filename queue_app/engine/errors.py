@@ -9,6 +9,11 @@ class InvalidEnqueue(QueueError, ValueError):
     """enqueue() was given arguments it cannot store; nothing was written."""
 
 
+class InvalidResult(InvalidEnqueue):
+    """complete() was given a result it cannot store (not JSON, NaN, too big or deep); nothing was written.
+    An InvalidEnqueue too, for callers written before it had its own name."""
+
+
 class StaleReservation(QueueError):
     """A settle named a reservation that is no longer the item's current one; nothing changed.
 

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from . import sql
 from .db import cursor
-from .errors import StaleReservation
+from .errors import InvalidEnqueue, InvalidResult, StaleReservation
 from .payload import encode_json
 from .retry import backoff_seconds
 
@@ -25,11 +25,14 @@ class Held(Protocol):
 
 def complete_many(done: Iterable[tuple[Held, Any]], *, using: str = "default") -> list[Held]:
     """Mark items done with their results in one statement. Returns the leases that were stale (unchanged).
-    Results must be JSON (InvalidEnqueue otherwise, raised before anything is written)."""
+    Results must be JSON (InvalidResult otherwise, raised before anything is written)."""
     pairs = list(done)
     if not pairs:
         return []
-    results = [None if result is None else encode_json(result, "result") for _, result in pairs]
+    try:
+        results = [None if result is None else encode_json(result, "result") for _, result in pairs]
+    except InvalidEnqueue as exc:
+        raise InvalidResult(str(exc)) from None
     with cursor(using) as cur:
         cur.execute(
             sql.COMPLETE_MANY,

@@ -3,18 +3,34 @@
     python manage.py enqueue queue_app.echo --payload '{"hello": "world"}'
     python manage.py enqueue queue_app.noop --count 100000          # one COPY (engine.enqueue_many)
     python manage.py enqueue queue_app.sleep --payload '{"seconds": 2}' --delay 10 --dedup-key nap
+    python manage.py enqueue queue_app.echo --payload-file big.json                 # or - for standard input
 
 A registered task brings its own queue, attempts and dedup window; a name no task is registered under is
 queued anyway (with a warning): a worker that does not know it either sends it to the dead letters.
 """
 
 import json
+import sys
 from functools import partial
+from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
 from queue_app import engine
+from queue_app.conf import queue_settings
 from queue_app.registry import find_task
+
+
+def read_payload_file(path: str) -> str:
+    """The file's text (standard input for '-'), which must be UTF-8; its size is checked by the engine."""
+    try:
+        raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as exc:
+        raise CommandError(f"--payload-file {path}: {exc.strerror or exc}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CommandError(f"--payload-file {path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
 
 
 class Command(BaseCommand):
@@ -22,7 +38,14 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("task", help="task name, e.g. queue_app.noop")
-        parser.add_argument("--payload", default=None, help="JSON payload (default: {})")
+        source = parser.add_mutually_exclusive_group()
+        source.add_argument("--payload", default=None, help="JSON payload (default: {})")
+        source.add_argument(
+            "--payload-file",
+            default=None,
+            metavar="PATH",
+            help="read the JSON payload from a UTF-8 file ('-': standard input), for payloads too big for argv",
+        )
         parser.add_argument("--count", type=int, default=1, help="how many items (bulk enqueue when > 1)")
         parser.add_argument("--queue", default=None, help="queue (default: the task's, else the default queue)")
         parser.add_argument("--priority", type=int, default=0, help="-100..100, higher first")
@@ -30,11 +53,21 @@ class Command(BaseCommand):
         parser.add_argument("--dedup-key", default=None, help="enqueue at most once per key within the window")
         parser.add_argument("--ordering-key", default=None, help="items of one key run one at a time, in order")
 
-    def handle(self, *args, task, payload, count, queue, priority, delay, dedup_key, ordering_key, **options):
+    def handle(
+        self, *args, task, payload, payload_file, count, queue, priority, delay, dedup_key, ordering_key, **options
+    ):
+        source = "--payload"
+        if payload_file is not None:
+            source, payload = "--payload-file", read_payload_file(payload_file)
         try:
             data = {} if payload is None else json.loads(payload)
         except json.JSONDecodeError as exc:
-            raise CommandError(f"--payload is not valid JSON: {exc}") from None
+            raise CommandError(f"{source} is not valid JSON: {exc}") from None
+        except RecursionError:  # json.loads recurses: text nested this deep is refused before the engine sees it
+            raise CommandError(
+                f"{source} is nested deeper than Python's JSON parser can read (the limit is "
+                f"{queue_settings.MAX_PAYLOAD_DEPTH} levels)"
+            ) from None
         if count < 1:
             raise CommandError(f"--count must be at least 1, not {count}")
         if count > 1 and dedup_key is not None:
