@@ -46,7 +46,7 @@ from tests.admin_fixtures import (
 )
 from tests.conftest import ROOT, child_env
 from tests.test_engine_enqueue import nested
-from tests.test_scheduling import FORM_FIELDS
+from tests.test_scheduling import post_data
 from tests.test_worker_supervisor import run_worker
 
 SMALL_LIMIT = {"JOBSITE": {"MAX_PAYLOAD_BYTES": 1000}}
@@ -304,7 +304,7 @@ BAD_CRONS = {
 def test_schedule_add_refuses_a_bad_cron_string_and_saves_nothing(admin_client, cron, message):
     before = all_rows()
 
-    response = admin_client.post(url("schedule", "add"), {**FORM_FIELDS, "cron": cron})
+    response = admin_client.post(url("schedule", "add"), post_data(cron=cron))
 
     assert response.status_code == 200
     assert message in " ".join(response.context["adminform"].form.errors["cron"])
@@ -330,7 +330,7 @@ def test_schedule_add_refuses_a_payload_the_queue_cannot_store(admin_client, pay
     before = all_rows()
 
     with override_settings(**SMALL_LIMIT):
-        response = admin_client.post(url("schedule", "add"), {**FORM_FIELDS, "payload": payload})
+        response = admin_client.post(url("schedule", "add"), post_data(payload=payload))
 
     assert response.status_code == 200
     assert message in " ".join(response.context["adminform"].form.errors["payload"])
@@ -341,7 +341,7 @@ def test_schedule_add_refuses_a_payload_the_queue_cannot_store(admin_client, pay
 def test_schedule_add_refuses_a_negative_dedup_window(admin_client):
     before = all_rows()
 
-    response = admin_client.post(url("schedule", "add"), {**FORM_FIELDS, "dedup_window": "-5"})
+    response = admin_client.post(url("schedule", "add"), post_data(dedup_window="-5"))
 
     assert response.status_code == 200
     assert "seconds >= 0" in response.context["adminform"].form.errors["dedup_window"][0]
