@@ -55,7 +55,9 @@ class Queue(models.Model):
 class QueueItem(models.Model):
     id = models.BigAutoField(primary_key=True)
     # DO_NOTHING in Python; the database FK (no ON DELETE action) refuses to drop a queue that has items.
-    queue = models.ForeignKey(Queue, on_delete=models.DO_NOTHING, related_name="items")
+    # No index of its own: every write to an item updates each of its indexes, and item_queue_state_finished and
+    # item_fetch (both led by queue) serve every lookup by queue.
+    queue = models.ForeignKey(Queue, on_delete=models.DO_NOTHING, related_name="items", db_index=False)
     task = models.CharField(max_length=200)
     payload = models.JSONField(default=dict)
     state = models.CharField(max_length=10, choices=ItemState.choices, default=ItemState.READY)
@@ -69,8 +71,16 @@ class QueueItem(models.Model):
     lease_timeout = models.FloatField(null=True, blank=True, help_text="Per-item lease, seconds.")
     dedup_key = models.CharField(max_length=200, null=True, blank=True)
     ordering_key = models.CharField(max_length=200, null=True, blank=True)
-    reservation = models.OneToOneField(
-        "Reservation", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+", db_constraint=False
+    # The fencing token (the current or last reservation). Not indexed: nothing looks an item up by it, and an
+    # index here was one more write on every lease and settle.
+    reservation = models.ForeignKey(
+        "Reservation",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+        db_constraint=False,
+        db_index=False,
     )
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="", help_text="Summary of the last error.")
@@ -129,7 +139,8 @@ class Reservation(models.Model):
     """One attempt at one item; its id is the fencing token a settle must name."""
 
     id = models.BigAutoField(primary_key=True)
-    item = models.ForeignKey(QueueItem, on_delete=models.DB_CASCADE, related_name="reservations")
+    # Indexed by reservation_item (item, id), which also serves the FK's cascade.
+    item = models.ForeignKey(QueueItem, on_delete=models.DB_CASCADE, related_name="reservations", db_index=False)
     attempt = models.PositiveIntegerField()
     worker_id = models.CharField(max_length=200)
     reserved_at = models.DateTimeField()

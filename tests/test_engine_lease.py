@@ -383,6 +383,7 @@ def test_lease_walks_the_fetch_index_in_order_instead_of_sorting_the_backlog():
     with connection.cursor() as cur:
         cur.execute("ANALYZE queue_app_queueitem")
         params = {"queues": ["qa", "qb"], "n": 100, "worker_id": "w1", "lease_timeout": None}
+        params.update(term_tasks=["t"], term_leases=[30.0], term_floors=[5.0])
         cur.execute("EXPLAIN (FORMAT JSON) " + sql.LEASE, params)
         (explained,) = cur.fetchone()
     explained = json.loads(explained) if isinstance(explained, str) else explained

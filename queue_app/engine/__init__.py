@@ -8,7 +8,7 @@ for held in engine.lease(["default"], 10, worker_id="w1"):
 
 from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue
 from .errors import InvalidEnqueue, QueueError, StaleReservation
-from .lease import ALL_QUEUES, Lease, lease
+from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, settle_and_lease
 from .maintenance import prune_dedup_claims, prune_done, rescue_expired
 from .retry import backoff_seconds
 from .settle import complete, complete_many, dead, extend, extend_many, fail, release
@@ -31,7 +31,9 @@ __all__ = [
     "Lease",
     "LeaseTerms",
     "QueueError",
+    "SettledAndLeased",
     "StaleReservation",
+    "Terms",
     "WorkerRow",
     "backoff_seconds",
     "complete",
@@ -53,6 +55,7 @@ __all__ = [
     "renew_leases",
     "rescue_expired",
     "save_worker",
+    "settle_and_lease",
     "sweep_workers",
     "try_maintenance_lock",
 ]

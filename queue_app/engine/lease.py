@@ -1,6 +1,7 @@
-"""lease(): take up to n items for a worker, each with a new reservation (one attempt, one fencing token)."""
+"""lease(): take up to n items for a worker, each with a new reservation (one attempt, one fencing token);
+settle_and_lease(): complete the items a worker finished and lease its next batch in one round trip."""
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -9,9 +10,13 @@ from django.db import transaction
 
 from . import sql
 from .db import cursor
-from .payload import decode_json
+from .payload import decode_json, encode_json
+from .settle import Held
 
 ALL_QUEUES = ("*",)
+
+# task name -> (its lease in seconds or None for the item's/queue's, the floor no lease may go under)
+Terms = Mapping[str, tuple[float | None, float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,14 +41,95 @@ class Lease:
         return self.attempt >= self.max_attempts
 
 
-def _lease_rows(cur: Any, queues: list[str], n: int, worker_id: str, lease_timeout: float | None) -> list[Lease]:
-    cur.execute(sql.LEASE, {"queues": queues, "n": n, "worker_id": worker_id, "lease_timeout": lease_timeout})
-    rows = cur.fetchall()
-    leases = [
-        Lease(r[0], r[1], r[2], r[3], decode_json(r[4]), r[5], r[6], r[7], r[8], r[9], r[10], r[11]) for r in rows
-    ]
-    leases.sort(key=lambda lease: (-lease.priority, lease.item_id))
+@dataclass(frozen=True, slots=True)
+class SettledAndLeased:
+    stale: list[Held]  # completes that changed nothing: their reservation was no longer current
+    leases: list[Lease]
+
+
+def _lease(r: Sequence[Any]) -> Lease:
+    return Lease(r[0], r[1], r[2], r[3], decode_json(r[4]), r[5], r[6], r[7], r[8], r[9], r[10], r[11])
+
+
+def _terms_params(terms: Terms | None) -> dict[str, list]:
+    names = list(terms or ())
+    return {
+        "term_tasks": names,
+        "term_leases": [terms[name][0] for name in names],
+        "term_floors": [float(terms[name][1]) for name in names],
+    }
+
+
+def _queue_params(queues: Sequence[str] | None) -> dict[str, Any]:
+    all_queues = queues is None or tuple(queues) == ALL_QUEUES
+    return {"all_queues": all_queues, "queues": [] if all_queues else list(queues)}
+
+
+def _lease_named(cur: Any, queues: list[str], n: int, params: dict[str, Any]) -> list[Lease]:
+    cur.execute(sql.LEASE, {**params, "queues": queues, "n": n})
+    return [_lease(r) for r in cur.fetchall()]
+
+
+def _lease_limited(cur: Any, limited: Iterable[str], n: int, params: dict[str, Any], using: str) -> list[Lease]:
+    """Lease from concurrency-limited queues, each under its row lock so concurrent workers never exceed the
+    limit together: lock, count what is in flight, lease the room left."""
+    leases: list[Lease] = []
+    for name in limited:
+        if len(leases) >= n:
+            break
+        with transaction.atomic(using=using):
+            cur.execute(sql.LOCK_LIMITED_QUEUE, {"queue": name})
+            locked = cur.fetchone()
+            if locked is None or locked[0] is None:  # paused or unlimited since we looked
+                continue
+            cur.execute(sql.IN_FLIGHT, {"queue": name})
+            room = min(n - len(leases), locked[0] - cur.fetchone()[0])
+            if room > 0:
+                leases += _lease_named(cur, [name], room, params)
     return leases
+
+
+def settle_and_lease(
+    done: Iterable[tuple[Held, Any]],
+    queues: Sequence[str] | None,
+    n: int,
+    worker_id: str,
+    lease_timeout: float | None = None,
+    *,
+    terms: Terms | None = None,
+    using: str = "default",
+) -> SettledAndLeased:
+    """Complete `done` (held, result) pairs and reserve up to `n` items from `queues` (None or ALL_QUEUES:
+    every queue) for `worker_id`, in one statement; concurrency-limited queues then take one locked round trip
+    each. Paused queues are skipped. `terms` gives each task's lease (see sql._lease_ctes). Results must be
+    JSON (InvalidEnqueue otherwise, raised before anything is written)."""
+    pairs = list(done)
+    if not pairs and n <= 0:
+        return SettledAndLeased([], [])
+    params = {
+        "worker_id": worker_id,
+        "lease_timeout": lease_timeout,
+        "n": max(0, n),
+        **_terms_params(terms),
+        **_queue_params(queues),
+        "item_ids": [h.item_id for h, _ in pairs],
+        "reservation_ids": [h.reservation_id for h, _ in pairs],
+        "results": [None if result is None else encode_json(result, "result") for _, result in pairs],
+    }
+    with cursor(using) as cur:
+        cur.execute(sql.SETTLE_AND_LEASE, params)
+        stale_ids: set[int] = set()
+        limited: list[str] = []
+        leases: list[Lease] = []
+        for row in cur.fetchall():
+            if row[0] == "m":
+                stale_ids, limited = set(row[1]), row[2]
+            else:
+                leases.append(_lease(row[3:]))
+        if limited and len(leases) < n:
+            leases += _lease_limited(cur, limited, n - len(leases), params, using)
+    leases.sort(key=lambda lease: (-lease.priority, lease.item_id))
+    return SettledAndLeased([h for h, _ in pairs if h.reservation_id in stale_ids], leases)
 
 
 def lease(
@@ -52,32 +138,15 @@ def lease(
     worker_id: str,
     lease_timeout: float | None = None,
     *,
+    terms: Terms | None = None,
     using: str = "default",
 ) -> list[Lease]:
     """Reserve up to `n` items from `queues` (None or ALL_QUEUES: every queue) for `worker_id`.
 
     Paused queues are skipped. A queue with a concurrency limit is leased under its row lock, so concurrent
-    workers never exceed the limit together. The lease lasts `lease_timeout` seconds, else the item's own,
-    else its queue's.
+    workers never exceed the limit together. The lease lasts the task's lease from `terms` (never under its
+    floor), else the item's own, else `lease_timeout` seconds, else its queue's.
     """
     if n <= 0:
         return []
-    all_queues = queues is None or tuple(queues) == ALL_QUEUES
-    with cursor(using) as cur:
-        cur.execute(sql.LEASABLE_QUEUES, {"all_queues": all_queues, "queues": list(queues or [])})
-        leasable = cur.fetchall()
-        unlimited = [name for name, limit in leasable if limit is None]
-        leases = _lease_rows(cur, unlimited, n, worker_id, lease_timeout) if unlimited else []
-        for name, _ in ((name, limit) for name, limit in leasable if limit is not None):
-            if len(leases) >= n:
-                break
-            with transaction.atomic(using=using):
-                cur.execute(sql.LOCK_LIMITED_QUEUE, {"queue": name})
-                locked = cur.fetchone()
-                if locked is None or locked[0] is None:  # paused or unlimited since we looked
-                    continue
-                cur.execute(sql.IN_FLIGHT, {"queue": name})
-                room = min(n - len(leases), locked[0] - cur.fetchone()[0])
-                if room > 0:
-                    leases += _lease_rows(cur, [name], room, worker_id, lease_timeout)
-    return leases
+    return settle_and_lease((), queues, n, worker_id, lease_timeout, terms=terms, using=using).leases

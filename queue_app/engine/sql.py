@@ -26,12 +26,6 @@ VALUES (%(queue)s, false, NULL, %(queue_lease_timeout)s, %(queue_max_attempts)s,
 ON CONFLICT (name) DO NOTHING
 """
 
-# Queues a lease may draw from: not paused; `all_queues` ignores the name list.
-LEASABLE_QUEUES = f"""
-SELECT name, concurrency_limit FROM {QUEUE}
-WHERE NOT paused AND (%(all_queues)s OR name = ANY(%(queues)s))
-"""
-
 # Serializes leasers of one concurrency-limited queue, then counts what is in flight (a lease that expired is
 # not in flight: it can be taken again). NO KEY UPDATE, not UPDATE: leasers still exclude each other, but the
 # FOR KEY SHARE lock of an enqueue's foreign-key check (at its commit) is not blocked by a lease in progress.
@@ -100,23 +94,40 @@ NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
 
 # -- lease ----------------------------------------------------------------------------------------------------
 
-# Due ready items and items whose lease expired (attempts left), from the given queues, best first; an item
-# with an ordering key only when no older item of its key is still open (one in flight per key, in enqueue
-# order, a retried item keeps blocking its key). SKIP LOCKED lets concurrent leasers pass each other.
-LEASE = f"""
-WITH picked AS (
+# Where a lease draws from. LEASE names its queues (the caller checked them: a concurrency-limited queue under
+# its row lock); SETTLE_AND_LEASE picks the leasable ones itself (named or all, not paused, no concurrency limit)
+# and reports the limited ones, which the caller then leases one by one under their locks.
+_NAMED_QUEUES = "unnest(%(queues)s::text[]) AS q(name)"
+_OPEN_QUEUES = f"""(SELECT name FROM {QUEUE}
+    WHERE NOT paused AND concurrency_limit IS NULL AND (%(all_queues)s OR name = ANY(%(queues)s))) AS q"""
+_LIMITED_QUEUES = f"""SELECT name FROM {QUEUE}
+    WHERE NOT paused AND concurrency_limit IS NOT NULL AND (%(all_queues)s OR name = ANY(%(queues)s))"""
+
+
+def _lease_ctes(queue_source: str, excluded: str = "") -> str:
+    """The CTEs of a lease, ending in `leased` (the leased items' rows).
+
+    Due ready items and items whose lease expired (attempts left), from the given queues, best first; an item
+    with an ordering key only when no older item of its key is still open (one in flight per key, in enqueue
+    order, a retried item keeps blocking its key). SKIP LOCKED lets concurrent leasers pass each other. The
+    lease lasts the task's lease when the worker names its tasks' terms (`term_*`: never less than the task's
+    floor, its hard timeout plus a margin), else the item's, else the caller's, else the queue's, so a worker
+    needs no second round trip to give each item its task's lease. `excluded`: a filter keeping out rows the
+    same statement settles (one statement must not update a row twice).
+    """
+    return f"""picked AS (
     -- One ordered scan of item_fetch per queue (queue_id = q.name), each stopping after n rows it could lock,
     -- then the best n of those. `queue_id = ANY(array)` cannot walk the index in order (before PostgreSQL 17):
     -- it sorted every due row of the queues on each lease, and its cost estimate switched JIT on.
-    SELECT c.* FROM unnest(%(queues)s::text[]) AS q(name)
+    SELECT c.* FROM {queue_source}
     CROSS JOIN LATERAL (
-        SELECT i.id, i.queue_id, i.state AS prev_state, i.reservation_id AS prev_reservation, i.attempts,
+        SELECT i.id, i.queue_id, i.task, i.state AS prev_state, i.reservation_id AS prev_reservation, i.attempts,
                i.lease_timeout, i.priority, i.visible_at
         FROM {ITEM} i
         WHERE i.queue_id = q.name
           AND i.state IN ('ready', 'reserved')
           AND i.visible_at <= now()
-          AND (i.state = 'ready' OR i.attempts < i.max_attempts)
+          AND (i.state = 'ready' OR i.attempts < i.max_attempts){excluded}
           AND (i.ordering_key IS NULL OR NOT EXISTS (
                 SELECT 1 FROM {ITEM} o
                 WHERE o.queue_id = i.queue_id AND o.ordering_key = i.ordering_key
@@ -130,6 +141,9 @@ WITH picked AS (
     ) c
     ORDER BY c.priority DESC, c.visible_at, c.id
     LIMIT %(n)s
+), terms AS (
+    SELECT * FROM unnest(%(term_tasks)s::text[], %(term_leases)s::float8[], %(term_floors)s::float8[])
+        AS t(task, lease, floor)
 ), expired AS (
     UPDATE {RESERVATION} r SET outcome = 'expired', finished_at = now()
     FROM picked p
@@ -138,25 +152,37 @@ WITH picked AS (
     INSERT INTO {RESERVATION}
         (item_id, attempt, worker_id, reserved_at, lease_expires_at, heartbeat_at, error, traceback)
     SELECT p.id, p.attempts + 1, %(worker_id)s, now(),
-           now() + make_interval(secs => COALESCE(
-               p.lease_timeout, %(lease_timeout)s, (SELECT q.lease_timeout FROM {QUEUE} q WHERE q.name = p.queue_id)
-           )), now(), '', ''
-    FROM picked p
+           now() + make_interval(secs => GREATEST(COALESCE(
+               t.lease, p.lease_timeout, %(lease_timeout)s,
+               (SELECT q.lease_timeout FROM {QUEUE} q WHERE q.name = p.queue_id)
+           ), COALESCE(t.floor, 0))), now(), '', ''
+    FROM picked p LEFT JOIN terms t ON t.task = p.task
     RETURNING id, item_id, attempt, lease_expires_at
-)
-UPDATE {ITEM} i
-SET state = 'reserved', reservation_id = res.id, attempts = res.attempt, visible_at = res.lease_expires_at,
-    updated_at = now()
-FROM res
-WHERE i.id = res.item_id
-RETURNING res.id, i.id, i.queue_id, i.task, i.payload, res.attempt, i.max_attempts, res.lease_expires_at,
-          i.priority, i.ordering_key, i.run_at, i.created_at
+), leased AS (
+    UPDATE {ITEM} i
+    SET state = 'reserved', reservation_id = res.id, attempts = res.attempt, visible_at = res.lease_expires_at,
+        updated_at = now()
+    FROM res
+    -- `= ANY(array)` makes this primary-key probes: joined to the CTE alone, the planner estimated a hash join
+    -- over the whole item table (history included) as cheaper, on every lease
+    WHERE i.id = res.item_id AND i.id = ANY(array(SELECT item_id FROM res))
+    RETURNING res.id AS reservation_id, i.id AS item_id, i.queue_id, i.task, i.payload, res.attempt,
+              i.max_attempts, res.lease_expires_at, i.priority, i.ordering_key, i.run_at, i.created_at
+)"""
+
+
+_LEASED_COLUMNS = """reservation_id, item_id, queue_id, task, payload, attempt, max_attempts, lease_expires_at,
+       priority,
+       ordering_key, run_at, created_at"""
+
+LEASE = f"""
+WITH {_lease_ctes(_NAMED_QUEUES)}
+SELECT {_LEASED_COLUMNS} FROM leased
 """
 
-# -- settle ---------------------------------------------------------------------------------------------------
-
-COMPLETE_MANY = f"""
-WITH v AS (
+# Complete items: fenced on the reservation, done with their results. Shared by COMPLETE_MANY and
+# SETTLE_AND_LEASE; `settled_reservations` returns the reservation of each item it completed.
+_COMPLETE_CTES = f"""v AS (
     SELECT * FROM unnest(%(item_ids)s::bigint[], %(reservation_ids)s::bigint[], %(results)s::jsonb[])
         AS v(item_id, reservation_id, result)
 ), settled AS (
@@ -164,12 +190,35 @@ WITH v AS (
     SET state = 'done', result = v.result, error = '', finished_at = now(), updated_at = now()
     FROM v
     WHERE i.id = v.item_id AND i.reservation_id = v.reservation_id AND i.state = 'reserved'
+      AND i.id = ANY(%(item_ids)s::bigint[])  -- primary-key probes (see `leased` in _lease_ctes)
     RETURNING i.reservation_id
-)
-UPDATE {RESERVATION} r SET outcome = 'done', finished_at = now()
-FROM settled s WHERE r.id = s.reservation_id
-RETURNING r.id
+), settled_reservations AS (
+    UPDATE {RESERVATION} r SET outcome = 'done', finished_at = now()
+    FROM settled s WHERE r.id = s.reservation_id
+    RETURNING r.id
+)"""
+
+
+# -- settle and lease in one round trip -----------------------------------------------------------------------
+
+# What a worker does between batches: complete the items whose handlers returned, and lease the next batch, in
+# one statement (one round trip, one commit). All parts see one snapshot: an ordering key freed by a completion
+# here is leasable from the next lease on. The first row (kind 'm') carries the reservations whose complete was
+# stale (not current any more: nothing changed) and the leasable queues with a concurrency limit; each further
+# row (kind 'l') is one leased item.
+SETTLE_AND_LEASE = f"""
+WITH {_COMPLETE_CTES}, {_lease_ctes(_OPEN_QUEUES, excluded=" AND i.id <> ALL(%(item_ids)s::bigint[])")}
+SELECT 'm', array(SELECT v.reservation_id FROM v WHERE v.reservation_id NOT IN (SELECT * FROM settled)),
+       array({_LIMITED_QUEUES}),
+       NULL::bigint, NULL::bigint, NULL::varchar, NULL::varchar, NULL::jsonb, NULL::int, NULL::int,
+       NULL::timestamptz, NULL::smallint, NULL::varchar, NULL::timestamptz, NULL::timestamptz
+UNION ALL
+SELECT 'l', NULL, NULL, {_LEASED_COLUMNS} FROM leased
 """
+
+# -- settle ---------------------------------------------------------------------------------------------------
+
+COMPLETE_MANY = f"WITH {_COMPLETE_CTES} SELECT id FROM settled_reservations"
 
 # Fail one attempt: back to ready after `retry_in` seconds while attempts are left, otherwise dead with a
 # DeadLetter row. `force_dead` sends it straight to the dead letters (poison: unknown task, bad payload).

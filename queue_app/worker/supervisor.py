@@ -58,7 +58,8 @@ class WorkerOptions:
     queues: list[str] | None = None  # None: every queue
     concurrency: int = 4
     pool: str = "process"
-    batch: int | None = None  # most items per lease; None: as many as there are free slots
+    batch: int | None = None  # most items per lease; None: as many as there is room for
+    prefetch: int | None = None  # items held leased, not yet started, beyond the slots; None: concurrency
     poll_interval: float = 1.0
     worker_id: str | None = None
     burst: bool = False
@@ -72,6 +73,8 @@ class WorkerOptions:
             found.append(f"--concurrency must be at least 1, not {self.concurrency}")
         if self.batch is not None and self.batch < 1:
             found.append(f"--batch must be at least 1, not {self.batch}")
+        if self.prefetch is not None and self.prefetch < 0:
+            found.append(f"--prefetch must be at least 0, not {self.prefetch}")
         if not self.poll_interval > 0:
             found.append(f"--poll-interval must be > 0 seconds, not {self.poll_interval}")
         if self.max_items is not None and self.max_items < 1:
@@ -106,7 +109,11 @@ class Supervisor:
         self.stats = Stats()
         self.worker_id = opts.worker_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.queues = None if opts.queues is None or tuple(opts.queues) == ALL_QUEUES else list(opts.queues)
-        self.batch = opts.batch or opts.concurrency
+        # Running plus leased-not-started items: a short handler finds its next item in hand, not a round trip
+        # away. Held items' leases are renewed like running ones, so waiting in hand never lets a lease lapse.
+        self.capacity = opts.concurrency + (opts.concurrency if opts.prefetch is None else opts.prefetch)
+        self.batch = opts.batch or self.capacity
+        self.terms: engine.Terms = {}
         self.row = engine.WorkerRow(
             worker_id=self.worker_id,
             host=socket.gethostname(),
@@ -124,6 +131,7 @@ class Supervisor:
         self.pending: list[Pending] = []
         self.taken = 0
         self.stopping = False
+        self.release_held = False  # on a signal: hand back held items that have not started (not on --max-items)
         self.grace_deadline = float("inf")
         self.registered = False
         self.woken = True
@@ -152,6 +160,8 @@ class Supervisor:
         if problems:
             raise ImproperlyConfigured("the worker cannot start:\n  " + "\n  ".join(problems))
         shortest = min(((t.lease_timeout or t.min_lease) for t in tasks.values()), default=HEARTBEAT_MAX * 3)
+        # Each lease takes its task's lease in the lease statement itself (no second round trip to set it).
+        self.terms = {name: (t.lease_timeout, t.min_lease) for name, t in tasks.items()}
         self.heartbeat_every = min(self._heartbeat_cap(), shortest / 3)
 
     def run(self) -> int:
@@ -189,6 +199,7 @@ class Supervisor:
                 self.pool.kill()
             os._exit(1)
         self.stopping = True
+        self.release_held = True
         self.grace_deadline = time.monotonic() + self.options.grace_period
         self.next_heartbeat = 0.0  # say "stopping" in the Worker row now
         logger.info(
@@ -250,18 +261,21 @@ class Supervisor:
         if not self._finished():
             self._wait()
 
+    def _room(self) -> int:
+        return self.capacity - len(self.running) - len(self.leased)
+
     def _free(self) -> int:
-        free = self.pool.idle() - len(self.leased)
+        free = self._room()
         if self.options.max_items is not None:
             free = min(free, self.options.max_items - self.taken)
         return max(0, min(free, self.batch))
 
     def _gathered(self, now: float) -> bool:
-        """Time to settle and lease: nothing else runs, or half the slots are free, or the first freed slot
+        """Time to settle and lease: nothing else runs, or half the room is free, or the first freed slot
         has waited GATHER seconds."""
         if not self.running or self.stopping or self.gather_since is None:
             return True
-        return 2 * self.pool.idle() >= self.pool.size or now - self.gather_since >= GATHER
+        return 2 * self._room() >= self.capacity or now - self.gather_since >= GATHER
 
     def _should_lease(self, now: float) -> bool:
         if self.stopping or self._free() == 0:
@@ -430,27 +444,33 @@ class Supervisor:
         if not self.registered:
             engine.save_worker(self.row, "running", self.stats.as_dict())
             self.registered = True
-        if self.stopping and self.leased:
+        if self.release_held and self.leased:
             for lease, _ in self.leased:
                 self._release_later(lease)
             self.leased = []
-        if self._settle_due(now):
-            self._settle()
+        if self.pending:
+            self._settle_pending()
         self._start_leased()
         if now >= self.next_heartbeat:
             self._heartbeat()
-        self.maintenance.run_due()
+        self.maintenance.run_due()  # before the lease: a schedule it fires is leased in this round
         if self._should_lease(now):
-            self._lease(now)
+            self._lease(now)  # completes what finished in the same round trip
             self._start_leased()
+        elif self._settle_due(now):
+            self._complete_done()
 
-    def _settle(self) -> None:
+    def _completed(self, stale: list[Lease]) -> None:
+        self.stats.processed += len(self.done) - len(stale)
+        for lease in stale:
+            self._stale(lease, "complete found the reservation no longer current")
+        self.done = []
+
+    def _complete_done(self) -> None:
         if self.done:
-            stale = engine.complete_many(self.done)
-            self.stats.processed += len(self.done) - len(stale)
-            for lease in stale:
-                self._stale(lease, "complete found the reservation no longer current")
-            self.done = []
+            self._completed(engine.complete_many(self.done))
+
+    def _settle_pending(self) -> None:
         while self.pending:
             settle = self.pending[0]
             try:
@@ -470,7 +490,9 @@ class Supervisor:
 
     def _lease(self, now: float) -> None:
         want = self._free()
-        leases = engine.lease(self.queues, want, self.worker_id)
+        out = engine.settle_and_lease(self.done, self.queues, want, self.worker_id, terms=self.terms)
+        self._completed(out.stale)
+        leases = out.leases
         self.taken += len(leases)
         self.maybe_more = len(leases) == want
         self.woken = False
@@ -493,29 +515,31 @@ class Supervisor:
                     continue
             self.leased.append((lease, task))
         if self.pending:
-            self._settle()
+            self._settle_pending()
 
     def _start_leased(self) -> None:
-        """Give leased items their task's lease, settle at-most-once ones, and start them in the pool."""
-        if not self.leased:
+        """Start as many held items as there are idle slots: settle at-most-once ones first, give an item whose
+        task the lease statement did not know (found by a resolver) its task's lease, then run them."""
+        starting = self.leased[: self.pool.idle()]
+        if not starting:
             return
         renew = [
             LeaseTerms(lease, task.lease_timeout, task.min_lease)
-            for lease, task in self.leased
-            if task.delivery is not Delivery.AT_MOST_ONCE
+            for lease, task in starting
+            if task.delivery is not Delivery.AT_MOST_ONCE and lease.task not in self.terms
         ]
         current = engine.renew_leases(renew, keep_longer=False, tolerance=0.5)
-        settle_first = [(lease, None) for lease, task in self.leased if task.delivery is Delivery.AT_MOST_ONCE]
+        settle_first = [(lease, None) for lease, task in starting if task.delivery is Delivery.AT_MOST_ONCE]
         stale = {lease.reservation_id for lease in engine.complete_many(settle_first)}
-        leased, self.leased = self.leased, []
+        self.leased = self.leased[len(starting) :]
         now = time.monotonic()
-        for lease, task in leased:
+        for lease, task in starting:
             if task.delivery is Delivery.AT_MOST_ONCE:
                 if lease.reservation_id in stale:
                     self._stale(lease, "settling before the run found the reservation gone; not run")
                     continue
                 self.stats.processed += 1
-            elif lease.reservation_id not in current:
+            elif lease.task not in self.terms and lease.reservation_id not in current:
                 self._stale(lease, "the reservation was lost before the handler started; not run")
                 continue
             self.running[lease.reservation_id] = Running(lease, task, now + task.hard_timeout)
@@ -535,9 +559,13 @@ class Supervisor:
 
     def _heartbeat(self) -> None:
         held = [r for r in self.running.values() if r.task.delivery is not Delivery.AT_MOST_ONCE]
-        current = engine.renew_leases(
-            [LeaseTerms(r.lease, r.task.lease_timeout, r.task.min_lease) for r in held], keep_longer=True
-        )
+        terms = [LeaseTerms(r.lease, r.task.lease_timeout, r.task.min_lease) for r in held]
+        terms += [LeaseTerms(lease, task.lease_timeout, task.min_lease) for lease, task in self.leased]
+        current = engine.renew_leases(terms, keep_longer=True)
+        lost = [(lease, task) for lease, task in self.leased if lease.reservation_id not in current]
+        for lease, _ in lost:  # cancelled or taken again while waiting in hand: never start it
+            self._stale(lease, "lease lost or item cancelled before the handler started; not run")
+        self.leased = [(lease, task) for lease, task in self.leased if lease.reservation_id in current]
         for running in held:
             # A transactional handler that looks stale has committed already (its settle is in its
             # transaction) or will find out itself under its row lock: never kill it for that.

@@ -43,7 +43,16 @@ class Command(BaseCommand):
             help="process (default: a stuck handler can be killed) or thread (I/O-bound handlers; a thread past "
             "its hard timeout is abandoned, not killed)",
         )
-        parser.add_argument("--batch", type=int, default=None, help="most items per lease (default: free slots)")
+        parser.add_argument(
+            "--batch", type=int, default=None, help="most items per lease (default: concurrency + prefetch)"
+        )
+        parser.add_argument(
+            "--prefetch",
+            type=int,
+            default=None,
+            help="items held leased beyond the running ones, ready to start as slots free up (default: "
+            "concurrency); their leases are renewed like running ones",
+        )
         parser.add_argument(
             "--poll-interval", type=float, default=1.0, help="seconds between polls when no NOTIFY arrives"
         )
@@ -80,6 +89,7 @@ class Command(BaseCommand):
             concurrency=options["concurrency"],
             pool=options["pool"],
             batch=options["batch"],
+            prefetch=options["prefetch"],
             poll_interval=options["poll_interval"],
             worker_id=options["worker_id"],
             burst=options["burst"],
