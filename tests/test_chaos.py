@@ -1,0 +1,222 @@
+"""queue_chaos: the quick run passes end to end (real workers, kill -9, SIGTERM, a PostgreSQL restart, a
+connection cut), and its checks are able to fail: each planted breach below is caught.
+
+The breach tests build a database state by hand (items, reservations, runs, effects, dead letters, with chosen
+timestamps) and hand it to queue_app/chaos/checks.py, so what they prove is the checker, not the queue.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from queue_app import engine
+from queue_app.chaos import checks
+from queue_app.chaos.history import load
+from queue_app.models import DeadLetter, ExecutionLog, ProbeEffect, QueueItem, Reservation
+
+ROOT = Path(__file__).resolve().parent.parent
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _has_postgres_binaries() -> bool:
+    from queue_app.chaos.cluster import find_bindir
+
+    try:
+        find_bindir()
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _has_postgres_binaries(), reason="no PostgreSQL server binaries for a private cluster")
+def test_quick_chaos_run_passes(tmp_path):
+    out = tmp_path / "chaos.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(JOBSITE_NO_BOOTSTRAP="1", JOBSITE_VAR_DIR=str(tmp_path / "var"))
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "queue_chaos", "--quick", "--seed", "7", "--json-out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    by_name = {c["name"]: c for c in figures["checks"]}
+    assert figures["passed"] and all(c["passed"] for c in figures["checks"])
+    assert by_name["lost 0"]["figures"]["lost"] == 0
+    assert by_name["stuck 0"]["figures"]["stuck"] == 0
+    faults = by_name["faults fired under load"]["figures"]
+    assert faults["kill"] >= 1 and faults["restart"] == 1 and faults["sigterm"] >= 1 and faults["cut"] >= 1
+    assert figures["items"]["total"] == 3_000
+    assert "RESULT: PASS" in result.stdout
+
+
+# -- the checker can fail ------------------------------------------------------------------------------------
+
+TASKS = {
+    checks.AT_LEAST_ONCE: "queue_app.probe",
+    checks.AT_MOST_ONCE: "queue_app.probe_at_most_once",
+    checks.TRANSACTIONAL: "queue_app.probe_transactional",
+}
+
+
+class Scene:
+    """A hand-made end state: items and what happened to them, on a clock of our own (seconds after T0)."""
+
+    def __init__(self) -> None:
+        self.modes: dict[int, str] = {}
+        self.poison: dict[int, tuple[str, ...]] = {}
+        self.killed: dict[str, datetime] = {}
+
+    def item(self, mode: str, key: str | None = None) -> int:
+        item_id = engine.enqueue(TASKS[mode], {}, queue="chaos", ordering_key=key).id
+        self.modes[item_id] = mode
+        return item_id
+
+    def attempt(self, item_id: int, worker: str, at: float, outcome: str, *, ran: bool = True, took: float = 1.0):
+        """One reservation of `item_id` from `at` to `at + took`, ending `outcome`, with a run at `at + 0.1`."""
+        attempt = Reservation.objects.filter(item_id=item_id).count() + 1
+        res = Reservation.objects.create(
+            item_id=item_id, attempt=attempt, worker_id=worker, reserved_at=T0 + timedelta(seconds=at),
+            lease_expires_at=T0 + timedelta(seconds=at + 20), heartbeat_at=T0 + timedelta(seconds=at),
+            finished_at=T0 + timedelta(seconds=at + took), outcome=outcome,
+        )  # fmt: skip
+        if ran:
+            self.run(item_id, res.id, worker, at + 0.1)
+        state = {"done": "done", "dead": "dead"}.get(outcome, "ready")
+        QueueItem.objects.filter(id=item_id).update(state=state, reservation_id=res.id, attempts=attempt)
+        return res
+
+    def run(self, item_id: int, reservation_id: int, worker: str, at: float) -> None:
+        res = Reservation.objects.get(id=reservation_id)
+        ExecutionLog.objects.create(
+            item_id=item_id, reservation_id=reservation_id, attempt=res.attempt, task=TASKS[self.modes[item_id]],
+            delivery=self.modes[item_id], pid=1, worker_id=worker, executed_at=T0 + timedelta(seconds=at),
+        )  # fmt: skip
+
+    def effect(self, item_id: int, applied: int = 1) -> None:
+        ProbeEffect.objects.update_or_create(key=str(item_id), defaults={"applied": applied})
+
+    def judge(self) -> dict[str, checks.Check]:
+        expect = checks.Expect(self.modes, self.poison, self.killed)
+        return {c.name: c for c in checks.run_checks(load("default"), expect)}
+
+
+@pytest.fixture
+def scene(db) -> Scene:
+    """A clean run: an at-least-once item re-run after its worker was killed, an at-most-once and a
+    transactional item run once, two items of one ordering key in order, and one poison item dead-lettered."""
+    s = Scene()
+    s.killed = {"killed-w": T0 + timedelta(seconds=5)}  # while it held the first attempt below
+    alo = s.item(checks.AT_LEAST_ONCE)
+    s.attempt(alo, "killed-w", 0, "expired", took=20)
+    s.attempt(alo, "w2", 25, "done")
+    s.attempt(s.item(checks.AT_MOST_ONCE), "w2", 1, "done")
+    tx = s.item(checks.TRANSACTIONAL)
+    s.attempt(tx, "w2", 2, "done")
+    s.effect(tx)
+    first, second = s.item(checks.AT_LEAST_ONCE, key="k"), s.item(checks.AT_LEAST_ONCE, key="k")
+    s.attempt(first, "w2", 3, "done")
+    s.attempt(second, "w2", 5, "done")
+    poison = engine.enqueue("chaos.no_such_task", {}, queue="chaos", max_attempts=1).id
+    s.modes[poison], s.poison[poison] = checks.POISON, ("unknown task: chaos.no_such_task",)
+    res = Reservation.objects.create(
+        item_id=poison, attempt=1, worker_id="w2", reserved_at=T0, lease_expires_at=T0, heartbeat_at=T0,
+        finished_at=T0, outcome="dead",
+    )  # fmt: skip
+    QueueItem.objects.filter(id=poison).update(state="dead", reservation_id=res.id)
+    DeadLetter.objects.create(item_id=poison, reason="unknown task: chaos.no_such_task", died_at=T0)
+    return s
+
+
+def failed(results: dict[str, checks.Check]) -> set[str]:
+    return {name for name, check in results.items() if not check.passed}
+
+
+def test_a_clean_end_state_passes_every_check(scene):
+    results = scene.judge()
+    assert failed(results) == set(), {n: c.problems for n, c in results.items()}
+    assert results["every duplicate explained"].figures["explained"] == {"killed": 1}
+
+
+def test_a_second_run_of_an_at_most_once_item_is_caught(scene):
+    item = scene.item(checks.AT_MOST_ONCE)
+    res = scene.attempt(item, "w3", 30, "done")
+    scene.run(item, res.id, "w3", 30.5)  # ran twice under one reservation, nobody killed
+    assert failed(scene.judge()) == {
+        "at-most-once ran at most once",
+        "every duplicate explained",
+        "runs match reservations",
+    }
+
+
+def test_a_duplicate_after_a_live_workers_expired_lease_is_unexplained(scene):
+    item = scene.item(checks.AT_LEAST_ONCE)
+    scene.attempt(item, "alive-w", 30, "expired", took=20)  # not in the killed list
+    scene.attempt(item, "w3", 55, "done")
+    results = scene.judge()
+    assert failed(results) == {"every duplicate explained"}
+    assert "ended 'expired'" in results["every duplicate explained"].problems[0]
+
+
+def test_a_fifo_violation_is_caught(scene):
+    first, second = scene.item(checks.TRANSACTIONAL, key="k2"), scene.item(checks.TRANSACTIONAL, key="k2")
+    scene.attempt(first, "w3", 40, "done", took=5)  # ends at 45
+    scene.attempt(second, "w4", 42, "done")  # runs at 42.1: while the first was still out
+    scene.effect(first)
+    scene.effect(second)
+    results = scene.judge()
+    assert failed(results) == {"per-key FIFO"}
+    assert f"item {second} ran" in results["per-key FIFO"].problems[0]
+
+
+def test_a_lost_item_is_caught(scene):
+    never_ran = scene.item(checks.AT_LEAST_ONCE)
+    scene.attempt(never_ran, "w3", 30, "done", ran=False)  # done, but its handler never ran
+    still_ready = scene.item(checks.TRANSACTIONAL)  # never delivered at all
+    results = scene.judge()
+    assert failed(results) == {"lost 0", "stuck 0"}
+    assert results["lost 0"].figures["lost"] == 2
+    assert results["stuck 0"].problems == [f"item {still_ready} still ready"]
+
+
+def test_a_vanished_item_is_caught(scene):
+    item = scene.item(checks.AT_LEAST_ONCE)
+    QueueItem.objects.filter(id=item).delete()
+    assert failed(scene.judge()) == {"lost 0"}
+
+
+def test_a_transactional_effect_applied_twice_is_caught(scene):
+    item = scene.item(checks.TRANSACTIONAL)
+    scene.attempt(item, "w3", 30, "done")
+    scene.effect(item, applied=2)
+    assert failed(scene.judge()) == {"transactional effects exactly once"}
+
+
+def test_a_dead_letter_that_was_not_planted_is_caught(scene):
+    item = scene.item(checks.AT_LEAST_ONCE)
+    scene.attempt(item, "w3", 30, "dead")
+    DeadLetter.objects.create(item_id=item, reason="max attempts exhausted", died_at=T0)
+    assert failed(scene.judge()) == {"dead letters = planted poison", "lost 0"}
+
+
+def test_poison_that_did_not_die_is_caught(scene):
+    QueueItem.objects.filter(id__in=list(scene.poison)).update(state="done")
+    DeadLetter.objects.filter(item_id__in=list(scene.poison)).delete()
+    assert "dead letters = planted poison" in failed(scene.judge())
+
+
+def test_an_at_most_once_item_done_but_never_run_by_a_live_worker_is_lost(scene):
+    item = scene.item(checks.AT_MOST_ONCE)
+    scene.attempt(item, "killed-w", 30, "done", ran=False)  # settled long after its kill: not the kill's doing
+    results = scene.judge()
+    assert failed(results) == {"lost 0"}
+    assert f"at-most-once item {item} ended done after 0 runs" in results["lost 0"].problems[0]
