@@ -421,3 +421,88 @@ def test_rescue_takes_back_leases_of_a_worker_silent_past_the_cutoff_and_leaves_
     with pytest.raises(engine.StaleReservation):
         engine.complete(held_silent[0])
     engine.complete(held_live[0])
+
+
+# -- settle_and_lease: the worker's one round trip ----------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_settle_and_lease_completes_the_finished_and_leases_the_next_in_one_call():
+    engine.enqueue_many("t", [{"n": n} for n in range(4)])
+    a, b = engine.lease(["default"], 2, "w1", lease_timeout=LONG)
+    engine.fail(b, "boom", retry_in=LONG)  # b's reservation is over: completing it is stale
+
+    out = engine.settle_and_lease([(a, {"r": "a"}), (b, None)], ["default"], 5, "w1", LONG)
+
+    assert out.stale == [b]
+    assert len(out.leases) == 2 and {h.item_id for h in out.leases}.isdisjoint({a.item_id, b.item_id})
+    item_a = QueueItem.objects.get(id=a.item_id)
+    assert (item_a.state, item_a.result) == ("done", {"r": "a"})
+    assert Reservation.objects.get(id=a.reservation_id).outcome == "done"
+    assert QueueItem.objects.get(id=b.item_id).state == "ready"  # the stale complete changed nothing
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_item_completed_by_its_expired_lease_is_not_leased_again_by_the_same_statement():
+    # The lease half must not pick a row the settle half updates (one statement cannot update a row twice).
+    engine.enqueue("t", {})
+    (held,) = engine.lease(["default"], 1, "w1", lease_timeout=0.05)
+    sleep_past(held.lease_expires_at)
+
+    out = engine.settle_and_lease([(held, None)], ["default"], 5, "w1")
+
+    assert (out.stale, out.leases) == ([], [])
+    assert QueueItem.objects.get(id=held.item_id).state == "done"
+    assert list(Reservation.objects.filter(item_id=held.item_id).values_list("outcome", flat=True)) == ["done"]
+
+
+@pytest.mark.django_db
+def test_task_terms_set_each_lease_to_its_tasks_lease_never_under_its_floor():
+    engine.enqueue("slow", {}, lease_timeout=5)
+    engine.enqueue("short", {}, lease_timeout=5)
+    engine.enqueue("other", {}, lease_timeout=5)
+    terms = {"slow": (600.0, 32.0), "short": (1.0, 40.0)}
+
+    leases = {h.task: h for h in engine.lease(["default"], 3, "w1", terms=terms)}
+
+    now = timezone.now()
+    seconds = {task: (h.lease_expires_at - now).total_seconds() for task, h in leases.items()}
+    assert 590 < seconds["slow"] <= 600  # the task's lease over the item's
+    assert 35 < seconds["short"] <= 40  # never under the task's floor (hard timeout + margin)
+    assert 0 < seconds["other"] <= 5  # a task without terms keeps the item's
+
+
+@pytest.mark.django_db
+def test_settle_and_lease_leases_a_limited_queue_within_its_limit():
+    engine.enqueue_many("t", [{}] * 5, queue="limited")
+    services.set_queue_options("limited", concurrency_limit=2)
+    engine.enqueue_many("t", [{}] * 3, queue="open")
+
+    out = engine.settle_and_lease([], None, 10, "w1", LONG)
+
+    assert sorted(h.queue for h in out.leases) == ["limited", "limited", "open", "open", "open"]
+
+
+@pytest.mark.django_db
+def test_settle_and_lease_probes_items_by_primary_key_and_walks_the_fetch_index():
+    engine.enqueue_many("t", [{"n": n} for n in range(20_000)], queue="qa")
+    done = [(h, None) for h in engine.lease(["qa"], 100, "w1", LONG)]
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE queue_app_queueitem")
+        params = {
+            "queues": ["qa"], "all_queues": False, "n": 100, "worker_id": "w1", "lease_timeout": None,
+            "term_tasks": ["t"], "term_leases": [30.0], "term_floors": [5.0],
+            "item_ids": [h.item_id for h, _ in done], "reservation_ids": [h.reservation_id for h, _ in done],
+            "results": [None] * len(done),
+        }  # fmt: skip
+        cur.execute("EXPLAIN (FORMAT JSON) " + sql.SETTLE_AND_LEASE, params)
+        (explained,) = cur.fetchone()
+    explained = json.loads(explained) if isinstance(explained, str) else explained
+
+    item_scans = [
+        n
+        for n in plan_nodes(explained[0]["Plan"])
+        if n.get("Relation Name") == "queue_app_queueitem" and "Scan" in n["Node Type"]
+    ]
+    assert "Seq Scan" not in [n["Node Type"] for n in item_scans]  # history is never read
+    assert "item_fetch" in [n.get("Index Name") for n in item_scans]

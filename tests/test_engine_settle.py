@@ -68,17 +68,34 @@ def test_done_item_is_not_leased_again():
 
 
 @pytest.mark.django_db
-def test_settled_item_cannot_be_completed_twice():
+def test_a_complete_repeated_by_its_own_reservation_succeeds_and_changes_nothing():
+    # A worker whose complete committed but whose connection dropped before the reply retries it: that retry
+    # must succeed (an at-most-once item settled before its run would otherwise never run), and write nothing.
     held = enqueue_and_lease()
     engine.complete(held, {"first": True})
     before = snapshot(held.item_id)
 
-    with pytest.raises(engine.StaleReservation) as caught:
-        engine.complete(held, {"second": True})
+    engine.complete(held, {"second": True})
+    assert engine.complete_many([(held, {"third": True})]) == []
 
-    assert (caught.value.reservation_id, caught.value.item_id) == (held.reservation_id, held.item_id)
     assert snapshot(held.item_id) == before
     assert QueueItem.objects.get(id=held.item_id).result == {"first": True}
+
+
+@pytest.mark.django_db(transaction=True)  # now() must move on between statements
+def test_a_complete_by_an_earlier_reservation_of_a_done_item_is_stale():
+    engine.enqueue("t", {"x": 1})
+    (first,) = engine.lease(["default"], 1, "w1", lease_timeout=0.05)
+    sleep_past(first.lease_expires_at)
+    [second] = engine.lease(["default"], 1, "w2")  # the first lease expired: taken again
+    engine.complete(second, {"by": "second"})
+    before = snapshot(first.item_id)
+
+    with pytest.raises(engine.StaleReservation) as caught:
+        engine.complete(first, {"by": "first"})
+
+    assert (caught.value.reservation_id, caught.value.item_id) == (first.reservation_id, first.item_id)
+    assert snapshot(first.item_id) == before
 
 
 @pytest.mark.django_db
@@ -110,16 +127,16 @@ def test_complete_with_a_non_json_result_raises_and_changes_nothing():
 def test_complete_many_settles_current_reservations_and_returns_the_stale_ones():
     engine.enqueue_many("t", [{"n": n} for n in range(4)])
     a, b, c, d = engine.lease(["default"], 4, "w1")
-    engine.complete(b)  # b is settled already: stale from now on
-    engine.fail(d, "boom", retry_in=LONG)  # so is d
+    engine.complete(b)  # b is done by this reservation already: completing it again is a no-op, not stale
+    engine.fail(d, "boom", retry_in=LONG)  # d's reservation ended otherwise: stale from now on
 
     stale = engine.complete_many([(a, {"r": "a"}), (b, {"r": "b"}), (c, None), (d, {"r": "d"})])
 
-    assert stale == [b, d]
+    assert stale == [d]
     states = dict(QueueItem.objects.values_list("id", "state"))
     assert [states[h.item_id] for h in (a, b, c, d)] == ["done", "done", "done", "ready"]
     assert QueueItem.objects.get(id=a.item_id).result == {"r": "a"}
-    assert QueueItem.objects.get(id=b.item_id).result is None  # the stale settle wrote nothing
+    assert QueueItem.objects.get(id=b.item_id).result is None  # the repeated settle wrote nothing
     outcomes = dict(Reservation.objects.values_list("id", "outcome"))
     assert [outcomes[h.reservation_id] for h in (a, b, c, d)] == ["done", "done", "done", "retry"]
 

@@ -4,6 +4,7 @@ scratch databases on it, child processes and their environments, progress lines,
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -105,9 +106,18 @@ class BenchContext:
         return self.log_dir / f"{name}.log"
 
 
+BENCH_SECRET_KEY = secrets.token_urlsafe(50)  # per run; bench children only
+
+
 def django_child_env(dbname: str, settings_module: str = "jobsite.settings", **extra: str) -> dict[str, str]:
     """Environment for a child `manage.py ...` that must use the scratch database `dbname` on the same server."""
     env = dict(os.environ)
+    # As deployed: DEBUG off (with DEBUG on, Django records every query of every process, which costs each
+    # Django-based queue, ours and the peers alike), plain HTTP on loopback.
+    env.setdefault("DEBUG", "false")
+    env.setdefault("SECRET_KEY", BENCH_SECRET_KEY)
+    env.setdefault("ALLOWED_HOSTS", "localhost,127.0.0.1,testserver")
+    env.setdefault("SECURE_SSL_REDIRECT", "false")
     env["JOBSITE_NO_BOOTSTRAP"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env["DJANGO_SETTINGS_MODULE"] = settings_module

@@ -2,9 +2,11 @@
 
 - bulk enqueue: rows/s through `engine.enqueue_many` (validation, JSON encoding and COPY included);
 - end-to-end: N `queue_app.noop` items queued, then one `run_worker --burst` process drains them; a few
-  (pool, concurrency, batch) settings are tried and the best kept (and used by the latency and admin parts);
-- enqueue-to-start latency on an idle queue: single items queued one at a time while a worker waits; the
-  reservation's `reserved_at` minus the item's `created_at`, p50 and p99;
+  (pool, concurrency, batch, prefetch) settings are tried and the best kept (and used by the latency and admin
+  parts);
+- enqueue-to-start latency on an idle queue and under a steady load (half the end-to-end rate): single probe
+  items queued one at a time; the handler's start (ExecutionLog.executed_at) minus the item's created_at, p50
+  and p99;
 - the admin change list under load: a separate process (admin_probe.py) GETs the QueueItem change list as a
   superuser while a worker drains a backlog.
 
@@ -16,6 +18,7 @@ import json
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +34,7 @@ from .report import Figure, Results
 from .sizes import Sizes
 
 NOOP_TASK = "queue_app.noop"
+LOAD_SHARE = 0.5  # the steady load of the latency-under-load measure, as a share of the end-to-end throughput
 ALIAS = "jobsite_bench"
 ENQUEUE_QUEUE = "bench_enqueue"
 ENQUEUE_CHUNK = 10_000
@@ -72,17 +76,17 @@ def _open_items(queue: str) -> int:
     )
 
 
-WorkerSettings = tuple[str, int, int]  # (pool, concurrency, batch)
+WorkerSettings = tuple[str, int, int, int]  # (pool, concurrency, batch, prefetch)
 
 
 def worker_args(settings: WorkerSettings, *, burst: bool) -> list[str]:
-    pool, concurrency, batch = settings
+    pool, concurrency, batch, prefetch = settings
     args = ["run_worker", "--pool", pool, "--concurrency", str(concurrency), "--batch", str(batch)]
-    return manage_args(*args, *(["--burst"] if burst else []))
+    return manage_args(*args, "--prefetch", str(prefetch), "--no-scheduler", *(["--burst"] if burst else []))
 
 
 def describe(settings: WorkerSettings) -> str:
-    return "--pool {} --concurrency {} --batch {}".format(*settings)
+    return "--pool {} --concurrency {} --batch {} --prefetch {}".format(*settings)
 
 
 def measure_enqueue(ctx: BenchContext, sizes: Sizes) -> Figure:
@@ -123,8 +127,8 @@ def measure_e2e(ctx: BenchContext, sizes: Sizes, db: str) -> tuple[Figure, Worke
     def attempt(settings: WorkerSettings, jobs: int, timeout: float) -> Drain:
         _clear_queue(queue)
         engine.enqueue_many(NOOP_TASK, [{} for _ in range(jobs)], queue=queue, using=ALIAS)
-        name = "e2e {} c={} b={}".format(*settings)
-        log = "jobsite-e2e-{}-c{}-b{}-{}".format(*settings, len(exits))
+        name = "e2e {} c={} b={} p={}".format(*settings)
+        log = "jobsite-e2e-{}-c{}-b{}-p{}-{}".format(*settings, len(exits))
         proc = spawn(worker_args(settings, burst=True), env=django_child_env(db), log=ctx.log_path(log))
         try:
             result = drain(
@@ -180,44 +184,82 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def measure_latency(ctx: BenchContext, sizes: Sizes, db: str, settings: WorkerSettings) -> list[Figure]:
+PROBE_TASK = "queue_app.probe"  # records the moment its handler starts (ExecutionLog.executed_at)
+
+
+class _Feeder(threading.Thread):
+    """Steady background load: `per_s` no-op items a second, queued in small batches every 20 ms."""
+
+    def __init__(self, queue: str, per_s: float) -> None:
+        super().__init__(name="bench-feeder", daemon=True)
+        self.queue, self.per_s = queue, per_s
+        self.stopped = threading.Event()
+        self.fed = 0
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        try:
+            while not self.stopped.wait(0.02):
+                due = int((time.monotonic() - t0) * self.per_s) - self.fed
+                if due > 0:
+                    self.fed += len(engine.enqueue_many(NOOP_TASK, [{}] * due, queue=self.queue, using=ALIAS))
+        finally:
+            connections[ALIAS].close()  # this thread's own connection
+
+
+def measure_latency(
+    ctx: BenchContext, sizes: Sizes, db: str, settings: WorkerSettings, load_per_s: float = 0.0
+) -> list[Figure]:
+    """Enqueue-to-start: single probe items queued one at a time, each waited for; the handler's start
+    (ExecutionLog.executed_at, the database clock) minus the item's created_at. Idle, or while a feeder keeps
+    `load_per_s` no-op items a second flowing through the same queue and worker."""
     queue = queue_settings.DEFAULT_QUEUE
+    where = f"under a steady {load_per_s:,.0f} items/s" if load_per_s else "idle"
+    key = "load" if load_per_s else "idle"
     _clear_queue(queue)
-    log = "jobsite-latency"
+    log = f"jobsite-latency-{key}"
     proc = spawn(worker_args(settings, burst=False), env=django_child_env(db), log=ctx.log_path(log))
+    feeder = _Feeder(queue, load_per_s) if load_per_s else None
     ids: list[int] = []
     try:
         if not _wait_for_worker(proc):
             raise RuntimeError(f"run_worker did not start:\n{log_tail(ctx.log_path(log))}")
         time.sleep(0.5)  # let it reach its idle wait (LISTEN) before the first item
+        if feeder:
+            feeder.start()
+            time.sleep(1.0)  # into the steady state
         for n in range(sizes.latency_samples):
-            item = engine.enqueue(NOOP_TASK, {"n": n}, queue=queue, using=ALIAS)
+            item = engine.enqueue(PROBE_TASK, {"n": n}, queue=queue, using=ALIAS)
             ids.append(item.id)
             deadline = time.monotonic() + 10
-            while _scalar("SELECT state FROM queue_app_queueitem WHERE id = %(id)s", {"id": item.id}) in (
-                "ready",
-                "reserved",
-            ):
+            while not _scalar("SELECT count(*) FROM queue_app_executionlog WHERE item_id = %(id)s", {"id": item.id}):
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"item {item.id} was not done within 10 s")
-                time.sleep(0.002)
-            time.sleep(0.05)  # idle again before the next one
+                    raise RuntimeError(f"item {item.id} did not start within 10 s ({where})")
+                time.sleep(0.001)
+            time.sleep(0.02 if feeder else 0.05)  # idle again before the next one
     finally:
+        if feeder:
+            feeder.stopped.set()
+            feeder.join(10)
         stop([proc])
     with connections[ALIAS].cursor() as cur:
         cur.execute(
-            """SELECT EXTRACT(EPOCH FROM r.reserved_at - i.created_at) * 1000
-               FROM queue_app_queueitem i JOIN queue_app_reservation r ON r.item_id = i.id AND r.attempt = 1
-               WHERE i.id = ANY(%(ids)s)""",
+            """SELECT EXTRACT(EPOCH FROM min(l.executed_at) - i.created_at) * 1000
+               FROM queue_app_queueitem i JOIN queue_app_executionlog l ON l.item_id = i.id
+               WHERE i.id = ANY(%(ids)s) GROUP BY i.id, i.created_at""",
             {"ids": ids},
         )
         ms = [float(row[0]) for row in cur.fetchall()]
     p50, p99 = _percentile(ms, 0.50), _percentile(ms, 0.99)
-    ctx.progress("jobsite", f"idle enqueue-to-start over {len(ms)} items: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+    ctx.progress("jobsite", f"{where} enqueue-to-start over {len(ms)} items: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
     detail = {"samples": len(ms), "mean_ms": round(statistics.fmean(ms), 3), "max_ms": round(max(ms), 3)}
+    if feeder:
+        detail["fed"] = feeder.fed
+    label = f"jobsite: enqueue-to-start {where}" if load_per_s else "jobsite: idle enqueue-to-start"
+    note = f"load {LOAD_SHARE:.0%} of end-to-end" if load_per_s else ""
     return [
-        Figure("jobsite.latency_p50", "jobsite: idle enqueue-to-start p50", p50, "ms", detail=detail),
-        Figure("jobsite.latency_p99", "jobsite: idle enqueue-to-start p99", p99, "ms", detail=detail),
+        Figure(f"jobsite.latency{'_load' if load_per_s else ''}_p50", f"{label} p50", p50, "ms", note, detail),
+        Figure(f"jobsite.latency{'_load' if load_per_s else ''}_p99", f"{label} p99", p99, "ms", note, detail),
     ]
 
 
@@ -274,14 +316,15 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
                 Figure("jobsite.e2e", "jobsite: end-to-end no-op, 1 run_worker", None, "jobs/s", WORKER_MISSING)
             )
         if settings:
-            try:
-                for figure in measure_latency(ctx, sizes, db, settings):
-                    results.add(figure)
-            except RuntimeError as exc:
-                ctx.progress("jobsite", f"latency: {exc}")
-                results.add(
-                    Figure("jobsite.latency_p50", "jobsite: idle enqueue-to-start p50", None, "ms", "n/a (error)")
-                )
+            e2e = results.value("jobsite.e2e") or 0.0
+            for load in (0.0, LOAD_SHARE * e2e):
+                try:
+                    for figure in measure_latency(ctx, sizes, db, settings, load_per_s=load):
+                        results.add(figure)
+                except RuntimeError as exc:
+                    ctx.progress("jobsite", f"latency: {exc}")
+                    key = "jobsite.latency_load_p50" if load else "jobsite.latency_p50"
+                    results.add(Figure(key, "jobsite: enqueue-to-start p50", None, "ms", "n/a (error)"))
         else:
             results.add(Figure("jobsite.latency_p50", "jobsite: idle enqueue-to-start p50", None, "ms", WORKER_MISSING))
             results.add(Figure("jobsite.latency_p99", "jobsite: idle enqueue-to-start p99", None, "ms", WORKER_MISSING))

@@ -13,7 +13,7 @@ class Sizes:
     # jobsite
     enqueue_rows: int
     e2e_jobs: int
-    e2e_grid: tuple[tuple[str, int, int], ...]  # (pool, concurrency, batch) tried for run_worker
+    e2e_grid: tuple[tuple[str, int, int, int], ...]  # (pool, concurrency, batch, prefetch) tried for run_worker
     latency_samples: int
     admin_requests: int
     # peers: jobs in the first try, and how many of each peer's variants are tried (in the order listed)
@@ -32,7 +32,7 @@ QUICK = Sizes(
     ceiling_clients=(2, 4),
     enqueue_rows=20_000,
     e2e_jobs=5_000,
-    e2e_grid=(("process", 8, 50), ("thread", 16, 100)),
+    e2e_grid=(("process", 8, 100, 100), ("thread", 32, 500, 500)),
     latency_samples=40,
     admin_requests=10,
     peer_jobs=1_000,
@@ -49,12 +49,14 @@ FULL = Sizes(
     enqueue_rows=200_000,
     e2e_jobs=10_000,
     e2e_grid=(
-        ("process", 4, 50),
-        ("process", 8, 100),
-        ("process", 16, 200),
-        ("thread", 8, 100),
-        ("thread", 32, 200),
-        ("thread", 64, 500),
+        ("process", 4, 100, 100),
+        ("process", 8, 200, 200),
+        ("process", 16, 500, 500),
+        ("thread", 8, 500, 500),
+        ("thread", 16, 500, 500),
+        ("thread", 32, 500, 500),
+        ("thread", 32, 1000, 1000),
+        ("thread", 64, 1000, 1000),
     ),
     latency_samples=400,
     admin_requests=50,

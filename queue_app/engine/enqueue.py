@@ -20,6 +20,14 @@ from .errors import InvalidEnqueue
 from .payload import encode_json
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,100}$")
+COPY_CHUNK = 5_000  # rows per write to the COPY stream
+_COPY_NULL = "\\N"
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_text(value: str) -> str:
+    """`value` as a field of COPY's text format (backslash, tab, newline and carriage return escaped)."""
+    return value.translate(_COPY_ESCAPES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,12 +209,31 @@ def enqueue_many(
         now, ids, queue_max_attempts = cur.fetchone()
         due = params["run_at"] or now + timedelta(seconds=params["delay"])
         attempts = params["max_attempts"] or queue_max_attempts
-        fixed = (params["queue"], task)
-        tail = ("ready", priority, due, due, 0, attempts, params["lease_timeout"], None)
-        tail2 = (params["ordering_key"], "", now, now)
+        # COPY's text format, built here: the columns every row shares are formatted once, and a row is one
+        # f-string, instead of adapting sixteen values per row.
+        head = f"\t{_copy_text(params['queue'])}\t{_copy_text(task)}\t"
+        tail = "\t".join(
+            (
+                "",
+                "ready",
+                str(priority),
+                due.isoformat(),
+                due.isoformat(),
+                "0",
+                str(attempts),
+                _COPY_NULL if params["lease_timeout"] is None else repr(float(params["lease_timeout"])),
+                _COPY_NULL,
+                _COPY_NULL if params["ordering_key"] is None else _copy_text(params["ordering_key"]),
+                "",
+                now.isoformat(),
+                now.isoformat(),
+            )
+        )
         raw = cur.cursor  # psycopg's cursor: Django's wrapper has no COPY
         with raw.copy(sql.COPY_ITEMS) as copy:
-            for item_id, text in zip(ids, encoded, strict=True):
-                copy.write_row((item_id, *fixed, text, *tail, *tail2))
+            for start in range(0, len(ids), COPY_CHUNK):
+                rows = zip(ids[start : start + COPY_CHUNK], encoded[start : start + COPY_CHUNK], strict=True)
+                # JSON text has no raw tab or newline (json.dumps escapes them); its backslashes are COPY's escape.
+                copy.write("".join([f"{i}{head}{t.replace('\\', '\\\\')}{tail}\n" for i, t in rows]))
         cur.execute(sql.NOTIFY, {"channel": params["channel"], "queue": params["queue"]})
     return ids

@@ -29,19 +29,30 @@ def _check_depth(value: Any, limit: int, what: str) -> None:
 
 
 def encode_json(value: Any, what: str = "payload") -> str:
-    """Return `value` as JSON text for a jsonb column, or raise InvalidEnqueue saying why it cannot be stored."""
-    _check_depth(value, queue_settings.MAX_PAYLOAD_DEPTH, what)
+    """Return `value` as JSON text for a jsonb column, or raise InvalidEnqueue saying why it cannot be stored.
+
+    The common case costs one json.dumps and a few scans of its text in C: the walk that names NaN or too deep a
+    nesting runs only when json.dumps refuses the value or the text holds enough brackets to be that deep.
+    """
+    limit = queue_settings.MAX_PAYLOAD_DEPTH
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
+        _check_depth(value, limit, what)  # says "NaN" or "nested deeper" when that is why
         raise InvalidEnqueue(f"{what} is not JSON-serializable: {exc}") from None
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise InvalidEnqueue(f"{what} is not valid UTF-8 text: {exc.reason}") from None
+    if text.count("[") + text.count("{") > limit:
+        _check_depth(value, limit, what)
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise InvalidEnqueue(f"{what} is not valid UTF-8 text: {exc.reason}") from None
     if size > queue_settings.MAX_PAYLOAD_BYTES:
         raise InvalidEnqueue(f"{what} is {size} bytes, over the limit of {queue_settings.MAX_PAYLOAD_BYTES}")
-    if "\x00" in text or _ESCAPED_NUL.search(text):
+    # json.dumps writes a NUL as the escape \u0000; a raw one cannot appear.
+    if "\\u0000" in text and _ESCAPED_NUL.search(text):
         raise InvalidEnqueue(f"{what} contains a NUL character, which PostgreSQL jsonb cannot store")
     return text
 

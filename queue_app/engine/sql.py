@@ -181,8 +181,14 @@ SELECT {_LEASED_COLUMNS} FROM leased
 """
 
 # Complete items: fenced on the reservation, done with their results. Shared by COMPLETE_MANY and
-# SETTLE_AND_LEASE; `settled_reservations` returns the reservation of each item it completed.
-_COMPLETE_CTES = f"""v AS (
+# SETTLE_AND_LEASE; `settled_reservations` returns the reservation of each item it completed, `already` each
+# one this very reservation had completed before: a complete retried after its reply was lost (a connection cut
+# after the commit) succeeded, and must not be taken for stale (an at-most-once item would then never run).
+_COMPLETE_CTES = f"""already AS (
+    SELECT i.reservation_id FROM {ITEM} i
+    WHERE i.id = ANY(%(item_ids)s::bigint[]) AND i.reservation_id = ANY(%(reservation_ids)s::bigint[])
+      AND i.state = 'done'
+), v AS (
     SELECT * FROM unnest(%(item_ids)s::bigint[], %(reservation_ids)s::bigint[], %(results)s::jsonb[])
         AS v(item_id, reservation_id, result)
 ), settled AS (
@@ -208,7 +214,8 @@ _COMPLETE_CTES = f"""v AS (
 # row (kind 'l') is one leased item.
 SETTLE_AND_LEASE = f"""
 WITH {_COMPLETE_CTES}, {_lease_ctes(_OPEN_QUEUES, excluded=" AND i.id <> ALL(%(item_ids)s::bigint[])")}
-SELECT 'm', array(SELECT v.reservation_id FROM v WHERE v.reservation_id NOT IN (SELECT * FROM settled)),
+SELECT 'm', array(SELECT v.reservation_id FROM v
+                  WHERE v.reservation_id NOT IN (SELECT * FROM settled UNION ALL SELECT * FROM already)),
        array({_LIMITED_QUEUES}),
        NULL::bigint, NULL::bigint, NULL::varchar, NULL::varchar, NULL::jsonb, NULL::int, NULL::int,
        NULL::timestamptz, NULL::smallint, NULL::varchar, NULL::timestamptz, NULL::timestamptz
@@ -218,7 +225,7 @@ SELECT 'l', NULL, NULL, {_LEASED_COLUMNS} FROM leased
 
 # -- settle ---------------------------------------------------------------------------------------------------
 
-COMPLETE_MANY = f"WITH {_COMPLETE_CTES} SELECT id FROM settled_reservations"
+COMPLETE_MANY = f"WITH {_COMPLETE_CTES} SELECT id FROM settled_reservations UNION ALL SELECT * FROM already"
 
 # Fail one attempt: back to ready after `retry_in` seconds while attempts are left, otherwise dead with a
 # DeadLetter row. `force_dead` sends it straight to the dead letters (poison: unknown task, bad payload).

@@ -224,7 +224,11 @@ class ThreadPool:
         self.size = size
         self.runner = runner
         self.slots: list[_Thread] = []
+        self.idle_slots: list[_Thread] = []
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        # Set by the first outcome since the supervisor last collected: one wake-up byte per batch of outcomes,
+        # not one write and one wake-up per item.
+        self._signalled = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -239,8 +243,10 @@ class ThreadPool:
             except BaseException as exc:  # SystemExit, KeyboardInterrupt raised by a handler: fail, carry on
                 outcome = failed(job.reservation_id, f"the handler raised {type(exc).__name__}: {exc}")
             self.outbox.put((slot, outcome))
-            with contextlib.suppress(BlockingIOError, OSError):
-                os.write(self._wake_w, b".")
+            if not self._signalled:
+                self._signalled = True
+                with contextlib.suppress(BlockingIOError, OSError):
+                    os.write(self._wake_w, b".")
         connections.close_all()  # this thread's own connections
 
     def _new_slot(self) -> _Thread:
@@ -251,12 +257,13 @@ class ThreadPool:
 
     def start(self) -> None:
         self.slots = [self._new_slot() for _ in range(self.size)]
+        self.idle_slots = list(self.slots)
 
     def idle(self) -> int:
-        return sum(1 for s in self.slots if s.job is None)
+        return len(self.idle_slots)
 
     def submit(self, job: Job) -> None:
-        slot = next(s for s in self.slots if s.job is None)
+        slot = self.idle_slots.pop()
         slot.job = job
         slot.inbox.put(job)
 
@@ -267,14 +274,18 @@ class ThreadPool:
         with contextlib.suppress(BlockingIOError):
             while os.read(self._wake_r, 4096):
                 pass
+        # After reading the pipe, before draining: so `_signalled` true always means a byte not read yet, and an
+        # outcome put after the drain either finds that byte pending or writes one.
+        self._signalled = False
         outcomes = []
         while True:
             try:
                 slot, outcome = self.outbox.get_nowait()
             except queue.Empty:
                 return outcomes
-            if slot in self.slots and slot.job is not None and slot.job.reservation_id == outcome.reservation_id:
+            if slot.job is not None and slot.job.reservation_id == outcome.reservation_id and slot in self.slots:
                 slot.job = None
+                self.idle_slots.append(slot)
                 outcomes.append(outcome)
             # else: the outcome of an abandoned thread, already reported as stopped
 
@@ -283,6 +294,7 @@ class ThreadPool:
             if slot.job is not None and slot.job.reservation_id == reservation_id:
                 slot.inbox.put(None)  # the abandoned thread exits once its handler returns
                 self.slots[index] = self._new_slot()
+                self.idle_slots.append(self.slots[index])
                 return
 
     def shutdown(self) -> None:
@@ -292,6 +304,7 @@ class ThreadPool:
             if slot.job is None and slot.thread is not None:
                 slot.thread.join(5)
         self.slots = []
+        self.idle_slots = []
         os.close(self._wake_r)
         os.close(self._wake_w)
 

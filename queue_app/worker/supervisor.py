@@ -126,6 +126,7 @@ class Supervisor:
         self.maintenance = Maintenance(scheduler=opts.scheduler)
         self.status = StatusReporter()
         self.running: dict[int, Running] = {}
+        self.next_deadline = float("inf")  # no running item's hard timeout is earlier (may be early: then rechecked)
         self.leased: list[tuple[Lease, Task]] = []  # leased, not started yet
         self.done: list[tuple[Lease, Any]] = []  # handler returned: complete_many these
         self.pending: list[Pending] = []
@@ -295,7 +296,7 @@ class Supervisor:
         if self.db_down_since is None and self._should_lease(now) and (self.maybe_more or self.woken):
             return  # more work is waiting: do not sleep
         deadlines = [self.next_poll, self.next_heartbeat, self.maintenance.next_due(), self.status.next_due()]
-        deadlines += [r.deadline for r in self.running.values()]
+        deadlines.append(self.next_deadline)
         if self.stopping:
             deadlines.append(self.grace_deadline)
         if self.gather_since is not None and self.running:
@@ -386,6 +387,11 @@ class Supervisor:
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
+        if now < self.next_deadline and not (self.stopping and now >= self.grace_deadline):
+            return  # the common case, without a walk over everything in flight
+        self.next_deadline = min((r.deadline for r in self.running.values()), default=float("inf"))
+        if now < self.next_deadline and not (self.stopping and now >= self.grace_deadline):
+            return
         for reservation_id, running in list(self.running.items()):
             if now < running.deadline and not (self.stopping and now >= self.grace_deadline):
                 continue
@@ -410,6 +416,7 @@ class Supervisor:
                 self._failed(lease, task, "the worker shut down before the handler finished", "", retryable=False)
             else:
                 self._release_later(lease)
+        self.next_deadline = min((r.deadline for r in self.running.values()), default=float("inf"))
 
     def _release_later(self, lease: Lease) -> None:
         def release() -> str:
@@ -543,6 +550,7 @@ class Supervisor:
                 self._stale(lease, "the reservation was lost before the handler started; not run")
                 continue
             self.running[lease.reservation_id] = Running(lease, task, now + task.hard_timeout)
+            self.next_deadline = min(self.next_deadline, now + task.hard_timeout)
             self.heartbeat_every = min(self.heartbeat_every, (task.lease_timeout or task.min_lease) / 3)
             self.pool.submit(
                 Job(
