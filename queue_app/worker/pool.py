@@ -1,14 +1,15 @@
-"""Executors: where handlers run. One job per slot at a time; the supervisor decides what runs and when to stop it.
+"""Executors: where handlers run, one job per slot at a time; the supervisor decides what runs and when to stop it.
 
 - ProcessPool (default): one forked child process per slot, fed over a pipe. A child past its hard timeout,
   or whose reservation went stale, is SIGKILLed and replaced; a child that dies on its own (os._exit, a
   segfault, SystemExit) is replaced and its job reported failed. Children die with the supervisor
   (PR_SET_PDEATHSIG), so a kill -9 of the worker leaves no handler running behind it.
-- ThreadPool (`--pool thread`, for I/O-bound handlers): one thread per slot. A thread cannot be killed: at its
-  hard timeout the attempt is failed as timed out and the thread is abandoned (it runs on, its outcome is
-  ignored) and a new thread takes the slot. A handler that never returns keeps its thread forever, and a
-  transactional one keeps its transaction and its item's row lock: that item is settled by its own
-  transaction when the handler returns, or comes back when its lease expires after the rollback.
+- ThreadPool (`--pool thread`, for I/O-bound and short handlers): threads taking jobs from one shared queue,
+  which may hold the worker's prefetch. A thread cannot be killed: at its hard timeout the attempt is failed as
+  timed out and the thread is abandoned (it runs on, its outcome is ignored) and a new thread takes its place.
+  A handler that never returns keeps its thread forever, and a transactional one keeps its transaction and its
+  item's row lock: that item is settled by its own transaction when the handler returns, or comes back when its
+  lease expires after the rollback.
 """
 
 import contextlib
@@ -18,6 +19,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -37,7 +39,10 @@ class Pool(Protocol):
 
     def start(self) -> None: ...
     def idle(self) -> int: ...
+    def idle_threads(self) -> int: ...
     def submit(self, job: Job) -> None: ...
+    def started_at(self, reservation_id: int) -> float | None: ...
+    def take_back(self) -> list[int]: ...
     def fds(self) -> list[int]: ...
     def collect(self) -> list[Outcome]: ...
     def stop(self, reservation_id: int) -> None: ...
@@ -45,11 +50,13 @@ class Pool(Protocol):
     def kill(self) -> None: ...
 
 
-def make_pool(kind: str, size: int, runner: Callable[[Job], Outcome] = run_job) -> Pool:
+def make_pool(kind: str, size: int, runner: Callable[[Job], Outcome] = run_job, backlog: int = 0) -> Pool:
+    """`backlog`: jobs a pool may hold beyond its slots (the thread pool's shared queue; a process gets its next
+    job from the supervisor, so the process pool ignores it)."""
     if kind == "process":
         return ProcessPool(size, runner)
     if kind == "thread":
-        return ThreadPool(size, runner)
+        return ThreadPool(size, runner, backlog)
     raise ValueError(f"unknown pool {kind!r}: use 'process' or 'thread'")
 
 
@@ -92,6 +99,7 @@ class _Child:
     process: multiprocessing.process.BaseProcess
     conn: Connection
     job: Job | None = None
+    started: float = 0.0
 
 
 def _describe_exit(exitcode: int | None) -> str:
@@ -136,9 +144,17 @@ class ProcessPool:
     def idle(self) -> int:
         return sum(1 for c in self.children if c.job is None)
 
+    idle_threads = idle
+
+    def started_at(self, reservation_id: int) -> float | None:
+        return next((c.started for c in self.children if c.job and c.job.reservation_id == reservation_id), None)
+
+    def take_back(self) -> list[int]:
+        return []  # a job goes to a child only when it is idle: it has started
+
     def submit(self, job: Job) -> None:
         child = next(c for c in self.children if c.job is None)
-        child.job = job
+        child.job, child.started = job, time.monotonic()
         try:
             child.conn.send(job)
         except OSError:  # it died while idle: its replacement takes the job
@@ -212,60 +228,97 @@ class ProcessPool:
 
 @dataclass(eq=False)
 class _Thread:
-    inbox: queue.SimpleQueue
     thread: threading.Thread | None = None
     job: Job | None = None
+    started: float = 0.0
+    abandoned: bool = False
 
 
 class ThreadPool:
+    """Handler threads taking jobs from one shared queue: a thread that finishes takes the next job at once,
+    without a round through the supervisor (which cost a GIL hand-off or two per item). Up to `backlog` jobs may
+    wait in the queue beyond the threads (the worker's prefetch); a job's hard timeout counts from when a
+    thread takes it (`started_at`), and jobs not taken yet can be taken back (`take_back`) on shutdown."""
+
     kind = "thread"
 
-    def __init__(self, size: int, runner: Callable[[Job], Outcome] = run_job) -> None:
+    def __init__(self, size: int, runner: Callable[[Job], Outcome] = run_job, backlog: int = 0) -> None:
         self.size = size
+        self.backlog = backlog
         self.runner = runner
-        self.slots: list[_Thread] = []
-        self.idle_slots: list[_Thread] = []
+        self.threads: list[_Thread] = []
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        # Submitted, not taken by a thread yet: whoever pops a job from here first (a thread starting it, or the
+        # supervisor taking it back or stopping it) owns it; dict.pop is atomic.
+        self.queued: dict[int, Job] = {}
+        self.taken: dict[int, _Thread] = {}  # reservation id -> the thread running it
+        self.outstanding: set[int] = set()  # submitted and not reported back, stopped or taken back
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
-        # Set by the first outcome since the supervisor last collected: one wake-up byte per batch of outcomes,
-        # not one write and one wake-up per item.
-        self._signalled = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        # Set by the first outcome since the supervisor last collected: one wake-up byte per batch of outcomes,
+        # not one write and one wake-up per item.
+        self._signalled = False
 
-    def _serve(self, slot: _Thread) -> None:
+    def _serve(self, me: _Thread) -> None:
         while True:
-            job = slot.inbox.get()
+            job = self.jobs.get()
             if job is None:
                 break
+            if me.abandoned:  # replaced while it ran its last handler: leave the job to the others
+                self.jobs.put(job)
+                break
+            if self.queued.pop(job.reservation_id, None) is None:
+                continue  # stopped or taken back before any thread started it
+            me.job, me.started = job, time.monotonic()
+            self.taken[job.reservation_id] = me
             try:
                 outcome = self.runner(job)
             except BaseException as exc:  # SystemExit, KeyboardInterrupt raised by a handler: fail, carry on
                 outcome = failed(job.reservation_id, f"the handler raised {type(exc).__name__}: {exc}")
-            self.outbox.put((slot, outcome))
+            me.job = None
+            if me.abandoned:
+                break  # its outcome was reported as stopped already; a new thread took its place
+            self.taken.pop(job.reservation_id, None)
+            self.outbox.put(outcome)
             if not self._signalled:
                 self._signalled = True
                 with contextlib.suppress(BlockingIOError, OSError):
                     os.write(self._wake_w, b".")
         connections.close_all()  # this thread's own connections
 
-    def _new_slot(self) -> _Thread:
-        slot = _Thread(queue.SimpleQueue())
-        slot.thread = threading.Thread(target=self._serve, args=(slot,), name="jobsite-handler", daemon=True)
-        slot.thread.start()
-        return slot
+    def _new_thread(self) -> _Thread:
+        me = _Thread()
+        me.thread = threading.Thread(target=self._serve, args=(me,), name="jobsite-handler", daemon=True)
+        me.thread.start()
+        return me
 
     def start(self) -> None:
-        self.slots = [self._new_slot() for _ in range(self.size)]
-        self.idle_slots = list(self.slots)
+        self.threads = [self._new_thread() for _ in range(self.size)]
 
     def idle(self) -> int:
-        return len(self.idle_slots)
+        """Jobs it accepts now: a thread each, plus the backlog."""
+        return max(0, self.size + self.backlog - len(self.outstanding))
+
+    def idle_threads(self) -> int:
+        """Jobs a thread would start at once (nothing queued ahead of them)."""
+        return max(0, self.size - len(self.outstanding))
 
     def submit(self, job: Job) -> None:
-        slot = self.idle_slots.pop()
-        slot.job = job
-        slot.inbox.put(job)
+        self.outstanding.add(job.reservation_id)
+        self.queued[job.reservation_id] = job
+        self.jobs.put(job)
+
+    def started_at(self, reservation_id: int) -> float | None:
+        me = self.taken.get(reservation_id)
+        return None if me is None else me.started
+
+    def take_back(self) -> list[int]:
+        """Remove every job no thread has started yet; returns their reservation ids."""
+        back = [rid for rid in list(self.queued) if self.queued.pop(rid, None) is not None]
+        self.outstanding.difference_update(back)
+        return back
 
     def fds(self) -> list[int]:
         return [self._wake_r]
@@ -280,31 +333,30 @@ class ThreadPool:
         outcomes = []
         while True:
             try:
-                slot, outcome = self.outbox.get_nowait()
+                outcome = self.outbox.get_nowait()
             except queue.Empty:
                 return outcomes
-            if slot.job is not None and slot.job.reservation_id == outcome.reservation_id and slot in self.slots:
-                slot.job = None
-                self.idle_slots.append(slot)
+            if outcome.reservation_id in self.outstanding:  # else: stopped meanwhile, already accounted for
+                self.outstanding.discard(outcome.reservation_id)
                 outcomes.append(outcome)
-            # else: the outcome of an abandoned thread, already reported as stopped
 
     def stop(self, reservation_id: int) -> None:
-        for index, slot in enumerate(self.slots):
-            if slot.job is not None and slot.job.reservation_id == reservation_id:
-                slot.inbox.put(None)  # the abandoned thread exits once its handler returns
-                self.slots[index] = self._new_slot()
-                self.idle_slots.append(self.slots[index])
-                return
+        """Never start it, or abandon the thread running it (threads cannot be killed) for a new one."""
+        self.outstanding.discard(reservation_id)
+        if self.queued.pop(reservation_id, None) is not None:
+            return
+        me = self.taken.pop(reservation_id, None)
+        if me is not None and me in self.threads:
+            me.abandoned = True  # it exits once its handler returns
+            self.threads[self.threads.index(me)] = self._new_thread()
 
     def shutdown(self) -> None:
-        for slot in self.slots:
-            slot.inbox.put(None)
-        for slot in self.slots:
-            if slot.job is None and slot.thread is not None:
-                slot.thread.join(5)
-        self.slots = []
-        self.idle_slots = []
+        for _ in self.threads:
+            self.jobs.put(None)
+        for me in self.threads:
+            if me.job is None and me.thread is not None:
+                me.thread.join(5)
+        self.threads = []
         os.close(self._wake_r)
         os.close(self._wake_w)
 

@@ -51,6 +51,9 @@ HEARTBEAT_MAX = 10.0  # seconds between heartbeats at most; less when the shorte
 # While other items still run, a freed slot and its finished item wait up to this long for company, so settles
 # and leases go in batches rather than one round trip per item.
 GATHER = 0.005
+# How often the hard timeouts of items still waiting in the pool's queue are looked at again (their clock starts
+# when a thread takes them): the precision of a hard timeout in the thread pool.
+DEADLINE_RECHECK = 0.25
 
 
 @dataclass(frozen=True)
@@ -88,9 +91,10 @@ class WorkerOptions:
 
 @dataclass
 class Running:
+    """An item handed to the pool: running, or (thread pool) waiting in its queue for a thread."""
+
     lease: Lease
     task: Task
-    deadline: float  # time.monotonic() at which the hard timeout stops the handler
 
 
 @dataclass
@@ -170,7 +174,8 @@ class Supervisor:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self.pool = self.pool or make_pool(self.options.pool, self.options.concurrency)
+        prefetch = self.capacity - self.options.concurrency
+        self.pool = self.pool or make_pool(self.options.pool, self.options.concurrency, backlog=prefetch)
         self.pool.start()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         logger.info(
@@ -386,14 +391,22 @@ class Supervisor:
         self._settle_later(lease, "dead letter (poison)", lambda: self._dead(lease, reason[:200], reason))
 
     def _enforce_deadlines(self) -> None:
+        """Stop handlers past their hard timeout (counted from when the pool started them), and everything at
+        the end of the grace period. Walks what is in flight only when the earliest deadline may have come."""
         now = time.monotonic()
-        if now < self.next_deadline and not (self.stopping and now >= self.grace_deadline):
+        out_of_grace = self.stopping and now >= self.grace_deadline
+        if now < self.next_deadline and not out_of_grace:
             return  # the common case, without a walk over everything in flight
-        self.next_deadline = min((r.deadline for r in self.running.values()), default=float("inf"))
-        if now < self.next_deadline and not (self.stopping and now >= self.grace_deadline):
-            return
+        self.next_deadline = float("inf")
         for reservation_id, running in list(self.running.items()):
-            if now < running.deadline and not (self.stopping and now >= self.grace_deadline):
+            started = self.pool.started_at(reservation_id)
+            if started is None:  # waiting in the pool's queue: its clock has not started; look again soon
+                self.next_deadline = min(self.next_deadline, now + DEADLINE_RECHECK)
+                deadline = float("inf")
+            else:
+                deadline = started + running.task.hard_timeout
+            if now < deadline and not out_of_grace:
+                self.next_deadline = min(self.next_deadline, deadline)
                 continue
             self.pool.stop(reservation_id)
             del self.running[reservation_id]
@@ -405,9 +418,9 @@ class Supervisor:
                 logger.warning(
                     "abandoned %s", fields(item=lease.item_id, task=lease.task, why="transactional thread overran")
                 )
-                self.stats.timed_out += now >= running.deadline
+                self.stats.timed_out += now >= deadline
                 continue
-            if now >= running.deadline:
+            if now >= deadline:
                 how = "its child process was killed" if self.pool.kind == "process" else "its thread was abandoned"
                 error = f"hard timeout: the handler ran longer than {task.hard_timeout:g}s and was stopped ({how})"
                 logger.warning("timed out %s", fields(item=lease.item_id, task=lease.task, attempt=lease.attempt))
@@ -416,7 +429,6 @@ class Supervisor:
                 self._failed(lease, task, "the worker shut down before the handler finished", "", retryable=False)
             else:
                 self._release_later(lease)
-        self.next_deadline = min((r.deadline for r in self.running.values()), default=float("inf"))
 
     def _release_later(self, lease: Lease) -> None:
         def release() -> str:
@@ -451,6 +463,9 @@ class Supervisor:
         if not self.registered:
             engine.save_worker(self.row, "running", self.stats.as_dict())
             self.registered = True
+        if self.release_held:
+            for reservation_id in self.pool.take_back():  # queued in the pool, never started
+                self._release_later(self.running.pop(reservation_id).lease)
         if self.release_held and self.leased:
             for lease, _ in self.leased:
                 self._release_later(lease)
@@ -527,7 +542,15 @@ class Supervisor:
     def _start_leased(self) -> None:
         """Start as many held items as there are idle slots: settle at-most-once ones first, give an item whose
         task the lease statement did not know (found by a resolver) its task's lease, then run them."""
-        starting = self.leased[: self.pool.idle()]
+        starting: list[tuple[Lease, Task]] = []
+        room, free_threads = self.pool.idle(), self.pool.idle_threads()
+        for lease, task in self.leased:
+            # An at-most-once item is settled before it runs: hand it over only to a thread that starts it at
+            # once, never to a queue where a shutdown could take it back done and never run.
+            if len(starting) >= room or (task.delivery is Delivery.AT_MOST_ONCE and free_threads <= 0):
+                break
+            starting.append((lease, task))
+            free_threads -= 1
         if not starting:
             return
         renew = [
@@ -549,8 +572,8 @@ class Supervisor:
             elif lease.task not in self.terms and lease.reservation_id not in current:
                 self._stale(lease, "the reservation was lost before the handler started; not run")
                 continue
-            self.running[lease.reservation_id] = Running(lease, task, now + task.hard_timeout)
-            self.next_deadline = min(self.next_deadline, now + task.hard_timeout)
+            self.running[lease.reservation_id] = Running(lease, task)
+            self.next_deadline = min(self.next_deadline, now + min(task.hard_timeout, DEADLINE_RECHECK))
             self.heartbeat_every = min(self.heartbeat_every, (task.lease_timeout or task.min_lease) / 3)
             self.pool.submit(
                 Job(
