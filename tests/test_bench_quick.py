@@ -37,3 +37,23 @@ def test_quick_ceiling_run_reports_positive_figures_and_writes_json(manage, tmp_
     assert results["ratios"]["ceiling.lease_one"]["ceiling"] > 0
     assert "ceiling: lease 100 + complete 100" in proc.stdout
     assert f"results written to {out}" in proc.stdout
+
+
+def test_quick_jobsite_run_measures_enqueue_end_to_end_and_latency_idle_and_under_load(manage, tmp_path):
+    out = tmp_path / "bench.json"
+    proc = manage(
+        "queue_bench", "--quick", "--only", "jobsite", "--json-out", str(out),
+        "--db-prefix", f"test_bench_{os.getpid()}", timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    figures = json.loads(out.read_text())["figures"]
+    for key in ("jobsite.enqueue", "jobsite.e2e"):
+        assert figures[key]["value"] > 0, figures[key]
+    e2e = figures["jobsite.e2e"]
+    assert "--prefetch" in e2e["note"] and all(t["done"] == t["jobs"] for t in e2e["detail"]["tries"][-1:])
+    for key in ("jobsite.latency_p50", "jobsite.latency_p99", "jobsite.latency_load_p50", "jobsite.latency_load_p99"):
+        assert figures[key]["value"] > 0, figures[key]
+        assert figures[key]["detail"]["samples"] > 0
+    assert figures["jobsite.latency_p50"]["value"] <= figures["jobsite.latency_p99"]["value"]
+    assert figures["jobsite.latency_load_p50"]["detail"]["fed"] > 0  # the steady load really ran

@@ -18,7 +18,7 @@ from .jobsite_side import ALIAS, NOOP_TASK, WORKER_MISSING, bench_database, run_
 from .report import Figure, Results
 
 TABLES = ("queue_app_queueitem", "queue_app_reservation", "queue_app_deadletter", "queue_app_dedupclaim")
-RATE = 1_400  # items enqueued per second, in ticks of TICK seconds: about 5 million an hour
+RATE = 1_400  # default items enqueued per second, in ticks of TICK seconds: about 5 million an hour
 TICK = 0.1
 RETENTION = timedelta(seconds=60)
 WORKER_SETTINGS = ("thread", 16, 500, 100)  # (pool, concurrency, batch, prefetch)
@@ -38,7 +38,7 @@ def open_items() -> int:
         return int(cur.fetchone()[0])
 
 
-def run(ctx: BenchContext, results: Results, *, minutes: float) -> None:
+def run(ctx: BenchContext, results: Results, *, minutes: float, rate: int = RATE) -> None:
     labels = {
         "churn.size_start": "churn: queue tables + indexes after warm-up",
         "churn.size_end": f"churn: queue tables + indexes after {minutes:g} min",
@@ -59,7 +59,7 @@ def run(ctx: BenchContext, results: Results, *, minutes: float) -> None:
         series: list[tuple[float, int, int]] = []  # (seconds, bytes, items not done)
         start_bytes = None
         enqueued = 0
-        per_tick = max(1, round(RATE * TICK))
+        per_tick = max(1, round(rate * TICK))
         payloads = [{} for _ in range(per_tick)]
         t0 = time.monotonic()
         next_sample = 0.0
@@ -90,13 +90,13 @@ def run(ctx: BenchContext, results: Results, *, minutes: float) -> None:
     detail = {
         "series": series,
         "enqueued": enqueued,
-        "rate": RATE,
+        "rate": rate,
         "retention_s": RETENTION.total_seconds(),
         "warmup_s": warmup,
         "not_done_at_end": end_backlog,
     }
-    note = f"{RATE}/s, retention {RETENTION}"
-    if end_backlog > RATE * 10:  # more than ten seconds behind: the size measures a backlog, not bloat
+    note = f"{rate:,}/s, {enqueued:,} items, retention {RETENTION}"
+    if end_backlog > rate * 10:  # more than ten seconds behind: the size measures a backlog, not bloat
         note += f"; worker fell behind ({end_backlog:,} not done)"
     results.add(Figure("churn.size_start", labels["churn.size_start"], start_bytes / 2**20, "MB"))
     results.add(Figure("churn.size_end", labels["churn.size_end"], end_bytes / 2**20, "MB"))

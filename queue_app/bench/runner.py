@@ -25,6 +25,7 @@ def run_bench(
     parts: Sequence[str],
     peer_names: Sequence[str],
     churn_minutes: float | None,
+    churn_rate: int = 1_400,
     json_out: Path | None,
     db_prefix: str,
     keep_databases: bool,
@@ -56,7 +57,7 @@ def run_bench(
         if "peers" in parts:
             peers.run(ctx, sizes, results, peer_names)
         if churn_minutes:
-            churn.run(ctx, results, minutes=churn_minutes)
+            churn.run(ctx, results, minutes=churn_minutes, rate=churn_rate)
     finally:
         ctx.drop_databases()
     if ctx.log_dir.exists():

@@ -37,6 +37,9 @@ class Command(BaseCommand):
             "--churn", action="store_true", help="measure table growth under steady churn (alone unless --only)"
         )
         parser.add_argument("--churn-minutes", type=float, default=60.0, help="length of the churn run")
+        parser.add_argument(
+            "--churn-rate", type=int, default=1_400, help="items queued per second while churning (default 1,400)"
+        )
         parser.add_argument("--json-out", type=Path, default=None, help="results file (default var/bench/<ts>.json)")
         parser.add_argument("--db-prefix", default="bench", help="scratch databases are named <prefix>_<part>")
         parser.add_argument("--keep-dbs", action="store_true", help="keep the scratch databases afterwards")
@@ -49,6 +52,8 @@ class Command(BaseCommand):
             parts = [] if options["churn"] else list(PARTS)
         if options["churn_minutes"] <= 0:
             raise CommandError("--churn-minutes must be positive")
+        if options["churn_rate"] <= 0:
+            raise CommandError("--churn-rate must be positive")
 
         def write(line: str) -> None:
             self.stdout.write(line)
@@ -59,6 +64,7 @@ class Command(BaseCommand):
             parts=parts,
             peer_names=_names(options["peers"], tuple(PEERS), "peer"),
             churn_minutes=options["churn_minutes"] if options["churn"] else None,
+            churn_rate=options["churn_rate"],
             json_out=options["json_out"],
             db_prefix=options["db_prefix"],
             keep_databases=options["keep_dbs"],
