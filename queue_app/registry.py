@@ -255,6 +255,8 @@ def job(
 def autodiscover() -> None:
     """Import `tasks` of every installed app (once per process)."""
     global _discovered
+    if _discovered:  # every lookup calls this: no lock once done
+        return
     with _discovery:
         if not _discovered:
             autodiscover_modules("tasks")
