@@ -9,7 +9,7 @@ for held in engine.lease(["default"], 10, worker_id="w1"):
 from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue
 from .errors import InvalidEnqueue, QueueError, StaleReservation
 from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, settle_and_lease
-from .maintenance import prune_dedup_claims, prune_done, rescue_expired
+from .maintenance import bloated_tables, prune_dedup_claims, prune_done, rescue_expired, vacuum
 from .retry import backoff_seconds
 from .settle import complete, complete_many, dead, extend, extend_many, fail, release
 from .workers import (
@@ -36,6 +36,7 @@ __all__ = [
     "Terms",
     "WorkerRow",
     "backoff_seconds",
+    "bloated_tables",
     "complete",
     "complete_many",
     "dead",
@@ -58,4 +59,5 @@ __all__ = [
     "settle_and_lease",
     "sweep_workers",
     "try_maintenance_lock",
+    "vacuum",
 ]

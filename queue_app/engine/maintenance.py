@@ -1,9 +1,18 @@
 """Maintenance duties of the engine, each one statement: rescue expired leases, prune done items and
-expired dedup claims. The worker runs them on their own intervals under an advisory lock."""
+expired dedup claims, vacuum the hot tables when dead rows pile up. The worker runs them on their own
+intervals under an advisory lock."""
+
+import time
+
+from psycopg import sql as psql
 
 from ..conf import queue_settings
 from . import sql
 from .db import cursor
+from .workers import dedicated_connection
+
+# Every lease, settle and prune leaves dead rows in these; the rest of the schema changes slowly.
+HOT_TABLES = (sql.ITEM, sql.RESERVATION, sql.DEDUP, sql.DEAD_LETTER)
 
 
 def rescue_expired(limit: int = 1000, *, lost_after: float | None = None, using: str = "default") -> tuple[int, int]:
@@ -28,3 +37,24 @@ def prune_dedup_claims(*, using: str = "default") -> int:
     with cursor(using) as cur:
         cur.execute(sql.PRUNE_DEDUP)
         return cur.rowcount
+
+
+def bloated_tables(min_dead: int = 20_000, share: float = 0.1, *, using: str = "default") -> list[str]:
+    """The hot tables with more than `min_dead` dead rows and more than `share` of their live rows dead."""
+    with cursor(using) as cur:
+        cur.execute(sql.BLOATED_TABLES, {"tables": list(HOT_TABLES), "min_dead": min_dead, "share": share})
+        return [row[0] for row in cur.fetchall()]
+
+
+def vacuum(tables: list[str], *, using: str = "default") -> dict[str, float]:
+    """VACUUM (ANALYZE) each table on a connection of its own (VACUUM cannot run in a transaction), skipping a
+    table another VACUUM holds. Returns the seconds each took. Queue tables churn: the server's autovacuum may be
+    off (it is on some CI servers), throttled or busy elsewhere, and a lease then walks past ever more dead index
+    entries while the tables grow."""
+    took: dict[str, float] = {}
+    with dedicated_connection(using=using) as conn:
+        for table in tables:
+            t0 = time.monotonic()
+            conn.execute(psql.SQL(sql.VACUUM).format(table=psql.Identifier(table)))
+            took[table] = round(time.monotonic() - t0, 3)
+    return took

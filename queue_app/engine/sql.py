@@ -334,6 +334,17 @@ DELETE FROM {ITEM} WHERE id IN (
 
 PRUNE_DEDUP = f"DELETE FROM {DEDUP} WHERE expires_at <= now()"
 
+# The queue's hot tables whose dead rows (every lease, settle and prune leaves some) have piled up past
+# `min_dead` and `share` of their live rows: they need a VACUUM. From the statistics collector (track_counts).
+BLOATED_TABLES = """
+SELECT relname, n_dead_tup, n_live_tup FROM pg_stat_user_tables
+WHERE schemaname = current_schema() AND relname = ANY(%(tables)s)
+  AND n_dead_tup > GREATEST(%(min_dead)s, %(share)s * n_live_tup)
+ORDER BY n_dead_tup DESC
+"""
+# SKIP_LOCKED: a table another VACUUM (autovacuum, another worker) holds is skipped, never waited for.
+VACUUM = "VACUUM (SKIP_LOCKED, ANALYZE) {table}"
+
 # -- worker ---------------------------------------------------------------------------------------------------
 
 WORKER = "queue_app_worker"

@@ -1,12 +1,14 @@
 """Maintenance duties, each a small unit with one job and its own interval (River's maintenance services):
-rescue expired leases, prune done items and dedup claims, sweep the Worker rows of dead workers, and fire the
-cron schedules that are due (the scheduler; off with `run_worker --no-scheduler`).
+rescue expired leases, prune done items and dedup claims, vacuum the hot tables when dead rows pile up, sweep
+the Worker rows of dead workers, and fire the cron schedules that are due (the scheduler; off with
+`run_worker --no-scheduler`).
 
 Every worker carries the units; a unit runs inside a transaction holding its advisory lock
 (pg_try_advisory_xact_lock), so one worker at a time does each duty and the others skip it.
 """
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +47,33 @@ def _prune() -> tuple[dict[str, int], bool]:
     return {"pruned": pruned, "dedup_claims": claims}, pruned >= PRUNE_BATCH
 
 
+class _Vacuum:
+    """VACUUM the hot tables whose dead rows piled up (see engine.vacuum), in a thread of its own: a VACUUM of
+    a big table takes seconds, and the supervisor's loop (settles, leases, heartbeats) must not wait for it.
+    Several workers may start one: VACUUM (SKIP_LOCKED) skips a table another VACUUM holds."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+
+    def __call__(self) -> tuple[dict[str, int], bool]:
+        if self.thread is not None and self.thread.is_alive():
+            return {}, False
+        tables = engine.bloated_tables()
+        if tables:
+            self.thread = threading.Thread(target=self._run, args=(tables,), name="jobsite-vacuum", daemon=True)
+            self.thread.start()
+        return {"vacuum_started": len(tables)}, False
+
+    @staticmethod
+    def _run(tables: list[str]) -> None:
+        try:
+            took = engine.vacuum(tables)
+        except Exception as exc:  # e.g. not the tables' owner, or the server went away: say so, try next time
+            logger.warning("maintenance unit=vacuum failed: %s", exc)
+        else:
+            logger.info("maintenance unit=vacuum %s", " ".join(f"{t}={s:.1f}s" for t, s in took.items()))
+
+
 def _sweep_workers() -> tuple[dict[str, int], bool]:
     lost, forgotten = engine.sweep_workers(queue_settings.WORKER_LOST_AFTER, WORKER_FORGET_AFTER)
     return {"marked_stopped": lost, "deleted": forgotten}, False
@@ -60,6 +89,7 @@ def default_units(*, scheduler: bool = True) -> list[Unit]:
     units = [
         Unit("rescue_expired", 1.0, _rescue),
         Unit("prune_done", 60.0, _prune),
+        Unit("vacuum", 30.0, _Vacuum()),
         Unit("sweep_workers", 60.0, _sweep_workers),
     ]
     if scheduler:
