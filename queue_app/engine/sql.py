@@ -184,13 +184,12 @@ SELECT {_LEASED_COLUMNS} FROM leased
 # SETTLE_AND_LEASE; `settled_reservations` returns the reservation of each item it completed, `already` each
 # one this very reservation had completed before: a complete retried after its reply was lost (a connection cut
 # after the commit) succeeded, and must not be taken for stale (an at-most-once item would then never run).
-_COMPLETE_CTES = f"""already AS (
-    SELECT i.reservation_id FROM {ITEM} i
-    WHERE i.id = ANY(%(item_ids)s::bigint[]) AND i.reservation_id = ANY(%(reservation_ids)s::bigint[])
-      AND i.state = 'done'
-), v AS (
+_COMPLETE_CTES = f"""v AS (
     SELECT * FROM unnest(%(item_ids)s::bigint[], %(reservation_ids)s::bigint[], %(results)s::jsonb[])
         AS v(item_id, reservation_id, result)
+), already AS (
+    SELECT i.reservation_id FROM {ITEM} i JOIN v ON i.id = v.item_id AND i.reservation_id = v.reservation_id
+    WHERE i.id = ANY(%(item_ids)s::bigint[]) AND i.state = 'done'
 ), settled AS (
     UPDATE {ITEM} i
     SET state = 'done', result = v.result, error = '', finished_at = now(), updated_at = now()
