@@ -201,7 +201,7 @@ def _owner_name(path: Path) -> str | None:
         return None
 
 
-def _run(cmd: list[str], *, as_user: str | None = None, timeout: float | None = None) -> str:
+def run_pg_tool(cmd: list[str], *, as_user: str | None = None, timeout: float | None = None) -> str:
     """Run a PostgreSQL command, optionally as another OS user (we are root then).
 
     Output goes to temporary files, not pipes: the postmaster that ``pg_ctl start`` leaves behind must not
@@ -308,7 +308,7 @@ class _SystemEngine(_Engine):
                 for path in [pgdata, *pgdata.rglob("*")]:
                     os.lchown(path, entry.pw_uid, entry.pw_gid)
         if not (pgdata / "PG_VERSION").exists():
-            _run(
+            run_pg_tool(
                 [
                     str(self.bindir / "initdb"),
                     "-D",
@@ -324,7 +324,7 @@ class _SystemEngine(_Engine):
             )
         socket_dir = _socket_dir_for(pgdata, os_user)
         try:
-            _run(
+            run_pg_tool(
                 [
                     str(self.bindir / "pg_ctl"),
                     "-D",
@@ -564,7 +564,7 @@ def stop(timeout: float = START_TIMEOUT) -> bool:
             os_user = None
         if bindir is not None:
             try:
-                _run(
+                run_pg_tool(
                     [
                         str(bindir / "pg_ctl"),
                         "-D",

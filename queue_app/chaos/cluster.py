@@ -17,6 +17,8 @@ from pathlib import Path
 
 import psycopg
 
+from jobsite.embedded_pg import run_pg_tool
+
 OS_USER = "postgres"
 DB_USER = "postgres"
 
@@ -63,28 +65,14 @@ class Cluster:
     # -- running PostgreSQL's tools -------------------------------------------------------------------------
 
     def _run(self, *args: str, timeout: float = 120) -> str:
-        """Run a PostgreSQL tool (as the postgres user when we are root). Output goes to a file, not a pipe:
-        the postmaster that `pg_ctl start` leaves behind must not hold a pipe of ours open."""
-        kwargs: dict = {}
-        if self.as_root:
-            entry = pwd.getpwnam(OS_USER)
-            kwargs.update(user=entry.pw_uid, group=entry.pw_gid, extra_groups=[])
-        with tempfile.TemporaryFile("w+") as out:
-            proc = subprocess.run(
-                [str(self.bindir / args[0]), *args[1:]],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
-                cwd="/",
-                timeout=timeout,
-                **kwargs,
+        """Run a PostgreSQL tool (as the postgres user when we are root), as the embedded database does."""
+        try:
+            return run_pg_tool(
+                [str(self.bindir / args[0]), *args[1:]], as_user=OS_USER if self.as_root else None, timeout=timeout
             )
-            out.seek(0)
-            text = out.read()
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}):\n{text}\n{self.log_tail()}")
-        return text
+        except subprocess.CalledProcessError as exc:
+            failed = f"{' '.join(args)} failed ({exc.returncode})"
+            raise RuntimeError(f"{failed}:\n{exc.output}\n{self.log_tail()}") from None
 
     def _pg_ctl(self, *args: str, timeout: float = 120) -> str:
         return self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", *args, timeout=timeout)
