@@ -144,6 +144,7 @@ JOBSITE = {
         ("MAX_PAYLOAD_BYTES", int),
         ("BACKOFF_BASE", float),
         ("WORKER_LOST_AFTER", float),
+        ("PREPARED_STATEMENTS", bool),
     )
     if f"JOBSITE_{key}" in env
 }

@@ -22,6 +22,9 @@ DEFAULTS: dict[str, Any] = {
     # A worker whose heartbeat is older than this is not live: /healthz and the admin stop counting it, and
     # maintenance marks its row stopped.
     "WORKER_LOST_AFTER": 60.0,
+    # The engine's statements are prepared on the server once per connection (see engine/db.py). Turn off
+    # behind a connection pooler that cannot carry prepared statements.
+    "PREPARED_STATEMENTS": True,
 }
 
 

@@ -21,7 +21,7 @@ TABLES = ("queue_app_queueitem", "queue_app_reservation", "queue_app_deadletter"
 RATE = 1_400  # default items enqueued per second, in ticks of TICK seconds: about 5 million an hour
 TICK = 0.1
 RETENTION = timedelta(seconds=60)
-WORKER_SETTINGS = ("thread", 16, 500, 100)  # (pool, concurrency, batch, prefetch)
+WORKER_SETTINGS = (1, "thread", 16, 500, 100)  # (processes, pool, concurrency, batch, prefetch)
 
 
 def queue_bytes() -> int:

@@ -76,17 +76,26 @@ def _open_items(queue: str) -> int:
     )
 
 
-WorkerSettings = tuple[str, int, int, int]  # (pool, concurrency, batch, prefetch)
+WorkerSettings = tuple[int, str, int, int, int]  # (run_worker processes, pool, concurrency, batch, prefetch)
 
 
 def worker_args(settings: WorkerSettings, *, burst: bool) -> list[str]:
-    pool, concurrency, batch, prefetch = settings
+    _, pool, concurrency, batch, prefetch = settings
     args = ["run_worker", "--pool", pool, "--concurrency", str(concurrency), "--batch", str(batch)]
     return manage_args(*args, "--prefetch", str(prefetch), "--no-scheduler", *(["--burst"] if burst else []))
 
 
 def describe(settings: WorkerSettings) -> str:
-    return "--pool {} --concurrency {} --batch {} --prefetch {}".format(*settings)
+    processes = f"{settings[0]} x " if settings[0] > 1 else ""
+    return processes + "--pool {} --concurrency {} --batch {} --prefetch {}".format(*settings[1:])
+
+
+def spawn_workers(
+    ctx: BenchContext, settings: WorkerSettings, db: str, log: str, *, burst: bool
+) -> list[subprocess.Popen]:
+    """The host's `run_worker` processes (several share the machine's cores and the lease work)."""
+    args, env = worker_args(settings, burst=burst), django_child_env(db)
+    return [spawn(args, env=env, log=ctx.log_path(f"{log}-{n}")) for n in range(settings[0])]
 
 
 def measure_enqueue(ctx: BenchContext, sizes: Sizes) -> Figure:
@@ -121,28 +130,30 @@ def _clear_queue(queue: str) -> None:
 
 def measure_e2e(ctx: BenchContext, sizes: Sizes, db: str) -> tuple[Figure, WorkerSettings | None]:
     queue = queue_settings.DEFAULT_QUEUE
-    label = "jobsite: end-to-end no-op, 1 run_worker"
+    label = "jobsite: end-to-end no-op, one worker host"
     exits: list[int | None] = []
 
     def attempt(settings: WorkerSettings, jobs: int, timeout: float) -> Drain:
         _clear_queue(queue)
         engine.enqueue_many(NOOP_TASK, [{} for _ in range(jobs)], queue=queue, using=ALIAS)
-        name = "e2e {} c={} b={} p={}".format(*settings)
-        log = "jobsite-e2e-{}-c{}-b{}-p{}-{}".format(*settings, len(exits))
-        proc = spawn(worker_args(settings, burst=True), env=django_child_env(db), log=ctx.log_path(log))
+        name = "e2e {}x {} c={} b={} p={}".format(*settings)
+        log = "jobsite-e2e-{}x-{}-c{}-b{}-p{}-{}".format(*settings, len(exits))
+        procs = spawn_workers(ctx, settings, db, log, burst=True)
         try:
             result = drain(
                 lambda: _open_items(queue),
                 jobs,
-                [proc],
+                procs,
                 timeout=timeout,
                 report=lambda m: ctx.progress("jobsite", f"{name}: {m}"),
             )
-            exit_code = proc.wait(30) if result.complete else None  # a burst worker exits once drained
+            # A burst worker exits once drained; the worst exit code of the host's workers counts.
+            codes = [proc.wait(30) for proc in procs] if result.complete else [None]
+            exit_code = None if None in codes else max(codes, key=abs)
         except subprocess.TimeoutExpired:
             exit_code = None
         finally:
-            stop([proc])
+            stop(procs)
         exits.append(exit_code)
         # Drained is not done: an item that went dead (unknown task, failure) left the backlog too.
         done = _scalar(
@@ -152,7 +163,7 @@ def measure_e2e(ctx: BenchContext, sizes: Sizes, db: str) -> tuple[Figure, Worke
             if result.wall_seconds >= timeout:
                 ctx.progress("jobsite", f"{name}: given up after {timeout:.0f}s, {done}/{jobs} done")
             else:
-                tail = log_tail(ctx.log_path(log), 8)
+                tail = log_tail(ctx.log_path(f"{log}-0"), 8)
                 ctx.progress("jobsite", f"{name}: only {done}/{jobs} done (exit {exit_code})\n{tail}")
             return replace(result, done=done)
         ctx.progress("jobsite", f"{name} {jobs:,} jobs: {result.steady_per_s:,.0f} jobs/s (exit {exit_code})")
@@ -218,12 +229,12 @@ def measure_latency(
     key = "load" if load_per_s else "idle"
     _clear_queue(queue)
     log = f"jobsite-latency-{key}"
-    proc = spawn(worker_args(settings, burst=False), env=django_child_env(db), log=ctx.log_path(log))
+    procs = spawn_workers(ctx, settings, db, log, burst=False)
     feeder = _Feeder(queue, load_per_s) if load_per_s else None
     ids: list[int] = []
     try:
-        if not _wait_for_worker(proc):
-            raise RuntimeError(f"run_worker did not start:\n{log_tail(ctx.log_path(log))}")
+        if not all(_wait_for_worker(proc) for proc in procs):
+            raise RuntimeError(f"run_worker did not start:\n{log_tail(ctx.log_path(f'{log}-0'))}")
         time.sleep(0.5)  # let it reach its idle wait (LISTEN) before the first item
         if feeder:
             feeder.start()
@@ -241,7 +252,7 @@ def measure_latency(
         if feeder:
             feeder.stopped.set()
             feeder.join(10)
-        stop([proc])
+        stop(procs)
     with connections[ALIAS].cursor() as cur:
         cur.execute(
             """SELECT EXTRACT(EPOCH FROM min(l.executed_at) - i.created_at) * 1000
@@ -271,9 +282,7 @@ def measure_admin(ctx: BenchContext, sizes: Sizes, db: str, settings: WorkerSett
     if settings:
         _clear_queue(queue)
         engine.enqueue_many(NOOP_TASK, [{} for _ in range(sizes.e2e_jobs)], queue=queue, using=ALIAS)
-        workers.append(
-            spawn(worker_args(settings, burst=False), env=django_child_env(db), log=ctx.log_path("jobsite-admin"))
-        )
+        workers += spawn_workers(ctx, settings, db, "jobsite-admin", burst=False)
     try:
         probe = subprocess.run(
             [sys.executable, "-m", "queue_app.bench.admin_probe", str(sizes.admin_requests)],

@@ -13,7 +13,8 @@ class Sizes:
     # jobsite
     enqueue_rows: int
     e2e_jobs: int
-    e2e_grid: tuple[tuple[str, int, int, int], ...]  # (pool, concurrency, batch, prefetch) tried for run_worker
+    # (run_worker processes, pool, concurrency, batch, prefetch) tried for the worker host
+    e2e_grid: tuple[tuple[int, str, int, int, int], ...]
     latency_samples: int
     admin_requests: int
     # peers: jobs in the first try, and how many of each peer's variants are tried (in the order listed)
@@ -32,7 +33,7 @@ QUICK = Sizes(
     ceiling_clients=(2, 4),
     enqueue_rows=20_000,
     e2e_jobs=5_000,
-    e2e_grid=(("process", 8, 100, 100), ("thread", 32, 500, 500)),
+    e2e_grid=((1, "process", 8, 100, 100), (1, "thread", 32, 500, 500), (2, "thread", 16, 250, 250)),
     latency_samples=40,
     admin_requests=10,
     peer_jobs=1_000,
@@ -49,14 +50,15 @@ FULL = Sizes(
     enqueue_rows=200_000,
     e2e_jobs=10_000,
     e2e_grid=(
-        ("process", 4, 100, 100),
-        ("process", 8, 200, 200),
-        ("process", 16, 500, 500),
-        ("thread", 8, 500, 500),
-        ("thread", 16, 500, 500),
-        ("thread", 32, 500, 500),
-        ("thread", 32, 1000, 1000),
-        ("thread", 64, 1000, 1000),
+        (1, "process", 4, 100, 100),
+        (1, "process", 8, 200, 200),
+        (2, "process", 8, 200, 200),
+        (1, "thread", 32, 500, 500),
+        (1, "thread", 32, 1000, 1000),
+        (1, "thread", 64, 1000, 1000),
+        (2, "thread", 32, 500, 500),
+        (3, "thread", 16, 250, 250),
+        (4, "thread", 16, 250, 250),
     ),
     latency_samples=400,
     admin_requests=50,
