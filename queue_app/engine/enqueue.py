@@ -161,10 +161,16 @@ def enqueue(
             dedup_window = dedup_window.total_seconds()
         window = queue_settings.DEDUP_WINDOW if dedup_window is None else dedup_window
         params["dedup_window"] = float(_number("dedup_window", window, minimum=0.001))
-    statement = sql.ENQUEUE if dedup_key is None else sql.ENQUEUE_DEDUP
+    if dedup_key is None:
+        # One statement (queue row, item, NOTIFY): atomic by itself, so no transaction block of its own — outside
+        # the caller's transaction it commits in its own round trip; inside, it joins without a savepoint.
+        with cursor(using) as cur:
+            cur.execute(sql.ENQUEUE, params)
+            row = cur.fetchone()
+        return Enqueued(row[0], params["queue"], task, row[1], duplicate=False)
     while True:
         with transaction.atomic(using=using), cursor(using) as cur:
-            cur.execute(statement, params)
+            cur.execute(sql.ENQUEUE_DEDUP, params)
             row = cur.fetchone()
             if row is not None:
                 return Enqueued(row[0], params["queue"], task, row[1], duplicate=False)
