@@ -28,7 +28,10 @@ class PreparedCursor:
 
     def __init__(self, wrapper: BaseDatabaseWrapper) -> None:
         self._wrapper = wrapper
-        self._django = wrapper.cursor()  # connects, checks the thread and the connection's health as Django does
+        # What Django's own cursor() does first, without making a cursor of its own on the hot path.
+        wrapper.close_if_health_check_failed()
+        wrapper.ensure_connection()
+        wrapper.validate_thread_sharing()
         raw = wrapper.connection
         if raw.prepare_threshold is None:  # Django's default: psycopg prepares nothing, not even on request
             raw.prepare_threshold = NEVER_BY_COUNT
@@ -53,7 +56,6 @@ class PreparedCursor:
 
     def close(self) -> None:
         self.cursor.close()
-        self._django.close()
 
     def __enter__(self) -> "PreparedCursor":
         return self
