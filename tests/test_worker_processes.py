@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
@@ -262,6 +263,57 @@ def test_notify_wakes_an_idle_worker_at_once(worker):
     assert (run.executed_at - QueueItem.objects.get(id=item).created_at).total_seconds() < 1
     proc.terminate()
     assert finish(proc, timeout=30) == 0
+
+
+def wake_lock_holders() -> list[int]:
+    """Backend pids of the LISTEN connections holding a wake lock in this database."""
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = %s::oid"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            [engine.workers.WAKE_LOCK_NAMESPACE],
+        ).fetchall()
+    return [pid for (pid,) in rows]
+
+
+def test_one_idle_worker_answers_a_notification_first_and_the_others_follow(worker):
+    """No thundering herd: one worker holds the wake lock and leases at once; the others lease a moment later,
+    so every idle worker still gets work when there is enough of it (no 30-second poll in between)."""
+    procs = [
+        worker(f"herd{n}", "--concurrency", "1", "--prefetch", "0", "--poll-interval", "30", "--no-scheduler")
+        for n in range(3)
+    ]
+    wait_for(lambda: Worker.objects.filter(id__startswith="herd").count() == 3, timeout=30, what="3 workers")
+    wait_for(lambda: len(wake_lock_holders()) == 1, timeout=10, what="one worker to hold the wake lock")
+    time.sleep(0.5)  # every worker idle in select(), past its first lease
+    items = [get_task(PROBE).enqueue({"sleep": 3}).id for _ in range(3)]
+    wait_for(lambda: ExecutionLog.objects.filter(item_id__in=items).count() == 3, timeout=10, what="3 runs")
+    runs = list(ExecutionLog.objects.filter(item_id__in=items))
+    assert sorted(run.worker_id for run in runs) == ["herd0", "herd1", "herd2"]  # one each: nobody waited for a poll
+    created = dict(QueueItem.objects.filter(id__in=items).values_list("id", "created_at"))
+    assert max((run.executed_at - created[run.item_id]).total_seconds() for run in runs) < 2
+    assert len(wake_lock_holders()) == 1
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        assert finish(proc, timeout=30) == 0
+    assert wake_lock_holders() == []  # a stopped worker's lock goes with its connection
+
+
+def test_when_the_first_worker_loses_its_listener_a_follower_takes_over(worker):
+    procs = [worker(f"follow{n}", "--concurrency", "1", "--poll-interval", "0.2") for n in range(2)]
+    wait_for(lambda: len(wake_lock_holders()) == 1, timeout=30, what="one worker to hold the wake lock")
+    (first,) = wake_lock_holders()
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", [first])
+    wait_for(lambda: wake_lock_holders() not in ([], [first]), timeout=10, what="another holder")
+    assert len(wake_lock_holders()) == 1
+    item = get_task(PROBE).enqueue({}).id  # and the workers still answer
+    wait_for(lambda: ExecutionLog.objects.filter(item_id=item).exists(), timeout=10, what="the run")
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        assert finish(proc, timeout=30) == 0
 
 
 def test_cancelling_a_running_item_stops_its_handler(worker):

@@ -22,6 +22,7 @@ from .workers import (
     save_worker,
     sweep_workers,
     try_maintenance_lock,
+    try_wake_lock,
 )
 
 __all__ = [
@@ -59,5 +60,6 @@ __all__ = [
     "settle_and_lease",
     "sweep_workers",
     "try_maintenance_lock",
+    "try_wake_lock",
     "vacuum",
 ]

@@ -438,3 +438,7 @@ RETURNING r.id
 
 # Maintenance runs under a transaction-scoped advisory lock, so one worker at a time does each duty.
 TRY_MAINTENANCE_LOCK = "SELECT pg_try_advisory_xact_lock(%(namespace)s, hashtext(%(unit)s))"
+
+# The first worker of a queue set answers a NOTIFY at once, the others a moment later (no thundering herd): it
+# holds this session-level advisory lock on its LISTEN connection; the lock goes when the connection does.
+TRY_WAKE_LOCK = "SELECT pg_try_advisory_lock(%(namespace)s, hashtext(%(key)s))"

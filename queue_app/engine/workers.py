@@ -20,6 +20,8 @@ from .settle import Held
 
 # Advisory-lock namespace of jobsite's maintenance units (first key of the two-key form).
 MAINTENANCE_LOCK_NAMESPACE = 0x6A6F62  # "job"
+# Advisory-lock namespace of the wake lock: which worker of a queue set answers a NOTIFY first.
+WAKE_LOCK_NAMESPACE = 0x6A6F63
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,13 @@ def try_maintenance_lock(unit: str, *, using: str = "default") -> bool:
     with cursor(using) as cur:
         cur.execute(sql.TRY_MAINTENANCE_LOCK, {"namespace": MAINTENANCE_LOCK_NAMESPACE, "unit": unit})
         return bool(cur.fetchone()[0])
+
+
+def try_wake_lock(conn: psycopg.Connection, key: str) -> bool:
+    """On the worker's own LISTEN connection (autocommit), take the wake lock of queue set `key` if no other
+    worker's connection holds it. Held until that connection closes."""
+    row = conn.execute(sql.TRY_WAKE_LOCK, {"namespace": WAKE_LOCK_NAMESPACE, "key": key}).fetchone()
+    return bool(row[0])
 
 
 def dedicated_connection(*, using: str = "default") -> psycopg.Connection:

@@ -38,7 +38,7 @@ from ..conf import queue_settings
 from ..engine import ALL_QUEUES, Lease, LeaseTerms, StaleReservation
 from ..registry import Delivery, Task, find_task, registered_tasks
 from .execute import Job, Outcome
-from .listener import Listener
+from .listener import FOLLOW, Listener
 from .maintenance import Maintenance
 from .pool import Pool, make_pool
 from .status import Stats, StatusReporter, fields
@@ -148,6 +148,8 @@ class Supervisor:
         self.db_backoff = BACKOFF_FIRST
         self.db_retry_at = 0.0
         self.listener_retry_at = 0.0
+        self.wake_at = float("inf")  # a follower's lease after a notification (see worker/listener.py)
+        self.next_first_try = 0.0  # a follower's next try for the wake lock
         self.idle_after_lease = False
         self.heartbeat_every = self._heartbeat_cap()
 
@@ -286,7 +288,13 @@ class Supervisor:
     def _should_lease(self, now: float) -> bool:
         if self.stopping or self._free() == 0:
             return False
-        wanted = self.woken or self.maybe_more or now >= self.next_poll or (self.options.burst and not self.running)
+        wanted = (
+            self.woken
+            or self.maybe_more
+            or now >= self.next_poll
+            or now >= self.wake_at
+            or (self.options.burst and not self.running)
+        )
         return wanted and self._gathered(now)
 
     def _settle_due(self, now: float) -> bool:
@@ -301,7 +309,7 @@ class Supervisor:
         if self.db_down_since is None and self._should_lease(now) and (self.maybe_more or self.woken):
             return  # more work is waiting: do not sleep
         deadlines = [self.next_poll, self.next_heartbeat, self.maintenance.next_due(), self.status.next_due()]
-        deadlines.append(self.next_deadline)
+        deadlines += [self.next_deadline, self.wake_at]
         if self.stopping:
             deadlines.append(self.grace_deadline)
         if self.gather_since is not None and self.running:
@@ -320,10 +328,19 @@ class Supervisor:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._wake_r, 64)
         if listener_fd is not None and listener_fd in readable:
-            try:
-                self.woken |= self.listener.drain()
-            except DATABASE_DOWN as exc:
-                self._listener_lost(exc)
+            self._drain_listener()
+
+    def _drain_listener(self) -> None:
+        """Take in the notifications that arrived: the first worker leases now, a follower a moment later."""
+        try:
+            notified = self.listener.drain()
+        except DATABASE_DOWN as exc:
+            self._listener_lost(exc)
+            return
+        if notified and self.listener.first:
+            self.woken = True
+        elif notified:
+            self.wake_at = min(self.wake_at, time.monotonic() + FOLLOW)
 
     # -- outcomes -------------------------------------------------------------------------------------------
 
@@ -441,12 +458,23 @@ class Supervisor:
 
     def _database_round(self) -> None:
         now = time.monotonic()
+        if self.stopping and self.listener.connected:
+            self.listener.close()  # no more leases: hand the wake lock to a follower
         if not self.listener.connected and not self.stopping and now >= self.listener_retry_at:
             try:
                 self.listener.connect()
                 self.woken = True  # notifications sent while we were not listening are lost
+                self.next_first_try = 0.0
             except DATABASE_DOWN as exc:
                 self._listener_lost(exc)
+        if self.listener.connected and not self.listener.first and now >= self.next_first_try:
+            self.next_first_try = now + self.options.poll_interval
+            try:
+                self.listener.try_first()
+            except DATABASE_DOWN as exc:
+                self._listener_lost(exc)
+            else:
+                self._drain_listener()  # what arrived during that statement waits in psycopg, not the socket
         if now < self.db_retry_at:
             return
         try:
@@ -518,6 +546,7 @@ class Supervisor:
         self.taken += len(leases)
         self.maybe_more = len(leases) == want
         self.woken = False
+        self.wake_at = float("inf")
         self.gather_since = None
         self.next_poll = now + self.options.poll_interval
         self.idle_after_lease = not leases and not (self.running or self.leased or self.done or self.pending)
