@@ -13,6 +13,7 @@
 The worker parts need `manage.py run_worker`; without it they are reported as n/a.
 """
 
+import contextlib
 import copy
 import json
 import statistics
@@ -38,6 +39,7 @@ LOAD_SHARE = 0.5  # the steady load of the latency-under-load measure, as a shar
 ALIAS = "jobsite_bench"
 ENQUEUE_QUEUE = "bench_enqueue"
 ENQUEUE_CHUNK = 10_000
+ENQUEUE_CALLERS = (1, 2)  # concurrent enqueue_many callers tried; the best counts (the ceiling tries 1-16)
 WORKER_MISSING = "n/a (run_worker missing)"
 
 
@@ -98,26 +100,67 @@ def spawn_workers(
     return [spawn(args, env=env, log=ctx.log_path(f"{log}-{n}")) for n in range(settings[0])]
 
 
-def measure_enqueue(ctx: BenchContext, sizes: Sizes) -> Figure:
+def _enqueue_rows(total: int, callers: int) -> tuple[int, float]:
+    """`total` rows through enqueue_many by `callers` threads at once (each its own connection, as separate
+    web processes would be), ENQUEUE_CHUNK rows per call. Returns (rows, seconds)."""
     payloads = [{} for _ in range(ENQUEUE_CHUNK)]
-    engine.enqueue_many(NOOP_TASK, payloads[:1000], queue=ENQUEUE_QUEUE, using=ALIAS)  # warm: queue row, conn
-    rows = 0
+    start = threading.Barrier(callers + 1)
+    written = [0] * callers
+    failures: list[BaseException] = []
+
+    def caller(n: int) -> None:
+        try:
+            engine.enqueue_many(NOOP_TASK, payloads[:100], queue=ENQUEUE_QUEUE, using=ALIAS)  # warm its connection
+            start.wait()
+            share = total // callers + (1 if n < total % callers else 0)
+            while written[n] < share:
+                chunk = min(ENQUEUE_CHUNK, share - written[n])
+                written[n] += len(engine.enqueue_many(NOOP_TASK, payloads[:chunk], queue=ENQUEUE_QUEUE, using=ALIAS))
+        except BaseException as exc:  # reported below, in the measuring thread
+            failures.append(exc)
+            start.abort()
+        finally:
+            connections[ALIAS].close()
+
+    threads = [threading.Thread(target=caller, args=(n,), daemon=True) for n in range(callers)]
+    for thread in threads:
+        thread.start()
+    with contextlib.suppress(threading.BrokenBarrierError):
+        start.wait()
     t0 = time.perf_counter()
-    while rows < sizes.enqueue_rows:
-        chunk = min(ENQUEUE_CHUNK, sizes.enqueue_rows - rows)
-        rows += len(engine.enqueue_many(NOOP_TASK, payloads[:chunk], queue=ENQUEUE_QUEUE, using=ALIAS))
+    for thread in threads:
+        thread.join()
     elapsed = time.perf_counter() - t0
+    if failures:
+        raise failures[0]
+    return sum(written), elapsed
+
+
+def measure_enqueue(ctx: BenchContext, sizes: Sizes) -> Figure:
+    engine.enqueue_many(NOOP_TASK, [{}], queue=ENQUEUE_QUEUE, using=ALIAS)  # the queue row exists before the race
+    tries = {}
+    for callers in ENQUEUE_CALLERS:
+        rows, elapsed = _enqueue_rows(sizes.enqueue_rows, callers)
+        tries[callers] = (rows, elapsed)
+        ctx.progress(
+            "jobsite",
+            f"bulk enqueue, {callers} caller(s): {rows:,} rows in {elapsed:.2f}s = {rows / elapsed:,.0f} rows/s",
+        )
+    callers, (rows, elapsed) = max(tries.items(), key=lambda kv: kv[1][0] / kv[1][1])
     # Keep them as history for the admin measure, out of every worker's way.
     _scalar("UPDATE queue_app_queue SET paused = true WHERE name = %(q)s RETURNING 1", {"q": ENQUEUE_QUEUE})
-    per_s = rows / elapsed
-    ctx.progress("jobsite", f"bulk enqueue: {rows:,} rows in {elapsed:.2f}s = {per_s:,.0f} rows/s")
     return Figure(
         "jobsite.enqueue",
         "jobsite: bulk enqueue (enqueue_many)",
-        per_s,
+        rows / elapsed,
         "rows/s",
-        note=f"{ENQUEUE_CHUNK:,} rows per call",
-        detail={"rows": rows, "seconds": round(elapsed, 3)},
+        note=f"{callers} concurrent caller(s), {ENQUEUE_CHUNK:,} rows per call",
+        detail={
+            "rows": rows,
+            "seconds": round(elapsed, 3),
+            "callers": callers,
+            "tries": {str(n): round(r / e) for n, (r, e) in tries.items()},
+        },
     )
 
 
