@@ -139,8 +139,13 @@ class Reservation(models.Model):
     """One attempt at one item; its id is the fencing token a settle must name."""
 
     id = models.BigAutoField(primary_key=True)
-    # Indexed by reservation_item (item, id), which also serves the FK's cascade.
-    item = models.ForeignKey(QueueItem, on_delete=models.DB_CASCADE, related_name="reservations", db_index=False)
+    # No foreign-key constraint in the database: its check cost every lease a deferred trigger event and a
+    # KEY SHARE lock on the item (~15% of end-to-end throughput). Only the lease statement writes reservations,
+    # for an item row it holds locked; the trigger reservation_cascade (migration 0007) deletes an item's
+    # reservations with the item, using reservation_item (item, id).
+    item = models.ForeignKey(
+        QueueItem, on_delete=models.DO_NOTHING, db_constraint=False, related_name="reservations", db_index=False
+    )
     attempt = models.PositiveIntegerField()
     worker_id = models.CharField(max_length=200)
     reserved_at = models.DateTimeField()

@@ -4,6 +4,8 @@ The guarantees under crashes and restarts are proved with real processes in test
 
 import io
 import logging
+import signal
+import threading
 import time
 from datetime import timedelta
 
@@ -233,3 +235,30 @@ def test_error_text_postgres_cannot_store_is_made_storable():
     stored = QueueItem.objects.get(id=item)
     assert stored.state == ItemState.DEAD
     assert "NUL \\x00 and a lone surrogate \\udcff" in stored.error and stored.error.endswith("(truncated)")
+
+
+def test_a_stop_never_takes_back_an_at_most_once_item_whose_thread_has_not_started_it_yet(monkeypatch):
+    """An at-most-once item is settled done before it is handed to an idle thread; a stop coming before that
+    thread picks it up (here: threads slow to connect) must let it run, not hand it back done and never run
+    (found by the chaos run: a worker SIGTERMed 90 ms after it started)."""
+    from queue_app.worker import pool
+
+    connect = pool._warm_connection
+    monkeypatch.setattr(pool, "_warm_connection", lambda: (time.sleep(0.6), connect()))
+    items = [enqueue("queue_app.probe_at_most_once") for _ in range(2)]
+    supervisor = Supervisor(WorkerOptions(pool="thread", concurrency=2, poll_interval=0.1))
+
+    def stop_when_handed_over() -> None:
+        deadline = time.monotonic() + 10
+        while len(supervisor.running) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        supervisor._on_signal(signal.SIGTERM, None)  # what SIGTERM does, without signalling this process
+
+    stopper = threading.Thread(target=stop_when_handed_over)
+    stopper.start()
+    assert supervisor.run() == 0
+    stopper.join()
+
+    assert sorted(ExecutionLog.objects.values_list("item_id", flat=True)) == sorted(items)  # both ran, once
+    assert set(QueueItem.objects.filter(id__in=items).values_list("state", flat=True)) == {ItemState.DONE}
+    assert supervisor.stats.stale == 0

@@ -43,7 +43,7 @@ class Pool(Protocol):
     def idle_threads(self) -> int: ...
     def submit(self, job: Job) -> None: ...
     def started_at(self, reservation_id: int) -> float | None: ...
-    def take_back(self) -> list[int]: ...
+    def take_back(self, keep: frozenset[int] = frozenset()) -> list[int]: ...
     def fds(self) -> list[int]: ...
     def collect(self) -> list[Outcome]: ...
     def stop(self, reservation_id: int) -> None: ...
@@ -160,7 +160,7 @@ class ProcessPool:
     def started_at(self, reservation_id: int) -> float | None:
         return next((c.started for c in self.children if c.job and c.job.reservation_id == reservation_id), None)
 
-    def take_back(self) -> list[int]:
+    def take_back(self, keep: frozenset[int] = frozenset()) -> list[int]:
         return []  # a job goes to a child only when it is idle: it has started
 
     def submit(self, job: Job) -> None:
@@ -326,9 +326,10 @@ class ThreadPool:
         me = self.taken.get(reservation_id)
         return None if me is None else me.started
 
-    def take_back(self) -> list[int]:
-        """Remove every job no thread has started yet; returns their reservation ids."""
-        back = [rid for rid in list(self.queued) if self.queued.pop(rid, None) is not None]
+    def take_back(self, keep: frozenset[int] = frozenset()) -> list[int]:
+        """Remove every job no thread has started yet, except those of reservations in `keep`; returns their
+        reservation ids."""
+        back = [rid for rid in list(self.queued) if rid not in keep and self.queued.pop(rid, None) is not None]
         self.outstanding.difference_update(back)
         return back
 

@@ -492,7 +492,10 @@ class Supervisor:
             engine.save_worker(self.row, "running", self.stats.as_dict())
             self.registered = True
         if self.release_held:
-            for reservation_id in self.pool.take_back():  # queued in the pool, never started
+            # An at-most-once item was settled done before it was handed over: taken back, it would never run.
+            # It stays with its thread (one was idle when it was handed over, if maybe still connecting).
+            settled = frozenset(r for r, run in self.running.items() if run.task.delivery is Delivery.AT_MOST_ONCE)
+            for reservation_id in self.pool.take_back(keep=settled):  # queued in the pool, never started
                 self._release_later(self.running.pop(reservation_id).lease)
         if self.release_held and self.leased:
             for lease, _ in self.leased:
