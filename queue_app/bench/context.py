@@ -213,10 +213,13 @@ def drain(
     procs: Iterable[subprocess.Popen],
     *,
     timeout: float,
-    interval: float = 0.02,
+    interval: float = 0.1,
     report: Callable[[str], None] | None = None,
 ) -> Drain:
-    """Sample `remaining()` until it reaches 0, every worker process has exited, or `timeout` passes."""
+    """Sample `remaining()` until it reaches 0, every worker process has exited, or `timeout` passes. Each
+    sample is a count over the open jobs (tens of milliseconds of a server core at 100,000 open): sampled every
+    20 ms it took half a core of this 2-core machine from the queue being measured. The steady rate is
+    interpolated between samples, so 0.1 s is precise enough for drains of seconds."""
     procs = list(procs)
     t0 = time.monotonic()
     samples: list[tuple[float, int]] = [(0.0, 0)]
