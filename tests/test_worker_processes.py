@@ -444,3 +444,21 @@ def test_a_killed_workers_long_lease_comes_back_when_its_heartbeat_goes_stale_no
         "victim-long",
         "rescuer",
     ]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_a_worker_whose_slots_are_all_busy_sleeps_instead_of_spinning(worker):
+    """Past its poll time with no free slot, the supervisor must wait in select() for the pool, not loop."""
+    get_task(PROBE).enqueue({"sleep": 6})
+    proc = worker("busy", "--concurrency", "1", "--prefetch", "0", "--poll-interval", "0.2")
+    wait_for(lambda: ExecutionLog.objects.exists(), timeout=30, what="the handler to start")
+    time.sleep(0.5)  # past its next poll
+    before = cpu_seconds(proc.pid)
+    time.sleep(3)
+    assert cpu_seconds(proc.pid) - before < 0.5  # a busy loop burns ~3 s of CPU here
+    proc.terminate()
+    assert finish(proc, timeout=30) == 0

@@ -308,8 +308,11 @@ class Supervisor:
         now = time.monotonic()
         if self.db_down_since is None and self._should_lease(now) and (self.maybe_more or self.woken):
             return  # more work is waiting: do not sleep
-        deadlines = [self.next_poll, self.next_heartbeat, self.maintenance.next_due(), self.status.next_due()]
-        deadlines += [self.next_deadline, self.wake_at]
+        deadlines = [self.next_heartbeat, self.maintenance.next_due(), self.status.next_due(), self.next_deadline]
+        if not self.stopping and self._free() > 0:
+            # A full worker waits for a slot (the pool's fd says when), not for a poll or a follower's turn that
+            # it could not act on: past due, they would make every select() return at once (a busy loop).
+            deadlines += [self.next_poll, self.wake_at]
         if self.stopping:
             deadlines.append(self.grace_deadline)
         if self.gather_since is not None and self.running:
