@@ -6,11 +6,12 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from queue_app import engine, services
 from queue_app.engine import sql
+from queue_app.engine.lease import _own_transaction
 from queue_app.models import DeadLetter, QueueItem, Reservation
 
 LONG = 3600.0  # a retry/lease far beyond any test's duration
@@ -472,6 +473,43 @@ def test_task_terms_set_each_lease_to_its_tasks_lease_never_under_its_floor():
     assert 0 < seconds["other"] <= 5  # a task without terms keeps the item's
 
 
+def _settle_and_lease_params(relaxed: bool) -> dict:
+    return {
+        "relaxed_commit": relaxed, "worker_id": "w1", "lease_timeout": LONG, "n": 1, "all_queues": True,
+        "queues": [], "term_tasks": [], "term_leases": [], "term_floors": [], "item_ids": [],
+        "reservation_ids": [], "results": [],
+    }  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("relaxed, during, after", [(True, "off", "on"), (False, "on", "on")])
+def test_a_relaxed_settle_and_lease_turns_synchronous_commit_off_for_its_own_transaction_only(relaxed, during, after):
+    engine.enqueue("t")
+    conn = engine.dedicated_connection()
+    try:
+        conn.execute("SET synchronous_commit = on")
+        with conn.transaction():
+            rows = conn.execute(sql.SETTLE_AND_LEASE, _settle_and_lease_params(relaxed)).fetchall()
+            assert [row[0] for row in rows] == ["m", "l"]  # the 'm' row is still there, and the lease
+            assert conn.execute("SELECT current_setting('synchronous_commit')").fetchone()[0] == during
+        assert conn.execute("SELECT current_setting('synchronous_commit')").fetchone()[0] == after
+    finally:
+        conn.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_inside_the_callers_transaction_leaves_its_commit_synchronous():
+    engine.enqueue("t")
+    assert _own_transaction("default")  # autocommit: the worker's case, relaxed
+    with transaction.atomic():
+        assert not _own_transaction("default")
+        (held,) = engine.lease(["default"], 1, "w1", LONG)
+        with connection.cursor() as cur:
+            cur.execute("SELECT current_setting('synchronous_commit')")
+            assert cur.fetchone()[0] == "on"  # the caller's other writes keep their durability
+    assert QueueItem.objects.get(id=held.item_id).state == "reserved"
+
+
 @pytest.mark.django_db
 def test_settle_and_lease_leases_a_limited_queue_within_its_limit():
     engine.enqueue_many("t", [{}] * 5, queue="limited")
@@ -491,6 +529,7 @@ def test_settle_and_lease_probes_items_by_primary_key_and_walks_the_fetch_index(
         cur.execute("ANALYZE queue_app_queueitem")
         params = {
             "queues": ["qa"], "all_queues": False, "n": 100, "worker_id": "w1", "lease_timeout": None,
+            "relaxed_commit": True,
             "term_tasks": ["t"], "term_leases": [30.0], "term_floors": [5.0],
             "item_ids": [h.item_id for h, _ in done], "reservation_ids": [h.reservation_id for h, _ in done],
             "results": [None] * len(done),

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 
 from . import sql
 from .db import cursor
@@ -89,6 +89,13 @@ def _lease_limited(cur: Any, limited: Iterable[str], n: int, params: dict[str, A
     return leases
 
 
+def _own_transaction(using: str) -> bool:
+    """Whether a statement run now on `using` commits by itself (autocommit, no caller's transaction open):
+    then the lease may commit without waiting for the WAL flush (see sql.SETTLE_AND_LEASE)."""
+    wrapper = connections[using]
+    return not wrapper.in_atomic_block and wrapper.get_autocommit()
+
+
 def settle_and_lease(
     done: Iterable[tuple[Held, Any]],
     queues: Sequence[str] | None,
@@ -107,6 +114,7 @@ def settle_and_lease(
     if not pairs and n <= 0:
         return SettledAndLeased([], [])
     params = {
+        "relaxed_commit": _own_transaction(using),
         "worker_id": worker_id,
         "lease_timeout": lease_timeout,
         "n": max(0, n),

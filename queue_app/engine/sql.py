@@ -211,13 +211,23 @@ _COMPLETE_CTES = f"""v AS (
 # here is leasable from the next lease on. The first row (kind 'm') carries the reservations whose complete was
 # stale (not current any more: nothing changed) and the leasable queues with a concurrency limit; each further
 # row (kind 'l') is one leased item.
+#
+# `relaxed_commit` (the statement is a transaction of its own, the worker's case): its commit does not wait for
+# the WAL flush (synchronous_commit off for this transaction only; the WAL writer flushes it within ~0.6 s).
+# A crash of the server in that window loses only leases and at-least-once completes, and either loss means a
+# re-run, which at-least-once allows. Commits that must survive a crash stay synchronous, and flushing the WAL
+# up to their own record flushes every earlier relaxed one: the at-most-once settle before a run
+# (COMPLETE_MANY), a transactional handler's settle, fails and dead letters. Inside a caller's transaction the
+# setting is left alone (it would apply to the caller's whole transaction).
 SETTLE_AND_LEASE = f"""
-WITH {_COMPLETE_CTES}, {_lease_ctes(_OPEN_QUEUES, excluded=" AND i.id <> ALL(%(item_ids)s::bigint[])")}
+WITH {_COMPLETE_CTES}, {_lease_ctes(_OPEN_QUEUES, excluded=" AND i.id <> ALL(%(item_ids)s::bigint[])")},
+commit_mode AS (SELECT set_config('synchronous_commit', 'off', true) WHERE %(relaxed_commit)s)
 SELECT 'm', array(SELECT v.reservation_id FROM v
                   WHERE v.reservation_id NOT IN (SELECT * FROM settled UNION ALL SELECT * FROM already)),
        array({_LIMITED_QUEUES}),
        NULL::bigint, NULL::bigint, NULL::varchar, NULL::varchar, NULL::jsonb, NULL::int, NULL::int,
        NULL::timestamptz, NULL::smallint, NULL::varchar, NULL::timestamptz, NULL::timestamptz
+FROM (SELECT count(*) FROM commit_mode) AS set_commit_mode  -- evaluated once, with the 'm' row
 UNION ALL
 SELECT 'l', NULL, NULL, {_LEASED_COLUMNS} FROM leased
 """
@@ -436,8 +446,23 @@ FROM settled s WHERE r.id = s.reservation_id
 RETURNING r.id
 """
 
-# Maintenance runs under a transaction-scoped advisory lock, so one worker at a time does each duty.
-TRY_MAINTENANCE_LOCK = "SELECT pg_try_advisory_xact_lock(%(namespace)s, hashtext(%(unit)s))"
+# Maintenance runs under a transaction-scoped advisory lock, so one worker at a time does each duty. Its
+# statements (prune, rescue: LIMIT-by-parameter scans of large tables) are planned per call as PostgreSQL
+# chooses, even on a worker's connection that keeps generic plans (WORKER_SESSION): the setting is undone at
+# the transaction's end.
+TRY_MAINTENANCE_LOCK = """SELECT pg_try_advisory_xact_lock(%(namespace)s, hashtext(%(unit)s)),
+                                set_config('plan_cache_mode', 'auto', true)"""
+
+# A worker's own connection (its supervisor's: leases, settles, heartbeats; never a handler's) runs only the
+# statements above, each prepared once. PostgreSQL's default plan choice (`auto`) plans a statement anew on
+# every call once a large backlog makes its generic plan look dearer than a custom one (LIMIT %(n)s is
+# estimated at 10% of the rows), which on a table of a few 100k ready rows is 1.5-3 ms of planning per lease
+# against ~0.5 ms of execution; and a generic plan estimated that dear switches JIT compilation on (~100 ms a
+# lease). The statements are written so their generic plans stay index probes whatever the estimates (see
+# _lease_ctes; tests/test_engine_plans.py checks every one of them on large tables), so this connection plans
+# each once and never compiles: generic plans, no JIT.
+WORKER_SESSION = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), set_config('jit', 'off', false)"
+DEFAULT_SESSION = "RESET plan_cache_mode; RESET jit"
 
 # The first worker of a queue set answers a NOTIFY at once, the others a moment later (no thundering herd): it
 # holds this session-level advisory lock on its LISTEN connection; the lock goes when the connection does.
