@@ -6,7 +6,6 @@ for held in engine.lease(["default"], 10, worker_id="w1"):
     engine.complete(held, {"ok": True})
 """
 
-from .db import keep_generic_plans
 from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue
 from .errors import InvalidEnqueue, QueueError, StaleReservation
 from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, settle_and_lease
@@ -50,7 +49,6 @@ __all__ = [
     "extend",
     "extend_many",
     "fail",
-    "keep_generic_plans",
     "lease",
     "lock_reserved",
     "prune_dedup_claims",

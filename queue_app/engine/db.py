@@ -10,18 +10,13 @@ connection (same transaction, same type loaders, errors translated to Django's a
 that does not track prepared statements.
 """
 
-import contextlib
-import os
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.backends.signals import connection_created
 
 from ..conf import queue_settings
-from . import sql
 
 # psycopg prepares a statement asked with prepare=True at once, and any other after this many runs: never, in
 # effect (Django's own cursors bind on the client and are never prepared anyway).
@@ -75,30 +70,3 @@ def cursor(using: str = "default") -> Any:
     if queue_settings.PREPARED_STATEMENTS and wrapper.vendor == "postgresql":
         return PreparedCursor(wrapper)
     return wrapper.cursor()
-
-
-def keep_generic_plans(using: str = "default") -> Callable[[], None]:
-    """Make this thread's connection `using` a worker's own (sql.WORKER_SESSION: every engine statement planned
-    once, generic, no JIT), now and after every reconnect, in this process only (a forked pool child's handlers
-    keep PostgreSQL's defaults). For a connection that runs only the engine's statements: a worker's supervisor.
-    Returns the undo: stop tuning reconnects and put the open connection's settings back."""
-    wrapper, pid = connections[using], os.getpid()
-    uid = f"jobsite-worker-session-{id(wrapper)}-{pid}"
-
-    def tune(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-        if connection is wrapper and os.getpid() == pid:
-            with connection.cursor() as cur:
-                cur.execute(sql.WORKER_SESSION)
-
-    def undo() -> None:
-        connection_created.disconnect(dispatch_uid=uid)
-        if wrapper.connection is not None and not wrapper.connection.closed:
-            with contextlib.suppress(Exception), wrapper.cursor() as cur:  # a broken connection goes anyway
-                cur.execute(sql.DEFAULT_SESSION)
-
-    if wrapper.vendor != "postgresql":
-        return lambda: None
-    connection_created.connect(tune, weak=False, dispatch_uid=uid)
-    if wrapper.connection is not None:
-        tune(None, wrapper)
-    return undo

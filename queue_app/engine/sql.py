@@ -446,23 +446,8 @@ FROM settled s WHERE r.id = s.reservation_id
 RETURNING r.id
 """
 
-# Maintenance runs under a transaction-scoped advisory lock, so one worker at a time does each duty. Its
-# statements (prune, rescue: LIMIT-by-parameter scans of large tables) are planned per call as PostgreSQL
-# chooses, even on a worker's connection that keeps generic plans (WORKER_SESSION): the setting is undone at
-# the transaction's end.
-TRY_MAINTENANCE_LOCK = """SELECT pg_try_advisory_xact_lock(%(namespace)s, hashtext(%(unit)s)),
-                                set_config('plan_cache_mode', 'auto', true)"""
-
-# A worker's own connection (its supervisor's: leases, settles, heartbeats; never a handler's) runs only the
-# statements above, each prepared once. PostgreSQL's default plan choice (`auto`) plans a statement anew on
-# every call once a large backlog makes its generic plan look dearer than a custom one (LIMIT %(n)s is
-# estimated at 10% of the rows), which on a table of a few 100k ready rows is 1.5-3 ms of planning per lease
-# against ~0.5 ms of execution; and a generic plan estimated that dear switches JIT compilation on (~100 ms a
-# lease). The statements are written so their generic plans stay index probes whatever the estimates (see
-# _lease_ctes; tests/test_engine_plans.py checks every one of them on large tables), so this connection plans
-# each once and never compiles: generic plans, no JIT.
-WORKER_SESSION = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), set_config('jit', 'off', false)"
-DEFAULT_SESSION = "RESET plan_cache_mode; RESET jit"
+# Maintenance runs under a transaction-scoped advisory lock, so one worker at a time does each duty.
+TRY_MAINTENANCE_LOCK = "SELECT pg_try_advisory_xact_lock(%(namespace)s, hashtext(%(unit)s))"
 
 # The first worker of a queue set answers a NOTIFY at once, the others a moment later (no thundering herd): it
 # holds this session-level advisory lock on its LISTEN connection; the lock goes when the connection does.

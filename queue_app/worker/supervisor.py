@@ -179,8 +179,6 @@ class Supervisor:
         prefetch = self.capacity - self.options.concurrency
         self.pool = self.pool or make_pool(self.options.pool, self.options.concurrency, backlog=prefetch)
         self.pool.start()
-        # This thread's connection runs only engine statements (set after the pool forked its children).
-        self._default_plans = engine.keep_generic_plans()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         logger.info(
             "worker started %s",
@@ -250,7 +248,6 @@ class Supervisor:
             engine.save_worker(self.row, "stopped", self.stats.as_dict())
         except DATABASE_DOWN as exc:
             logger.warning("could not mark the worker stopped: %s", exc)
-        self._default_plans()
         self.status.close()
         logger.info("worker stopped %s", fields(worker_id=self.worker_id, **self.stats.as_dict()))
         os.close(self._wake_r)
