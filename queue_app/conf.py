@@ -29,21 +29,21 @@ DEFAULTS: dict[str, Any] = {
 
 
 class QueueSettings:
-    def __init__(self) -> None:
-        self._cache: dict[str, Any] = {}
+    """A setting is read from Django's settings on first use and then kept as an instance attribute (as DRF
+    does), so later reads are plain attribute lookups: the engine reads several per enqueue and per lease."""
 
     def __getattr__(self, name: str) -> Any:
         if name not in DEFAULTS:
             raise AttributeError(f"Invalid jobsite setting: {name!r}")
-        if name not in self._cache:
-            from django.conf import settings
+        from django.conf import settings
 
-            user = getattr(settings, "JOBSITE", {}) or {}
-            self._cache[name] = user.get(name, DEFAULTS[name])
-        return self._cache[name]
+        user = getattr(settings, "JOBSITE", {}) or {}
+        value = user.get(name, DEFAULTS[name])
+        setattr(self, name, value)
+        return value
 
     def reload(self) -> None:
-        self._cache.clear()
+        self.__dict__.clear()
 
 
 queue_settings = QueueSettings()

