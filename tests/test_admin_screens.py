@@ -169,11 +169,16 @@ def test_items_filter_by_state(admin_client, items):
     assert ids_listed(admin_client.get(url("queueitem"), {"state__exact": "dead"})) == {items["dead"]}
 
 
-def test_items_filter_by_task_lists_every_task(admin_client, items):
+def test_items_filter_by_task_lists_registered_tasks_and_those_of_finished_items(admin_client, items):
+    QueueItem.objects.filter(id=items["cancelled"]).update(task="billing.void")  # finished, not registered
     response = admin_client.get(url("queueitem"), {"task": "billing.charge"})
 
     assert ids_listed(response) == {items["billing"]}
-    assert "?task=billing.refund" in response.content.decode()
+    page = response.content.decode()
+    assert "?task=billing.void" in page  # from item_task_history
+    assert "?task=queue_app.noop" in page  # registered, no item yet
+    # Open items of a task nobody registered ("billing.refund") are offered once they finish (as dead letters,
+    # when a worker meets them): an index of open items' tasks would cost every enqueue and lease one more entry.
 
 
 def test_items_filter_by_creation_time(admin_client, items):

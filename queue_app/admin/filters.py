@@ -9,7 +9,8 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from ..models import QueueItem
+from ..models import HISTORY_STATES, QueueItem
+from ..registry import registered_tasks
 
 # -- time windows ---------------------------------------------------------------------------------------------
 
@@ -45,12 +46,17 @@ def recent(field: str, title: str, parameter: str) -> type[RecentFilter]:
 
 # -- task names -----------------------------------------------------------------------------------------------
 
-# DISTINCT task over millions of rows is a full scan; this walks the (task, state) index one name at a time.
+# DISTINCT task over millions of rows is a full scan; this walks item_task_history (task, state) one name at a
+# time. That index holds finished items only (an index on open items would cost every enqueue and lease one
+# more entry), so the names of open items come from the task registry: a task that is not registered cannot be
+# run, and its items soon finish as dead letters.
+_HISTORY = ", ".join(f"'{state}'" for state in HISTORY_STATES)
 DISTINCT_TASKS = f"""
 WITH RECURSIVE t(task) AS (
-    (SELECT task FROM {QueueItem._meta.db_table} ORDER BY task LIMIT 1)
+    (SELECT task FROM {QueueItem._meta.db_table} WHERE state IN ({_HISTORY}) ORDER BY task LIMIT 1)
     UNION ALL
-    SELECT (SELECT i.task FROM {QueueItem._meta.db_table} i WHERE i.task > t.task ORDER BY i.task LIMIT 1)
+    SELECT (SELECT i.task FROM {QueueItem._meta.db_table} i
+            WHERE i.state IN ({_HISTORY}) AND i.task > t.task ORDER BY i.task LIMIT 1)
     FROM t WHERE t.task IS NOT NULL
 )
 SELECT task FROM t WHERE task IS NOT NULL LIMIT %(limit)s
@@ -58,9 +64,11 @@ SELECT task FROM t WHERE task IS NOT NULL LIMIT %(limit)s
 
 
 def task_names(limit: int = 200) -> list[str]:
+    """Registered task names and those of finished items, sorted, at most `limit`."""
     with connection.cursor() as cur:
         cur.execute(DISTINCT_TASKS, {"limit": limit})
-        return [row[0] for row in cur.fetchall()]
+        seen = {row[0] for row in cur.fetchall()}
+    return sorted(seen | set(registered_tasks()))[:limit]
 
 
 class TaskFilter(admin.SimpleListFilter):

@@ -28,7 +28,7 @@ ON CONFLICT (name) DO NOTHING
 
 # Serializes leasers of one concurrency-limited queue, then counts what is in flight (a lease that expired is
 # not in flight: it can be taken again). NO KEY UPDATE, not UPDATE: leasers still exclude each other, but the
-# FOR KEY SHARE lock of an enqueue's foreign-key check (at its commit) is not blocked by a lease in progress.
+# FOR KEY SHARE lock an enqueue takes on its queue row (trigger item_queue_exists) is not blocked by a lease.
 LOCK_LIMITED_QUEUE = f"SELECT concurrency_limit FROM {QUEUE} WHERE name = %(queue)s AND NOT paused FOR NO KEY UPDATE"
 IN_FLIGHT = f"""
 SELECT count(*) FROM {ITEM}

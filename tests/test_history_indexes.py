@@ -1,0 +1,89 @@
+"""The admin's indexes cover finished items only (item_history, item_task_history): an enqueue and a lease write
+no entry into them, and the counts and lists that used full-table indexes before still read indexes only."""
+
+import json
+
+import pytest
+from django.db import connection, transaction
+from django.db.models import Count
+
+from queue_app import engine
+from queue_app.admin.filters import DISTINCT_TASKS, task_names
+from queue_app.models import ItemState, QueueItem
+from queue_app.monitoring import DEPTH, snapshot
+
+pytestmark = pytest.mark.django_db
+
+HISTORY_INDEXES = ("item_history", "item_task_history")
+
+
+def index_pages(name: str) -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int", [name])
+        return cur.fetchone()[0]
+
+
+def test_enqueue_and_lease_write_no_entry_into_the_history_indexes():
+    empty = {name: index_pages(name) for name in HISTORY_INDEXES}
+
+    engine.enqueue_many("t", [{}] * 20_000, queue="q")
+    engine.lease(["q"], 5_000, "w1")
+
+    assert {name: index_pages(name) for name in HISTORY_INDEXES} == empty
+    QueueItem.objects.filter(state=ItemState.RESERVED).update(state=ItemState.DONE)
+    assert all(index_pages(name) > empty[name] for name in HISTORY_INDEXES)
+
+
+def item_scans(query: str, params: dict) -> list[tuple[str, str | None]]:
+    """The item table's scans in the plan of `query`. Sequential scans are priced out: what is proven is that the
+    query lets the planner use the partial indexes (their predicates follow from its own conditions); on a table
+    this small the planner may rightly prefer reading it whole."""
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("ANALYZE queue_app_queueitem")
+        cur.execute("SET LOCAL enable_seqscan = off")
+        cur.execute("EXPLAIN (FORMAT JSON) " + query, params)
+        (plan,) = cur.fetchone()
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+
+    def nodes(node: dict) -> list[dict]:
+        return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
+
+    # A bitmap index scan names its index but not its table
+    return [
+        (n["Node Type"], n.get("Index Name"))
+        for n in nodes(plan[0]["Plan"])
+        if n.get("Relation Name") == "queue_app_queueitem" or n.get("Index Name", "").startswith("item_")
+    ]
+
+
+@pytest.fixture
+def backlog_and_history() -> None:
+    """60,000 items in two queues and two tasks: one in ten open (a drained queue's shape), the rest finished."""
+    for queue, task in (("qa", "billing.charge"), ("qb", "mail.send")):
+        engine.enqueue_many(task, [{}] * 30_000, queue=queue)
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE queue_app_queueitem SET state = (ARRAY['done', 'dead', 'cancelled'])[1 + id % 3],"
+            " finished_at = now() WHERE id % 10 <> 0"
+        )
+
+
+def test_depth_counts_open_items_through_item_fetch_and_finished_ones_through_item_history(backlog_and_history):
+    scans = item_scans(DEPTH, {"cap": 1_001, "states": [s.value for s in ItemState]})
+
+    assert {index for _, index in scans} - {None} == {"item_fetch", "item_history"}
+    assert "Seq Scan" not in {kind for kind, _ in scans}
+    counted = dict(QueueItem.objects.filter(queue_id="qa").values_list("state").annotate(n=Count("id")))
+    depth = {q.name: q.depth for q in snapshot(cap=100_000).queues}["qa"]
+    assert {state: count.value for state, count in depth.items() if count.value} == counted
+    assert len(counted) == 4  # ready, done, dead and cancelled all there
+
+
+def test_task_names_walk_item_task_history_and_add_the_registered_tasks(backlog_and_history):
+    scans = item_scans(DISTINCT_TASKS, {"limit": 200})
+
+    assert {index for _, index in scans} - {None} == {"item_task_history"}
+    assert "Seq Scan" not in {kind for kind, _ in scans}
+    names = task_names()
+    assert {"billing.charge", "mail.send", "queue_app.noop"} <= set(names)
+    assert names == sorted(names)
