@@ -130,9 +130,10 @@ class QueueItem(models.Model):
             # Task names for the admin's filter (a skip scan) and finished items of one task.
             models.Index("task", "state", name="item_task_history", condition=Q(state__in=list(HISTORY_STATES))),
             models.Index("dedup_key", name="item_dedup_key", condition=Q(dedup_key__isnull=False)),
-            # Admin search by ordering key, and the rescue of expired leases (only rows in flight).
+            # Admin search by ordering key.
             models.Index("ordering_key", name="item_ordering_key", condition=Q(ordering_key__isnull=False)),
-            models.Index("visible_at", name="item_reserved_deadline", condition=Q(state="reserved")),
+            # Items in flight: per-queue counts (overview, concurrency limits) and the rescue of expired leases.
+            models.Index("queue", "visible_at", name="item_in_flight", condition=Q(state="reserved")),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(priority__gte=-100, priority__lte=100), name="item_priority_range"),

@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .conf import queue_settings
-from .models import HISTORY_STATES, OPEN_STATES, ItemState, Outcome, Worker, WorkerState
+from .models import HISTORY_STATES, ItemState, Outcome, Worker, WorkerState
 
 EXACT_UP_TO = 10_000  # queue depths above this are the planner's estimate (/metrics)
 OVERVIEW_EXACT_UP_TO = 1_000  # the overview refreshes every few seconds: ~15 ms of counting at a million items
@@ -89,21 +89,25 @@ ITEM = "queue_app_queueitem"
 RESERVATION = "queue_app_reservation"
 QUEUE = "queue_app_queue"
 
-# Per queue and state, exact up to %(cap)s, each count stopping at the cap, so a queue with ten million done items
-# costs as much as one with ten thousand: open states are read through item_fetch, finished ones through
-# item_history (each a partial index, usable only where the query names states its predicate covers).
-_OPEN = ", ".join(f"'{state}'" for state in OPEN_STATES)
+# Per queue and state, exact up to %(cap)s, each count an index scan that stops at the cap, so a queue with ten
+# million done items costs as much as one with ten thousand: ready items are read down item_fetch in its order
+# (the states in flight are few), reserved ones from item_in_flight, finished ones from item_history. Partial
+# indexes, so each branch names states their predicates cover.
 _HISTORY = ", ".join(f"'{state}'" for state in HISTORY_STATES)
 DEPTH = f"""
-SELECT q.name, s.state, CASE WHEN s.state IN ({_OPEN})
-    THEN (SELECT count(*) FROM (SELECT 1 FROM {ITEM} i
-                                WHERE i.queue_id = q.name AND i.state IN ({_OPEN}) AND i.state = s.state
-                                LIMIT %(cap)s) c)
-    ELSE (SELECT count(*) FROM (SELECT 1 FROM {ITEM} i
-                                WHERE i.queue_id = q.name AND i.state IN ({_HISTORY}) AND i.state = s.state
-                                LIMIT %(cap)s) c)
-    END
-FROM {QUEUE} q CROSS JOIN unnest(%(states)s::text[]) AS s(state)
+SELECT q.name, 'ready', (SELECT count(*) FROM (
+    SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.state = 'ready'
+    ORDER BY i.priority DESC, i.visible_at, i.id LIMIT %(cap)s) c)
+FROM {QUEUE} q
+UNION ALL
+SELECT q.name, 'reserved', (SELECT count(*) FROM (
+    SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.state = 'reserved' LIMIT %(cap)s) c)
+FROM {QUEUE} q
+UNION ALL
+SELECT q.name, s.state, (SELECT count(*) FROM (
+    SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.state IN ({_HISTORY}) AND i.state = s.state
+    LIMIT %(cap)s) c)
+FROM {QUEUE} q CROSS JOIN unnest(ARRAY[{_HISTORY}]) AS s(state)
 """
 DEPTH_ESTIMATE = f"SELECT 1 FROM {ITEM} WHERE queue_id = %s AND state = %s"
 
@@ -202,7 +206,7 @@ def serves(worker: Worker, queue: str) -> bool:
 
 
 def _depths(cur: Any, cap: int) -> dict[tuple[str, str], Count]:
-    cur.execute(DEPTH, {"cap": cap + 1, "states": [s.value for s in ItemState]})
+    cur.execute(DEPTH, {"cap": cap + 1})
     depth = {}
     for queue, state, n in cur.fetchall():
         if n > cap:

@@ -39,7 +39,7 @@ LOAD_SHARE = 0.5  # the steady load of the latency-under-load measure, as a shar
 ALIAS = "jobsite_bench"
 ENQUEUE_QUEUE = "bench_enqueue"
 ENQUEUE_CHUNK = 10_000
-ENQUEUE_CALLERS = (1, 2)  # concurrent enqueue_many callers tried; the best counts (the ceiling tries 1-16)
+ENQUEUE_CALLERS = (1, 2, 4)  # concurrent enqueue_many processes tried; the best counts (the ceiling tries 1-16)
 POLL_FIRST, POLL_EVERY = 0.025, 0.005  # seconds: how the latency measure waits for each item's run
 WORKER_MISSING = "n/a (run_worker missing)"
 
@@ -101,47 +101,45 @@ def spawn_workers(
     return [spawn(args, env=env, log=ctx.log_path(f"{log}-{n}")) for n in range(settings[0])]
 
 
-def _enqueue_rows(total: int, callers: int) -> tuple[int, float]:
-    """`total` rows through enqueue_many by `callers` threads at once (each its own connection, as separate
-    web processes would be), ENQUEUE_CHUNK rows per call. Returns (rows, seconds)."""
-    payloads = [{} for _ in range(ENQUEUE_CHUNK)]
-    start = threading.Barrier(callers + 1)
-    written = [0] * callers
-    failures: list[BaseException] = []
-
-    def caller(n: int) -> None:
-        try:
-            engine.enqueue_many(NOOP_TASK, payloads[:100], queue=ENQUEUE_QUEUE, using=ALIAS)  # warm its connection
-            start.wait()
-            share = total // callers + (1 if n < total % callers else 0)
-            while written[n] < share:
-                chunk = min(ENQUEUE_CHUNK, share - written[n])
-                written[n] += len(engine.enqueue_many(NOOP_TASK, payloads[:chunk], queue=ENQUEUE_QUEUE, using=ALIAS))
-        except BaseException as exc:  # reported below, in the measuring thread
-            failures.append(exc)
-            start.abort()
-        finally:
-            connections[ALIAS].close()
-
-    threads = [threading.Thread(target=caller, args=(n,), daemon=True) for n in range(callers)]
-    for thread in threads:
-        thread.start()
-    with contextlib.suppress(threading.BrokenBarrierError):
-        start.wait()
-    t0 = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - t0
-    if failures:
-        raise failures[0]
-    return sum(written), elapsed
+def _enqueue_rows(ctx: BenchContext, db: str, total: int, callers: int) -> tuple[int, float]:
+    """`total` rows through enqueue_many by `callers` processes at once (enqueue_probe.py: each its own
+    connection, as separate web processes would be), ENQUEUE_CHUNK rows per call. Returns (rows, seconds) from
+    the moment all callers are told to start until the last one is done."""
+    logs = [ctx.log_path(f"enqueue-probe-{callers}-{n}") for n in range(callers)]
+    shares = [total // callers + (1 if n < total % callers else 0) for n in range(callers)]
+    with contextlib.ExitStack() as stack:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "queue_app.bench.enqueue_probe", str(share), str(ENQUEUE_CHUNK), ENQUEUE_QUEUE],
+                env=django_child_env(db),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stack.enter_context(log.open("w")),
+                text=True,
+            )
+            for share, log in zip(shares, logs, strict=True)
+        ]
+        stack.callback(lambda: [proc.kill() for proc in procs if proc.poll() is None])
+        for proc, log in zip(procs, logs, strict=True):
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"an enqueue probe did not start:\n{log_tail(log)}")
+        t0 = time.perf_counter()
+        for proc in procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        outputs = [proc.stdout.readline() for proc in procs]
+        elapsed = time.perf_counter() - t0
+        for proc, out, log in zip(procs, outputs, logs, strict=True):
+            if proc.wait(30) != 0 or not out:
+                raise RuntimeError(f"an enqueue probe failed (exit {proc.returncode}):\n{log_tail(log)}")
+    return sum(json.loads(out)["rows"] for out in outputs), elapsed
 
 
-def measure_enqueue(ctx: BenchContext, sizes: Sizes) -> Figure:
+def measure_enqueue(ctx: BenchContext, sizes: Sizes, db: str) -> Figure:
     engine.enqueue_many(NOOP_TASK, [{}], queue=ENQUEUE_QUEUE, using=ALIAS)  # the queue row exists before the race
     tries = {}
     for callers in ENQUEUE_CALLERS:
-        rows, elapsed = _enqueue_rows(sizes.enqueue_rows, callers)
+        rows, elapsed = _enqueue_rows(ctx, db, sizes.enqueue_rows, callers)
         tries[callers] = (rows, elapsed)
         ctx.progress(
             "jobsite",
@@ -361,7 +359,7 @@ def measure_admin(ctx: BenchContext, sizes: Sizes, db: str, settings: WorkerSett
 def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
     with bench_database(ctx, "jobsite") as db:
         ctx.progress("jobsite", f"scratch database {db} migrated")
-        results.add(measure_enqueue(ctx, sizes))
+        results.add(measure_enqueue(ctx, sizes, db))
         settings = None
         if run_worker_available():
             figure, settings = measure_e2e(ctx, sizes, db)

@@ -301,7 +301,7 @@ RETURNING r.id
 # Expired leases: back to ready (attempt already counted at lease) or, with no attempts left, dead. A lease
 # held by a worker that stopped heartbeating (`lost_after` seconds) counts as expired too: a killed worker's
 # long leases (Spark runs, hour-long hard timeouts) come back in about a minute instead of at their deadline.
-# Only rows in flight are read (partial index item_reserved_deadline), each joined by primary key.
+# Only rows in flight are read (partial index item_in_flight), each joined by primary key.
 RESCUE_EXPIRED = f"""
 WITH cur AS (
     SELECT i.id, i.reservation_id, i.attempts >= i.max_attempts AS dies

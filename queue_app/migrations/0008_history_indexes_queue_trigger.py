@@ -8,7 +8,9 @@ item_fetch alone: 242,000.
 
 - item_history (state, queue, finished_at) and item_task_history (task, state), both WHERE state IN (done, dead,
   cancelled), replace item_queue_state_finished, item_task_state and item_created. Open items are counted and
-  listed through item_fetch and the primary key (monitoring.DEPTH, admin/filters.py).
+  listed through item_fetch, item_in_flight and the primary key (monitoring.DEPTH, admin/filters.py).
+- item_in_flight (queue, visible_at) WHERE state = 'reserved' replaces item_reserved_deadline (visible_at): the
+  same rows, now countable per queue without reading the ready ones.
 - The constraint item.queue -> queue becomes three triggers with the same rule, checked once per statement:
   inserted items name existing queues, whose rows they lock FOR KEY SHARE until commit (so a concurrent DELETE of
   the queue waits, then sees the items and is refused); an item moved to another queue is checked the same way;
@@ -150,6 +152,13 @@ class Migration(migrations.Migration):
                 ),
             ],
         ),
+        AddIndexConcurrently(
+            model_name="queueitem",
+            index=models.Index(
+                models.F("queue"), models.F("visible_at"), condition=models.Q(("state", "reserved")), name="item_in_flight"
+            ),
+        ),
+        RemoveIndexConcurrently(model_name="queueitem", name="item_reserved_deadline"),
         RemoveIndexConcurrently(model_name="queueitem", name="item_queue_state_finished"),
         RemoveIndexConcurrently(model_name="queueitem", name="item_task_state"),
         RemoveIndexConcurrently(model_name="queueitem", name="item_created"),
