@@ -7,4 +7,9 @@ class QueueAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.db.backends.signals import connection_created
+
+        from .engine.db import tune_connection
         from .spark import checks  # noqa: F401  registers jobsite.W010 (Java for Spark runs)
+
+        connection_created.connect(tune_connection, dispatch_uid="jobsite-engine-session")

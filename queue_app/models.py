@@ -7,7 +7,7 @@ give the admin and the ORM a typed view, and the migrations carry the indexes th
 from datetime import timedelta
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import Func, Q
 from django.db.models.functions import Now
 
 
@@ -52,6 +52,15 @@ class Queue(models.Model):
         return self.name
 
 
+class TransactionNow(Func):
+    """now(): the start of the current transaction, the clock every engine statement stamps items with (Django's
+    Now() is the statement's). Rows of one enqueue share it, and an item queued in a transaction is due to a
+    lease in the same transaction."""
+
+    template = "now()"
+    output_field = models.DateTimeField()
+
+
 # Where an item is finished: the states the history indexes cover. Every enqueue writes a ready row and every
 # lease a reserved one, so an index on open rows costs each of those one more entry; history indexes are written
 # once per item, when it finishes.
@@ -72,10 +81,12 @@ class QueueItem(models.Model):
     payload = models.JSONField(default=dict)
     state = models.CharField(max_length=10, choices=ItemState.choices, default=ItemState.READY)
     priority = models.SmallIntegerField(default=0, help_text="-100..100, higher first.")
-    run_at = models.DateTimeField(db_default=Now(), help_text="When the item is due (as enqueued, or after backoff).")
+    run_at = models.DateTimeField(
+        db_default=TransactionNow(), help_text="When the item is due (as enqueued, or after backoff)."
+    )
     # SQS's visibility: when a worker may take the item. Equals run_at while ready and the lease deadline
     # while reserved, so one ordered partial index serves both "due" and "lease expired".
-    visible_at = models.DateTimeField(db_default=Now())
+    visible_at = models.DateTimeField(db_default=TransactionNow())
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=5)
     lease_timeout = models.FloatField(null=True, blank=True, help_text="Per-item lease, seconds.")
@@ -94,8 +105,8 @@ class QueueItem(models.Model):
     )
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="", help_text="Summary of the last error.")
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
+    created_at = models.DateTimeField(db_default=TransactionNow())
+    updated_at = models.DateTimeField(db_default=TransactionNow())
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

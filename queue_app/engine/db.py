@@ -17,6 +17,7 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import queue_settings
+from . import sql
 
 # psycopg prepares a statement asked with prepare=True at once, and any other after this many runs: never, in
 # effect (Django's own cursors bind on the client and are never prepared anyway).
@@ -70,3 +71,13 @@ def cursor(using: str = "default") -> Any:
     if queue_settings.PREPARED_STATEMENTS and wrapper.vendor == "postgresql":
         return PreparedCursor(wrapper)
     return wrapper.cursor()
+
+
+def tune_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """Django's connection_created receiver: generic plans for the engine's prepared statements, no JIT (see
+    sql.ENGINE_SESSION). Runs in autocommit, before any transaction the connection was opened for, so the
+    settings last as long as the connection. Skipped without prepared statements (behind a transaction-mode
+    pooler, where session settings would leak to other clients)."""
+    if connection.vendor == "postgresql" and queue_settings.PREPARED_STATEMENTS:
+        with connection.cursor() as cur:
+            cur.execute(sql.ENGINE_SESSION)

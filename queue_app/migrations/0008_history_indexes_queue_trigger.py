@@ -11,6 +11,8 @@ item_fetch alone: 242,000.
   listed through item_fetch, item_in_flight and the primary key (monitoring.DEPTH, admin/filters.py).
 - item_in_flight (queue, visible_at) WHERE state = 'reserved' replaces item_reserved_deadline (visible_at): the
   same rows, now countable per queue without reading the ready ones.
+- run_at, visible_at, created_at and updated_at default to now() instead of statement_timestamp(), so a bulk
+  enqueue can leave them out of its COPY (parsing four timestamps per row was a fifth of its server work).
 - The constraint item.queue -> queue becomes three triggers with the same rule, checked once per statement:
   inserted items name existing queues, whose rows they lock FOR KEY SHARE until commit (so a concurrent DELETE of
   the queue waits, then sees the items and is refused); an item moved to another queue is checked the same way;
@@ -25,6 +27,7 @@ from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndex
 from django.db import migrations, models
 
 import django.db.models.deletion
+import queue_app.models
 
 HISTORY = ["done", "dead", "cancelled"]
 
@@ -162,4 +165,19 @@ class Migration(migrations.Migration):
         RemoveIndexConcurrently(model_name="queueitem", name="item_queue_state_finished"),
         RemoveIndexConcurrently(model_name="queueitem", name="item_task_state"),
         RemoveIndexConcurrently(model_name="queueitem", name="item_created"),
+        # The clock columns default to now() (the transaction's start, as the engine stamps them), not the
+        # statement's time: enqueue_many leaves them to their defaults.
+        *(
+            migrations.AlterField(
+                model_name="queueitem",
+                name=name,
+                field=models.DateTimeField(db_default=queue_app.models.TransactionNow(), **extra),
+            )
+            for name, extra in (
+                ("run_at", {"help_text": "When the item is due (as enqueued, or after backoff)."}),
+                ("visible_at", {}),
+                ("created_at", {}),
+                ("updated_at", {}),
+            )
+        ),
     ]
