@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from queue_app import engine
 from queue_app.engine import sql
@@ -128,3 +128,24 @@ def test_connections_plan_engine_statements_once_and_never_jit_compile():
     with connection.cursor() as cur:
         cur.execute("SELECT current_setting('plan_cache_mode'), current_setting('jit')")
         assert cur.fetchone() == ("force_generic_plan", "off")
+
+
+def test_maintenance_plans_per_call_until_its_transaction_ends():
+    def mode() -> str:
+        with connection.cursor() as cur:
+            cur.execute("SELECT current_setting('plan_cache_mode')")
+            return cur.fetchone()[0]
+
+    with transaction.atomic():
+        assert engine.try_maintenance_lock("plans-test")
+        assert mode() == "auto"
+    assert mode() == "force_generic_plan"
+
+
+def test_the_lease_numbers_reservations_from_the_reservation_id_sequence():
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pg_get_serial_sequence('queue_app_reservation', 'id')::regclass = %s::regclass",
+            [sql.RESERVATION_SEQUENCE],
+        )
+        assert cur.fetchone()[0] is True
