@@ -4,7 +4,7 @@ settle_and_lease(): complete the items a worker finished and lease its next batc
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connections, transaction
 
@@ -19,9 +19,10 @@ ALL_QUEUES = ("*",)
 Terms = Mapping[str, tuple[float | None, float]]
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """What a worker holds while it works on an item. `reservation_id` is the fencing token every settle names."""
+class Lease(NamedTuple):
+    """What a worker holds while it works on an item. `reservation_id` is the fencing token every settle names.
+    A named tuple rather than a frozen dataclass: a worker makes one per item, and a frozen dataclass sets each
+    of its twelve fields through object.__setattr__."""
 
     reservation_id: int
     item_id: int
