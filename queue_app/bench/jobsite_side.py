@@ -139,6 +139,7 @@ def measure_enqueue(ctx: BenchContext, sizes: Sizes, db: str) -> Figure:
     engine.enqueue_many(NOOP_TASK, [{}], queue=ENQUEUE_QUEUE, using=ALIAS)  # the queue row exists before the race
     tries = {}
     for callers in ENQUEUE_CALLERS:
+        _clear_queue(ENQUEUE_QUEUE)  # each try on the same table, not on the rows of the tries before it
         rows, elapsed = _enqueue_rows(ctx, db, sizes.enqueue_rows, callers)
         tries[callers] = (rows, elapsed)
         ctx.progress(

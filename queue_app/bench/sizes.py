@@ -47,7 +47,7 @@ FULL = Sizes(
     name="full",
     ceiling_seconds=10,
     ceiling_clients=(1, 2, 4, 8, 16),
-    enqueue_rows=200_000,
+    enqueue_rows=500_000,
     e2e_jobs=10_000,
     e2e_grid=(
         (1, "process", 4, 100, 100),
