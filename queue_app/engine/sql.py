@@ -95,7 +95,7 @@ WHERE c.queue_id = %(queue)s AND c.key = %(dedup_key)s
 """
 
 # Bulk enqueue: ids and the transaction's clock first, then COPY the rows. The clock columns are left to their
-# defaults (the statement's time, as Django's db_default Now()) unless the items are delayed: parsing four
+# defaults (now(), the transaction's start: models.TransactionNow) unless the items are delayed: parsing four
 # timestamps per row was a fifth of the server's work of a COPY. The sequence is looked up once
 # (a materialized CTE): pg_get_serial_sequence per row was 3 µs of catalog lookups per id, 8x the nextval.
 ALLOCATE_IDS = f"""
