@@ -106,52 +106,48 @@ def lock_waiters(text: str) -> int:
         ).fetchone()[0]
 
 
-def test_a_queue_delete_waits_for_an_open_enqueue_and_then_sees_its_items():
-    engine.ensure_queue("raced")
-    outcome: list[BaseException | int] = []
+def run_behind(holder: psycopg.Connection, statement: str) -> BaseException | None:
+    """Run `statement` on a connection of its own while `holder`'s open transaction holds the lock it needs:
+    wait until it waits on that lock, commit `holder`, and return what the statement then raised (None: it
+    committed)."""
+    outcome: list[BaseException | None] = []
 
-    def delete_queue() -> None:
+    def run() -> None:
         with raw_connection() as conn:
             try:
-                outcome.append(conn.execute("DELETE FROM queue_app_queue WHERE name = 'raced'").rowcount)
+                conn.execute(statement)
                 conn.commit()
+                outcome.append(None)
             except psycopg.Error as exc:
                 outcome.append(exc)
 
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: lock_waiters(statement) == 1, timeout=10, what=f"{statement!r} to wait on a lock")
+    holder.commit()
+    thread.join(10)
+    return outcome[0]
+
+
+def test_a_queue_delete_waits_for_an_open_enqueue_and_then_sees_its_items():
+    engine.ensure_queue("raced")
+
     with raw_connection() as enqueuer:
         enqueuer.execute(item_sql("raced"))  # its statement trigger locks the queue row until commit
-        deleter = threading.Thread(target=delete_queue)
-        deleter.start()
-        wait_for(lambda: lock_waiters("DELETE FROM queue_app_queue") == 1, timeout=10, what="the DELETE to wait")
-        enqueuer.commit()
-    deleter.join(10)
+        outcome = run_behind(enqueuer, "DELETE FROM queue_app_queue WHERE name = 'raced'")
 
-    assert isinstance(outcome[0], psycopg.errors.ForeignKeyViolation)
+    assert isinstance(outcome, psycopg.errors.ForeignKeyViolation)
     assert QueueItem.objects.filter(queue_id="raced").count() == 1
     assert Queue.objects.filter(name="raced").exists()
 
 
 def test_an_insert_racing_a_queue_delete_is_refused_when_the_delete_commits():
     engine.ensure_queue("raced")
-    outcome: list[BaseException | None] = []
-
-    def insert_item() -> None:
-        with raw_connection() as conn:
-            try:
-                conn.execute(item_sql("raced"))
-                conn.commit()
-                outcome.append(None)
-            except psycopg.Error as exc:
-                outcome.append(exc)
 
     with raw_connection() as deleter:
         assert deleter.execute("DELETE FROM queue_app_queue WHERE name = 'raced'").rowcount == 1
-        inserter = threading.Thread(target=insert_item)
-        inserter.start()
-        wait_for(lambda: lock_waiters("INSERT INTO queue_app_queueitem") == 1, timeout=10, what="the INSERT to wait")
-        deleter.commit()
-    inserter.join(10)
+        outcome = run_behind(deleter, item_sql("raced"))
 
-    assert isinstance(outcome[0], psycopg.errors.ForeignKeyViolation)
+    assert isinstance(outcome, psycopg.errors.ForeignKeyViolation)
     assert not QueueItem.objects.exists()
     assert not Queue.objects.filter(name="raced").exists()
