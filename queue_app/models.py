@@ -66,6 +66,7 @@ class TransactionNow(Func):
 # once per item, when it finishes.
 OPEN_STATES = ("ready", "reserved")
 HISTORY_STATES = ("done", "dead", "cancelled")
+HISTORY_STATES_SQL = ", ".join(f"'{state}'" for state in HISTORY_STATES)  # for raw SQL: state IN (...)
 
 
 class QueueItem(models.Model):

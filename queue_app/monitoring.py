@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .conf import queue_settings
-from .models import HISTORY_STATES, ItemState, Outcome, Worker, WorkerState
+from .models import HISTORY_STATES_SQL, ItemState, Outcome, Worker, WorkerState
 
 EXACT_UP_TO = 10_000  # queue depths above this are the planner's estimate (/metrics)
 OVERVIEW_EXACT_UP_TO = 1_000  # the overview refreshes every few seconds: ~15 ms of counting at a million items
@@ -93,7 +93,6 @@ QUEUE = "queue_app_queue"
 # million done items costs as much as one with ten thousand: ready items are read down item_fetch in its order
 # (the states in flight are few), reserved ones from item_in_flight, finished ones from item_history. Partial
 # indexes, so each branch names states their predicates cover.
-_HISTORY = ", ".join(f"'{state}'" for state in HISTORY_STATES)
 DEPTH = f"""
 SELECT q.name, 'ready', (SELECT count(*) FROM (
     SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.state = 'ready'
@@ -105,9 +104,9 @@ SELECT q.name, 'reserved', (SELECT count(*) FROM (
 FROM {QUEUE} q
 UNION ALL
 SELECT q.name, s.state, (SELECT count(*) FROM (
-    SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.state IN ({_HISTORY}) AND i.state = s.state
+    SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.state IN ({HISTORY_STATES_SQL}) AND i.state = s.state
     LIMIT %(cap)s) c)
-FROM {QUEUE} q CROSS JOIN unnest(ARRAY[{_HISTORY}]) AS s(state)
+FROM {QUEUE} q CROSS JOIN unnest(ARRAY[{HISTORY_STATES_SQL}]) AS s(state)
 """
 DEPTH_ESTIMATE = f"SELECT 1 FROM {ITEM} WHERE queue_id = %s AND state = %s"
 

@@ -39,7 +39,6 @@ def item_scans(query: str, params: dict) -> list[tuple[str, str | None]]:
     query lets the planner use the partial indexes (their predicates follow from its own conditions); on a table
     this small the planner may rightly prefer reading it whole."""
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("ANALYZE queue_app_queueitem")
         cur.execute("SET LOCAL enable_seqscan = off")
         cur.execute("EXPLAIN (FORMAT JSON) " + query, params)
         (plan,) = cur.fetchone()

@@ -9,7 +9,7 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from ..models import HISTORY_STATES, QueueItem
+from ..models import HISTORY_STATES_SQL, QueueItem
 from ..registry import registered_tasks
 
 # -- time windows ---------------------------------------------------------------------------------------------
@@ -50,13 +50,12 @@ def recent(field: str, title: str, parameter: str) -> type[RecentFilter]:
 # time. That index holds finished items only (an index on open items would cost every enqueue and lease one
 # more entry), so the names of open items come from the task registry: a task that is not registered cannot be
 # run, and its items soon finish as dead letters.
-_HISTORY = ", ".join(f"'{state}'" for state in HISTORY_STATES)
 DISTINCT_TASKS = f"""
 WITH RECURSIVE t(task) AS (
-    (SELECT task FROM {QueueItem._meta.db_table} WHERE state IN ({_HISTORY}) ORDER BY task LIMIT 1)
+    (SELECT task FROM {QueueItem._meta.db_table} WHERE state IN ({HISTORY_STATES_SQL}) ORDER BY task LIMIT 1)
     UNION ALL
     SELECT (SELECT i.task FROM {QueueItem._meta.db_table} i
-            WHERE i.state IN ({_HISTORY}) AND i.task > t.task ORDER BY i.task LIMIT 1)
+            WHERE i.state IN ({HISTORY_STATES_SQL}) AND i.task > t.task ORDER BY i.task LIMIT 1)
     FROM t WHERE t.task IS NOT NULL
 )
 SELECT task FROM t WHERE task IS NOT NULL LIMIT %(limit)s

@@ -46,9 +46,6 @@ class PreparedCursor:
         self.cursor.adapters.register_loader(TIMESTAMPTZ, _TIMESTAMPTZ_LOADER)
 
     def execute(self, query: str, params: Any = None) -> "PreparedCursor":
-        # Results in binary: psycopg's C loaders read timestamps and integers without parsing text (Django's
-        # timestamp loader wraps the text one in Python: a sixth of a worker's CPU went to leases' timestamps).
-        # jsonb comes back decoded (payload.decode_json takes either).
         with self._wrapper.wrap_database_errors:
             self.cursor.execute(query, params, prepare=True)
         return self
