@@ -363,6 +363,7 @@ class SparkRunState(models.TextChoices):
 
 
 SPARK_FINAL_STATES = (SparkRunState.SUCCEEDED, SparkRunState.FAILED, SparkRunState.CANCELLED, SparkRunState.TIMED_OUT)
+SPARK_OPEN_STATES = tuple(s for s in SparkRunState if s not in SPARK_FINAL_STATES)
 
 
 class SparkTrigger(models.TextChoices):
@@ -407,6 +408,8 @@ class SparkRun(models.Model):
         indexes = [
             models.Index("job", models.F("id").desc(), name="sparkrun_job"),
             models.Index("state", name="sparkrun_state"),
+            # Cancelling queue items finds their open runs (services.cancel_items).
+            models.Index(fields=["item_id"], name="sparkrun_open_item", condition=Q(state__in=SPARK_OPEN_STATES)),
         ]
 
     def __str__(self) -> str:

@@ -11,11 +11,22 @@ from datetime import timedelta
 
 from django.db import transaction
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from .conf import queue_settings
 from .engine.db import cursor
 from .engine.sql import NOTIFY
-from .models import DeadLetter, ItemState, Outcome, Queue, QueueItem, Reservation
+from .models import (
+    SPARK_OPEN_STATES,
+    DeadLetter,
+    ItemState,
+    Outcome,
+    Queue,
+    QueueItem,
+    Reservation,
+    SparkRun,
+    SparkRunState,
+)
 
 REQUEUEABLE = (ItemState.DEAD, ItemState.CANCELLED)
 CANCELLABLE = (ItemState.READY, ItemState.RESERVED)
@@ -81,14 +92,38 @@ def retry_now(item_ids: Iterable[int]) -> int:
 @transaction.atomic
 def cancel_items(item_ids: Iterable[int], *, actor: str = "") -> int:
     """Ready or reserved items become cancelled. A worker holding one finds its reservation stale: its settle
-    changes nothing, and its heartbeat tells it to stop the handler."""
+    changes nothing, and its heartbeat tells it to stop the handler.
+
+    The item of an open Spark run is cancelled as its run (the dashboard's cancel calls this too): a run not
+    started yet is cancelled with its item; a started one goes to `cancelling` and keeps its item, whose handler
+    stops the spark-submit child (SIGTERM to its process group, SIGKILL after the grace), marks the run
+    cancelled and settles the item. Cancelling that item outright would have the worker kill the handler and
+    leave the run's row `running`. A run already `cancelling` is not counted again."""
+    ids = list(item_ids)
+    runs = list(
+        SparkRun.objects.select_for_update()  # run rows before item rows, as the Spark handler locks them
+        .filter(item_id__in=ids, state__in=SPARK_OPEN_STATES)
+        .order_by("id")
+    )
+    now = timezone.now()
+    asked = 0
+    for run in runs:
+        if run.state == SparkRunState.QUEUED:  # no child yet: the handler claims the row under its lock first
+            run.state, run.finished_at = SparkRunState.CANCELLED, now
+            run.error = f"cancelled by {actor} before it started" if actor else "cancelled before it started"
+        elif run.state != SparkRunState.CANCELLING:
+            run.state = SparkRunState.CANCELLING
+            asked += 1
+        run.cancel_requested_at = run.cancel_requested_at or now
+        run.save(update_fields=["state", "finished_at", "error", "cancel_requested_at"])
+    stopped_by_handler = {run.item_id for run in runs if run.state == SparkRunState.CANCELLING}
     locked = list(
         QueueItem.objects.select_for_update()
-        .filter(id__in=list(item_ids), state__in=CANCELLABLE)
+        .filter(id__in=[i for i in ids if i not in stopped_by_handler], state__in=CANCELLABLE)
         .values_list("id", "state", "reservation_id")
     )
     if not locked:
-        return 0
+        return asked
     QueueItem.objects.filter(id__in=[i for i, _, _ in locked]).update(
         state=ItemState.CANCELLED,
         finished_at=Now(),
@@ -97,7 +132,7 @@ def cancel_items(item_ids: Iterable[int], *, actor: str = "") -> int:
     )
     held = [rid for _, state, rid in locked if state == ItemState.RESERVED and rid is not None]
     Reservation.objects.filter(id__in=held, outcome__isnull=True).update(outcome=Outcome.CANCELLED, finished_at=Now())
-    return len(locked)
+    return asked + len(locked)
 
 
 def pause_queue(name: str) -> int:

@@ -32,6 +32,16 @@ def require_spark() -> None:
         pytest.skip(str(exc))
 
 
+def require_jdbc_for_tcp() -> None:
+    """Skip (with the reason) when the test database is reached over TCP, which Spark reads over JDBC, and the
+    driver jar is missing (`manage.py test` installs it; plain `pytest` does not)."""
+    from queue_app.spark.db import postgres_source
+    from queue_app.spark.session import JDBC_JAR, jdbc_jar
+
+    if not postgres_source().is_socket and jdbc_jar() is None:
+        pytest.skip(f"{JDBC_JAR} is missing: apt-get install libpostgresql-jdbc-java (manage.py test does)")
+
+
 @pytest.fixture(scope="session", name="spark")
 def spark_session():
     require_spark()

@@ -22,7 +22,7 @@ from queue_app.spark.db import postgres_source
 from queue_app.spark.launcher import group_members
 from queue_app.spark.session import spark_home
 from tests.conftest import child_env
-from tests.spark_fixtures import FAST_JVM, require_spark, seed_queue_history
+from tests.spark_fixtures import FAST_JVM, require_jdbc_for_tcp, require_spark, seed_queue_history
 
 pytestmark = pytest.mark.spark
 
@@ -181,6 +181,7 @@ def stop_group(proc: subprocess.Popen) -> None:
 
 
 def test_a_pipeline_runs_on_a_standalone_cluster(standalone_cluster, test_db_name, monkeypatch):
+    require_jdbc_for_tcp()
     since = dt.datetime(2025, 3, 10, tzinfo=dt.UTC)
     seed_queue_history(since, items=100)
     monkeypatch.setenv("SPARK_MASTER", standalone_cluster)

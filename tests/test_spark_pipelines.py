@@ -14,7 +14,7 @@ import pytest
 from queue_app.spark.db import postgres_source
 from queue_app.spark.pipelines import file_rollup, queue_analytics
 from queue_app.spark.registry import get_job
-from tests.spark_fixtures import seed_queue_history, spark_session  # noqa: F401  (the `spark` fixture)
+from tests.spark_fixtures import require_jdbc_for_tcp, seed_queue_history, spark_session  # noqa: F401  (`spark`)
 
 pytestmark = pytest.mark.spark
 
@@ -93,6 +93,7 @@ def analytics_params(**extra):
 def test_queue_analytics_matches_postgres_over_jdbc(spark, queue_history):
     if postgres_source().is_socket:
         pytest.skip("the database is on a unix socket; JDBC needs TCP (set DATABASE_URL to a TCP server)")
+    require_jdbc_for_tcp()
     result = run_job(spark, "queue_analytics", analytics_params(reader="jdbc", partitions=3))
     expected = expected_stats()
     assert result.metrics["reader"] == "jdbc"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from queue_app import services
 from queue_app.models import ItemState, QueueItem, SparkRun
 from queue_app.spark.launcher import group_members
 from queue_app.spark.pipelines.file_rollup import write_sample_input
@@ -127,6 +128,25 @@ def test_cancel_stops_the_run_and_its_process_group(spark_worker):
     assert ended.cancel_requested_at and ended.finished_at
     assert group_members(pgid) == []
     # Cancelled is an end, not a failure: the item is settled done, never retried.
+    wait_for(lambda: QueueItem.objects.get(id=run.item_id).state == ItemState.DONE, 10, what="the item to be done")
+
+
+def test_cancelling_the_runs_queue_item_stops_the_run_like_the_dashboard(spark_worker):
+    """The item admin's cancel on a running Spark run's item: the run's handler stops the child's process group
+    and records the run cancelled (not left `running` under a killed handler)."""
+    spark_worker()
+    run = trigger_run("demo_sleep", {"tasks": 2, "seconds": 120}, trigger="orm")
+    running = wait_for(
+        lambda: (r := row(run.id)).state == "running" and r.progress.get("tasks_active") and r,
+        120,
+        what="the run's tasks to be running",
+    )
+    assert group_members(running.driver_pgid)
+
+    assert services.cancel_items([run.item_id], actor="queue admin") == 1
+    ended = wait_for(lambda: final(run.id), 60, what="the run to end")
+    assert ended.state == "cancelled" and ended.cancel_requested_at and ended.finished_at
+    assert group_members(running.driver_pgid) == []
     wait_for(lambda: QueueItem.objects.get(id=run.item_id).state == ItemState.DONE, 10, what="the item to be done")
 
 

@@ -11,6 +11,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from queue_app import services
 from queue_app.models import ItemState, QueueItem, SparkRun
 from queue_app.registry import Context, Delivery, get_task
 from queue_app.spark import SparkParamError, UnknownSparkJob
@@ -69,6 +70,30 @@ def test_a_running_run_is_asked_to_stop_not_cancelled_outright():
     run.refresh_from_db()
     assert run.state == "cancelling" and run.cancel_requested_at and run.finished_at is None
     assert QueueItem.objects.get(id=run.item_id).state == ItemState.READY  # its handler ends it
+
+
+def test_cancelling_run_items_from_the_queue_side_cancels_their_runs():
+    """The item admin's cancel (services.cancel_items) on Spark run items: a queued run ends with its item; a
+    started one is asked to stop and keeps its item for the handler to settle; asking again counts nothing."""
+    queued = trigger_run("demo_sleep", {}, trigger="orm")
+    started = trigger_run("demo_sleep", {}, trigger="orm")
+    SparkRun.objects.filter(id=started.id).update(state="running")
+    plain = QueueItem.objects.get(id=trigger_run("demo_sleep", {}, trigger="orm").item_id)
+    SparkRun.objects.filter(item_id=plain.id).update(state="succeeded")  # a finished run: its item is plain
+
+    assert services.cancel_items([queued.item_id, started.item_id, plain.id], actor="dora") == 3
+    queued.refresh_from_db()
+    started.refresh_from_db()
+    assert (queued.state, "dora" in queued.error) == ("cancelled", True)
+    assert queued.finished_at and queued.cancel_requested_at
+    assert started.state == "cancelling" and started.cancel_requested_at and started.finished_at is None
+    states = dict(
+        QueueItem.objects.filter(id__in=[queued.item_id, started.item_id, plain.id]).values_list("id", "state")
+    )
+    assert states == {queued.item_id: "cancelled", started.item_id: "ready", plain.id: "cancelled"}
+
+    assert services.cancel_items([started.item_id], actor="dora") == 0  # asked already
+    assert cancel_run(started.id, actor="dora") is False
 
 
 def test_rerun_queues_the_same_job_and_parameters_from_the_dashboard():

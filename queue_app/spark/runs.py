@@ -111,25 +111,19 @@ def trigger_run(
 
 
 def cancel_run(run_id: int, *, actor: str) -> bool:
-    """Ask a run to stop. A run not started yet is cancelled at once (with its queue item); a starting or
-    running one goes to `cancelling`, and its handler stops the child. False when there is nothing to cancel."""
+    """Ask a run to stop: its item is cancelled (services.cancel_items), which cancels a run not started yet at
+    once (with its queue item) and moves a starting or running one to `cancelling`, whose handler stops the
+    child. False when there is nothing to cancel."""
     with transaction.atomic():
         run = SparkRun.objects.select_for_update().filter(id=run_id).first()
         if run is None or run.state in SPARK_FINAL_STATES or run.state == SparkRunState.CANCELLING:
             return False
-        now = timezone.now()
-        run.cancel_requested_at = now
-        if run.state == SparkRunState.QUEUED:
-            # The handler marks the row `starting` under this lock before it launches anything: a row still
-            # queued here has no child, and its handler (if it has begun) will find the row cancelled.
-            run.state = SparkRunState.CANCELLED
-            run.finished_at = now
-            run.error = f"cancelled by {actor} before it started" if actor else "cancelled before it started"
-            if run.item_id is not None:
-                services.cancel_items([run.item_id], actor=actor)
-        else:
-            run.state = SparkRunState.CANCELLING
-        run.save(update_fields=["state", "cancel_requested_at", "finished_at", "error"])
+        if run.item_id is not None:
+            services.cancel_items([run.item_id], actor=actor)
+        else:  # its item was deleted: nothing runs it, so nothing else can end it
+            run.state, run.finished_at = SparkRunState.CANCELLED, timezone.now()
+            run.cancel_requested_at = run.finished_at
+            run.save(update_fields=["state", "cancel_requested_at", "finished_at"])
     logger.info("spark run %s: cancel requested by %s", run_id, actor or "?")
     return True
 
