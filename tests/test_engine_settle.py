@@ -5,6 +5,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
@@ -51,6 +52,34 @@ def test_complete_marks_the_item_done_with_its_result():
     res = Reservation.objects.get(id=held.reservation_id)
     assert res.outcome == "done"
     assert res.finished_at is not None
+
+
+def _hot_updates(table: str) -> int:
+    """HOT updates of `table` by this transaction so far (pg_stat_get_xact_*: counted before commit)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_stat_get_xact_tuples_hot_updated(%s::regclass)", [table])
+        return cur.fetchone()[0]
+
+
+@pytest.mark.django_db
+def test_a_done_settle_rewrites_its_reservations_in_place_and_other_ends_are_stamped():
+    """The done settle changes no indexed value of its reservations, so each is a HOT update (a new version on its
+    page, no index entries) wherever the page has room: the table's fillfactor leaves about half of each page,
+    which holds all but a few of a batch leased together (47 of 50 here). An index on a column the settle writes
+    (finished_at, outcome) makes none of them HOT. An attempt that ends otherwise carries its end in not_done_at,
+    which the failure counts read."""
+    engine.enqueue_many("t", [{"n": n} for n in range(60)])
+    held = engine.lease(["default"], 60, "w1", lease_timeout=LONG)
+    before = _hot_updates(Reservation._meta.db_table)
+
+    engine.complete_many((h, None) for h in held[:50])
+
+    assert _hot_updates(Reservation._meta.db_table) - before >= 40
+    done = Reservation.objects.filter(id__in=[h.reservation_id for h in held[:50]])
+    assert {(r.outcome, r.not_done_at) for r in done} == {("done", None)}
+    engine.fail(held[50], "boom", retry_in=LONG)
+    failed = Reservation.objects.get(id=held[50].reservation_id)
+    assert failed.outcome == "retry" and failed.not_done_at == failed.finished_at is not None
 
 
 @pytest.mark.django_db

@@ -204,9 +204,6 @@ SELECT {_LEASED_COLUMNS} FROM leased
 _COMPLETE_CTES = f"""v AS (
     SELECT * FROM unnest(%(item_ids)s::bigint[], %(reservation_ids)s::bigint[], %(results)s::jsonb[])
         AS v(item_id, reservation_id, result)
-), already AS (
-    SELECT i.reservation_id FROM v JOIN {ITEM} i ON i.id = v.item_id AND i.reservation_id = v.reservation_id
-    WHERE {_state_is("done", "i")}
 ), settled AS (
     -- Driven from v: one primary-key probe per completed item. A second way in (`i.id = ANY(item_ids)`) let
     -- the generic plan take the items first and scan v once per item (it guesses 10 rows for either side):
@@ -216,7 +213,13 @@ _COMPLETE_CTES = f"""v AS (
     FROM v
     WHERE i.id = v.item_id AND i.reservation_id = v.reservation_id AND {_state_is("reserved", "i")}
     RETURNING i.reservation_id
+), already AS (
+    -- Only the completes `settled` did not take are looked up (usually none: no second probe per item). Every
+    -- part of the statement reads one snapshot, taken before its updates: an item done here is not done here.
+    SELECT i.reservation_id FROM v JOIN {ITEM} i ON i.id = v.item_id AND i.reservation_id = v.reservation_id
+    WHERE v.reservation_id NOT IN (SELECT reservation_id FROM settled) AND {_state_is("done", "i")}
 ), settled_reservations AS (
+    -- A HOT update: no index names outcome or finished_at (see models.Reservation.not_done_at).
     UPDATE {RESERVATION} r SET outcome = 'done', finished_at = now()
     FROM settled s WHERE r.id = s.reservation_id
     RETURNING r.id
