@@ -30,6 +30,7 @@ from django.db import connections
 
 from .. import engine
 from ..conf import queue_settings
+from . import ceiling
 from .context import BenchContext, Drain, django_child_env, drain, log_tail, manage_args, spawn, stop, tune
 from .report import Figure, Results
 from .sizes import Sizes
@@ -365,6 +366,7 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
         if run_worker_available():
             figure, settings = measure_e2e(ctx, sizes, db)
             results.add(figure)
+            ceiling.measure_again(ctx, sizes, results)  # when this run measured the ceiling
         else:
             ctx.progress("jobsite", "run_worker is not a command yet: end-to-end and latency are n/a")
             results.add(

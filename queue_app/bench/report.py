@@ -41,6 +41,13 @@ class Goal:
 
 GOALS = (
     Goal("end-to-end >= 40% of the batched ceiling", "jobsite.e2e", "ceiling.lease_batch", ">=", 0.40),
+    Goal(
+        "end-to-end >= 40% of the batched ceiling measured again after it",
+        "jobsite.e2e",
+        "ceiling.lease_batch_again",
+        ">=",
+        0.40,
+    ),
     Goal("end-to-end >= 20x Procrastinate", "jobsite.e2e", "peer.procrastinate", ">=", 20.0),
     Goal("end-to-end >= 20x django-tasks-db", "jobsite.e2e", "peer.django_tasks_db", ">=", 20.0),
     Goal("end-to-end >= 5x Celery+Redis", "jobsite.e2e", "peer.celery_redis", ">=", 5.0),
@@ -55,6 +62,7 @@ CEILING_OF = {
     "jobsite.enqueue": "ceiling.insert",
     "jobsite.e2e": "ceiling.lease_batch",
     "ceiling.lease_one": "ceiling.lease_batch",
+    "ceiling.lease_batch_again": "ceiling.lease_batch",  # the machine's drift between the two measurements
     **{f"peer.{name}": "ceiling.lease_batch" for name in PEER_LABELS},
 }
 # Figures compared with each peer (jobs/s).
