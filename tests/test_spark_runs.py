@@ -74,6 +74,14 @@ def final(run_id: int) -> SparkRun | None:
     return run if run.is_final else None
 
 
+def tasks_running(run_id: int) -> SparkRun:
+    return wait_for(
+        lambda: (r := row(run_id)).state == "running" and r.progress.get("tasks_active") and r,
+        120,
+        what="the run's tasks to be running",
+    )
+
+
 def test_run_through_a_worker_reports_progress_while_running_and_metrics_at_the_end(spark_worker, record_property):
     spark_worker()
     t0 = time.monotonic()
@@ -111,11 +119,7 @@ def test_run_through_a_worker_reports_progress_while_running_and_metrics_at_the_
 def test_cancel_stops_the_run_and_its_process_group(spark_worker):
     spark_worker()
     run = trigger_run("demo_sleep", {"tasks": 2, "seconds": 120}, trigger="orm")
-    running = wait_for(
-        lambda: (r := row(run.id)).state == "running" and r.progress.get("tasks_active") and r,
-        120,
-        what="the run's tasks to be running",
-    )
+    running = tasks_running(run.id)
     pgid = running.driver_pgid
     assert group_members(pgid)
 
@@ -136,11 +140,7 @@ def test_cancelling_the_runs_queue_item_stops_the_run_like_the_dashboard(spark_w
     and records the run cancelled (not left `running` under a killed handler)."""
     spark_worker()
     run = trigger_run("demo_sleep", {"tasks": 2, "seconds": 120}, trigger="orm")
-    running = wait_for(
-        lambda: (r := row(run.id)).state == "running" and r.progress.get("tasks_active") and r,
-        120,
-        what="the run's tasks to be running",
-    )
+    running = tasks_running(run.id)
     assert group_members(running.driver_pgid)
 
     assert services.cancel_items([run.item_id], actor="queue admin") == 1
