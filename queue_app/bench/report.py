@@ -17,6 +17,7 @@ PEER_LABELS = {
     "django_tasks_db": "django-tasks-db",
     "celery_redis": "Celery+Redis",
     "pgqueuer": "PgQueuer",
+    "django_q2": "django-q2",
 }
 
 

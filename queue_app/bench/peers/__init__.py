@@ -26,6 +26,7 @@ PEERS = {
     "django_tasks_db": "queue_app.bench.peers.django_tasks_db:DjangoTasksDbPeer",
     "celery_redis": "queue_app.bench.peers.celery_redis:CeleryRedisPeer",
     "pgqueuer": "queue_app.bench.peers.pgqueuer:PgQueuerPeer",
+    "django_q2": "queue_app.bench.peers.django_q2:DjangoQ2Peer",
 }
 
 
@@ -44,6 +45,7 @@ class Peer:
 
     name: str = ""
     distribution: str = ""  # the PyPI package whose version is reported
+    stop_grace = 15.0  # seconds its workers get to exit on SIGTERM once the backlog is drained, then SIGKILL
 
     def __init__(self, ctx: BenchContext) -> None:
         self.ctx = ctx
@@ -105,7 +107,7 @@ class Peer:
                 report=lambda m: say("peers", f"{self.name} [{variant.label}] {m}"),
             )
         finally:
-            stop(procs)
+            stop(procs, grace=self.stop_grace)
         if result.complete:
             say("peers", f"{self.name} [{variant.label}] {jobs:,} jobs: {result.steady_per_s:,.0f} jobs/s")
         elif result.wall_seconds >= timeout:

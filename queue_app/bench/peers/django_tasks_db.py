@@ -6,23 +6,23 @@ worker processes and persistent connections (CONN_MAX_AGE=None) or not. `--batch
 queue is empty. It has no option to delete finished jobs (pruning is a separate command), so they stay.
 """
 
-import os
 import subprocess
 import sys
 
 import django_tasks_db  # noqa: F401  (not installed: the bench reports this peer as n/a)
 
 from ..context import spawn
-from . import Peer, Variant
+from . import Variant
+from .django_app import DjangoAppPeer
 
-SETTINGS = "queue_app.bench.peers.django_tasks_settings"
-JOBS = "queue_app.bench.peers.django_tasks_jobs"
 TABLE = "django_tasks_database_dbtaskresult"  # its app label is django_tasks_database
 
 
-class DjangoTasksDbPeer(Peer):
+class DjangoTasksDbPeer(DjangoAppPeer):
     name = "django_tasks_db"
     distribution = "django-tasks-db"
+    settings_module = "queue_app.bench.peers.django_tasks_settings"
+    jobs_module = "queue_app.bench.peers.django_tasks_jobs"
 
     def variants(self) -> list[Variant]:
         return [
@@ -32,33 +32,11 @@ class DjangoTasksDbPeer(Peer):
             Variant("2 db_worker procs, conn per request", 2, {"conn_max_age": "0"}),
         ]
 
-    def _env(self, conn_max_age: str = "none") -> dict[str, str]:
-        return {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": SETTINGS,
-            "JOBSITE_BENCH_PEER_DSN": self.dsn,
-            "JOBSITE_BENCH_CONN_MAX_AGE": conn_max_age,
-            "PYTHONUNBUFFERED": "1",
-        }
-
-    def _run(self, *args: str) -> None:
-        proc = subprocess.run([sys.executable, *args], env=self._env(), capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(args)} failed: {(proc.stderr or proc.stdout).strip()[-500:]}")
-
-    def setup(self) -> None:
-        self.ctx.fresh_database(self.name)
-        self._run("-m", "django", "migrate", "--verbosity", "0")
-
     def reset(self) -> None:
         self.scalar(f"TRUNCATE {TABLE}")
 
-    def enqueue(self, n: int) -> None:
-        code = f"import django; django.setup(); from {JOBS} import enqueue; enqueue({int(n)})"
-        self._run("-c", code)
-
     def start(self, variant: Variant, log: str) -> list[subprocess.Popen]:
-        env = self._env(variant.options["conn_max_age"])
+        env = self.env(JOBSITE_BENCH_CONN_MAX_AGE=variant.options["conn_max_age"])
         return [
             spawn(
                 [sys.executable, "-m", "django", "db_worker", "--batch", "--no-startup-delay", "--no-reload"]

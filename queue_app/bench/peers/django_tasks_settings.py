@@ -1,32 +1,6 @@
-"""Minimal Django settings for the django-tasks-db peer's own processes (migrate, enqueue, `db_worker`): only
-its app, its database backend for `django.tasks`, and the scratch database named by JOBSITE_BENCH_PEER_DSN.
+"""Settings for the django-tasks-db peer's processes: its app and its database backend for `django.tasks`."""
 
-`JOBSITE_BENCH_CONN_MAX_AGE`: "none" keeps connections open for the life of the worker (its best setting),
-a number of seconds otherwise.
-"""
+from .peer_settings import *  # noqa: F403
 
-import os
-
-from psycopg.conninfo import conninfo_to_dict
-
-_db = conninfo_to_dict(os.environ.get("JOBSITE_BENCH_PEER_DSN", "dbname=bench_django_tasks_db"))
-_max_age = os.environ.get("JOBSITE_BENCH_CONN_MAX_AGE", "none")
-
-SECRET_KEY = "jobsite-bench-peer-not-secret"
-DEBUG = False
-USE_TZ = True
 INSTALLED_APPS = ["django_tasks_db"]
-DATABASES = {
-    "default": {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": _db.get("dbname", ""),
-        "HOST": _db.get("host", ""),
-        "PORT": _db.get("port", ""),
-        "USER": _db.get("user", ""),
-        "PASSWORD": _db.get("password", ""),
-        "CONN_MAX_AGE": None if _max_age == "none" else int(_max_age),
-    }
-}
 TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default"]}}
-DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-LOGGING = {"version": 1, "disable_existing_loggers": False, "root": {"level": "WARNING"}}
