@@ -1,0 +1,69 @@
+"""Each peer of `queue_bench` really runs: its jobs are queued with its own API, its own workers (real processes)
+drain them on the same PostgreSQL, and the bench reports a positive figure with the settings that won. One
+variant each, a small backlog: a smoke test of the harness, not a measurement. The peers come with the dev
+install (the `bench` extra); Celery's is skipped where no Redis answers."""
+
+import importlib.util
+import os
+from dataclasses import replace
+
+import pytest
+
+from queue_app.bench import peers
+from queue_app.bench.context import BenchContext, Progress, server_from_django
+from queue_app.bench.sizes import QUICK
+
+pytestmark = pytest.mark.slow
+
+SMOKE = replace(QUICK, peer_jobs=300, peer_variants=1, drain_timeout=120.0, drain_seconds=0.1, most_jobs=300)
+PACKAGE = {
+    "procrastinate": "procrastinate",
+    "django_tasks_db": "django_tasks_db",
+    "celery_redis": "celery",
+    "pgqueuer": "pgqueuer",
+    "django_q2": "django_q",
+}
+
+
+def _redis_answers() -> bool:
+    try:
+        import redis
+
+        from queue_app.bench.peers.celery_redis import REDIS_URL
+
+        return bool(redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping())
+    except Exception:
+        return False
+
+
+def test_every_peer_has_a_package_to_check():
+    assert set(PACKAGE) == set(peers.PEERS)
+
+
+@pytest.mark.parametrize("name", sorted(peers.PEERS))
+def test_peer_drains_its_backlog_with_its_own_workers(name, tmp_path):
+    if importlib.util.find_spec(PACKAGE[name]) is None:
+        pytest.skip(f"{PACKAGE[name]} is not installed (pip install -e '.[bench]')")
+    if name == "celery_redis" and not _redis_answers():
+        pytest.skip("no Redis answers on 127.0.0.1:6379")
+    lines: list[str] = []
+    ctx = BenchContext(
+        server=server_from_django(),
+        db_prefix=f"test_peer_{os.getpid()}",
+        progress=Progress(lines.append),
+        log_dir=tmp_path,
+    )
+    peer = peers.load(name)(ctx)
+    try:
+        figure = peer.measure(SMOKE)
+        left = peer.remaining()
+    finally:
+        peer.teardown()
+        ctx.drop_databases()
+    logs = "\n".join(p.read_text(errors="replace")[-2000:] for p in tmp_path.glob("*.log"))
+    assert figure.value is not None and figure.value > 0, "\n".join(lines) + "\n" + logs
+    assert figure.note == peer.variants()[0].label
+    assert figure.label.endswith(peer.version())
+    [tried] = figure.detail["tries"]
+    assert tried["jobs"] == SMOKE.peer_jobs and tried["done"] == SMOKE.peer_jobs
+    assert left == 0
