@@ -262,3 +262,27 @@ def test_a_stop_never_takes_back_an_at_most_once_item_whose_thread_has_not_start
     assert sorted(ExecutionLog.objects.values_list("item_id", flat=True)) == sorted(items)  # both ran, once
     assert set(QueueItem.objects.filter(id__in=items).values_list("state", flat=True)) == {ItemState.DONE}
     assert supervisor.stats.stale == 0
+
+
+def test_connection_room_counts_every_client_connection_open():
+    # Another test's processes may still be closing connections: look until the count holds still around ours.
+    for _ in range(20):
+        before = engine.connection_room()
+        with engine.dedicated_connection() as conn:
+            conn.execute("SELECT 1")
+            during = engine.connection_room()
+        time.sleep(0.05)  # the closed backend leaves pg_stat_activity as it exits
+        if engine.connection_room() == before:
+            break
+    assert during == before - 1
+
+
+def test_a_worker_warns_at_start_when_the_server_has_too_few_connections_left(caplog):
+    room = engine.connection_room()
+    caplog.set_level(logging.WARNING, logger="jobsite.worker")
+    Supervisor(WorkerOptions(pool="thread", concurrency=room)).check_connection_room()
+    [warning] = [r.getMessage() for r in caplog.records if "too few database connections" in r.getMessage()]
+    assert f"needs={room + 2} server_has_room_for={room}" in warning
+    caplog.clear()
+    Supervisor(WorkerOptions(pool="thread", concurrency=max(1, room - 10))).check_connection_room()
+    assert not [r for r in caplog.records if "too few database connections" in r.getMessage()]

@@ -15,6 +15,7 @@ from .settle import complete, complete_many, dead, extend, extend_many, fail, re
 from .workers import (
     LeaseTerms,
     WorkerRow,
+    connection_room,
     dead_after_at_most_once,
     dedicated_connection,
     lock_reserved,
@@ -40,6 +41,7 @@ __all__ = [
     "bloated_tables",
     "complete",
     "complete_many",
+    "connection_room",
     "dead",
     "dead_after_at_most_once",
     "dedicated_connection",

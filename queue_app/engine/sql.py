@@ -392,6 +392,16 @@ ON CONFLICT (id) DO UPDATE
         started_at = EXCLUDED.started_at, last_heartbeat = now(), state = EXCLUDED.state, stats = EXCLUDED.stats
 """
 
+# How many more connections this role may open on the server now: max_connections, less the slots kept for
+# superusers when it is not one, less every client connection open (this one included). A worker checks it at
+# start: each pool thread or child holds a connection of its own.
+CONNECTION_ROOM = """
+SELECT current_setting('max_connections')::int
+       - CASE WHEN (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN 0
+              ELSE current_setting('superuser_reserved_connections')::int END
+       - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int
+"""
+
 # Workers silent for `lost_after` seconds are marked stopped (they died without saying so); rows silent for
 # `forget_after` seconds are deleted. Returns (marked stopped, deleted).
 SWEEP_WORKERS = f"""

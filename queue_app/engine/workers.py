@@ -54,6 +54,13 @@ def save_worker(row: WorkerRow, state: str, stats: dict[str, Any], *, using: str
         )
 
 
+def connection_room(*, using: str = "default") -> int:
+    """How many more connections this database role may open on the server now (others may take them first)."""
+    with cursor(using) as cur:
+        cur.execute(sql.CONNECTION_ROOM)
+        return int(cur.fetchone()[0])
+
+
 def sweep_workers(lost_after: float, forget_after: float, *, using: str = "default") -> tuple[int, int]:
     """Mark workers silent for `lost_after` seconds stopped and delete rows silent for `forget_after`.
     Returns (marked stopped, deleted)."""

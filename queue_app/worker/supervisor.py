@@ -54,6 +54,8 @@ GATHER = 0.005
 # How often the hard timeouts of items still waiting in the pool's queue are looked at again (their clock starts
 # when a thread takes them): the precision of a hard timeout in the thread pool.
 DEADLINE_RECHECK = 0.25
+# Connections a worker opens beyond its own and one per pool slot: its LISTEN connection, its vacuum thread's.
+OTHER_CONNECTIONS = 2
 
 
 @dataclass(frozen=True)
@@ -171,8 +173,23 @@ class Supervisor:
         self.terms = {name: (t.lease_timeout, t.min_lease) for name, t in tasks.items()}
         self.heartbeat_every = min(self._heartbeat_cap(), shortest / 3)
 
+    def check_connection_room(self) -> None:
+        """Warn when the server has fewer connections left than this worker will open: every pool thread or
+        child opens its own as it starts, and those refused ("too many clients") leave the worker retrying."""
+        need = self.options.concurrency + OTHER_CONNECTIONS
+        try:
+            room = engine.connection_room()
+        except DATABASE_DOWN:
+            return  # the loop says so, and retries
+        if room < need:
+            logger.warning(
+                "too few database connections left for this worker %s",
+                fields(needs=need, server_has_room_for=room, hint="raise max_connections or lower --concurrency"),
+            )
+
     def run(self) -> int:
         self.check()
+        self.check_connection_room()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
