@@ -4,15 +4,19 @@ The guarantees under crashes and restarts are proved with real processes in test
 
 import io
 import logging
+import os
 import signal
 import threading
 import time
 from datetime import timedelta
 
+import psycopg
 import pytest
+from django.db import connections
 from django.utils import timezone
 
 from queue_app import engine, services
+from queue_app.engine import sql
 from queue_app.models import DeadLetter, ExecutionLog, ItemState, QueueItem, Reservation, Worker
 from queue_app.registry import LEASE_MARGIN, get_task
 from queue_app.tasks import close_log_connection
@@ -275,6 +279,18 @@ def test_connection_room_counts_every_client_connection_open():
         if engine.connection_room() == before:
             break
     assert during == before - 1
+
+
+def test_connection_room_is_capped_by_the_roles_own_connection_limit():
+    role = f"jobsite_limited_{os.getpid()}"
+    with engine.dedicated_connection() as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER CONNECTION LIMIT 3")
+        try:
+            params = {**connections["default"].get_connection_params(), "user": role, "password": ""}
+            with psycopg.connect(**params, autocommit=True) as limited:
+                assert limited.execute(sql.CONNECTION_ROOM).fetchone()[0] == 2  # 3, less this one
+        finally:
+            admin.execute(f"DROP ROLE {role}")
 
 
 def test_a_worker_warns_at_start_when_the_server_has_too_few_connections_left(caplog):

@@ -392,14 +392,21 @@ ON CONFLICT (id) DO UPDATE
         started_at = EXCLUDED.started_at, last_heartbeat = now(), state = EXCLUDED.state, stats = EXCLUDED.stats
 """
 
-# How many more connections this role may open on the server now: max_connections, less the slots kept for
-# superusers when it is not one, less every client connection open (this one included). A worker checks it at
-# start: each pool thread or child holds a connection of its own.
+# How many more connections this role may open now: the least of the server's room (max_connections, less the
+# slots kept for superusers), and for a role that is not one, its own CONNECTION LIMIT and its database's, each
+# less the client connections it counts (this one included). A worker checks it at start: each pool thread or
+# child holds a connection of its own.
 CONNECTION_ROOM = """
-SELECT current_setting('max_connections')::int
-       - CASE WHEN (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN 0
-              ELSE current_setting('superuser_reserved_connections')::int END
-       - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int
+WITH client AS (SELECT usename, datname FROM pg_stat_activity WHERE backend_type = 'client backend')
+SELECT LEAST(
+    current_setting('max_connections')::int - (SELECT count(*) FROM client)::int
+        - CASE WHEN r.rolsuper THEN 0 ELSE current_setting('superuser_reserved_connections')::int END,
+    CASE WHEN NOT r.rolsuper AND r.rolconnlimit >= 0
+         THEN r.rolconnlimit - (SELECT count(*) FROM client WHERE usename = current_user)::int END,
+    CASE WHEN NOT r.rolsuper AND d.datconnlimit >= 0
+         THEN d.datconnlimit - (SELECT count(*) FROM client WHERE datname = current_database())::int END)
+FROM pg_roles r, pg_database d
+WHERE r.rolname = current_user AND d.datname = current_database()
 """
 
 # Workers silent for `lost_after` seconds are marked stopped (they died without saying so); rows silent for

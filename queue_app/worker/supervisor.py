@@ -183,8 +183,9 @@ class Supervisor:
             return  # the loop says so, and retries
         if room < need:
             logger.warning(
-                "too few database connections left for this worker %s",
-                fields(needs=need, server_has_room_for=room, hint="raise max_connections or lower --concurrency"),
+                "too few database connections left for this worker %s; raise the limit (max_connections, or the "
+                "role's or the database's CONNECTION LIMIT) or lower --concurrency",
+                fields(needs=need, server_has_room_for=room),
             )
 
     def run(self) -> int:
