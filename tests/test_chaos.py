@@ -39,14 +39,19 @@ def test_quick_chaos_run_passes(tmp_path):
     out = tmp_path / "chaos.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.update(JOBSITE_NO_BOOTSTRAP="1", JOBSITE_VAR_DIR=str(tmp_path / "var"))
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "queue_chaos", "--quick", "--seed", "7", "--json-out", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    manage = [sys.executable, str(ROOT / "manage.py")]
+    try:
+        result = subprocess.run(
+            [*manage, "queue_chaos", "--quick", "--seed", "7", "--json-out", str(out)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    finally:
+        # Without DATABASE_URL the command started an embedded server of its own under tmp_path: stop it.
+        subprocess.run([*manage, "embedded_db", "stop"], cwd=ROOT, env=env, capture_output=True, timeout=120)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     figures = json.loads(out.read_text())
     by_name = {c["name"]: c for c in figures["checks"]}
