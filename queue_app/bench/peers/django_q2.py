@@ -3,8 +3,9 @@ database, leased by a lock timestamp), run under its own minimal settings (djang
 
 One `qcluster` process is a sentinel with a pusher (dequeues `bulk` jobs per query, polls every `poll` seconds
 when empty), `workers` worker processes and a monitor that acknowledges (deletes) each finished job; the bench
-counts the rows left. Settings tried: workers, bulk size, poll interval, one or two clusters. Finished jobs are
-not stored (`save_limit: -1`).
+counts the rows left. Settings tried: workers, bulk size, poll interval, one or two clusters, with room in the
+cluster's in-memory queue for two bulks per worker (`queue_limit`). Finished jobs are not stored
+(`save_limit: -1`).
 """
 
 import json
