@@ -52,7 +52,7 @@ def generic_plans(texts: dict[str, str]) -> dict[str, list[str]]:
         for name, text in texts.items():
             positional, n = _positional(text)
             cur.execute("PREPARE planned AS " + positional)
-            cur.execute("EXPLAIN EXECUTE planned(" + ", ".join(["NULL"] * n) + ")")
+            cur.execute("EXPLAIN EXECUTE planned" + (f"({', '.join(['NULL'] * n)})" if n else ""))
             plans[name] = [row[0] for row in cur.fetchall()]
             cur.execute("DEALLOCATE planned")
     return plans
