@@ -78,6 +78,33 @@ def spawn(test_db_name):
             proc.wait(10)
 
 
+@pytest.fixture
+def worker(spawn, tmp_path):
+    """Start `run_worker --worker-id NAME ...` with the test tasks loaded; its output goes to a file."""
+    logs: dict[str, Path] = {}
+
+    def start(name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        logs[name] = tmp_path / f"{name}.log"
+        out = logs[name].open("w")
+        proc = spawn(
+            "run_worker",
+            "--worker-id",
+            name,
+            "--import",
+            "tests.worker_tasks",
+            "--poll-interval",
+            "0.2",
+            *args,
+            stdout=out,
+            env=env,
+        )
+        out.close()
+        proc.log = logs[name]
+        return proc
+
+    return start
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):
     """The test database without the shipped schedules (migration 0004): every worker a test starts runs the
@@ -86,3 +113,27 @@ def django_db_setup(django_db_setup, django_db_blocker):
 
     with django_db_blocker.unblock():
         Schedule.objects.all().delete()
+
+
+@pytest.fixture
+def db_proxy(test_db_name):
+    """The chaos run's TCP proxy in front of the test database, wherever that is (the embedded server listens on
+    a unix socket only): a TCP address for tests that need one (JDBC, a password in DATABASE_URL), and real
+    connection loss on demand (`proxy.cut(seconds)`). `proxy.url(password=...)` is a DATABASE_URL through it."""
+    from django.db import connection
+
+    from queue_app.chaos.proxy import Proxy
+
+    params = connection.get_connection_params()
+    proxy = Proxy(str(params.get("host") or "/var/run/postgresql"), int(params.get("port") or 5432))
+    proxy.start()
+    user = params.get("user") or "postgres"
+
+    def url(password: str | None = None) -> str:
+        password = password or params.get("password")
+        auth = f"{user}:{password}" if password else str(user)
+        return f"postgres://{auth}@127.0.0.1:{proxy.port}/{test_db_name}"
+
+    proxy.url = url
+    yield proxy
+    proxy.stop()

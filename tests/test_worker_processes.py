@@ -33,33 +33,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 PROBE = "queue_app.probe"
 
 
-@pytest.fixture
-def worker(spawn, tmp_path):
-    """Start `run_worker --worker-id NAME ...` with the test tasks loaded; its output goes to a file."""
-    logs: dict[str, Path] = {}
-
-    def start(name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        logs[name] = tmp_path / f"{name}.log"
-        out = logs[name].open("w")
-        proc = spawn(
-            "run_worker",
-            "--worker-id",
-            name,
-            "--import",
-            "tests.worker_tasks",
-            "--poll-interval",
-            "0.2",
-            *args,
-            stdout=out,
-            env=env,
-        )
-        out.close()
-        proc.log = logs[name]
-        return proc
-
-    return start
-
-
 def output(proc: subprocess.Popen) -> str:
     return proc.log.read_text()
 

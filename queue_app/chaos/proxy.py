@@ -26,6 +26,9 @@ class ProxyStats:
 
 
 class Proxy:
+    """`upstream_host` is a host name or address, or a directory (PostgreSQL's unix socket `.s.PGSQL.<port>` in
+    it): the proxy then puts a server that only listens on a socket on a TCP port too (the tests use that)."""
+
     def __init__(self, upstream_host: str, upstream_port: int, listen_host: str = "127.0.0.1") -> None:
         self.upstream = (upstream_host, upstream_port)
         self.listen_host = listen_host
@@ -86,7 +89,7 @@ class Proxy:
             writer.transport.abort()
             return
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+            up_reader, up_writer = await self._open_upstream()
         except OSError:
             self.stats.upstream_failed += 1
             writer.transport.abort()
@@ -106,6 +109,12 @@ class Proxy:
                 task.cancel()
             for transport in pair:
                 transport.close()  # flushes what is buffered (a cut has aborted them already)
+
+    async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        host, port = self.upstream
+        if host.startswith("/"):
+            return await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
+        return await asyncio.open_connection(host, port)
 
     @staticmethod
     async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -1,0 +1,169 @@
+"""The README's Guarantees that rest on several processes, each proved with several real `run_worker` processes
+(or enqueuers) on one database: a worker cut off from the database past the silence limit, a hard timeout while
+another worker competes for the queue, dedup across processes, the scheduler's fire-once inside real workers.
+
+Connection loss is real: the worker under test reaches PostgreSQL through the chaos run's TCP proxy
+(`db_proxy`), which resets its connections and refuses new ones for as long as the test says.
+"""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from django.db.models import Count
+from django.utils import timezone
+
+from queue_app import engine, scheduling, services
+from queue_app.models import ExecutionLog, ItemState, ProbeEffect, QueueItem, Reservation, Schedule, ScheduleFire
+from queue_app.registry import get_task
+from tests.conftest import ROOT, child_env
+from tests.test_worker_processes import finish, held_by, output, runs_per_item
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+LOST_AFTER = "3"  # seconds of silence before a worker is presumed dead (workers then beat every second)
+
+
+def test_a_worker_cut_off_past_the_silence_limit_sees_its_items_run_elsewhere_and_its_late_settles_are_stale(
+    worker, db_proxy
+):
+    engine.ensure_queue("default")
+    services.set_queue_options("default", lease_timeout=60.0)  # far longer than the test: only silence frees them
+    plain = get_task("queue_app.probe").enqueue({"sleep": 2})
+    txn = get_task("queue_app.probe_transactional").enqueue({"sleep": 2})
+    quick = {"JOBSITE_WORKER_LOST_AFTER": LOST_AFTER}
+    cut_off = worker("cut-off", "--concurrency", "2", "--prefetch", "0", env=quick | {"DATABASE_URL": db_proxy.url()})
+    wait_for(
+        lambda: ExecutionLog.objects.filter(worker_id="cut-off").count() == 2,
+        timeout=60,
+        what="both handlers to start in the worker behind the proxy",
+    )
+    assert held_by("cut-off") == {plain.id, txn.id}
+    assert db_proxy.cut(12) > 0  # its handlers finish (2 s) while it cannot reach the database
+    rescuer = worker("rescuer", "--concurrency", "2", env=quick)
+    wait_for(
+        lambda: QueueItem.objects.filter(id__in=[plain.id, txn.id], state=ItemState.DONE).count() == 2,
+        timeout=60,
+        what="the rescuer to run both items",
+    )
+    assert db_proxy.refusing(), "the items should have run elsewhere while the first worker was still cut off"
+    rescuers = {r.item_id: r for r in Reservation.objects.filter(worker_id="rescuer")}
+    assert set(rescuers) == {plain.id, txn.id}
+    # Back online, the cut-off worker settles what its handlers finished: stale, it changes nothing.
+    wait_for(lambda: output(cut_off).count("stale item=") >= 1, timeout=60, what="the cut-off worker's late settle")
+    time.sleep(1)
+    for item in (plain, txn):
+        assert QueueItem.objects.get(id=item.id).state == ItemState.DONE
+        firsts = Reservation.objects.get(item_id=item.id, worker_id="cut-off")
+        assert firsts.outcome == "expired"  # taken back for its worker's silence, never settled by it
+        assert rescuers[item.id].outcome == "done"
+    assert f"stale item={plain.id}" in output(cut_off)
+    assert runs_per_item() == {plain.id: 2, txn.id: 2}  # at-least-once: both ran twice ...
+    (effect,) = ProbeEffect.objects.filter(key=str(txn.id)).values_list("applied", flat=True)
+    assert effect == 1  # ... but the transactional run that lost its lease rolled back its write
+    for proc in (cut_off, rescuer):
+        proc.terminate()
+        assert finish(proc, timeout=30) == 0, output(proc)[-3000:]
+
+
+def test_a_hard_timeout_kills_the_handler_while_another_worker_competes_and_the_retry_runs_once(worker):
+    engine.ensure_queue("default")
+    services.set_queue_options("default", lease_timeout=1.0)  # the task's hard timeout + margin decides
+    stuck = get_task("tests.sleepy").enqueue({"seconds": 60})  # hard timeout 1 s, 2 attempts
+    probes = get_task("queue_app.probe").enqueue_many([{"sleep": 0.01}] * 200)
+    first = worker("first", "--concurrency", "2")
+    second = worker("second", "--concurrency", "2")
+    wait_for(
+        lambda: (
+            QueueItem.objects.get(id=stuck.id).state == ItemState.DEAD
+            and QueueItem.objects.filter(id__in=probes, state=ItemState.DONE).count() == len(probes)
+        ),
+        timeout=90,
+        what="the stuck item to time out twice and every probe to be done",
+    )
+    attempts = list(Reservation.objects.filter(item_id=stuck.id).order_by("id"))
+    # Each attempt was killed at its hard timeout and recorded so; none lost its lease to the competing worker
+    # while its handler lived (that would say "expired"), and the retry began only after the kill.
+    assert [a.outcome for a in attempts] == ["timed_out", "timed_out"]
+    assert attempts[1].reserved_at >= attempts[0].finished_at
+    assert all((a.finished_at - a.reserved_at).total_seconds() < 10 for a in attempts)  # not its 60 s sleep
+    assert set(runs_per_item().values()) == {1} and len(runs_per_item()) == len(probes)
+    assert not ProbeEffect.objects.exclude(applied=1).exists()
+    for proc in (first, second):
+        assert proc.poll() is None, output(proc)[-3000:]  # a killed handler never takes its worker down
+        proc.terminate()
+        assert finish(proc, timeout=30) == 0
+
+
+ENQUEUE_ONE = """
+import json, sys, django
+django.setup()
+from queue_app import engine
+sys.stdin.readline()  # every process waits at the line, then all enqueue at once
+result = engine.enqueue("queue_app.echo", {"by": sys.argv[1]}, dedup_key="nightly-report")
+print(json.dumps({"id": result.id, "duplicate": result.duplicate}))
+"""
+
+
+def test_dedup_holds_across_processes_enqueueing_the_same_key_at_once(test_db_name):
+    engine.ensure_queue("default")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", ENQUEUE_ONE, str(n)],
+            cwd=ROOT,
+            env=child_env(test_db_name),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(6)
+    ]
+    time.sleep(3)  # all of them connected and waiting (Django set up)
+    results = [proc.communicate("go\n", timeout=120) for proc in procs]
+    answers = []
+    for proc, (out, err) in zip(procs, results, strict=True):
+        assert proc.returncode == 0, err[-3000:]
+        answers.append(json.loads(out.strip().splitlines()[-1]))
+    assert len({a["id"] for a in answers}) == 1  # one item for the key, whoever won
+    assert sorted(a["duplicate"] for a in answers) == [False] + [True] * 5  # and exactly one enqueuer made it
+    assert QueueItem.objects.filter(dedup_key="nightly-report").count() == 1
+
+
+def test_three_workers_fire_each_due_schedule_exactly_once(worker):
+    now = timezone.now()
+    due_time = scheduling.latest_fire_at_or_before("* * * * *", "UTC", now)  # the minute that just began
+    schedules = [
+        Schedule.objects.create(
+            name=f"every-minute-{n}",
+            cron="* * * * *",
+            target="queue_app.probe",
+            payload={},
+            catch_up="once",
+            next_fire_at=due_time,
+        )
+        for n in range(5)
+    ]
+    workers = [worker(f"sched{n}", "--concurrency", "1") for n in range(3)]
+    due = ScheduleFire.objects.filter(fire_at__lte=now)  # later fire times may come due during the test
+    wait_for(
+        lambda: (
+            due.count() >= len(schedules)
+            and QueueItem.objects.filter(id__in=due.values("item_id"), state=ItemState.DONE).count() >= len(schedules)
+        ),
+        timeout=60,
+        what="every schedule to fire and its item to run",
+    )
+    time.sleep(2.5)  # two more scheduler rounds in each worker: a second fire of a due time would show now
+    fires = due.values("schedule_id", "fire_at").annotate(n=Count("id"))
+    assert sorted((f["schedule_id"], f["n"]) for f in fires) == sorted((s.id, 1) for s in schedules)
+    fired = list(due.values_list("item_id", flat=True))
+    assert None not in fired and len(set(fired)) == len(schedules)
+    runs = runs_per_item()
+    assert [runs[item_id] for item_id in fired] == [1] * len(schedules)
+    for proc in workers:
+        proc.terminate()
+        assert finish(proc, timeout=30) == 0, output(proc)[-3000:]
