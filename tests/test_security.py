@@ -398,21 +398,12 @@ PASSWORD = "hunter2-" + secrets.token_hex(8)
 SECRET_KEY = "sk-" + secrets.token_urlsafe(40)
 
 
-def with_password(database_url: str) -> str:
-    """The test database's URL with a password added (the server trusts local connections and ignores it)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(database_url)
-    netloc = f"{parts.username or 'postgres'}:{PASSWORD}@{parts.hostname}:{parts.port or 5432}"
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 @pytest.mark.django_db(transaction=True)
-def test_secrets_never_reach_the_output_of_commands_or_the_worker(test_db_name):
-    if "DATABASE_URL" not in os.environ:
-        pytest.skip("needs a DATABASE_URL server (the embedded one takes no password)")
+def test_secrets_never_reach_the_output_of_commands_or_the_worker(test_db_name, db_proxy):
+    """A DATABASE_URL with a password (through a TCP proxy to the test database, whose server trusts local
+    connections and ignores the password) and a secret key: neither reaches any command's output."""
     env = child_env(test_db_name)
-    env |= {"DATABASE_URL": with_password(env["DATABASE_URL"]), "SECRET_KEY": SECRET_KEY, "LOG_LEVEL": "DEBUG"}
+    env |= {"DATABASE_URL": db_proxy.url(password=PASSWORD), "SECRET_KEY": SECRET_KEY, "LOG_LEVEL": "DEBUG"}
     unreachable = env | {"DATABASE_URL": f"postgres://postgres:{PASSWORD}@127.0.0.1:1/nowhere"}
 
     def manage(*args: str, environment: dict = env) -> str:
@@ -449,11 +440,9 @@ def test_secrets_never_reach_the_output_of_commands_or_the_worker(test_db_name):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_up_prints_the_generated_admin_password_once_and_no_other_secret(spawn, test_db_name, tmp_path):
+def test_up_prints_the_generated_admin_password_once_and_no_other_secret(spawn, db_proxy, tmp_path):
     """`up` prints the generated admin password once, by design (README); never the database password or the
     secret key, neither itself nor through gunicorn or the worker it starts."""
-    if "DATABASE_URL" not in os.environ:
-        pytest.skip("needs a DATABASE_URL server (the embedded one takes no password)")
     import signal
 
     from tests.waiting import wait_for
@@ -462,7 +451,7 @@ def test_up_prints_the_generated_admin_password_once_and_no_other_secret(spawn, 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {
-        "DATABASE_URL": with_password(child_env(test_db_name)["DATABASE_URL"]),
+        "DATABASE_URL": db_proxy.url(password=PASSWORD),
         "SECRET_KEY": SECRET_KEY,
         "LOG_LEVEL": "DEBUG",
         "JOBSITE_NO_SYSTEM_PACKAGES": "1",

@@ -5,12 +5,14 @@ FILTER) over the same rows: the SQL below is the executable form of the definiti
 """
 
 import csv
+import dataclasses
 import datetime as dt
 import os
 from collections import defaultdict
 
 import pytest
 
+from queue_app.spark import db as spark_db
 from queue_app.spark.db import postgres_source
 from queue_app.spark.pipelines import file_rollup, queue_analytics
 from queue_app.spark.registry import get_job
@@ -90,9 +92,11 @@ def analytics_params(**extra):
     return {"since": SINCE.date().isoformat(), "until": UNTIL.date().isoformat(), **extra}
 
 
-def test_queue_analytics_matches_postgres_over_jdbc(spark, queue_history):
-    if postgres_source().is_socket:
-        pytest.skip("the database is on a unix socket; JDBC needs TCP (set DATABASE_URL to a TCP server)")
+def test_queue_analytics_matches_postgres_over_jdbc(spark, queue_history, db_proxy, monkeypatch):
+    source = postgres_source()
+    if source.is_socket:  # the embedded server: JDBC speaks TCP only, so it reads through a TCP proxy to it
+        tcp = dataclasses.replace(source, host="127.0.0.1", port=db_proxy.port)
+        monkeypatch.setattr(spark_db, "postgres_source", lambda alias="default": tcp)
     require_jdbc_for_tcp()
     result = run_job(spark, "queue_analytics", analytics_params(reader="jdbc", partitions=3))
     expected = expected_stats()
