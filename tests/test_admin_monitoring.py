@@ -1,10 +1,14 @@
 """The queue overview (the admin's landing page), /metrics in Prometheus' format, and /healthz."""
 
+import json
+import socket
+import urllib.error
+import urllib.request
 from datetime import timedelta
 from unittest import mock
 
 import pytest
-from django.db import OperationalError, connection
+from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
 from queue_app import monitoring
@@ -19,6 +23,7 @@ from tests.admin_fixtures import (
     staff_client_fixture,  # noqa: F401
     url,
 )
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -185,13 +190,6 @@ def test_metrics_count_expired_leases(client):
     assert metrics(client)["jobsite_queue_lease_expirations_recent", (("queue", "mail"),)] == 1
 
 
-def test_metrics_say_503_when_the_database_is_down(client):
-    with mock.patch.object(monitoring, "snapshot", side_effect=OperationalError("connection refused")):
-        response = client.get("/metrics")
-
-    assert response.status_code == 503
-
-
 # -- /healthz -------------------------------------------------------------------------------------------------
 
 
@@ -223,10 +221,52 @@ def test_healthz_fails_with_unapplied_migrations(client, monkeypatch):
     assert response.json()["migrations"] is False
 
 
-def test_healthz_fails_when_the_database_is_unreachable(client):
-    with mock.patch.object(connection, "cursor", side_effect=OperationalError("connection refused")):
-        response = client.get("/healthz")
+# -- a real outage: the site's server reaches PostgreSQL through a proxy that drops it ----------------------
 
-    assert response.status_code == 503
-    assert response.json()["database"] is False
-    assert "connection refused" in response.json()["error"]
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_metrics_and_healthz_say_503_while_the_database_is_unreachable_and_recover_after(spawn, db_proxy):
+    """A running site (`manage.py runserver`) whose database connection is cut, and every reconnect refused,
+    for a while: both endpoints answer 503 with the reason meanwhile, and 200 once the database is back."""
+    live_worker()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = spawn("runserver", f"127.0.0.1:{port}", "--noreload", env={"DATABASE_URL": db_proxy.url()})
+    wait_for(lambda: _probe(port), timeout=60, what="the site to answer")
+    assert _get(port, "/healthz")[0] == 200
+    assert _get(port, "/metrics")[0] == 200
+
+    db_proxy.cut(60)
+    metrics_status, metrics_body = _get(port, "/metrics")
+    health_status, health_body = _get(port, "/healthz")
+
+    assert metrics_status == 503 and metrics_body.startswith("database unavailable: ")
+    assert health_status == 503
+    health = json.loads(health_body)
+    assert health["status"] == "fail" and health["database"] is False and health["error"]
+    db_proxy.cut(0)  # the database is reachable again: both recover without a restart
+    assert _get(port, "/healthz") == (200, json.dumps(_healthy()))
+    assert _get(port, "/metrics")[0] == 200
+    assert server.poll() is None
+
+
+def _healthy() -> dict:
+    return {"status": "ok", "database": True, "migrations": True, "live_workers": 1}
+
+
+def _probe(port: int) -> bool:
+    try:
+        _get(port, "/healthz")
+    except OSError:
+        return False
+    return True
