@@ -12,6 +12,7 @@ from datetime import timedelta
 from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
+from django.utils.duration import duration_string
 
 from .conf import queue_settings
 from .engine.db import cursor
@@ -169,8 +170,18 @@ QUEUE_OPTION_RULES = {
     ),
     "lease_timeout": (lambda v: _is_number(v) and v > 0, "a finite number of seconds > 0"),
     "max_attempts": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
-    "retention": (lambda v: isinstance(v, timedelta) and v >= timedelta(0), "a duration >= 0"),
+    "retention": (
+        lambda v: isinstance(v, timedelta) and v >= timedelta(0),
+        'a duration >= 0, as days hh:mm:ss ("7 00:00:00" is a week)',
+    ),
 }
+
+
+def _shown(value: object) -> str:
+    """A refused value as the person who typed it would write it: a duration as days hh:mm:ss, not as Python."""
+    if isinstance(value, timedelta):
+        return duration_string(value)
+    return repr(value)
 
 
 def queue_option_errors(**options: object) -> dict[str, str]:
@@ -182,7 +193,7 @@ def queue_option_errors(**options: object) -> dict[str, str]:
         if rule is None:
             errors[name] = f"unknown queue option; allowed: {', '.join(sorted(QUEUE_OPTION_RULES))}"
         elif not rule[0](value):
-            errors[name] = f"must be {rule[1]}, not {value!r}"
+            errors[name] = f"must be {rule[1]}, not {_shown(value)}"
     return errors
 
 

@@ -13,6 +13,7 @@ test_worker_processes.py (unknown task, undecodable payload, a set as result, os
 
 import math
 import os
+import re
 import sys
 from io import StringIO
 
@@ -357,9 +358,10 @@ BAD_OPTIONS = {
     "lease-nan": ("lease_timeout", "nan", "Enter a number"),
     "lease-inf": ("lease_timeout", "inf", "Enter a number"),
     "attempts-zero": ("max_attempts", "0", "an integer >= 1"),
-    "attempts-negative": ("max_attempts", "-1", "greater than or equal to 0"),
+    "attempts-negative": ("max_attempts", "-1", "an integer >= 1"),
+    "attempts-garbage": ("max_attempts", "two", "an integer >= 1"),
     "limit-zero": ("concurrency_limit", "0", "pause the queue to stop it"),
-    "retention-negative": ("retention", "-1 00:00:00", "a duration >= 0"),
+    "retention-negative": ("retention", "-1 00:00:00", 'as days hh:mm:ss ("7 00:00:00" is a week), not -1 00:00:00'),
     "retention-garbage": ("retention", "forever", "Enter a valid duration"),
 }
 
@@ -374,9 +376,26 @@ def test_queue_options_form_refuses_values_a_queue_cannot_run_with(admin_client,
     response = admin_client.post(url("queue", "change", "mail"), {**GOOD_OPTIONS, field: value, "_save": "Save"})
 
     assert response.status_code == 200
-    assert message in " ".join(response.context["adminform"].form.errors[field])
+    errors = " ".join(response.context["adminform"].form.errors[field])
+    assert message in errors
+    assert "datetime" not in errors and "timedelta" not in errors  # the user's units, not Python's
     assert Queue.objects.values().get(name="mail") == stored
     assert all_rows() == before
+
+
+@pytest.mark.django_db
+def test_queue_options_form_lets_the_browser_send_only_what_it_accepts(admin_client):
+    """The number inputs' min is the minimum the form enforces: the browser cannot send a 0 it will refuse."""
+    ready(queue="mail")
+
+    page = admin_client.get(url("queue", "change", "mail")).content.decode()
+
+    for field in ("max_attempts", "concurrency_limit"):
+        (tag,) = re.findall(rf'<input[^>]*name="{field}"[^>]*>', page)
+        assert 'type="number"' in tag and 'min="1"' in tag, tag
+    response = admin_client.post(url("queue", "change", "mail"), {**GOOD_OPTIONS, "max_attempts": "1"})
+    assert response.status_code == 302
+    assert Queue.objects.get(name="mail").max_attempts == 1
 
 
 @pytest.mark.django_db

@@ -56,12 +56,35 @@ def test_quick_chaos_run_passes(tmp_path):
     figures = json.loads(out.read_text())
     by_name = {c["name"]: c for c in figures["checks"]}
     assert figures["passed"] and all(c["passed"] for c in figures["checks"])
-    assert by_name["lost 0"]["figures"]["lost"] == 0
-    assert by_name["stuck 0"]["figures"]["stuck"] == 0
-    faults = by_name["faults fired under load"]["figures"]
-    assert faults["kill"] >= 1 and faults["restart"] == 1 and faults["sigterm"] >= 1 and faults["cut"] >= 1
     assert figures["items"]["total"] == 3_000
     assert "RESULT: PASS" in result.stdout
+    # Every invariant the report prints, asserted from its own figures (a check missing from it fails here):
+    assert set(by_name) >= {check for check, _ in EVERY_INVARIANT}, sorted(by_name)
+    for check, holds in EVERY_INVARIANT:
+        assert holds(by_name[check]["figures"]), (check, by_name[check])
+    faults = by_name["faults fired under load"]["figures"]
+    assert faults["kill"] >= 1 and faults["restart"] == 1 and faults["sigterm"] >= 1 and faults["cut"] >= 1
+
+
+def _duplicates_explained(f: dict) -> bool:
+    """Every run after an item's first has a reason (a killed worker's attempt, a database error in an
+    outage...), and the reasons add up to the duplicates."""
+    return f["unexplained"] == 0 and sum(f["explained"].values()) == f["duplicates"]
+
+
+# (check name in the report, what its figures must say). Each also needs work to judge: a check over nothing
+# proves nothing.
+EVERY_INVARIANT = [
+    ("lost 0", lambda f: f["lost"] == 0 and f["found"] == f["planted"] == f["done"] + f["dead"] and f["open"] == 0),
+    ("stuck 0", lambda f: f["stuck"] == 0 and f["open_attempts"] == 0),
+    ("runs match reservations", lambda f: f["runs"] >= 2_900),
+    ("every duplicate explained", _duplicates_explained),
+    ("at-most-once ran at most once", lambda f: f["ran_twice_or_more"] == 0 and f["ran_once"] > 0),
+    ("transactional effects exactly once", lambda f: f["effects_not_once"] == 0 and f["done"] > 0),
+    ("per-key FIFO", lambda f: f["violations"] == 0 and f["pairs"] > 0),
+    ("dead letters = planted poison", lambda f: f["unexplained"] == 0 and f["poison_dead"] == f["planted"] > 0),
+    ("workers behaved", lambda f: f["crashed"] == 0 and f["sigterm_exit_0"] == f["sigtermed"]),
+]
 
 
 # -- the checker can fail ------------------------------------------------------------------------------------

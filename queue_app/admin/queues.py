@@ -37,8 +37,26 @@ RESUME = Operation(
 )
 
 
+def _at_least_one(name: str, *, required: bool) -> forms.IntegerField:
+    """An integer field whose browser-side minimum (min="1") is the minimum services enforces, with its words."""
+    must = services.QUEUE_OPTION_RULES[name][1]
+    return forms.IntegerField(
+        min_value=1,
+        required=required,
+        label=Queue._meta.get_field(name).verbose_name.capitalize(),
+        help_text=Queue._meta.get_field(name).help_text,
+        error_messages={"min_value": f"Must be {must}.", "invalid": f"Must be {must}."},
+    )
+
+
 class QueueForm(forms.ModelForm):
     """A queue's options, refused per field when the queue could not run with them (services decides)."""
+
+    concurrency_limit = _at_least_one("concurrency_limit", required=False)
+    max_attempts = _at_least_one("max_attempts", required=True)
+
+    class Meta:
+        help_texts = {"retention": 'How long done items are kept before pruning: days hh:mm:ss ("7 00:00:00").'}
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
