@@ -471,3 +471,21 @@ def test_fail_without_retry_in_waits_the_backoff_of_its_attempt():
         delays.append((item.visible_at - item.updated_at).total_seconds())
         QueueItem.objects.filter(id=item.id).update(visible_at=item.created_at)  # due again now
     assert delays == [10.0, 20.0, 40.0]
+
+
+@pytest.mark.django_db
+@override_settings(JOBSITE={"BACKOFF_BASE": 1.0, "BACKOFF_MAX": 3600.0, "BACKOFF_JITTER": 0.2})
+def test_a_retry_past_the_cap_waits_at_most_the_cap_jitter_included():
+    """The README says "capped at an hour": the cap holds after the jitter, not before it (a retry waited ~72 min)."""
+    engine.enqueue("t", max_attempts=30)
+    delays = []
+    for _ in range(20):  # attempts 1..20: base * 2^19 is far past the hour
+        (held,) = engine.lease(["default"], 1, "w1")
+        engine.fail(held, "boom")
+        item = QueueItem.objects.get(id=held.item_id)
+        delays.append((item.visible_at - item.updated_at).total_seconds())
+        QueueItem.objects.filter(id=item.id).update(visible_at=item.created_at)  # due again now
+    assert max(delays) <= 3600.0
+    capped = delays[14:]  # 2^13 s and more before the jitter
+    assert min(capped) >= 0.8 * 3600.0 and len(set(capped)) > 1  # still spread, below the cap
+    assert 0.8 <= delays[0] <= 1.2
