@@ -68,7 +68,7 @@ def test_requeue_action_requeues_dead_items_and_leaves_the_rest(admin_client, sp
     assert sorted(calls[0][0][0]) == sorted([dead_id, ready_id])
     assert calls[0][1] == {"actor": "admin"}
     assert messages_of(response) == [
-        "Requeued 1 of 2 selected queue items; the other 1 were not dead or cancelled and were left alone."
+        f"Requeued 1 of 2 selected queue items; the other 1 were not dead or cancelled and were left alone: {ready_id}."
     ]
 
 
@@ -92,9 +92,10 @@ def test_cancel_action_cancels_ready_and_reserved_items(admin_client, spy):
     assert (state(ready_id), state(reserved_id), state(dead_id)) == ("cancelled", "cancelled", "dead")
     assert len(calls) == 1
     assert messages_of(response) == [
-        "Cancelled 2 of 3 selected queue items; the other 1 were not ready or reserved and were left alone."
+        f"Cancelled 2 of 3 selected queue items; the other 1 were not ready or reserved and were left alone: {dead_id}."
     ]
-    assert len(log_messages("queueitem")) == 3
+    logged = LogEntry.objects.filter(content_type__model="queueitem", action_flag=CHANGE)
+    assert sorted(int(e.object_id) for e in logged) == sorted([ready_id, reserved_id])  # not the untouched one
 
 
 def test_retry_now_makes_a_waiting_item_due(admin_client, spy):

@@ -3,7 +3,8 @@
 An Operation is one services.py function behind a custom permission. It runs on the selected rows, from the
 change list and from the detail page (Django 6.1 action locations: ActionLocation.CHANGE_LIST and CHANGE_FORM),
 or on every row matching the change list's current filter after a confirmation page that says how many. Every
-run writes admin LogEntries and reports its counts. A POST naming an action the user may not run is refused
+run writes an admin LogEntry for each row it changed (none for the rows it left alone) and reports its
+counts, naming the rows it left alone. A POST naming an action the user may not run is refused
 with 403 rather than Django's quiet "No action selected".
 """
 
@@ -68,6 +69,14 @@ class Operation:
             description_plural=f"{self.label} selected %(verbose_name_plural)s",
             location=BOTH_LOCATIONS,
         )
+
+
+MESSAGE_IDS = 10  # a message names at most this many rows, then says how many more
+
+
+def _ids(values: list[Any]) -> str:
+    shown = ", ".join(str(v) for v in values[:MESSAGE_IDS])
+    return shown + (f" and {len(values) - MESSAGE_IDS} more" if len(values) > MESSAGE_IDS else "")
 
 
 def keyset_chunks(queryset: QuerySet, size: int) -> Iterator[list[Any]]:
@@ -211,30 +220,50 @@ class OperationsAdmin(admin.ModelAdmin):
         if request.POST.get("select_across") == "1":  # "Select all N": the count is confirmed first
             return HttpResponseRedirect(self.bulk_url(op, filter_query(request).urlencode()))
         pks = list(queryset.values_list("pk", flat=True))
+        eligible = set(op.eligible(queryset).values_list("pk", flat=True))
         # Posted ids that match no row here: deleted meanwhile, forged, or outside the change list's filter.
-        missing = max(len(set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))) - len(pks), 0)
+        found = {str(pk) for pk in pks}
+        missing = [v for v in dict.fromkeys(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)) if v not in found]
         changed = op.apply(pks, request.user.get_username())
-        message = self.count_message(op, changed, len(pks) + missing, missing)
-        LogEntry.objects.log_actions(
-            user_id=request.user.pk,
-            queryset=self.model._default_manager.filter(pk__in=pks),
-            action_flag=CHANGE,
-            change_message=f"{message} (admin action {op.name})",
-        )
+        changed_pks = self._changed(op, eligible, changed)
+        left_alone = [pk for pk in pks if pk not in changed_pks]
+        message = self.count_message(op, changed, left_alone, missing)
+        if changed_pks:  # a LogEntry for each row the operation changed, none for the rows it left alone
+            LogEntry.objects.log_actions(
+                user_id=request.user.pk,
+                queryset=self.model._default_manager.filter(pk__in=changed_pks),
+                action_flag=CHANGE,
+                change_message=f"{message} (admin action {op.name})",
+            )
         self.message_user(request, message, messages.SUCCESS if changed else messages.WARNING)
         return None
 
-    def count_message(self, op: Operation, changed: int, selected: int, missing: int = 0) -> str:
-        if changed == selected:
+    def _changed(self, op: Operation, eligible: set, changed: int) -> set:
+        """The rows an operation changed, of those that were eligible just before it ran: all of them when the
+        counts agree; else those it moved out of its eligible set (another actor may have moved a row at the
+        same moment: such a row cannot be told apart)."""
+        if changed == len(eligible) or not eligible:
+            return eligible
+        still = op.eligible(self.model._default_manager.filter(pk__in=eligible)).values_list("pk", flat=True)
+        return eligible - set(still)
+
+    def count_message(self, op: Operation, changed: int, left_alone: list[Any], missing: list[str]) -> str:
+        """ "Cancelled 2 of 3 selected queue items; the other 1 were not ready or reserved and were left alone:
+        17." Names the rows left alone and the ids that matched nothing (the first MESSAGE_IDS of each)."""
+        selected = changed + len(left_alone) + len(missing)
+        if not left_alone and not missing:
             return op.done.format(n=changed, noun=model_ngettext(self.opts, changed)) + "."
         report = op.done.format(n=f"{changed} of {selected} selected", noun=model_ngettext(self.opts, selected))
-        ineligible = selected - missing - changed
         if not missing:
-            return f"{report}; the other {ineligible} were not {op.eligible_label} and were left alone."
+            alone = f"the other {len(left_alone)} were not {op.eligible_label} and were left alone"
+            return f"{report}; {alone}: {_ids(left_alone)}."
         parts = [report]
-        if ineligible:
-            parts.append(f"{ineligible} were not {op.eligible_label} and were left alone")
-        parts.append(f"{missing} matched no {self.opts.verbose_name} (deleted, or outside the current filter)")
+        if left_alone:
+            parts.append(f"{len(left_alone)} were not {op.eligible_label} and were left alone: {_ids(left_alone)}")
+        parts.append(
+            f"{len(missing)} matched no {self.opts.verbose_name} (deleted, or outside the current filter): "
+            f"{_ids(missing)}"
+        )
         return "; ".join(parts) + "."
 
     def log_summary(self, request: HttpRequest, action_flag: int, object_repr: str, message: str) -> None:
