@@ -1,7 +1,7 @@
 """Django settings for jobsite, read from the environment (django-environ, 12-factor).
 
 `DATABASE_URL` unset means the project's embedded PostgreSQL (started on first connection, see
-jobsite/embedded_pg.py). SQLite is never a fallback: the queue needs SKIP LOCKED and LISTEN/NOTIFY.
+jobsite/embedded_pg/). SQLite is never a fallback: the queue needs SKIP LOCKED and LISTEN/NOTIFY.
 """
 
 from pathlib import Path

@@ -1,7 +1,7 @@
 """A private PostgreSQL cluster owned by one chaos run, so the run may restart it.
 
 Never the shared server: other people's tests run on it. The binaries are the `pgserver` wheel's (PostgreSQL 16)
-or the machine's (`/usr/lib/postgresql/*/bin`, `pg_ctl` on PATH), as jobsite/embedded_pg.py finds them. As
+or the machine's (`/usr/lib/postgresql/*/bin`, `pg_ctl` on PATH), as jobsite/embedded_pg/ finds them. As
 root, the server runs as the `postgres` OS user (PostgreSQL refuses root).
 """
 

@@ -1,4 +1,4 @@
-"""``manage.py embedded_db start|stop|status|url|psql``: the embedded PostgreSQL (jobsite/embedded_pg.py)."""
+"""``manage.py embedded_db start|stop|status|url|psql``: the embedded PostgreSQL (jobsite/embedded_pg/)."""
 
 import os
 import time
