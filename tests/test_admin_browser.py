@@ -18,7 +18,6 @@ import pytest
 
 from queue_app import engine
 from tests.admin_fixtures import dead, done, failed, fast_password_hashing_fixture  # noqa: F401
-from tests.conftest import ROOT
 
 CHROMIUM = os.environ.get("JOBSITE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -60,8 +59,6 @@ def browser_page():
 
 
 def test_requeue_a_dead_letter_and_watch_a_worker_complete_it(live_server, admin_user, browser_page, spawn):
-    if not (ROOT / "queue_app" / "management" / "commands" / "run_worker.py").exists():
-        pytest.skip("run_worker not available yet")
     # A queue worth looking at: recent completions and failures elsewhere, work waiting in "browser", and two
     # dead letters, one in "browser" (poison at first, a real task that succeeds once requeued).
     for _ in range(4):

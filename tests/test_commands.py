@@ -41,11 +41,19 @@ def test_enqueue_with_dedup_key_reports_the_duplicate():
     assert again.strip() == f"duplicate: item {item.id} of queue_app.echo already holds dedup key 'k1'"
 
 
-def test_enqueue_delay_and_ordering_key_are_stored():
+def test_enqueue_delay_holds_the_item_back_and_ordering_key_lines_items_up():
     run("enqueue", "queue_app.echo", "--delay", "60", "--ordering-key", "customer-7")
-    item = QueueItem.objects.get()
-    assert item.ordering_key == "customer-7"
-    assert 55 < (item.run_at - timezone.now()).total_seconds() <= 60
+    run("enqueue", "queue_app.echo", "--ordering-key", "customer-7")
+    run("enqueue", "queue_app.echo", "--ordering-key", "customer-8")
+    delayed, behind, other = QueueItem.objects.order_by("id")
+    assert 55 < (delayed.run_at - timezone.now()).total_seconds() <= 60
+    # Not due yet, and its key's next item waits behind it; another key's item goes.
+    assert [held.item_id for held in engine.lease(["default"], 10, "w1")] == [other.id]
+    QueueItem.objects.filter(id=delayed.id).update(visible_at=delayed.created_at)  # a minute later, in effect
+    (first,) = engine.lease(["default"], 10, "w1")
+    assert first.item_id == delayed.id
+    engine.complete(first)
+    assert [held.item_id for held in engine.lease(["default"], 10, "w1")] == [behind.id]
 
 
 def test_enqueue_of_an_unregistered_task_warns_and_queues_it():

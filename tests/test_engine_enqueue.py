@@ -79,26 +79,37 @@ def test_enqueue_without_payload_stores_an_empty_object():
 
 
 @pytest.mark.django_db
-def test_enqueue_delay_sets_due_time_in_the_future():
+def test_enqueue_delay_holds_the_item_back_until_its_due_time():
     queued = engine.enqueue("t", delay=timedelta(minutes=5))
     item = QueueItem.objects.get(id=queued.id)
     assert item.run_at - item.created_at == timedelta(minutes=5)
-    assert item.visible_at == item.run_at
+    assert engine.lease(["default"], 10, "w1") == []  # not before its time
+    QueueItem.objects.filter(id=queued.id).update(visible_at=item.created_at)  # five minutes later, in effect
+    assert [held.item_id for held in engine.lease(["default"], 10, "w1")] == [queued.id]
 
 
 @pytest.mark.django_db
-def test_enqueue_run_at_is_stored_as_given():
+def test_enqueue_run_at_in_the_future_is_not_leased_before_then():
     when = datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)
     queued = engine.enqueue("t", run_at=when)
-    item = QueueItem.objects.get(id=queued.id)
-    assert item.run_at == item.visible_at == when
+    now = engine.enqueue("t")
+    assert QueueItem.objects.get(id=queued.id).run_at == when
+    assert [held.item_id for held in engine.lease(["default"], 10, "w1")] == [now.id]
 
 
 @pytest.mark.django_db
-def test_enqueue_keeps_per_item_options():
-    queued = engine.enqueue("t", max_attempts=9, lease_timeout=12.5, ordering_key="cust-1")
-    item = QueueItem.objects.get(id=queued.id)
-    assert (item.max_attempts, item.lease_timeout, item.ordering_key) == (9, 12.5, "cust-1")
+def test_per_item_options_govern_the_item_not_the_queues_defaults():
+    """max_attempts, lease_timeout and ordering_key given at enqueue are what the engine then applies."""
+    queued = engine.enqueue("t", max_attempts=2, lease_timeout=12.5, ordering_key="cust-1")
+    engine.enqueue("t", ordering_key="cust-1")
+    (held,) = engine.lease(["default"], 10, "w1")  # the key's second item waits for the first
+    assert held.item_id == queued.id
+    lease = Reservation.objects.get(id=held.reservation_id)
+    assert (lease.lease_expires_at - lease.reserved_at).total_seconds() == pytest.approx(12.5, abs=0.01)
+    assert engine.fail(held, "boom", retry_in=0) == "retry"
+    (again,) = engine.lease(["default"], 10, "w1")
+    assert again.item_id == queued.id  # a retried item keeps its place in its key's line
+    assert engine.fail(again, "boom", retry_in=0) == "dead"  # its 2 attempts, not the queue's 5
 
 
 @pytest.mark.django_db
