@@ -167,3 +167,27 @@ def test_three_workers_fire_each_due_schedule_exactly_once(worker):
     for proc in workers:
         proc.terminate()
         assert finish(proc, timeout=30) == 0, output(proc)[-3000:]
+
+
+def test_a_worker_cut_off_briefly_settles_what_finished_meanwhile_once_the_database_is_back(worker, db_proxy):
+    """README, limits: results of handlers that finish while the database is unreachable are kept and settled
+    when it is back. Inside the silence limit nobody takes the items over: each runs once, settled by it."""
+    engine.ensure_queue("default")
+    services.set_queue_options("default", lease_timeout=60.0)
+    ids = get_task("queue_app.probe").enqueue_many([{"sleep": 1}] * 4)
+    cut_off = worker("blip", "--concurrency", "4", "--prefetch", "0", env={"DATABASE_URL": db_proxy.url()})
+    wait_for(lambda: ExecutionLog.objects.count() == 4, timeout=60, what="the four handlers to start")
+    assert db_proxy.cut(4) > 0  # the handlers finish (1 s) during the cut
+    other = worker("bystander", "--concurrency", "2")  # competes for the queue all along: must get nothing
+    wait_for(
+        lambda: QueueItem.objects.filter(id__in=ids, state=ItemState.DONE).count() == 4,
+        timeout=60,
+        what="the cut-off worker to settle its items after the cut",
+    )
+    assert runs_per_item() == dict.fromkeys(ids, 1)
+    assert set(Reservation.objects.filter(item_id__in=ids).values_list("worker_id", "outcome")) == {("blip", "done")}
+    assert "database unavailable" in output(cut_off)  # it did lose the database meanwhile
+    assert "stale item=" not in output(cut_off)
+    for proc in (cut_off, other):
+        proc.terminate()
+        assert finish(proc, timeout=30) == 0, output(proc)[-3000:]
