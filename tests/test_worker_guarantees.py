@@ -16,7 +16,16 @@ from django.db.models import Count
 from django.utils import timezone
 
 from queue_app import engine, scheduling, services
-from queue_app.models import ExecutionLog, ItemState, ProbeEffect, QueueItem, Reservation, Schedule, ScheduleFire
+from queue_app.models import (
+    ExecutionLog,
+    ItemState,
+    ProbeEffect,
+    QueueItem,
+    Reservation,
+    Schedule,
+    ScheduleFire,
+    Worker,
+)
 from queue_app.registry import get_task
 from tests.conftest import ROOT, child_env
 from tests.test_worker_processes import finish, held_by, output, runs_per_item
@@ -42,8 +51,9 @@ def test_a_worker_cut_off_past_the_silence_limit_sees_its_items_run_elsewhere_an
         what="both handlers to start in the worker behind the proxy",
     )
     assert held_by("cut-off") == {plain.id, txn.id}
-    assert db_proxy.cut(12) > 0  # its handlers finish (2 s) while it cannot reach the database
-    rescuer = worker("rescuer", "--concurrency", "2", env=quick)
+    rescuer = worker("rescuer", "--concurrency", "2", env=quick)  # idle: the items are leased for a minute
+    wait_for(lambda: Worker.objects.filter(id="rescuer").exists(), timeout=60, what="the rescuer to start")
+    assert db_proxy.cut(15) > 0  # its handlers finish (2 s) while it cannot reach the database
     wait_for(
         lambda: QueueItem.objects.filter(id__in=[plain.id, txn.id], state=ItemState.DONE).count() == 2,
         timeout=60,
@@ -102,6 +112,7 @@ ENQUEUE_ONE = """
 import json, sys, django
 django.setup()
 from queue_app import engine
+print("ready", flush=True)
 sys.stdin.readline()  # every process waits at the line, then all enqueue at once
 result = engine.enqueue("queue_app.echo", {"by": sys.argv[1]}, dedup_key="nightly-report")
 print(json.dumps({"id": result.id, "duplicate": result.duplicate}))
@@ -122,8 +133,12 @@ def test_dedup_holds_across_processes_enqueueing_the_same_key_at_once(test_db_na
         )
         for n in range(6)
     ]
-    time.sleep(3)  # all of them connected and waiting (Django set up)
-    results = [proc.communicate("go\n", timeout=120) for proc in procs]
+    for proc in procs:  # every one set up and waiting
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()[-3000:]
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    results = [proc.communicate(timeout=120) for proc in procs]
     answers = []
     for proc, (out, err) in zip(procs, results, strict=True):
         assert proc.returncode == 0, err[-3000:]
