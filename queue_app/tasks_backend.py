@@ -151,9 +151,9 @@ class QueueBackend(BaseTaskBackend):
     supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        # Django's own reading of QUEUES: left out, ["default"] (a task for another queue is refused at enqueue
+        # with InvalidTask); an explicit empty list accepts any queue name.
         super().__init__(alias, params)
-        # An empty QUEUES list means any queue name is accepted.
-        self.queues = set(params.get("QUEUES", []))
         self.using_db = self.options.get("DATABASE", "default")
 
     def validate_task(self, task: Task) -> None:
@@ -213,7 +213,7 @@ class QueueBackend(BaseTaskBackend):
             task=task,
             id=str(item.id),
             status=TaskResultStatus.READY,
-            enqueued_at=timezone.now(),
+            enqueued_at=item.created_at,  # as stored: equal to what get_result() reads
             started_at=None,
             finished_at=None,
             last_attempted_at=None,

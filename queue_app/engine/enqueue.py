@@ -37,6 +37,9 @@ class Enqueued:
     task: str
     run_at: datetime | None
     duplicate: bool
+    # As stored (the enqueuing transaction's start time, PostgreSQL's now()), not the client's clock: what a
+    # later read of the item returns.
+    created_at: datetime | None = None
 
 
 def _number(name: str, value: Any, *, minimum: float, integer: bool = False) -> Any:
@@ -167,19 +170,19 @@ def enqueue(
         with cursor(using) as cur:
             cur.execute(sql.ENQUEUE, params)
             row = cur.fetchone()
-        return Enqueued(row[0], params["queue"], task, row[1], duplicate=False)
+        return Enqueued(row[0], params["queue"], task, row[1], duplicate=False, created_at=row[2])
     while True:
         with transaction.atomic(using=using), cursor(using) as cur:
             cur.execute(sql.ENQUEUE_DEDUP, params)
             row = cur.fetchone()
             if row is not None:
-                return Enqueued(row[0], params["queue"], task, row[1], duplicate=False)
+                return Enqueued(row[0], params["queue"], task, row[1], duplicate=False, created_at=row[2])
             cur.execute(sql.DEDUP_OWNER, params)
             owner = cur.fetchone()
         if owner is not None:
             break
         # The claim vanished between the two statements (its window ended and it was pruned): claim again.
-    return Enqueued(owner[0], params["queue"], task, owner[1], duplicate=True)
+    return Enqueued(owner[0], params["queue"], task, owner[1], duplicate=True, created_at=owner[2])
 
 
 def enqueue_many(

@@ -62,9 +62,9 @@ WITH q AS ({ENSURE_QUEUE}), ins AS (
     INSERT INTO {ITEM} {_ITEM_COLUMNS}
     VALUES (DEFAULT, %(queue)s, %(task)s, %(payload)s::jsonb, 'ready', %(priority)s, {_DUE}, {_DUE}, 0,
             {_MAX_ATTEMPTS}, %(lease_timeout)s, NULL, %(ordering_key)s, '', now(), now())
-    RETURNING id, run_at
+    RETURNING id, run_at, created_at
 )
-SELECT id, run_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
+SELECT id, run_at, created_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
 """
 
 # The claim row decides, under concurrency, which enqueue owns the key: the first inserts it; the others wait
@@ -83,14 +83,14 @@ WITH q AS ({ENSURE_QUEUE}), claim AS (
     SELECT claim.item_id, %(queue)s, %(task)s, %(payload)s::jsonb, 'ready', %(priority)s, {_DUE}, {_DUE}, 0,
            {_MAX_ATTEMPTS}, %(lease_timeout)s, %(dedup_key)s, %(ordering_key)s, '', now(), now()
     FROM claim
-    RETURNING id, run_at
+    RETURNING id, run_at, created_at
 )
-SELECT id, run_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
+SELECT id, run_at, created_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
 """
 
 # Runs as its own statement after ENQUEUE_DEDUP returned nothing, so its snapshot sees the winner's commit.
 DEDUP_OWNER = f"""
-SELECT c.item_id, i.run_at FROM {DEDUP} c LEFT JOIN {ITEM} i ON i.id = c.item_id
+SELECT c.item_id, i.run_at, i.created_at FROM {DEDUP} c LEFT JOIN {ITEM} i ON i.id = c.item_id
 WHERE c.queue_id = %(queue)s AND c.key = %(dedup_key)s
 """
 
