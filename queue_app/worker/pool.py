@@ -3,8 +3,9 @@
 - ProcessPool (default): one forked child process per slot, fed over a pipe. A child past its hard timeout,
   or whose reservation went stale, is SIGKILLed and replaced; a child that dies on its own (os._exit, a
   segfault, a signal) is replaced and its job reported failed, naming the exit code or signal. A handler raising
-  SystemExit or KeyboardInterrupt is reported like any exception (class, traceback), then its child exits. Children die with the supervisor
-  (PR_SET_PDEATHSIG), so a kill -9 of the worker leaves no handler running behind it.
+  SystemExit or KeyboardInterrupt is reported like any exception (class, traceback), then its child exits.
+  Children die with the supervisor (PR_SET_PDEATHSIG), so a kill -9 of the worker leaves no handler running
+  behind it.
 - ThreadPool (`--pool thread`, for I/O-bound and short handlers): threads taking jobs from one shared queue,
   which may hold the worker's prefetch. A thread cannot be killed: at its hard timeout the attempt is failed as
   timed out and the thread is abandoned (it runs on, its outcome is ignored) and a new thread takes its place.
