@@ -202,7 +202,6 @@ class QueueBackend(BaseTaskBackend):
             queue=task.queue_name,
             priority=task.priority,
             run_at=task.run_after,
-            max_attempts=extra.job_spec().max_attempts,  # 1 for at-most-once
             lease_timeout=extra.lease_timeout,
             dedup_key=extra.dedup_key,
             dedup_window=extra.dedup_window,

@@ -66,6 +66,11 @@ def die_by_signal() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@task(delivery="at_most_once")
+def notify_once(message: str) -> str:
+    return message
+
+
 def not_a_task(payload, ctx) -> None:
     """A plain function: a queue item naming it must go to the dead letters as an unknown task."""
 

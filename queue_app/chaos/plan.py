@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from .. import engine
+from ..engine.sql import DeadReason
 from ..registry import get_task
 
 QUEUE = "chaos"  # unordered items
@@ -29,6 +30,7 @@ MODE_SHARE = {"at_least_once": 0.4, "at_most_once": 0.3, "transactional": 0.3}
 UNKNOWN_TASK = "chaos.no_such_task"
 
 LEASE_EXPIRED = "lease expired on the last attempt"  # a poison probe whose worker was killed while it ran
+AMO_STOPPED = DeadReason.AT_MOST_ONCE_STOPPED  # an at-most-once one killed while its handler ran
 # Poison kinds -> (task, queue, payload, the dead-letter reasons that are right for it).
 POISON = {
     "unknown_task": (UNKNOWN_TASK, QUEUE, {}, (f"unknown task: {UNKNOWN_TASK}", LEASE_EXPIRED)),
@@ -37,7 +39,7 @@ POISON = {
         MODES["at_most_once"],
         QUEUE,
         {"fail": True},
-        ("at-most-once attempt failed (not retried)", LEASE_EXPIRED),
+        ("at-most-once attempt failed (not retried)", LEASE_EXPIRED, AMO_STOPPED),
     ),
     "fail_transactional_ordered": (
         MODES["transactional"],

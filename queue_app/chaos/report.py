@@ -10,6 +10,30 @@ from .history import History
 DUPLICATES_SHOWN = 40
 
 
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def redelivery_delays(h: History) -> dict[str, Any]:
+    """How long an item whose lease expired waited to be leased again, from the moment its expiry was noticed
+    (the expired reservation's finished_at: the rescue, or the lease that took it over) to its next reservation.
+    Seconds: n, p50, p99, max."""
+    delays = []
+    for reservations in h.res_by_item.values():
+        for earlier, later in zip(reservations, reservations[1:], strict=False):
+            if earlier.outcome == "expired" and earlier.finished_at is not None:
+                delays.append(max(0.0, (later.reserved_at - earlier.finished_at).total_seconds()))
+    if not delays:
+        return {"n": 0}
+    return {
+        "n": len(delays),
+        "p50": round(_quantile(delays, 0.5), 3),
+        "p99": round(_quantile(delays, 0.99), 3),
+        "max": round(max(delays), 3),
+    }
+
+
 class Report:
     def __init__(self, run, history: History, expect: Expect, checks: list[Check], elapsed: float) -> None:
         self.run, self.h, self.expect, self.checks, self.elapsed = run, history, expect, checks, elapsed
@@ -68,6 +92,7 @@ class Report:
             f"stuck            {stuck.figures['stuck']}   (reserved past lease {stuck.figures['reserved_past_lease']})",
             f"dead letters     planted {dead.figures['planted']}, poison dead {dead.figures['poison_dead']}, "
             f"dead items {dead.figures['dead_items']}, unexplained {dead.figures['unexplained']}",
+            "re-delivery      after a lease expired, until leased again: " + self._redelivery(),
             "phases           " + ", ".join(f"{k} {v:.1f}s" for k, v in run.phase_times.items()),
             "",
             f"{'CHECK':<40} {'RESULT':<7} FIGURES",
@@ -80,6 +105,12 @@ class Report:
         verdict = "PASS" if passed == len(self.checks) else "FAIL"
         out.append(f"RESULT: {verdict} ({passed}/{len(self.checks)} checks passed)")
         return out
+
+    def _redelivery(self) -> str:
+        d = redelivery_delays(self.h)
+        if not d["n"]:
+            return "no expired lease was leased again"
+        return f"p50 {d['p50']:.3f}s, p99 {d['p99']:.3f}s, max {d['max']:.3f}s over {d['n']} re-deliveries"
 
     def _exit(self, worker_id: str) -> Any:
         return next((p.exit_code for p in self.run.fleet.procs if p.worker_id == worker_id), None)
@@ -110,6 +141,7 @@ class Report:
                 for p in run.fleet.procs
             ],
             "runs": len(self.h.runs),
+            "redelivery_delay_seconds": redelivery_delays(self.h),
             "duplicates": self._check("every duplicate explained").details,
             "checks": [c.as_dict() for c in self.checks],
             "passed": all(c.passed for c in self.checks),

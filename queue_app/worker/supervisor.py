@@ -5,8 +5,9 @@ polling as the fallback.
 
 Delivery modes, from here:
 - at-least-once: run, then settle (complete_many; fail with the task's Retry policy; dead letter).
-- at-most-once: settle done before the handler starts (a stale settle: do not run); a failure afterwards makes
-  the item a dead letter, never retried.
+- at-most-once: record durably that the handler starts (engine.start_at_most_once; stale: do not run), run,
+  then settle done, or dead on a failure, never retried; should the worker die mid-run, the lease lapses and
+  the rescue makes the item a dead letter that says so.
 - transactional: the pool runs handler and settle in one transaction (worker/execute.py); failures are
   settled here, after the rollback.
 
@@ -44,6 +45,7 @@ from .pool import Pool, make_pool
 from .status import Stats, StatusReporter, fields
 
 logger = logging.getLogger("jobsite.worker")
+AMO_FAILED = "at-most-once attempt failed (not retried)"
 
 DATABASE_DOWN = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
@@ -372,8 +374,7 @@ class Supervisor:
         self._slot_freed()
         lease, task = running.lease, running.task
         if outcome.status == "ok":
-            if task.delivery is not Delivery.AT_MOST_ONCE:  # at-most-once was settled before it ran
-                self.done.append((lease, outcome.result))
+            self.done.append((lease, outcome.result))
         elif outcome.status == "settled":
             self.stats.processed += 1
         elif outcome.status == "stale":
@@ -396,11 +397,7 @@ class Supervisor:
             self._settle_later(
                 lease,
                 "dead letter (at-most-once)",
-                lambda: (
-                    "dead"
-                    if engine.dead_after_at_most_once(lease, error, traceback=tb, timed_out=timed_out)
-                    else "stale"
-                ),
+                lambda: self._dead(lease, AMO_FAILED, error, tb, timed_out=timed_out),
             )
         elif not retryable:
             reason = f"not retryable: {error}"
@@ -417,8 +414,8 @@ class Supervisor:
             )
 
     @staticmethod
-    def _dead(lease: Lease, reason: str, error: str = "", tb: str = "") -> str:
-        engine.dead(lease, reason, error, traceback=tb)
+    def _dead(lease: Lease, reason: str, error: str = "", tb: str = "", *, timed_out: bool = False) -> str:
+        engine.dead(lease, reason, error, traceback=tb, timed_out=timed_out)
         return "dead"
 
     def _settle_later(self, lease: Lease, what: str, apply: Callable[[], str]) -> None:
@@ -513,10 +510,10 @@ class Supervisor:
             engine.save_worker(self.row, "running", self.stats.as_dict())
             self.registered = True
         if self.release_held:
-            # An at-most-once item was settled done before it was handed over: taken back, it would never run.
-            # It stays with its thread (one was idle when it was handed over, if maybe still connecting).
-            settled = frozenset(r for r, run in self.running.items() if run.task.delivery is Delivery.AT_MOST_ONCE)
-            for reservation_id in self.pool.take_back(keep=settled):  # queued in the pool, never started
+            # An at-most-once item was recorded as started before it was handed over: taken back, it would never
+            # run. It stays with its thread (one was idle when it was handed over, if maybe still connecting).
+            started = frozenset(r for r, run in self.running.items() if run.task.delivery is Delivery.AT_MOST_ONCE)
+            for reservation_id in self.pool.take_back(keep=started):  # queued in the pool, never started
                 self._release_later(self.running.pop(reservation_id).lease)
         if self.release_held and self.leased:
             for lease, _ in self.leased:
@@ -593,13 +590,13 @@ class Supervisor:
             self._settle_pending()
 
     def _start_leased(self) -> None:
-        """Start as many held items as there are idle slots: settle at-most-once ones first, give an item whose
-        task the lease statement did not know (found by a resolver) its task's lease, then run them."""
+        """Start as many held items as there are idle slots: give an item whose task the lease statement did not
+        know (found by a resolver) its task's lease, record the at-most-once ones as started, then run them."""
         starting: list[tuple[Lease, Task]] = []
         room, free_threads = self.pool.idle(), self.pool.idle_threads()
         for lease, task in self.leased:
-            # An at-most-once item is settled before it runs: hand it over only to a thread that starts it at
-            # once, never to a queue where a shutdown could take it back done and never run.
+            # An at-most-once item is recorded as started before it runs: hand it over only to a thread that
+            # starts it at once, never to a queue where a shutdown could take it back and never run it.
             if len(starting) >= room or (task.delivery is Delivery.AT_MOST_ONCE and free_threads <= 0):
                 break
             starting.append((lease, task))
@@ -609,20 +606,18 @@ class Supervisor:
         renew = [
             LeaseTerms(lease, task.lease_timeout, task.min_lease)
             for lease, task in starting
-            if task.delivery is not Delivery.AT_MOST_ONCE and lease.task not in self.terms
+            if lease.task not in self.terms
         ]
         current = engine.renew_leases(renew, keep_longer=False, tolerance=0.5)
-        settle_first = [(lease, None) for lease, task in starting if task.delivery is Delivery.AT_MOST_ONCE]
-        stale = {lease.reservation_id for lease in engine.complete_many(settle_first)}
+        at_most_once = [lease for lease, task in starting if task.delivery is Delivery.AT_MOST_ONCE]
+        stale = {lease.reservation_id for lease in engine.start_at_most_once(at_most_once)}
         self.leased = self.leased[len(starting) :]
         now = time.monotonic()
         for lease, task in starting:
-            if task.delivery is Delivery.AT_MOST_ONCE:
-                if lease.reservation_id in stale:
-                    self._stale(lease, "settling before the run found the reservation gone; not run")
-                    continue
-                self.stats.processed += 1
-            elif lease.task not in self.terms and lease.reservation_id not in current:
+            if lease.reservation_id in stale:
+                self._stale(lease, "recording the at-most-once start found the reservation gone; not run")
+                continue
+            if lease.task not in self.terms and lease.reservation_id not in current:
                 self._stale(lease, "the reservation was lost before the handler started; not run")
                 continue
             self.running[lease.reservation_id] = Running(lease, task)
@@ -642,7 +637,7 @@ class Supervisor:
             )
 
     def _heartbeat(self) -> None:
-        held = [r for r in self.running.values() if r.task.delivery is not Delivery.AT_MOST_ONCE]
+        held = list(self.running.values())
         terms = [LeaseTerms(r.lease, r.task.lease_timeout, r.task.min_lease) for r in held]
         terms += [LeaseTerms(lease, task.lease_timeout, task.min_lease) for lease, task in self.leased]
         current = engine.renew_leases(terms, keep_longer=True)
