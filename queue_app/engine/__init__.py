@@ -6,7 +6,7 @@ for held in engine.lease(["default"], 10, worker_id="w1"):
     engine.complete(held, {"ok": True})
 """
 
-from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue, use_task_defaults
+from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue, notify, use_task_defaults
 from .errors import InvalidEnqueue, QueueError, StaleReservation
 from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, settle_and_lease
 from .maintenance import bloated_tables, prune_dedup_claims, prune_done, rescue_expired, vacuum
@@ -51,6 +51,7 @@ __all__ = [
     "fail",
     "lease",
     "lock_reserved",
+    "notify",
     "prune_dedup_claims",
     "prune_done",
     "release",

@@ -147,6 +147,14 @@ def _params(
     }
 
 
+def notify(queues: Iterable[str], using: str = "default") -> None:
+    """Wake the workers of `queues` (NOTIFY, delivered at commit): an item of theirs became leasable without an
+    enqueue (an ordering key unblocked by a settle)."""
+    with cursor(using) as cur:
+        for queue in sorted(set(queues)):
+            cur.execute(sql.NOTIFY, {"channel": queue_settings.NOTIFY_CHANNEL, "queue": queue})
+
+
 def ensure_queue(name: str, using: str = "default") -> None:
     """Create the queue row with defaults if it does not exist yet. enqueue() and enqueue_many() do this in
     their own statement (sql.ENSURE_QUEUE as a CTE); this is for callers that need the row without an item."""

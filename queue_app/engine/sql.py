@@ -353,7 +353,8 @@ class DeadReason:
     )
 
 
-# Expired leases: back to ready (attempt already counted at lease) or, with no attempts left, dead. An
+# Expired leases: back to ready (attempt already counted at lease, due as of its run_at) or, with no attempts
+# left, dead. An
 # at-most-once item whose handler had started (its reservation's started_at) is a dead letter whatever its
 # attempts: AT_MOST_ONCE_STOPPED. A lease
 # held by a worker that stopped heartbeating (`lost_after` seconds) counts as expired too: a killed worker's
@@ -375,7 +376,10 @@ WITH cur AS (
 ), settled AS (
     UPDATE {ITEM} i
     SET state = CASE WHEN cur.dies THEN 'dead' ELSE 'ready' END,
-        visible_at = now(),
+        -- Back in line where it stood: due since its run_at (its first due time, or its retry's), so it is
+        -- leased again ahead of every item that became due after it, not behind the backlog that built up
+        -- while its lease ran (measured before: 18 s under a backlog).
+        visible_at = LEAST(i.run_at, now()),
         finished_at = CASE WHEN cur.dies THEN now() END,
         error = CASE WHEN cur.mid_run THEN '{DeadReason.AT_MOST_ONCE_STOPPED_ERROR}'
                      ELSE 'lease expired: the worker holding it stopped or hung' END,

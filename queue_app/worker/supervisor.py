@@ -17,6 +17,7 @@ doubling to 10 s) and retries, keeping finished outcomes in memory; they are set
 """
 
 import contextlib
+import heapq
 import logging
 import os
 import secrets
@@ -24,7 +25,7 @@ import select
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -58,6 +59,9 @@ GATHER = 0.005
 DEADLINE_RECHECK = 0.25
 # Connections a worker opens beyond its own and one per pool slot: its LISTEN connection, its vacuum thread's.
 OTHER_CONNECTIONS = 2
+# A loop iteration that began this much later than the previous one ended (beyond its longest wait) means the
+# worker was away: frozen (SIGSTOP, a paused VM), or stuck in a blocking call. Its leases may have lapsed.
+AWAY_AFTER = 2.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,7 @@ class Pending:
     lease: Lease
     what: str
     apply: Callable[[], str]
+    retry_in: float | None = None  # a retry: due again this many seconds after the settle
 
 
 class Supervisor:
@@ -156,6 +161,9 @@ class Supervisor:
         self.next_first_try = 0.0  # a follower's next try for the wake lock
         self.idle_after_lease = False
         self.heartbeat_every = self._heartbeat_cap()
+        self.due: list[float] = []  # heap: when items this worker sent back for a retry become due
+        self.away = False  # the loop was away (frozen, cut off): check leases and settle before anything else
+        self.last_step = time.monotonic()
 
     # -- start and stop -------------------------------------------------------------------------------------
 
@@ -276,6 +284,10 @@ class Supervisor:
     # -- the loop -------------------------------------------------------------------------------------------
 
     def _step(self) -> None:
+        now = time.monotonic()
+        if now - self.last_step > self.options.poll_interval + AWAY_AFTER:
+            logger.warning("worker was away %s", fields(seconds=f"{now - self.last_step:.1f}"))
+            self.away = True
         for outcome in self.pool.collect():
             self._finish(outcome)
         self._enforce_deadlines()
@@ -288,6 +300,7 @@ class Supervisor:
         )
         if not self._finished():
             self._wait()
+        self.last_step = time.monotonic()
 
     def _room(self) -> int:
         return self.capacity - len(self.running) - len(self.leased)
@@ -313,6 +326,7 @@ class Supervisor:
             or self.maybe_more
             or now >= self.next_poll
             or now >= self.wake_at
+            or (bool(self.due) and now >= self.due[0])
             or (self.options.burst and not self.running)
         )
         return wanted and self._gathered(now)
@@ -332,7 +346,7 @@ class Supervisor:
         if not self.stopping and self._free() > 0:
             # A full worker waits for a slot (the pool's fd says when), not for a poll or a follower's turn that
             # it could not act on: past due, they would make every select() return at once (a busy loop).
-            deadlines += [self.next_poll, self.wake_at]
+            deadlines += [self.next_poll, self.wake_at, *self.due[:1]]
         if self.stopping:
             deadlines.append(self.grace_deadline)
         if self.gather_since is not None and self.running:
@@ -407,10 +421,13 @@ class Supervisor:
             self._settle_later(lease, "dead letter", lambda: self._dead(lease, "max attempts exhausted", error, tb))
         else:
             retry_in = task.retry.retry_in(lease.attempt)
-            self._settle_later(
-                lease,
-                "fail",
-                lambda: engine.fail(lease, error, traceback=tb, retry_in=retry_in, timed_out=timed_out),
+            self.pending.append(
+                Pending(
+                    lease,
+                    "fail",
+                    lambda: engine.fail(lease, error, traceback=tb, retry_in=retry_in, timed_out=timed_out),
+                    retry_in,
+                )
             )
 
     @staticmethod
@@ -509,6 +526,13 @@ class Supervisor:
         if not self.registered:
             engine.save_worker(self.row, "running", self.stats.as_dict())
             self.registered = True
+        if self.away or self.db_down_since is not None:
+            # Back from a freeze or an outage: first settle the results held meanwhile and renew the leases
+            # held (dropping prefetched items whose lease was taken back), so that neither this worker's own
+            # rescue nor a start of a prefetched item acts on a lease that is no longer ours.
+            self._complete_done()
+            self._heartbeat()
+            self.away = False
         if self.release_held:
             # An at-most-once item was recorded as started before it was handed over: taken back, it would never
             # run. It stays with its thread (one was idle when it was handed over, if maybe still connecting).
@@ -524,6 +548,8 @@ class Supervisor:
         self._start_leased()
         if now >= self.next_heartbeat:
             self._heartbeat()
+        if self.done and self.maintenance.next_due() <= now:
+            self._complete_done()  # what this worker holds is settled before its rescue may expire it
         self.maintenance.run_due()  # before the lease: a schedule it fires is leased in this round
         if self._should_lease(now):
             self._lease(now)  # completes what finished in the same round trip
@@ -535,7 +561,18 @@ class Supervisor:
         self.stats.processed += len(self.done) - len(stale)
         for lease in stale:
             self._stale(lease, "complete found the reservation no longer current")
+        self._unblocked(lease for lease, _ in self.done)
         self.done = []
+
+    def _unblocked(self, settled: Iterable[Lease]) -> None:
+        """Settled items with an ordering key let the next item of their key go: lease again at once rather
+        than at the next poll, and wake the other workers when this one has no room for it."""
+        queues = {lease.queue for lease in settled if lease.ordering_key is not None}
+        if not queues:
+            return
+        self.woken = True
+        if self._free() == 0:
+            engine.notify(queues)
 
     def _complete_done(self) -> None:
         if self.done:
@@ -554,22 +591,27 @@ class Supervisor:
                 logger.exception("settle refused %s", fields(item=settle.lease.item_id, what=repr(settle.what)))
                 fate = "refused"
             self.pending.pop(0)
+            if fate == "retry" and settle.retry_in is not None:
+                heapq.heappush(self.due, time.monotonic() + settle.retry_in)
             if fate == "dead":
                 self.stats.dead += 1
+                self._unblocked([settle.lease])
             elif fate == "stale":
                 self._stale(settle.lease, f"{settle.what} found the reservation no longer current")
 
     def _lease(self, now: float) -> None:
         want = self._free()
         out = engine.settle_and_lease(self.done, self.queues, want, self.worker_id, terms=self.terms)
-        self._completed(out.stale)
         leases = out.leases
         self.taken += len(leases)
         self.maybe_more = len(leases) == want
         self.woken = False
         self.wake_at = float("inf")
+        while self.due and self.due[0] <= now:
+            heapq.heappop(self.due)
         self.gather_since = None
         self.next_poll = now + self.options.poll_interval
+        self._completed(out.stale)  # after the wake-up flags: a completed item's key may wake the next lease
         self.idle_after_lease = not leases and not (self.running or self.leased or self.done or self.pending)
         for lease in leases:
             task = find_task(lease.task)
