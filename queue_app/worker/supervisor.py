@@ -163,7 +163,7 @@ class Supervisor:
         self.heartbeat_every = self._heartbeat_cap()
         self.due: list[float] = []  # heap: when items this worker sent back for a retry become due
         self.away = False  # the loop was away (frozen, cut off): check leases and settle before anything else
-        self.last_step = time.monotonic()
+        self.waited_from, self.waited_for = time.monotonic(), 0.0  # the last wait: since when, for how long
 
     # -- start and stop -------------------------------------------------------------------------------------
 
@@ -285,9 +285,11 @@ class Supervisor:
 
     def _step(self) -> None:
         now = time.monotonic()
-        if now - self.last_step > self.options.poll_interval + AWAY_AFTER:
-            logger.warning("worker was away %s", fields(seconds=f"{now - self.last_step:.1f}"))
+        late = now - self.waited_from - self.waited_for  # beyond the last step's work and its planned wait
+        if late > AWAY_AFTER:
+            logger.warning("worker was away %s", fields(seconds=f"{late:.1f}"))
             self.away = True
+        self.waited_from, self.waited_for = now, 0.0
         for outcome in self.pool.collect():
             self._finish(outcome)
         self._enforce_deadlines()
@@ -300,7 +302,6 @@ class Supervisor:
         )
         if not self._finished():
             self._wait()
-        self.last_step = time.monotonic()
 
     def _room(self) -> int:
         return self.capacity - len(self.running) - len(self.leased)
@@ -360,6 +361,7 @@ class Supervisor:
         listener_fd = self.listener.fileno()
         if listener_fd is not None:
             fds.append(listener_fd)
+        self.waited_from, self.waited_for = time.monotonic(), timeout
         readable, _, _ = select.select(fds, [], [], timeout)
         if self._wake_r in readable:
             with contextlib.suppress(BlockingIOError):
