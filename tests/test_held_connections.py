@@ -11,6 +11,7 @@ from queue_app.models import ExecutionLog
 from queue_app.registry import Context, Delivery
 from queue_app.tasks import _log_connections, _log_execution, _run_record, close_log_connection
 from queue_app.worker.listener import Listener
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,6 +56,6 @@ def test_the_listen_connection_is_found_lost_and_reconnects():
             listener.conn.execute("SELECT 1")
         listener.connect()
         engine.notify(["default"])
-        assert listener.drain()
+        wait_for(listener.drain, timeout=10, what="the notification on the new connection")
     finally:
         listener.close()
