@@ -56,6 +56,7 @@ class Expect:
     killed: dict[str, datetime]
     sigtermed: set[str] = field(default_factory=set)
     outages: list[tuple[datetime, datetime]] = field(default_factory=list)
+    amo_killed: dict[int, str] = field(default_factory=dict)  # at-most-once items running when a kill_amo hit
 
     def killed_holding(self, res: Res) -> bool:
         """The reservation's worker was killed while the reservation was open."""
@@ -342,6 +343,20 @@ def check_dead_letters(h: History, expect: Expect) -> Check:
     return Check("dead letters = planted poison", not problems, figures, _examples(problems))
 
 
+def check_amo_killed_mid_run(h: History, expect: Expect) -> Check:
+    """Every at-most-once item whose worker a kill_amo fault killed while its handler ran is a dead letter that
+    says so (never done, never run twice)."""
+    problems = []
+    for item_id, worker_id in sorted(expect.amo_killed.items()):
+        item, letters = h.items.get(item_id), h.dead_letters.get(item_id, [])
+        runs = len(h.runs_by_item.get(item_id, []))
+        if item is None or item.state != "dead" or letters != [AMO_STOPPED] or runs > 1:
+            state = item.state if item else "gone"
+            problems.append(f"item {item_id} killed mid-run in {worker_id}: {state}, letters {letters}, {runs} runs")
+    figures = {"killed_mid_run": len(expect.amo_killed), "dead_saying_so": len(expect.amo_killed) - len(problems)}
+    return Check("at-most-once killed mid-run: dead letter says so", not problems, figures, _examples(problems))
+
+
 CHECKS = (
     check_lost,
     check_stuck,
@@ -351,6 +366,7 @@ CHECKS = (
     check_transactional,
     check_fifo,
     check_dead_letters,
+    check_amo_killed_mid_run,
 )
 
 

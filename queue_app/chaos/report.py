@@ -47,6 +47,7 @@ class Report:
         modes = Counter(self.expect.modes.values())
         fired = run.fired
         kills = [f for f in fired if f.kind == "kill"]
+        amo_kills = [f for f in fired if f.kind == "kill_amo"]
         terms = [f for f in fired if f.kind == "sigterm"]
         restarts = [f for f in fired if f.kind == "restart"]
         cuts = [f for f in fired if f.kind == "cut"]
@@ -66,6 +67,8 @@ class Report:
             f"{pools.get('thread', 0)} thread pool), {run.burst_rounds} burst round(s) at the end",
             f"kills (-9)       {len(kills)}: "
             + "; ".join(f"{f.worker_id} pid {f.pid} holding {f.held} at {f.t:.0f}s ({f.progress:.0%})" for f in kills),
+            f"kills mid AMO    {len(amo_kills)}: "
+            + "; ".join(f"{f.worker_id} running at-most-once items {f.amo_running} at {f.t:.0f}s" for f in amo_kills),
             f"SIGTERMs         {len(terms)}: "
             + "; ".join(
                 f"{f.worker_id} at {f.t:.0f}s ({f.progress:.0%}) exit {self._exit(f.worker_id)}" for f in terms
