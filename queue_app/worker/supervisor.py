@@ -11,6 +11,9 @@ Delivery modes, from here:
 - transactional: the pool runs handler and settle in one transaction (worker/execute.py); failures are
   settled here, after the rollback.
 
+Layout: the options and records in options.py, what becomes of each outcome (complete, retry, dead letter,
+hard timeouts) in settling.py (a mixin), the loop, leases, starts, heartbeats and outages here.
+
 Outages: every database round is guarded; on a lost connection the supervisor logs once, backs off (0.5 s
 doubling to 10 s) and retries, keeping finished outcomes in memory; they are settled when the server is back
 (settles are fenced, so a lease lost meanwhile is reported stale and changes nothing).
@@ -25,38 +28,31 @@ import select
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
-from django.db.utils import DatabaseError, InterfaceError, OperationalError
 
 from .. import engine
 from ..conf import queue_settings
-from ..engine import ALL_QUEUES, Lease, LeaseTerms, StaleReservation
+from ..engine import ALL_QUEUES, Lease, LeaseTerms
 from ..registry import Delivery, Task, find_task, registered_tasks
-from .execute import Job, Outcome
+from .execute import Job
 from .listener import FOLLOW, Listener
 from .maintenance import Maintenance
+from .options import DATABASE_DOWN, DEADLINE_RECHECK, Pending, Running, WorkerOptions
 from .pool import Pool, make_pool
+from .settling import Settling
 from .status import Stats, StatusReporter, fields
 
 logger = logging.getLogger("jobsite.worker")
-AMO_FAILED = "at-most-once attempt failed (not retried)"
 
-DATABASE_DOWN = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
 HEARTBEAT_MAX = 10.0  # seconds between heartbeats at most; less when the shortest lease asks for it
 # While other items still run, a freed slot and its finished item wait up to this long for company, so settles
 # and leases go in batches rather than one round trip per item.
 GATHER = 0.005
-# How often the hard timeouts of items still waiting in the pool's queue are looked at again (their clock starts
-# when a thread takes them): the precision of a hard timeout in the thread pool.
-DEADLINE_RECHECK = 0.25
 # Connections a worker opens beyond its own and one per pool slot: its LISTEN connection, its vacuum thread's.
 OTHER_CONNECTIONS = 2
 # A loop iteration that began this much later than the previous one ended (beyond its longest wait) means the
@@ -64,58 +60,7 @@ OTHER_CONNECTIONS = 2
 AWAY_AFTER = 2.0
 
 
-@dataclass(frozen=True)
-class WorkerOptions:
-    queues: list[str] | None = None  # None: every queue
-    concurrency: int = 4
-    pool: str = "process"
-    batch: int | None = None  # most items per lease; None: as many as there is room for
-    prefetch: int | None = None  # items held leased, not yet started, beyond the slots; None: concurrency
-    poll_interval: float = 1.0
-    worker_id: str | None = None
-    burst: bool = False
-    max_items: int | None = None
-    grace_period: float = 25.0
-    scheduler: bool = True  # fire due cron schedules (the "scheduler" maintenance unit)
-
-    def problems(self) -> list[str]:
-        found = []
-        if self.concurrency < 1:
-            found.append(f"--concurrency must be at least 1, not {self.concurrency}")
-        if self.batch is not None and self.batch < 1:
-            found.append(f"--batch must be at least 1, not {self.batch}")
-        if self.prefetch is not None and self.prefetch < 0:
-            found.append(f"--prefetch must be at least 0, not {self.prefetch}")
-        if not self.poll_interval > 0:
-            found.append(f"--poll-interval must be > 0 seconds, not {self.poll_interval}")
-        if self.max_items is not None and self.max_items < 1:
-            found.append(f"--max-items must be at least 1, not {self.max_items}")
-        if self.grace_period < 0:
-            found.append(f"--grace-period must be >= 0 seconds, not {self.grace_period}")
-        if self.pool not in ("process", "thread"):
-            found.append(f"--pool must be 'process' or 'thread', not {self.pool!r}")
-        return found
-
-
-@dataclass
-class Running:
-    """An item handed to the pool: running, or (thread pool) waiting in its queue for a thread."""
-
-    lease: Lease
-    task: Task
-
-
-@dataclass
-class Pending:
-    """A settle (other than a plain complete) waiting for the database; `apply` returns the item's fate."""
-
-    lease: Lease
-    what: str
-    apply: Callable[[], str]
-    retry_in: float | None = None  # a retry: due again this many seconds after the settle
-
-
-class Supervisor:
+class Supervisor(Settling):
     def __init__(self, options: WorkerOptions, pool: Pool | None = None) -> None:
         self.options = opts = options
         self.pool = pool
@@ -381,116 +326,6 @@ class Supervisor:
         elif notified:
             self.wake_at = min(self.wake_at, time.monotonic() + FOLLOW)
 
-    # -- outcomes -------------------------------------------------------------------------------------------
-
-    def _finish(self, outcome: Outcome) -> None:
-        running = self.running.pop(outcome.reservation_id, None)
-        if running is None:  # already stopped (hard timeout, stale) and accounted for
-            return
-        self._slot_freed()
-        lease, task = running.lease, running.task
-        if outcome.status == "ok":
-            self.done.append((lease, outcome.result))
-        elif outcome.status == "settled":
-            self.stats.processed += 1
-        elif outcome.status == "stale":
-            self._stale(lease, "its transaction found the reservation no longer current; nothing was kept")
-        else:
-            self._failed(lease, task, outcome.error, outcome.traceback, outcome.retryable, outcome.timed_out)
-
-    def _stale(self, lease: Lease, why: str) -> None:
-        self.stats.stale += 1
-        logger.info("stale %s", fields(item=lease.item_id, reservation=lease.reservation_id, why=repr(why)))
-
-    def _failed(self, lease: Lease, task: Task, error: str, tb: str, retryable: bool, timed_out: bool = False) -> None:
-        self.stats.failed += 1
-        self.stats.timed_out += timed_out
-        logger.info(
-            "attempt failed %s",
-            fields(item=lease.item_id, task=lease.task, attempt=lease.attempt, error=repr(error[:200])),
-        )
-        if task.delivery is Delivery.AT_MOST_ONCE:
-            self._settle_later(
-                lease,
-                "dead letter (at-most-once)",
-                lambda: self._dead(lease, AMO_FAILED, error, tb, timed_out=timed_out),
-            )
-        elif not retryable:
-            reason = f"not retryable: {error}"
-            self._settle_later(lease, "dead letter", lambda: self._dead(lease, reason, error, tb))
-        elif task.retry.times is not None and task.retry.times <= lease.attempt < lease.max_attempts:
-            # The task allows fewer attempts than the item was enqueued with (not through the task).
-            self._settle_later(lease, "dead letter", lambda: self._dead(lease, "max attempts exhausted", error, tb))
-        else:
-            retry_in = task.retry.retry_in(lease.attempt)
-            self.pending.append(
-                Pending(
-                    lease,
-                    "fail",
-                    lambda: engine.fail(lease, error, traceback=tb, retry_in=retry_in, timed_out=timed_out),
-                    retry_in,
-                )
-            )
-
-    @staticmethod
-    def _dead(lease: Lease, reason: str, error: str = "", tb: str = "", *, timed_out: bool = False) -> str:
-        engine.dead(lease, reason, error, traceback=tb, timed_out=timed_out)
-        return "dead"
-
-    def _settle_later(self, lease: Lease, what: str, apply: Callable[[], str]) -> None:
-        self.pending.append(Pending(lease, what, apply))
-
-    def _poison(self, lease: Lease, reason: str) -> None:
-        logger.warning("poison %s", fields(item=lease.item_id, task=lease.task, reason=repr(reason)))
-        self._settle_later(lease, "dead letter (poison)", lambda: self._dead(lease, reason[:200], reason))
-
-    def _enforce_deadlines(self) -> None:
-        """Stop handlers past their hard timeout (counted from when the pool started them), and everything at
-        the end of the grace period. Walks what is in flight only when the earliest deadline may have come."""
-        now = time.monotonic()
-        out_of_grace = self.stopping and now >= self.grace_deadline
-        if now < self.next_deadline and not out_of_grace:
-            return  # the common case, without a walk over everything in flight
-        self.next_deadline = float("inf")
-        for reservation_id, running in list(self.running.items()):
-            started = self.pool.started_at(reservation_id)
-            if started is None:  # waiting in the pool's queue: its clock has not started; look again soon
-                self.next_deadline = min(self.next_deadline, now + DEADLINE_RECHECK)
-                deadline = float("inf")
-            else:
-                deadline = started + running.task.hard_timeout
-            if now < deadline and not out_of_grace:
-                self.next_deadline = min(self.next_deadline, deadline)
-                continue
-            self.pool.stop(reservation_id)
-            del self.running[reservation_id]
-            self._slot_freed()
-            lease, task = running.lease, running.task
-            if self.pool.kind == "thread" and task.delivery is Delivery.TRANSACTIONAL:
-                # An abandoned thread keeps its transaction and the item's row lock: a settle from here would
-                # wait on that lock. Its transaction settles the item or rolls back; then the lease expires.
-                logger.warning(
-                    "abandoned %s", fields(item=lease.item_id, task=lease.task, why="transactional thread overran")
-                )
-                self.stats.timed_out += now >= deadline
-                continue
-            if now >= deadline:
-                how = "its child process was killed" if self.pool.kind == "process" else "its thread was abandoned"
-                error = f"hard timeout: the handler ran longer than {task.hard_timeout:g}s and was stopped ({how})"
-                logger.warning("timed out %s", fields(item=lease.item_id, task=lease.task, attempt=lease.attempt))
-                self._failed(lease, task, error, "", retryable=True, timed_out=True)
-            elif task.delivery is Delivery.AT_MOST_ONCE:
-                self._failed(lease, task, "the worker shut down before the handler finished", "", retryable=False)
-            else:
-                self._release_later(lease)
-
-    def _release_later(self, lease: Lease) -> None:
-        def release() -> str:
-            engine.release(lease)
-            return "released"
-
-        self._settle_later(lease, "release", release)
-
     # -- the database round ---------------------------------------------------------------------------------
 
     def _database_round(self) -> None:
@@ -558,48 +393,6 @@ class Supervisor:
             self._start_leased()
         elif self._settle_due(now):
             self._complete_done()
-
-    def _completed(self, stale: list[Lease]) -> None:
-        self.stats.processed += len(self.done) - len(stale)
-        for lease in stale:
-            self._stale(lease, "complete found the reservation no longer current")
-        self._unblocked(lease for lease, _ in self.done)
-        self.done = []
-
-    def _unblocked(self, settled: Iterable[Lease]) -> None:
-        """Settled items with an ordering key let the next item of their key go: lease again at once rather
-        than at the next poll, and wake the other workers when this one has no room for it."""
-        queues = {lease.queue for lease in settled if lease.ordering_key is not None}
-        if not queues:
-            return
-        self.woken = True
-        if self._free() == 0:
-            engine.notify(queues)
-
-    def _complete_done(self) -> None:
-        if self.done:
-            self._completed(engine.complete_many(self.done))
-
-    def _settle_pending(self) -> None:
-        while self.pending:
-            settle = self.pending[0]
-            try:
-                fate = settle.apply()
-            except StaleReservation:
-                fate = "stale"
-            except DATABASE_DOWN:
-                raise
-            except DatabaseError:  # the server refused this one settle: log it, never spin on it
-                logger.exception("settle refused %s", fields(item=settle.lease.item_id, what=repr(settle.what)))
-                fate = "refused"
-            self.pending.pop(0)
-            if fate == "retry" and settle.retry_in is not None:
-                heapq.heappush(self.due, time.monotonic() + settle.retry_in)
-            if fate == "dead":
-                self.stats.dead += 1
-                self._unblocked([settle.lease])
-            elif fate == "stale":
-                self._stale(settle.lease, f"{settle.what} found the reservation no longer current")
 
     def _lease(self, now: float) -> None:
         want = self._free()
