@@ -133,6 +133,7 @@ print(json.dumps(taken))
 """
 
 
+@pytest.mark.slow
 def test_two_processes_competing_for_the_same_items_each_take_each_item_once(test_db_name):
     ids = engine.enqueue_many("app.export", [{}] * 120, queue=QUEUE)
     code = HOLDER.format(queue=QUEUE)
@@ -174,6 +175,7 @@ except LeaseLost as exc:
 """
 
 
+@pytest.mark.slow
 def test_a_holder_whose_lease_lapses_mid_block_cannot_settle_and_the_item_goes_to_another(tmp_path, test_db_name):
     queued = item()
     ready = tmp_path / "ready"

@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 from asgiref.sync import sync_to_async
+import pytest
 from django.db import connection, transaction
 from django.tasks import TaskResultStatus, default_task_backend, task_backends
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -56,6 +57,7 @@ def worker_logs(output: str, result_id: str) -> list[str]:
         }
     }
 )
+@pytest.mark.slow
 class QueueBackendTestCase(TransactionTestCase):
     available_apps = ["queue_app"]
 
