@@ -159,5 +159,10 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # Django's own "django" logger has a console handler of its own (bare messages, DEBUG only) and propagates
+    # to the root's: each django.tasks line was printed twice. One handler, formatted, for everything.
+    "loggers": {
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
+        "django.db.backends": {"level": "WARNING"},
+    },
 }

@@ -9,6 +9,7 @@ class QueueAppConfig(AppConfig):
     def ready(self) -> None:
         from django.db.backends.signals import connection_created
 
+        from . import registry  # noqa: F401  installs the tasks' item defaults in the engine
         from .engine.db import tune_connection
         from .spark import checks  # noqa: F401  registers jobsite.W010 (Java for Spark runs)
 

@@ -179,6 +179,10 @@ class Reservation(models.Model):
     lease_expires_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+    # When an at-most-once run's handler was about to start (committed durably before it did): from then on the
+    # item is never delivered again, and a lease that lapses (the worker died mid-handler) makes it a dead
+    # letter saying so. NULL for the other delivery modes and for an at-most-once lease that never started.
+    started_at = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(max_length=10, choices=Outcome.choices, null=True, blank=True)
     # When an attempt ended other than done (its finished_at), computed by the database. "Failed in the last
     # minutes" (overview, /metrics) reads this column's index; done attempts are counted from their items

@@ -161,24 +161,23 @@ class Task:
             ]
         return []
 
-    def _enqueue_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        options = dict(options)
-        if options.get("queue") is None:
-            options["queue"] = self.queue
-        if options.get("max_attempts") is None:
-            options["max_attempts"] = self.max_attempts
-        return options
+    def item_defaults(self) -> dict[str, Any]:
+        """What an item of this task is created with unless the enqueue says otherwise: derived from the
+        declaration (delivery mode -> attempts) here and nowhere else (see item_defaults below)."""
+        return {
+            "queue": self.queue,
+            "max_attempts": self.max_attempts,
+            "dedup_window": self.dedup_window,
+            "at_most_once": self.delivery is Delivery.AT_MOST_ONCE,
+        }
 
     def enqueue(self, payload: Any = None, **options: Any) -> engine.Enqueued:
-        """engine.enqueue() with this task's queue, attempts and dedup window (options given win)."""
-        options = self._enqueue_options(options)
-        if options.get("dedup_key") is not None and options.get("dedup_window") is None:
-            options["dedup_window"] = self.dedup_window
+        """engine.enqueue() of this task (its queue, attempts and dedup window unless options say otherwise)."""
         return engine.enqueue(self.name, payload, **options)
 
     def enqueue_many(self, payloads: Iterable[Any], **options: Any) -> list[int]:
-        """engine.enqueue_many() with this task's queue and attempts (options given win)."""
-        return engine.enqueue_many(self.name, payloads, **self._enqueue_options(options))
+        """engine.enqueue_many() of this task (its queue and attempts unless options say otherwise)."""
+        return engine.enqueue_many(self.name, payloads, **options)
 
     def __call__(self, payload: Any, ctx: Context) -> Any:
         return self.func(payload, ctx)
@@ -285,6 +284,25 @@ def find_task(name: str) -> Task | None:
                 _resolved[name] = task
                 break
     return task
+
+
+_unresolvable: set[str] = set()  # names no resolver knew when asked for their defaults (never asked again)
+
+
+def item_defaults(name: str) -> dict[str, Any] | None:
+    """The one source of an item's delivery-derived defaults: its task's declaration, whatever path creates the
+    item (engine.enqueue and enqueue_many, Task.enqueue, the enqueue command, schedules, admin requeue,
+    django.tasks). None for a name no task here declares (the queue's defaults then apply)."""
+    autodiscover()
+    task = _registry.get(name) or _resolved.get(name)
+    if task is None and name not in _unresolvable:
+        task = find_task(name)
+        if task is None:
+            _unresolvable.add(name)
+    return None if task is None else task.item_defaults()
+
+
+engine.use_task_defaults(item_defaults)
 
 
 def registered_tasks() -> dict[str, Task]:

@@ -28,6 +28,7 @@ from .models import (
     SparkRun,
     SparkRunState,
 )
+from .registry import item_defaults
 
 REQUEUEABLE = (ItemState.DEAD, ItemState.CANCELLED)
 CANCELLABLE = (ItemState.READY, ItemState.RESERVED)
@@ -46,11 +47,20 @@ def requeue_items(item_ids: Iterable[int], *, actor: str = "") -> int:
     locked = list(
         QueueItem.objects.select_for_update()
         .filter(id__in=list(item_ids), state__in=REQUEUEABLE)
-        .values_list("id", "queue_id")
+        .values_list("id", "queue_id", "task")
     )
     if not locked:
         return 0
-    ids = [item_id for item_id, _ in locked]
+    ids = [item_id for item_id, _, _ in locked]
+    # Their attempts as their task declares them now (registry.item_defaults, as every new item gets them):
+    # an item queued with another count (by hand, or before its task changed) comes back with the declared one.
+    by_task: dict[str, list[int]] = {}
+    for item_id, _, task in locked:
+        by_task.setdefault(task, []).append(item_id)
+    for task, task_ids in by_task.items():
+        declared = (item_defaults(task) or {}).get("max_attempts")
+        if declared is not None:
+            QueueItem.objects.filter(id__in=task_ids).exclude(max_attempts=declared).update(max_attempts=declared)
     QueueItem.objects.filter(id__in=ids).update(
         state=ItemState.READY,
         attempts=0,
@@ -63,7 +73,7 @@ def requeue_items(item_ids: Iterable[int], *, actor: str = "") -> int:
     DeadLetter.objects.filter(item_id__in=ids, requeued_at__isnull=True).update(
         requeued_at=Now(), requeued_by=actor[:150]
     )
-    _notify(queue for _, queue in locked)
+    _notify(queue for _, queue, _ in locked)
     return len(ids)
 
 

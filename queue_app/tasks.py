@@ -93,18 +93,28 @@ def _run_record(ctx: Context) -> dict[str, Any]:
     }
 
 
-def _log_execution(record: dict[str, Any]) -> None:
-    """Record a run on a connection of its own (one per process and thread), committed at once, whatever
-    becomes of the handler's transaction."""
+def _log_connection(*, fresh: bool = False) -> psycopg.Connection:
     conn = getattr(_log_connections, "conn", None)
-    if conn is None or conn.closed or getattr(_log_connections, "pid", None) != os.getpid():
+    if fresh or conn is None or conn.closed or getattr(_log_connections, "pid", None) != os.getpid():
+        if conn is not None and getattr(_log_connections, "pid", None) == os.getpid():
+            conn.close()
         conn = engine.dedicated_connection()
         _log_connections.conn, _log_connections.pid = conn, os.getpid()
+    return conn
+
+
+def _log_execution(record: dict[str, Any]) -> None:
+    """Record a run on a connection of its own (one per process and thread), committed at once, whatever
+    becomes of the handler's transaction. A kept connection the server dropped meanwhile (a restart, an idle
+    timeout, a terminated backend) is replaced and the record written on the new one: the statement never
+    reached a server on the dropped one (it was idle between runs), so it is written once."""
+    conn = _log_connection()
     try:
         conn.execute(_LOG_EXECUTION, record)
-    except psycopg.Error:
-        conn.close()  # e.g. the server restarted: reconnect on the next run
-        raise
+    except psycopg.OperationalError:
+        if not conn.broken:
+            raise
+        _log_connection(fresh=True).execute(_LOG_EXECUTION, record)
 
 
 def close_log_connection() -> None:

@@ -151,9 +151,9 @@ class QueueBackend(BaseTaskBackend):
     supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        # Django's own reading of QUEUES: left out, ["default"] (a task for another queue is refused at enqueue
+        # with InvalidTask); an explicit empty list accepts any queue name.
         super().__init__(alias, params)
-        # An empty QUEUES list means any queue name is accepted.
-        self.queues = set(params.get("QUEUES", []))
         self.using_db = self.options.get("DATABASE", "default")
 
     def validate_task(self, task: Task) -> None:
@@ -202,7 +202,6 @@ class QueueBackend(BaseTaskBackend):
             queue=task.queue_name,
             priority=task.priority,
             run_at=task.run_after,
-            max_attempts=extra.job_spec().max_attempts,  # 1 for at-most-once
             lease_timeout=extra.lease_timeout,
             dedup_key=extra.dedup_key,
             dedup_window=extra.dedup_window,
@@ -213,7 +212,7 @@ class QueueBackend(BaseTaskBackend):
             task=task,
             id=str(item.id),
             status=TaskResultStatus.READY,
-            enqueued_at=timezone.now(),
+            enqueued_at=item.created_at,  # as stored: equal to what get_result() reads
             started_at=None,
             finished_at=None,
             last_attempted_at=None,

@@ -7,6 +7,7 @@ signal to that file, so the test process can see what the worker process sent.
 
 import json
 import os
+import signal
 import time
 
 from django.dispatch import receiver
@@ -46,6 +47,28 @@ def stamp(tag: str) -> dict[str, object]:
 @task
 async def double(x: int) -> int:
     return 2 * x
+
+
+@task(max_attempts=1)
+def leave(code: int) -> None:
+    """Raises SystemExit: a BaseException that is not an Exception."""
+    raise SystemExit(code)
+
+
+@task(max_attempts=1)
+def interrupt(message: str) -> None:
+    raise KeyboardInterrupt(message)
+
+
+@task(max_attempts=1)
+def die_by_signal() -> None:
+    """Kills the process running it (a worker child) with SIGKILL, as the OOM killer would."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@task(delivery="at_most_once")
+def notify_once(message: str) -> str:
+    return message
 
 
 def not_a_task(payload, ctx) -> None:

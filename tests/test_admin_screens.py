@@ -2,6 +2,7 @@
 timeline and dead-letter reason, lists filter and search on indexed columns only, and never count a whole
 table."""
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -99,6 +100,25 @@ def test_item_detail_shows_the_dead_letter_reason(admin_client):
     html = admin_client.get(url("queueitem", "change", item_id)).content.decode()
 
     assert "<strong>poison: payload is not JSON</strong>" in html
+
+
+@pytest.mark.django_db(transaction=True)  # lease deadlines against the server's clock, not a frozen now()
+def test_an_at_most_once_item_whose_worker_stopped_mid_run_shows_why_and_when_it_started(admin_client):
+    from queue_app import engine
+    from queue_app.engine.sql import DeadReason
+    from queue_app.models import DeadLetter
+
+    item_id = engine.enqueue("queue_app.probe_at_most_once", {}).id
+    [lease] = engine.lease(None, 1, "w-dies", lease_timeout=0.3)
+    assert engine.start_at_most_once([lease]) == []  # its handler starts; then the worker dies
+    time.sleep(0.4)
+    assert engine.rescue_expired() == (0, 1)
+
+    letter = DeadLetter.objects.get(item_id=item_id)
+    for page in (url("deadletter", "changelist"), url("deadletter", "change", letter.pk)):
+        assert DeadReason.AT_MOST_ONCE_STOPPED in admin_client.get(page).content.decode()
+    html = admin_client.get(url("queueitem", "change", item_id)).content.decode()
+    assert "at-most-once run started" in html and "it may have run partly" in html
 
 
 def test_detail_pages_are_read_only(admin_client, items):

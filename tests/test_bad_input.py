@@ -796,15 +796,16 @@ def test_keyboard_interrupt_from_a_handler_fails_its_attempt_in_the_thread_pool(
 
     item = QueueItem.objects.get(id=crash)
     assert item.state == ItemState.DEAD
-    assert item.error == "the handler raised KeyboardInterrupt: raised by the handler"
+    assert item.error == "KeyboardInterrupt: raised by the handler"
+    assert "Traceback (most recent call last)" in Reservation.objects.get(item_id=crash).traceback
     assert QueueItem.objects.get(id=fine).state == ItemState.DONE
 
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_keyboard_interrupt_from_a_handler_fails_its_attempt_in_a_worker_process(manage):
-    """In the process pool a BaseException ends the handler's child; the supervisor records that and carries on
-    (SystemExit and os._exit are proved in test_worker_processes.py)."""
+    """In the process pool a BaseException is reported by the handler's child (class, message, traceback), which
+    then exits; the supervisor records it and carries on (os._exit is proved in test_worker_processes.py)."""
     crash = get_task("tests.crash").enqueue({"how": "keyboard_interrupt"}).id
     fine = get_task("queue_app.echo").enqueue({"still": "running"}).id
 
@@ -812,7 +813,7 @@ def test_keyboard_interrupt_from_a_handler_fails_its_attempt_in_a_worker_process
 
     assert result.returncode == 0, result.stderr[-3000:]
     item = QueueItem.objects.get(id=crash)
-    assert item.state == ItemState.DEAD and "exited with code 1" in item.error
+    assert item.state == ItemState.DEAD and item.error == "KeyboardInterrupt: raised by the handler"
     assert QueueItem.objects.get(id=fine).state == ItemState.DONE
     assert not QueueItem.objects.filter(state=ItemState.RESERVED).exists()
 

@@ -103,6 +103,7 @@ class Scene:
         self.modes: dict[int, str] = {}
         self.poison: dict[int, tuple[str, ...]] = {}
         self.killed: dict[str, datetime] = {}
+        self.amo_killed: dict[int, str] = {}
 
     def item(self, mode: str, key: str | None = None) -> int:
         item_id = engine.enqueue(TASKS[mode], {}, queue="chaos", ordering_key=key).id
@@ -134,7 +135,7 @@ class Scene:
         ProbeEffect.objects.update_or_create(key=str(item_id), defaults={"applied": applied})
 
     def judge(self) -> dict[str, checks.Check]:
-        expect = checks.Expect(self.modes, self.poison, self.killed)
+        expect = checks.Expect(self.modes, self.poison, self.killed, amo_killed=self.amo_killed)
         return {c.name: c for c in checks.run_checks(load("default"), expect)}
 
 
@@ -248,3 +249,31 @@ def test_an_at_most_once_item_done_but_never_run_by_a_live_worker_is_lost(scene)
     results = scene.judge()
     assert failed(results) == {"lost 0"}
     assert f"at-most-once item {item} ended done after 0 runs" in results["lost 0"].problems[0]
+
+
+def _killed_mid_run(scene, *, ends: str, letter: str | None) -> int:
+    """An at-most-once item whose worker was killed (at 5 s) while its handler ran (it started at 3 s)."""
+    item = scene.item(checks.AT_MOST_ONCE)
+    scene.attempt(item, "killed-w", 3, "expired" if ends == "dead" else "done", took=20)
+    QueueItem.objects.filter(id=item).update(state=ends)
+    if letter:
+        DeadLetter.objects.create(item_id=item, reason=letter, died_at=T0)
+    scene.amo_killed[item] = "killed-w"
+    return item
+
+
+def test_an_at_most_once_item_killed_mid_run_is_a_casualty_when_its_dead_letter_says_so(scene):
+    _killed_mid_run(scene, ends="dead", letter=checks.AMO_STOPPED)
+    results = scene.judge()
+    assert not failed(results)
+    assert results["at-most-once killed mid-run: dead letter says so"].figures["dead_saying_so"] == 1
+
+
+def test_an_at_most_once_item_killed_mid_run_and_reported_done_is_caught(scene):
+    item = _killed_mid_run(scene, ends="done", letter=None)
+    results = scene.judge()
+    assert "at-most-once killed mid-run: dead letter says so" in failed(results)
+    assert (
+        f"item {item} killed mid-run in killed-w: done"
+        in results["at-most-once killed mid-run: dead letter says so"].problems[0]
+    )

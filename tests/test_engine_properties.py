@@ -72,6 +72,8 @@ class MItem:
     created: int  # virtual time of the enqueue
     visible: int  # virtual visible_at: due time while ready, lease deadline while reserved
     seq: int  # the operation that set `visible` (ties of equal virtual times go in operation order, then id)
+    due: int = 0  # virtual run_at: its first due time, or its retry's (a rescue puts it back in line there)
+    due_seq: int = 0  # the operation that set `due`
     state: str = "ready"
     attempts: int = 0
     reservation_id: int | None = None
@@ -291,6 +293,8 @@ class EngineMachine(RuleBasedStateMachine):
             created=self.now,
             visible=self.now + delay,
             seq=seq,
+            due=self.now + delay,
+            due_seq=seq,
         )
         self.enqueued += 1
         if dedup_key:
@@ -329,6 +333,8 @@ class EngineMachine(RuleBasedStateMachine):
                 created=self.now,
                 visible=self.now + delay,
                 seq=seq,
+                due=self.now + delay,
+                due_seq=seq,
             )
         self.enqueued += n
 
@@ -482,6 +488,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert outcome == "retry"
             item.state = "ready"
             self.set_visible(item, self.now + retry_in, seq)
+            item.due, item.due_seq = self.now + retry_in, seq
             self.settle(item, "retry")
 
     @precondition(lambda self: self.held)
@@ -588,7 +595,12 @@ class EngineMachine(RuleBasedStateMachine):
             event("rescue: limited")
         expect = [0, 0]
         for item in expired:
-            self.set_visible(item, self.now, seq)  # dying ones too (the row's visible_at no longer matters)
+            # Back in line where it stood: due as of its run_at, unless that is still ahead (dying ones too; the
+            # row's visible_at then no longer matters).
+            if item.due <= self.now:
+                self.set_visible(item, item.due, item.due_seq)
+            else:
+                self.set_visible(item, self.now, seq)
             if item.attempts >= item.max_attempts:
                 self.die(item)
                 expect[1] += 1
@@ -620,6 +632,7 @@ class EngineMachine(RuleBasedStateMachine):
                 item.state, item.attempts, item.open_dead_letters = "ready", 0, 0
                 item.requeue_mark = len(item.reservations)
                 self.set_visible(item, self.now, seq)
+                item.due, item.due_seq = self.now, seq
         assert changed == expect
         event(f"requeue: {changed} changed")
 
@@ -632,6 +645,7 @@ class EngineMachine(RuleBasedStateMachine):
         due = [i for i in ids if self.items[i].state == "ready" and self.items[i].visible > self.now]
         for item_id in due:
             self.set_visible(self.items[item_id], self.now, seq)
+            self.items[item_id].due, self.items[item_id].due_seq = self.now, seq
         assert changed == len(due)
 
     @precondition(lambda self: self.items)

@@ -89,11 +89,14 @@ def test_at_most_once_failure_is_recorded_as_dead_letter_and_never_retried():
     assert outcomes(item) == ["dead"]
 
 
-def test_at_most_once_item_is_settled_before_its_handler_runs():
+def test_at_most_once_item_is_recorded_as_started_before_its_handler_runs_and_done_after():
     item = enqueue("queue_app.probe_at_most_once")
     run_worker()
     run = ExecutionLog.objects.get(item_id=item)
-    assert QueueItem.objects.get(id=item).finished_at <= run.executed_at
+    [reservation] = Reservation.objects.filter(item_id=item)
+    stored = QueueItem.objects.get(id=item)
+    assert reservation.started_at <= run.executed_at <= stored.finished_at
+    assert (stored.state, stored.max_attempts, reservation.outcome) == (ItemState.DONE, 1, "done")
 
 
 def test_unknown_task_and_undecodable_payload_go_to_the_dead_letters():

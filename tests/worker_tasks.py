@@ -6,6 +6,7 @@ import os
 import time
 
 from queue_app.registry import Context, Retry, job
+from queue_app.tasks import _probe
 
 
 class Flaky(Exception):
@@ -86,3 +87,15 @@ def nasty_error(payload: dict, ctx: Context) -> None:
 def long_lease(payload, ctx):
     """Holds its item for a long time under a long lease (like a Spark run)."""
     time.sleep(payload.get("seconds", 300))
+
+
+@job("tests.retry_soon", retry=Retry(times=2, delay=0.4))
+def retry_soon(payload: dict, ctx: Context) -> dict:
+    """Fails its first attempt; the retry is due 0.4 s later."""
+    if ctx.attempt == 1:
+        raise Flaky("the first attempt fails")
+    return {"attempt": ctx.attempt}
+
+
+# A probe (logs each run in ExecutionLog) with a short hard timeout, so its lease can be as short as 3 s.
+quick_probe = job("tests.quick_probe", hard_timeout=1.0)(_probe)

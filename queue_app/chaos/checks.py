@@ -9,9 +9,11 @@ Vocabulary:
   error during an outage and the item was retried (`db-error`), or its worker was SIGTERMed and handed the
   item back at the end of its grace period (`sigterm-grace`). Anything else (a second run after a `done`
   reservation, an expired lease of a live worker, two runs under one reservation) is unexplained.
-- an at-most-once *casualty* is an at-most-once item whose single attempt a fault took: killed before the
-  settle (lease expired: a dead letter), killed after the settle and before the run (done, never ran), or its
-  handler failed on a database error (a dead letter). At-most-once promises exactly that; each is counted.
+- an at-most-once *casualty* is an at-most-once item whose single attempt a fault took: killed before its start
+  (lease expired: a dead letter `lease expired on the last attempt`, never ran), killed (or cut off past its
+  lease by an outage) while its handler ran (a dead letter `worker stopped during an at-most-once run`, run at
+  most once), or its handler failed on a database error (a dead letter). At-most-once promises exactly that;
+  each is counted. An at-most-once item done without a run is a breach.
 """
 
 from collections import Counter
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..engine.sql import DeadReason
 from .history import History, Res, Run
 
 AT_LEAST_ONCE, AT_MOST_ONCE, TRANSACTIONAL, POISON = "at_least_once", "at_most_once", "transactional", "poison"
@@ -36,9 +39,8 @@ DB_ERRORS = {
     "ConnectionTimeout",
 }
 AMO_FAILED = "at-most-once attempt failed (not retried)"
+AMO_STOPPED = DeadReason.AT_MOST_ONCE_STOPPED
 LEASE_EXPIRED = "lease expired on the last attempt"
-# A killed worker had settled an at-most-once item this shortly before it died (the handler had not logged yet).
-SETTLE_TO_KILL = timedelta(seconds=10)
 # A lease whose reply an outage swallowed was taken this shortly before the outage began (or during it).
 LEASE_BEFORE_OUTAGE = timedelta(seconds=5)
 
@@ -54,11 +56,17 @@ class Expect:
     killed: dict[str, datetime]
     sigtermed: set[str] = field(default_factory=set)
     outages: list[tuple[datetime, datetime]] = field(default_factory=list)
+    amo_killed: dict[int, str] = field(default_factory=dict)  # at-most-once items running when a kill_amo hit
 
     def killed_holding(self, res: Res) -> bool:
         """The reservation's worker was killed while the reservation was open."""
         at = self.killed.get(res.worker_id)
         return at is not None and res.reserved_at <= at and (res.finished_at is None or res.finished_at >= at)
+
+    def cut_off(self, res: Res) -> bool:
+        """An outage overlapped the reservation: its live worker may have been unable to renew the lease."""
+        end = res.finished_at or datetime.max.replace(tzinfo=res.reserved_at.tzinfo)
+        return any(start - LEASE_BEFORE_OUTAGE <= end and res.reserved_at <= stop for start, stop in self.outages)
 
     def lease_reply_lost(self, res: Res) -> bool:
         """An expired lease of a live worker taken around an outage: committed, and the reply never came back,
@@ -114,13 +122,15 @@ def _amo_casualty(h: History, item_id: int, expect: Expect) -> str | None:
     last = res[-1] if res else None
     if last is None:
         return None
-    killed_at = expect.killed.get(last.worker_id)
-    settled_then_killed = killed_at is not None and last.finished_at <= killed_at <= last.finished_at + SETTLE_TO_KILL
-    if item.state == "done" and not runs and last.outcome == "done" and settled_then_killed:
-        return "killed after settle, never ran"
+    letters = h.dead_letters.get(item_id, [])
+    if item.state == "dead" and last.outcome == "expired" and letters == [AMO_STOPPED] and len(runs) <= 1:
+        if expect.killed_holding(last):
+            return "killed mid-run (dead letter: worker stopped during an at-most-once run)"
+        if expect.cut_off(last):
+            return "cut off past its lease mid-run (dead letter: worker stopped during an at-most-once run)"
     if item.state == "dead" and not runs and last.outcome == "expired":
         if expect.killed_holding(last):
-            return "killed before settle (dead letter)"
+            return "killed before start (dead letter)"
         if expect.lease_reply_lost(last):
             return "lease reply lost in an outage (dead letter)"
     if item.state == "dead" and last.outcome == "dead" and _db_error(last):
@@ -309,9 +319,11 @@ def check_dead_letters(h: History, expect: Expect) -> Check:
                             f"with {len(letters)} dead letters")  # fmt: skip
         elif letters[0] not in reasons:
             problems.append(f"poison item {item_id} died for {letters[0]!r}, expected one of {reasons}")
-        elif letters[0] == LEASE_EXPIRED:  # right only when a fault took the lease: say which
+        elif letters[0] in (LEASE_EXPIRED, AMO_STOPPED):  # right only when a fault took the lease: say which
             last = h.res_by_item[item_id][-1]
-            if expect.killed_holding(last):
+            if letters[0] == AMO_STOPPED and (expect.killed_holding(last) or expect.cut_off(last)):
+                casualties["poison: stopped mid-run (at-most-once)"] += 1
+            elif expect.killed_holding(last):
                 casualties["poison: killed before its settle"] += 1
             elif expect.lease_reply_lost(last):
                 casualties["poison: lease reply lost in an outage"] += 1
@@ -331,6 +343,20 @@ def check_dead_letters(h: History, expect: Expect) -> Check:
     return Check("dead letters = planted poison", not problems, figures, _examples(problems))
 
 
+def check_amo_killed_mid_run(h: History, expect: Expect) -> Check:
+    """Every at-most-once item whose worker a kill_amo fault killed while its handler ran is a dead letter that
+    says so (never done, never run twice)."""
+    problems = []
+    for item_id, worker_id in sorted(expect.amo_killed.items()):
+        item, letters = h.items.get(item_id), h.dead_letters.get(item_id, [])
+        runs = len(h.runs_by_item.get(item_id, []))
+        if item is None or item.state != "dead" or letters != [AMO_STOPPED] or runs > 1:
+            state = item.state if item else "gone"
+            problems.append(f"item {item_id} killed mid-run in {worker_id}: {state}, letters {letters}, {runs} runs")
+    figures = {"killed_mid_run": len(expect.amo_killed), "dead_saying_so": len(expect.amo_killed) - len(problems)}
+    return Check("at-most-once killed mid-run: dead letter says so", not problems, figures, _examples(problems))
+
+
 CHECKS = (
     check_lost,
     check_stuck,
@@ -340,6 +366,7 @@ CHECKS = (
     check_transactional,
     check_fifo,
     check_dead_letters,
+    check_amo_killed_mid_run,
 )
 
 

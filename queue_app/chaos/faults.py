@@ -14,7 +14,7 @@ FIRST, LAST = 0.05, 0.70  # the faults fire between these shares of the work don
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # kill, sigterm, restart, cut
+    kind: str  # kill, kill_amo (a worker running at-most-once handlers), sigterm, restart, cut
     at: float  # share of the items settled when it may fire
     seconds: float = 0.0  # cut: how long new connections are refused
 
@@ -29,13 +29,17 @@ class Fired:
     worker_id: str = ""
     pid: int = 0
     held: int = 0  # kill: reservations the worker held (outcome still open) when it died
+    amo_running: list[int] = field(default_factory=list)  # kill_amo: at-most-once items it was running
     seconds: float = 0.0  # restart: how long it took; cut: how long connections were refused
     connections: int = 0  # cut: live connections reset
     detail: dict = field(default_factory=dict)
 
 
-def schedule(rng: random.Random, *, kills: int, sigterms: int, restarts: int, cuts: int, cut_seconds: float):
+def schedule(
+    rng: random.Random, *, kills: int, sigterms: int, restarts: int, cuts: int, cut_seconds: float, amo_kills: int = 0
+):
     kinds = ["sigterm"] * sigterms + ["restart"] * restarts + ["cut"] * cuts + ["kill"] * max(0, kills - 1)
+    kinds += ["kill_amo"] * amo_kills
     rng.shuffle(kinds)
     if kills:
         kinds.insert(0, "kill")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from .. import engine
+from ..engine.sql import DeadReason
 from ..registry import get_task
 
 QUEUE = "chaos"  # unordered items
@@ -29,6 +30,8 @@ MODE_SHARE = {"at_least_once": 0.4, "at_most_once": 0.3, "transactional": 0.3}
 UNKNOWN_TASK = "chaos.no_such_task"
 
 LEASE_EXPIRED = "lease expired on the last attempt"  # a poison probe whose worker was killed while it ran
+AMO_STOPPED = DeadReason.AT_MOST_ONCE_STOPPED  # an at-most-once one killed while its handler ran
+AMO_KILL_ITEMS, AMO_KILL_SLEEP = 24, 1.0  # per kill_amo fault: at-most-once items whose handlers sleep
 # Poison kinds -> (task, queue, payload, the dead-letter reasons that are right for it).
 POISON = {
     "unknown_task": (UNKNOWN_TASK, QUEUE, {}, (f"unknown task: {UNKNOWN_TASK}", LEASE_EXPIRED)),
@@ -37,7 +40,7 @@ POISON = {
         MODES["at_most_once"],
         QUEUE,
         {"fail": True},
-        ("at-most-once attempt failed (not retried)", LEASE_EXPIRED),
+        ("at-most-once attempt failed (not retried)", LEASE_EXPIRED, AMO_STOPPED),
     ),
     "fail_transactional_ordered": (
         MODES["transactional"],
@@ -65,6 +68,7 @@ class Sizes:
     sleep_seconds: float
     min_gap: float  # seconds between two faults at least
     deadline: float  # seconds the whole run may take before it gives up (and fails)
+    amo_kills: int = 1  # kill -9 of a worker while it runs at-most-once handlers (their dead letters must say so)
 
     def scaled(self, items: int | None = None, workers: int | None = None) -> "Sizes":
         sizes = self if items is None else replace(self, items=items, poison=max(4, min(self.poison, items // 50)))
@@ -119,7 +123,7 @@ def _mode(rng: random.Random) -> str:
 def plan(sizes: Sizes, rng: random.Random) -> list[Batch]:
     """Batches in enqueue order: unordered chunks of one mode each, ordered runs of 1-8 items per key, the
     poison sprinkled between them."""
-    work = sizes.items - sizes.poison
+    work = sizes.items - sizes.poison - sizes.amo_kills * AMO_KILL_ITEMS
     ordered = int(work * sizes.ordered_share) if sizes.keys else 0
     unordered: list[Batch] = []
     left = work - ordered
@@ -144,7 +148,12 @@ def plan(sizes: Sizes, rng: random.Random) -> list[Batch]:
         task, queue, payload, _ = POISON[kind]
         key = keys[n % len(keys)] if queue == FIFO_QUEUE and keys else None
         poison.append(Batch(task, queue if key else QUEUE, [dict(payload)], key, max_attempts=1, poison=kind))
-    batches = unordered + fifo + poison
+    # Slow at-most-once items, so that a worker running at-most-once handlers can be found and killed mid-run.
+    slow_amo = [
+        Batch(MODES["at_most_once"], QUEUE, [{"sleep": AMO_KILL_SLEEP}] * AMO_KILL_ITEMS, mode="at_most_once")
+        for _ in range(sizes.amo_kills)
+    ]
+    batches = unordered + fifo + poison + slow_amo
     rng.shuffle(batches)
     # Shuffling keeps each key's batches in some order; ids follow enqueue order, which is all FIFO needs.
     return batches

@@ -10,6 +10,30 @@ from .history import History
 DUPLICATES_SHOWN = 40
 
 
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def redelivery_delays(h: History) -> dict[str, Any]:
+    """How long an item whose lease expired waited to be leased again, from the moment its expiry was noticed
+    (the expired reservation's finished_at: the rescue, or the lease that took it over) to its next reservation.
+    Seconds: n, p50, p99, max."""
+    delays = []
+    for reservations in h.res_by_item.values():
+        for earlier, later in zip(reservations, reservations[1:], strict=False):
+            if earlier.outcome == "expired" and earlier.finished_at is not None:
+                delays.append(max(0.0, (later.reserved_at - earlier.finished_at).total_seconds()))
+    if not delays:
+        return {"n": 0}
+    return {
+        "n": len(delays),
+        "p50": round(_quantile(delays, 0.5), 3),
+        "p99": round(_quantile(delays, 0.99), 3),
+        "max": round(max(delays), 3),
+    }
+
+
 class Report:
     def __init__(self, run, history: History, expect: Expect, checks: list[Check], elapsed: float) -> None:
         self.run, self.h, self.expect, self.checks, self.elapsed = run, history, expect, checks, elapsed
@@ -23,6 +47,7 @@ class Report:
         modes = Counter(self.expect.modes.values())
         fired = run.fired
         kills = [f for f in fired if f.kind == "kill"]
+        amo_kills = [f for f in fired if f.kind == "kill_amo"]
         terms = [f for f in fired if f.kind == "sigterm"]
         restarts = [f for f in fired if f.kind == "restart"]
         cuts = [f for f in fired if f.kind == "cut"]
@@ -42,6 +67,8 @@ class Report:
             f"{pools.get('thread', 0)} thread pool), {run.burst_rounds} burst round(s) at the end",
             f"kills (-9)       {len(kills)}: "
             + "; ".join(f"{f.worker_id} pid {f.pid} holding {f.held} at {f.t:.0f}s ({f.progress:.0%})" for f in kills),
+            f"kills mid AMO    {len(amo_kills)}: "
+            + "; ".join(f"{f.worker_id} running at-most-once items {f.amo_running} at {f.t:.0f}s" for f in amo_kills),
             f"SIGTERMs         {len(terms)}: "
             + "; ".join(
                 f"{f.worker_id} at {f.t:.0f}s ({f.progress:.0%}) exit {self._exit(f.worker_id)}" for f in terms
@@ -68,6 +95,7 @@ class Report:
             f"stuck            {stuck.figures['stuck']}   (reserved past lease {stuck.figures['reserved_past_lease']})",
             f"dead letters     planted {dead.figures['planted']}, poison dead {dead.figures['poison_dead']}, "
             f"dead items {dead.figures['dead_items']}, unexplained {dead.figures['unexplained']}",
+            "re-delivery      after a lease expired, until leased again: " + self._redelivery(),
             "phases           " + ", ".join(f"{k} {v:.1f}s" for k, v in run.phase_times.items()),
             "",
             f"{'CHECK':<40} {'RESULT':<7} FIGURES",
@@ -80,6 +108,12 @@ class Report:
         verdict = "PASS" if passed == len(self.checks) else "FAIL"
         out.append(f"RESULT: {verdict} ({passed}/{len(self.checks)} checks passed)")
         return out
+
+    def _redelivery(self) -> str:
+        d = redelivery_delays(self.h)
+        if not d["n"]:
+            return "no expired lease was leased again"
+        return f"p50 {d['p50']:.3f}s, p99 {d['p99']:.3f}s, max {d['max']:.3f}s over {d['n']} re-deliveries"
 
     def _exit(self, worker_id: str) -> Any:
         return next((p.exit_code for p in self.run.fleet.procs if p.worker_id == worker_id), None)
@@ -110,6 +144,7 @@ class Report:
                 for p in run.fleet.procs
             ],
             "runs": len(self.h.runs),
+            "redelivery_delay_seconds": redelivery_delays(self.h),
             "duplicates": self._check("every duplicate explained").details,
             "checks": [c.as_dict() for c in self.checks],
             "passed": all(c.passed for c in self.checks),

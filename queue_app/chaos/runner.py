@@ -174,7 +174,7 @@ class ChaosRun:
         self.work_started = time.monotonic()
         pending = schedule(
             self.rng, kills=sizes.kills, sigterms=sizes.sigterms, restarts=sizes.restarts, cuts=sizes.cuts,
-            cut_seconds=sizes.cut_seconds,
+            cut_seconds=sizes.cut_seconds, amo_kills=sizes.amo_kills,
         )  # fmt: skip
         self.say(f"{sizes.workers} workers started; faults: " + ", ".join(f"{f.kind}@{f.at:.0%}" for f in pending))
         next_fault, next_line = self.work_started + MIN_AGE, 0.0
@@ -208,7 +208,10 @@ class ChaosRun:
     def _fire(self, fault: Fault, progress: float, open_items: int) -> Fired | None:
         t = time.monotonic() - self.work_started
         fired = Fired(fault.kind, round(t, 2), round(progress, 4), detail={"open": open_items})
-        if fault.kind in ("kill", "sigterm"):
+        if fault.kind == "kill_amo":
+            if not self._kill_amo(fired):
+                return None  # no worker is running an at-most-once handler right now: look again soon
+        elif fault.kind in ("kill", "sigterm"):
             victim = self.fleet.pick(self.rng, MIN_AGE, self._registered())
             if victim is None:
                 return None  # every worker is brand new: wait for one to get going
@@ -238,6 +241,32 @@ class ChaosRun:
                      f"for {fault.seconds:g}s")  # fmt: skip
         self.fired.append(fired)
         return fired
+
+    def _kill_amo(self, fired: Fired) -> bool:
+        """kill -9 a worker while it runs at-most-once handlers (started, not settled); record their items."""
+        running = {p.worker_id: p for p in self.fleet.running()}
+
+        def started() -> dict[str, list[int]]:
+            rows = Reservation.objects.using(ALIAS).filter(
+                started_at__isnull=False, outcome__isnull=True, worker_id__in=list(running)
+            )
+            by_worker: dict[str, list[int]] = {}
+            for worker_id, item_id in rows.values_list("worker_id", "item_id"):
+                by_worker.setdefault(worker_id, []).append(item_id)
+            return by_worker
+
+        candidates = self._q(started, {})
+        if not candidates:
+            return False
+        worker_id = self.rng.choice(sorted(candidates))
+        victim = running[worker_id]
+        self.fleet.kill(victim)
+        # What it ran at the moment it died (a handler that finished between the query and the kill settled).
+        fired.worker_id, fired.pid = victim.worker_id, victim.pid
+        fired.amo_running = sorted(self._q(started, {}).get(worker_id, []))
+        self.say(f"FAULT kill -9 {worker_id} (pid {victim.pid}) mid at-most-once run of items {fired.amo_running}")
+        self.fleet.spawn()
+        return True
 
     # -- the end: no more faults, drain with --burst workers ------------------------------------------------
 
@@ -280,7 +309,8 @@ class ChaosRun:
             modes.update(dict.fromkeys(ids, mode))
         modes.update(dict.fromkeys(self.planted.poison, POISON))
         sigtermed = {p.worker_id for p in self.fleet.procs if p.fate in ("sigterm", "stopped")}
-        return Expect(modes, self.planted.poison_reasons(), self.fleet.killed(), sigtermed, self.outages)
+        amo_killed = {i: f.worker_id for f in self.fired if f.kind == "kill_amo" for i in f.amo_running}
+        return Expect(modes, self.planted.poison_reasons(), self.fleet.killed(), sigtermed, self.outages, amo_killed)
 
     def _judge(self) -> list[Check]:
         started = time.monotonic()
@@ -301,9 +331,9 @@ class ChaosRun:
 
     def _check_faults(self) -> Check:
         """The schedule fired in full, and on work in flight (a fault on an empty queue proves nothing)."""
-        kinds = {k: sum(f.kind == k for f in self.fired) for k in ("kill", "sigterm", "restart", "cut")}
-        wanted = {"kill": self.sizes.kills, "sigterm": self.sizes.sigterms, "restart": self.sizes.restarts,
-                  "cut": self.sizes.cuts}  # fmt: skip
+        kinds = {k: sum(f.kind == k for f in self.fired) for k in ("kill", "kill_amo", "sigterm", "restart", "cut")}
+        wanted = {"kill": self.sizes.kills, "kill_amo": self.sizes.amo_kills, "sigterm": self.sizes.sigterms,
+                  "restart": self.sizes.restarts, "cut": self.sizes.cuts}  # fmt: skip
         problems = [f"{k}: {kinds[k]} of {n} fired" for k, n in wanted.items() if kinds[k] < n]
         problems += [f"{f.kind} at {f.t}s fired on an empty queue" for f in self.fired if not f.detail.get("open")]
         figures = {**kinds, "kills_holding_work": sum(f.held > 0 for f in self.fired if f.kind == "kill")}

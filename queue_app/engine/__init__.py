@@ -6,17 +6,16 @@ for held in engine.lease(["default"], 10, worker_id="w1"):
     engine.complete(held, {"ok": True})
 """
 
-from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue
+from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue, notify, use_task_defaults
 from .errors import InvalidEnqueue, QueueError, StaleReservation
 from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, settle_and_lease
 from .maintenance import bloated_tables, prune_dedup_claims, prune_done, rescue_expired, vacuum
 from .retry import backoff_seconds
-from .settle import complete, complete_many, dead, extend, extend_many, fail, release
+from .settle import complete, complete_many, dead, extend, extend_many, fail, release, start_at_most_once
 from .workers import (
     LeaseTerms,
     WorkerRow,
     connection_room,
-    dead_after_at_most_once,
     dedicated_connection,
     lock_reserved,
     renew_leases,
@@ -43,7 +42,6 @@ __all__ = [
     "complete_many",
     "connection_room",
     "dead",
-    "dead_after_at_most_once",
     "dedicated_connection",
     "enqueue",
     "enqueue_many",
@@ -53,6 +51,7 @@ __all__ = [
     "fail",
     "lease",
     "lock_reserved",
+    "notify",
     "prune_dedup_claims",
     "prune_done",
     "release",
@@ -60,8 +59,10 @@ __all__ = [
     "rescue_expired",
     "save_worker",
     "settle_and_lease",
+    "start_at_most_once",
     "sweep_workers",
     "try_maintenance_lock",
     "try_wake_lock",
+    "use_task_defaults",
     "vacuum",
 ]

@@ -6,7 +6,7 @@ same (channel, queue) within one transaction, so a rolled-back enqueue never wak
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,6 +37,9 @@ class Enqueued:
     task: str
     run_at: datetime | None
     duplicate: bool
+    # As stored (the enqueuing transaction's start time, PostgreSQL's now()), not the client's clock: what a
+    # later read of the item returns.
+    created_at: datetime | None = None
 
 
 def _number(name: str, value: Any, *, minimum: float, integer: bool = False) -> Any:
@@ -72,6 +75,22 @@ def _key(name: str, value: Any) -> str | None:
     return value
 
 
+# Where enqueue() reads a task's declared defaults (queue, max_attempts, dedup window) by its name: the
+# registry's item_defaults, installed when the app is ready (the registry imports the engine, not the other way).
+# Every path that creates an item goes through enqueue() or enqueue_many(), so each takes them from there.
+TaskDefaults = Callable[[str], Mapping[str, Any] | None]
+_task_defaults: TaskDefaults | None = None
+
+
+def use_task_defaults(source: TaskDefaults | None) -> None:
+    global _task_defaults
+    _task_defaults = source
+
+
+def _declared(task: str) -> Mapping[str, Any]:
+    return (_task_defaults(task) if _task_defaults is not None else None) or {}
+
+
 def _queue_defaults() -> dict[str, Any]:
     """Parameters of sql.ENSURE_QUEUE: the settings a queue is created with when an enqueue first names it."""
     return {
@@ -94,7 +113,15 @@ def _params(
 ) -> dict[str, Any]:
     if not _is_storable_text(task):
         raise InvalidEnqueue(f"task must be a non-empty UTF-8 name of at most 200 characters without NUL, not {task!r}")
-    queue = queue_settings.DEFAULT_QUEUE if queue is None else queue
+    declared = _declared(task)
+    if queue is None:
+        queue = declared.get("queue") or queue_settings.DEFAULT_QUEUE
+    if declared.get("at_most_once") and max_attempts not in (None, 1):
+        raise InvalidEnqueue(
+            f"{task} is an at-most-once task, never retried: max_attempts={max_attempts!r} contradicts it"
+        )
+    if max_attempts is None:
+        max_attempts = declared.get("max_attempts")
     if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
         raise InvalidEnqueue(f"queue name must match {QUEUE_NAME.pattern}, not {queue!r}")
     if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
@@ -118,6 +145,14 @@ def _params(
         "channel": queue_settings.NOTIFY_CHANNEL,
         **_queue_defaults(),
     }
+
+
+def notify(queues: Iterable[str], using: str = "default") -> None:
+    """Wake the workers of `queues` (NOTIFY, delivered at commit): an item of theirs became leasable without an
+    enqueue (an ordering key unblocked by a settle)."""
+    with cursor(using) as cur:
+        for queue in sorted(set(queues)):
+            cur.execute(sql.NOTIFY, {"channel": queue_settings.NOTIFY_CHANNEL, "queue": queue})
 
 
 def ensure_queue(name: str, using: str = "default") -> None:
@@ -159,6 +194,8 @@ def enqueue(
         params["dedup_key"] = _key("dedup_key", dedup_key)
         if isinstance(dedup_window, timedelta):
             dedup_window = dedup_window.total_seconds()
+        if dedup_window is None:
+            dedup_window = _declared(task).get("dedup_window")
         window = queue_settings.DEDUP_WINDOW if dedup_window is None else dedup_window
         params["dedup_window"] = float(_number("dedup_window", window, minimum=0.001))
     if dedup_key is None:
@@ -167,19 +204,19 @@ def enqueue(
         with cursor(using) as cur:
             cur.execute(sql.ENQUEUE, params)
             row = cur.fetchone()
-        return Enqueued(row[0], params["queue"], task, row[1], duplicate=False)
+        return Enqueued(row[0], params["queue"], task, row[1], duplicate=False, created_at=row[2])
     while True:
         with transaction.atomic(using=using), cursor(using) as cur:
             cur.execute(sql.ENQUEUE_DEDUP, params)
             row = cur.fetchone()
             if row is not None:
-                return Enqueued(row[0], params["queue"], task, row[1], duplicate=False)
+                return Enqueued(row[0], params["queue"], task, row[1], duplicate=False, created_at=row[2])
             cur.execute(sql.DEDUP_OWNER, params)
             owner = cur.fetchone()
         if owner is not None:
             break
         # The claim vanished between the two statements (its window ended and it was pruned): claim again.
-    return Enqueued(owner[0], params["queue"], task, owner[1], duplicate=True)
+    return Enqueued(owner[0], params["queue"], task, owner[1], duplicate=True, created_at=owner[2])
 
 
 def enqueue_many(

@@ -114,9 +114,17 @@ def fail(
     )
 
 
-def dead(held: Held, reason: str, error: str = "", *, traceback: str = "", using: str = "default") -> None:
-    """Send the item straight to the dead letters (poison: unknown task, undecodable payload), whatever its
-    attempts."""
+def dead(
+    held: Held,
+    reason: str,
+    error: str = "",
+    *,
+    traceback: str = "",
+    timed_out: bool = False,
+    using: str = "default",
+) -> None:
+    """Send the item straight to the dead letters (poison: unknown task, undecodable payload; a failed
+    at-most-once run), whatever its attempts."""
     _fail(
         held,
         error=error or reason,
@@ -124,10 +132,26 @@ def dead(held: Held, reason: str, error: str = "", *, traceback: str = "", using
         retry_in=0,
         force_dead=True,
         reason=reason[:200],
-        outcome=None,
+        outcome="timed_out" if timed_out else None,
         action="dead-letter",
         using=using,
     )
+
+
+def start_at_most_once(held: Sequence[Held], *, using: str = "default") -> list[Held]:
+    """Record durably that the at-most-once handlers of `held` start now (sql.START_AT_MOST_ONCE): from here on
+    none is delivered again, and one whose lease lapses becomes a dead letter saying its worker stopped mid-run.
+    Returns the stale ones (no longer current, or past their lease deadline): their handlers must not run.
+    Commits before returning when called outside a transaction, and durably (synchronous commit)."""
+    if not held:
+        return []
+    with cursor(using) as cur:
+        cur.execute(
+            sql.START_AT_MOST_ONCE,
+            {"item_ids": [h.item_id for h in held], "reservation_ids": [h.reservation_id for h in held]},
+        )
+        started = {row[0] for row in cur.fetchall()}
+    return [h for h in held if h.reservation_id not in started]
 
 
 def extend_many(held: Sequence[Held], seconds: float, *, using: str = "default") -> dict[int, datetime]:

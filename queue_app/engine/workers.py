@@ -1,5 +1,5 @@
 """The engine's side of a worker: its Worker row (register, heartbeat, stop, sweep), lease renewal, the fenced
-row lock of transactional delivery, the dead letter of a failed at-most-once attempt, and dedicated
+row lock of transactional delivery, and dedicated
 connections (LISTEN, logs that must survive a rollback).
 
 The worker runtime (queue_app/worker/) calls these; like the rest of the engine they are plain SQL from sql.py.
@@ -108,26 +108,6 @@ def lock_reserved(held: Held, *, using: str = "default") -> bool:
     False means the reservation is stale and the handler must not run."""
     with cursor(using) as cur:
         cur.execute(sql.LOCK_RESERVED, {"item_id": held.item_id, "reservation_id": held.reservation_id})
-        return cur.fetchone() is not None
-
-
-def dead_after_at_most_once(
-    held: Held, error: str, *, traceback: str = "", timed_out: bool = False, using: str = "default"
-) -> bool:
-    """An at-most-once item was settled done before its handler ran and the handler failed: make it a dead
-    letter, never retried. False when the item is no longer done under this reservation (requeued since)."""
-    with cursor(using) as cur:
-        cur.execute(
-            sql.AT_MOST_ONCE_FAILED,
-            {
-                "item_id": held.item_id,
-                "reservation_id": held.reservation_id,
-                "reason": "at-most-once attempt failed (not retried)",
-                "error": error,
-                "traceback": traceback,
-                "outcome": "timed_out" if timed_out else None,
-            },
-        )
         return cur.fetchone() is not None
 
 

@@ -48,6 +48,9 @@ class Outcome(NamedTuple):
     traceback: str = ""
     retryable: bool = True
     timed_out: bool = False
+    # The handler raised a BaseException that is not an Exception (SystemExit, KeyboardInterrupt): recorded like
+    # any failure; a pool's child process then exits, as the handler asked, after reporting it.
+    fatal: bool = False
 
 
 class ResultNotJSON(Exception):
@@ -65,7 +68,13 @@ def storable(text: str, limit: int) -> str:
 
 
 def failed(
-    reservation_id: int, error: str, *, tb: str = "", retryable: bool = True, timed_out: bool = False
+    reservation_id: int,
+    error: str,
+    *,
+    tb: str = "",
+    retryable: bool = True,
+    timed_out: bool = False,
+    fatal: bool = False,
 ) -> Outcome:
     return Outcome(
         reservation_id,
@@ -74,6 +83,7 @@ def failed(
         traceback=storable(tb, TRACEBACK_CHARS),
         retryable=retryable,
         timed_out=timed_out,
+        fatal=fatal,
     )
 
 
@@ -98,8 +108,10 @@ def _run_transactional(task: Task, payload: Any, ctx: Context) -> Outcome:
 
 
 def run_job(job: Job) -> Outcome:
-    """Run `job`'s handler under its delivery mode. Exceptions become a failed Outcome; BaseExceptions
-    (SystemExit, KeyboardInterrupt) are left to the caller."""
+    """Run `job`'s handler under its delivery mode. Exceptions become a failed Outcome, and so do the other
+    BaseExceptions (SystemExit, KeyboardInterrupt): recorded with their class and traceback like any failure
+    (retried only when the task's Retry names them), marked `fatal` so that a child process exits after
+    reporting it."""
     task: Task | None = None
     try:
         task = get_task(job.task)
@@ -125,6 +137,14 @@ def run_job(job: Job) -> Outcome:
             f"{type(exc).__name__}: {exc}",
             tb=traceback.format_exc(),
             retryable=task is None or task.retry.should_retry(exc),
+        )
+    except BaseException as exc:  # noqa: B036 — SystemExit, KeyboardInterrupt, GeneratorExit raised by a handler
+        return failed(
+            job.reservation_id,
+            f"{type(exc).__name__}: {exc}",
+            tb=traceback.format_exc(),
+            retryable=task is not None and task.retry.should_retry(exc),
+            fatal=True,
         )
     finally:
         # As Django does at the end of a request: drop a connection the handler broke or left in a transaction,

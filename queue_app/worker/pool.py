@@ -2,8 +2,10 @@
 
 - ProcessPool (default): one forked child process per slot, fed over a pipe. A child past its hard timeout,
   or whose reservation went stale, is SIGKILLed and replaced; a child that dies on its own (os._exit, a
-  segfault, SystemExit) is replaced and its job reported failed. Children die with the supervisor
-  (PR_SET_PDEATHSIG), so a kill -9 of the worker leaves no handler running behind it.
+  segfault, a signal) is replaced and its job reported failed, naming the exit code or signal. A handler raising
+  SystemExit or KeyboardInterrupt is reported like any exception (class, traceback), then its child exits.
+  Children die with the supervisor (PR_SET_PDEATHSIG), so a kill -9 of the worker leaves no handler running
+  behind it.
 - ThreadPool (`--pool thread`, for I/O-bound and short handlers): threads taking jobs from one shared queue,
   which may hold the worker's prefetch. A thread cannot be killed: at its hard timeout the attempt is failed as
   timed out and the thread is abandoned (it runs on, its outcome is ignored) and a new thread takes its place.
@@ -101,6 +103,8 @@ def _child_main(conn: Connection, inherited: list[Connection], parent_pid: int, 
         try:
             conn.send(outcome)
         except (OSError, ValueError):
+            break
+        if outcome.fatal:  # the handler raised SystemExit or the like: reported, now exit as it asked
             break
     connections.close_all()
 
@@ -203,6 +207,8 @@ class ProcessPool:
                 self._replace(child)
             else:
                 child.job = None
+                if outcome.fatal:  # the child exits after reporting it: never hand it another job
+                    self._replace(child)
             outcomes.append(outcome)
         return outcomes
 
@@ -287,7 +293,7 @@ class ThreadPool:
             self.taken[job.reservation_id] = me
             try:
                 outcome = self.runner(job)
-            except BaseException as exc:  # SystemExit, KeyboardInterrupt raised by a handler: fail, carry on
+            except BaseException as exc:  # a runner other than run_job (which reports these itself): carry on
                 outcome = failed(job.reservation_id, f"the handler raised {type(exc).__name__}: {exc}")
             me.job = None
             if me.abandoned:

@@ -19,7 +19,7 @@ IDLE_LOG_EVERY = 300.0  # ...and while nothing does
 class Stats:
     """Counters of one worker run, saved in its Worker row."""
 
-    processed: int = 0  # items done (at-most-once: settled before running)
+    processed: int = 0  # items done
     failed: int = 0  # failed attempts (retried or dead), timeouts included
     timed_out: int = 0
     dead: int = 0  # items this worker sent to the dead letters (poison, last attempt, at-most-once failures)

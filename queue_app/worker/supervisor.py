@@ -5,10 +5,14 @@ polling as the fallback.
 
 Delivery modes, from here:
 - at-least-once: run, then settle (complete_many; fail with the task's Retry policy; dead letter).
-- at-most-once: settle done before the handler starts (a stale settle: do not run); a failure afterwards makes
-  the item a dead letter, never retried.
+- at-most-once: record durably that the handler starts (engine.start_at_most_once; stale: do not run), run,
+  then settle done, or dead on a failure, never retried; should the worker die mid-run, the lease lapses and
+  the rescue makes the item a dead letter that says so.
 - transactional: the pool runs handler and settle in one transaction (worker/execute.py); failures are
   settled here, after the rollback.
+
+Layout: the options and records in options.py, what becomes of each outcome (complete, retry, dead letter,
+hard timeouts) in settling.py (a mixin), the loop, leases, starts, heartbeats and outages here.
 
 Outages: every database round is guarded; on a lost connection the supervisor logs once, backs off (0.5 s
 doubling to 10 s) and retries, keeping finished outcomes in memory; they are settled when the server is back
@@ -16,6 +20,7 @@ doubling to 10 s) and retries, keeping finished outcomes in memory; they are set
 """
 
 import contextlib
+import heapq
 import logging
 import os
 import secrets
@@ -23,92 +28,39 @@ import select
 import signal
 import socket
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
-from django.db.utils import DatabaseError, InterfaceError, OperationalError
 
 from .. import engine
 from ..conf import queue_settings
-from ..engine import ALL_QUEUES, Lease, LeaseTerms, StaleReservation
+from ..engine import ALL_QUEUES, Lease, LeaseTerms
 from ..registry import Delivery, Task, find_task, registered_tasks
-from .execute import Job, Outcome
+from .execute import Job
 from .listener import FOLLOW, Listener
 from .maintenance import Maintenance
+from .options import DATABASE_DOWN, DEADLINE_RECHECK, Pending, Running, WorkerOptions
 from .pool import Pool, make_pool
+from .settling import Settling
 from .status import Stats, StatusReporter, fields
 
 logger = logging.getLogger("jobsite.worker")
 
-DATABASE_DOWN = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
 HEARTBEAT_MAX = 10.0  # seconds between heartbeats at most; less when the shortest lease asks for it
 # While other items still run, a freed slot and its finished item wait up to this long for company, so settles
 # and leases go in batches rather than one round trip per item.
 GATHER = 0.005
-# How often the hard timeouts of items still waiting in the pool's queue are looked at again (their clock starts
-# when a thread takes them): the precision of a hard timeout in the thread pool.
-DEADLINE_RECHECK = 0.25
 # Connections a worker opens beyond its own and one per pool slot: its LISTEN connection, its vacuum thread's.
 OTHER_CONNECTIONS = 2
+# A loop iteration that began this much later than the previous one ended (beyond its longest wait) means the
+# worker was away: frozen (SIGSTOP, a paused VM), or stuck in a blocking call. Its leases may have lapsed.
+AWAY_AFTER = 2.0
 
 
-@dataclass(frozen=True)
-class WorkerOptions:
-    queues: list[str] | None = None  # None: every queue
-    concurrency: int = 4
-    pool: str = "process"
-    batch: int | None = None  # most items per lease; None: as many as there is room for
-    prefetch: int | None = None  # items held leased, not yet started, beyond the slots; None: concurrency
-    poll_interval: float = 1.0
-    worker_id: str | None = None
-    burst: bool = False
-    max_items: int | None = None
-    grace_period: float = 25.0
-    scheduler: bool = True  # fire due cron schedules (the "scheduler" maintenance unit)
-
-    def problems(self) -> list[str]:
-        found = []
-        if self.concurrency < 1:
-            found.append(f"--concurrency must be at least 1, not {self.concurrency}")
-        if self.batch is not None and self.batch < 1:
-            found.append(f"--batch must be at least 1, not {self.batch}")
-        if self.prefetch is not None and self.prefetch < 0:
-            found.append(f"--prefetch must be at least 0, not {self.prefetch}")
-        if not self.poll_interval > 0:
-            found.append(f"--poll-interval must be > 0 seconds, not {self.poll_interval}")
-        if self.max_items is not None and self.max_items < 1:
-            found.append(f"--max-items must be at least 1, not {self.max_items}")
-        if self.grace_period < 0:
-            found.append(f"--grace-period must be >= 0 seconds, not {self.grace_period}")
-        if self.pool not in ("process", "thread"):
-            found.append(f"--pool must be 'process' or 'thread', not {self.pool!r}")
-        return found
-
-
-@dataclass
-class Running:
-    """An item handed to the pool: running, or (thread pool) waiting in its queue for a thread."""
-
-    lease: Lease
-    task: Task
-
-
-@dataclass
-class Pending:
-    """A settle (other than a plain complete) waiting for the database; `apply` returns the item's fate."""
-
-    lease: Lease
-    what: str
-    apply: Callable[[], str]
-
-
-class Supervisor:
+class Supervisor(Settling):
     def __init__(self, options: WorkerOptions, pool: Pool | None = None) -> None:
         self.options = opts = options
         self.pool = pool
@@ -154,6 +106,9 @@ class Supervisor:
         self.next_first_try = 0.0  # a follower's next try for the wake lock
         self.idle_after_lease = False
         self.heartbeat_every = self._heartbeat_cap()
+        self.due: list[float] = []  # heap: when items this worker sent back for a retry become due
+        self.away = False  # the loop was away (frozen, cut off): check leases and settle before anything else
+        self.waited_from, self.waited_for = time.monotonic(), 0.0  # the last wait: since when, for how long
 
     # -- start and stop -------------------------------------------------------------------------------------
 
@@ -274,6 +229,12 @@ class Supervisor:
     # -- the loop -------------------------------------------------------------------------------------------
 
     def _step(self) -> None:
+        now = time.monotonic()
+        late = now - self.waited_from - self.waited_for  # beyond the last step's work and its planned wait
+        if late > AWAY_AFTER:
+            logger.warning("worker was away %s", fields(seconds=f"{late:.1f}"))
+            self.away = True
+        self.waited_from, self.waited_for = now, 0.0
         for outcome in self.pool.collect():
             self._finish(outcome)
         self._enforce_deadlines()
@@ -311,6 +272,7 @@ class Supervisor:
             or self.maybe_more
             or now >= self.next_poll
             or now >= self.wake_at
+            or (bool(self.due) and now >= self.due[0])
             or (self.options.burst and not self.running)
         )
         return wanted and self._gathered(now)
@@ -330,7 +292,7 @@ class Supervisor:
         if not self.stopping and self._free() > 0:
             # A full worker waits for a slot (the pool's fd says when), not for a poll or a follower's turn that
             # it could not act on: past due, they would make every select() return at once (a busy loop).
-            deadlines += [self.next_poll, self.wake_at]
+            deadlines += [self.next_poll, self.wake_at, *self.due[:1]]
         if self.stopping:
             deadlines.append(self.grace_deadline)
         if self.gather_since is not None and self.running:
@@ -344,6 +306,7 @@ class Supervisor:
         listener_fd = self.listener.fileno()
         if listener_fd is not None:
             fds.append(listener_fd)
+        self.waited_from, self.waited_for = time.monotonic(), timeout
         readable, _, _ = select.select(fds, [], [], timeout)
         if self._wake_r in readable:
             with contextlib.suppress(BlockingIOError):
@@ -362,118 +325,6 @@ class Supervisor:
             self.woken = True
         elif notified:
             self.wake_at = min(self.wake_at, time.monotonic() + FOLLOW)
-
-    # -- outcomes -------------------------------------------------------------------------------------------
-
-    def _finish(self, outcome: Outcome) -> None:
-        running = self.running.pop(outcome.reservation_id, None)
-        if running is None:  # already stopped (hard timeout, stale) and accounted for
-            return
-        self._slot_freed()
-        lease, task = running.lease, running.task
-        if outcome.status == "ok":
-            if task.delivery is not Delivery.AT_MOST_ONCE:  # at-most-once was settled before it ran
-                self.done.append((lease, outcome.result))
-        elif outcome.status == "settled":
-            self.stats.processed += 1
-        elif outcome.status == "stale":
-            self._stale(lease, "its transaction found the reservation no longer current; nothing was kept")
-        else:
-            self._failed(lease, task, outcome.error, outcome.traceback, outcome.retryable, outcome.timed_out)
-
-    def _stale(self, lease: Lease, why: str) -> None:
-        self.stats.stale += 1
-        logger.info("stale %s", fields(item=lease.item_id, reservation=lease.reservation_id, why=repr(why)))
-
-    def _failed(self, lease: Lease, task: Task, error: str, tb: str, retryable: bool, timed_out: bool = False) -> None:
-        self.stats.failed += 1
-        self.stats.timed_out += timed_out
-        logger.info(
-            "attempt failed %s",
-            fields(item=lease.item_id, task=lease.task, attempt=lease.attempt, error=repr(error[:200])),
-        )
-        if task.delivery is Delivery.AT_MOST_ONCE:
-            self._settle_later(
-                lease,
-                "dead letter (at-most-once)",
-                lambda: (
-                    "dead"
-                    if engine.dead_after_at_most_once(lease, error, traceback=tb, timed_out=timed_out)
-                    else "stale"
-                ),
-            )
-        elif not retryable:
-            reason = f"not retryable: {error}"
-            self._settle_later(lease, "dead letter", lambda: self._dead(lease, reason, error, tb))
-        elif task.retry.times is not None and task.retry.times <= lease.attempt < lease.max_attempts:
-            # The task allows fewer attempts than the item was enqueued with (not through the task).
-            self._settle_later(lease, "dead letter", lambda: self._dead(lease, "max attempts exhausted", error, tb))
-        else:
-            retry_in = task.retry.retry_in(lease.attempt)
-            self._settle_later(
-                lease,
-                "fail",
-                lambda: engine.fail(lease, error, traceback=tb, retry_in=retry_in, timed_out=timed_out),
-            )
-
-    @staticmethod
-    def _dead(lease: Lease, reason: str, error: str = "", tb: str = "") -> str:
-        engine.dead(lease, reason, error, traceback=tb)
-        return "dead"
-
-    def _settle_later(self, lease: Lease, what: str, apply: Callable[[], str]) -> None:
-        self.pending.append(Pending(lease, what, apply))
-
-    def _poison(self, lease: Lease, reason: str) -> None:
-        logger.warning("poison %s", fields(item=lease.item_id, task=lease.task, reason=repr(reason)))
-        self._settle_later(lease, "dead letter (poison)", lambda: self._dead(lease, reason[:200], reason))
-
-    def _enforce_deadlines(self) -> None:
-        """Stop handlers past their hard timeout (counted from when the pool started them), and everything at
-        the end of the grace period. Walks what is in flight only when the earliest deadline may have come."""
-        now = time.monotonic()
-        out_of_grace = self.stopping and now >= self.grace_deadline
-        if now < self.next_deadline and not out_of_grace:
-            return  # the common case, without a walk over everything in flight
-        self.next_deadline = float("inf")
-        for reservation_id, running in list(self.running.items()):
-            started = self.pool.started_at(reservation_id)
-            if started is None:  # waiting in the pool's queue: its clock has not started; look again soon
-                self.next_deadline = min(self.next_deadline, now + DEADLINE_RECHECK)
-                deadline = float("inf")
-            else:
-                deadline = started + running.task.hard_timeout
-            if now < deadline and not out_of_grace:
-                self.next_deadline = min(self.next_deadline, deadline)
-                continue
-            self.pool.stop(reservation_id)
-            del self.running[reservation_id]
-            self._slot_freed()
-            lease, task = running.lease, running.task
-            if self.pool.kind == "thread" and task.delivery is Delivery.TRANSACTIONAL:
-                # An abandoned thread keeps its transaction and the item's row lock: a settle from here would
-                # wait on that lock. Its transaction settles the item or rolls back; then the lease expires.
-                logger.warning(
-                    "abandoned %s", fields(item=lease.item_id, task=lease.task, why="transactional thread overran")
-                )
-                self.stats.timed_out += now >= deadline
-                continue
-            if now >= deadline:
-                how = "its child process was killed" if self.pool.kind == "process" else "its thread was abandoned"
-                error = f"hard timeout: the handler ran longer than {task.hard_timeout:g}s and was stopped ({how})"
-                logger.warning("timed out %s", fields(item=lease.item_id, task=lease.task, attempt=lease.attempt))
-                self._failed(lease, task, error, "", retryable=True, timed_out=True)
-            elif task.delivery is Delivery.AT_MOST_ONCE:
-                self._failed(lease, task, "the worker shut down before the handler finished", "", retryable=False)
-            else:
-                self._release_later(lease)
-
-    def _release_later(self, lease: Lease) -> None:
-        def release() -> str:
-            engine.release(lease)
-            return "released"
-
-        self._settle_later(lease, "release", release)
 
     # -- the database round ---------------------------------------------------------------------------------
 
@@ -512,11 +363,18 @@ class Supervisor:
         if not self.registered:
             engine.save_worker(self.row, "running", self.stats.as_dict())
             self.registered = True
+        if self.away or self.db_down_since is not None:
+            # Back from a freeze or an outage: first settle the results held meanwhile and renew the leases
+            # held (dropping prefetched items whose lease was taken back), so that neither this worker's own
+            # rescue nor a start of a prefetched item acts on a lease that is no longer ours.
+            self._complete_done()
+            self._heartbeat()
+            self.away = False
         if self.release_held:
-            # An at-most-once item was settled done before it was handed over: taken back, it would never run.
-            # It stays with its thread (one was idle when it was handed over, if maybe still connecting).
-            settled = frozenset(r for r, run in self.running.items() if run.task.delivery is Delivery.AT_MOST_ONCE)
-            for reservation_id in self.pool.take_back(keep=settled):  # queued in the pool, never started
+            # An at-most-once item was recorded as started before it was handed over: taken back, it would never
+            # run. It stays with its thread (one was idle when it was handed over, if maybe still connecting).
+            started = frozenset(r for r, run in self.running.items() if run.task.delivery is Delivery.AT_MOST_ONCE)
+            for reservation_id in self.pool.take_back(keep=started):  # queued in the pool, never started
                 self._release_later(self.running.pop(reservation_id).lease)
         if self.release_held and self.leased:
             for lease, _ in self.leased:
@@ -527,6 +385,8 @@ class Supervisor:
         self._start_leased()
         if now >= self.next_heartbeat:
             self._heartbeat()
+        if self.done and self.maintenance.next_due() <= now:
+            self._complete_done()  # what this worker holds is settled before its rescue may expire it
         self.maintenance.run_due()  # before the lease: a schedule it fires is leased in this round
         if self._should_lease(now):
             self._lease(now)  # completes what finished in the same round trip
@@ -534,45 +394,19 @@ class Supervisor:
         elif self._settle_due(now):
             self._complete_done()
 
-    def _completed(self, stale: list[Lease]) -> None:
-        self.stats.processed += len(self.done) - len(stale)
-        for lease in stale:
-            self._stale(lease, "complete found the reservation no longer current")
-        self.done = []
-
-    def _complete_done(self) -> None:
-        if self.done:
-            self._completed(engine.complete_many(self.done))
-
-    def _settle_pending(self) -> None:
-        while self.pending:
-            settle = self.pending[0]
-            try:
-                fate = settle.apply()
-            except StaleReservation:
-                fate = "stale"
-            except DATABASE_DOWN:
-                raise
-            except DatabaseError:  # the server refused this one settle: log it, never spin on it
-                logger.exception("settle refused %s", fields(item=settle.lease.item_id, what=repr(settle.what)))
-                fate = "refused"
-            self.pending.pop(0)
-            if fate == "dead":
-                self.stats.dead += 1
-            elif fate == "stale":
-                self._stale(settle.lease, f"{settle.what} found the reservation no longer current")
-
     def _lease(self, now: float) -> None:
         want = self._free()
         out = engine.settle_and_lease(self.done, self.queues, want, self.worker_id, terms=self.terms)
-        self._completed(out.stale)
         leases = out.leases
         self.taken += len(leases)
         self.maybe_more = len(leases) == want
         self.woken = False
         self.wake_at = float("inf")
+        while self.due and self.due[0] <= now:
+            heapq.heappop(self.due)
         self.gather_since = None
         self.next_poll = now + self.options.poll_interval
+        self._completed(out.stale)  # after the wake-up flags: a completed item's key may wake the next lease
         self.idle_after_lease = not leases and not (self.running or self.leased or self.done or self.pending)
         for lease in leases:
             task = find_task(lease.task)
@@ -593,13 +427,13 @@ class Supervisor:
             self._settle_pending()
 
     def _start_leased(self) -> None:
-        """Start as many held items as there are idle slots: settle at-most-once ones first, give an item whose
-        task the lease statement did not know (found by a resolver) its task's lease, then run them."""
+        """Start as many held items as there are idle slots: give an item whose task the lease statement did not
+        know (found by a resolver) its task's lease, record the at-most-once ones as started, then run them."""
         starting: list[tuple[Lease, Task]] = []
         room, free_threads = self.pool.idle(), self.pool.idle_threads()
         for lease, task in self.leased:
-            # An at-most-once item is settled before it runs: hand it over only to a thread that starts it at
-            # once, never to a queue where a shutdown could take it back done and never run.
+            # An at-most-once item is recorded as started before it runs: hand it over only to a thread that
+            # starts it at once, never to a queue where a shutdown could take it back and never run it.
             if len(starting) >= room or (task.delivery is Delivery.AT_MOST_ONCE and free_threads <= 0):
                 break
             starting.append((lease, task))
@@ -609,20 +443,18 @@ class Supervisor:
         renew = [
             LeaseTerms(lease, task.lease_timeout, task.min_lease)
             for lease, task in starting
-            if task.delivery is not Delivery.AT_MOST_ONCE and lease.task not in self.terms
+            if lease.task not in self.terms
         ]
         current = engine.renew_leases(renew, keep_longer=False, tolerance=0.5)
-        settle_first = [(lease, None) for lease, task in starting if task.delivery is Delivery.AT_MOST_ONCE]
-        stale = {lease.reservation_id for lease in engine.complete_many(settle_first)}
+        at_most_once = [lease for lease, task in starting if task.delivery is Delivery.AT_MOST_ONCE]
+        stale = {lease.reservation_id for lease in engine.start_at_most_once(at_most_once)}
         self.leased = self.leased[len(starting) :]
         now = time.monotonic()
         for lease, task in starting:
-            if task.delivery is Delivery.AT_MOST_ONCE:
-                if lease.reservation_id in stale:
-                    self._stale(lease, "settling before the run found the reservation gone; not run")
-                    continue
-                self.stats.processed += 1
-            elif lease.task not in self.terms and lease.reservation_id not in current:
+            if lease.reservation_id in stale:
+                self._stale(lease, "recording the at-most-once start found the reservation gone; not run")
+                continue
+            if lease.task not in self.terms and lease.reservation_id not in current:
                 self._stale(lease, "the reservation was lost before the handler started; not run")
                 continue
             self.running[lease.reservation_id] = Running(lease, task)
@@ -642,7 +474,7 @@ class Supervisor:
             )
 
     def _heartbeat(self) -> None:
-        held = [r for r in self.running.values() if r.task.delivery is not Delivery.AT_MOST_ONCE]
+        held = list(self.running.values())
         terms = [LeaseTerms(r.lease, r.task.lease_timeout, r.task.min_lease) for r in held]
         terms += [LeaseTerms(lease, task.lease_timeout, task.min_lease) for lease, task in self.leased]
         current = engine.renew_leases(terms, keep_longer=True)
