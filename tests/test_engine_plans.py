@@ -124,6 +124,8 @@ def test_every_statement_keeps_to_index_probes_when_planned_on_out_of_date_stati
         "COMPLETE_MANY",
         "FAIL",
         "RENEW_LEASES",
+        "EXTEND_MANY",
+        "SPEND_RATE",
     } <= checked.keys()
     # What FAIL was: a row by its primary key, its state a plain constant test. The check must see that one.
     checked["naive FAIL"] = """SELECT id FROM queue_app_queueitem
