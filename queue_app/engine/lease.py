@@ -71,9 +71,7 @@ def _lease_named(cur: Any, queues: list[str], n: int, params: dict[str, Any]) ->
     return [_lease(r) for r in cur.fetchall()]
 
 
-def _lease_flow_controlled(
-    cur: Any, queues: Iterable[str], n: int, params: dict[str, Any], using: str
-) -> list[Lease]:
+def _lease_flow_controlled(cur: Any, queues: Iterable[str], n: int, params: dict[str, Any], using: str) -> list[Lease]:
     """Lease from queues under flow control, each under its row lock so that concurrent workers keep its limits
     together: lock the queue row (which says the rate window's room), count what is in flight against a
     concurrency limit, lease the room left (group keys in turn when the queue leases by group), and count the
