@@ -190,6 +190,8 @@ class QueueItem(models.Model):
             ),
             # Admin search by ordering key.
             models.Index("ordering_key", name="item_ordering_key", condition=Q(ordering_key__isnull=False)),
+            # ... and by group key (items queued without one are not in it).
+            models.Index("group_key", name="item_group_key", condition=Q(group_key__isnull=False)),
             # Items in flight: per-queue counts (overview, concurrency limits) and the rescue of expired leases.
             models.Index("queue", "visible_at", name="item_in_flight", condition=Q(state="reserved")),
         ]

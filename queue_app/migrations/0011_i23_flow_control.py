@@ -65,4 +65,8 @@ class Migration(migrations.Migration):
             model_name='queue',
             constraint=models.CheckConstraint(condition=models.Q(('group_concurrency__isnull', True), ('group_concurrency__gte', 1), _connector='OR'), name='queue_group_concurrency_positive'),
         ),
+        migrations.AddIndex(
+            model_name='queueitem',
+            index=models.Index(models.F('group_key'), condition=models.Q(('group_key__isnull', False)), name='item_group_key'),
+        ),
     ]
