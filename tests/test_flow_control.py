@@ -286,3 +286,33 @@ def test_a_group_key_over_the_size_limit_is_refused_and_nothing_is_written():
     with pytest.raises(engine.InvalidEnqueue, match="group_key must be"):
         engine.enqueue("t", group_key="")
     assert not QueueItem.objects.exists()
+
+
+# -- the group key through the task APIs ----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_registered_task_and_a_django_task_carry_their_group_key():
+    from queue_app.registry import get_task
+    from tests import django_tasks_app
+
+    job_item = get_task("queue_app.noop").enqueue({}, group_key="customer-1").id
+    many = get_task("queue_app.noop").enqueue_many([{}] * 2, group_key="customer-2")
+    django_item = int(django_tasks_app.add.using(group_key="customer-3").enqueue(1, 2).id)
+
+    keys = dict(QueueItem.objects.values_list("id", "group_key"))
+    assert [keys[job_item], keys[many[0]], keys[many[1]], keys[django_item]] == [
+        "customer-1",
+        "customer-2",
+        "customer-2",
+        "customer-3",
+    ]
+
+
+@pytest.mark.django_db
+def test_a_django_task_with_an_oversized_group_key_is_refused():
+    from tests import django_tasks_app
+
+    with pytest.raises(engine.InvalidEnqueue, match="group_key must be"):
+        django_tasks_app.add.using(group_key="k" * 201).enqueue(1, 2)
+    assert not QueueItem.objects.exists()

@@ -1,8 +1,9 @@
 """The queue overview: the admin's landing page (templates/admin/index.html puts it above the app list).
 
 Per queue: depth by state, oldest due item, in flight, processed / failed / lease expirations over the last
-minutes, dead letters and live workers, what holds its due items back (a concurrency, rate or group limit), plus a small throughput chart (inline SVG drawn here, no script). The
-page re-fetches the rendered fragment every few seconds from `overview_fragment`.
+minutes, dead letters and live workers, what holds its due items back (a concurrency, rate or group limit),
+plus a small throughput chart (inline SVG drawn here, no script). The page re-fetches the rendered fragment
+every few seconds from `overview_fragment`.
 """
 
 from typing import Any
