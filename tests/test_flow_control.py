@@ -174,6 +174,27 @@ def test_priority_wins_over_fairness():
 
 
 @transactional
+def test_priority_wins_over_fairness_among_many_keys():
+    for key in range(10):
+        engine.enqueue_many("t", [{}] * 20, queue="tenants", group_key=f"k{key}")
+    urgent = engine.enqueue_many("t", [{}] * 20, queue="tenants", group_key="k3", priority=5)
+    services.set_queue_options("tenants", fair=True)
+
+    first = lease("tenants", 15)
+
+    assert {h.item_id for h in first} <= set(urgent) and len(first) == 15
+
+
+@transactional
+def test_a_fair_lease_reads_each_key_up_to_its_share_and_still_fills_the_batch():
+    for key in range(20):
+        engine.enqueue_many("t", [{}] * 30, queue="tenants", group_key=f"k{key:02}")
+    services.set_queue_options("tenants", fair=True)
+
+    assert groups_of(lease("tenants", 40)) == {f"k{key:02}": 2 for key in range(20)}
+
+
+@transactional
 def test_items_without_a_group_key_share_one_group_in_a_fair_queue():
     before = engine.enqueue_many("t", [{}] * 3, queue="tenants")  # queued before the queue was fair
     services.set_queue_options("tenants", fair=True)

@@ -243,12 +243,20 @@ SELECT {_LEASED_COLUMNS} FROM leased
 
 # The fair lease of one queue, run under its row lock (LOCK_FLOW_QUEUE), so no other leaser of the queue runs
 # at the same time: group keys take turns. Its group keys are found by skipping through item_group (one probe
-# per key), each key's lane is read in the fetch order up to its room (the batch, less for a key at its group
-# limit: `group_limit` minus the key's items in flight), and the batch takes the lanes' first items, then their
-# seconds, and so on: priority first, then the turn (divided by the key's weight: a key of weight 3 has three
-# turns to another key's one), then due time. A key with 100,000 items and a key with 10 both progress at each
-# lease. The chosen rows are then locked by primary key (SKIP LOCKED, the lease's conditions checked again on the
-# row's latest version), so a row cancelled or requeued meanwhile is left out, never taken twice.
+# per key). Each key may take its room (the batch, less for a key at its group limit: `group_limit` minus the
+# key's items in flight). Candidates: each key's lane read in the fetch order up to twice its share of the batch
+# (its weight over all keys' weights), so a lease reads about two batches of rows however many keys there are;
+# plus the queue's best `n` rows in the fetch order (item_fetch), so a key with more high-priority items than its
+# share still has them all in the running. The batch takes the keys' first candidates, then their seconds, and
+# so on: priority first, then the turn (divided by the key's weight: a key of weight 3 has three turns to another
+# key's one), then due time. So a key with 100,000 items and a key with 10 both progress at each lease, and `n`
+# items of a higher priority always go before any of a lower one. The chosen rows are then locked by primary
+# key (SKIP LOCKED, the lease's conditions checked again on the row's latest version): a row cancelled or
+# requeued meanwhile is left out, never taken twice.
+_FAIR_DUE = f"""i.state IN ('ready', 'reserved')
+          AND i.visible_at <= now()
+          AND (i.state = 'ready' OR i.attempts < i.max_attempts)
+          AND {_ORDERING_KEY_FREE}"""
 _FAIR_PICKED = f"""keys(group_key) AS (
     (SELECT i.group_key FROM {ITEM} i
      WHERE i.queue_id = %(queue)s AND i.state IN ('ready', 'reserved') AND i.group_key IS NOT NULL
@@ -261,32 +269,41 @@ _FAIR_PICKED = f"""keys(group_key) AS (
     FROM keys k WHERE k.group_key IS NOT NULL
 ), flight AS MATERIALIZED (
     -- Once, from item_in_flight (the queue's few rows in flight), not per key down its lane (all its items).
-    SELECT i.group_key, count(*) AS n FROM {ITEM} i
     -- (no `group_key IS NOT NULL` here: it would let the planner walk item_group, every open item of the queue)
+    SELECT i.group_key, count(*) AS n FROM {ITEM} i
     WHERE i.queue_id = %(queue)s AND i.state = 'reserved' AND i.visible_at > now()
     GROUP BY i.group_key
-), weights AS (
-    SELECT * FROM unnest(%(weight_keys)s::text[], %(weight_values)s::float8[]) AS w(group_key, weight)
-), lanes AS (
-    SELECT c.id, c.priority, c.visible_at,
-           row_number() OVER (PARTITION BY k.group_key ORDER BY c.priority DESC, c.visible_at, c.id)
-               / COALESCE((SELECT w.weight FROM weights w WHERE w.group_key = k.group_key), 1) AS turn
-    FROM keys k
+), shares AS MATERIALIZED (
+    SELECT k.group_key,
+           COALESCE((SELECT w.weight FROM unnest(%(weight_keys)s::text[], %(weight_values)s::float8[])
+                         AS w(group_key, weight) WHERE w.group_key = k.group_key), 1) AS weight,
+           GREATEST(0, LEAST(%(n)s, %(group_limit)s::int
+                                    - COALESCE((SELECT f.n FROM flight f WHERE f.group_key = k.group_key), 0)))
+               AS room
+    FROM keys k WHERE k.group_key IS NOT NULL
+), candidates AS (
+    SELECT c.* FROM shares s
     CROSS JOIN LATERAL (
-        SELECT i.id, i.priority, i.visible_at
+        SELECT i.id, i.group_key, i.priority, i.visible_at
         FROM {ITEM} i
-        WHERE i.queue_id = %(queue)s AND i.group_key = k.group_key
-          AND i.state IN ('ready', 'reserved')
-          AND i.visible_at <= now()
-          AND (i.state = 'ready' OR i.attempts < i.max_attempts)
-          AND {_ORDERING_KEY_FREE}
+        WHERE i.queue_id = %(queue)s AND i.group_key = s.group_key
+          AND {_FAIR_DUE}
         ORDER BY i.priority DESC, i.visible_at, i.id
-        LIMIT GREATEST(0, LEAST(%(n)s, %(group_limit)s::int
-                                       - COALESCE((SELECT f.n FROM flight f WHERE f.group_key = k.group_key), 0)))
+        LIMIT LEAST(s.room, ceil(2.0 * %(n)s * s.weight / (SELECT sum(weight) FROM shares))::int)
     ) c
-    WHERE k.group_key IS NOT NULL
+    UNION
+    (SELECT i.id, i.group_key, i.priority, i.visible_at
+     FROM {ITEM} i
+     WHERE i.queue_id = %(queue)s
+       AND {_FAIR_DUE}
+     ORDER BY i.priority DESC, i.visible_at, i.id
+     LIMIT %(n)s)
+), turns AS (
+    SELECT c.id, c.priority, c.visible_at, s.room, s.weight,
+           row_number() OVER (PARTITION BY c.group_key ORDER BY c.priority DESC, c.visible_at, c.id) AS nth
+    FROM candidates c JOIN shares s ON s.group_key = c.group_key
 ), chosen AS (
-    SELECT id FROM lanes ORDER BY priority DESC, turn, visible_at, id LIMIT %(n)s
+    SELECT id FROM turns WHERE nth <= room ORDER BY priority DESC, nth / weight, visible_at, id LIMIT %(n)s
 ), picked AS (
     SELECT i.id, i.queue_id, i.task, i.state AS prev_state, i.reservation_id AS prev_reservation, i.attempts,
            i.lease_timeout, i.priority, i.visible_at
