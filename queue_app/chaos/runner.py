@@ -102,6 +102,10 @@ class ChaosRun:
         for queue in plan_mod.QUEUES:
             engine.ensure_queue(queue, using=ALIAS)
         Queue.objects.using(ALIAS).filter(name__in=plan_mod.QUEUES).update(lease_timeout=plan_mod.QUEUE_LEASE)
+        rate_limit, rate_period = plan_mod.FLOW_RATE
+        Queue.objects.using(ALIAS).filter(name=plan_mod.FLOW_QUEUE).update(
+            rate_limit=rate_limit, rate_period=rate_period, group_concurrency=plan_mod.FLOW_GROUP_LIMIT
+        )
         self.phase_times["setup"] = time.monotonic() - self.t0
 
     def _plant(self) -> None:
@@ -280,7 +284,14 @@ class ChaosRun:
             modes.update(dict.fromkeys(ids, mode))
         modes.update(dict.fromkeys(self.planted.poison, POISON))
         sigtermed = {p.worker_id for p in self.fleet.procs if p.fate in ("sigterm", "stopped")}
-        return Expect(modes, self.planted.poison_reasons(), self.fleet.killed(), sigtermed, self.outages)
+        return Expect(
+            modes,
+            self.planted.poison_reasons(),
+            self.fleet.killed(),
+            sigtermed,
+            self.outages,
+            rate_limits={plan_mod.FLOW_QUEUE: plan_mod.FLOW_RATE},
+        )
 
     def _judge(self) -> list[Check]:
         started = time.monotonic()
