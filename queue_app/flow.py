@@ -61,19 +61,20 @@ CROSS JOIN LATERAL (SELECT to_timestamp(floor(extract(epoch FROM now()) / q.rate
 WHERE NOT q.paused AND (q.concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL OR q.group_concurrency IS NOT NULL)
 ORDER BY q.name
 """
-# Group keys at their queue's group limit with a due ready item waiting: from the rows in flight (item_in_flight),
-# each key's waiting item found down item_group.
+# Group keys at their queue's group limit with a due ready item waiting: per group-limited queue, its rows in
+# flight (item_in_flight), each key's waiting item found down item_group.
 KEYS_AT_LIMIT = f"""
-SELECT f.queue_id, f.group_key, f.n FROM (
-    SELECT i.queue_id, i.group_key, count(*) AS n FROM {ITEM} i
-    WHERE i.state = 'reserved' AND i.visible_at > now()
-    GROUP BY i.queue_id, i.group_key
+SELECT q.name, f.group_key, f.n
+FROM {QUEUE} q
+CROSS JOIN LATERAL (
+    SELECT i.group_key, count(*) AS n FROM {ITEM} i
+    WHERE i.queue_id = q.name AND i.state = 'reserved' AND i.visible_at > now()
+    GROUP BY i.group_key
 ) f
-JOIN {QUEUE} q ON q.name = f.queue_id
-WHERE NOT q.paused AND f.group_key IS NOT NULL AND f.n >= q.group_concurrency
-  AND EXISTS (SELECT 1 FROM {ITEM} i WHERE i.queue_id = f.queue_id AND i.group_key = f.group_key
+WHERE NOT q.paused AND q.group_concurrency IS NOT NULL AND f.group_key IS NOT NULL AND f.n >= q.group_concurrency
+  AND EXISTS (SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.group_key = f.group_key
               AND i.state IN ('ready', 'reserved') AND i.state = 'ready' AND i.visible_at <= now())
-ORDER BY f.queue_id, f.n DESC, f.group_key
+ORDER BY q.name, f.n DESC, f.group_key
 """
 KEYS_SHOWN = 5
 

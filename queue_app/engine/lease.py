@@ -1,6 +1,7 @@
 """lease(): take up to n items for a worker, each with a new reservation (one attempt, one fencing token);
 settle_and_lease(): complete the items a worker finished and lease its next batch in one round trip."""
 
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -163,6 +164,7 @@ def settle_and_lease(
             else:
                 leases.append(_lease(row[3:]))
         if limited and len(leases) < n:
+            random.shuffle(limited)  # the batch's room goes to each flow-controlled queue first in turn
             leases += _lease_flow_controlled(cur, limited, n - len(leases), params, using)
     leases.sort(key=lambda lease: (-lease.priority, lease.item_id))
     return SettledAndLeased([h for h, _ in pairs if h.reservation_id in stale_ids], leases)
