@@ -239,6 +239,10 @@ def set_queue_options(name: str, **options: object) -> int:
         raise ValueError("; ".join(f"{n} {message}" for n, message in errors.items()))
     if "rate_limit" in options or "rate_period" in options:  # a new limit starts a new count
         options.update(rate_window_start=None, rate_window_count=None)
+    if options.keys() & {"fair", "group_concurrency"}:
+        # Wait for the enqueues that read the queue ungrouped (they hold its row FOR KEY SHARE until they
+        # commit: sql._GROUP_KEY) and hold later ones back until this commits, so no item is left without a group.
+        list(Queue.objects.select_for_update().filter(name=name).values_list("name"))
     changed = Queue.objects.filter(name=name).update(**options)
     if changed and options.keys() & {"fair", "group_concurrency"}:
         _group_ungrouped_items(Queue.objects.filter(GROUPED, name=name))

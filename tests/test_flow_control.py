@@ -337,3 +337,31 @@ def test_a_django_task_with_an_oversized_group_key_is_refused():
     with pytest.raises(engine.InvalidEnqueue, match="group_key must be"):
         django_tasks_app.add.using(group_key="k" * 201).enqueue(1, 2)
     assert not QueueItem.objects.exists()
+
+
+@transactional
+def test_turning_groups_on_waits_for_an_enqueue_that_read_the_queue_ungrouped():
+    import threading
+
+    from queue_app.conf import queue_settings
+    from queue_app.engine import sql
+    from tests.test_engine_queue_integrity import lock_waiters, raw_connection
+    from tests.waiting import wait_for
+
+    engine.ensure_queue("tenants")
+    params = {
+        "queue": "tenants", "task": "t", "payload": "{}", "priority": 0, "run_at": None, "delay": 0.0,
+        "ordering_key": None, "group_key": None, "max_attempts": None, "lease_timeout": None,
+        "channel": queue_settings.NOTIFY_CHANNEL, "queue_lease_timeout": 60.0, "queue_max_attempts": 5,
+        "queue_retention": timedelta(days=7),
+    }  # fmt: skip
+    with raw_connection() as enqueuer:
+        (item_id,) = enqueuer.execute(sql.ENQUEUE, params).fetchone()[:1]  # read the queue ungrouped, not committed
+        changer = threading.Thread(target=lambda: services.set_queue_options("tenants", fair=True))
+        changer.start()
+        wait_for(lambda: lock_waiters('SELECT "queue_app_queue"') == 1, timeout=10, what="the change to wait")
+        enqueuer.commit()
+        changer.join(10)
+
+    assert QueueItem.objects.get(id=item_id).group_key == ""
+    assert [h.item_id for h in lease("tenants")] == [item_id]

@@ -84,8 +84,12 @@ _DUE = "COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)
 _MAX_ATTEMPTS = f"""COALESCE(%(max_attempts)s, (SELECT max_attempts FROM {QUEUE} WHERE name = %(queue)s),
     %(queue_max_attempts)s)"""
 # An item queued without a group key into a queue that leases by group (fair, or a group limit) joins the group
-# '' (the lease reads groups from the index item_group, which holds keyed items only).
-_GROUP_KEY = f"""COALESCE(%(group_key)s, (SELECT '' FROM {QUEUE} WHERE name = %(queue)s AND {_GROUPED}))"""
+# '' (the lease reads groups from the index item_group, which holds keyed items only). The queue row is read
+# FOR KEY SHARE (the lock the statement's trigger item_queue_exists takes anyway, held to commit): a change that
+# turns grouping on locks the row FOR UPDATE before it gives the queue's open items without a key the group ''
+# (services.set_queue_options), so it waits for every enqueue that read the queue ungrouped to commit first.
+_GROUP_KEY = f"""COALESCE(%(group_key)s,
+    (SELECT CASE WHEN {_GROUPED} THEN '' END FROM {QUEUE} WHERE name = %(queue)s FOR KEY SHARE))"""
 
 ENQUEUE = f"""
 WITH q AS ({ENSURE_QUEUE}), ins AS (
