@@ -96,6 +96,7 @@ class Planted:
     by_mode: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     by_key: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     poison: dict[int, str] = field(default_factory=dict)  # id -> poison kind
+    flow: list[int] = field(default_factory=list)  # the items on the flow-controlled queue
 
     @property
     def total(self) -> int:
@@ -185,6 +186,8 @@ def enqueue(batches: list[Batch], using: str, progress: Callable[[int], None] | 
             planted.by_mode[batch.mode].extend(ids)
         if batch.ordering_key:
             planted.by_key[batch.ordering_key].extend(ids)
+        if batch.group_key:
+            planted.flow.extend(ids)
         done += len(ids)
         if progress is not None:
             progress(done)

@@ -124,7 +124,9 @@ class ChaosRun:
         ordered = sum(map(len, self.planted.by_key.values()))
         self.say(
             f"planted {self.planted.total:,} items: {counts}, poison {len(self.planted.poison)}, "
-            f"{ordered:,} on {len(self.planted.by_key)} ordering keys"
+            f"{ordered:,} on {len(self.planted.by_key)} ordering keys, {len(self.planted.flow):,} on the flow queue "
+            f"(rate {plan_mod.FLOW_RATE[0]}/{plan_mod.FLOW_RATE[1]}s, {plan_mod.FLOW_KEYS} group keys at most "
+            f"{plan_mod.FLOW_GROUP_LIMIT} each in flight)"
         )
         self.phase_times["enqueue"] = time.monotonic() - started
 
