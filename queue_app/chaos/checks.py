@@ -302,7 +302,7 @@ def check_rate_limits(h: History, expect: Expect) -> Check:
     """Per rate-limited queue, its leases (reservations, by their reserved_at: the lease's own clock, which also
     chose the window it counted against) per window of the period since the epoch: never more than the limit,
     whatever was killed, cut or restarted."""
-    problems, windows, most = [], 0, 0
+    problems, windows, most, full = [], 0, 0, 0
     for queue, (limit, period) in expect.rate_limits.items():
         per_window = Counter(
             int(res.reserved_at.timestamp() // period)
@@ -311,12 +311,14 @@ def check_rate_limits(h: History, expect: Expect) -> Check:
         )
         windows += len(per_window)
         most = max([most, *per_window.values()])
+        full += sum(n == limit for n in per_window.values())
         problems += [
             f"queue {queue}: {n} leases in the {period} s window from {window * period} (limit {limit})"
             for window, n in sorted(per_window.items())
             if n > limit
         ]
-    figures = {"queues": len(expect.rate_limits), "windows": windows, "most_in_a_window": most}
+    figures = {"queues": len(expect.rate_limits), "windows": windows, "windows_at_the_limit": full}
+    figures["most_in_a_window"] = most
     return Check("rate limits held", not problems, figures, _examples(problems))
 
 

@@ -21,7 +21,7 @@ FLOW_QUEUE = "chaos_flow"  # items with group keys, on a queue with a rate limit
 QUEUES = (QUEUE, FIFO_QUEUE, FLOW_QUEUE)
 # The flow queue's options (queue_app/flow.py): at most FLOW_RATE[0] leases per FLOW_RATE[1] seconds, at most
 # FLOW_GROUP_LIMIT items of a group key in flight, FLOW_KEYS keys leased in turn.
-FLOW_RATE = (60, 1)
+FLOW_RATE = (20, 1)  # binds: the flow queue's items take several windows
 FLOW_GROUP_LIMIT = 2
 FLOW_KEYS = 4
 QUEUE_LEASE = 20.0  # seconds; the probes' floor is 7 (hard timeout 5 + margin 2)
