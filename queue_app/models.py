@@ -37,6 +37,27 @@ class Queue(models.Model):
     concurrency_limit = models.PositiveIntegerField(
         null=True, blank=True, help_text="Most items in flight at once across all workers; empty = no limit."
     )
+    # Flow control (queue_app/flow.py): a queue with any of these is leased under its row lock, one queue at a
+    # time, so many workers on many hosts keep the limits together.
+    rate_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Most leases (starts) per rate period across all workers; empty = no limit."
+    )
+    rate_period = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Seconds per rate-limit window (windows are aligned to the clock)."
+    )
+    group_concurrency = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Most items of one group key in flight at once; empty = no limit."
+    )
+    fair = models.BooleanField(
+        default=False, db_default=False, help_text="Lease the group keys in turn (implied by a group limit)."
+    )
+    group_weights = models.JSONField(
+        null=True, blank=True, help_text='Turns per round for some group keys, e.g. {"big-customer": 3}; others 1.'
+    )
+    # The rate limit's current window (its start) and the leases counted in it, written by the lease under the
+    # queue's row lock (sql.SPEND_RATE).
+    rate_window_start = models.DateTimeField(null=True, blank=True, editable=False)
+    rate_window_count = models.PositiveIntegerField(null=True, blank=True, editable=False)
     lease_timeout = models.FloatField(default=60.0, help_text="Default visibility timeout in seconds.")
     max_attempts = models.PositiveIntegerField(default=5)
     retention = models.DurationField(
@@ -47,6 +68,17 @@ class Queue(models.Model):
     class Meta:
         ordering = ["name"]
         permissions = [("pause_queue", "Can pause and resume queues")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(rate_limit__isnull=True, rate_period__isnull=True)
+                | Q(rate_limit__gte=1, rate_period__gte=1),
+                name="queue_rate_limit_and_period",
+            ),
+            models.CheckConstraint(
+                condition=Q(group_concurrency__isnull=True) | Q(group_concurrency__gte=1),
+                name="queue_group_concurrency_positive",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -93,6 +125,9 @@ class QueueItem(models.Model):
     lease_timeout = models.FloatField(null=True, blank=True, help_text="Per-item lease, seconds.")
     dedup_key = models.CharField(max_length=200, null=True, blank=True)
     ordering_key = models.CharField(max_length=200, null=True, blank=True)
+    # A tenant or customer id: a fair queue leases its keys in turn, a group limit caps each key's items in flight.
+    # '' is the group of the items queued without a key in such a queue (see flow.py).
+    group_key = models.CharField(max_length=200, null=True, blank=True)
     # The fencing token (the current or last reservation). Not indexed: nothing looks an item up by it, and an
     # index here was one more write on every lease and settle.
     reservation = models.ForeignKey(
@@ -142,8 +177,21 @@ class QueueItem(models.Model):
             # Task names for the admin's filter (a skip scan) and finished items of one task.
             models.Index("task", "state", name="item_task_history", condition=Q(state__in=list(HISTORY_STATES))),
             models.Index("dedup_key", name="item_dedup_key", condition=Q(dedup_key__isnull=False)),
+            # The fair lease: one lane per group key, each read in the fetch order. Only items with a key are in
+            # it, so a queue without groups pays nothing for it.
+            models.Index(
+                "queue",
+                "group_key",
+                models.F("priority").desc(),
+                "visible_at",
+                "id",
+                name="item_group",
+                condition=Q(state__in=list(OPEN_STATES), group_key__isnull=False),
+            ),
             # Admin search by ordering key.
             models.Index("ordering_key", name="item_ordering_key", condition=Q(ordering_key__isnull=False)),
+            # ... and by group key (items queued without one are not in it).
+            models.Index("group_key", name="item_group_key", condition=Q(group_key__isnull=False)),
             # Items in flight: per-queue counts (overview, concurrency limits) and the rescue of expired leases.
             models.Index("queue", "visible_at", name="item_in_flight", condition=Q(state="reserved")),
         ]

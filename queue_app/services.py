@@ -10,12 +10,14 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.duration import duration_string
 
 from .conf import queue_settings
 from .engine.db import cursor
+from .engine.enqueue import QUEUE_NAME, ensure_queue, is_group_key
 from .engine.sql import NOTIFY
 from .models import (
     SPARK_OPEN_STATES,
@@ -32,6 +34,8 @@ from .registry import item_defaults
 
 REQUEUEABLE = (ItemState.DEAD, ItemState.CANCELLED)
 CANCELLABLE = (ItemState.READY, ItemState.RESERVED)
+MAX_RATE_PERIOD = 30 * 86_400  # seconds: a month
+MAX_GROUP_WEIGHTS = 1_000
 
 
 def _notify(queues: Iterable[str]) -> None:
@@ -73,6 +77,7 @@ def requeue_items(item_ids: Iterable[int], *, actor: str = "") -> int:
     DeadLetter.objects.filter(item_id__in=ids, requeued_at__isnull=True).update(
         requeued_at=Now(), requeued_by=actor[:150]
     )
+    _group_ungrouped_items(Queue.objects.filter(GROUPED, name__in={q for _, q, _ in locked}), ids)
     _notify(queue for _, queue, _ in locked)
     return len(ids)
 
@@ -172,17 +177,42 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _is_limit(value: object) -> bool:
+    """None (no limit) or an integer >= 1."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_LIMIT)
+
+
+MAX_LIMIT = 2_147_483_647  # the columns are PostgreSQL integers
+
+
+def _are_weights(value: object) -> bool:
+    return value is None or (
+        isinstance(value, dict)
+        and len(value) <= MAX_GROUP_WEIGHTS
+        and all(is_group_key(k) and _is_number(w) and 0 < w <= 1_000 for k, w in value.items())
+    )
+
+
 QUEUE_OPTION_RULES = {
     # option: (is the value acceptable?, what it must be)
-    "concurrency_limit": (
-        lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
-        "an integer >= 1, or empty for no limit (pause the queue to stop it)",
-    ),
+    "concurrency_limit": (_is_limit, "an integer >= 1, or empty for no limit (pause the queue to stop it)"),
     "lease_timeout": (lambda v: _is_number(v) and v > 0, "a finite number of seconds > 0"),
     "max_attempts": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
     "retention": (
         lambda v: isinstance(v, timedelta) and v >= timedelta(0),
         'a duration >= 0, as days hh:mm:ss ("7 00:00:00" is a week)',
+    ),
+    "rate_limit": (_is_limit, "an integer >= 1 (leases per rate period), or empty for no limit"),
+    "rate_period": (
+        lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_RATE_PERIOD),
+        f"an integer number of seconds from 1 to {MAX_RATE_PERIOD}, or empty with no rate limit",
+    ),
+    "group_concurrency": (_is_limit, "an integer >= 1 (items of one group key in flight), or empty for no limit"),
+    "fair": (lambda v: isinstance(v, bool), "true or false"),
+    "group_weights": (
+        _are_weights,
+        f"an object of at most {MAX_GROUP_WEIGHTS} group keys (each a group key) to weights from 0 (excluded) to"
+        " 1000, or empty",
     ),
 }
 
@@ -196,7 +226,8 @@ def _shown(value: object) -> str:
 
 def queue_option_errors(**options: object) -> dict[str, str]:
     """{option: what is wrong} for the options a queue cannot run with (a zero lease, no attempts, a negative
-    retention...); empty when all are fine. The admin's queue form shows these per field."""
+    retention, a rate limit without its period...); empty when all are fine. The admin's queue form shows these
+    per field. A rate limit and its period are set together: give both (None and None lifts the limit)."""
     errors = {}
     for name, value in options.items():
         rule = QUEUE_OPTION_RULES.get(name)
@@ -204,12 +235,22 @@ def queue_option_errors(**options: object) -> dict[str, str]:
             errors[name] = f"unknown queue option; allowed: {', '.join(sorted(QUEUE_OPTION_RULES))}"
         elif not rule[0](value):
             errors[name] = f"must be {rule[1]}, not {_shown(value)}"
+    if "rate_limit" in options or "rate_period" in options:
+        limit, period = options.get("rate_limit"), options.get("rate_period")
+        if (limit is None) != (period is None) and not errors.keys() & {"rate_limit", "rate_period"}:
+            missing = "rate_period" if period is None else "rate_limit"
+            errors[missing] = "must be given with the other: a rate limit is N leases per period of seconds"
     return errors
 
 
+@transaction.atomic
 def set_queue_options(name: str, **options: object) -> int:
-    """Change a queue's settings (concurrency_limit, lease_timeout, max_attempts, retention); ValueError naming
-    every bad option (nothing changed) if any is unknown or out of range."""
+    """Change a queue's settings (concurrency_limit, lease_timeout, max_attempts, retention, and flow control:
+    rate_limit with rate_period, group_concurrency, fair, group_weights); ValueError naming every bad option
+    (nothing changed) if any is unknown or out of range.
+
+    A queue that starts leasing by group key (fair, or a group limit) puts its open items queued without a key
+    into the group '' (engine enqueues do the same from then on): the fair lease reads groups only."""
     errors = queue_option_errors(**options)
     if errors:
         unknown = sorted(n for n in errors if n not in QUEUE_OPTION_RULES)
@@ -217,11 +258,48 @@ def set_queue_options(name: str, **options: object) -> int:
             allowed = ", ".join(sorted(QUEUE_OPTION_RULES))
             raise ValueError(f"unknown queue options: {', '.join(unknown)}; allowed: {allowed}")
         raise ValueError("; ".join(f"{n} {message}" for n, message in errors.items()))
-    return Queue.objects.filter(name=name).update(**options)
+    if "rate_limit" in options or "rate_period" in options:  # a new limit starts a new count
+        options.update(rate_window_start=None, rate_window_count=None)
+    if options.keys() & {"fair", "group_concurrency"}:
+        # Wait for the enqueues that read the queue ungrouped (they hold its row FOR KEY SHARE until they
+        # commit: sql._GROUP_KEY) and hold later ones back until this commits, so no item is left without a group.
+        list(Queue.objects.select_for_update().filter(name=name).values_list("name"))
+    changed = Queue.objects.filter(name=name).update(**options)
+    if changed and options.keys() & {"fair", "group_concurrency"}:
+        _group_ungrouped_items(Queue.objects.filter(GROUPED, name=name))
+    return changed
+
+
+# A queue that leases by group key (sql._GROUPED).
+GROUPED = Q(fair=True) | Q(group_concurrency__isnull=False)
+
+
+def _group_ungrouped_items(queues: QuerySet[Queue], item_ids: list[int] | None = None) -> None:
+    """Open items without a group key in these queues join the group '' (see set_queue_options)."""
+    items = QueueItem.objects.filter(queue__in=queues, state__in=CANCELLABLE, group_key__isnull=True)
+    if item_ids is not None:
+        items = items.filter(id__in=item_ids)
+    items.update(group_key="", updated_at=Now())
+
+
+def configure_queue(name: str, **options: object) -> tuple[bool, int]:
+    """Create the queue (with the defaults an enqueue gives it) if it does not exist, then set `options` through
+    set_queue_options, in one transaction: a bad name or option writes nothing. Returns (created, changed)."""
+    if not isinstance(name, str) or not QUEUE_NAME.match(name):
+        raise ValueError(f"queue name must match {QUEUE_NAME.pattern}, not {name!r}")
+    errors = queue_option_errors(**options)
+    if errors:
+        set_queue_options(name, **options)  # raises, naming every bad option
+    with transaction.atomic():
+        created = not Queue.objects.filter(name=name).exists()
+        ensure_queue(name)
+        changed = set_queue_options(name, **options) if options else 0
+    return created, changed
 
 
 __all__ = [
     "cancel_items",
+    "configure_queue",
     "pause_queue",
     "purge_dead_letters",
     "queue_option_errors",

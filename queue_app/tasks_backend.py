@@ -57,6 +57,7 @@ class JobsiteTask(Task):
     dedup_key: str | None = None
     dedup_window: float | None = None
     ordering_key: str | None = None
+    group_key: str | None = None
 
     def using(
         self,
@@ -64,15 +65,19 @@ class JobsiteTask(Task):
         dedup_key: str | None = None,
         dedup_window: float | None = None,
         ordering_key: str | None = None,
+        group_key: str | None = None,
         **django_options: Any,
     ) -> "JobsiteTask":
-        """Django's `using()` plus the per-enqueue keys: dedup_key (+ window) and ordering_key."""
+        """Django's `using()` plus the per-enqueue keys: dedup_key (+ window), ordering_key and group_key (a
+        tenant id: fair queues lease keys in turn, a group limit caps each key's items in flight)."""
         task = Task.using(self, **django_options)
-        changes = {
-            k: v
-            for k, v in (("dedup_key", dedup_key), ("dedup_window", dedup_window), ("ordering_key", ordering_key))
-            if v is not None
+        keys = {
+            "dedup_key": dedup_key,
+            "dedup_window": dedup_window,
+            "ordering_key": ordering_key,
+            "group_key": group_key,
         }
+        changes = {k: v for k, v in keys.items() if v is not None}
         return replace(task, **changes) if changes else task
 
     def job_spec(self) -> JobSpec:
@@ -206,6 +211,7 @@ class QueueBackend(BaseTaskBackend):
             dedup_key=extra.dedup_key,
             dedup_window=extra.dedup_window,
             ordering_key=extra.ordering_key,
+            group_key=extra.group_key,
             using=self.using_db,
         )
         result = TaskResult(

@@ -142,7 +142,10 @@ def test_nothing_is_added_or_deleted_through_the_admin(admin_client, items, mode
 def test_queue_options_are_the_only_editable_fields(admin_client, items):
     form = admin_client.get(url("queue", "change", "mail")).context["adminform"].form
 
-    assert set(form.fields) == {"concurrency_limit", "lease_timeout", "max_attempts", "retention"}
+    assert set(form.fields) == {
+        *("concurrency_limit", "lease_timeout", "max_attempts", "retention"),
+        *("rate_limit", "rate_period", "group_concurrency", "fair", "group_weights"),
+    }
 
 
 # -- search ---------------------------------------------------------------------------------------------------

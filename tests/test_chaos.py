@@ -277,3 +277,19 @@ def test_an_at_most_once_item_killed_mid_run_and_reported_done_is_caught(scene):
         f"item {item} killed mid-run in killed-w: done"
         in results["at-most-once killed mid-run: dead letter says so"].problems[0]
     )
+
+
+def test_a_rate_window_over_its_limit_is_caught(scene):
+    items = [scene.item(checks.AT_LEAST_ONCE) for _ in range(3)]
+    for n, item in enumerate(items):
+        scene.attempt(item, "w3", 70 + n, "done")  # three leases in the window from T0 + 60 s (the scene's: before)
+    expect = checks.Expect(scene.modes, scene.poison, scene.killed, rate_limits={"chaos": (2, 60)})
+
+    (rate,) = [c for c in checks.run_checks(load("default"), expect) if c.name == "rate limits held"]
+
+    assert not rate.passed and rate.figures["most_in_a_window"] == 7
+    assert rate.problems == [
+        f"queue chaos: 7 leases in the 60 s window from {int(T0.timestamp())} (limit 2)",
+        f"queue chaos: 3 leases in the 60 s window from {int(T0.timestamp()) + 60} (limit 2)",
+    ]
+    assert checks.check_rate_limits(load("default"), checks.Expect({}, {}, {}, rate_limits={"chaos": (7, 60)})).passed

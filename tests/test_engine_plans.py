@@ -116,7 +116,17 @@ def planned_empty_then_filled() -> Iterator[None]:
 
 def test_every_statement_keeps_to_index_probes_when_planned_on_out_of_date_statistics(planned_empty_then_filled):
     checked = statements()
-    assert {"SETTLE_AND_LEASE", "LEASE", "COMPLETE_MANY", "FAIL", "RENEW_LEASES", "EXTEND_MANY"} <= checked.keys()
+    assert {
+        "SETTLE_AND_LEASE",
+        "LEASE",
+        "LEASE_FAIR",
+        "LOCK_FLOW_QUEUE",
+        "COMPLETE_MANY",
+        "FAIL",
+        "RENEW_LEASES",
+        "EXTEND_MANY",
+        "SPEND_RATE",
+    } <= checked.keys()
     # What FAIL was: a row by its primary key, its state a plain constant test. The check must see that one.
     checked["naive FAIL"] = """SELECT id FROM queue_app_queueitem
                                WHERE id = %(item_id)s AND reservation_id = %(reservation_id)s AND state = 'reserved'"""

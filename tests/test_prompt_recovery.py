@@ -19,7 +19,6 @@ from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks the w
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-worker = processes.worker  # the fixture: `run_worker --worker-id NAME` with the test tasks, output to a file
 finish, output = processes.finish, processes.output
 SLOW_POLL = ("--poll-interval", "5")
 

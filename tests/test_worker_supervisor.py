@@ -296,12 +296,15 @@ def test_connection_room_is_capped_by_the_roles_own_connection_limit():
             admin.execute(f"DROP ROLE {role}")
 
 
-def test_a_worker_warns_at_start_when_the_server_has_too_few_connections_left(caplog):
+def test_a_worker_shrinks_to_fit_when_the_server_has_too_few_connections_left(caplog):
     room = engine.connection_room()
     caplog.set_level(logging.WARNING, logger="jobsite.worker")
-    Supervisor(WorkerOptions(pool="thread", concurrency=room)).check_connection_room()
+    worker = Supervisor(WorkerOptions(pool="thread", concurrency=room))
+    worker.check_connection_room()
     [warning] = [r.getMessage() for r in caplog.records if "too few database connections" in r.getMessage()]
     assert f"needs={room + 2} server_has_room_for={room}" in warning
+    assert f"running with --concurrency {room - 2} instead" in warning
+    assert (worker.options.concurrency, worker.capacity, worker.row.concurrency) == (room - 2, 2 * (room - 2), room - 2)
     caplog.clear()
     Supervisor(WorkerOptions(pool="thread", concurrency=max(1, room - 10))).check_connection_room()
     assert not [r for r in caplog.records if "too few database connections" in r.getMessage()]

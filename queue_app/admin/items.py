@@ -74,10 +74,25 @@ class QueueItemAdmin(ReadOnlyAdmin):
     list_select_related = ("queue",)
     list_filter = ("queue", "state", TaskFilter, recent("created_at", "created", "created"))
     sortable_by = ("id", "created")
-    search_fields = ("=id", "=dedup_key", "=ordering_key")  # see get_search_results: exact matches only
-    search_help_text = "Exact item id (123 or #123), dedup key or ordering key."
+    search_fields = ("=id", "=dedup_key", "=ordering_key", "=group_key")  # see get_search_results: exact only
+    search_help_text = "Exact item id (123 or #123), dedup key, ordering key or group key."
     fieldsets = (
-        (None, {"fields": ("id", "queue", "task", "state", "priority", "attempts_of", "dedup_key", "ordering_key")}),
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "queue",
+                    "task",
+                    "state",
+                    "priority",
+                    "attempts_of",
+                    "dedup_key",
+                    "ordering_key",
+                    "group_key",
+                )
+            },
+        ),
         ("Timing", {"fields": ("run_at", "visible_at", "created_at", "updated_at", "finished_at", "lease_timeout")}),
         ("Payload", {"fields": ("payload_pretty",)}),
         ("Outcome", {"fields": ("dead_letter", "error_full", "result_pretty")}),
@@ -98,7 +113,7 @@ class QueueItemAdmin(ReadOnlyAdmin):
         )
 
     def get_search_results(self, request, queryset, search_term):
-        return exact_search(queryset, search_term, ids=("id",), keys=("dedup_key", "ordering_key")), False
+        return exact_search(queryset, search_term, ids=("id",), keys=("dedup_key", "ordering_key", "group_key")), False
 
     # Sorted by id: ids are handed out in creation order, and an index on created_at would cost every enqueue one
     # more entry (the list's "created" time filter walks the primary key from the newest item down).
@@ -110,9 +125,9 @@ class QueueItemAdmin(ReadOnlyAdmin):
     def attempts_of(self, obj: QueueItem) -> str:
         return f"{obj.attempts}/{obj.max_attempts}"
 
-    @admin.display(description="dedup / ordering key")
+    @admin.display(description="dedup / ordering / group key")
     def keys(self, obj: QueueItem) -> str:
-        return " / ".join(shorten(k, 40) for k in (obj.dedup_key, obj.ordering_key) if k) or "-"
+        return " / ".join(shorten(k, 40) for k in (obj.dedup_key, obj.ordering_key, obj.group_key) if k) or "-"
 
     @admin.display(description="payload")
     def payload_short(self, obj: QueueItem) -> str:

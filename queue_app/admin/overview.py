@@ -1,8 +1,9 @@
 """The queue overview: the admin's landing page (templates/admin/index.html puts it above the app list).
 
 Per queue: depth by state, oldest due item, in flight, processed / failed / lease expirations over the last
-minutes, dead letters and live workers, plus a small throughput chart (inline SVG drawn here, no script). The
-page re-fetches the rendered fragment every few seconds from `overview_fragment`.
+minutes, dead letters and live workers, what holds its due items back (a concurrency, rate or group limit),
+plus a small throughput chart (inline SVG drawn here, no script). The page re-fetches the rendered fragment
+every few seconds from `overview_fragment`.
 """
 
 from typing import Any
@@ -13,6 +14,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from ..flow import held_back
 from ..models import ItemState
 from ..monitoring import OVERVIEW_EXACT_UP_TO, Snapshot, snapshot
 
@@ -76,6 +78,7 @@ def throughput_chart(snap: Snapshot) -> dict[str, Any]:
 
 def overview_context(request: HttpRequest) -> dict[str, Any]:
     snap = snapshot(window_minutes=WINDOW_MINUTES, cap=OVERVIEW_EXACT_UP_TO)
+    holding = held_back()
     rows = []
     for q in snap.queues:
         depth = [
@@ -93,6 +96,7 @@ def overview_context(request: HttpRequest) -> dict[str, Any]:
                 "dead_letters_url": changelist_link("deadletter", item__queue__name__exact=q.name, status="open"),
                 "depth": depth,
                 "oldest_ready": age(q.oldest_ready_age),
+                "held_back": holding.get(q.name),
             }
         )
     return {

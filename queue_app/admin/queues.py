@@ -1,5 +1,5 @@
-"""Queues: their options (edited through services.set_queue_options), pause and resume (permission
-pause_queue), and the URL of the overview fragment the landing page refreshes from."""
+"""Queues: their options and flow control (edited through services.set_queue_options), pause and resume
+(permission pause_queue), and the URL of the overview fragment the landing page refreshes from."""
 
 from typing import Any
 
@@ -11,11 +11,14 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from .. import services
+from ..flow import format_rate
 from ..models import Queue
 from .actions import Operation, OperationsAdmin
 from .overview import changelist_link, overview_fragment
 
 OPTIONS = ("concurrency_limit", "lease_timeout", "max_attempts", "retention")
+FLOW_OPTIONS = ("rate_limit", "rate_period", "group_concurrency", "fair", "group_weights")
+RATE = ("rate_limit", "rate_period")  # set together: a rate limit is N leases per period
 
 PAUSE = Operation(
     name="pause",
@@ -60,20 +63,38 @@ class QueueForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        options = {name: data[name] for name in OPTIONS if name in data and name in self.changed_data}
-        for name, message in services.queue_option_errors(**options).items():
-            self.add_error(name, message)
+        for name, message in services.queue_option_errors(**self.changed_options(data)).items():
+            if name not in self.errors:
+                self.add_error(name, message)
         return data
+
+    def changed_options(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The options this form changes, a rate limit always with its period (the services set them together)."""
+        names = [name for name in (*OPTIONS, *FLOW_OPTIONS) if name in self.changed_data]
+        if set(names) & set(RATE):
+            names += [name for name in RATE if name not in names]
+        return {name: data[name] for name in names if name in data}
 
 
 class QueueAdmin(OperationsAdmin):
     form = QueueForm
     operations = (PAUSE, RESUME)
     actions = [op.as_action() for op in operations]
-    list_display = ("name", "paused", *OPTIONS, "created_at", "links")
+    list_display = ("name", "paused", *OPTIONS, "flow_control", "created_at", "links")
     list_filter = ("paused",)
     search_fields = ("name",)
-    fields = ("name", "paused", *OPTIONS, "created_at")
+    fieldsets = (
+        (None, {"fields": ("name", "paused", *OPTIONS, "created_at")}),
+        (
+            "Flow control",
+            {
+                "fields": FLOW_OPTIONS,
+                "description": "Rate limit: at most N leases (starts) per period of seconds across all workers. "
+                "Group concurrency: at most K items of one group key in flight. Fair: group keys take turns "
+                "(implied by a group concurrency); weights give some keys more turns. Priority comes first.",
+            },
+        ),
+    )
     readonly_fields = ("name", "paused", "created_at")
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -83,9 +104,20 @@ class QueueAdmin(OperationsAdmin):
         return False
 
     def save_model(self, request: HttpRequest, obj: Queue, form, change: bool) -> None:
-        options = {name: form.cleaned_data[name] for name in form.changed_data if name in OPTIONS}
+        options = form.changed_options(form.cleaned_data)
         if options:
             services.set_queue_options(obj.name, **options)
+
+    @admin.display(description="flow control")
+    def flow_control(self, obj: Queue) -> str:
+        parts = []
+        if obj.rate_limit is not None:
+            parts.append(f"rate {format_rate(obj.rate_limit, obj.rate_period)}")
+        if obj.group_concurrency is not None:
+            parts.append(f"{obj.group_concurrency} per group key")
+        if obj.fair or obj.group_concurrency is not None:
+            parts.append("fair")
+        return ", ".join(parts) or "-"
 
     @admin.display(description="rows")
     def links(self, obj: Queue) -> SafeString:

@@ -56,6 +56,8 @@ GOALS = (
     Goal("idle enqueue-to-start p50 <= 5 ms", "jobsite.latency_p50", None, "<=", 5.0),
     Goal("idle enqueue-to-start p99 <= 50 ms", "jobsite.latency_p99", None, "<=", 50.0),
     Goal("size after steady churn <= 2x the start", "churn.growth", None, "<=", 2.0),
+    Goal("rate limit held within +/-1 lease per window over 3 windows", "flow.rate_error", None, "<=", 1.0),
+    Goal("a small group key out within 1.5x its fair share of leases", "flow.fair_share", None, "<=", 1.5),
 )
 
 # Which ceiling a figure is measured against (jobs/s against the batched lease, rows/s against the insert).

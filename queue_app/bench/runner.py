@@ -7,12 +7,12 @@ from pathlib import Path
 
 from django.conf import settings
 
-from . import ceiling, churn, jobsite_side, peers
+from . import ceiling, churn, flow_control, jobsite_side, peers
 from .context import BenchContext, Progress, server_from_django
 from .report import Results, default_json_path, machine_info, table, write_json
 from .sizes import Sizes
 
-PARTS = ("ceiling", "jobsite", "peers")
+PARTS = ("ceiling", "jobsite", "flow", "peers")
 
 
 def var_dir() -> Path:
@@ -54,6 +54,8 @@ def run_bench(
             ceiling.run(ctx, sizes, results)
         if "jobsite" in parts:
             jobsite_side.run(ctx, sizes, results)
+        if "flow" in parts:
+            flow_control.run(ctx, sizes, results)
         if "peers" in parts:
             peers.run(ctx, sizes, results, peer_names)
         if churn_minutes:

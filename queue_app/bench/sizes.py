@@ -25,6 +25,11 @@ class Sizes:
     # seen (at most `most_jobs`), so fast queues are not measured on a fraction of a second.
     drain_seconds: float
     most_jobs: int
+    # flow control (bench/flow_control.py): items leased in process per variant, the rate limit (N, period in
+    # seconds) held by four workers over three whole windows, the fair queue's (big key, small key) items
+    flow_lease_items: int = 20_000
+    flow_rate: tuple[int, int] = (20, 2)
+    flow_fair: tuple[int, int] = (10_000, 100)
 
 
 QUICK = Sizes(
@@ -41,6 +46,9 @@ QUICK = Sizes(
     drain_timeout=120.0,
     drain_seconds=4.0,
     most_jobs=50_000,
+    flow_lease_items=20_000,
+    flow_rate=(20, 2),
+    flow_fair=(10_000, 100),
 )
 
 FULL = Sizes(
@@ -67,6 +75,9 @@ FULL = Sizes(
     drain_timeout=600.0,
     drain_seconds=20.0,
     most_jobs=500_000,
+    flow_lease_items=100_000,
+    flow_rate=(100, 60),  # the goal: 100 a minute, three whole minutes
+    flow_fair=(100_000, 100),
 )
 
 SIZES = {s.name: s for s in (QUICK, FULL)}

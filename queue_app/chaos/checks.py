@@ -57,6 +57,7 @@ class Expect:
     sigtermed: set[str] = field(default_factory=set)
     outages: list[tuple[datetime, datetime]] = field(default_factory=list)
     amo_killed: dict[int, str] = field(default_factory=dict)  # at-most-once items running when a kill_amo hit
+    rate_limits: dict[str, tuple[int, int]] = field(default_factory=dict)  # queue -> (leases, per seconds)
 
     def killed_holding(self, res: Res) -> bool:
         """The reservation's worker was killed while the reservation was open."""
@@ -307,6 +308,30 @@ def check_fifo(h: History, expect: Expect) -> Check:
     return Check("per-key FIFO", not problems, figures, _examples(problems))
 
 
+def check_rate_limits(h: History, expect: Expect) -> Check:
+    """Per rate-limited queue, its leases (reservations, by their reserved_at: the lease's own clock, which also
+    chose the window it counted against) per window of the period since the epoch: never more than the limit,
+    whatever was killed, cut or restarted."""
+    problems, windows, most, full = [], 0, 0, 0
+    for queue, (limit, period) in expect.rate_limits.items():
+        per_window = Counter(
+            int(res.reserved_at.timestamp() // period)
+            for res in h.reservations.values()
+            if (item := h.items.get(res.item_id)) is not None and item.queue == queue
+        )
+        windows += len(per_window)
+        most = max([most, *per_window.values()])
+        full += sum(n == limit for n in per_window.values())
+        problems += [
+            f"queue {queue}: {n} leases in the {period} s window from {window * period} (limit {limit})"
+            for window, n in sorted(per_window.items())
+            if n > limit
+        ]
+    figures = {"queues": len(expect.rate_limits), "windows": windows, "windows_at_the_limit": full}
+    figures["most_in_a_window"] = most
+    return Check("rate limits held", not problems, figures, _examples(problems))
+
+
 def check_dead_letters(h: History, expect: Expect) -> Check:
     """The dead letters are exactly the planted poison (each with a right reason), plus the at-most-once
     casualties a fault explains; nothing else died."""
@@ -365,6 +390,7 @@ CHECKS = (
     check_at_most_once,
     check_transactional,
     check_fifo,
+    check_rate_limits,
     check_dead_letters,
     check_amo_killed_mid_run,
 )

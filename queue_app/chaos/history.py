@@ -19,6 +19,7 @@ class Item:
     ordering_key: str | None
     visible_at: datetime
     reservation_id: int | None
+    queue: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ def load(using: str) -> History:
         row[0]: Item(*row)
         for row in QueueItem.objects.using(using)
         .order_by("id")
-        .values_list("id", "task", "state", "ordering_key", "visible_at", "reservation_id")
+        .values_list("id", "task", "state", "ordering_key", "visible_at", "reservation_id", "queue_id")
         .iterator(chunk_size=20_000)
     }
     reservations = {

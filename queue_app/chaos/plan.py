@@ -1,4 +1,5 @@
-"""What a chaos run plants: its sizes, and the items (probes in three delivery modes, ordering keys, poison).
+"""What a chaos run plants: its sizes, and the items (probes in three delivery modes, ordering keys, group keys
+on a queue under flow control, poison).
 
 Every item is a probe (queue_app/tasks.py), so every run of its handler leaves an ExecutionLog row and its
 effect a ProbeEffect row, except the poison, which the worker must dead-letter: an unknown task, and probes
@@ -17,7 +18,13 @@ from ..registry import get_task
 
 QUEUE = "chaos"  # unordered items
 FIFO_QUEUE = "chaos_fifo"  # items with ordering keys
-QUEUES = (QUEUE, FIFO_QUEUE)
+FLOW_QUEUE = "chaos_flow"  # items with group keys, on a queue with a rate limit and a group limit
+QUEUES = (QUEUE, FIFO_QUEUE, FLOW_QUEUE)
+# The flow queue's options (queue_app/flow.py): at most FLOW_RATE[0] leases per FLOW_RATE[1] seconds, at most
+# FLOW_GROUP_LIMIT items of a group key in flight, FLOW_KEYS keys leased in turn.
+FLOW_RATE = (20, 1)  # binds: the flow queue's items take several windows
+FLOW_GROUP_LIMIT = 2
+FLOW_KEYS = 4
 QUEUE_LEASE = 20.0  # seconds; the probes' floor is 7 (hard timeout 5 + margin 2)
 WORKER_LOST_AFTER = 15.0  # a killed worker's leases come back this long after its last heartbeat
 
@@ -63,6 +70,7 @@ class Sizes:
     cut_seconds: float  # how long each connection loss refuses new connections
     keys: int  # ordering keys
     ordered_share: float  # share of the items that carry an ordering key
+    flow_share: float  # share of the items on the flow-controlled queue (with group keys)
     poison: int  # poison items planted
     sleep_share: float  # share of the items whose handler sleeps (so kills land on handlers mid-run)
     sleep_seconds: float
@@ -77,11 +85,11 @@ class Sizes:
 
 QUICK = Sizes(
     items=3_000, workers=3, concurrency=4, kills=2, sigterms=1, restarts=1, cuts=1, cut_seconds=2.0, keys=6,
-    ordered_share=0.08, poison=12, sleep_share=0.25, sleep_seconds=0.3, min_gap=4.0, deadline=600.0,
+    ordered_share=0.08, flow_share=0.05, poison=12, sleep_share=0.25, sleep_seconds=0.3, min_gap=4.0, deadline=600.0,
 )  # fmt: skip
 FULL = Sizes(
     items=100_000, workers=3, concurrency=4, kills=8, sigterms=3, restarts=1, cuts=2, cut_seconds=3.0, keys=20,
-    ordered_share=0.05, poison=100, sleep_share=0.02, sleep_seconds=0.2, min_gap=5.0, deadline=3600.0,
+    ordered_share=0.05, flow_share=0.02, poison=100, sleep_share=0.02, sleep_seconds=0.2, min_gap=5.0, deadline=3600.0,
 )  # fmt: skip
 
 
@@ -92,6 +100,7 @@ class Planted:
     by_mode: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     by_key: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     poison: dict[int, str] = field(default_factory=dict)  # id -> poison kind
+    flow: list[int] = field(default_factory=list)  # the items on the flow-controlled queue
 
     @property
     def total(self) -> int:
@@ -110,6 +119,7 @@ class Batch:
     max_attempts: int | None = None
     mode: str | None = None  # None: poison
     poison: str | None = None
+    group_key: str | None = None
 
 
 def _work_payloads(rng: random.Random, n: int, sizes: Sizes) -> list[dict]:
@@ -121,12 +131,19 @@ def _mode(rng: random.Random) -> str:
 
 
 def plan(sizes: Sizes, rng: random.Random) -> list[Batch]:
-    """Batches in enqueue order: unordered chunks of one mode each, ordered runs of 1-8 items per key, the
-    poison sprinkled between them."""
+    """Batches in enqueue order: unordered chunks of one mode each, ordered runs of 1-8 items per key, chunks of
+    one group key each on the flow queue, the poison sprinkled between them."""
     work = sizes.items - sizes.poison - sizes.amo_kills * AMO_KILL_ITEMS
     ordered = int(work * sizes.ordered_share) if sizes.keys else 0
+    flow_left = int(work * sizes.flow_share)
+    flow: list[Batch] = []
+    while flow_left > 0:
+        n = min(flow_left, rng.randint(5, 40))
+        mode, key = _mode(rng), f"tenant-{rng.randrange(FLOW_KEYS)}"
+        flow.append(Batch(MODES[mode], FLOW_QUEUE, _work_payloads(rng, n, sizes), mode=mode, group_key=key))
+        flow_left -= n
     unordered: list[Batch] = []
-    left = work - ordered
+    left = work - ordered - int(work * sizes.flow_share)
     while left > 0:
         n = min(left, rng.randint(50, 300))
         mode = _mode(rng)
@@ -153,7 +170,7 @@ def plan(sizes: Sizes, rng: random.Random) -> list[Batch]:
         Batch(MODES["at_most_once"], QUEUE, [{"sleep": AMO_KILL_SLEEP}] * AMO_KILL_ITEMS, mode="at_most_once")
         for _ in range(sizes.amo_kills)
     ]
-    batches = unordered + fifo + poison + slow_amo
+    batches = unordered + fifo + flow + poison + slow_amo
     rng.shuffle(batches)
     # Shuffling keeps each key's batches in some order; ids follow enqueue order, which is all FIFO needs.
     return batches
@@ -164,6 +181,8 @@ def enqueue(batches: list[Batch], using: str, progress: Callable[[int], None] | 
     done = 0
     for batch in batches:
         options = {"queue": batch.queue, "ordering_key": batch.ordering_key, "using": using}
+        if batch.group_key is not None:
+            options["group_key"] = batch.group_key
         if batch.max_attempts is not None:
             options["max_attempts"] = batch.max_attempts
         if batch.task == UNKNOWN_TASK:
@@ -176,6 +195,8 @@ def enqueue(batches: list[Batch], using: str, progress: Callable[[int], None] | 
             planted.by_mode[batch.mode].extend(ids)
         if batch.ordering_key:
             planted.by_key[batch.ordering_key].extend(ids)
+        if batch.group_key:
+            planted.flow.extend(ids)
         done += len(ids)
         if progress is not None:
             progress(done)

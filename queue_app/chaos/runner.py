@@ -102,6 +102,10 @@ class ChaosRun:
         for queue in plan_mod.QUEUES:
             engine.ensure_queue(queue, using=ALIAS)
         Queue.objects.using(ALIAS).filter(name__in=plan_mod.QUEUES).update(lease_timeout=plan_mod.QUEUE_LEASE)
+        rate_limit, rate_period = plan_mod.FLOW_RATE
+        Queue.objects.using(ALIAS).filter(name=plan_mod.FLOW_QUEUE).update(
+            rate_limit=rate_limit, rate_period=rate_period, group_concurrency=plan_mod.FLOW_GROUP_LIMIT
+        )
         self.phase_times["setup"] = time.monotonic() - self.t0
 
     def _plant(self) -> None:
@@ -120,7 +124,9 @@ class ChaosRun:
         ordered = sum(map(len, self.planted.by_key.values()))
         self.say(
             f"planted {self.planted.total:,} items: {counts}, poison {len(self.planted.poison)}, "
-            f"{ordered:,} on {len(self.planted.by_key)} ordering keys"
+            f"{ordered:,} on {len(self.planted.by_key)} ordering keys, {len(self.planted.flow):,} on the flow queue "
+            f"(rate {plan_mod.FLOW_RATE[0]}/{plan_mod.FLOW_RATE[1]}s, {plan_mod.FLOW_KEYS} group keys at most "
+            f"{plan_mod.FLOW_GROUP_LIMIT} each in flight)"
         )
         self.phase_times["enqueue"] = time.monotonic() - started
 
@@ -310,7 +316,15 @@ class ChaosRun:
         modes.update(dict.fromkeys(self.planted.poison, POISON))
         sigtermed = {p.worker_id for p in self.fleet.procs if p.fate in ("sigterm", "stopped")}
         amo_killed = {i: f.worker_id for f in self.fired if f.kind == "kill_amo" for i in f.amo_running}
-        return Expect(modes, self.planted.poison_reasons(), self.fleet.killed(), sigtermed, self.outages, amo_killed)
+        return Expect(
+            modes,
+            self.planted.poison_reasons(),
+            self.fleet.killed(),
+            sigtermed,
+            self.outages,
+            amo_killed,
+            rate_limits={plan_mod.FLOW_QUEUE: plan_mod.FLOW_RATE},
+        )
 
     def _judge(self) -> list[Check]:
         started = time.monotonic()

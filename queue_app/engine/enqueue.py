@@ -65,6 +65,11 @@ def _is_storable_text(value: Any) -> bool:
     return True
 
 
+def is_group_key(value: Any) -> bool:
+    """What a group key (or ordering or dedup key) may be: see _is_storable_text."""
+    return _is_storable_text(value)
+
+
 def _key(name: str, value: Any) -> str | None:
     if value is None:
         return None
@@ -108,6 +113,7 @@ def _params(
     run_at: datetime | None,
     delay: float | timedelta | None,
     ordering_key: str | None,
+    group_key: str | None,
     max_attempts: int | None,
     lease_timeout: float | None,
 ) -> dict[str, Any]:
@@ -140,6 +146,7 @@ def _params(
         "run_at": run_at,
         "delay": float(delay or 0),
         "ordering_key": _key("ordering_key", ordering_key),
+        "group_key": _key("group_key", group_key),
         "max_attempts": _number("max_attempts", max_attempts, minimum=1, integer=True),
         "lease_timeout": _number("lease_timeout", lease_timeout, minimum=0.001),
         "channel": queue_settings.NOTIFY_CHANNEL,
@@ -173,12 +180,15 @@ def enqueue(
     dedup_key: str | None = None,
     dedup_window: float | timedelta | None = None,
     ordering_key: str | None = None,
+    group_key: str | None = None,
     max_attempts: int | None = None,
     lease_timeout: float | None = None,
     using: str = "default",
 ) -> Enqueued:
     """Queue one item. Joins the caller's transaction. With `dedup_key`, a second enqueue of the same key in
-    the same queue within the window returns the first item with `duplicate=True` and writes nothing."""
+    the same queue within the window returns the first item with `duplicate=True` and writes nothing.
+    `group_key` (a tenant or customer id): a fair queue leases its keys in turn, and a queue's group limit caps
+    the items of one key in flight (see flow.py)."""
     params = _params(
         task,
         queue=queue,
@@ -186,6 +196,7 @@ def enqueue(
         run_at=run_at,
         delay=delay,
         ordering_key=ordering_key,
+        group_key=group_key,
         max_attempts=max_attempts,
         lease_timeout=lease_timeout,
     )
@@ -228,6 +239,7 @@ def enqueue_many(
     run_at: datetime | None = None,
     delay: float | timedelta | None = None,
     ordering_key: str | None = None,
+    group_key: str | None = None,
     max_attempts: int | None = None,
     lease_timeout: float | None = None,
     using: str = "default",
@@ -241,6 +253,7 @@ def enqueue_many(
         run_at=run_at,
         delay=delay,
         ordering_key=ordering_key,
+        group_key=group_key,
         max_attempts=max_attempts,
         lease_timeout=lease_timeout,
     )
@@ -248,8 +261,11 @@ def enqueue_many(
     if not encoded:
         return []
     with transaction.atomic(using=using), cursor(using) as cur:
-        cur.execute(sql.ALLOCATE_IDS, {"n": len(encoded), "queue": params["queue"], **_queue_defaults()})
-        now, ids, queue_max_attempts = cur.fetchone()
+        cur.execute(
+            sql.ALLOCATE_IDS,
+            {"n": len(encoded), "queue": params["queue"], "group_key": params["group_key"], **_queue_defaults()},
+        )
+        now, ids, queue_max_attempts, group_key = cur.fetchone()
         attempts = params["max_attempts"] or queue_max_attempts
         # COPY's text format, built here: the columns every row shares are formatted once, and a row is one
         # f-string, instead of adapting a dozen values per row.
@@ -261,6 +277,7 @@ def enqueue_many(
             str(attempts),
             _COPY_NULL if params["lease_timeout"] is None else repr(float(params["lease_timeout"])),
             _COPY_NULL if params["ordering_key"] is None else _copy_text(params["ordering_key"]),
+            _COPY_NULL if group_key is None else _copy_text(group_key),
             "",
         ]
         copy_items = sql.COPY_ITEMS

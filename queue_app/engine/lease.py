@@ -1,6 +1,7 @@
 """lease(): take up to n items for a worker, each with a new reservation (one attempt, one fencing token);
 settle_and_lease(): complete the items a worker finished and lease its next batch in one round trip."""
 
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -71,22 +72,48 @@ def _lease_named(cur: Any, queues: list[str], n: int, params: dict[str, Any]) ->
     return [_lease(r) for r in cur.fetchall()]
 
 
-def _lease_limited(cur: Any, limited: Iterable[str], n: int, params: dict[str, Any], using: str) -> list[Lease]:
-    """Lease from concurrency-limited queues, each under its row lock so concurrent workers never exceed the
-    limit together: lock, count what is in flight, lease the room left."""
+def _lease_flow_controlled(cur: Any, queues: Iterable[str], n: int, params: dict[str, Any], using: str) -> list[Lease]:
+    """Lease from queues under flow control, each under its row lock so that concurrent workers keep its limits
+    together: lock the queue row (which says the rate window's room), count what is in flight against a
+    concurrency limit, lease the room left (group keys in turn when the queue leases by group), and count the
+    leases against the rate window, all in one transaction."""
     leases: list[Lease] = []
-    for name in limited:
+    for name in queues:
         if len(leases) >= n:
             break
         with transaction.atomic(using=using):
-            cur.execute(sql.LOCK_LIMITED_QUEUE, {"queue": name})
+            cur.execute(sql.LOCK_FLOW_QUEUE, {"queue": name})
             locked = cur.fetchone()
-            if locked is None or locked[0] is None:  # paused or unlimited since we looked
+            if locked is None:  # paused, or no flow control any more, since we looked
                 continue
-            cur.execute(sql.IN_FLIGHT, {"queue": name})
-            room = min(n - len(leases), locked[0] - cur.fetchone()[0])
-            if room > 0:
-                leases += _lease_named(cur, [name], room, params)
+            concurrency_limit, rate_limit, rate_room, window, grouped, group_limit, weights = locked
+            room = n - len(leases)
+            if rate_limit is not None:
+                room = min(room, rate_room)
+            if concurrency_limit is not None and room > 0:
+                cur.execute(sql.IN_FLIGHT, {"queue": name})
+                room = min(room, concurrency_limit - cur.fetchone()[0])
+            if room <= 0:
+                continue
+            if grouped:
+                weights = decode_json(weights) or {}
+                cur.execute(
+                    sql.LEASE_FAIR,
+                    {
+                        **params,
+                        "queue": name,
+                        "n": room,
+                        "group_limit": group_limit,
+                        "weight_keys": list(weights),
+                        "weight_values": [float(w) for w in weights.values()],
+                    },
+                )
+                got = [_lease(r) for r in cur.fetchall()]
+            else:
+                got = _lease_named(cur, [name], room, params)
+            if rate_limit is not None and got:
+                cur.execute(sql.SPEND_RATE, {"queue": name, "window": window, "spent": len(got)})
+            leases += got
     return leases
 
 
@@ -108,9 +135,10 @@ def settle_and_lease(
     using: str = "default",
 ) -> SettledAndLeased:
     """Complete `done` (held, result) pairs and reserve up to `n` items from `queues` (None or ALL_QUEUES:
-    every queue) for `worker_id`, in one statement; concurrency-limited queues then take one locked round trip
-    each. Paused queues are skipped. `terms` gives each task's lease (see sql._lease_ctes). Results must be
-    JSON (InvalidEnqueue otherwise, raised before anything is written)."""
+    every queue) for `worker_id`, in one statement; queues under flow control (concurrency, rate or group
+    limits, fair leasing) then take one locked transaction each. Paused queues are skipped. `terms` gives each
+    task's lease (see sql._lease_ctes). Results must be JSON (InvalidEnqueue otherwise, raised before anything
+    is written)."""
     pairs = list(done)
     if not pairs and n <= 0:
         return SettledAndLeased([], [])
@@ -136,7 +164,8 @@ def settle_and_lease(
             else:
                 leases.append(_lease(row[3:]))
         if limited and len(leases) < n:
-            leases += _lease_limited(cur, limited, n - len(leases), params, using)
+            random.shuffle(limited)  # the batch's room goes to each flow-controlled queue first in turn
+            leases += _lease_flow_controlled(cur, limited, n - len(leases), params, using)
     leases.sort(key=lambda lease: (-lease.priority, lease.item_id))
     return SettledAndLeased([h for h, _ in pairs if h.reservation_id in stale_ids], leases)
 
@@ -152,9 +181,10 @@ def lease(
 ) -> list[Lease]:
     """Reserve up to `n` items from `queues` (None or ALL_QUEUES: every queue) for `worker_id`.
 
-    Paused queues are skipped. A queue with a concurrency limit is leased under its row lock, so concurrent
-    workers never exceed the limit together. The lease lasts the task's lease from `terms` (never under its
-    floor), else the item's own, else `lease_timeout` seconds, else its queue's.
+    Paused queues are skipped. A queue under flow control (concurrency, rate or group limits, fair leasing) is
+    leased under its row lock, so concurrent workers never exceed its limits together. The lease lasts the
+    task's lease from `terms` (never under its floor), else the item's own, else `lease_timeout` seconds, else
+    its queue's.
     """
     if n <= 0:
         return []

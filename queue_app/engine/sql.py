@@ -37,31 +37,65 @@ VALUES (%(queue)s, false, NULL, %(queue_lease_timeout)s, %(queue_max_attempts)s,
 ON CONFLICT (name) DO NOTHING
 """
 
-# Serializes leasers of one concurrency-limited queue, then counts what is in flight (a lease that expired is
-# not in flight: it can be taken again). NO KEY UPDATE, not UPDATE: leasers still exclude each other, but the
-# FOR KEY SHARE lock an enqueue takes on its queue row (trigger item_queue_exists) is not blocked by a lease.
-LOCK_LIMITED_QUEUE = f"SELECT concurrency_limit FROM {QUEUE} WHERE name = %(queue)s AND NOT paused FOR NO KEY UPDATE"
+# A queue that leases by group key: fair, or a group limit.
+_GROUPED = "(fair OR group_concurrency IS NOT NULL)"
+# A queue under flow control (a concurrency limit, a rate limit, a group limit or fair leasing) is leased one
+# queue at a time under its row lock (engine/lease.py), never by the many-queue statements.
+_FLOW_CONTROLLED = f"(concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL OR {_GROUPED})"
+
+# Serializes leasers of one flow-controlled queue and says what room it has. NO KEY UPDATE, not UPDATE: leasers
+# still exclude each other, but the FOR KEY SHARE lock an enqueue takes on its queue row (trigger
+# item_queue_exists) is not blocked by a lease. The rate limit counts leases per window of `rate_period`
+# seconds aligned to the clock (window n covers [n * period, (n + 1) * period) since the epoch): `rate_room` is
+# what the current window has left. A leaser whose transaction clock (now(): its start, before it waited for
+# the lock) is in a window older than the one counted gets no room, so the leases stamped with a window never
+# outnumber its limit.
+LOCK_FLOW_QUEUE = f"""
+SELECT q.concurrency_limit, q.rate_limit,
+       q.rate_limit - CASE WHEN q.rate_window_start = w.start THEN q.rate_window_count
+                           WHEN q.rate_window_start > w.start THEN q.rate_limit ELSE 0 END AS rate_room,
+       w.start, {_GROUPED}, q.group_concurrency, q.group_weights
+FROM {QUEUE} q
+CROSS JOIN LATERAL (SELECT to_timestamp(floor(extract(epoch FROM now()) / q.rate_period) * q.rate_period)) w(start)
+WHERE q.name = %(queue)s AND NOT q.paused AND {_FLOW_CONTROLLED}
+FOR NO KEY UPDATE OF q
+"""
+# What is in flight (a lease that expired is not: it can be taken again).
 IN_FLIGHT = f"""
 SELECT count(*) FROM {ITEM}
 WHERE queue_id = %(queue)s AND state = 'reserved' AND visible_at > now()
+"""
+# Count a lease's items against the rate window (still under the queue's row lock).
+SPEND_RATE = f"""
+UPDATE {QUEUE} SET rate_window_count = CASE WHEN rate_window_start = %(window)s THEN rate_window_count + %(spent)s
+                                            ELSE %(spent)s END,
+                   rate_window_start = %(window)s
+WHERE name = %(queue)s
 """
 
 # -- enqueue --------------------------------------------------------------------------------------------------
 
 _ITEM_COLUMNS = """(id, queue_id, task, payload, state, priority, run_at, visible_at, attempts, max_attempts,
-    lease_timeout, dedup_key, ordering_key, error, created_at, updated_at)"""
+    lease_timeout, dedup_key, ordering_key, group_key, error, created_at, updated_at)"""
 
 _DUE = "COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s))"
 # An item without its own max_attempts takes its queue's; a queue created by this very statement (invisible to
 # its snapshot) has the default the ENSURE_QUEUE CTE just inserted.
 _MAX_ATTEMPTS = f"""COALESCE(%(max_attempts)s, (SELECT max_attempts FROM {QUEUE} WHERE name = %(queue)s),
     %(queue_max_attempts)s)"""
+# An item queued without a group key into a queue that leases by group (fair, or a group limit) joins the group
+# '' (the lease reads groups from the index item_group, which holds keyed items only). The queue row is read
+# FOR KEY SHARE (the lock the statement's trigger item_queue_exists takes anyway, held to commit): a change that
+# turns grouping on locks the row FOR UPDATE before it gives the queue's open items without a key the group ''
+# (services.set_queue_options), so it waits for every enqueue that read the queue ungrouped to commit first.
+_GROUP_KEY = f"""COALESCE(%(group_key)s,
+    (SELECT CASE WHEN {_GROUPED} THEN '' END FROM {QUEUE} WHERE name = %(queue)s FOR KEY SHARE))"""
 
 ENQUEUE = f"""
 WITH q AS ({ENSURE_QUEUE}), ins AS (
     INSERT INTO {ITEM} {_ITEM_COLUMNS}
     VALUES (DEFAULT, %(queue)s, %(task)s, %(payload)s::jsonb, 'ready', %(priority)s, {_DUE}, {_DUE}, 0,
-            {_MAX_ATTEMPTS}, %(lease_timeout)s, NULL, %(ordering_key)s, '', now(), now())
+            {_MAX_ATTEMPTS}, %(lease_timeout)s, NULL, %(ordering_key)s, {_GROUP_KEY}, '', now(), now())
     RETURNING id, run_at, created_at
 )
 SELECT id, run_at, created_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
@@ -81,7 +115,8 @@ WITH q AS ({ENSURE_QUEUE}), claim AS (
 ), ins AS (
     INSERT INTO {ITEM} {_ITEM_COLUMNS}
     SELECT claim.item_id, %(queue)s, %(task)s, %(payload)s::jsonb, 'ready', %(priority)s, {_DUE}, {_DUE}, 0,
-           {_MAX_ATTEMPTS}, %(lease_timeout)s, %(dedup_key)s, %(ordering_key)s, '', now(), now()
+           {_MAX_ATTEMPTS}, %(lease_timeout)s, %(dedup_key)s, %(ordering_key)s, {_GROUP_KEY}, '', now(),
+           now()
     FROM claim
     RETURNING id, run_at, created_at
 )
@@ -101,10 +136,12 @@ WHERE c.queue_id = %(queue)s AND c.key = %(dedup_key)s
 ALLOCATE_IDS = f"""
 WITH q AS ({ENSURE_QUEUE}), s AS MATERIALIZED (SELECT pg_get_serial_sequence('{ITEM}', 'id')::regclass AS seq)
 SELECT now(), array(SELECT nextval(s.seq) FROM s, generate_series(1, %(n)s)),
-       COALESCE((SELECT max_attempts FROM {QUEUE} WHERE name = %(queue)s), %(queue_max_attempts)s)
+       COALESCE((SELECT max_attempts FROM {QUEUE} WHERE name = %(queue)s), %(queue_max_attempts)s),
+       {_GROUP_KEY}
 """
 _COPY_COLUMNS = (
-    "id, queue_id, task, payload, state, priority, attempts, max_attempts, lease_timeout, ordering_key, error"
+    "id, queue_id, task, payload, state, priority, attempts, max_attempts, lease_timeout, ordering_key, group_key,"
+    " error"
 )
 COPY_ITEMS = f"COPY {ITEM} ({_COPY_COLUMNS}) FROM STDIN"
 COPY_DELAYED_ITEMS = f"COPY {ITEM} ({_COPY_COLUMNS}, run_at, visible_at) FROM STDIN"
@@ -117,23 +154,24 @@ NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
 # and reports the limited ones, which the caller then leases one by one under their locks.
 _NAMED_QUEUES = "unnest(%(queues)s::text[]) AS q(name)"
 _OPEN_QUEUES = f"""(SELECT name FROM {QUEUE}
-    WHERE NOT paused AND concurrency_limit IS NULL AND (%(all_queues)s OR name = ANY(%(queues)s))) AS q"""
+    WHERE NOT paused AND NOT {_FLOW_CONTROLLED} AND (%(all_queues)s OR name = ANY(%(queues)s))) AS q"""
 _LIMITED_QUEUES = f"""SELECT name FROM {QUEUE}
-    WHERE NOT paused AND concurrency_limit IS NOT NULL AND (%(all_queues)s OR name = ANY(%(queues)s))"""
+    WHERE NOT paused AND {_FLOW_CONTROLLED} AND (%(all_queues)s OR name = ANY(%(queues)s))"""
 
 
-def _lease_ctes(queue_source: str, excluded: str = "") -> str:
-    """The CTEs of a lease, ending in `leased` (the leased items' rows).
+# An item `i` with an ordering key is leasable only when no older item of its key is still open (one in flight
+# per key, in enqueue order, a retried item keeps blocking its key).
+_ORDERING_KEY_FREE = f"""(i.ordering_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM {ITEM} o
+                WHERE o.queue_id = i.queue_id AND o.ordering_key = i.ordering_key
+                  AND o.state IN ('ready', 'reserved') AND o.id <> i.id
+                  -- an older open item, or a younger one in flight: enqueues of one key may commit out of id
+                  -- order, and the younger one may already be out when the older one becomes visible
+                  AND (o.id < i.id OR (o.state = 'reserved' AND o.visible_at > now()))))"""
 
-    Due ready items and items whose lease expired (attempts left), from the given queues, best first; an item
-    with an ordering key only when no older item of its key is still open (one in flight per key, in enqueue
-    order, a retried item keeps blocking its key). SKIP LOCKED lets concurrent leasers pass each other. The
-    lease lasts the task's lease when the worker names its tasks' terms (`term_*`: never less than the task's
-    floor, its hard timeout plus a margin), else the item's, else the caller's, else the queue's, so a worker
-    needs no second round trip to give each item its task's lease. `excluded`: a filter keeping out rows the
-    same statement settles (one statement must not update a row twice; only a reserved row can be one, so a
-    ready row does not walk the settled ids).
-    """
+
+def _picked(queue_source: str, excluded: str) -> str:
+    """The lease's choice of rows: due ready items and expired leases of the given queues, best first."""
     return f"""picked AS (
     -- One ordered scan of item_fetch per queue (queue_id = q.name), each stopping after n rows it could lock,
     -- then the best n of those. `queue_id = ANY(array)` cannot walk the index in order (before PostgreSQL 17):
@@ -147,20 +185,30 @@ def _lease_ctes(queue_source: str, excluded: str = "") -> str:
           AND i.state IN ('ready', 'reserved')
           AND i.visible_at <= now()
           AND (i.state = 'ready' OR i.attempts < i.max_attempts){excluded}
-          AND (i.ordering_key IS NULL OR NOT EXISTS (
-                SELECT 1 FROM {ITEM} o
-                WHERE o.queue_id = i.queue_id AND o.ordering_key = i.ordering_key
-                  AND o.state IN ('ready', 'reserved') AND o.id <> i.id
-                  -- an older open item, or a younger one in flight: enqueues of one key may commit out of id
-                  -- order, and the younger one may already be out when the older one becomes visible
-                  AND (o.id < i.id OR (o.state = 'reserved' AND o.visible_at > now()))))
+          AND {_ORDERING_KEY_FREE}
         ORDER BY i.priority DESC, i.visible_at, i.id
         LIMIT %(n)s
         FOR UPDATE OF i SKIP LOCKED
     ) c
     ORDER BY c.priority DESC, c.visible_at, c.id
     LIMIT %(n)s
-), terms AS (
+)"""
+
+
+def _lease_ctes(queue_source: str, excluded: str = "", picked: str | None = None) -> str:
+    """The CTEs of a lease, ending in `leased` (the leased items' rows).
+
+    Due ready items and items whose lease expired (attempts left), from the given queues, best first; an item
+    with an ordering key only when no older item of its key is still open (one in flight per key, in enqueue
+    order, a retried item keeps blocking its key). SKIP LOCKED lets concurrent leasers pass each other. The
+    lease lasts the task's lease when the worker names its tasks' terms (`term_*`: never less than the task's
+    floor, its hard timeout plus a margin), else the item's, else the caller's, else the queue's, so a worker
+    needs no second round trip to give each item its task's lease. `excluded`: a filter keeping out rows the
+    same statement settles (one statement must not update a row twice; only a reserved row can be one, so a
+    ready row does not walk the settled ids). `picked`: CTEs of another choice of rows (the fair lease's),
+    ending in one named picked with the same columns.
+    """
+    return f"""{picked or _picked(queue_source, excluded)}, terms AS (
     SELECT * FROM unnest(%(term_tasks)s::text[], %(term_leases)s::float8[], %(term_floors)s::float8[])
         AS t(task, lease, floor)
 ), expired AS (
@@ -194,6 +242,85 @@ _LEASED_COLUMNS = """reservation_id, item_id, queue_id, task, payload, attempt, 
 
 LEASE = f"""
 WITH {_lease_ctes(_NAMED_QUEUES)}
+SELECT {_LEASED_COLUMNS} FROM leased
+"""
+
+# The fair lease of one queue, run under its row lock (LOCK_FLOW_QUEUE), so no other leaser of the queue runs
+# at the same time: group keys take turns. Its group keys are found by skipping through item_group (one probe
+# per key). Each key may take its room (the batch, less for a key at its group limit: `group_limit` minus the
+# key's items in flight). Candidates: each key's lane read in the fetch order up to twice its share of the batch
+# (its weight over all keys' weights), so a lease reads about two batches of rows however many keys there are;
+# plus the queue's best `n` rows in the fetch order (item_fetch), so a key with more high-priority items than its
+# share still has them all in the running. The batch takes the keys' first candidates, then their seconds, and
+# so on: priority first, then the turn (divided by the key's weight: a key of weight 3 has three turns to another
+# key's one), then due time. So a key with 100,000 items and a key with 10 both progress at each lease, and `n`
+# items of a higher priority always go before any of a lower one. The chosen rows are then locked by primary
+# key (SKIP LOCKED, the lease's conditions checked again on the row's latest version): a row cancelled or
+# requeued meanwhile is left out, never taken twice.
+_FAIR_DUE = f"""i.state IN ('ready', 'reserved')
+          AND i.visible_at <= now()
+          AND (i.state = 'ready' OR i.attempts < i.max_attempts)
+          AND {_ORDERING_KEY_FREE}"""
+_FAIR_PICKED = f"""keys(group_key) AS (
+    (SELECT i.group_key FROM {ITEM} i
+     WHERE i.queue_id = %(queue)s AND i.state IN ('ready', 'reserved') AND i.group_key IS NOT NULL
+     ORDER BY i.group_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT i.group_key FROM {ITEM} i
+            WHERE i.queue_id = %(queue)s AND i.state IN ('ready', 'reserved') AND i.group_key IS NOT NULL
+              AND i.group_key > k.group_key
+            ORDER BY i.group_key LIMIT 1)
+    FROM keys k WHERE k.group_key IS NOT NULL
+), flight AS MATERIALIZED (
+    -- Once, from item_in_flight (the queue's few rows in flight), not per key down its lane (all its items).
+    -- (no `group_key IS NOT NULL` here: it would let the planner walk item_group, every open item of the queue)
+    SELECT i.group_key, count(*) AS n FROM {ITEM} i
+    WHERE i.queue_id = %(queue)s AND i.state = 'reserved' AND i.visible_at > now()
+    GROUP BY i.group_key
+), shares AS MATERIALIZED (
+    SELECT k.group_key,
+           COALESCE((SELECT w.weight FROM unnest(%(weight_keys)s::text[], %(weight_values)s::float8[])
+                         AS w(group_key, weight) WHERE w.group_key = k.group_key), 1) AS weight,
+           GREATEST(0, LEAST(%(n)s, %(group_limit)s::int
+                                    - COALESCE((SELECT f.n FROM flight f WHERE f.group_key = k.group_key), 0)))
+               AS room
+    FROM keys k WHERE k.group_key IS NOT NULL
+), candidates AS (
+    SELECT c.* FROM shares s
+    CROSS JOIN LATERAL (
+        SELECT i.id, i.group_key, i.priority, i.visible_at
+        FROM {ITEM} i
+        WHERE i.queue_id = %(queue)s AND i.group_key = s.group_key
+          AND {_FAIR_DUE}
+        ORDER BY i.priority DESC, i.visible_at, i.id
+        LIMIT LEAST(s.room, ceil(2.0 * %(n)s * s.weight / (SELECT sum(weight) FROM shares))::int)
+    ) c
+    UNION
+    (SELECT i.id, i.group_key, i.priority, i.visible_at
+     FROM {ITEM} i
+     WHERE i.queue_id = %(queue)s
+       AND {_FAIR_DUE}
+     ORDER BY i.priority DESC, i.visible_at, i.id
+     LIMIT %(n)s)
+), turns AS (
+    SELECT c.id, c.priority, c.visible_at, s.room, s.weight,
+           row_number() OVER (PARTITION BY c.group_key ORDER BY c.priority DESC, c.visible_at, c.id) AS nth
+    FROM candidates c JOIN shares s ON s.group_key = c.group_key
+), chosen AS (
+    SELECT id FROM turns WHERE nth <= room ORDER BY priority DESC, nth / weight, visible_at, id LIMIT %(n)s
+), picked AS (
+    SELECT i.id, i.queue_id, i.task, i.state AS prev_state, i.reservation_id AS prev_reservation, i.attempts,
+           i.lease_timeout, i.priority, i.visible_at
+    FROM {ITEM} i
+    WHERE i.id = ANY(ARRAY(SELECT id FROM chosen))
+      AND (i.state || '') IN ('ready', 'reserved')  -- an expression: see _state_is
+      AND i.visible_at <= now()
+      AND (i.state = 'ready' OR i.attempts < i.max_attempts)
+    FOR UPDATE OF i SKIP LOCKED
+)"""
+
+LEASE_FAIR = f"""
+WITH RECURSIVE {_lease_ctes("", picked=_FAIR_PICKED)}
 SELECT {_LEASED_COLUMNS} FROM leased
 """
 

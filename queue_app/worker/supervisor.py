@@ -28,6 +28,7 @@ import select
 import signal
 import socket
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -129,19 +130,31 @@ class Supervisor(Settling):
         self.heartbeat_every = min(self._heartbeat_cap(), shortest / 3)
 
     def check_connection_room(self) -> None:
-        """Warn when the server has fewer connections left than this worker will open: every pool thread or
-        child opens its own as it starts, and those refused ("too many clients") leave the worker retrying."""
+        """Shrink to fit when the server has fewer connections left than this worker would open (every pool
+        thread or child opens its own as it starts; those refused, "too many clients", would leave the worker
+        retrying): run with as many slots as there is room for, at least one, and say so once."""
         need = self.options.concurrency + OTHER_CONNECTIONS
         try:
             room = engine.connection_room()
         except DATABASE_DOWN:
             return  # the loop says so, and retries
         if room < need:
+            fits = max(1, room - OTHER_CONNECTIONS)
             logger.warning(
-                "too few database connections left for this worker %s; raise the limit (max_connections, or the "
-                "role's or the database's CONNECTION LIMIT) or lower --concurrency",
+                "too few database connections left for this worker %s; running with --concurrency %d instead; "
+                "raise the limit (max_connections, or the role's or the database's CONNECTION LIMIT) or lower "
+                "--concurrency",
                 fields(needs=need, server_has_room_for=room),
+                fits,
             )
+            self._resize(fits)
+
+    def _resize(self, concurrency: int) -> None:
+        """Run with `concurrency` slots (before the pool starts); a default prefetch and batch follow it."""
+        self.options = opts = replace(self.options, concurrency=concurrency)
+        self.capacity = opts.concurrency + (opts.concurrency if opts.prefetch is None else opts.prefetch)
+        self.batch = opts.batch or self.capacity
+        self.row = replace(self.row, concurrency=concurrency)
 
     def run(self) -> int:
         self.check()

@@ -4,6 +4,7 @@
     python manage.py enqueue queue_app.noop --count 100000          # one COPY (engine.enqueue_many)
     python manage.py enqueue queue_app.sleep --payload '{"seconds": 2}' --delay 10 --dedup-key nap
     python manage.py enqueue queue_app.echo --payload-file big.json                 # or - for standard input
+    python manage.py enqueue queue_app.noop --count 1000 --group-key customer-42    # fair queues: keys in turn
 
 A registered task brings its own queue, attempts and dedup window; a name no task is registered under is
 queued anyway (with a warning): a worker that does not know it either sends it to the dead letters.
@@ -52,9 +53,26 @@ class Command(BaseCommand):
         parser.add_argument("--delay", type=float, default=None, help="seconds before the item is due")
         parser.add_argument("--dedup-key", default=None, help="enqueue at most once per key within the window")
         parser.add_argument("--ordering-key", default=None, help="items of one key run one at a time, in order")
+        parser.add_argument(
+            "--group-key",
+            default=None,
+            help="tenant or customer id: fair queues lease keys in turn, group limits cap each",
+        )
 
     def handle(
-        self, *args, task, payload, payload_file, count, queue, priority, delay, dedup_key, ordering_key, **options
+        self,
+        *args,
+        task,
+        payload,
+        payload_file,
+        count,
+        queue,
+        priority,
+        delay,
+        dedup_key,
+        ordering_key,
+        group_key,
+        **options,
     ):
         source = "--payload"
         if payload_file is not None:
@@ -75,7 +93,13 @@ class Command(BaseCommand):
         registered = find_task(task)
         if registered is None:
             self.stderr.write(self.style.WARNING(f"warning: no task is registered as {task!r} here; queuing it anyway"))
-        options = {"queue": queue, "priority": priority, "delay": delay, "ordering_key": ordering_key}
+        options = {
+            "queue": queue,
+            "priority": priority,
+            "delay": delay,
+            "ordering_key": ordering_key,
+            "group_key": group_key,
+        }
         try:
             if count > 1:
                 many = registered.enqueue_many if registered else partial(engine.enqueue_many, task)

@@ -1,7 +1,8 @@
-"""`manage.py queue_stats [--json]`: per queue, items by state ("ready" = due now, "scheduled" = ready but due
-later: delay or backoff), the age of the oldest due ready item, and open dead letters. Exact counts (one
+"""`manage.py queue_stats [--json] [--groups]`: per queue, items by state ("ready" = due now, "scheduled" = ready
+but due later: delay or backoff), the age of the oldest due ready item, and open dead letters. Exact counts (one
 grouped scan of the item table): meant for operators and scripts, not for a dashboard refreshed every second
-on a huge table."""
+on a huge table. With --groups, each queue also gets `groups`: group key -> counts by state (keyed items only);
+and each queue says what flow control it has and what holds it back now (flow.held_back)."""
 
 import json
 
@@ -10,12 +11,13 @@ from django.db.models import Count, Min, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from queue_app.flow import format_rate, group_counts, held_back
 from queue_app.models import DeadLetter, ItemState, Queue, QueueItem
 
 STATES = [state.value for state in ItemState]
 
 
-def queue_stats() -> list[dict]:
+def queue_stats(groups: bool = False) -> list[dict]:
     now = timezone.now()
     counts: dict[str, dict[str, int]] = {}
     for row in QueueItem.objects.order_by().values("queue_id", "state").annotate(n=Count("id")):
@@ -42,6 +44,8 @@ def queue_stats() -> list[dict]:
         .values_list("queue_id", "n")
     )
     stats = []
+    by_group = group_counts() if groups else {}
+    holding = held_back()
     for queue in Queue.objects.order_by("name"):
         by_state = {state: counts.get(queue.name, {}).get(state, 0) for state in STATES}
         by_state[ItemState.READY] -= scheduled.get(queue.name, 0)  # "ready" counts due items only
@@ -55,8 +59,16 @@ def queue_stats() -> list[dict]:
                 "scheduled": scheduled.get(queue.name, 0),  # ready, not due yet (delay or backoff)
                 "oldest_ready_age": None if oldest is None else round((now - oldest).total_seconds(), 3),
                 "dead_letters": letters.get(queue.name, 0),
+                "rate_limit": format_rate(queue.rate_limit, queue.rate_period),
+                "group_concurrency": queue.group_concurrency,
+                "held_back": holding[queue.name].reasons if queue.name in holding else [],
             }
         )
+        if groups:
+            stats[-1]["groups"] = {
+                key: {state: counts.get(state, 0) for state in STATES}
+                for key, counts in sorted(by_group.get(queue.name, {}).items())
+            }
     return stats
 
 
@@ -65,9 +77,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        parser.add_argument("--groups", action="store_true", help="add per queue its group keys' counts by state")
 
     def handle(self, *args, **options):
-        stats = queue_stats()
+        stats = queue_stats(groups=options["groups"])
         if options["json"]:
             self.stdout.write(json.dumps({"queues": stats}, indent=2))
             return
@@ -79,6 +92,12 @@ class Command(BaseCommand):
             self.stdout.write("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
         if not rows:
             self.stdout.write("(no queues yet)")
+        for row in stats:
+            for reason in row["held_back"]:
+                self.stdout.write(f"{row['queue']} held back: {reason}")
+            for key, counts in row.get("groups", {}).items():
+                shown = ", ".join(f"{state} {n}" for state, n in counts.items() if n)
+                self.stdout.write(f"{row['queue']} group {key!r}: {shown}")
 
 
 def _cell(value) -> str:

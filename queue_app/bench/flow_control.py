@@ -1,0 +1,183 @@
+"""Flow control's figures (`queue_bench --only flow`), in a scratch database migrated like the real one:
+
+- lease throughput: items/s through `engine.settle_and_lease` in this process (lease a batch, complete it with
+  the next lease, until the queue is empty) on an unlimited queue, a fair queue (its items over ten group keys)
+  and a queue with a rate limit too high to bind; best of two interleaved rounds each. The unlimited queue is
+  leased by the many-queue statement; the others by the flow-controlled path (queue row lock, LEASE_FAIR).
+- rate-limit accuracy: four `run_worker` processes on a queue limited to N leases per period; the leases per
+  window over the three whole windows of the run, and their largest distance from N.
+- fairness: a big and a small group key in a fair queue, two `run_worker --burst` processes; how many leases went
+  out until the small key's last one, against its fair share (round robin between two keys: twice its items).
+"""
+
+import subprocess
+import time
+from collections.abc import Callable
+
+from django.db import connections
+
+from .. import engine
+from .context import BenchContext, django_child_env, manage_args, spawn, stop
+from .jobsite_side import ALIAS, NOOP_TASK, _scalar, bench_database, run_worker_available
+from .report import Figure, Results
+from .sizes import Sizes
+
+LEASE_BATCH = 500
+LEASE_ROUNDS = 2
+FAIR_KEYS = 10
+RATE_WORKERS = 4
+FAIR_WORKERS, FAIR_BATCH = 2, 50
+
+
+def _set_queue(queue: str, **columns: object) -> None:
+    """The scratch queue's flow-control columns (the bench's own set-up; users go through services/queue_config)."""
+    engine.ensure_queue(queue, using=ALIAS)
+    assignments = ", ".join(f"{name} = %({name})s" for name in columns)
+    with connections[ALIAS].cursor() as cur:
+        cur.execute(f"UPDATE queue_app_queue SET {assignments} WHERE name = %(queue)s", {**columns, "queue": queue})
+
+
+def _drain_in_process(queue: str) -> int:
+    done: list[engine.Lease] = []
+    leased = 0
+    while True:
+        out = engine.settle_and_lease([(h, None) for h in done], [queue], LEASE_BATCH, "bench", 600, using=ALIAS)
+        done = out.leases
+        leased += len(done)
+        if not done:
+            return leased
+
+
+def _lease_rate(queue: str, items: int, keys: int | None) -> float:
+    if keys is None:
+        engine.enqueue_many(NOOP_TASK, [{}] * items, queue=queue, using=ALIAS)
+    else:
+        for key in range(keys):
+            engine.enqueue_many(NOOP_TASK, [{}] * (items // keys), queue=queue, group_key=f"k{key}", using=ALIAS)
+    with connections[ALIAS].cursor() as cur:
+        cur.execute("VACUUM ANALYZE queue_app_queueitem")
+    t0 = time.perf_counter()
+    leased = _drain_in_process(queue)
+    return leased / (time.perf_counter() - t0)
+
+
+def measure_lease(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
+    variants: dict[str, tuple[str, Callable[[], None], int | None]] = {
+        "unlimited": ("flow_plain", lambda: engine.ensure_queue("flow_plain", using=ALIAS), None),
+        "fair": ("flow_fair", lambda: _set_queue("flow_fair", fair=True), FAIR_KEYS),
+        "rate": ("flow_rate_open", lambda: _set_queue("flow_rate_open", rate_limit=10**9, rate_period=1), None),
+    }
+    best: dict[str, float] = {}
+    for _ in range(LEASE_ROUNDS):
+        for name, (queue, prepare, keys) in variants.items():
+            prepare()
+            rate = _lease_rate(queue, sizes.flow_lease_items, keys)
+            best[name] = max(best.get(name, 0.0), rate)
+            ctx.progress("flow", f"lease+settle in process, {name} queue: {rate:,.0f} items/s")
+    labels = {
+        "unlimited": "flow: lease+settle, unlimited queue",
+        "fair": f"flow: lease+settle, fair queue ({FAIR_KEYS} keys)",
+        "rate": "flow: lease+settle, rate-limited queue (not binding)",
+    }
+    for name, label in labels.items():
+        ratio = best[name] / best["unlimited"]
+        note = f"batch {LEASE_BATCH}, {sizes.flow_lease_items:,} items, one process"
+        if name != "unlimited":
+            note += f"; {ratio:.2f}x the unlimited queue"
+        results.add(Figure(f"flow.lease_{name}", label, best[name], "items/s", note=note))
+
+
+def _leases_per_window(queue: str, period: int) -> dict[int, int]:
+    with connections[ALIAS].cursor() as cur:
+        cur.execute(
+            """SELECT floor(extract(epoch FROM r.reserved_at) / %(p)s)::bigint, count(*)
+               FROM queue_app_reservation r JOIN queue_app_queueitem i ON i.id = r.item_id
+               WHERE i.queue_id = %(q)s GROUP BY 1 ORDER BY 1""",
+            {"p": period, "q": queue},
+        )
+        return dict(cur.fetchall())
+
+
+def _workers(ctx: BenchContext, db: str, count: int, log: str, *args: str) -> list[subprocess.Popen]:
+    argv = manage_args("run_worker", "--no-scheduler", "--pool", "thread", "--poll-interval", "0.2", *args)
+    return [spawn(argv, env=django_child_env(db), log=ctx.log_path(f"{log}-{n}")) for n in range(count)]
+
+
+def measure_rate(ctx: BenchContext, sizes: Sizes, db: str, results: Results) -> None:
+    limit, period = sizes.flow_rate
+    queue = "flow_rate"
+    configured = subprocess.run(
+        manage_args("queue_config", queue, "--rate-limit", f"{limit}/{period}s"),
+        env=django_child_env(db),
+        capture_output=True,
+        text=True,
+    )
+    if configured.returncode != 0:
+        raise RuntimeError(f"queue_config failed: {configured.stderr}")
+    engine.enqueue_many(NOOP_TASK, [{}] * (limit * 8), queue=queue, using=ALIAS)
+    procs = _workers(ctx, db, RATE_WORKERS, "flow-rate", "--concurrency", "4", "--queues", queue)
+    deadline = time.monotonic() + period * 7 + 60
+    try:
+        while len(_leases_per_window(queue, period)) < 6 and time.monotonic() < deadline:
+            time.sleep(min(1.0, period / 4))
+    finally:
+        stop(procs)
+    windows = _leases_per_window(queue, period)
+    whole = sorted(windows)[1:-1][:3]
+    counts = [windows[w] for w in whole]
+    error = max(abs(n - limit) for n in counts) if len(counts) == 3 else None
+    ctx.progress("flow", f"rate limit {limit}/{period}s, {RATE_WORKERS} workers: leases per whole window {counts}")
+    results.add(
+        Figure(
+            "flow.rate_error",
+            f"flow: rate limit {limit}/{period}s across {RATE_WORKERS} workers, largest miss per window",
+            error,
+            "leases",
+            note=f"whole windows: {counts}; most in any window: {max(windows.values())}",
+            detail={"limit": limit, "period": period, "windows": counts, "most": max(windows.values())},
+        )
+    )
+
+
+def measure_fairness(ctx: BenchContext, sizes: Sizes, db: str, results: Results) -> None:
+    big, small = sizes.flow_fair
+    queue = "flow_tenants"
+    _set_queue(queue, fair=True)
+    engine.enqueue_many(NOOP_TASK, [{}] * big, queue=queue, group_key="big", using=ALIAS)
+    engine.enqueue_many(NOOP_TASK, [{}] * small, queue=queue, group_key="small", using=ALIAS)
+    args = ("--burst", "--concurrency", "16", "--batch", str(FAIR_BATCH), "--queues", queue)
+    procs = _workers(ctx, db, FAIR_WORKERS, "flow-fair", *args)
+    try:
+        for proc in procs:
+            proc.wait(timeout=600)
+    finally:
+        stop(procs)
+    position = _scalar(
+        """SELECT count(*) FROM queue_app_reservation r JOIN queue_app_queueitem i ON i.id = r.item_id
+           WHERE i.queue_id = %(q)s AND r.id <= (SELECT max(r2.id) FROM queue_app_reservation r2
+                          JOIN queue_app_queueitem i ON i.id = r2.item_id
+                          WHERE i.queue_id = %(q)s AND i.group_key = 'small')""",
+        {"q": queue},
+    )
+    share = position / (2 * small)
+    ctx.progress("flow", f"fair: the small key's last item was lease {position:,} of {big + small:,}")
+    results.add(
+        Figure(
+            "flow.fair_share",
+            f"flow: leases until a {small:,}-item key is out beside a {big:,}-item key, over its fair share",
+            share,
+            "x",
+            note=f"lease {position:,} of {big + small:,} ({position / FAIR_BATCH:.1f} batches of {FAIR_BATCH}); "
+            "1.0 = strict turns",
+            detail={"position": position, "big": big, "small": small, "batch": FAIR_BATCH},
+        )
+    )
+
+
+def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
+    with bench_database(ctx, "flow") as db:
+        measure_lease(ctx, sizes, results)
+        if not run_worker_available():
+            return
+        measure_fairness(ctx, sizes, db, results)
+        measure_rate(ctx, sizes, db, results)

@@ -1,0 +1,105 @@
+"""`manage.py queue_config QUEUE`: create a queue or change its flow control, through the same service functions
+as the admin's queue form (services.configure_queue -> set_queue_options).
+
+    python manage.py queue_config partner-api --rate-limit 100/1m       # at most 100 starts a minute, all workers
+    python manage.py queue_config imports --group-concurrency 2         # at most 2 items per group key in flight
+    python manage.py queue_config imports --concurrency 20 --json
+    python manage.py queue_config partner-api --rate-limit none         # lift the limit
+
+Without options it shows the queue (creating it with the defaults if it does not exist). Bad input (a zero or
+negative limit, a period of 0, a malformed rate) is refused with the reason, exit status 1, nothing written.
+"""
+
+import json as _json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from queue_app import services
+from queue_app.flow import NO_LIMIT, format_rate, parse_rate
+from queue_app.models import Queue
+
+
+def _limit(flag: str, value: str) -> int | None:
+    """An integer limit from the command line; `none` or `off` lifts it (range checked by the services)."""
+    if value.strip().lower() in NO_LIMIT:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise CommandError(f"{flag} must be an integer (or none to lift the limit), not {value!r}") from None
+
+
+def queue_config(queue: Queue) -> dict:
+    return {
+        "queue": queue.name,
+        "paused": queue.paused,
+        "concurrency_limit": queue.concurrency_limit,
+        "rate_limit": format_rate(queue.rate_limit, queue.rate_period),
+        "rate_limit_count": queue.rate_limit,
+        "rate_period_seconds": queue.rate_period,
+        "group_concurrency": queue.group_concurrency,
+        "fair": queue.fair or queue.group_concurrency is not None,
+        "group_weights": queue.group_weights or {},
+        "lease_timeout": queue.lease_timeout,
+        "max_attempts": queue.max_attempts,
+    }
+
+
+class Command(BaseCommand):
+    help = "Create a queue or change its concurrency, rate and group limits (the admin's queue form on the CLI)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("queue", help="queue name (created if it does not exist)")
+        parser.add_argument("--concurrency", metavar="N", help="most items in flight at once (none: no limit)")
+        parser.add_argument(
+            "--rate-limit",
+            metavar="N/PERIOD",
+            help="most starts per period, e.g. 100/1m, 10/30s, 5000/1h (none: no limit)",
+        )
+        parser.add_argument(
+            "--group-concurrency", metavar="K", help="most items of one group key in flight (none: no limit)"
+        )
+        parser.add_argument("--json", action="store_true", help="print the queue's settings as JSON")
+
+    def handle(self, *args, queue, concurrency, rate_limit, group_concurrency, json: bool, **options):
+        changes: dict = {}
+        if concurrency is not None:
+            changes["concurrency_limit"] = _limit("--concurrency", concurrency)
+        if rate_limit is not None:
+            try:
+                changes["rate_limit"], changes["rate_period"] = parse_rate(rate_limit)
+            except ValueError as exc:
+                raise CommandError(f"--rate-limit: {exc}") from None
+        if group_concurrency is not None:
+            changes["group_concurrency"] = _limit("--group-concurrency", group_concurrency)
+        try:
+            created, _ = services.configure_queue(queue, **changes)
+        except ValueError as exc:
+            raise CommandError(_flags(str(exc))) from None
+        settings = queue_config(Queue.objects.get(name=queue))
+        if json:
+            self.stdout.write(_json.dumps({**settings, "created": created, "changed": sorted(changes)}, indent=2))
+            return
+        self.stdout.write(f"{'created' if created else 'queue'} {queue}: " + ", ".join(_summary(settings)))
+
+
+def _flags(message: str) -> str:
+    """A service's message in the command's own words (its flags, not the model's option names)."""
+    for option, flag in (
+        ("concurrency_limit", "--concurrency"),
+        ("group_concurrency", "--group-concurrency"),
+        ("rate_limit", "--rate-limit N"),
+        ("rate_period", "--rate-limit PERIOD (in seconds)"),
+    ):
+        message = message.replace(option, flag)
+    return message
+
+
+def _summary(settings: dict) -> list[str]:
+    return [
+        f"concurrency {settings['concurrency_limit'] or 'unlimited'}",
+        f"rate {settings['rate_limit'] or 'unlimited'}",
+        f"group concurrency {settings['group_concurrency'] or 'unlimited'}",
+        f"fair {'yes' if settings['fair'] else 'no'}",
+        *(["paused"] if settings["paused"] else []),
+    ]
