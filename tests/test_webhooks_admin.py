@@ -12,8 +12,12 @@ from django.utils import timezone
 from queue_app.models import ItemState, QueueItem
 from queue_app.webhooks import services as webhooks
 from queue_app.webhooks.models import WebhookDelivery, WebhookEndpoint
-from tests.admin_fixtures import action_post, detail_action_post, url
-from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
+from tests.admin_fixtures import (
+    action_post,
+    detail_action_post,
+    fast_password_hashing_fixture,  # noqa: F401 (autouse)
+    url,
+)
 
 pytestmark = pytest.mark.django_db
 
