@@ -16,8 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F
-from django.db.models.functions import Coalesce, Now
+from django.db.models.functions import Now
 
 from .. import engine
 from ..conf import queue_settings
@@ -25,7 +24,7 @@ from ..engine.errors import StaleReservation
 from ..registry import Context, Delivery, Retry, job
 from . import sender
 from .events import DELIVER_TASK, PUBLISH_TASK, WEBHOOK_QUEUE, publish_event
-from .models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from .models import WebhookDelivery, WebhookEndpoint
 
 logger = logging.getLogger("jobsite.webhooks")
 
@@ -87,29 +86,49 @@ def secrets_of(endpoint: WebhookEndpoint, now: datetime | None = None) -> list[s
     return signing
 
 
+# An attempt's row, its delivery's summary and its endpoint's health in one round trip. failing_since is
+# written only when it changes (set by the first failure since a success, cleared by the next success). Returns
+# whether the endpoint has now failed without a success for longer than the disable threshold.
+_RECORD_ATTEMPT = """
+WITH attempt AS (
+    INSERT INTO queue_app_webhookattempt
+        (delivery_id, attempt, reservation_id, status_code, latency_ms, response_body, error, started_at)
+    VALUES (%(delivery)s, %(attempt)s, %(reservation)s, %(status_code)s, %(latency_ms)s, %(body)s, %(error)s, now())
+), delivery AS (
+    UPDATE queue_app_webhookdelivery
+    SET attempt_count = attempt_count + 1, last_status_code = %(status_code)s,
+        delivered_at = CASE WHEN %(ok)s THEN now() ELSE delivered_at END
+    WHERE id = %(delivery)s
+), health AS (
+    UPDATE queue_app_webhookendpoint SET failing_since = CASE WHEN %(ok)s THEN NULL ELSE now() END
+    WHERE id = %(endpoint)s AND (failing_since IS NULL) <> %(ok)s
+)
+SELECT COALESCE(bool_or(NOT %(ok)s AND enabled
+                        AND failing_since < now() - make_interval(secs => %(disable_after)s)), false)
+FROM queue_app_webhookendpoint WHERE id = %(endpoint)s
+"""
+
+
 def _record(delivery: WebhookDelivery, ctx: Context, result: sender.AttemptResult) -> None:
-    """The attempt's row, the delivery's summary and the endpoint's health, in one transaction."""
-    endpoint = delivery.endpoint
-    with transaction.atomic():
-        WebhookAttempt.objects.create(
-            delivery=delivery,
-            attempt=ctx.attempt,
-            reservation_id=ctx.reservation_id,
-            status_code=result.status_code,
-            latency_ms=result.latency_ms,
-            response_body=result.response_body,
-            error=result.error,
-        )
-        WebhookDelivery.objects.filter(id=delivery.id).update(
-            attempt_count=F("attempt_count") + 1,
-            last_status_code=result.status_code,
-            delivered_at=Now() if result.ok else F("delivered_at"),
-        )
-        if result.ok:
-            WebhookEndpoint.objects.filter(id=endpoint.id, failing_since__isnull=False).update(failing_since=None)
-            return
-        WebhookEndpoint.objects.filter(id=endpoint.id).update(failing_since=Coalesce(F("failing_since"), Now()))
-        _disable_if_failing_too_long(endpoint.id)
+    """Record the attempt; disable the endpoint when it has failed for too long."""
+    params = {
+        "delivery": delivery.id,
+        "endpoint": delivery.endpoint_id,
+        "attempt": ctx.attempt,
+        "reservation": ctx.reservation_id,
+        "status_code": result.status_code,
+        "latency_ms": result.latency_ms,
+        "body": result.response_body,
+        "error": result.error,
+        "ok": result.ok,
+        "disable_after": float(queue_settings.WEBHOOKS_DISABLE_AFTER_DAYS) * 86400,
+    }
+    with connection.cursor() as cur:
+        cur.execute(_RECORD_ATTEMPT, params)
+        failing_too_long = cur.fetchone()[0]
+    if failing_too_long:
+        with transaction.atomic():
+            _disable_if_failing_too_long(delivery.endpoint_id)
 
 
 def _disable_if_failing_too_long(endpoint_id: int) -> None:
