@@ -167,8 +167,8 @@ def test_rate_limit_spaces_requests_to_one_endpoint(receiver):
         publish_event("test", {"n": n})
     run_worker(concurrency=4)
     times = sorted(r.at for r in receiver.wait_for(6))
-    # Six send slots at 5/s span a second; arrivals jitter by a request's latency (the first one opens a connection).
-    assert times[-1] - times[0] >= 0.8
+    # Six send slots at 5/s span a second; arrivals jitter by each request's latency on a busy machine.
+    assert times[-1] - times[0] >= 0.6  # unlimited, four threads send all six within a few tens of ms
 
 
 def test_disabled_endpoint_gets_nothing(receiver):
