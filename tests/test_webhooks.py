@@ -171,6 +171,18 @@ def test_rate_limit_spaces_requests_to_one_endpoint(receiver):
     assert times[-1] - times[0] >= 0.6  # unlimited, four threads send all six within a few tens of ms
 
 
+def test_a_slot_too_far_away_hands_the_item_back_without_spending_its_attempt(receiver):
+    endpoint(receiver.url, "test", rate_limit=0.05)  # one request per 20 s
+    first, second = (publish_event("test", {"n": n})[0] for n in range(2))
+    run_worker()
+    assert len(receiver.wait_for(1)) == 1
+    item = QueueItem.objects.get(id=second.item_id)
+    assert (item.state, item.attempts) == (ItemState.READY, 0)  # handed back, its attempt not spent
+    assert (item.visible_at - timezone.now()).total_seconds() > 5  # back when its slot is near
+    assert not WebhookAttempt.objects.filter(delivery=second).exists()
+    assert webhooks.delivery_states([first, second]) == {first.id: "delivered", second.id: "pending"}
+
+
 def test_disabled_endpoint_gets_nothing(receiver):
     hook, _ = endpoint(receiver.url, "test")
     (queued,) = publish_event("test", {"before": "disable"})
