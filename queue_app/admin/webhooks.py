@@ -166,6 +166,18 @@ class WebhookEndpointAdmin(WebhookPermissions, OperationsAdmin):
             messages.WARNING,
         )
 
+    def get_deleted_objects(self, objs, request: HttpRequest):
+        # An endpoint's deliveries and attempts go with it (listed on the confirmation page); they are never
+        # deleted on their own, so their admin grants no delete permission that Django would otherwise demand.
+        deleted, counts, _, protected = super().get_deleted_objects(objs, request)
+        return deleted, counts, set(), protected
+
+    def delete_model(self, request: HttpRequest, obj: WebhookEndpoint) -> None:
+        webhooks.delete_endpoints([obj.pk])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        webhooks.delete_endpoints(list(queryset.values_list("pk", flat=True)))
+
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
         endpoint = WebhookEndpoint.objects.filter(pk=object_id).first() if object_id.isdigit() else None
         if request.method == "GET" and endpoint is not None and not endpoint.enabled and endpoint.disabled_reason:

@@ -152,6 +152,17 @@ def set_enabled(endpoint_ids: Iterable[int], enabled: bool) -> int:
     return count
 
 
+def delete_endpoints(endpoint_ids: Iterable[int]) -> int:
+    """Delete endpoints with their deliveries and attempts. Their queued items find no delivery and settle
+    without a request."""
+    with transaction.atomic():
+        deleted = (
+            WebhookEndpoint.objects.filter(id__in=list(endpoint_ids)).delete()[1].get(WebhookEndpoint._meta.label, 0)
+        )
+        _item_events_changed()
+    return deleted
+
+
 def disable_endpoint(endpoint: WebhookEndpoint, *, reason: str) -> None:
     """Disable an endpoint that kept failing, say why (shown in the admin) and publish the event."""
     with transaction.atomic():
@@ -260,6 +271,7 @@ __all__ = [
     "Created",
     "EndpointInvalid",
     "create_endpoint",
+    "delete_endpoints",
     "delivery_states",
     "disable_endpoint",
     "endpoint_errors",
