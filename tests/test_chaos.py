@@ -61,6 +61,8 @@ def test_quick_chaos_run_passes(tmp_path):
     faults = by_name["faults fired under load"]["figures"]
     assert faults["kill"] >= 1 and faults["restart"] == 1 and faults["sigterm"] >= 1 and faults["cut"] >= 1
     assert figures["items"]["total"] == 3_000
+    hooks = by_name["webhooks: every dead letter delivered"]["figures"]
+    assert hooks["dead_letters"] >= 12 and hooks["received"] == hooks["deliveries"] == hooks["dead_letters"]
     assert "RESULT: PASS" in result.stdout
 
 

@@ -36,10 +36,13 @@ FULL = WebhookSizes(events=10_000, latency_samples=300, workers=2, concurrency=3
 
 
 class Receiver:
-    """Counts requests, answers 200 at once; `arrivals[webhook-id]` = time.monotonic() of its first arrival."""
+    """Answers 200 at once. `arrivals[webhook-id]` = time.monotonic() of its first arrival, `first[webhook-id]` =
+    (headers, body) of that request, `repeats[webhook-id]` = how many more times it came (a redelivery)."""
 
     def __init__(self) -> None:
         self.arrivals: dict[str, float] = {}
+        self.first: dict[str, tuple[dict[str, str], bytes]] = {}
+        self.repeats: dict[str, int] = {}
         self.lock = threading.Lock()
         receiver = self
 
@@ -50,9 +53,14 @@ class Receiver:
                 pass
 
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length") or 0))
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                webhook_id = self.headers.get("webhook-id", "")
                 with receiver.lock:
-                    receiver.arrivals.setdefault(self.headers.get("webhook-id", ""), time.monotonic())
+                    if webhook_id in receiver.arrivals:
+                        receiver.repeats[webhook_id] = receiver.repeats.get(webhook_id, 0) + 1
+                    else:
+                        receiver.arrivals[webhook_id] = time.monotonic()
+                        receiver.first[webhook_id] = (dict(self.headers.items()), body)
                 self.send_response(200)
                 self.send_header("content-length", "0")
                 self.end_headers()
