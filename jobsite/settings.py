@@ -145,6 +145,10 @@ JOBSITE = {
         ("BACKOFF_BASE", float),
         ("WORKER_LOST_AFTER", float),
         ("PREPARED_STATEMENTS", bool),
+        ("WEBHOOKS_ALLOW_PRIVATE", bool),
+        ("WEBHOOKS_DISABLE_AFTER_DAYS", float),
+        ("WEBHOOKS_CONNECT_TIMEOUT", float),
+        ("WEBHOOKS_READ_TIMEOUT", float),
     )
     if f"JOBSITE_{key}" in env
 }
@@ -164,5 +168,8 @@ LOGGING = {
     "loggers": {
         "django": {"handlers": [], "level": "INFO", "propagate": True},
         "django.db.backends": {"level": "WARNING"},
+        # httpx logs each request's URL at INFO: a webhook URL may carry a token (chat bridges put one in the path).
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
     },
 }

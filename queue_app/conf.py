@@ -25,6 +25,12 @@ DEFAULTS: dict[str, Any] = {
     # The engine's statements are prepared on the server once per connection (see engine/db.py). Turn off
     # behind a connection pooler that cannot carry prepared statements.
     "PREPARED_STATEMENTS": True,
+    # Webhooks (queue_app/webhooks/): loopback, link-local and private targets are refused unless allowed (tests,
+    # local development); an endpoint failing without a success for this many days is disabled.
+    "WEBHOOKS_ALLOW_PRIVATE": False,
+    "WEBHOOKS_DISABLE_AFTER_DAYS": 5.0,
+    "WEBHOOKS_CONNECT_TIMEOUT": 5.0,
+    "WEBHOOKS_READ_TIMEOUT": 15.0,
 }
 
 

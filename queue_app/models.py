@@ -508,3 +508,6 @@ class QueueStatsHourly(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}/{self.task} {self.hour:%Y-%m-%d %H}:00"
+
+
+from .webhooks.models import ReceivedWebhook, WebhookAttempt, WebhookDelivery, WebhookEndpoint  # noqa: E402, F401  (models of the webhooks package)

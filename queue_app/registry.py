@@ -68,6 +68,7 @@ class Retry:
     delay: float | None = None
     backoff_base: float | None = None
     backoff_max: float | None = None
+    schedule: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.times is not None and (isinstance(self.times, bool) or not isinstance(self.times, int)):
@@ -82,6 +83,13 @@ class Retry:
                 raise TypeError(f"Retry.{name} must be a tuple of exception classes, not {kinds!r}")
         for name in ("delay", "backoff_base", "backoff_max"):
             _check_seconds(f"Retry.{name}", getattr(self, name), allow_none=True, allow_zero=True)
+        if self.schedule is not None:
+            if not isinstance(self.schedule, tuple) or not self.schedule:
+                raise TypeError(f"Retry.schedule must be a non-empty tuple of seconds, not {self.schedule!r}")
+            for seconds in self.schedule:
+                _check_seconds("Retry.schedule entry", seconds, allow_zero=True)
+            if self.delay is not None:
+                raise ValueError("Retry takes a fixed delay or a schedule, not both")
 
     def should_retry(self, exc: BaseException) -> bool:
         return isinstance(exc, self.on) and not isinstance(exc, self.ignore)
@@ -90,6 +98,8 @@ class Retry:
         """Seconds before the next attempt after attempt number `attempt` failed."""
         if self.delay is not None:
             return self.delay
+        if self.schedule is not None:
+            return float(self.schedule[min(max(attempt, 1), len(self.schedule)) - 1])
         return engine.backoff_seconds(attempt, base=self.backoff_base, cap=self.backoff_max)
 
 

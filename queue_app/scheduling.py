@@ -23,6 +23,8 @@ from django.db import connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from .webhooks.events import publish_event
+
 logger = logging.getLogger("jobsite.scheduler")
 
 # With catch-up "skip", a fire time missed by more than this is skipped rather than fired late.
@@ -146,6 +148,15 @@ def _fire_due(schedule: Any, now: datetime) -> Fired | None:
             pass  # next_fire_at was moved past this fire time (rescheduled): nothing is due yet
         elif schedule.catch_up == "skip" and late > MISFIRE_GRACE:
             logger.info("schedule %s: skipping fire time %s (%.0fs late)", schedule.name, fire_at, late.total_seconds())
+            publish_event(
+                "schedule.fire_missed",
+                {
+                    "schedule": schedule.name,
+                    "fire_at": fire_at.isoformat(),
+                    "late_seconds": round(late.total_seconds(), 3),
+                    "target": schedule.target,
+                },
+            )
         else:
             try:
                 with transaction.atomic():

@@ -31,6 +31,7 @@ from .models import (
     SparkRunState,
 )
 from .registry import item_defaults
+from .webhooks.events import publish_event
 
 REQUEUEABLE = (ItemState.DEAD, ItemState.CANCELLED)
 CANCELLABLE = (ItemState.READY, ItemState.RESERVED)
@@ -151,15 +152,21 @@ def cancel_items(item_ids: Iterable[int], *, actor: str = "") -> int:
     return asked + len(locked)
 
 
-def pause_queue(name: str) -> int:
+@transaction.atomic
+def pause_queue(name: str, *, actor: str = "") -> int:
     """Stop workers leasing from the queue; items in flight finish normally."""
-    return Queue.objects.filter(name=name, paused=False).update(paused=True)
+    changed = Queue.objects.filter(name=name, paused=False).update(paused=True)
+    if changed:
+        publish_event("queue.paused", {"queue": name, "by": actor})
+    return changed
 
 
-def resume_queue(name: str) -> int:
+@transaction.atomic
+def resume_queue(name: str, *, actor: str = "") -> int:
     changed = Queue.objects.filter(name=name, paused=True).update(paused=False)
     if changed:
         _notify([name])
+        publish_event("queue.resumed", {"queue": name, "by": actor})
     return changed
 
 

@@ -87,3 +87,13 @@ def test_quick_jobsite_run_measures_enqueue_end_to_end_and_latency_idle_and_unde
         assert figures[key]["detail"]["samples"] > 0
     assert figures["jobsite.latency_p50"]["value"] <= figures["jobsite.latency_p99"]["value"]
     assert figures["jobsite.latency_load_p50"]["detail"]["fed"] > 0  # the steady load really ran
+
+
+def test_webhook_bench_reports_deliveries_per_second_and_latency(manage):
+    proc = manage(
+        "webhook_bench", "--quick", "--events", "100", "--samples", "5", "--db-prefix", f"test_bench_{os.getpid()}",
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "100 deliveries in" in proc.stdout and "deliveries/s" in proc.stdout
+    assert "latency event -> delivery (idle queue, 5 samples): p50" in proc.stdout

@@ -57,6 +57,8 @@ def test_quick_chaos_run_passes(tmp_path):
     by_name = {c["name"]: c for c in figures["checks"]}
     assert figures["passed"] and all(c["passed"] for c in figures["checks"])
     assert figures["items"]["total"] == 3_000
+    hooks = by_name["webhooks: every dead letter delivered"]["figures"]
+    assert hooks["dead_letters"] >= 12 and hooks["received"] == hooks["deliveries"] == hooks["dead_letters"]
     assert "RESULT: PASS" in result.stdout
     # Every invariant the report prints, asserted from its own figures (a check missing from it fails here):
     assert set(by_name) >= {check for check, _ in EVERY_INVARIANT}, sorted(by_name)

@@ -61,6 +61,7 @@ def world() -> dict:
     """One row for every operation to act on: dead, ready and waiting items, a running and a paused queue, an
     enabled and a disabled schedule, a queued and a finished Spark run, and an item dead for ten days."""
     from queue_app import services
+    from queue_app.webhooks import services as webhooks
 
     dead_id = dead(queue="mail")
     old_dead = dead(queue="mail")
@@ -69,6 +70,10 @@ def world() -> dict:
     services.pause_queue("paused")
     finished = trigger_run("demo_sleep", {}, trigger="orm")
     SparkRun.objects.filter(id=finished.id).update(state="failed", finished_at=timezone.now())
+    hook = webhooks.create_endpoint("https://example.com/hook", ["test"]).endpoint
+    off_hook = webhooks.create_endpoint("https://example.com/off", ["test"], enabled=False).endpoint
+    (failed_delivery,) = webhooks.send_test_event([hook.pk])
+    QueueItem.objects.filter(id=failed_delivery.item_id).update(state="dead", finished_at=timezone.now())
     return {
         "queueitem": {
             "requeue": dead_id,
@@ -84,6 +89,14 @@ def world() -> dict:
             "delete_selected": Schedule.objects.get(name="on").pk,
         },
         "sparkrun": {"cancel_runs": trigger_run("demo_sleep", {}, trigger="orm").id, "finished": finished.id},
+        "webhookendpoint": {
+            "send_test": hook.pk,
+            "rotate_secret": hook.pk,
+            "enable": off_hook.pk,
+            "disable": hook.pk,
+            "delete_selected": hook.pk,
+        },
+        "webhookdelivery": {"replay": failed_delivery.pk},
     }
 
 
@@ -121,6 +134,12 @@ ACTION_PERMISSIONS = {
     ("schedule", "run_now"): "queue_app.change_schedule",
     ("schedule", "delete_selected"): "queue_app.delete_schedule",
     ("sparkrun", "cancel_runs"): "queue_app.cancel_sparkrun",
+    ("webhookendpoint", "send_test"): "queue_app.send_test_webhookendpoint",
+    ("webhookendpoint", "rotate_secret"): "queue_app.rotate_secret_webhookendpoint",
+    ("webhookendpoint", "enable"): "queue_app.change_webhookendpoint",
+    ("webhookendpoint", "disable"): "queue_app.change_webhookendpoint",
+    ("webhookendpoint", "delete_selected"): "queue_app.delete_webhookendpoint",
+    ("webhookdelivery", "replay"): "queue_app.replay_webhookdelivery",
 }
 
 
@@ -190,6 +209,18 @@ CUSTOM_POSTS = {
     "schedule-add": ("queue_app.add_schedule", "schedule", ("add",), post_data(name="new")),
     "schedule-change": ("queue_app.change_schedule", "schedule", ("change", "run_now"), post_data(name="renamed")),
     "schedule-delete": ("queue_app.delete_schedule", "schedule", ("delete", "run_now"), {"post": "yes"}),
+    "webhook-endpoint-add": (
+        "queue_app.add_webhookendpoint",
+        "webhookendpoint",
+        ("add",),
+        {"url": "https://example.com/new", "event_types": ["test"], "enabled": "on"},
+    ),
+    "webhook-endpoint-delete": (
+        "queue_app.delete_webhookendpoint",
+        "webhookendpoint",
+        ("delete", "send_test"),
+        {"post": "yes"},
+    ),
 }
 
 
@@ -212,7 +243,11 @@ def test_each_custom_view_is_refused_to_staff_lacking_exactly_its_permission(sta
 
 def test_each_bulk_page_is_refused_to_staff_lacking_exactly_its_permission(staff_without, world):
     posts = bulk_posts(world)
-    assert {name for _, _, name in posts} == {"bulk-queueitem-requeue", "bulk-deadletter-requeue"}
+    assert {name for _, _, name in posts} == {
+        "bulk-queueitem-requeue",
+        "bulk-deadletter-requeue",
+        "bulk-webhookdelivery-replay",
+    }
     for permission, target, name in posts:
         client = staff_without(permission)
         before = snapshot()

@@ -106,6 +106,17 @@ def test_retry_delay_is_fixed_or_exponential_backoff():
     assert Retry(backoff_base=1, backoff_max=3).retry_in(10) <= 3 * 1.3
 
 
+def test_retry_schedule_gives_each_wait_in_turn_and_repeats_its_last():
+    policy = Retry(times=5, schedule=(5, 300, 1800))
+    assert [policy.retry_in(attempt) for attempt in (1, 2, 3, 4, 9)] == [5, 300, 1800, 1800, 1800]
+
+
+@pytest.mark.parametrize("schedule", [(), [5, 10], (5, -1), (float("inf"),), ("5",)])
+def test_retry_schedule_must_be_a_tuple_of_seconds(schedule):
+    with pytest.raises((TypeError, ValueError)):
+        Retry(schedule=schedule)
+
+
 @pytest.mark.parametrize("times", [0, -1, 1.5, True])
 def test_retry_times_counts_attempts_and_is_at_least_one(times):
     with pytest.raises((TypeError, ValueError)):

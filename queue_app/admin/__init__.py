@@ -4,7 +4,7 @@ page (templates/admin/index.html renders overview.py's fragment above the app li
 
 from django.contrib import admin
 
-from ..models import DeadLetter, Queue, QueueItem, Reservation, Worker
+from ..models import DeadLetter, Queue, QueueItem, Reservation, WebhookDelivery, WebhookEndpoint, Worker
 from .dead_letters import DeadLetterAdmin
 from .items import QueueItemAdmin
 from .queues import QueueAdmin
@@ -22,3 +22,7 @@ admin.site.register(Queue, QueueAdmin)
 admin.site.register(Worker, WorkerAdmin)
 from . import spark as _spark  # noqa: E402, F401  registers the Spark dashboard (SparkRun)
 from .schedules import ScheduleAdmin  # noqa: E402, F401  registers Schedule (with its fires inline)
+from .webhooks import WebhookDeliveryAdmin, WebhookEndpointAdmin  # noqa: E402
+
+admin.site.register(WebhookEndpoint, WebhookEndpointAdmin)
+admin.site.register(WebhookDelivery, WebhookDeliveryAdmin)

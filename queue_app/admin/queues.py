@@ -27,7 +27,7 @@ PAUSE = Operation(
     permission="pause",
     eligible=lambda qs: qs.filter(paused=False),
     eligible_label="running",
-    apply=lambda names, actor: sum(services.pause_queue(name) for name in names),
+    apply=lambda names, actor: sum(services.pause_queue(name, actor=actor) for name in names),
 )
 RESUME = Operation(
     name="resume",
@@ -36,7 +36,7 @@ RESUME = Operation(
     permission="pause",
     eligible=lambda qs: qs.filter(paused=True),
     eligible_label="paused",
-    apply=lambda names, actor: sum(services.resume_queue(name) for name in names),
+    apply=lambda names, actor: sum(services.resume_queue(name, actor=actor) for name in names),
 )
 
 

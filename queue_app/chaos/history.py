@@ -66,12 +66,14 @@ class History:
         return max(r.finished_at for r in res)
 
 
-def load(using: str) -> History:
+def load(using: str, *, exclude_queues: tuple[str, ...] = ()) -> History:
+    """The rows of a run; items of `exclude_queues` (and their attempts and dead letters) left out."""
     from django.db import connections
 
     items = {
         row[0]: Item(*row)
         for row in QueueItem.objects.using(using)
+        .exclude(queue_id__in=exclude_queues)
         .order_by("id")
         .values_list("id", "task", "state", "ordering_key", "visible_at", "reservation_id", "queue_id")
         .iterator(chunk_size=20_000)
@@ -82,6 +84,7 @@ def load(using: str) -> History:
         .order_by("id")
         .values_list("id", "item_id", "attempt", "worker_id", "reserved_at", "finished_at", "outcome", "error")
         .iterator(chunk_size=20_000)
+        if row[1] in items
     }
     history = History(items, reservations)
     for res in reservations.values():
@@ -97,7 +100,10 @@ def load(using: str) -> History:
         history.runs_by_item[run.item_id].append(run)
     history.effects = dict(ProbeEffect.objects.using(using).values_list("key", "applied"))
     for item_id, reason in (
-        DeadLetter.objects.using(using).filter(requeued_at__isnull=True).values_list("item_id", "reason")
+        DeadLetter.objects.using(using)
+        .filter(requeued_at__isnull=True)
+        .exclude(item__queue_id__in=exclude_queues)
+        .values_list("item_id", "reason")
     ):
         history.dead_letters[item_id].append(reason)
     with connections[using].cursor() as cur:

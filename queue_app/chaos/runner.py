@@ -10,6 +10,7 @@ import json
 import os
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,11 +18,16 @@ from pathlib import Path
 from django.core.management import call_command
 from django.db import connections
 from django.db.utils import InterfaceError, OperationalError
+from standardwebhooks.webhooks import Webhook
 
 from jobsite.embedded_pg import var_dir
 
 from .. import engine
-from ..models import Queue, QueueItem, Reservation, Schedule, Worker
+from ..bench.webhooks import Receiver
+from ..models import DeadLetter, Queue, QueueItem, Reservation, Schedule, Worker
+from ..webhooks.events import WEBHOOK_QUEUE
+from ..webhooks.models import WebhookDelivery, WebhookEndpoint
+from ..webhooks.sender import new_secret
 from . import plan as plan_mod
 from .checks import POISON, Check, Expect, run_checks
 from .cluster import Cluster
@@ -58,6 +64,8 @@ class ChaosRun:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.cluster: Cluster | None = None
         self.proxy: Proxy | None = None
+        self.receiver: Receiver | None = None  # every dead letter's item.dead_lettered webhook lands here
+        self.webhook_secret = new_secret()
         self.fleet: Fleet | None = None
         self.fired: list[Fired] = []
         self.crashes: list[str] = []
@@ -105,6 +113,11 @@ class ChaosRun:
         rate_limit, rate_period = plan_mod.FLOW_RATE
         Queue.objects.using(ALIAS).filter(name=plan_mod.FLOW_QUEUE).update(
             rate_limit=rate_limit, rate_period=rate_period, group_concurrency=plan_mod.FLOW_GROUP_LIMIT
+        )
+        self.receiver = Receiver()
+        # The harness's own row, on its own database alias (the webhook services write on the default one).
+        WebhookEndpoint.objects.using(ALIAS).create(
+            url=self.receiver.url, event_types=["item.dead_lettered"], secret=self.webhook_secret
         )
         self.phase_times["setup"] = time.monotonic() - self.t0
 
@@ -168,13 +181,15 @@ class ChaosRun:
             JOBSITE_NO_BOOTSTRAP="1", PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="jobsite.settings",
             DATABASE_URL=f"postgres://postgres@127.0.0.1:{self.proxy.port}/{DB_NAME}",
             JOBSITE_WORKER_LOST_AFTER=str(plan_mod.WORKER_LOST_AFTER),
+            JOBSITE_WEBHOOKS_ALLOW_PRIVATE="1",  # the receiver is on loopback
         )  # fmt: skip
         env.pop("JOBSITE_DB_NAME", None)
         return env
 
     def _faults(self) -> None:
         sizes = self.sizes
-        self.fleet = Fleet(self._worker_env(), self.run_dir, sizes.concurrency, plan_mod.QUEUES)
+        queues = (*plan_mod.QUEUES, WEBHOOK_QUEUE)
+        self.fleet = Fleet(self._worker_env(), self.run_dir, sizes.concurrency, queues)
         for _ in range(sizes.workers):
             self.fleet.spawn()
         self.work_started = time.monotonic()
@@ -328,9 +343,9 @@ class ChaosRun:
 
     def _judge(self) -> list[Check]:
         started = time.monotonic()
-        history = load(ALIAS)
+        history = load(ALIAS, exclude_queues=(WEBHOOK_QUEUE,))  # the webhooks are judged by _check_webhooks
         expect = self._expect()
-        checks = [*run_checks(history, expect), self._check_faults(), self._check_workers()]
+        checks = [*run_checks(history, expect), self._check_webhooks(), self._check_faults(), self._check_workers()]
         self.phase_times["check"] = time.monotonic() - started
         elapsed = time.monotonic() - self.t0
         report = Report(self, history, expect, checks, elapsed)
@@ -352,6 +367,40 @@ class ChaosRun:
         problems += [f"{f.kind} at {f.t}s fired on an empty queue" for f in self.fired if not f.detail.get("open")]
         figures = {**kinds, "kills_holding_work": sum(f.held > 0 for f in self.fired if f.kind == "kill")}
         return Check("faults fired under load", not problems, figures, problems)
+
+    def _check_webhooks(self) -> Check:
+        """Every dead letter raised exactly one item.dead_lettered event (its trigger commits with the dead
+        letter), delivered to the receiver, correctly signed, under its delivery's webhook-id; no webhook item
+        is left open or died. A delivery received more than once (a worker killed after the request) is counted."""
+        receiver = self.receiver
+        letters = set(
+            DeadLetter.objects.using(ALIAS).exclude(item__queue_id=WEBHOOK_QUEUE).values_list("item_id", flat=True)
+        )
+        deliveries = dict(WebhookDelivery.objects.using(ALIAS).values_list("webhook_id", "body"))
+        evented = Counter(json.loads(body)["data"]["item_id"] for body in deliveries.values())
+        states = Counter(QueueItem.objects.using(ALIAS).filter(queue_id=WEBHOOK_QUEUE).values_list("state", flat=True))
+        problems = [f"the dead letter of item {i} raised no event" for i in sorted(letters - set(evented))]
+        problems += [f"item {i} raised {n} events" for i, n in sorted(evented.items()) if n != 1]
+        problems += [f"item {i} raised an event but has no dead letter" for i in sorted(set(evented) - letters)]
+        problems += [f"delivery {w} never reached the receiver" for w in sorted(set(deliveries) - set(receiver.first))]
+        problems += [
+            f"the receiver got {w}, which no delivery has" for w in sorted(set(receiver.first) - set(deliveries))
+        ]
+        signer = Webhook(self.webhook_secret)
+        for webhook_id, (headers, body) in receiver.first.items():
+            headers = {k.lower(): v for k, v in headers.items()}
+            at = datetime.fromtimestamp(int(headers["webhook-timestamp"]), UTC)
+            if signer.sign(webhook_id, at, body.decode()) not in headers["webhook-signature"].split(" "):
+                problems.append(f"{webhook_id}: the signature does not verify")
+        problems += [f"{n} webhook items ended {state}" for state, n in states.items() if state != "done"]
+        figures = {
+            "dead_letters": len(letters),
+            "deliveries": len(deliveries),
+            "received": len(receiver.first),
+            "received_again": sum(receiver.repeats.values()),
+            "webhook_items": dict(states),
+        }
+        return Check("webhooks: every dead letter delivered", not problems, figures, problems[:20])
 
     def _check_workers(self) -> Check:
         """No worker died unasked; every SIGTERMed worker exited 0 (finished or handed back its work)."""
@@ -382,6 +431,8 @@ class ChaosRun:
             del connections.settings[ALIAS]
         if self.proxy is not None:
             self.proxy.stop()
+        if self.receiver is not None:
+            self.receiver.close()
         if self.cluster is not None:
             if self.opts.keep:
                 self._write(f"cluster kept: {self.cluster.conninfo(DB_NAME)} (data {self.cluster.root}); stop it with "
