@@ -106,6 +106,9 @@ class QueueItem(models.Model):
     )
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="", help_text="Summary of the last error.")
+    # The workflow step this item carries (queue_app.workflows); NULL for every other item. The settle trigger's
+    # WHEN tests it, so a plain item's settle never calls the trigger's function. Not indexed (steps name items).
+    workflow_step_id = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=TransactionNow())
     updated_at = models.DateTimeField(db_default=TransactionNow())
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -380,6 +383,7 @@ class SparkTrigger(models.TextChoices):
     SCHEDULE = "schedule"
     ORM = "orm"
     CLI = "cli"
+    WORKFLOW = "workflow"
 
 
 class SparkRun(models.Model):
@@ -456,3 +460,10 @@ class QueueStatsHourly(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}/{self.task} {self.hour:%Y-%m-%d %H}:00"
+
+
+from .workflows.models import (  # noqa: E402, F401  registered with the app's models
+    StepDependency,
+    Workflow,
+    WorkflowStep,
+)

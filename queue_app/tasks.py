@@ -141,3 +141,4 @@ probe_transactional = job(
 )(_probe)
 from . import maintenance_tasks as _maintenance_tasks  # noqa: E402, F401  registers queue_app.prune
 from .spark import runs as _spark_runs  # noqa: E402, F401  registers queue_app.spark_run
+from .workflows import tasks as _workflow_tasks  # noqa: E402, F401  registers queue_app.workflow_finished

@@ -1,0 +1,14 @@
+"""The workflows' built-in task: `queue_app.workflow_finished` sends the `workflow_finished` signal."""
+
+from typing import Any
+
+from ..registry import Context, job
+from .models import Workflow
+from .signals import workflow_finished
+
+
+@job("queue_app.workflow_finished")
+def finished(payload: Any, ctx: Context) -> dict[str, Any]:
+    workflow = Workflow.objects.get(id=payload["workflow_id"])
+    workflow_finished.send(sender=Workflow, workflow=workflow, state=payload["state"])
+    return {"workflow_id": workflow.id, "state": payload["state"]}

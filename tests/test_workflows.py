@@ -1,0 +1,169 @@
+"""Workflows with real workers on one database: steps become ready exactly once, in the transaction that
+settles their last dependency; results flow downstream; failures cancel, compensate, and repair."""
+
+import pytest
+from django.db import transaction
+
+from queue_app.models import ItemState, ProbeEffect, QueueItem, Reservation
+from queue_app.workflows import services
+from queue_app.workflows.models import StepDependency, Workflow, WorkflowStep
+from tests import workflow_tasks  # noqa: F401  (registers the wf.* tasks and workflows)
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def workers(spawn):
+    def start(n: int = 2, concurrency: int = 4, queues: str = "default") -> list:
+        return [
+            spawn(
+                "run_worker",
+                "--queues",
+                queues,
+                "--concurrency",
+                str(concurrency),
+                "--pool",
+                "thread",
+                "--import",
+                "tests.workflow_tasks",
+                "--poll-interval",
+                "0.2",
+            )
+            for _ in range(n)
+        ]
+
+    return start
+
+
+def finished(workflow_id: int, timeout: float = 60) -> Workflow:
+    def done():
+        w = Workflow.objects.get(id=workflow_id)
+        return w if w.is_final else None
+
+    return wait_for(done, timeout, what=f"workflow {workflow_id} to end")
+
+
+def steps(w: Workflow, attempt: int | None = None) -> dict[str, WorkflowStep]:
+    rows = WorkflowStep.objects.filter(workflow=w, attempt=attempt or w.attempt)
+    return {s.name: s for s in rows}
+
+
+def assert_started_after_dependencies(w: Workflow) -> None:
+    """No step's item was created (it became ready) before every dependency had finished."""
+    current = steps(w)
+    by_id = {s.id: s for s in current.values()}
+    for e in StepDependency.objects.filter(downstream_id__in=list(by_id)):
+        up, down = by_id.get(e.upstream_id), by_id[e.downstream_id]
+        if down.ready_at is not None and up is not None and not up.kept:
+            assert up.finished_at is not None and up.finished_at <= down.ready_at, (up.name, down.name)
+
+
+def items_of(w: Workflow) -> dict[str, list[QueueItem]]:
+    ids = WorkflowStep.objects.filter(workflow=w).values("id")
+    out: dict[str, list[QueueItem]] = {}
+    names = dict(WorkflowStep.objects.filter(workflow=w).values_list("id", "name"))
+    for item in QueueItem.objects.filter(workflow_step_id__in=ids):
+        out.setdefault(names[item.workflow_step_id], []).append(item)
+    return out
+
+
+def test_diamond_runs_each_step_once_after_its_dependencies_with_their_results(workers):
+    workers()
+    w = services.start("wf_diamond", started_by="test")
+    w = finished(w.id)
+    assert w.state == "succeeded"
+    s = steps(w)
+    assert {n: st.state for n, st in s.items()} == dict.fromkeys("abcd", "succeeded")
+    # results flow: b = 10 + a, c = 100 + a, d = 1000 + b + c
+    assert (s["a"].result, s["b"].result, s["c"].result, s["d"].result) == (1, 11, 101, 1112)
+    assert {n: len(i) for n, i in items_of(w).items()} == dict.fromkeys("abcd", 1)
+    assert_started_after_dependencies(w)
+    assert w.steps_open == 0 and w.steps_total == 4
+
+
+def test_fan_out_of_1000_has_one_fan_in_that_fires_once(workers):
+    workers(n=3, concurrency=8)
+    w = services.start("wf_fan", {"n": 1000})
+    w = finished(w.id, timeout=120)
+    assert w.state == "succeeded", w.error
+    s = steps(w)
+    assert len(s) == 1002
+    parts = [st for st in s.values() if st.group == "part"]
+    assert len(parts) == 1000 and all(p.state == "succeeded" for p in parts)
+    fan_in = items_of(w)["sum"]
+    assert len(fan_in) == 1, "the fan-in's item was enqueued more than once"
+    assert Reservation.objects.filter(item_id=fan_in[0].id).count() == 1
+    assert s["sum"].result == sum(range(1000))
+    assert_started_after_dependencies(w)
+
+
+def test_failure_cancels_downstream_and_what_has_not_started(workers):
+    workers()
+    w = finished(services.start("wf_fails").id)
+    assert w.state == "failed"
+    s = steps(w)
+    assert s["a"].state == "succeeded" and s["b"].state == "failed"
+    assert s["c"].state == "cancelled" and s["d"].state == "cancelled"
+    assert s["c"].item_id is None and s["d"].item_id is None  # never enqueued
+    assert s["e"].state in ("succeeded", "cancelled")  # ran alongside, or cancelled before it started
+
+
+def test_saga_compensates_exactly_the_completed_steps_in_reverse_dependency_order(workers):
+    workers()
+    w = finished(services.start("wf_saga").id)
+    assert w.state == "failed"
+    s = steps(w)
+    completed = {n for n, st in s.items() if st.kind != "compensation" and st.state == "succeeded"}
+    undos = {n: st for n, st in s.items() if st.kind == "compensation"}
+    assert {st.result["undid"] for st in undos.values()} == {n for n in completed if s[n].compensate}
+    assert {"a", "b", "d"} <= completed and "boom" not in completed and s["never"].state == "cancelled"
+    assert all(u.state == "succeeded" for u in undos.values())
+    # reverse order: d's undo before b's before a's
+    assert undos["undo d"].finished_at <= undos["undo b"].ready_at
+    assert undos["undo b"].finished_at <= undos["undo a"].ready_at
+    assert {n: len(i) for n, i in items_of(w).items() if n.startswith("undo")} == dict.fromkeys(undos, 1)
+
+
+def test_repair_reruns_only_failed_and_downstream_keeping_results(workers):
+    workers()
+    w = finished(services.start("wf_fails").id)
+    assert w.state == "failed"
+    before = steps(w)
+    ProbeEffect.objects.create(key="fixed")
+    services.repair(w.id, actor="test")
+    w = finished(w.id)
+    assert w.state == "succeeded" and w.attempt == 2
+    after = steps(w)
+    assert after["a"].kept and after["a"].item_id == before["a"].item_id and after["a"].result == 1
+    for name in "bcd":
+        assert not after[name].kept and after[name].state == "succeeded"
+    assert len(items_of(w)["a"]) == 1  # a ran once over both attempts
+    assert len(steps(w, attempt=1)) == len(before)  # the first attempt's history is kept
+
+
+def test_start_inside_a_rolled_back_transaction_writes_nothing():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        services.start("wf_diamond")
+        raise RuntimeError("roll back")
+    assert not Workflow.objects.exists() and not QueueItem.objects.exists()
+
+
+def test_cancel_stops_a_running_task_and_cancels_the_rest(workers):
+    from queue_app.workflows.definition import Graph
+
+    workers(n=1)
+    g = Graph("t")
+    s = g.task("wf.slow", {"seconds": 30}, name="slow")
+    g.task("wf.add", name="after", after=[s])
+    w = services._create("t", "workflow", {}, g, g.order(), "test")
+    wait_for(
+        lambda: QueueItem.objects.filter(workflow_step_id__isnull=False, state=ItemState.RESERVED).exists(),
+        30,
+        what="the slow step to start",
+    )
+    assert services.cancel(w.id, actor="test")
+    w = finished(w.id)
+    assert w.state == "cancelled"
+    st = steps(w)
+    assert st["slow"].state == "cancelled" and st["after"].state == "cancelled"
