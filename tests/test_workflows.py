@@ -167,3 +167,118 @@ def test_cancel_stops_a_running_task_and_cancels_the_rest(workers):
     assert w.state == "cancelled"
     st = steps(w)
     assert st["slow"].state == "cancelled" and st["after"].state == "cancelled"
+
+
+def _nothing_written() -> None:
+    assert not Workflow.objects.exists() and not WorkflowStep.objects.exists() and not QueueItem.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda g: g.task("wf.add", name="a", after=["b"]) and g.task("wf.add", name="b", after=["a"]), "cycle"),
+        (lambda g: g.task("no.such.task"), "unknown task 'no.such.task'"),
+        (lambda g: g.spark("no_such_job"), "unknown Spark job 'no_such_job'"),
+        (lambda g: g.spark("demo_sleep", {"tasks": "many"}), "tasks"),
+        (lambda g: g.task("wf.add", name="a", after=["ghost"]), "unknown step 'ghost'"),
+        (lambda g: g.task("wf.add", name="a") and g.task("wf.add", name="a"), "defined twice"),
+        (lambda g: g.task("wf.add", {"x": float("nan")}), "payload"),
+        (lambda g: g.task("wf.add", compensate="no.such.undo"), "unknown task 'no.such.undo'"),
+        (lambda g: g.task("queue_app.probe_at_most_once"), "at-most-once"),
+        (lambda g: g.task("wf.add", on_failure="explode"), "on_failure"),
+    ],
+)
+def test_a_bad_definition_is_refused_with_a_clear_error_and_writes_nothing(build, message):
+    from queue_app.workflows import workflow
+    from queue_app.workflows.definition import WorkflowDefinitionError, _registry
+
+    workflow("wf_bad")(lambda wf, params: build(wf))
+    try:
+        with pytest.raises(WorkflowDefinitionError, match=message):
+            services.start("wf_bad")
+    finally:
+        _registry.pop("wf_bad")
+    _nothing_written()
+
+
+def test_a_dependency_on_another_workflows_step_is_refused():
+    from queue_app.workflows.definition import Graph, WorkflowDefinitionError
+
+    other = Graph("other").task("wf.add", name="x")
+    with pytest.raises(WorkflowDefinitionError, match="another workflow"):
+        Graph("mine").task("wf.add", name="y", after=[other])
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "message"),
+    [
+        ("wf_fan", {"n": "lots"}, "n: "),
+        ("wf_fan", {"n": 0}, "must be >= 1"),
+        ("wf_fan", {"m": 3}, "unknown parameter"),
+        ("no_such_workflow", {}, "unknown workflow"),
+    ],
+)
+def test_bad_params_or_name_are_refused_and_write_nothing(name, params, message):
+    from queue_app.workflows import WorkflowError
+
+    with pytest.raises(WorkflowError, match=message):
+        services.start(name, params)
+    _nothing_written()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"start": "2026-01-05", "end": "2026-01-01"}, "from 2026-01-05 is after to 2026-01-01"),
+        ({"start": "2020-01-01", "end": "2026-01-01"}, "pass --force"),
+        ({"start": "2026-01-01", "end": "2026-01-02", "concurrency": 0}, "concurrency"),
+        ({"start": "yesterday", "end": "2026-01-02"}, "YYYY-MM-DD"),
+        ({"start": "2026-01-01", "end": "2026-01-02", "params": {"day": "2026-01-01"}}, "partition"),
+    ],
+)
+def test_a_bad_backfill_is_refused_and_writes_nothing(kwargs, message):
+    from queue_app.workflows import WorkflowError
+
+    with pytest.raises(WorkflowError, match=message):
+        services.backfill("wf.add", **kwargs)
+    _nothing_written()
+
+
+def test_backfill_with_concurrency_2_never_has_more_than_2_partitions_running(workers):
+    workers(n=2, concurrency=4)
+    w = services.backfill("wf.add", "2026-01-01", "2026-01-08", params={"sleep": 0.3}, concurrency=2)
+    w = finished(w.id, timeout=90)
+    assert w.state == "succeeded"
+    s = sorted(steps(w).values(), key=lambda st: st.name)
+    assert [st.name for st in s] == [f"2026-01-0{d}" for d in range(1, 9)]
+    spans = []
+    for st in s:
+        item = QueueItem.objects.get(id=st.item_id)
+        started = Reservation.objects.filter(item_id=item.id).order_by("id").first().reserved_at
+        spans.append((started, item.finished_at))
+    for started, _ in spans:  # at every start, how many partitions were running
+        running = sum(1 for a, b in spans if a <= started < b)
+        assert running <= 2
+    assert max(sum(1 for a, b in spans if a <= s0 < b) for s0, _ in spans) == 2  # and it did use both lanes
+
+
+def test_batch_calls_on_done_once_when_all_are_done(workers):
+    workers()
+    w = services.batch("wf.add", [{"x": i} for i in range(20)], on_done="wf.undo", callback_payload={"step": "b"})
+    w = finished(w.id)
+    assert w.state == "succeeded"
+    done = wait_for(lambda: list(QueueItem.objects.filter(task="wf.undo", state="done")), 20, what="on_done")
+    assert len(done) == 1 and done[0].payload["workflow_id"] == w.id
+
+
+def test_batch_calls_on_dead_once_when_the_first_item_dies(workers):
+    workers()
+    w = services.batch(
+        "wf.until_fixed", [{}, {}, {}], on_done="wf.add", on_dead="wf.undo", callback_payload={"step": "d"}
+    )
+    w = finished(w.id)
+    assert w.state == "failed"
+    assert all(st.state == "failed" for st in steps(w).values())  # every item ran: one dying stops none
+    dead_cb = wait_for(lambda: list(QueueItem.objects.filter(task="wf.undo", state="done")), 20, what="on_dead")
+    assert len(dead_cb) == 1
+    assert not QueueItem.objects.filter(task="wf.add").exists()  # on_done never ran
