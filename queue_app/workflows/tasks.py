@@ -12,3 +12,6 @@ def finished(payload: Any, ctx: Context) -> dict[str, Any]:
     workflow = Workflow.objects.get(id=payload["workflow_id"])
     workflow_finished.send(sender=Workflow, workflow=workflow, state=payload["state"])
     return {"workflow_id": workflow.id, "state": payload["state"]}
+
+
+from . import demo as _demo  # noqa: E402, F401  registers the demo's tasks and demo_pipeline
