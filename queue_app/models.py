@@ -311,12 +311,14 @@ class ProbeEffect(models.Model):
 
 class CatchUp(models.TextChoices):
     SKIP = "skip", "Skip missed fire times"
-    ONCE = "once", "Fire once for all missed fire times"
+    ONCE = "once", "Latest only: fire once, for the latest missed fire time"
+    ALL = "all", "All: fire every missed fire time (at most the latest 100)"
 
 
 class TargetKind(models.TextChoices):
     TASK = "task", "Registered task"
     SPARK = "spark", "Spark job"
+    WORKFLOW = "workflow", "Workflow"
 
 
 class Schedule(models.Model):

@@ -382,5 +382,16 @@ class Migration(migrations.Migration):
             model_name='stepdependency',
             index=models.Index(models.F('downstream'), name='stepdependency_downstream'),
         ),
+
+        migrations.AlterField(
+            model_name='schedule',
+            name='catch_up',
+            field=models.CharField(choices=[('skip', 'Skip missed fire times'), ('once', 'Latest only: fire once, for the latest missed fire time'), ('all', 'All: fire every missed fire time (at most the latest 100)')], default='skip', max_length=10),
+        ),
+        migrations.AlterField(
+            model_name='schedule',
+            name='target_kind',
+            field=models.CharField(choices=[('task', 'Registered task'), ('spark', 'Spark job'), ('workflow', 'Workflow')], default='task', max_length=10),
+        ),
         migrations.RunSQL(WORKFLOW_FUNCTIONS, DROP_WORKFLOW_FUNCTIONS),
     ]
