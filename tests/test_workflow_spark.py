@@ -44,7 +44,7 @@ def workers(spawn, tmp_path_factory):
 
 
 def _start(graph: Graph) -> Workflow:
-    return services._create(graph.name, "workflow", {}, graph, graph.order(), "test")
+    return services.start_graph(graph, started_by="test")
 
 
 def test_a_spark_steps_metrics_are_passed_to_the_next_step(workers):

@@ -156,7 +156,7 @@ def test_cancel_stops_a_running_task_and_cancels_the_rest(workers):
     g = Graph("t")
     s = g.task("wf.slow", {"seconds": 30}, name="slow")
     g.task("wf.add", name="after", after=[s])
-    w = services._create("t", "workflow", {}, g, g.order(), "test")
+    w = services.start_graph(g, started_by="test")
     wait_for(
         lambda: QueueItem.objects.filter(workflow_step_id__isnull=False, state=ItemState.RESERVED).exists(),
         30,

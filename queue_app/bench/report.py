@@ -56,6 +56,8 @@ GOALS = (
     Goal("idle enqueue-to-start p50 <= 5 ms", "jobsite.latency_p50", None, "<=", 5.0),
     Goal("idle enqueue-to-start p99 <= 50 ms", "jobsite.latency_p99", None, "<=", 50.0),
     Goal("size after steady churn <= 2x the start", "churn.growth", None, "<=", 2.0),
+    Goal("workflow step <= 1.5x a plain item", "workflow.step_ms", "workflow.item_ms", "<=", 1.5),
+    Goal("fan-in start delay p99 < 50 ms", "workflow.fan_in_p99", None, "<=", 50.0),
 )
 
 # Which ceiling a figure is measured against (jobs/s against the batched lease, rows/s against the insert).

@@ -25,6 +25,10 @@ class Sizes:
     # seen (at most `most_jobs`), so fast queues are not measured on a fraction of a second.
     drain_seconds: float
     most_jobs: int
+    # workflow: steps of the fan-out (per-step cost), small fan-out/fan-in workflows timed for the fan-in delay
+    workflow_steps: int = 10_000
+    workflow_delay_samples: int = 100
+    workflow_delay_fan: int = 10
 
 
 QUICK = Sizes(
@@ -41,6 +45,8 @@ QUICK = Sizes(
     drain_timeout=120.0,
     drain_seconds=4.0,
     most_jobs=50_000,
+    workflow_steps=2_000,
+    workflow_delay_samples=20,
 )
 
 FULL = Sizes(

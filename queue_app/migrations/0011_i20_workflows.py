@@ -149,125 +149,176 @@ BEGIN
 END
 $$;
 
--- A step of the workflow ended (succeeded, failed or cancelled): its dependents' counts go down, and those at
--- zero are enqueued; a failure cancels what can no longer run (downstream of it; with on_failure 'fail',
--- everything not started). The caller holds the workflow's row lock.
-CREATE FUNCTION queue_app_wf_settle_step(step_id bigint, outcome text, res jsonb, err text)
-RETURNS void LANGUAGE plpgsql AS $$
+-- A step that failed (with on_failure 'fail') or was cancelled: what waits for it can never run and is cancelled;
+-- unless the workflow is being cancelled anyway, the workflow fails: everything not started is cancelled (a
+-- queued step whose item is still ready, with its item and Spark run), running steps finish. The caller holds
+-- the workflow's row lock and has counted the step itself.
+CREATE FUNCTION queue_app_wf_step_failed(step_id bigint) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     st queue_app_workflowstep%ROWTYPE;
     w queue_app_workflow%ROWTYPE;
-    closed integer := 1;
-    failed integer := 0;
+    closed integer;
     n integer;
-    ready bigint[];
-    new_state text;
 BEGIN
-    UPDATE queue_app_workflowstep SET state = outcome, result = res, error = COALESCE(err, ''),
-        finished_at = now()
-    WHERE id = step_id RETURNING * INTO st;
+    SELECT * INTO st FROM queue_app_workflowstep WHERE id = step_id;
     SELECT * INTO w FROM queue_app_workflow WHERE id = st.workflow_id;
-    IF st.attempt <> w.attempt THEN
-        RETURN;  -- a late settle of an earlier attempt's step: recorded, nothing else
-    END IF;
-    new_state := w.state;
-    IF outcome = 'succeeded' OR (outcome = 'failed' AND st.on_failure = 'continue') THEN
-        WITH d AS (
-            UPDATE queue_app_workflowstep s SET pending = s.pending - 1
-            FROM queue_app_stepdependency e
-            WHERE e.upstream_id = step_id AND s.id = e.downstream_id AND s.state = 'waiting'
-            RETURNING s.id, s.pending
-        )
-        SELECT array_agg(id) INTO ready FROM d WHERE pending = 0;
-    ELSE
-        WITH RECURSIVE down(id) AS (
-            SELECT downstream_id FROM queue_app_stepdependency WHERE upstream_id = step_id
-            UNION SELECT e.downstream_id FROM queue_app_stepdependency e JOIN down ON e.upstream_id = down.id
-        ), gone AS (
+    WITH RECURSIVE down(id) AS (
+        SELECT downstream_id FROM queue_app_stepdependency WHERE upstream_id = step_id
+        UNION SELECT e.downstream_id FROM queue_app_stepdependency e JOIN down ON e.upstream_id = down.id
+    ), gone AS (
+        UPDATE queue_app_workflowstep s SET state = 'cancelled', finished_at = now(),
+            error = 'not run: ' || st.name || ', a step it depends on, did not succeed'
+        FROM down WHERE s.id = down.id AND s.state = 'waiting'
+        RETURNING s.id
+    )
+    SELECT count(*) INTO closed FROM gone;
+    IF w.state = 'running' AND st.kind <> 'compensation' THEN
+        UPDATE queue_app_workflow SET state = 'failing', error = 'failed at step ' || st.name WHERE id = w.id;
+        WITH gone AS (
             UPDATE queue_app_workflowstep s SET state = 'cancelled', finished_at = now(),
-                error = 'not run: a step it depends on did not succeed'
-            FROM down WHERE s.id = down.id AND s.state = 'waiting'
+                error = 'not run: the workflow failed at ' || st.name
+            WHERE s.workflow_id = w.id AND s.attempt = w.attempt AND s.state = 'waiting'
             RETURNING s.id
         )
         SELECT count(*) INTO n FROM gone;
         closed := closed + n;
+        WITH q AS (
+            UPDATE queue_app_workflowstep s SET state = 'cancelled', finished_at = now(),
+                error = 'not started: the workflow failed at ' || st.name
+            FROM queue_app_queueitem i
+            WHERE s.workflow_id = w.id AND s.attempt = w.attempt AND s.state = 'queued'
+              AND i.id = s.item_id AND i.state = 'ready'
+            RETURNING s.item_id, s.spark_run_id
+        ), items AS (
+            UPDATE queue_app_queueitem SET state = 'cancelled', finished_at = now(), updated_at = now(),
+                error = 'cancelled: the workflow failed'
+            WHERE id IN (SELECT item_id FROM q) AND state = 'ready'
+        ), runs AS (
+            UPDATE queue_app_sparkrun SET state = 'cancelled', finished_at = now(),
+                error = 'cancelled before it started: the workflow failed'
+            WHERE id IN (SELECT spark_run_id FROM q) AND state = 'queued'
+        )
+        SELECT count(*) INTO n FROM q;
+        closed := closed + n;
     END IF;
-    IF outcome <> 'succeeded' AND w.state <> 'cancelling' THEN
-        failed := 1;
-        IF w.steps_failed = 0 AND st.kind <> 'compensation' THEN
-            PERFORM queue_app_wf_callback(w.id, w.callbacks->'dead', 'failing', w.channel);
-        END IF;
-        IF st.on_failure = 'fail' AND w.state = 'running' THEN
-            new_state := 'failing';
-            WITH gone AS (
-                UPDATE queue_app_workflowstep s SET state = 'cancelled', finished_at = now(),
-                    error = 'not run: the workflow failed at ' || st.name
-                WHERE s.workflow_id = w.id AND s.attempt = w.attempt AND s.state = 'waiting'
-                RETURNING s.id
-            )
-            SELECT count(*) INTO n FROM gone;
-            closed := closed + n;
-            -- Queued but not started (its item still ready): cancelled with its item and Spark run.
-            WITH q AS (
-                UPDATE queue_app_workflowstep s SET state = 'cancelled', finished_at = now(),
-                    error = 'not started: the workflow failed at ' || st.name
-                FROM queue_app_queueitem i
-                WHERE s.workflow_id = w.id AND s.attempt = w.attempt AND s.state = 'queued'
-                  AND i.id = s.item_id AND i.state = 'ready'
-                RETURNING s.item_id, s.spark_run_id
-            ), items AS (
-                UPDATE queue_app_queueitem SET state = 'cancelled', finished_at = now(), updated_at = now(),
-                    error = 'cancelled: the workflow failed'
-                WHERE id IN (SELECT item_id FROM q) AND state = 'ready'
-            ), runs AS (
-                UPDATE queue_app_sparkrun SET state = 'cancelled', finished_at = now(),
-                    error = 'cancelled before it started: the workflow failed'
-                WHERE id IN (SELECT spark_run_id FROM q) AND state = 'queued'
-            )
-            SELECT count(*) INTO n FROM q;
-            closed := closed + n;
-        END IF;
-    END IF;
-    UPDATE queue_app_workflow SET steps_open = steps_open - closed, steps_failed = steps_failed + failed,
-        state = new_state
-    WHERE id = w.id RETURNING * INTO w;
-    IF ready IS NOT NULL THEN
-        PERFORM queue_app_wf_enqueue(ready, w.channel);
-    END IF;
-    IF w.steps_open = 0 THEN
-        PERFORM queue_app_wf_finish(w.id);
-    END IF;
+    UPDATE queue_app_workflow SET steps_open = steps_open - closed WHERE id = w.id;
 END
 $$;
 
--- AFTER UPDATE OF state on queue items, for items that carry a step (WHEN below): the item ended, so its step
--- does. Runs in the settling statement's transaction, whichever path settled it (batch complete, fail, dead
--- letter, rescue, cancel). A Spark step's outcome and result are its run's (state and metrics).
+-- The steps named ended (their rows already say how): in one go per statement, under each workflow's row lock
+-- (taken in id order, so two settling transactions never wait for each other in a cycle), the steps waiting
+-- for them count down (one UPDATE per waiting step, whatever the number of its dependencies that ended here),
+-- those at zero are enqueued, the workflows' counters move, failures cancel what can no longer run, and a
+-- workflow with no open step left ends.
+CREATE FUNCTION queue_app_wf_steps_settled(ids bigint[]) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    ready bigint[];
+    failed_id bigint;
+    wf record;
+BEGIN
+    PERFORM 1 FROM queue_app_workflow
+    WHERE id IN (SELECT workflow_id FROM queue_app_workflowstep WHERE id = ANY(ids))
+    ORDER BY id FOR UPDATE;
+    -- `ended`: the steps of each workflow's current attempt (a late settle of an earlier attempt's step changes
+    -- nothing more).
+    WITH ended AS (
+        SELECT s.id, s.workflow_id, s.state, s.kind,
+               s.state = 'succeeded' OR (s.state = 'failed' AND s.on_failure = 'continue') AS proceeds
+        FROM queue_app_workflowstep s JOIN queue_app_workflow w ON w.id = s.workflow_id AND w.attempt = s.attempt
+        WHERE s.id = ANY(ids)
+    ), counts AS (
+        SELECT e.downstream_id, count(*) AS n FROM queue_app_stepdependency e
+        JOIN ended x ON x.id = e.upstream_id AND x.proceeds
+        GROUP BY e.downstream_id
+    ), d AS (
+        UPDATE queue_app_workflowstep t SET pending = t.pending - c.n
+        FROM counts c WHERE t.id = c.downstream_id AND t.state = 'waiting'
+        RETURNING t.id, t.pending
+    )
+    SELECT array_agg(id) INTO ready FROM d WHERE pending = 0;
+    FOR wf IN
+        WITH ended AS (
+            SELECT s.id, s.workflow_id, s.state, s.kind,
+                   s.state = 'succeeded' OR (s.state = 'failed' AND s.on_failure = 'continue') AS proceeds
+            FROM queue_app_workflowstep s JOIN queue_app_workflow w ON w.id = s.workflow_id AND w.attempt = s.attempt
+            WHERE s.id = ANY(ids)
+        ), c AS (
+            SELECT workflow_id, count(*) AS n, count(*) FILTER (WHERE state <> 'succeeded') AS bad,
+                   count(*) FILTER (WHERE state <> 'succeeded' AND kind <> 'compensation') AS bad_steps
+            FROM ended GROUP BY workflow_id
+        ), old AS (
+            SELECT w.id, w.steps_failed, w.state, w.callbacks, w.channel, c.n, c.bad, c.bad_steps
+            FROM queue_app_workflow w JOIN c ON c.workflow_id = w.id
+        )
+        UPDATE queue_app_workflow w
+        SET steps_open = w.steps_open - old.n,
+            steps_failed = w.steps_failed + CASE WHEN old.state = 'cancelling' THEN 0 ELSE old.bad END
+        FROM old WHERE w.id = old.id
+        RETURNING w.id, old.steps_failed AS failed_before, old.state AS state_before, old.callbacks, old.channel,
+                  old.bad_steps
+    LOOP
+        IF wf.failed_before = 0 AND wf.bad_steps > 0 AND wf.state_before NOT IN ('cancelling', 'compensating') THEN
+            PERFORM queue_app_wf_callback(wf.id, wf.callbacks->'dead', 'failing', wf.channel);
+        END IF;
+    END LOOP;
+    FOR failed_id IN WITH ended AS (
+        SELECT s.id, s.workflow_id, s.state, s.kind,
+               s.state = 'succeeded' OR (s.state = 'failed' AND s.on_failure = 'continue') AS proceeds
+        FROM queue_app_workflowstep s JOIN queue_app_workflow w ON w.id = s.workflow_id AND w.attempt = s.attempt
+        WHERE s.id = ANY(ids)
+    ) SELECT id FROM ended WHERE NOT proceeds ORDER BY id LOOP
+        PERFORM queue_app_wf_step_failed(failed_id);
+    END LOOP;
+    IF ready IS NOT NULL THEN
+        PERFORM queue_app_wf_enqueue(ready, w.channel)
+        FROM (SELECT DISTINCT s.workflow_id FROM queue_app_workflowstep s WHERE s.id = ANY(ready)) AS r
+        JOIN queue_app_workflow w ON w.id = r.workflow_id;
+    END IF;
+    PERFORM queue_app_wf_finish(w.id) FROM queue_app_workflow w
+    WHERE w.id IN (SELECT workflow_id FROM queue_app_workflowstep WHERE id = ANY(ids)) AND w.steps_open = 0;
+END
+$$;
+
+-- Each step item that ended (the WHEN of the row trigger below): its step ends the same way, at most once (the
+-- row's state is the claim), and is remembered for the statement's end. A Spark step's outcome and result are
+-- its run's (state and metrics).
 CREATE FUNCTION queue_app_wf_item_settled() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    st queue_app_workflowstep%ROWTYPE;
-    outcome text;
-    res jsonb;
+    outcome text := CASE NEW.state WHEN 'done' THEN 'succeeded' WHEN 'dead' THEN 'failed' ELSE 'cancelled' END;
+    res jsonb := NEW.result;
+    run_id bigint;
     run_state text;
 BEGIN
-    SELECT * INTO st FROM queue_app_workflowstep WHERE id = NEW.workflow_step_id;
-    IF NOT FOUND OR st.item_id IS DISTINCT FROM NEW.id THEN
-        RETURN NULL;
-    END IF;
-    PERFORM 1 FROM queue_app_workflow WHERE id = st.workflow_id FOR UPDATE;  -- the workflow's mutex
-    SELECT * INTO st FROM queue_app_workflowstep WHERE id = NEW.workflow_step_id;  -- as of the lock
-    IF st.state <> 'queued' OR st.item_id IS DISTINCT FROM NEW.id THEN
-        RETURN NULL;
-    END IF;
-    outcome := CASE NEW.state WHEN 'done' THEN 'succeeded' WHEN 'dead' THEN 'failed' ELSE 'cancelled' END;
-    res := NEW.result;
-    IF st.kind = 'spark' THEN
-        SELECT r.state, r.metrics INTO run_state, res FROM queue_app_sparkrun r WHERE r.id = st.spark_run_id;
+    SELECT spark_run_id INTO run_id FROM queue_app_workflowstep WHERE id = NEW.workflow_step_id;
+    IF run_id IS NOT NULL THEN
+        SELECT r.state, r.metrics INTO run_state, res FROM queue_app_sparkrun r WHERE r.id = run_id;
         IF outcome = 'succeeded' AND run_state IS DISTINCT FROM 'succeeded' THEN
             outcome := CASE WHEN run_state = 'cancelled' THEN 'cancelled' ELSE 'failed' END;
         END IF;
     END IF;
-    PERFORM queue_app_wf_settle_step(st.id, outcome, res, NEW.error);
+    UPDATE queue_app_workflowstep SET state = outcome, result = res, error = COALESCE(NEW.error, ''),
+        finished_at = now()
+    WHERE id = NEW.workflow_step_id AND item_id = NEW.id AND state = 'queued';
+    IF FOUND THEN
+        PERFORM set_config('jobsite.workflow_steps_ended',
+                           COALESCE(current_setting('jobsite.workflow_steps_ended', true), '')
+                           || NEW.workflow_step_id::text || ',', true);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Once per UPDATE statement on queue items: the workflow work of the step items it ended, in one go. For a
+-- statement that ended no step item (every plain settle) this is one lookup of a transaction-local setting.
+CREATE FUNCTION queue_app_wf_statement_settled() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    ended text := current_setting('jobsite.workflow_steps_ended', true);
+BEGIN
+    IF ended IS NULL OR ended = '' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('jobsite.workflow_steps_ended', '', true);
+    PERFORM queue_app_wf_steps_settled(string_to_array(rtrim(ended, ','), ',')::bigint[]);
     RETURN NULL;
 END
 $$;
@@ -276,12 +327,17 @@ CREATE TRIGGER workflow_step_settled AFTER UPDATE OF state ON queue_app_queueite
     WHEN (NEW.workflow_step_id IS NOT NULL AND NEW.state IN ('done', 'dead', 'cancelled')
           AND OLD.state IS DISTINCT FROM NEW.state)
     EXECUTE FUNCTION queue_app_wf_item_settled();
+CREATE TRIGGER workflow_steps_settled AFTER UPDATE OF state ON queue_app_queueitem FOR EACH STATEMENT
+    EXECUTE FUNCTION queue_app_wf_statement_settled();
 """
 
 DROP_WORKFLOW_FUNCTIONS = """
+DROP TRIGGER workflow_steps_settled ON queue_app_queueitem;
 DROP TRIGGER workflow_step_settled ON queue_app_queueitem;
+DROP FUNCTION queue_app_wf_statement_settled();
 DROP FUNCTION queue_app_wf_item_settled();
-DROP FUNCTION queue_app_wf_settle_step(bigint, text, jsonb, text);
+DROP FUNCTION queue_app_wf_steps_settled(bigint[]);
+DROP FUNCTION queue_app_wf_step_failed(bigint);
 DROP FUNCTION queue_app_wf_finish(bigint);
 DROP FUNCTION queue_app_wf_callback(bigint, jsonb, text, text);
 DROP FUNCTION queue_app_wf_enqueue(bigint[], text);

@@ -59,15 +59,15 @@ def _callbacks(extra: Mapping[str, dict[str, Any]] | None = None) -> dict[str, A
     return {"finished": finished, **(extra or {})}
 
 
-def _enqueue(ids: list[int], channel: str) -> None:
+def _enqueue(ids: list[int], channel: str, using: str = "default") -> None:
     if ids:
-        with cursor() as cur:
+        with cursor(using) as cur:
             cur.execute(sql.WORKFLOW_ENQUEUE, {"ids": ids, "channel": channel})
 
 
-def _ensure_queues(specs: Iterable[dict[str, Any]]) -> None:
+def _ensure_queues(specs: Iterable[dict[str, Any]], using: str = "default") -> None:
     for queue in {spec["queue"] for spec in specs if spec}:
-        engine.ensure_queue(queue)
+        engine.ensure_queue(queue, using=using)
 
 
 def _create(
@@ -80,6 +80,7 @@ def _create(
     *,
     callbacks: dict[str, Any] | None = None,
     order_edges: Iterable[tuple[str, str]] = (),
+    using: str = "default",
 ) -> Workflow:
     """Write a checked graph: the workflow, its steps and edges, and the items of the steps with nothing to wait
     for, in one transaction."""
@@ -90,9 +91,11 @@ def _create(
         waits[down] += 1
     channel = queue_settings.NOTIFY_CHANNEL
     callbacks = _callbacks(callbacks)
-    _ensure_queues([s.spec for s in steps] + [s.compensate for s in steps if s.compensate] + list(callbacks.values()))
-    with transaction.atomic():
-        workflow = Workflow.objects.create(
+    _ensure_queues(
+        [s.spec for s in steps] + [s.compensate for s in steps if s.compensate] + list(callbacks.values()), using
+    )
+    with transaction.atomic(using=using):
+        workflow = Workflow.objects.using(using).create(
             name=name,
             kind=kind,
             params=params,
@@ -102,7 +105,7 @@ def _create(
             callbacks=callbacks,
             channel=channel,
         )
-        rows = WorkflowStep.objects.bulk_create(
+        rows = WorkflowStep.objects.using(using).bulk_create(
             [
                 WorkflowStep(
                     workflow=workflow,
@@ -122,7 +125,7 @@ def _create(
             batch_size=2000,
         )
         ids = {row.name: row.id for row in rows}
-        StepDependency.objects.bulk_create(
+        StepDependency.objects.using(using).bulk_create(
             [StepDependency(upstream_id=ids[up], downstream_id=ids[s.name]) for s in steps for up in s.after]
             + [
                 StepDependency(upstream_id=ids[up], downstream_id=ids[down], order_only=True)
@@ -130,8 +133,14 @@ def _create(
             ],
             batch_size=5000,
         )
-        _enqueue([ids[n] for n in order if waits[n] == 0], channel)
+        _enqueue([ids[n] for n in order if waits[n] == 0], channel, using)
     return workflow
+
+
+def start_graph(graph: Graph, *, started_by: str = "", using: str = "default") -> Workflow:
+    """Start a graph built in code (not a registered workflow): `Graph(name)`, `.task()`, `.spark()`, then this.
+    Checked like a registered one's graph before anything is written."""
+    return _create(graph.name, WorkflowKind.WORKFLOW, {}, graph, graph.order(), started_by, using=using)
 
 
 def start(name: str, params: Mapping[str, Any] | None = None, *, started_by: str = "") -> Workflow:
