@@ -284,26 +284,27 @@ $$;
 -- its run's (state and metrics).
 CREATE FUNCTION queue_app_wf_item_settled() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    outcome text := CASE NEW.state WHEN 'done' THEN 'succeeded' WHEN 'dead' THEN 'failed' ELSE 'cancelled' END;
-    res jsonb := NEW.result;
     run_id bigint;
     run_state text;
 BEGIN
-    SELECT spark_run_id INTO run_id FROM queue_app_workflowstep WHERE id = NEW.workflow_step_id;
+    UPDATE queue_app_workflowstep
+    SET state = CASE NEW.state WHEN 'done' THEN 'succeeded' WHEN 'dead' THEN 'failed' ELSE 'cancelled' END,
+        result = NEW.result, error = COALESCE(NEW.error, ''), finished_at = now()
+    WHERE id = NEW.workflow_step_id AND item_id = NEW.id AND state = 'queued'
+    RETURNING spark_run_id INTO run_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
     IF run_id IS NOT NULL THEN
-        SELECT r.state, r.metrics INTO run_state, res FROM queue_app_sparkrun r WHERE r.id = run_id;
-        IF outcome = 'succeeded' AND run_state IS DISTINCT FROM 'succeeded' THEN
-            outcome := CASE WHEN run_state = 'cancelled' THEN 'cancelled' ELSE 'failed' END;
-        END IF;
+        UPDATE queue_app_workflowstep s
+        SET result = r.metrics,
+            state = CASE WHEN s.state <> 'succeeded' OR r.state = 'succeeded' THEN s.state
+                         WHEN r.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END
+        FROM queue_app_sparkrun r WHERE s.id = NEW.workflow_step_id AND r.id = run_id;
     END IF;
-    UPDATE queue_app_workflowstep SET state = outcome, result = res, error = COALESCE(NEW.error, ''),
-        finished_at = now()
-    WHERE id = NEW.workflow_step_id AND item_id = NEW.id AND state = 'queued';
-    IF FOUND THEN
-        PERFORM set_config('jobsite.workflow_steps_ended',
-                           COALESCE(current_setting('jobsite.workflow_steps_ended', true), '')
-                           || NEW.workflow_step_id::text || ',', true);
-    END IF;
+    PERFORM set_config('jobsite.workflow_steps_ended',
+                       COALESCE(current_setting('jobsite.workflow_steps_ended', true), '')
+                       || NEW.workflow_step_id::text || ',', true);
     RETURN NULL;
 END
 $$;

@@ -117,7 +117,7 @@ class Command(BaseCommand):
             where = default.get("HOST") or "local socket"
             self.say(f"database: {default.get('NAME')} on {where} (DATABASE_URL)")
 
-        system_packages.ensure(["java", "jdbc"])  # Spark runs; the rest of the app works without them
+        system_packages.ensure(["java", "jdbc", "graphviz"])  # Spark runs, the workflow graph; the rest works without
         call_command("migrate", interactive=False, verbosity=max(0, opts["verbosity"] - 1))
         self.say("migrations applied")
         call_command("collectstatic", interactive=False, verbosity=0)
