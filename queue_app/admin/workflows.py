@@ -222,7 +222,16 @@ class WorkflowAdmin(ReadOnlyAdmin):
             workflow=workflow,
             graph=mark_safe(svg(workflow, steps, self._step_link)),  # noqa: S308  dot's own SVG, labels escaped by it
             page=page,
-            rows=[{"step": s, "state": state, "badge": _badge(state), "link": self._step_link(s)} for s, state in page],
+            rows=[
+                {
+                    "step": s,
+                    "state": state,
+                    "badge": _badge(state),
+                    "link": self._step_link(s),
+                    "result": "" if s.result is None else json.dumps(s.result, default=str),
+                }
+                for s, state in page
+            ],
             group=group,
             counts=_counts(steps),
             duration=age(duration_of(workflow)),
