@@ -15,3 +15,20 @@ def finished(payload: Any, ctx: Context) -> dict[str, Any]:
 
 
 from . import demo as _demo  # noqa: E402, F401  registers the demo's tasks and demo_pipeline
+
+
+@job("queue_app.workflow_probe_fan_out")
+def probe_fan_out(payload: Any, ctx: Context) -> dict[str, int]:
+    """For chaos runs and tests: fan out `n` probe steps per group ({group: probe task}), each with `compensate`
+    (a task name, optional) and payload `child` (default {}). Idempotent: a re-run adds nothing twice."""
+    from . import services
+
+    for group, task in payload["groups"].items():
+        services.fan_out(
+            ctx,
+            task,
+            {str(i): payload.get("child", {}) for i in range(payload["n"])},
+            group=group,
+            compensate=payload.get("compensate"),
+        )
+    return {"added": payload["n"] * len(payload["groups"])}
