@@ -64,3 +64,13 @@ def test_bad_input_is_an_error_message_exit_1_and_nothing_written(manage, args, 
     assert out.returncode == 1
     assert message in out.stderr
     assert not Workflow.objects.exists() and not WorkflowStep.objects.exists()
+
+
+def test_up_lists_the_workflows_right_after_it_is_up():
+    from io import StringIO
+
+    from queue_app.management.commands.up import Command
+
+    out = StringIO()
+    Command(stdout=out).say_workflows()
+    assert "demo_pipeline" in out.getvalue() and "workflow start demo_pipeline" in out.getvalue()
