@@ -86,3 +86,19 @@ def test_cancel_during_a_running_spark_step_stops_the_run(workers):
         "long": "cancelled",
         "after": "cancelled",
     }
+
+
+@pytest.mark.slow
+def test_demo_pipeline_runs_with_no_parameters(workers, manage, tmp_path):
+    """The shipped demo: sample files fanned out per region -> file_rollup -> queue_analytics -> summary."""
+    out = manage("workflow", "start", "demo_pipeline", "--wait", "--json", timeout=600,
+                 env={"JOBSITE_VAR_DIR": str(tmp_path)})  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    import json
+
+    status = json.loads(out.stdout)
+    states = {s["name"]: s["state"] for s in status["steps"]}
+    assert states.pop("plan") == states.pop("rollup") == states.pop("analytics") == states.pop("summary") == "succeeded"
+    assert len(states) == 5 and set(states.values()) == {"succeeded"}  # one sample_file per region
+    summary = WorkflowStep.objects.get(workflow_id=status["id"], name="summary").result
+    assert summary["rollup"]["input_rows"] == 5 * 2000 and "rows" in summary["analytics"]

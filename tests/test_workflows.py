@@ -282,3 +282,32 @@ def test_batch_calls_on_dead_once_when_the_first_item_dies(workers):
     dead_cb = wait_for(lambda: list(QueueItem.objects.filter(task="wf.undo", state="done")), 20, what="on_dead")
     assert len(dead_cb) == 1
     assert not QueueItem.objects.filter(task="wf.add").exists()  # on_done never ran
+
+
+def test_a_workflows_end_enqueues_the_finished_hook_which_sends_the_signal(workers):
+    from queue_app.workflows.signals import workflow_finished
+
+    workers()
+    w = finished(services.start("wf_diamond").id)
+    hook = wait_for(
+        lambda: QueueItem.objects.filter(task="queue_app.workflow_finished", state="done").first(),
+        20,
+        what="the workflow_finished item to run",
+    )
+    assert hook.payload == {"workflow_id": w.id, "state": "succeeded"}
+    assert QueueItem.objects.filter(task="queue_app.workflow_finished").count() == 1  # once per end
+    heard = []
+
+    def receiver(sender, workflow, state, **kwargs):
+        heard.append((workflow.id, state))
+
+    workflow_finished.connect(receiver)
+    try:
+        from queue_app.registry import Context, Delivery
+        from queue_app.workflows.tasks import finished as hook_task
+
+        ctx = Context(hook.id, 0, 1, 1, hook.task, hook.queue_id, Delivery.AT_LEAST_ONCE, "test")
+        hook_task(hook.payload, ctx)
+    finally:
+        workflow_finished.disconnect(receiver)
+    assert heard == [(w.id, "succeeded")]

@@ -78,4 +78,4 @@ def demo_pipeline(wf, params):
         after=[plan],
     )
     analytics = wf.spark("queue_analytics", {"since": day}, name="analytics", after=[rollup])
-    wf.task("demo.summary", {"day": day}, name="summary", after=[analytics])
+    wf.task("demo.summary", {"day": day}, name="summary", after=[rollup, analytics])
