@@ -311,3 +311,15 @@ def test_a_workflows_end_enqueues_the_finished_hook_which_sends_the_signal(worke
     finally:
         workflow_finished.disconnect(receiver)
     assert heard == [(w.id, "succeeded")]
+
+
+def test_backfill_of_a_workflow_with_a_fan_out_keeps_each_days_fan_out_to_its_day(workers):
+    workers()
+    w = finished(services.backfill("wf_daily", "2026-03-01", "2026-03-03", concurrency=2).id)
+    assert w.state == "succeeded", w.error
+    s = steps(w)
+    assert len(s) == 3 * (2 + 3)
+    for day in ("2026-03-01", "2026-03-02", "2026-03-03"):
+        assert s[f"{day} sum"].result == 0 + 1 + 2  # its own day's three parts, no other day's
+        assert {n for n in s if n.startswith(f"{day} part[")} == {f"{day} part[{i}]" for i in range(3)}
+        assert {st.group for n, st in s.items() if n.startswith(day)} == {day}  # one partition in the grid

@@ -88,3 +88,9 @@ def fails(wf, params):
     c = wf.task("wf.add", name="c", after=[b])
     wf.task("wf.add", name="d", after=[c])
     wf.task("wf.add", {"x": 7}, name="e", after=[a])
+
+
+@workflow("wf_daily", params=[Param("day", "date", required=True)])
+def daily(wf, params):
+    split = wf.task("wf.fan", {"n": 3}, name="split")
+    wf.task("wf.add", {"x": 0}, name="sum", after=[split])

@@ -180,9 +180,9 @@ def fan_out(
     compensate: str | None = None,
 ) -> list[int]:
     """From a running step's handler: add one step of `task` per entry of `payloads` ({key: payload}), named
-    `group[key]` (group defaults to the task name). They start at once; every step waiting for this one now
-    waits for them too (fan-in). Idempotent: keys added by an earlier attempt of this step are not added
-    again. Returns the ids of the steps added now."""
+    `group[key]` (group defaults to the task name; in a backfill, prefixed by the parent's day). They start at
+    once; every step waiting for this one now waits for them too (fan-in). Idempotent: keys added by an
+    earlier attempt of this step are not added again. Returns the ids of the steps added now."""
     group = group or task
     spec = task_item_spec(task, None, what=f"fan-out {group!r}")
     if on_failure not in OnFailure.values:
@@ -191,19 +191,21 @@ def fan_out(
     if compensate is not None:
         comp = task_item_spec(compensate, None, what=f"fan-out {group!r}: compensation")
         comp.pop("payload")
-    names, encoded = [], []
+    encoded = {}
     for key, payload in payloads.items():
         try:
-            encoded.append(encode_json(payload, "payload"))
+            encoded[key] = encode_json(payload, "payload")
         except InvalidEnqueue as exc:
             raise WorkflowDefinitionError(f"fan-out {group!r}[{key}]: {exc}") from None
-        names.append(f"{group}[{key}]")
     step = current_step(ctx)
     with transaction.atomic():
         workflow = Workflow.objects.select_for_update().get(id=step.workflow_id)
         step.refresh_from_db(fields=["state", "attempt"])
         if workflow.state != WorkflowState.RUNNING or step.attempt != workflow.attempt or step.state != "queued":
             raise WorkflowNotRunning(f"workflow {workflow.id} is {workflow.state}: step {step.name!r} cannot fan out")
+        # A backfill's steps are named "<day> <name>" and grouped by day: what one of them adds belongs to its day.
+        partition = step.group if workflow.kind == WorkflowKind.BACKFILL else None
+        names = [f"{partition} {group}[{key}]" if partition else f"{group}[{key}]" for key in encoded]
         _ensure_queues([spec] + ([comp] if comp else []))
         with cursor() as cur:
             cur.execute(
@@ -211,14 +213,14 @@ def fan_out(
                 {
                     "workflow_id": workflow.id,
                     "attempt": workflow.attempt,
-                    "group": group,
+                    "group": partition or group,
                     "task": spec["task"],
                     "spec": encode_json(spec, "spec"),
                     "on_failure": str(on_failure),
                     "compensate": None if comp is None else encode_json(comp, "compensate"),
                     "parent_id": step.id,
                     "names": names,
-                    "payloads": encoded,
+                    "payloads": list(encoded.values()),
                 },
             )
             ids = list(cur.fetchone()[0])
