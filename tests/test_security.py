@@ -84,7 +84,24 @@ def world() -> dict:
             "delete_selected": Schedule.objects.get(name="on").pk,
         },
         "sparkrun": {"cancel_runs": trigger_run("demo_sleep", {}, trigger="orm").id, "finished": finished.id},
+        "workflow": _workflows(),
     }
+
+
+def _workflows() -> dict:
+    """A running workflow (to cancel) and a failed one (to repair)."""
+    from queue_app.workflows import services as workflows
+    from queue_app.workflows.definition import Graph
+    from queue_app.workflows.models import Workflow
+
+    def one() -> int:
+        graph = Graph("security")
+        graph.task("queue_app.noop", name="only")
+        return workflows.start_graph(graph).id
+
+    running, failed = one(), one()
+    Workflow.objects.filter(id=failed).update(state="failed")
+    return {"cancel_workflows": running, "repair_workflows": failed}
 
 
 @pytest.fixture
@@ -121,6 +138,8 @@ ACTION_PERMISSIONS = {
     ("schedule", "run_now"): "queue_app.change_schedule",
     ("schedule", "delete_selected"): "queue_app.delete_schedule",
     ("sparkrun", "cancel_runs"): "queue_app.cancel_sparkrun",
+    ("workflow", "cancel_workflows"): "queue_app.cancel_workflow",
+    ("workflow", "repair_workflows"): "queue_app.repair_workflow",
 }
 
 
@@ -190,6 +209,15 @@ CUSTOM_POSTS = {
     "schedule-add": ("queue_app.add_schedule", "schedule", ("add",), post_data(name="new")),
     "schedule-change": ("queue_app.change_schedule", "schedule", ("change", "run_now"), post_data(name="renamed")),
     "schedule-delete": ("queue_app.delete_schedule", "schedule", ("delete", "run_now"), {"post": "yes"}),
+    "workflow-start": ("queue_app.start_workflow", "workflow", ("start",), {"workflow": "demo_pipeline"}),
+    "workflow-backfill": (
+        "queue_app.start_workflow",
+        "workflow",
+        ("backfill",),
+        {"job": "queue_app.noop", "start": "2026-01-01", "end": "2026-01-02", "concurrency": "1", "_confirm": "1"},
+    ),
+    "workflow-cancel": ("queue_app.cancel_workflow", "workflow", ("cancel", "cancel_workflows"), {}),
+    "workflow-repair": ("queue_app.repair_workflow", "workflow", ("repair", "repair_workflows"), {}),
 }
 
 
@@ -212,7 +240,11 @@ def test_each_custom_view_is_refused_to_staff_lacking_exactly_its_permission(sta
 
 def test_each_bulk_page_is_refused_to_staff_lacking_exactly_its_permission(staff_without, world):
     posts = bulk_posts(world)
-    assert {name for _, _, name in posts} == {"bulk-queueitem-requeue", "bulk-deadletter-requeue"}
+    assert {name for _, _, name in posts} == {
+        "bulk-queueitem-requeue",
+        "bulk-deadletter-requeue",
+        "bulk-workflow-cancel_workflows",
+    }
     for permission, target, name in posts:
         client = staff_without(permission)
         before = snapshot()

@@ -89,10 +89,9 @@ def test_cancel_during_a_running_spark_step_stops_the_run(workers):
 
 
 @pytest.mark.slow
-def test_demo_pipeline_runs_with_no_parameters(workers, manage, tmp_path):
+def test_demo_pipeline_runs_with_no_parameters(workers, manage):
     """The shipped demo: sample files fanned out per region -> file_rollup -> queue_analytics -> summary."""
-    out = manage("workflow", "start", "demo_pipeline", "--wait", "--json", timeout=600,
-                 env={"JOBSITE_VAR_DIR": str(tmp_path)})  # fmt: skip
+    out = manage("workflow", "start", "demo_pipeline", "--wait", "--json", timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     import json
 
