@@ -15,7 +15,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -209,9 +209,12 @@ class WorkflowAdmin(ReadOnlyAdmin):
         )
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        workflow = get_object_or_404(Workflow, pk=object_id)
+        if not self.has_view_permission(request) or request.method == "POST":
+            raise PermissionDenied  # the page has no form of its own: its buttons lead to their own pages
+        try:
+            workflow = Workflow.objects.get(pk=int(object_id))
+        except (ValueError, Workflow.DoesNotExist):
+            raise Http404(f"no workflow {object_id!r}") from None
         steps = step_states(workflow)
         group = request.GET.get("group")
         rows = [(s, state) for s, state in steps if not group or s.group == group]
