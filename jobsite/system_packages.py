@@ -1,7 +1,8 @@
 """OS packages some parts of jobsite need, installed by the README's commands where they are missing.
 
 Spark runs need a Java runtime and PostgreSQL's JDBC driver (Debian: openjdk-17-jre-headless,
-libpostgresql-jdbc-java); the browser tests need Debian's chromium. Nothing is downloaded outside the package
+libpostgresql-jdbc-java); the browser tests need Debian's chromium; the admin's workflow graph needs Graphviz's
+`dot` (Debian: graphviz). Nothing is downloaded outside the package
 manager. Without root (or sudo) or apt-get, this says what to install and the tests that need the missing piece
 skip with that reason.
 """
@@ -19,6 +20,8 @@ NEEDS = {
     "java": (lambda: shutil.which("java") is not None, ["openjdk-17-jre-headless"]),
     "jdbc": (JDBC_JAR.exists, ["libpostgresql-jdbc-java"]),
     "chromium": (lambda: shutil.which("chromium") is not None, ["chromium", "fonts-liberation"]),
+    # The workflow graph in the admin is laid out by Graphviz's dot (through the `graphviz` PyPI package).
+    "graphviz": (lambda: shutil.which("dot") is not None, ["graphviz"]),
 }
 
 

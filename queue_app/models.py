@@ -141,6 +141,9 @@ class QueueItem(models.Model):
     )
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="", help_text="Summary of the last error.")
+    # The workflow step this item carries (queue_app.workflows); NULL for every other item. The settle trigger's
+    # WHEN tests it, so a plain item's settle never calls the trigger's function. Not indexed (steps name items).
+    workflow_step_id = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=TransactionNow())
     updated_at = models.DateTimeField(db_default=TransactionNow())
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -360,12 +363,14 @@ class ProbeEffect(models.Model):
 
 class CatchUp(models.TextChoices):
     SKIP = "skip", "Skip missed fire times"
-    ONCE = "once", "Fire once for all missed fire times"
+    ONCE = "once", "Latest only: fire once, for the latest missed fire time"
+    ALL = "all", "All: fire every missed fire time (at most the latest 100)"
 
 
 class TargetKind(models.TextChoices):
     TASK = "task", "Registered task"
     SPARK = "spark", "Spark job"
+    WORKFLOW = "workflow", "Workflow"
 
 
 class Schedule(models.Model):
@@ -432,6 +437,7 @@ class SparkTrigger(models.TextChoices):
     SCHEDULE = "schedule"
     ORM = "orm"
     CLI = "cli"
+    WORKFLOW = "workflow"
 
 
 class SparkRun(models.Model):
@@ -511,3 +517,8 @@ class QueueStatsHourly(models.Model):
 
 
 from .webhooks.models import ReceivedWebhook, WebhookAttempt, WebhookDelivery, WebhookEndpoint  # noqa: E402, F401  (models of the webhooks package)
+from .workflows.models import (  # noqa: E402, F401  registered with the app's models
+    StepDependency,
+    Workflow,
+    WorkflowStep,
+)

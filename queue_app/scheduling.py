@@ -29,6 +29,8 @@ logger = logging.getLogger("jobsite.scheduler")
 
 # With catch-up "skip", a fire time missed by more than this is skipped rather than fired late.
 MISFIRE_GRACE = timedelta(seconds=60)
+# With catch-up "all", at most this many missed fire times are fired (the latest ones); older ones are skipped.
+MAX_CATCH_UP = 100
 ERROR_CHARS = 1000
 
 INSERT_FIRE = """
@@ -101,9 +103,15 @@ def latest_fire_at_or_before(expression: str, tz: str, now: datetime) -> datetim
     return it.get_prev(datetime).astimezone(UTC)
 
 
-def enqueue_target(schedule: Any, fire_at: datetime) -> tuple[int, bool]:
-    """Queue the schedule's target: a registered task with its payload, or a Spark run with its params.
-    Returns (item id, whether the dedup window returned an earlier item instead)."""
+def enqueue_target(schedule: Any, fire_at: datetime) -> tuple[int | None, bool]:
+    """Queue the schedule's target: a registered task with its payload, a Spark run with its params, or a
+    workflow with its params (no item id then). Returns (item id, whether the dedup window returned an earlier
+    item instead)."""
+    if schedule.target_kind == "workflow":
+        from .workflows import services as workflows
+
+        workflows.start(schedule.target, schedule.payload, started_by=f"schedule {schedule.name}")
+        return None, False
     if schedule.target_kind == "spark":
         from .spark.runs import trigger_run
 
@@ -138,36 +146,62 @@ def fire(schedule: Any, fire_at: datetime, *, manual: bool = False) -> Fired | N
     return Fired(schedule.name, fire_at, item_id, duplicate)
 
 
-def _fire_due(schedule: Any, now: datetime) -> Fired | None:
+def _skipped(schedule: Any, fire_at: datetime, now: datetime) -> None:
+    """A fire time the "skip" policy lets pass: logged, and published as schedule.fire_missed (in the claiming
+    transaction, so a rolled-back tick publishes nothing)."""
+    late = now - fire_at
+    logger.info("schedule %s: skipping fire time %s (%.0fs late)", schedule.name, fire_at, late.total_seconds())
+    publish_event(
+        "schedule.fire_missed",
+        {
+            "schedule": schedule.name,
+            "fire_at": fire_at.isoformat(),
+            "late_seconds": round(late.total_seconds(), 3),
+            "target": schedule.target,
+        },
+    )
+
+
+def missed_fire_times(schedule: Any, now: datetime) -> list[datetime]:
+    """The fire times from the schedule's next_fire_at up to `now` that catch-up fires: none ("skip", beyond
+    the grace), the latest ("once"), or every one of them, at most the latest MAX_CATCH_UP ("all")."""
+    if schedule.next_fire_at is None:
+        return []
+    latest = latest_fire_at_or_before(schedule.cron, schedule.timezone, now)
+    if latest < schedule.next_fire_at:
+        return []  # next_fire_at was moved past this fire time (rescheduled): nothing is due yet
+    if schedule.catch_up == "skip" and now - latest > MISFIRE_GRACE:
+        _skipped(schedule, latest, now)
+        return []
+    if schedule.catch_up != "all":
+        return [latest]
+    times: list[datetime] = []
+    it = croniter(
+        schedule.cron,
+        (schedule.next_fire_at - timedelta(microseconds=1)).astimezone(zoneinfo.ZoneInfo(schedule.timezone)),
+    )
+    while (t := it.get_next(datetime).astimezone(UTC)) <= latest:
+        times.append(t)
+        if len(times) > MAX_CATCH_UP:
+            times.pop(0)
+    return times
+
+
+def _fire_due(schedule: Any, now: datetime) -> list[Fired]:
     """Fire what is due of one claimed schedule and move its next_fire_at past `now`."""
-    fired = None
-    if schedule.next_fire_at is not None:
-        fire_at = latest_fire_at_or_before(schedule.cron, schedule.timezone, now)
-        late = now - fire_at
-        if fire_at < schedule.next_fire_at:
-            pass  # next_fire_at was moved past this fire time (rescheduled): nothing is due yet
-        elif schedule.catch_up == "skip" and late > MISFIRE_GRACE:
-            logger.info("schedule %s: skipping fire time %s (%.0fs late)", schedule.name, fire_at, late.total_seconds())
-            publish_event(
-                "schedule.fire_missed",
-                {
-                    "schedule": schedule.name,
-                    "fire_at": fire_at.isoformat(),
-                    "late_seconds": round(late.total_seconds(), 3),
-                    "target": schedule.target,
-                },
-            )
-        else:
-            try:
-                with transaction.atomic():
-                    fired = fire(schedule, fire_at)
-            except Exception as exc:  # a broken target must not stop the other schedules
-                logger.error("schedule %s: could not fire %s: %s", schedule.name, fire_at, exc)
-                schedule.last_error = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
-            else:
-                if fired is not None:
-                    schedule.last_fire_at = fire_at
-                    schedule.last_error = ""
+    fired = []
+    for fire_at in missed_fire_times(schedule, now):
+        try:
+            with transaction.atomic():
+                one = fire(schedule, fire_at)
+        except Exception as exc:  # a broken target must not stop the other schedules
+            logger.error("schedule %s: could not fire %s: %s", schedule.name, fire_at, exc)
+            schedule.last_error = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
+            break
+        if one is not None:
+            fired.append(one)
+            schedule.last_fire_at = fire_at
+            schedule.last_error = ""
     schedule.next_fire_at = next_fire(schedule.cron, schedule.timezone, now)
     return fired
 
@@ -190,14 +224,11 @@ def tick(now: datetime | None = None, *, limit: int = 100) -> list[Fired]:
         )
         for schedule in due:
             try:
-                result = _fire_due(schedule, now)
+                fired += _fire_due(schedule, now)
             except Exception as exc:  # bad cron or time zone stored behind the admin's back
                 logger.error("schedule %s: cannot compute its fire times: %s", schedule.name, exc)
                 schedule.last_error = f"cannot compute fire times: {type(exc).__name__}: {exc}"[:ERROR_CHARS]
                 schedule.next_fire_at = None
-                result = None
-            if result is not None:
-                fired.append(result)
             schedule.save(update_fields=["last_fire_at", "next_fire_at", "last_error"])
     return fired
 

@@ -152,3 +152,4 @@ probe_transactional = job(
 from . import maintenance_tasks as _maintenance_tasks  # noqa: E402, F401  registers queue_app.prune
 from .spark import runs as _spark_runs  # noqa: E402, F401  registers queue_app.spark_run
 from .webhooks import delivery as _webhooks  # noqa: E402, F401  registers queue_app.webhook_deliver and _publish
+from .workflows import tasks as _workflow_tasks  # noqa: E402, F401  registers queue_app.workflow_finished

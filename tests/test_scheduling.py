@@ -441,3 +441,35 @@ def test_run_worker_no_scheduler_fires_nothing(manage):
     assert result.returncode == 0, result.stdout + result.stderr
     assert not ScheduleFire.objects.filter(schedule=sched).exists()
     assert not QueueItem.objects.exists()
+
+
+def test_catch_up_all_fires_every_missed_fire_time_in_order(db):
+    hourly = schedule("hourly", "0 * * * *", catch_up=CatchUp.ALL)
+    back = MONDAY + 3 * HOUR + 30 * MINUTE  # down from before 00:00 until 03:30: 00:00..03:00 missed
+    fired = scheduling.tick(now=back)
+    assert [f.fire_at for f in fired] == [MONDAY + h * HOUR for h in range(4)]
+    assert scheduling.tick(now=back + MINUTE) == []  # each fire time once
+    hourly.refresh_from_db()
+    assert hourly.last_fire_at == MONDAY + 3 * HOUR and hourly.next_fire_at == MONDAY + 4 * HOUR
+    assert items().count() == 4
+
+
+def test_catch_up_all_is_bounded_to_the_latest_fire_times(db):
+    schedule("minutely", "* * * * *", catch_up=CatchUp.ALL)
+    back = MONDAY + 10 * HOUR  # 601 minutely fire times missed
+    fired = scheduling.tick(now=back)
+    assert len(fired) == scheduling.MAX_CATCH_UP
+    assert fired[-1].fire_at == back and fired[0].fire_at == back - (scheduling.MAX_CATCH_UP - 1) * MINUTE
+    assert items().count() == scheduling.MAX_CATCH_UP
+
+
+def test_a_schedule_can_start_a_workflow(db):
+    from queue_app.models import TargetKind
+    from queue_app.workflows.models import Workflow
+    from tests import workflow_tasks  # noqa: F401  (registers wf_diamond)
+
+    schedule("wf", "0 * * * *", target_kind=TargetKind.WORKFLOW, target="wf_diamond", catch_up=CatchUp.ONCE)
+    (fired,) = scheduling.tick(now=MONDAY + 30 * MINUTE)
+    assert fired.item_id is None
+    (w,) = Workflow.objects.all()
+    assert w.name == "wf_diamond" and w.started_by == "schedule wf"

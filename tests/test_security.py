@@ -97,7 +97,24 @@ def world() -> dict:
             "delete_selected": hook.pk,
         },
         "webhookdelivery": {"replay": failed_delivery.pk},
+        "workflow": _workflows(),
     }
+
+
+def _workflows() -> dict:
+    """A running workflow (to cancel) and a failed one (to repair)."""
+    from queue_app.workflows import services as workflows
+    from queue_app.workflows.definition import Graph
+    from queue_app.workflows.models import Workflow
+
+    def one() -> int:
+        graph = Graph("security")
+        graph.task("queue_app.noop", name="only")
+        return workflows.start_graph(graph).id
+
+    running, failed = one(), one()
+    Workflow.objects.filter(id=failed).update(state="failed")
+    return {"cancel_workflows": running, "repair_workflows": failed}
 
 
 @pytest.fixture
@@ -140,6 +157,8 @@ ACTION_PERMISSIONS = {
     ("webhookendpoint", "disable"): "queue_app.change_webhookendpoint",
     ("webhookendpoint", "delete_selected"): "queue_app.delete_webhookendpoint",
     ("webhookdelivery", "replay"): "queue_app.replay_webhookdelivery",
+    ("workflow", "cancel_workflows"): "queue_app.cancel_workflow",
+    ("workflow", "repair_workflows"): "queue_app.repair_workflow",
 }
 
 
@@ -221,6 +240,15 @@ CUSTOM_POSTS = {
         ("delete", "send_test"),
         {"post": "yes"},
     ),
+    "workflow-start": ("queue_app.start_workflow", "workflow", ("start",), {"workflow": "demo_pipeline"}),
+    "workflow-backfill": (
+        "queue_app.start_workflow",
+        "workflow",
+        ("backfill",),
+        {"job": "queue_app.noop", "start": "2026-01-01", "end": "2026-01-02", "concurrency": "1", "_confirm": "1"},
+    ),
+    "workflow-cancel": ("queue_app.cancel_workflow", "workflow", ("cancel", "cancel_workflows"), {}),
+    "workflow-repair": ("queue_app.repair_workflow", "workflow", ("repair", "repair_workflows"), {}),
 }
 
 
@@ -247,6 +275,7 @@ def test_each_bulk_page_is_refused_to_staff_lacking_exactly_its_permission(staff
         "bulk-queueitem-requeue",
         "bulk-deadletter-requeue",
         "bulk-webhookdelivery-replay",
+        "bulk-workflow-cancel_workflows",
     }
     for permission, target, name in posts:
         client = staff_without(permission)

@@ -154,6 +154,8 @@ class ScheduleForm(forms.ModelForm):
             return data
         if kind == TargetKind.SPARK:
             self._clean_spark_target(target, payload)
+        elif kind == TargetKind.WORKFLOW:
+            self._clean_workflow_target(target, payload)
         else:
             self._clean_task_target(target, payload)
         return data
@@ -173,6 +175,16 @@ class ScheduleForm(forms.ModelForm):
             )
         elif task.func is run_django_task and (problem := _django_task_payload_problem(payload)):
             self.add_error("payload", ValidationError(problem, code="invalid_payload"))
+
+    def _clean_workflow_target(self, target: str, payload: Any) -> None:
+        from ..workflows import UnknownWorkflow, WorkflowError, get_workflow
+
+        try:
+            get_workflow(target).validate(payload if isinstance(payload, dict) else {})
+        except UnknownWorkflow as exc:
+            self.add_error("target", ValidationError(str(exc), code="unknown_workflow"))
+        except WorkflowError as exc:
+            self.add_error("payload", ValidationError(str(exc), code="invalid_payload"))
 
     def _clean_spark_target(self, target: str, payload: Any) -> None:
         from ..spark.registry import SparkParamError, UnknownSparkJob, all_jobs, get_job

@@ -58,6 +58,8 @@ GOALS = (
     Goal("size after steady churn <= 2x the start", "churn.growth", None, "<=", 2.0),
     Goal("rate limit held within +/-1 lease per window over 3 windows", "flow.rate_error", None, "<=", 1.0),
     Goal("a small group key out within 1.5x its fair share of leases", "flow.fair_share", None, "<=", 1.5),
+    Goal("workflow step <= 1.5x a plain item", "workflow.step_ms", "workflow.item_ms", "<=", 1.5),
+    Goal("fan-in start delay p99 < 50 ms", "workflow.fan_in_p99", None, "<=", 50.0),
 )
 
 # Which ceiling a figure is measured against (jobs/s against the batched lease, rows/s against the insert).

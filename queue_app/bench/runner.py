@@ -7,12 +7,12 @@ from pathlib import Path
 
 from django.conf import settings
 
-from . import ceiling, churn, flow_control, jobsite_side, peers
+from . import ceiling, churn, flow_control, jobsite_side, peers, workflow_side
 from .context import BenchContext, Progress, server_from_django
 from .report import Results, default_json_path, machine_info, table, write_json
 from .sizes import Sizes
 
-PARTS = ("ceiling", "jobsite", "flow", "peers")
+PARTS = ("ceiling", "jobsite", "flow", "peers", "workflow")
 
 
 def var_dir() -> Path:
@@ -58,6 +58,8 @@ def run_bench(
             flow_control.run(ctx, sizes, results)
         if "peers" in parts:
             peers.run(ctx, sizes, results, peer_names)
+        if "workflow" in parts:
+            workflow_side.run(ctx, sizes, results)
         if churn_minutes:
             churn.run(ctx, results, minutes=churn_minutes, rate=churn_rate)
     finally:

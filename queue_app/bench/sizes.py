@@ -30,6 +30,10 @@ class Sizes:
     flow_lease_items: int = 20_000
     flow_rate: tuple[int, int] = (20, 2)
     flow_fair: tuple[int, int] = (10_000, 100)
+    # workflow: steps of the fan-out (per-step cost), small fan-out/fan-in workflows timed for the fan-in delay
+    workflow_steps: int = 10_000
+    workflow_delay_samples: int = 100
+    workflow_delay_fan: int = 10
 
 
 QUICK = Sizes(
@@ -49,6 +53,8 @@ QUICK = Sizes(
     flow_lease_items=20_000,
     flow_rate=(20, 2),
     flow_fair=(10_000, 100),
+    workflow_steps=2_000,
+    workflow_delay_samples=20,
 )
 
 FULL = Sizes(

@@ -659,3 +659,39 @@ ENGINE_SESSION = "SELECT set_config('plan_cache_mode', 'force_generic_plan', fal
 # The first worker of a queue set answers a NOTIFY at once, the others a moment later (no thundering herd): it
 # holds this session-level advisory lock on its LISTEN connection; the lock goes when the connection does.
 TRY_WAKE_LOCK = "SELECT pg_try_advisory_lock(%(namespace)s, hashtext(%(key)s))"
+
+# -- workflows ------------------------------------------------------------------------------------------------
+
+# The workflow functions (migration 0011) run inside the settling statement through the trigger
+# workflow_step_settled; these are the calls made from Python (start, fan-out, cancel, repair).
+WORKFLOW_ENQUEUE = "SELECT queue_app_wf_enqueue(%(ids)s::bigint[], %(channel)s)"
+WORKFLOW_FINISH = "SELECT queue_app_wf_finish(%(workflow_id)s)"
+
+# A running step adds steps (one per partition it found): each new step also waits-for nothing and is enqueued
+# at once, and every step waiting for the parent now waits for the new ones too. Names already added (the
+# parent ran again after a crash) are left alone. The caller holds the workflow's row lock.
+WORKFLOW_FAN_OUT = """
+WITH new AS (
+    INSERT INTO queue_app_workflowstep (workflow_id, attempt, name, "group", kind, target, args, spec, on_failure,
+                                        compensate, parent_id, kept, state, pending, error, created_at)
+    SELECT %(workflow_id)s, %(attempt)s, v.name, %(group)s, 'task', %(task)s, v.payload,
+           jsonb_set(%(spec)s::jsonb, '{payload}', v.payload), %(on_failure)s, %(compensate)s::jsonb,
+           %(parent_id)s, false, 'waiting', 0, '', now()
+    FROM unnest(%(names)s::text[], %(payloads)s::jsonb[]) AS v(name, payload)
+    ON CONFLICT (workflow_id, attempt, name) DO NOTHING
+    RETURNING id
+), edges AS (
+    INSERT INTO queue_app_stepdependency (upstream_id, downstream_id)
+    SELECT new.id, d.downstream_id FROM new, queue_app_stepdependency d WHERE d.upstream_id = %(parent_id)s
+    RETURNING downstream_id
+), bumped AS (
+    UPDATE queue_app_workflowstep s SET pending = s.pending + c.n
+    FROM (SELECT downstream_id, count(*) AS n FROM edges GROUP BY downstream_id) c
+    WHERE s.id = c.downstream_id
+), counted AS (
+    UPDATE queue_app_workflow SET steps_open = steps_open + (SELECT count(*) FROM new),
+        steps_total = steps_total + (SELECT count(*) FROM new)
+    WHERE id = %(workflow_id)s
+)
+SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM new
+"""

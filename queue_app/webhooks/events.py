@@ -29,7 +29,7 @@ EVENT_TYPES: dict[str, str] = {
     "item.done": "A queue item finished (opt-in per queue on the endpoint: one event per item).",
     "item.failed": "An attempt at a queue item failed (retried or dead; opt-in per queue on the endpoint).",
     "spark_run.finished": "A Spark run ended: succeeded, failed, cancelled or timed_out (data.outcome).",
-    "workflow.finished": "A workflow finished: every step done.",
+    "workflow.finished": "A workflow ended succeeded or cancelled (data.state says which).",
     "workflow.failed": "A workflow failed: a step failed for good.",
     "schedule.fire_missed": "A schedule skipped a fire time it was too late for (catch-up 'skip').",
     "queue.paused": "A queue was paused.",

@@ -3,6 +3,7 @@
     python manage.py queue_chaos --quick            # CI: 3,000 items, 2 kills, 1 SIGTERM, 1 restart, 1 cut
     python manage.py queue_chaos                    # 100,000 items, 8 kills, 3 SIGTERMs, 1 restart, 2 cuts
     python manage.py queue_chaos --items 20000 --workers 4 --seed 7 --json-out var/chaos.json --keep
+    python manage.py queue_chaos --workflow [--quick]   # kill -9 through ~2,000 workflow steps (quick ~250)
 
 Runs on a private PostgreSQL cluster it creates (and restarts), never on DATABASE_URL's server. Exits 1 when
 any check fails.
@@ -15,6 +16,9 @@ from django.core.management.base import BaseCommand, CommandError
 
 from queue_app.chaos.plan import FULL, QUICK
 from queue_app.chaos.runner import ChaosRun, Options
+from queue_app.chaos.workflow import FULL as WORKFLOW_FULL
+from queue_app.chaos.workflow import QUICK as WORKFLOW_QUICK
+from queue_app.chaos.workflow import WorkflowChaosRun
 
 
 class Command(BaseCommand):
@@ -27,8 +31,15 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=None, help="seed of the plan and fault schedule")
         parser.add_argument("--keep", action="store_true", help="keep the private cluster running afterwards")
         parser.add_argument("--json-out", type=Path, default=None, help="figures file (default: the run's dir)")
+        parser.add_argument(
+            "--workflow",
+            action="store_true",
+            help="the workflow scenario instead: kill -9 through ~2,000 workflow steps (quick: ~250)",
+        )
 
     def handle(self, *args, **options):
+        if options["workflow"]:
+            return self.workflow(options)
         sizes = (QUICK if options["quick"] else FULL).scaled(options["items"], options["workers"])
         if sizes.items < 100:
             raise CommandError("--items must be at least 100")
@@ -41,6 +52,19 @@ class Command(BaseCommand):
             self.stdout.flush()
 
         run = ChaosRun(Options(sizes, seed, keep=options["keep"], json_out=options["json_out"]), write)
+        code = run.run()
+        if code:
+            raise SystemExit(code)
+
+    def workflow(self, options) -> None:
+        sizes = WORKFLOW_QUICK if options["quick"] else WORKFLOW_FULL
+        seed = options["seed"] if options["seed"] is not None else random.randrange(1_000_000)
+
+        def write(line: str) -> None:
+            self.stdout.write(line)
+            self.stdout.flush()
+
+        run = WorkflowChaosRun(Options(QUICK, seed, keep=options["keep"], json_out=options["json_out"]), write, sizes)
         code = run.run()
         if code:
             raise SystemExit(code)

@@ -46,7 +46,7 @@ class Command(BaseCommand):
 
     def run_pytest(self, args):
         # Spark tests need Java and the JDBC jar, browser tests Chromium: installed here where missing.
-        system_packages.ensure(["java", "jdbc", "chromium"])
+        system_packages.ensure(["java", "jdbc", "chromium", "graphviz"])
         cmd = [sys.executable, "-m", "pytest", *args]
         proc = subprocess.Popen(cmd, cwd=settings.BASE_DIR, env=os.environ.copy())
         while True:

@@ -117,7 +117,7 @@ class Command(BaseCommand):
             where = default.get("HOST") or "local socket"
             self.say(f"database: {default.get('NAME')} on {where} (DATABASE_URL)")
 
-        system_packages.ensure(["java", "jdbc"])  # Spark runs; the rest of the app works without them
+        system_packages.ensure(["java", "jdbc", "graphviz"])  # Spark runs, the workflow graph; the rest works without
         call_command("migrate", interactive=False, verbosity=max(0, opts["verbosity"] - 1))
         self.say("migrations applied")
         call_command("collectstatic", interactive=False, verbosity=0)
@@ -246,6 +246,15 @@ class Command(BaseCommand):
             f"jobsite is up in {time.monotonic() - started:.1f}s: http://{shown}:{port}/admin/  (Ctrl-C to stop)",
             self.style.SUCCESS,
         )
+        self.say_workflows()
+
+    def say_workflows(self):
+        """What a new user can run next: the registered workflows (demo_pipeline needs no parameters)."""
+        from queue_app.workflows import registered_workflows
+
+        names = [d.name for d in registered_workflows()]
+        if names:
+            self.say(f"workflows: {', '.join(names)}  (try: python manage.py workflow start demo_pipeline --wait)")
 
     def stop_children(self, children, signals_seen):
         self.say("stopping ...")

@@ -1,0 +1,141 @@
+"""The workflow figures, in a scratch database of their own, with one worker host (fixed settings):
+
+- per-step cost against a plain item, measured in the same run: N plain `queue_app.noop` items drained, then a
+  workflow `bench.fan_out` -> N noop steps (added by the running first step) -> one noop fan-in step, from its
+  start to its end; cost = seconds per step over seconds per plain item (goal: at most 1.5);
+- fan-in start delay: small fan-out/fan-in workflows run one after another; for each, the fan-in item's lease
+  (its reservation's reserved_at) minus the settle of the last fan-out step (its finished_at), both the
+  server's clock; p50 and p99 (goal: p99 under 50 ms on an idle machine).
+"""
+
+import time
+
+from django.db import connections
+
+from .. import engine
+from ..conf import queue_settings
+from .context import BenchContext, django_child_env, log_tail, manage_args, spawn, stop
+from .jobsite_side import ALIAS, NOOP_TASK, _clear_queue, _percentile, _scalar, bench_database
+from .report import Figure, Results
+from .sizes import Sizes
+from .workflow_tasks import fan_out as _fan_out  # noqa: F401  registers bench.fan_out here too
+
+WORKER = ("run_worker", "--pool", "thread", "--concurrency", "32", "--batch", "500", "--prefetch", "500")
+SETTINGS = "1 x --pool thread --concurrency 32 --batch 500 --prefetch 500"
+
+
+def _wait(predicate, timeout: float, what: str, procs) -> float:
+    t0 = time.perf_counter()
+    while not predicate():
+        if time.perf_counter() - t0 > timeout:
+            raise RuntimeError(f"{what}: not done after {timeout:.0f}s")
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"{what}: the worker exited")
+        time.sleep(0.02)
+    return time.perf_counter() - t0
+
+
+def _start_fan(n: int) -> int:
+    from ..workflows.definition import Graph
+    from ..workflows.services import start_graph
+
+    graph = Graph("bench fan-out")
+    first = graph.task("bench.fan_out", {"n": n}, name="fan_out")
+    graph.task(NOOP_TASK, name="fan_in", after=[first])
+    return start_graph(graph, started_by="queue_bench", using=ALIAS).id
+
+
+def _state(workflow_id: int) -> str:
+    return _scalar("SELECT state FROM queue_app_workflow WHERE id = %(id)s", {"id": workflow_id})
+
+
+FAN_IN_DELAY = """
+SELECT extract(epoch FROM r.reserved_at - (
+           SELECT max(s.finished_at) FROM queue_app_workflowstep s
+           WHERE s.workflow_id = j.workflow_id AND s."group" = 'noop'))
+FROM queue_app_workflowstep j JOIN queue_app_reservation r ON r.item_id = j.item_id
+WHERE j.workflow_id = %(id)s AND j.name = 'fan_in'
+ORDER BY r.id LIMIT 1
+"""
+
+
+def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
+    with bench_database(ctx, "workflow") as db:
+        env = django_child_env(db)
+        procs = [
+            spawn(
+                manage_args(*WORKER, "--import", "queue_app.bench.workflow_tasks", "--no-scheduler"),
+                env=env,
+                log=ctx.log_path("workflow-worker"),
+            )
+        ]
+        queue = queue_settings.DEFAULT_QUEUE
+        try:
+            n = sizes.workflow_steps
+            plain_s, wf_s = [], []
+            for round_ in range(2):  # interleaved, the best of two each: this VM's speed drifts
+                _clear_queue(queue)
+                engine.enqueue_many(NOOP_TASK, [{} for _ in range(n)], queue=queue, using=ALIAS)
+                t = _wait(
+                    lambda: (
+                        not _scalar(
+                            "SELECT count(*) FROM queue_app_queueitem WHERE queue_id = %(q)s AND state <> 'done'",
+                            {"q": queue},
+                        )
+                    ),
+                    600,
+                    "plain items",
+                    procs,
+                )
+                plain_s.append(t)
+                ctx.progress("workflow", f"round {round_ + 1}: {n:,} plain items in {t:.2f}s = {n / t:,.0f}/s")
+                workflow_id = _start_fan(n)
+                t = _wait(
+                    lambda workflow_id=workflow_id: _state(workflow_id) == "succeeded", 600, "fan-out workflow", procs
+                )
+                wf_s.append(t)
+                ctx.progress(
+                    "workflow",
+                    f"round {round_ + 1}: {n + 2:,}-step fan-out/fan-in in {t:.2f}s = {(n + 2) / t:,.0f} steps/s",
+                )
+            per_item, per_step = min(plain_s) / n, min(wf_s) / (n + 2)
+            results.add(Figure("workflow.item_ms", "plain item (same run)", per_item * 1000, "ms", note=SETTINGS))
+            results.add(
+                Figure(
+                    "workflow.step_ms",
+                    f"workflow step ({n:,}-step fan-out/fan-in)",
+                    per_step * 1000,
+                    "ms",
+                    note=SETTINGS,
+                    detail={"plain_seconds": plain_s, "workflow_seconds": wf_s, "steps": n + 2},
+                )
+            )
+            delays = []
+            for _ in range(sizes.workflow_delay_samples):
+                workflow_id = _start_fan(sizes.workflow_delay_fan)
+                _wait(
+                    lambda workflow_id=workflow_id: _state(workflow_id) == "succeeded",
+                    60,
+                    "small fan-out workflow",
+                    procs,
+                )
+                delays.append(float(_scalar(FAN_IN_DELAY, {"id": workflow_id})) * 1000)
+            detail = {"samples": len(delays), "fan_out": sizes.workflow_delay_fan}
+            results.add(
+                Figure("workflow.fan_in_p50", "fan-in start delay p50", _percentile(delays, 0.5), "ms", detail=detail)
+            )
+            results.add(
+                Figure("workflow.fan_in_p99", "fan-in start delay p99", _percentile(delays, 0.99), "ms", detail=detail)
+            )
+            ctx.progress(
+                "workflow",
+                f"per step {per_step * 1000:.3f} ms vs per plain item {per_item * 1000:.3f} ms = "
+                f"{per_step / per_item:.2f}x; fan-in delay p50 {_percentile(delays, 0.5):.1f} ms, "
+                f"p99 {_percentile(delays, 0.99):.1f} ms",
+            )
+        except RuntimeError as exc:
+            ctx.progress("workflow", f"{exc}\n{log_tail(ctx.log_path('workflow-worker'))}")
+            results.add(Figure("workflow.step_ms", "workflow step", None, "ms", note=f"n/a ({exc})"))
+        finally:
+            stop(procs)
+            connections[ALIAS].close()

@@ -1,0 +1,152 @@
+"""`manage.py workflow`: list, start, follow, repair and backfill workflows (the same services as the admin).
+
+    python manage.py workflow list [--json]
+    python manage.py workflow start demo_pipeline [--param day=2026-11-24] [--wait] [--json]
+    python manage.py workflow status 42 [--json]
+    python manage.py workflow repair 42 [--wait] [--json]
+    python manage.py workflow backfill file_rollup --from 2026-11-01 --to 2026-11-07 [--param k=v] \
+        [--concurrency 2] [--force] [--wait] [--json]
+
+`--json` prints {"id", "name", "state", "attempt", "steps": [{"name", "state", ...}]}. With --wait the command
+follows the workflow to its end and exits 0 only when it succeeded (1 otherwise). Bad input (unknown workflow
+or job, bad parameters, a bad range) is an error message, exit status 1, and nothing is written.
+"""
+
+import importlib
+import json
+import sys
+import time
+
+from django.core.management.base import BaseCommand, CommandError
+
+from queue_app.management.commands.spark_run import parse_params
+from queue_app.workflows import WorkflowError, registered_workflows
+from queue_app.workflows import services as workflows
+from queue_app.workflows.models import Workflow
+
+
+def _default(value):
+    return value() if callable(value) else value
+
+
+class Command(BaseCommand):
+    help = "Workflows: list, start, status, repair, backfill."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--import",
+            dest="imports",
+            action="append",
+            default=[],
+            metavar="MODULE",
+            help="also import this module for its workflows (besides every installed app's tasks.py); repeatable",
+        )
+        sub = parser.add_subparsers(dest="action", required=True)
+        listing = sub.add_parser("list", help="the registered workflows and their parameters")
+        listing.add_argument("--json", action="store_true")
+        start = sub.add_parser("start", help="start a registered workflow")
+        start.add_argument("name")
+        start.add_argument("--param", action="append", default=[], metavar="K=V")
+        start.add_argument("--wait", action="store_true")
+        start.add_argument("--json", action="store_true")
+        status = sub.add_parser("status", help="a workflow's state and its steps")
+        status.add_argument("id", type=int)
+        status.add_argument("--json", action="store_true")
+        repair = sub.add_parser("repair", help="re-run the failed or cancelled steps and what depends on them")
+        repair.add_argument("id", type=int)
+        repair.add_argument("--wait", action="store_true")
+        repair.add_argument("--json", action="store_true")
+        backfill = sub.add_parser("backfill", help="run a Spark job, task or workflow once per day of a range")
+        backfill.add_argument("job")
+        backfill.add_argument("--from", dest="start", required=True, metavar="DATE")
+        backfill.add_argument("--to", dest="end", required=True, metavar="DATE")
+        backfill.add_argument("--param", action="append", default=[], metavar="K=V")
+        backfill.add_argument("--concurrency", type=int, default=1, metavar="K")
+        backfill.add_argument("--force", action="store_true", help="allow more partitions than the limit")
+        backfill.add_argument("--wait", action="store_true")
+        backfill.add_argument("--json", action="store_true")
+        for p in (start, status, repair, backfill):
+            p.add_argument("--poll", type=float, default=0.5, help=__import__("argparse").SUPPRESS)
+
+    def handle(self, *args, action, imports, **options):
+        for module in imports:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise CommandError(f"--import {module}: {exc}") from None
+        try:
+            getattr(self, f"do_{action}")(**options)
+        except WorkflowError as exc:
+            raise CommandError(f"{exc}; nothing was written" if action != "status" else str(exc)) from None
+
+    def do_list(self, *, json: bool, **_):
+        definitions = registered_workflows()
+        if json:
+            self.stdout.write(
+                _dumps(
+                    [
+                        {
+                            "name": d.name,
+                            "description": d.description,
+                            "params": [
+                                {"name": p.name, "type": p.type, "required": p.required, "default": _default(p.default)}
+                                for p in d.params
+                            ],
+                        }
+                        for d in definitions
+                    ]
+                )
+            )
+            return
+        for d in definitions:
+            self.stdout.write(self.style.MIGRATE_HEADING(d.name) + f"  {d.description}")
+            for p in d.params:
+                need = "required" if p.required else f"default {_dumps(_default(p.default))}"
+                self.stdout.write(f"  --param {p.name}=…  {p.type}, {need}" + (f"  {p.help}" if p.help else ""))
+
+    def do_start(self, *, name, param, wait, json, poll, **_):
+        workflow = workflows.start(name, parse_params(param), started_by="cli")
+        self.report(workflow.id, wait=wait, as_json=json, poll=poll)
+
+    def do_status(self, *, id, json, **_):
+        self.report(id, wait=False, as_json=json, poll=0)
+
+    def do_repair(self, *, id, wait, json, poll, **_):
+        workflow = workflows.repair(id, actor="cli")
+        self.report(workflow.id, wait=wait, as_json=json, poll=poll)
+
+    def do_backfill(self, *, job, start, end, param, concurrency, force, wait, json, poll, **_):
+        workflow = workflows.backfill(
+            job, start, end, params=parse_params(param), concurrency=concurrency, force=force, started_by="cli"
+        )
+        self.report(workflow.id, wait=wait, as_json=json, poll=poll)
+
+    def report(self, workflow_id: int, *, wait: bool, as_json: bool, poll: float) -> None:
+        if wait:
+            last = None
+            while True:
+                workflow = Workflow.objects.get(id=workflow_id)
+                done = workflow.steps_total - workflow.steps_open
+                line = f"workflow {workflow.id} {workflow.state}  steps {done}/{workflow.steps_total}"
+                if line != last and not as_json:
+                    self.stdout.write(line)
+                    last = line
+                if workflow.is_final:
+                    break
+                time.sleep(poll)
+        status = workflows.status(workflow_id)
+        if as_json:
+            self.stdout.write(_dumps(status))
+        elif not wait:
+            self.stdout.write(
+                f"workflow {status['id']} {status['name']} {status['state']} (attempt {status['attempt']})"
+            )
+            for step in status["steps"]:
+                self.stdout.write(f"  {step['state']:<10} {step['name']}")
+        if wait and status["state"] != "succeeded":
+            sys.stdout.flush()
+            raise SystemExit(1)
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, default=str)

@@ -1,0 +1,329 @@
+"""Workflow definitions: a graph of steps built in code, checked whole before anything is written.
+
+    from queue_app.workflows import Param, workflow
+
+    @workflow("nightly", params=[Param("day", "date", required=True)])
+    def nightly(wf, params):
+        land = wf.task("shop.land_files", {"day": params["day"]})
+        rollup = wf.spark("file_rollup", {...}, after=[land])
+        wf.task("shop.notify", after=[rollup], compensate="shop.retract")
+
+A definition is registered next to the tasks (any installed app's `tasks.py`); its builder runs at each start
+with the validated parameters. Every problem (unknown task or Spark job, bad Spark parameters, a cycle, a
+dependency on a step of another graph, a payload that is not JSON) raises WorkflowDefinitionError naming the
+step, before any row exists.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import graphlib
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.utils.module_loading import autodiscover_modules
+
+from ..conf import queue_settings
+from ..engine.errors import InvalidEnqueue
+from ..engine.payload import encode_json
+from ..registry import Delivery, find_task
+from ..spark.registry import Param, SparkJobError, get_job
+from .models import OnFailure, StepKind
+
+
+class WorkflowError(Exception):
+    """Base class: bad input to a workflow service. The message says what is wrong."""
+
+
+class WorkflowDefinitionError(WorkflowError, ValueError):
+    """The graph a builder made (or was about to make) cannot run."""
+
+
+class UnknownWorkflow(WorkflowError, LookupError):
+    pass
+
+
+STEP_NAME = re.compile(r"^[^\x00-\x1f]{1,200}$")
+
+
+@dataclass(frozen=True)
+class StepRef:
+    """What `wf.task()` / `wf.spark()` return: a handle other steps name in `after=`."""
+
+    graph: Graph = field(repr=False, compare=False)
+    name: str
+
+
+@dataclass
+class StepSpec:
+    name: str
+    kind: str
+    target: str
+    args: Any
+    after: list[str]
+    spec: dict[str, Any]
+    on_failure: str
+    compensate: dict[str, Any] | None
+    group: str
+
+
+def task_item_spec(task_name: str, payload: Any = None, *, what: str, priority: int = 0) -> dict[str, Any]:
+    """What the database needs to enqueue an item of a registered task: {task, queue, max_attempts, payload}.
+    Raises WorkflowDefinitionError for an unknown or at-most-once task, or a payload that is not JSON."""
+    task = find_task(task_name) if isinstance(task_name, str) else None
+    if task is None:
+        raise WorkflowDefinitionError(f"{what}: unknown task {task_name!r}")
+    if task.delivery is Delivery.AT_MOST_ONCE:
+        raise WorkflowDefinitionError(
+            f"{what}: task {task_name!r} is at-most-once; a workflow step records its result after it ran, "
+            "which an at-most-once item (settled before it runs) cannot give"
+        )
+    try:
+        encode_json(payload, "payload")
+    except InvalidEnqueue as exc:
+        raise WorkflowDefinitionError(f"{what}: {exc}") from None
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+        raise WorkflowDefinitionError(f"{what}: priority must be an integer from -100 to 100, not {priority!r}")
+    return {
+        "task": task.name,
+        "queue": task.queue or queue_settings.DEFAULT_QUEUE,
+        "max_attempts": task.max_attempts,
+        "lease_timeout": task.lease_timeout,
+        "priority": priority,
+        "payload": payload,
+    }
+
+
+class Graph:
+    """The builder a workflow's function receives as `wf`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.steps: dict[str, StepSpec] = {}
+
+    def _refs(self, after: Iterable[StepRef | str] | StepRef | str, what: str) -> list[str]:
+        if isinstance(after, (StepRef, str)):
+            after = [after]
+        names = []
+        for ref in after:
+            if isinstance(ref, StepRef):
+                if ref.graph is not self:
+                    raise WorkflowDefinitionError(
+                        f"{what}: depends on step {ref.name!r} of another workflow ({ref.graph.name!r}); a step "
+                        "can only wait for steps of its own workflow"
+                    )
+                names.append(ref.name)
+            elif isinstance(ref, str):
+                names.append(ref)
+            else:
+                raise WorkflowDefinitionError(f"{what}: after= takes steps or step names, not {ref!r}")
+        return names
+
+    def _add(self, step: StepSpec) -> StepRef:
+        if not STEP_NAME.match(step.name):
+            raise WorkflowDefinitionError(f"bad step name {step.name!r}: 1-200 characters, no control characters")
+        if step.name in self.steps:
+            raise WorkflowDefinitionError(
+                f"step {step.name!r} is defined twice in workflow {self.name!r}; give one of them name=..."
+            )
+        if step.on_failure not in OnFailure.values:
+            raise WorkflowDefinitionError(
+                f"step {step.name!r}: on_failure must be one of {', '.join(OnFailure.values)}, not {step.on_failure!r}"
+            )
+        self.steps[step.name] = step
+        return StepRef(self, step.name)
+
+    def _compensation(self, compensate: str | None, what: str) -> dict[str, Any] | None:
+        if compensate is None:
+            return None
+        spec = task_item_spec(compensate, None, what=f"{what}: compensation")
+        spec.pop("payload")
+        return spec
+
+    def task(
+        self,
+        task: str,
+        payload: Any = None,
+        *,
+        name: str | None = None,
+        after: Iterable[StepRef | str] | StepRef | str = (),
+        on_failure: str = OnFailure.FAIL,
+        compensate: str | None = None,
+        priority: int = 0,
+        group: str | None = None,
+    ) -> StepRef:
+        """A step that runs registered task `task` with `payload`, after the steps in `after`."""
+        name = name or task
+        what = f"step {name!r}"
+        return self._add(
+            StepSpec(
+                name=name,
+                kind=StepKind.TASK,
+                target=task,
+                args=payload,
+                after=self._refs(after, what),
+                spec=task_item_spec(task, payload, what=what, priority=priority),
+                on_failure=str(on_failure),
+                compensate=self._compensation(compensate, what),
+                group=group or name,
+            )
+        )
+
+    def spark(
+        self,
+        job: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        after: Iterable[StepRef | str] | StepRef | str = (),
+        on_failure: str = OnFailure.FAIL,
+        compensate: str | None = None,
+        timeout: float | None = None,
+        group: str | None = None,
+    ) -> StepRef:
+        """A step that runs registered Spark job `job` with `params` (validated now) as a SparkRun."""
+        from ..spark import runs
+
+        name = name or job
+        what = f"step {name!r}"
+        try:
+            spark_job = get_job(job)
+            values = spark_job.validate(params or {})
+            seconds = runs.check_timeout(job, timeout)
+        except SparkJobError as exc:
+            raise WorkflowDefinitionError(f"{what}: {exc}") from None
+        dumped = spark_job.dump_params(values)
+        spec = task_item_spec(runs.TASK, None, what=what)
+        spec.update(job=spark_job.name, params=dumped, timeout=seconds)
+        return self._add(
+            StepSpec(
+                name=name,
+                kind=StepKind.SPARK,
+                target=spark_job.name,
+                args=dumped,
+                after=self._refs(after, what),
+                spec=spec,
+                on_failure=str(on_failure),
+                compensate=self._compensation(compensate, what),
+                group=group or name,
+            )
+        )
+
+    def order(self) -> list[str]:
+        """The steps in dependency order; WorkflowDefinitionError for a cycle, an unknown name, no steps."""
+        if not self.steps:
+            raise WorkflowDefinitionError(f"workflow {self.name!r} has no steps")
+        sorter: graphlib.TopologicalSorter[str] = graphlib.TopologicalSorter()
+        for step in self.steps.values():
+            for dep in step.after:
+                if dep not in self.steps:
+                    raise WorkflowDefinitionError(f"step {step.name!r}: depends on unknown step {dep!r}")
+                if dep == step.name:
+                    raise WorkflowDefinitionError(f"step {step.name!r} depends on itself")
+            sorter.add(step.name, *step.after)
+        try:
+            return list(sorter.static_order())
+        except graphlib.CycleError as exc:
+            cycle = " -> ".join(exc.args[1])
+            raise WorkflowDefinitionError(f"workflow {self.name!r} has a cycle: {cycle}") from None
+
+
+Builder = Callable[[Graph, dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class WorkflowDefinition:
+    name: str
+    build: Builder = field(repr=False)
+    params: tuple[Param, ...] = ()
+    description: str = ""
+
+    def validate(self, raw: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Typed parameters; WorkflowError naming every bad one (unknown, missing, wrong type)."""
+        raw = dict(raw or {})
+        declared = {p.name: p for p in self.params}
+        errors = {
+            name: f"unknown parameter (this workflow takes: {', '.join(declared) or 'none'})"
+            for name in raw
+            if name not in declared
+        }
+        values: dict[str, Any] = {}
+        for param in self.params:
+            value = raw.get(param.name)
+            if value is None or (isinstance(value, str) and not value.strip()):
+                if param.required:
+                    errors[param.name] = "this parameter is required"
+                values[param.name] = param.default() if callable(param.default) else param.default
+                continue
+            try:
+                values[param.name] = param.coerce(value)
+            except ValueError as exc:
+                errors[param.name] = str(exc)
+        if errors:
+            lines = "; ".join(f"{name}: {message}" for name, message in errors.items())
+            raise WorkflowError(f"invalid parameters for workflow {self.name!r}: {lines}")
+        return values
+
+    def dump(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v.isoformat() if isinstance(v, dt.date) else v for k, v in values.items()}
+
+    def graph(self, values: dict[str, Any]) -> tuple[Graph, list[str]]:
+        graph = Graph(self.name)
+        self.build(graph, values)
+        return graph, graph.order()
+
+
+_registry: dict[str, WorkflowDefinition] = {}
+_discovery = threading.Lock()
+_discovered = False
+
+
+def workflow(
+    name: str, *, params: Sequence[Param] = (), description: str = ""
+) -> Callable[[Builder], WorkflowDefinition]:
+    """Register `build(wf, params)` as the workflow `name` (its parameters declared like a Spark job's)."""
+    names = [p.name for p in params]
+    if len(names) != len(set(names)):
+        raise ValueError(f"workflow {name!r} declares a parameter twice: {names}")
+
+    def register(build: Builder) -> WorkflowDefinition:
+        definition = WorkflowDefinition(
+            name=name,
+            build=build,
+            params=tuple(params),
+            description=description or (build.__doc__ or "").strip().split("\n")[0],
+        )
+        known = _registry.get(name)
+        if known is not None and known.build.__qualname__ != build.__qualname__:
+            raise ValueError(f"workflow {name!r} is registered twice")
+        _registry[name] = definition
+        return definition
+
+    return register
+
+
+def _autodiscover() -> None:
+    global _discovered
+    if _discovered:
+        return
+    with _discovery:
+        if not _discovered:
+            autodiscover_modules("tasks")
+            _discovered = True
+
+
+def get_workflow(name: str) -> WorkflowDefinition:
+    _autodiscover()
+    try:
+        return _registry[name]
+    except (KeyError, TypeError):
+        known = ", ".join(sorted(_registry)) or "(none)"
+        raise UnknownWorkflow(f"unknown workflow {name!r}; registered workflows: {known}") from None
+
+
+def registered_workflows() -> list[WorkflowDefinition]:
+    _autodiscover()
+    return sorted(_registry.values(), key=lambda d: d.name)

@@ -1,0 +1,81 @@
+"""`demo_pipeline`: the shipped demo workflow, runnable with no parameters (day defaults to yesterday, UTC).
+
+    plan (task) -- fans out one `demo.sample_file` step per region, each writing that region's events of the day
+      -> rollup (Spark file_rollup of the day's files; waits for every sample_file: the fan-in)
+      -> analytics (Spark queue_analytics of the day)
+      -> summary (task: the rollup's and the analytics' metrics)
+
+Files go under JOBSITE_VAR_DIR/demo_pipeline/ (input/<day>/, rollup/). Re-running a day replaces its files and
+its rollup partition (file_rollup overwrites the partitions it writes), so `workflow backfill demo_pipeline`
+over a week can be run again safely.
+"""
+
+import datetime as dt
+import os
+import zlib
+from typing import Any
+
+from django.conf import settings
+
+from ..registry import Context, job
+from ..spark.pipelines.file_rollup import SAMPLE_REGIONS, write_sample_input
+from ..spark.registry import Param
+from . import services
+from .definition import workflow
+
+ROWS_PER_FILE = 2_000
+
+
+def _root() -> str:
+    return os.path.join(settings.VAR_DIR, "demo_pipeline")
+
+
+def _yesterday() -> dt.date:
+    return dt.datetime.now(dt.UTC).date() - dt.timedelta(days=1)
+
+
+@job("demo.plan_files")
+def plan_files(payload: Any, ctx: Context) -> dict[str, Any]:
+    """Fan out: one sample_file step per region."""
+    regions = list(SAMPLE_REGIONS)
+    services.fan_out(ctx, "demo.sample_file", {r: {**payload, "region": r} for r in regions}, group="sample_file")
+    return {"regions": regions}
+
+
+@job("demo.sample_file")
+def sample_file(payload: Any, ctx: Context) -> dict[str, Any]:
+    """Write one region's sample events of the day (a temporary name, then renamed: a re-run replaces it)."""
+    day, region, folder = dt.date.fromisoformat(payload["day"]), payload["region"], payload["input_dir"]
+    scratch = os.path.join(folder, f".tmp-{region}-{ctx.item_id}")
+    [path] = write_sample_input(
+        scratch, rows=ROWS_PER_FILE, days=1, start=day, seed=zlib.crc32(f"{day} {region}".encode())
+    )
+    final = os.path.join(folder, f"events-{day}-{region}.csv")
+    os.replace(path, final)
+    os.rmdir(scratch)
+    return {"file": final, "rows": ROWS_PER_FILE}
+
+
+@job("demo.summary")
+def summary(payload: Any, ctx: Context) -> dict[str, Any]:
+    got = services.upstream(ctx)
+    return {"day": payload["day"], **{name: result for name, result in got.items()}}
+
+
+@workflow(
+    "demo_pipeline", params=[Param("day", "date", default=_yesterday, help="Day to process (default: yesterday)")]
+)
+def demo_pipeline(wf, params):
+    """Sample files for a day (fan-out per region) -> file_rollup -> queue_analytics -> summary."""
+    day = params["day"].isoformat()
+    input_dir = os.path.join(_root(), "input", day)
+    os.makedirs(input_dir, exist_ok=True)  # file_rollup's input_dir must exist when its params are checked
+    plan = wf.task("demo.plan_files", {"day": day, "input_dir": input_dir}, name="plan")
+    rollup = wf.spark(
+        "file_rollup",
+        {"input_dir": input_dir, "output_dir": os.path.join(_root(), "rollup"), "day": day},
+        name="rollup",
+        after=[plan],
+    )
+    analytics = wf.spark("queue_analytics", {"since": day}, name="analytics", after=[rollup])
+    wf.task("demo.summary", {"day": day}, name="summary", after=[rollup, analytics])

@@ -1,0 +1,151 @@
+"""Workflow tables: a Workflow (one run of a registered graph), its steps (one row per step and attempt of the
+workflow) and the edges between steps.
+
+These rows are the whole of a workflow's state; no process holds any of it. A step's `pending` counts its
+dependencies that have not finished; the trigger on queue items (migration 0011) decrements it in the
+transaction that settles a dependency's item, and enqueues the step's item when it reaches zero. A repair is a
+new attempt: new step rows, the earlier attempt's rows are left as they were.
+"""
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+
+class WorkflowState(models.TextChoices):
+    RUNNING = "running"
+    FAILING = "failing"  # a step failed: what had not started is cancelled, running steps finish
+    COMPENSATING = "compensating"  # the compensations of the completed steps run
+    CANCELLING = "cancelling"  # cancel asked: running steps are being stopped
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+WORKFLOW_FINAL_STATES = (WorkflowState.SUCCEEDED, WorkflowState.FAILED, WorkflowState.CANCELLED)
+WORKFLOW_OPEN_STATES = tuple(s for s in WorkflowState if s not in WORKFLOW_FINAL_STATES)
+
+
+class WorkflowKind(models.TextChoices):
+    WORKFLOW = "workflow"
+    BACKFILL = "backfill"
+    BATCH = "batch"
+
+
+class Workflow(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=10, choices=WorkflowKind.choices, default=WorkflowKind.WORKFLOW)
+    params = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=12, choices=WorkflowState.choices, default=WorkflowState.RUNNING)
+    attempt = models.PositiveIntegerField(default=1)
+    started_by = models.CharField(max_length=150, blank=True, default="")
+    # Of the current attempt, kept by the trigger under this row's lock (the workflow's mutex).
+    steps_total = models.PositiveIntegerField(default=0)
+    steps_open = models.PositiveIntegerField(default=0)
+    steps_failed = models.PositiveIntegerField(default=0)
+    # Item specs ({"task", "queue", "max_attempts", "payload"}) the trigger enqueues: "finished" always when the
+    # workflow ends, "dead" when its first step fails, "done" when it succeeds.
+    callbacks = models.JSONField(default=dict, blank=True)
+    channel = models.CharField(max_length=63, default="jobsite_queue")  # NOTIFY channel of the step items
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        permissions = [
+            ("start_workflow", "Can start workflows and backfills"),
+            ("cancel_workflow", "Can cancel workflows"),
+            ("repair_workflow", "Can repair workflows"),
+        ]
+        indexes = [
+            models.Index("name", models.F("id").desc(), name="workflow_name"),
+            models.Index("state", name="workflow_state"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.id} ({self.state})"
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in WORKFLOW_FINAL_STATES
+
+
+class StepKind(models.TextChoices):
+    TASK = "task"
+    SPARK = "spark"
+    COMPENSATION = "compensation"
+
+
+class StepState(models.TextChoices):
+    WAITING = "waiting"  # dependencies not finished
+    QUEUED = "queued"  # its item (or Spark run) is enqueued or running
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+STEP_OPEN_STATES = (StepState.WAITING, StepState.QUEUED)
+
+
+class OnFailure(models.TextChoices):
+    FAIL = "fail", "Fail the workflow and cancel what has not started"
+    CONTINUE = "continue", "Continue: its dependents run anyway"
+
+
+class WorkflowStep(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    workflow = models.ForeignKey(Workflow, on_delete=models.DB_CASCADE, related_name="steps")
+    attempt = models.PositiveIntegerField()
+    name = models.CharField(max_length=200)
+    group = models.CharField(max_length=200, help_text="Sibling name: the steps of one fan-out share it.")
+    kind = models.CharField(max_length=12, choices=StepKind.choices)
+    target = models.CharField(max_length=200, help_text="Task name or Spark job name.")
+    args = models.JSONField(null=True, blank=True)
+    # The item to enqueue when ready: {"task", "queue", "max_attempts", "priority", "lease_timeout", "payload"};
+    # for a Spark step {"job", "params", "timeout", ...} and the item of its run.
+    spec = models.JSONField(default=dict)
+    on_failure = models.CharField(max_length=10, choices=OnFailure.choices, default=OnFailure.FAIL)
+    compensate = models.JSONField(null=True, blank=True, help_text="Item spec of the compensation task.")
+    compensates = models.ForeignKey("self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+")
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+")
+    kept = models.BooleanField(default=False, help_text="Succeeded in an earlier attempt; kept by a repair.")
+    state = models.CharField(max_length=10, choices=StepState.choices, default=StepState.WAITING)
+    pending = models.PositiveIntegerField(default=0, help_text="Dependencies not finished yet.")
+    item_id = models.BigIntegerField(null=True, blank=True)
+    spark_run_id = models.BigIntegerField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+    ready_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint("workflow", "attempt", "name", name="workflowstep_name"),
+        ]
+        indexes = [
+            models.Index(fields=["item_id"], name="workflowstep_item", condition=Q(item_id__isnull=False)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.state})"
+
+
+class StepDependency(models.Model):
+    """`downstream` waits for `upstream`."""
+
+    pk = models.CompositePrimaryKey("upstream_id", "downstream_id")
+    upstream = models.ForeignKey(WorkflowStep, on_delete=models.DB_CASCADE, related_name="+")
+    downstream = models.ForeignKey(WorkflowStep, on_delete=models.DB_CASCADE, related_name="+")
+    # Ordering only (a backfill's lanes keep at most K partitions running): counted for readiness like any
+    # edge, but a repair does not treat the later partitions as downstream of a failed one.
+    order_only = models.BooleanField(default=False, db_default=False)
+
+    class Meta:
+        indexes = [models.Index("downstream", name="stepdependency_downstream")]
+
+    def __str__(self) -> str:
+        return f"{self.upstream_id} -> {self.downstream_id}"

@@ -1,0 +1,531 @@
+"""One function per workflow state change (start, fan out, cancel, repair, batch, backfill), shared by code, the
+admin, the CLI and the worker. Each validates everything first and writes in one transaction (nested in the
+caller's, so a workflow started inside `transaction.atomic()` is rolled back with it).
+
+Moving a workflow forward once it runs is not done here: the trigger on queue items (migration 0011) does it in
+the transaction that settles each step's item.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+
+from .. import engine, services
+from ..conf import queue_settings
+from ..engine import sql
+from ..engine.db import cursor
+from ..engine.errors import InvalidEnqueue
+from ..engine.payload import encode_json
+from ..registry import Context
+from ..spark.registry import SparkJobError, get_job
+from .definition import (
+    Graph,
+    UnknownWorkflow,
+    WorkflowDefinitionError,
+    WorkflowError,
+    get_workflow,
+    task_item_spec,
+)
+from .models import (
+    WORKFLOW_FINAL_STATES,
+    WORKFLOW_OPEN_STATES,
+    OnFailure,
+    StepDependency,
+    StepKind,
+    StepState,
+    Workflow,
+    WorkflowKind,
+    WorkflowState,
+    WorkflowStep,
+)
+
+FINISHED_TASK = "queue_app.workflow_finished"
+MAX_BACKFILL_PARTITIONS = 366  # more only with force=True (--force)
+MAX_CONCURRENCY = 1000
+
+
+class WorkflowNotRunning(WorkflowError):
+    """A step tried to add steps to a workflow that is no longer running (failed, cancelled, repaired)."""
+
+
+def _callbacks(extra: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    finished = task_item_spec(FINISHED_TASK, None, what="workflow callback")
+    return {"finished": finished, **(extra or {})}
+
+
+def _enqueue(ids: list[int], channel: str, using: str = "default") -> None:
+    if ids:
+        with cursor(using) as cur:
+            cur.execute(sql.WORKFLOW_ENQUEUE, {"ids": ids, "channel": channel})
+
+
+def _ensure_queues(specs: Iterable[dict[str, Any]], using: str = "default") -> None:
+    for queue in {spec["queue"] for spec in specs if spec}:
+        engine.ensure_queue(queue, using=using)
+
+
+def _create(
+    name: str,
+    kind: str,
+    params: dict[str, Any],
+    graph: Graph,
+    order: list[str],
+    started_by: str,
+    *,
+    callbacks: dict[str, Any] | None = None,
+    order_edges: Iterable[tuple[str, str]] = (),
+    using: str = "default",
+) -> Workflow:
+    """Write a checked graph: the workflow, its steps and edges, and the items of the steps with nothing to wait
+    for, in one transaction."""
+    steps = [graph.steps[n] for n in order]
+    order_edges = list(order_edges)
+    waits = {s.name: len(s.after) for s in steps}
+    for _, down in order_edges:
+        waits[down] += 1
+    channel = queue_settings.NOTIFY_CHANNEL
+    callbacks = _callbacks(callbacks)
+    _ensure_queues(
+        [s.spec for s in steps] + [s.compensate for s in steps if s.compensate] + list(callbacks.values()), using
+    )
+    with transaction.atomic(using=using):
+        workflow = Workflow.objects.using(using).create(
+            name=name,
+            kind=kind,
+            params=params,
+            started_by=(started_by or "")[:150],
+            steps_total=len(steps),
+            steps_open=len(steps),
+            callbacks=callbacks,
+            channel=channel,
+        )
+        rows = WorkflowStep.objects.using(using).bulk_create(
+            [
+                WorkflowStep(
+                    workflow=workflow,
+                    attempt=1,
+                    name=s.name,
+                    group=s.group,
+                    kind=s.kind,
+                    target=s.target,
+                    args=s.args,
+                    spec=s.spec,
+                    on_failure=s.on_failure,
+                    compensate=s.compensate,
+                    pending=waits[s.name],
+                )
+                for s in steps
+            ],
+            batch_size=2000,
+        )
+        ids = {row.name: row.id for row in rows}
+        StepDependency.objects.using(using).bulk_create(
+            [StepDependency(upstream_id=ids[up], downstream_id=ids[s.name]) for s in steps for up in s.after]
+            + [
+                StepDependency(upstream_id=ids[up], downstream_id=ids[down], order_only=True)
+                for up, down in order_edges
+            ],
+            batch_size=5000,
+        )
+        _enqueue([ids[n] for n in order if waits[n] == 0], channel, using)
+    return workflow
+
+
+def start_graph(graph: Graph, *, started_by: str = "", using: str = "default") -> Workflow:
+    """Start a graph built in code (not a registered workflow): `Graph(name)`, `.task()`, `.spark()`, then this.
+    Checked like a registered one's graph before anything is written."""
+    return _create(graph.name, WorkflowKind.WORKFLOW, {}, graph, graph.order(), started_by, using=using)
+
+
+def start(name: str, params: Mapping[str, Any] | None = None, *, started_by: str = "") -> Workflow:
+    """Start registered workflow `name`. Raises UnknownWorkflow, WorkflowError (bad parameters) or
+    WorkflowDefinitionError (the graph its builder made cannot run) before anything is written."""
+    definition = get_workflow(name)
+    values = definition.validate(params)
+    graph, order = definition.graph(values)
+    return _create(definition.name, WorkflowKind.WORKFLOW, definition.dump(values), graph, order, started_by)
+
+
+# -- from inside a running step -------------------------------------------------------------------------------
+
+
+def current_step(ctx: Context) -> WorkflowStep:
+    step = WorkflowStep.objects.filter(item_id=ctx.item_id).order_by("-id").first()
+    if step is None:
+        raise WorkflowError(f"item {ctx.item_id} is not a workflow step")
+    return step
+
+
+def upstream(ctx: Context) -> dict[str, Any]:
+    """The results of the steps this step waited for, by step name: a task's return value, a Spark run's
+    metrics. Call it from a step's handler."""
+    step = current_step(ctx)
+    ups = StepDependency.objects.filter(downstream_id=step.id, order_only=False).values("upstream_id")
+    return dict(WorkflowStep.objects.filter(id__in=ups).order_by("id").values_list("name", "result"))
+
+
+def fan_out(
+    ctx: Context,
+    task: str,
+    payloads: Mapping[str, Any],
+    *,
+    group: str | None = None,
+    on_failure: str = OnFailure.FAIL,
+    compensate: str | None = None,
+) -> list[int]:
+    """From a running step's handler: add one step of `task` per entry of `payloads` ({key: payload}), named
+    `group[key]` (group defaults to the task name; in a backfill, prefixed by the parent's day). They start at
+    once; every step waiting for this one now waits for them too (fan-in). Idempotent: keys added by an
+    earlier attempt of this step are not added again. Returns the ids of the steps added now."""
+    group = group or task
+    spec = task_item_spec(task, None, what=f"fan-out {group!r}")
+    if on_failure not in OnFailure.values:
+        raise WorkflowDefinitionError(f"fan-out {group!r}: on_failure must be one of {', '.join(OnFailure.values)}")
+    comp = None
+    if compensate is not None:
+        comp = task_item_spec(compensate, None, what=f"fan-out {group!r}: compensation")
+        comp.pop("payload")
+    encoded = {}
+    for key, payload in payloads.items():
+        try:
+            encoded[key] = encode_json(payload, "payload")
+        except InvalidEnqueue as exc:
+            raise WorkflowDefinitionError(f"fan-out {group!r}[{key}]: {exc}") from None
+    step = current_step(ctx)
+    with transaction.atomic():
+        workflow = Workflow.objects.select_for_update().get(id=step.workflow_id)
+        step.refresh_from_db(fields=["state", "attempt"])
+        if workflow.state != WorkflowState.RUNNING or step.attempt != workflow.attempt or step.state != "queued":
+            raise WorkflowNotRunning(f"workflow {workflow.id} is {workflow.state}: step {step.name!r} cannot fan out")
+        # A backfill's steps are named "<day> <name>" and grouped by day: what one of them adds belongs to its day.
+        partition = step.group if workflow.kind == WorkflowKind.BACKFILL else None
+        names = [f"{partition} {group}[{key}]" if partition else f"{group}[{key}]" for key in encoded]
+        _ensure_queues([spec] + ([comp] if comp else []))
+        with cursor() as cur:
+            cur.execute(
+                sql.WORKFLOW_FAN_OUT,
+                {
+                    "workflow_id": workflow.id,
+                    "attempt": workflow.attempt,
+                    "group": partition or group,
+                    "task": spec["task"],
+                    "spec": encode_json(spec, "spec"),
+                    "on_failure": str(on_failure),
+                    "compensate": None if comp is None else encode_json(comp, "compensate"),
+                    "parent_id": step.id,
+                    "names": names,
+                    "payloads": list(encoded.values()),
+                },
+            )
+            ids = list(cur.fetchone()[0])
+        _enqueue(ids, workflow.channel)
+    return ids
+
+
+# -- cancel, repair -------------------------------------------------------------------------------------------
+
+
+def _finish(workflow_id: int) -> None:
+    with cursor() as cur:
+        cur.execute(sql.WORKFLOW_FINISH, {"workflow_id": workflow_id})
+
+
+def cancel(workflow_id: int, *, actor: str = "") -> bool:
+    """Cancel a running workflow: steps not started are cancelled, queued items cancelled, running Spark runs
+    stopped, running tasks asked to stop (their reservation is revoked: `ctx.extend_lease` raises
+    StaleReservation and their outcome is not recorded). No compensations run. False when it already ended."""
+    with transaction.atomic():
+        workflow = Workflow.objects.select_for_update().filter(id=workflow_id).first()
+        if workflow is None or workflow.state not in WORKFLOW_OPEN_STATES or workflow.state == "cancelling":
+            return False
+        current = WorkflowStep.objects.filter(workflow_id=workflow.id, attempt=workflow.attempt)
+        waiting = current.filter(state=StepState.WAITING).update(
+            state=StepState.CANCELLED, error=f"cancelled by {actor or '?'}", finished_at=dt.datetime.now(dt.UTC)
+        )
+        Workflow.objects.filter(id=workflow.id).update(
+            state=WorkflowState.CANCELLING, steps_open=F("steps_open") - waiting, error=f"cancelled by {actor or '?'}"
+        )
+        items = list(current.filter(state=StepState.QUEUED, item_id__isnull=False).values_list("item_id", flat=True))
+        services.cancel_items(items, actor=actor)  # each cancelled item settles its step (the trigger)
+        _finish(workflow.id)  # ends it now when nothing was running
+    return True
+
+
+def repair(workflow_id: int, *, actor: str = "") -> Workflow:
+    """A new attempt of a failed or cancelled workflow: the steps that failed or were cancelled (or whose work
+    was compensated) run again with everything downstream of them; steps that succeeded keep their results and
+    are not run. The earlier attempts' rows stay as they were."""
+    with transaction.atomic():
+        workflow = Workflow.objects.select_for_update().filter(id=workflow_id).first()
+        if workflow is None:
+            raise WorkflowError(f"no workflow {workflow_id}")
+        if workflow.state not in (WorkflowState.FAILED, WorkflowState.CANCELLED):
+            raise WorkflowError(
+                f"workflow {workflow_id} is {workflow.state}: only a failed or cancelled one can be repaired"
+            )
+        old = {
+            s.id: s
+            for s in WorkflowStep.objects.filter(workflow_id=workflow.id, attempt=workflow.attempt).order_by("id")
+        }
+        undone = {s.compensates_id for s in old.values() if s.kind == StepKind.COMPENSATION}
+        steps = {i: s for i, s in old.items() if s.kind != StepKind.COMPENSATION}
+        edges = list(StepDependency.objects.filter(downstream_id__in=list(steps)))
+        down: dict[int, list[int]] = {}
+        for e in edges:
+            if not e.order_only:
+                down.setdefault(e.upstream_id, []).append(e.downstream_id)
+        rerun = {i for i, s in steps.items() if s.state != StepState.SUCCEEDED or i in undone}
+        todo = list(rerun)
+        while todo:
+            for d in down.get(todo.pop(), []):
+                if d not in rerun:
+                    rerun.add(d)
+                    todo.append(d)
+        # A re-run step fans out again: what it added last time is not copied.
+        dropped = {i for i, s in steps.items() if s.parent_id in rerun}
+        attempt = workflow.attempt + 1
+        copies = {}
+        for i, s in steps.items():
+            if i in dropped:
+                continue
+            kept = i not in rerun
+            copies[i] = WorkflowStep(
+                workflow_id=workflow.id,
+                attempt=attempt,
+                name=s.name,
+                group=s.group,
+                kind=s.kind,
+                target=s.target,
+                args=s.args,
+                spec=s.spec,
+                on_failure=s.on_failure,
+                compensate=s.compensate,
+                kept=kept,
+                state=StepState.SUCCEEDED if kept else StepState.WAITING,
+                item_id=s.item_id if kept else None,
+                spark_run_id=s.spark_run_id if kept else None,
+                result=s.result if kept else None,
+                ready_at=s.ready_at if kept else None,
+                finished_at=s.finished_at if kept else None,
+            )
+        for e in edges:
+            if e.upstream_id in copies and e.downstream_id in copies and e.upstream_id not in rerun:
+                continue  # a kept upstream is done: nothing to wait for
+            if e.downstream_id in copies and e.upstream_id in copies:
+                copies[e.downstream_id].pending += 1
+        new_rows = WorkflowStep.objects.bulk_create(list(copies.values()), batch_size=2000)
+        new_id = {old_id: row.id for old_id, row in zip(copies, new_rows, strict=True)}
+        # parents of kept fan-out children point at the new copies
+        for old_id, row in zip(copies, new_rows, strict=True):
+            parent = steps[old_id].parent_id
+            if parent in new_id:
+                WorkflowStep.objects.filter(id=row.id).update(parent_id=new_id[parent])
+        StepDependency.objects.bulk_create(
+            [
+                StepDependency(
+                    upstream_id=new_id[e.upstream_id], downstream_id=new_id[e.downstream_id], order_only=e.order_only
+                )
+                for e in edges
+                if e.upstream_id in new_id and e.downstream_id in new_id
+            ],
+            batch_size=5000,
+        )
+        waiting = [row for row in new_rows if row.state == StepState.WAITING]
+        Workflow.objects.filter(id=workflow.id).update(
+            attempt=attempt,
+            state=WorkflowState.RUNNING,
+            steps_total=len(new_rows),
+            steps_open=len(waiting),
+            steps_failed=0,
+            finished_at=None,
+            error="",
+        )
+        _enqueue([row.id for row in waiting if row.pending == 0], workflow.channel)
+        if not waiting:
+            _finish(workflow.id)
+    workflow.refresh_from_db()
+    return workflow
+
+
+# -- batches --------------------------------------------------------------------------------------------------
+
+
+def batch(
+    task: str,
+    payloads: Iterable[Any],
+    *,
+    on_done: str | None = None,
+    on_dead: str | None = None,
+    callback_payload: Any = None,
+    started_by: str = "",
+) -> Workflow:
+    """Enqueue N items of `task` as one batch: `on_done` (a task) runs once when every item is done, `on_dead`
+    once when the first item dies (the others keep running). Each callback gets `callback_payload` (a dict)
+    plus {"workflow_id", "state"}. A batch is a workflow of kind "batch": see its status like any other."""
+    graph = Graph(f"batch {task}")
+    for i, payload in enumerate(payloads):
+        graph.task(task, payload, name=f"{task}[{i}]", group=task, on_failure=OnFailure.CONTINUE)
+    extra = {}
+    for key, target in (("done", on_done), ("dead", on_dead)):
+        if target is not None:
+            if callback_payload is not None and not isinstance(callback_payload, dict):
+                raise WorkflowDefinitionError("callback_payload must be a JSON object")
+            extra[key] = task_item_spec(target, callback_payload or {}, what=f"batch on_{key}")
+    order = graph.order()
+    return _create(graph.name, WorkflowKind.BATCH, {"task": task}, graph, order, started_by, callbacks=extra)
+
+
+# -- backfills ------------------------------------------------------------------------------------------------
+
+
+def _partition_param(job: str) -> tuple[str, str]:
+    """(kind, date parameter) of what a backfill runs: a workflow, a Spark job or a task (whose payload gets
+    "day")."""
+    try:
+        dates = [p.name for p in get_workflow(job).params if p.type == "date"]
+        kind = "workflow"
+    except UnknownWorkflow:
+        try:
+            dates = [p.name for p in get_job(job).params if p.type == "date"]
+            kind = "spark"
+        except SparkJobError:
+            task_item_spec(job, None, what=f"backfill of {job!r} (not a workflow, Spark job or task)")
+            return "task", "day"
+    if "day" in dates:
+        return kind, "day"
+    if len(dates) == 1:
+        return kind, dates[0]
+    raise WorkflowDefinitionError(
+        f"backfill of {job!r}: it needs one date parameter (or one named 'day') to partition by; it has "
+        f"{', '.join(dates) or 'none'}"
+    )
+
+
+def _day(value: Any, what: str) -> dt.date:
+    if isinstance(value, dt.date):
+        return value
+    try:
+        return dt.date.fromisoformat(str(value))
+    except ValueError:
+        raise WorkflowError(f"{what} must be a date as YYYY-MM-DD, got {value!r}") from None
+
+
+def backfill(
+    job: str,
+    start: Any,
+    end: Any,
+    *,
+    params: Mapping[str, Any] | None = None,
+    concurrency: int = 1,
+    force: bool = False,
+    started_by: str = "",
+) -> Workflow:
+    """Run `job` (a Spark job, a task, or a workflow with a date parameter) once per day from `start` to `end`
+    (both included), at most `concurrency` days at a time: day i waits for day i-K (K lanes). A failed day does
+    not stop the others (a task or Spark job's step continues); repair re-runs just the failed days."""
+    first, last = _day(start, "--from"), _day(end, "--to")
+    if first > last:
+        raise WorkflowError(f"backfill range is empty: from {first} is after to {last}")
+    days = (last - first).days + 1
+    if days > MAX_BACKFILL_PARTITIONS and not force:
+        raise WorkflowError(
+            f"backfill of {days} partitions is more than {MAX_BACKFILL_PARTITIONS}; pass --force (force=True) to run it"
+        )
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise WorkflowError(f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}, not {concurrency!r}")
+    params = dict(params or {})
+    kind, date_param = _partition_param(job)
+    if date_param in params:
+        raise WorkflowError(f"backfill of {job!r}: {date_param!r} is the partition; do not pass it as a parameter")
+    graph = Graph(f"backfill {job}")
+    firsts: list[list[str]] = []  # per day: the names of its steps with nothing to wait for, and its last steps
+    lasts: list[list[str]] = []
+    for i in range(days):
+        day = (first + dt.timedelta(days=i)).isoformat()
+        values = {**params, date_param: day}
+        if kind == "spark":
+            graph.spark(job, values, name=day, group=day, on_failure=OnFailure.CONTINUE)
+            firsts.append([day])
+            lasts.append([day])
+        elif kind == "task":
+            graph.task(job, values, name=day, group=day, on_failure=OnFailure.CONTINUE)
+            firsts.append([day])
+            lasts.append([day])
+        else:
+            definition = get_workflow(job)
+            sub, order = definition.graph(definition.validate(values))
+            for name in order:
+                step = sub.steps[name]
+                step.name, step.group = f"{day} {name}", day
+                step.after = [f"{day} {a}" for a in step.after]
+                graph._add(step)
+            needed = {a for s in sub.steps.values() for a in s.after}
+            firsts.append([s.name for s in sub.steps.values() if not s.after])
+            lasts.append([s.name for s in sub.steps.values() if s.name not in needed])
+    order = graph.order()
+    lanes = [(up, down) for i in range(concurrency, days) for up in lasts[i - concurrency] for down in firsts[i]]
+    summary = {
+        "job": job,
+        "from": first.isoformat(),
+        "to": last.isoformat(),
+        "concurrency": concurrency,
+        "params": params,
+    }
+    return _create(f"backfill {job}", WorkflowKind.BACKFILL, summary, graph, order, started_by, order_edges=lanes)
+
+
+# -- reading --------------------------------------------------------------------------------------------------
+
+
+def status(workflow_id: int) -> dict[str, Any]:
+    """id, name, state, attempt and every step of the current attempt (name, state, kind, item, run)."""
+    workflow = Workflow.objects.filter(id=workflow_id).first()
+    if workflow is None:
+        raise WorkflowError(f"no workflow {workflow_id}")
+    running = set(
+        WorkflowStep.objects.filter(workflow_id=workflow.id, attempt=workflow.attempt, state=StepState.QUEUED)
+        .filter(item_id__in=_reserved_items(workflow))
+        .values_list("id", flat=True)
+    )
+    steps = [
+        {
+            "name": s.name,
+            "state": "running" if s.id in running else s.state,
+            "kind": s.kind,
+            "item_id": s.item_id,
+            "spark_run_id": s.spark_run_id,
+        }
+        for s in WorkflowStep.objects.filter(workflow_id=workflow.id, attempt=workflow.attempt).order_by("id")
+    ]
+    return {
+        "id": workflow.id,
+        "name": workflow.name,
+        "state": workflow.state,
+        "attempt": workflow.attempt,
+        "steps": steps,
+    }
+
+
+def _reserved_items(workflow: Workflow) -> Any:
+    from ..models import QueueItem
+
+    items = WorkflowStep.objects.filter(
+        workflow_id=workflow.id, attempt=workflow.attempt, state=StepState.QUEUED
+    ).values("item_id")
+    return QueueItem.objects.filter(id__in=items, state="reserved").values("id")
+
+
+def wait(workflow_id: int, *, timeout: float | None = None, poll: float = 0.2) -> Workflow:
+    """Block until the workflow has ended (or `timeout` seconds passed); returns its row."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        workflow = Workflow.objects.get(id=workflow_id)
+        if workflow.state in WORKFLOW_FINAL_STATES or (deadline is not None and time.monotonic() > deadline):
+            return workflow
+        time.sleep(poll)

@@ -1,0 +1,36 @@
+"""The workflows' built-in task: `queue_app.workflow_finished` sends the `workflow_finished` signal."""
+
+from typing import Any
+
+from ..registry import Context, Delivery, job
+from .models import Workflow
+from .signals import workflow_finished
+
+
+# Transactional: a receiver's database writes (the webhooks' publish_event) commit with this item's settle, so
+# each end is heard exactly once by what it writes here.
+@job("queue_app.workflow_finished", delivery=Delivery.TRANSACTIONAL)
+def finished(payload: Any, ctx: Context) -> dict[str, Any]:
+    workflow = Workflow.objects.get(id=payload["workflow_id"])
+    workflow_finished.send(sender=Workflow, workflow=workflow, state=payload["state"])
+    return {"workflow_id": workflow.id, "state": payload["state"]}
+
+
+from . import demo as _demo  # noqa: E402, F401  registers the demo's tasks and demo_pipeline
+
+
+@job("queue_app.workflow_probe_fan_out")
+def probe_fan_out(payload: Any, ctx: Context) -> dict[str, int]:
+    """For chaos runs and tests: fan out `n` probe steps per group ({group: probe task}), each with `compensate`
+    (a task name, optional) and payload `child` (default {}). Idempotent: a re-run adds nothing twice."""
+    from . import services
+
+    for group, task in payload["groups"].items():
+        services.fan_out(
+            ctx,
+            task,
+            {str(i): payload.get("child", {}) for i in range(payload["n"])},
+            group=group,
+            compensate=payload.get("compensate"),
+        )
+    return {"added": payload["n"] * len(payload["groups"])}

@@ -1,0 +1,76 @@
+"""`manage.py workflow ...` as a user runs it: real child processes, real workers, JSON a script can read."""
+
+import json
+
+import pytest
+
+from queue_app.workflows.models import Workflow, WorkflowStep
+
+pytestmark = pytest.mark.django_db(transaction=True)
+IMPORT = ("--import", "tests.workflow_tasks")
+
+
+@pytest.fixture
+def worker(spawn):
+    return spawn("run_worker", "--concurrency", "4", "--pool", "thread", "--import", "tests.workflow_tasks")
+
+
+def test_list_json_names_the_registered_workflows_with_their_params(manage):
+    out = manage("workflow", "list", "--json")
+    assert out.returncode == 0, out.stderr
+    listed = {w["name"]: w for w in json.loads(out.stdout)}
+    assert "demo_pipeline" in listed
+    assert listed["demo_pipeline"]["params"][0]["name"] == "day"
+
+
+def test_start_wait_json_prints_every_step_and_exits_0_on_success(manage, worker):
+    out = manage("workflow", *IMPORT, "start", "wf_diamond", "--wait", "--json")
+    assert out.returncode == 0, out.stderr
+    status = json.loads(out.stdout)
+    assert status["state"] == "succeeded"
+    assert {s["name"]: s["state"] for s in status["steps"]} == dict.fromkeys("abcd", "succeeded")
+    assert Workflow.objects.get(id=status["id"]).state == "succeeded"
+
+
+def test_wait_exits_1_when_the_workflow_fails_and_repair_reruns_it(manage, worker):
+    out = manage("workflow", *IMPORT, "start", "wf_fails", "--wait", "--json")
+    assert out.returncode == 1
+    status = json.loads(out.stdout)
+    assert status["state"] == "failed"
+    from queue_app.models import ProbeEffect
+
+    ProbeEffect.objects.create(key="fixed")
+    again = manage("workflow", *IMPORT, "repair", str(status["id"]), "--wait", "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["state"] == "succeeded"
+    shown = manage("workflow", "status", str(status["id"]), "--json")
+    assert json.loads(shown.stdout)["attempt"] == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("start", "no_such"), "unknown workflow"),
+        (("start", "demo_pipeline", "--param", "day=tuesday"), "day"),
+        (("start", "demo_pipeline", "--param", "novalue"), "NAME=VALUE"),
+        (("backfill", "file_rollup", "--from", "2026-02-01", "--to", "2026-01-01"), "after"),
+        (("backfill", "queue_app.noop", "--from", "2020-01-01", "--to", "2026-01-01"), "--force"),
+        (("backfill", "nothing.at.all", "--from", "2026-01-01", "--to", "2026-01-02"), "unknown task"),
+        (("status", "999999"), "no workflow"),
+    ],
+)
+def test_bad_input_is_an_error_message_exit_1_and_nothing_written(manage, args, message):
+    out = manage("workflow", *args)
+    assert out.returncode == 1
+    assert message in out.stderr
+    assert not Workflow.objects.exists() and not WorkflowStep.objects.exists()
+
+
+def test_up_lists_the_workflows_right_after_it_is_up():
+    from io import StringIO
+
+    from queue_app.management.commands.up import Command
+
+    out = StringIO()
+    Command(stdout=out).say_workflows()
+    assert "demo_pipeline" in out.getvalue() and "workflow start demo_pipeline" in out.getvalue()

@@ -1,0 +1,325 @@
+"""Workflows with real workers on one database: steps become ready exactly once, in the transaction that
+settles their last dependency; results flow downstream; failures cancel, compensate, and repair."""
+
+import pytest
+from django.db import transaction
+
+from queue_app.models import ItemState, ProbeEffect, QueueItem, Reservation
+from queue_app.workflows import services
+from queue_app.workflows.models import StepDependency, Workflow, WorkflowStep
+from tests import workflow_tasks  # noqa: F401  (registers the wf.* tasks and workflows)
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def workers(spawn):
+    def start(n: int = 2, concurrency: int = 4, queues: str = "default") -> list:
+        return [
+            spawn(
+                "run_worker",
+                "--queues",
+                queues,
+                "--concurrency",
+                str(concurrency),
+                "--pool",
+                "thread",
+                "--import",
+                "tests.workflow_tasks",
+                "--poll-interval",
+                "0.2",
+            )
+            for _ in range(n)
+        ]
+
+    return start
+
+
+def finished(workflow_id: int, timeout: float = 60) -> Workflow:
+    def done():
+        w = Workflow.objects.get(id=workflow_id)
+        return w if w.is_final else None
+
+    return wait_for(done, timeout, what=f"workflow {workflow_id} to end")
+
+
+def steps(w: Workflow, attempt: int | None = None) -> dict[str, WorkflowStep]:
+    rows = WorkflowStep.objects.filter(workflow=w, attempt=attempt or w.attempt)
+    return {s.name: s for s in rows}
+
+
+def assert_started_after_dependencies(w: Workflow) -> None:
+    """No step's item was created (it became ready) before every dependency had finished."""
+    current = steps(w)
+    by_id = {s.id: s for s in current.values()}
+    for e in StepDependency.objects.filter(downstream_id__in=list(by_id)):
+        up, down = by_id.get(e.upstream_id), by_id[e.downstream_id]
+        if down.ready_at is not None and up is not None and not up.kept:
+            assert up.finished_at is not None and up.finished_at <= down.ready_at, (up.name, down.name)
+
+
+def items_of(w: Workflow) -> dict[str, list[QueueItem]]:
+    ids = WorkflowStep.objects.filter(workflow=w).values("id")
+    out: dict[str, list[QueueItem]] = {}
+    names = dict(WorkflowStep.objects.filter(workflow=w).values_list("id", "name"))
+    for item in QueueItem.objects.filter(workflow_step_id__in=ids):
+        out.setdefault(names[item.workflow_step_id], []).append(item)
+    return out
+
+
+def test_diamond_runs_each_step_once_after_its_dependencies_with_their_results(workers):
+    workers()
+    w = services.start("wf_diamond", started_by="test")
+    w = finished(w.id)
+    assert w.state == "succeeded"
+    s = steps(w)
+    assert {n: st.state for n, st in s.items()} == dict.fromkeys("abcd", "succeeded")
+    # results flow: b = 10 + a, c = 100 + a, d = 1000 + b + c
+    assert (s["a"].result, s["b"].result, s["c"].result, s["d"].result) == (1, 11, 101, 1112)
+    assert {n: len(i) for n, i in items_of(w).items()} == dict.fromkeys("abcd", 1)
+    assert_started_after_dependencies(w)
+    assert w.steps_open == 0 and w.steps_total == 4
+
+
+def test_fan_out_of_1000_has_one_fan_in_that_fires_once(workers):
+    workers(n=3, concurrency=8)
+    w = services.start("wf_fan", {"n": 1000})
+    w = finished(w.id, timeout=120)
+    assert w.state == "succeeded", w.error
+    s = steps(w)
+    assert len(s) == 1002
+    parts = [st for st in s.values() if st.group == "part"]
+    assert len(parts) == 1000 and all(p.state == "succeeded" for p in parts)
+    fan_in = items_of(w)["sum"]
+    assert len(fan_in) == 1, "the fan-in's item was enqueued more than once"
+    assert Reservation.objects.filter(item_id=fan_in[0].id).count() == 1
+    assert s["sum"].result == sum(range(1000))
+    assert_started_after_dependencies(w)
+
+
+def test_failure_cancels_downstream_and_what_has_not_started(workers):
+    workers()
+    w = finished(services.start("wf_fails").id)
+    assert w.state == "failed"
+    s = steps(w)
+    assert s["a"].state == "succeeded" and s["b"].state == "failed"
+    assert s["c"].state == "cancelled" and s["d"].state == "cancelled"
+    assert s["c"].item_id is None and s["d"].item_id is None  # never enqueued
+    assert s["e"].state in ("succeeded", "cancelled")  # ran alongside, or cancelled before it started
+
+
+def test_saga_compensates_exactly_the_completed_steps_in_reverse_dependency_order(workers):
+    workers()
+    w = finished(services.start("wf_saga").id)
+    assert w.state == "failed"
+    s = steps(w)
+    completed = {n for n, st in s.items() if st.kind != "compensation" and st.state == "succeeded"}
+    undos = {n: st for n, st in s.items() if st.kind == "compensation"}
+    assert {st.result["undid"] for st in undos.values()} == {n for n in completed if s[n].compensate}
+    assert {"a", "b", "d"} <= completed and "boom" not in completed and s["never"].state == "cancelled"
+    assert all(u.state == "succeeded" for u in undos.values())
+    # reverse order: d's undo before b's before a's
+    assert undos["undo d"].finished_at <= undos["undo b"].ready_at
+    assert undos["undo b"].finished_at <= undos["undo a"].ready_at
+    assert {n: len(i) for n, i in items_of(w).items() if n.startswith("undo")} == dict.fromkeys(undos, 1)
+
+
+def test_repair_reruns_only_failed_and_downstream_keeping_results(workers):
+    workers()
+    w = finished(services.start("wf_fails").id)
+    assert w.state == "failed"
+    before = steps(w)
+    ProbeEffect.objects.create(key="fixed")
+    services.repair(w.id, actor="test")
+    w = finished(w.id)
+    assert w.state == "succeeded" and w.attempt == 2
+    after = steps(w)
+    assert after["a"].kept and after["a"].item_id == before["a"].item_id and after["a"].result == 1
+    for name in "bcd":
+        assert not after[name].kept and after[name].state == "succeeded"
+    assert len(items_of(w)["a"]) == 1  # a ran once over both attempts
+    assert len(steps(w, attempt=1)) == len(before)  # the first attempt's history is kept
+
+
+def test_start_inside_a_rolled_back_transaction_writes_nothing():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        services.start("wf_diamond")
+        raise RuntimeError("roll back")
+    assert not Workflow.objects.exists() and not QueueItem.objects.exists()
+
+
+def test_cancel_stops_a_running_task_and_cancels_the_rest(workers):
+    from queue_app.workflows.definition import Graph
+
+    workers(n=1)
+    g = Graph("t")
+    s = g.task("wf.slow", {"seconds": 30}, name="slow")
+    g.task("wf.add", name="after", after=[s])
+    w = services.start_graph(g, started_by="test")
+    wait_for(
+        lambda: QueueItem.objects.filter(workflow_step_id__isnull=False, state=ItemState.RESERVED).exists(),
+        30,
+        what="the slow step to start",
+    )
+    assert services.cancel(w.id, actor="test")
+    w = finished(w.id)
+    assert w.state == "cancelled"
+    st = steps(w)
+    assert st["slow"].state == "cancelled" and st["after"].state == "cancelled"
+
+
+def _nothing_written() -> None:
+    assert not Workflow.objects.exists() and not WorkflowStep.objects.exists() and not QueueItem.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda g: g.task("wf.add", name="a", after=["b"]) and g.task("wf.add", name="b", after=["a"]), "cycle"),
+        (lambda g: g.task("no.such.task"), "unknown task 'no.such.task'"),
+        (lambda g: g.spark("no_such_job"), "unknown Spark job 'no_such_job'"),
+        (lambda g: g.spark("demo_sleep", {"tasks": "many"}), "tasks"),
+        (lambda g: g.task("wf.add", name="a", after=["ghost"]), "unknown step 'ghost'"),
+        (lambda g: g.task("wf.add", name="a") and g.task("wf.add", name="a"), "defined twice"),
+        (lambda g: g.task("wf.add", {"x": float("nan")}), "payload"),
+        (lambda g: g.task("wf.add", compensate="no.such.undo"), "unknown task 'no.such.undo'"),
+        (lambda g: g.task("queue_app.probe_at_most_once"), "at-most-once"),
+        (lambda g: g.task("wf.add", on_failure="explode"), "on_failure"),
+    ],
+)
+def test_a_bad_definition_is_refused_with_a_clear_error_and_writes_nothing(build, message):
+    from queue_app.workflows import workflow
+    from queue_app.workflows.definition import WorkflowDefinitionError, _registry
+
+    workflow("wf_bad")(lambda wf, params: build(wf))
+    try:
+        with pytest.raises(WorkflowDefinitionError, match=message):
+            services.start("wf_bad")
+    finally:
+        _registry.pop("wf_bad")
+    _nothing_written()
+
+
+def test_a_dependency_on_another_workflows_step_is_refused():
+    from queue_app.workflows.definition import Graph, WorkflowDefinitionError
+
+    other = Graph("other").task("wf.add", name="x")
+    with pytest.raises(WorkflowDefinitionError, match="another workflow"):
+        Graph("mine").task("wf.add", name="y", after=[other])
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "message"),
+    [
+        ("wf_fan", {"n": "lots"}, "n: "),
+        ("wf_fan", {"n": 0}, "must be >= 1"),
+        ("wf_fan", {"m": 3}, "unknown parameter"),
+        ("no_such_workflow", {}, "unknown workflow"),
+    ],
+)
+def test_bad_params_or_name_are_refused_and_write_nothing(name, params, message):
+    from queue_app.workflows import WorkflowError
+
+    with pytest.raises(WorkflowError, match=message):
+        services.start(name, params)
+    _nothing_written()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"start": "2026-01-05", "end": "2026-01-01"}, "from 2026-01-05 is after to 2026-01-01"),
+        ({"start": "2020-01-01", "end": "2026-01-01"}, "pass --force"),
+        ({"start": "2026-01-01", "end": "2026-01-02", "concurrency": 0}, "concurrency"),
+        ({"start": "yesterday", "end": "2026-01-02"}, "YYYY-MM-DD"),
+        ({"start": "2026-01-01", "end": "2026-01-02", "params": {"day": "2026-01-01"}}, "partition"),
+    ],
+)
+def test_a_bad_backfill_is_refused_and_writes_nothing(kwargs, message):
+    from queue_app.workflows import WorkflowError
+
+    with pytest.raises(WorkflowError, match=message):
+        services.backfill("wf.add", **kwargs)
+    _nothing_written()
+
+
+def test_backfill_with_concurrency_2_never_has_more_than_2_partitions_running(workers):
+    workers(n=2, concurrency=4)
+    w = services.backfill("wf.add", "2026-01-01", "2026-01-08", params={"sleep": 0.3}, concurrency=2)
+    w = finished(w.id, timeout=90)
+    assert w.state == "succeeded"
+    s = sorted(steps(w).values(), key=lambda st: st.name)
+    assert [st.name for st in s] == [f"2026-01-0{d}" for d in range(1, 9)]
+    spans = []
+    for st in s:
+        item = QueueItem.objects.get(id=st.item_id)
+        started = Reservation.objects.filter(item_id=item.id).order_by("id").first().reserved_at
+        spans.append((started, item.finished_at))
+    for started, _ in spans:  # at every start, how many partitions were running
+        running = sum(1 for a, b in spans if a <= started < b)
+        assert running <= 2
+    assert max(sum(1 for a, b in spans if a <= s0 < b) for s0, _ in spans) == 2  # and it did use both lanes
+
+
+def test_batch_calls_on_done_once_when_all_are_done(workers):
+    workers()
+    w = services.batch("wf.add", [{"x": i} for i in range(20)], on_done="wf.undo", callback_payload={"step": "b"})
+    w = finished(w.id)
+    assert w.state == "succeeded"
+    done = wait_for(lambda: list(QueueItem.objects.filter(task="wf.undo", state="done")), 20, what="on_done")
+    assert len(done) == 1 and done[0].payload["workflow_id"] == w.id
+
+
+def test_batch_calls_on_dead_once_when_the_first_item_dies(workers):
+    workers()
+    w = services.batch(
+        "wf.until_fixed", [{}, {}, {}], on_done="wf.add", on_dead="wf.undo", callback_payload={"step": "d"}
+    )
+    w = finished(w.id)
+    assert w.state == "failed"
+    assert all(st.state == "failed" for st in steps(w).values())  # every item ran: one dying stops none
+    dead_cb = wait_for(lambda: list(QueueItem.objects.filter(task="wf.undo", state="done")), 20, what="on_dead")
+    assert len(dead_cb) == 1
+    assert not QueueItem.objects.filter(task="wf.add").exists()  # on_done never ran
+
+
+def test_a_workflows_end_enqueues_the_finished_hook_which_sends_the_signal(workers):
+    from queue_app.workflows.signals import workflow_finished
+
+    workers()
+    w = finished(services.start("wf_diamond").id)
+    hook = wait_for(
+        lambda: QueueItem.objects.filter(task="queue_app.workflow_finished", state="done").first(),
+        20,
+        what="the workflow_finished item to run",
+    )
+    assert hook.payload == {"workflow_id": w.id, "state": "succeeded"}
+    assert QueueItem.objects.filter(task="queue_app.workflow_finished").count() == 1  # once per end
+    heard = []
+
+    def receiver(sender, workflow, state, **kwargs):
+        heard.append((workflow.id, state))
+
+    workflow_finished.connect(receiver)
+    try:
+        from queue_app.registry import Context, Delivery
+        from queue_app.workflows.tasks import finished as hook_task
+
+        ctx = Context(hook.id, 0, 1, 1, hook.task, hook.queue_id, Delivery.AT_LEAST_ONCE, "test")
+        hook_task(hook.payload, ctx)
+    finally:
+        workflow_finished.disconnect(receiver)
+    assert heard == [(w.id, "succeeded")]
+
+
+def test_backfill_of_a_workflow_with_a_fan_out_keeps_each_days_fan_out_to_its_day(workers):
+    workers()
+    w = finished(services.backfill("wf_daily", "2026-03-01", "2026-03-03", concurrency=2).id)
+    assert w.state == "succeeded", w.error
+    s = steps(w)
+    assert len(s) == 3 * (2 + 3)
+    for day in ("2026-03-01", "2026-03-02", "2026-03-03"):
+        assert s[f"{day} sum"].result == 0 + 1 + 2  # its own day's three parts, no other day's
+        assert {n for n in s if n.startswith(f"{day} part[")} == {f"{day} part[{i}]" for i in range(3)}
+        assert {st.group for n, st in s.items() if n.startswith(day)} == {day}  # one partition in the grid
