@@ -428,3 +428,20 @@ def test_receiver_helper_accepts_a_signed_event_once_and_refuses_replays_forgeri
     assert post(body, stale) == 401
     assert post(body, {**good, "webhook-timestamp": "soon"}) == 400
     assert len(seen) == 1
+
+
+def test_a_workflows_end_raises_workflow_finished_or_failed_once(receiver):
+    from queue_app.workflows import services as workflows
+    from tests import workflow_tasks  # noqa: F401  (registers wf_diamond and wf_fails)
+
+    endpoint(receiver.url, "workflow.finished", "workflow.failed")
+    ok = workflows.start("wf_diamond", started_by="test").id
+    bad = workflows.start("wf_fails", started_by="test").id
+    run_worker()
+    events = {e["data"]["workflow_id"]: e for e in events_received(receiver, 2)}
+    assert {wid: (e["type"], e["data"]["state"]) for wid, e in events.items()} == {
+        ok: ("workflow.finished", "succeeded"),
+        bad: ("workflow.failed", "failed"),
+    }
+    assert events[ok]["data"]["name"] == "wf_diamond" and events[ok]["data"]["started_by"] == "test"
+    assert WebhookDelivery.objects.filter(event_type__startswith="workflow.").count() == 2
