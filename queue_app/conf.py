@@ -25,6 +25,12 @@ DEFAULTS: dict[str, Any] = {
     # The engine's statements are prepared on the server once per connection (see engine/db.py). Turn off
     # behind a connection pooler that cannot carry prepared statements.
     "PREPARED_STATEMENTS": True,
+    # Modules that register Spark jobs when imported (besides every app's `spark_jobs` module).
+    "SPARK_JOB_MODULES": ("queue_app.spark.pipelines", "queue_app.spark.scripts"),
+    # Directories existing PySpark scripts may be run from (besides JOBSITE_SPARK_SCRIPT_ROOTS, colon-separated).
+    "SPARK_SCRIPT_ROOTS": (),
+    # Scripts registered by settings: {name: {"path": ..., "args": [...], "params": [{...}], "conf": {...}, ...}}.
+    "SPARK_SCRIPTS": {},
 }
 
 

@@ -281,6 +281,8 @@ def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Con
             state = SparkRunState.QUEUED if retried else SparkRunState.FAILED
         else:
             state = SparkRunState.CANCELLED if outcome != "timed_out" else SparkRunState.TIMED_OUT
+        if state == SparkRunState.CANCELLED:
+            services.settle_cancelled_run_item(ctx.item_id, ctx.reservation_id, result.error or "cancelled")
         row.state = state
         row.metrics = dict(result.metrics) if outcome == "succeeded" else row.metrics
         row.progress = dict(result.progress or reporter.progress or row.progress or {})

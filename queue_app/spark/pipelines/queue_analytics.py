@@ -28,8 +28,9 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from queue_app.spark.db import READERS, read_postgres
+from queue_app.spark.db import READERS, missing_jar_message, read_postgres
 from queue_app.spark.registry import JobResult, Param, spark_job
+from queue_app.spark.session import jdbc_jar
 
 TABLE = "queue_app_queuestats_hourly"
 
@@ -117,10 +118,15 @@ def queue_list(params: Mapping[str, Any]) -> list[str]:
 
 
 def _check(params: Mapping[str, Any]) -> dict[str, str]:
+    errors = {}
     since, until = window(params)
     if until <= since:
-        return {"until": f"must be after since ({since.date()}); until is exclusive"}
-    return {}
+        errors["until"] = f"must be after since ({since.date()}); until is exclusive"
+    # Checked where the run is triggered and again by the launcher before the JVM starts: a run that cannot
+    # load the driver fails at once with this message and is not retried (reader=auto falls back instead).
+    if params.get("reader") == "jdbc" and jdbc_jar() is None:
+        errors["reader"] = f"{missing_jar_message()}; reader=auto reads through psycopg instead"
+    return errors
 
 
 def ensure_tables() -> None:
