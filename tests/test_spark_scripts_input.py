@@ -176,3 +176,46 @@ def test_example_scripts_know_nothing_of_jobsite():
         text = script.read_text()
         assert "jobsite" not in text and "queue_app" not in text and "django" not in text, script
     assert json.loads(json.dumps(os.fspath(SCRIPTS)))
+
+
+def _form(**fields):
+    data = {
+        "name": "pi",
+        "description": "",
+        "enabled": "on",
+        "path": "",
+        "args": "[]",
+        "params": "[]",
+        "py_files": "[]",
+        "conf": "{}",
+        "env": "{}",
+        "driver_memory": "",
+        "executor_memory": "",
+        "driver_cores": "",
+        "executor_cores": "",
+    }
+    return {**data, **fields}
+
+
+@pytest.mark.django_db
+def test_admin_user_with_permission_registers_a_script_and_the_change_is_logged(roots, client, django_user_model):
+    from django.contrib.admin.models import LogEntry
+    from django.contrib.auth.models import Permission
+
+    user = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
+    client.force_login(user)
+    url = "/admin/queue_app/sparkscript/add/"
+    assert client.post(url, _form(path=str(roots / "ok.py"))).status_code == 403  # no add permission
+    user.user_permissions.add(*Permission.objects.filter(codename__in=["add_sparkscript", "view_sparkscript"]))
+
+    refused = client.post(url, _form(path=str(roots / "link.py"), args='["{x}"]'))
+    assert refused.status_code == 200 and not SparkScript.objects.exists()
+    assert "outside the allowed script roots" in refused.content.decode()
+
+    created = client.post(
+        url, _form(path=str(roots / "ok.py"), args='["{n}"]', params='[{"name": "n", "type": "int"}]')
+    )
+    assert created.status_code == 302, created.content.decode()[:2000]
+    row = SparkScript.objects.get(name="pi")
+    assert row.updated_by == "ops" and get_job("pi").script.args == ("{n}",)
+    assert LogEntry.objects.filter(object_id=str(row.pk), user=user).exists()

@@ -21,4 +21,5 @@ admin.site.register(DeadLetter, DeadLetterAdmin)
 admin.site.register(Queue, QueueAdmin)
 admin.site.register(Worker, WorkerAdmin)
 from . import spark as _spark  # noqa: E402, F401  registers the Spark dashboard (SparkRun)
+from . import spark_scripts as _spark_scripts  # noqa: E402, F401  registers SparkScript
 from .schedules import ScheduleAdmin  # noqa: E402, F401  registers Schedule (with its fires inline)

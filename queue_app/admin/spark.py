@@ -29,7 +29,7 @@ from django.views.decorators.http import require_POST
 
 from ..models import SPARK_FINAL_STATES as SPARK_FINAL
 from ..models import QueueStatsHourly, SparkRun, SparkRunState
-from ..spark import all_jobs, get_job
+from ..spark import all_jobs, eventlog, get_job
 from ..spark.forms import SparkRunForm
 from ..spark.registry import SparkParamError, UnknownSparkJob
 from ..spark.runs import cancel_run, rerun, trigger_run
@@ -321,6 +321,7 @@ class SparkRunAdmin(ReadOnlyAdmin):
             "may_cancel": self.has_cancel_permission(request),
             "cancellable": run.state not in SPARK_FINAL and run.state != SparkRunState.CANCELLING,
             "refresh_seconds": LIVE_SECONDS,
+            "event_log": eventlog.log_for(run.id, run.app_id) if run.app_id else None,
         }
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):

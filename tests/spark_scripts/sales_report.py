@@ -1,6 +1,6 @@
 """A DataFrame/SQL program: read a CSV of sales, total them per region with SQL, write Parquet.
 
-    sales_report.py <input.csv> <output_dir>
+sales_report.py <input.csv> <output_dir>
 """
 
 import sys
