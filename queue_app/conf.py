@@ -31,6 +31,10 @@ DEFAULTS: dict[str, Any] = {
     "SPARK_SCRIPT_ROOTS": (),
     # Scripts registered by settings: {name: {"path": ..., "args": [...], "params": [{...}], "conf": {...}, ...}}.
     "SPARK_SCRIPTS": {},
+    # Per-job run policies by job name, over what the job declares (queue_app/spark/policy.py).
+    "SPARK_JOB_POLICIES": {},
+    # Named Spark resource profiles a policy can pick, besides the built-in small, medium and large.
+    "SPARK_RESOURCE_PROFILES": {},
 }
 
 

@@ -478,6 +478,12 @@ class SparkScript(models.Model):
     executor_memory = models.CharField(max_length=12, blank=True, default="", help_text="e.g. 2g")
     driver_cores = models.PositiveSmallIntegerField(null=True, blank=True)
     executor_cores = models.PositiveSmallIntegerField(null=True, blank=True)
+    policy = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Run policy: {"max_concurrent": 1, "attempts": 3, "retry_on": ["failed"], "timeout": 600, '
+        '"resource_profile": "small", "priority": 0, "keep_days": 30}.',
+    )
     updated_at = models.DateTimeField(auto_now=True)
     updated_by = models.CharField(max_length=150, blank=True, default="")
 
@@ -505,4 +511,5 @@ class SparkScript(models.Model):
             executor_cores=self.executor_cores,
             description=self.description,
             source="admin",
+            policy=self.policy or None,
         )

@@ -32,7 +32,7 @@ from ..models import QueueStatsHourly, SparkRun, SparkRunState
 from ..spark import all_jobs, eventlog, get_job
 from ..spark.forms import SparkRunForm
 from ..spark.registry import SparkParamError, UnknownSparkJob
-from ..spark.runs import cancel_run, rerun, trigger_run
+from ..spark.runs import cancel_run, rerun, trigger_run, waiting_for
 from .actions import Operation, ReadOnlyAdmin
 from .display import shorten
 from .overview import CHART_HEIGHT, CHART_WIDTH, age
@@ -322,6 +322,7 @@ class SparkRunAdmin(ReadOnlyAdmin):
             "cancellable": run.state not in SPARK_FINAL and run.state != SparkRunState.CANCELLING,
             "refresh_seconds": LIVE_SECONDS,
             "event_log": eventlog.log_for(run.id, run.app_id) if run.app_id else None,
+            "waiting_for": waiting_for(run),
         }
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):

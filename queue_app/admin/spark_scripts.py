@@ -33,12 +33,16 @@ class SparkScriptForm(forms.ModelForm):
             "executor_memory",
             "driver_cores",
             "executor_cores",
+            "policy",
         )
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
         if self.errors:
             return cleaned
+        for name, empty in (("py_files", []), ("args", []), ("params", []), ("conf", {}), ("env", {}), ("policy", {})):
+            if cleaned.get(name) is None:  # a blank JSON field
+                cleaned[name] = empty
         row = self.instance
         for name, value in cleaned.items():
             setattr(row, name, value)
@@ -71,6 +75,7 @@ class SparkScriptAdmin(admin.ModelAdmin):
                 )
             },
         ),
+        ("Policy", {"fields": ("policy",)}),
         ("Changes", {"fields": ("updated_at", "updated_by")}),
     )
 

@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from queue_app.spark import eventlog, protocol, session, statusapi
 from queue_app.spark.java import JavaNotFound, check_java
+from queue_app.spark.policy import policy_for
 from queue_app.spark.registry import SparkJobError, get_job
 from queue_app.spark.scripts import BoundScript
 
@@ -152,7 +153,7 @@ def launch(
     master = master or session.spark_master()
     workdir = tempfile.mkdtemp(prefix=f"{session.job_group(run_id)}-")
     output_file = os.path.join(workdir, "result.json")
-    run_conf = {**spark_job.conf, **(conf or {}), **eventlog.conf(run_id)}
+    run_conf = {**policy_for(spark_job).conf(), **spark_job.conf, **(conf or {}), **eventlog.conf(run_id)}
     child_env = dict(env or {})
     poller = None
     if script is None:

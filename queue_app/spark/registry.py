@@ -195,6 +195,7 @@ class SparkJob:
     check: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None
     script: Any = None  # a scripts.ScriptSpec: an existing PySpark application spark-submit runs by path
     source: str = "code"  # where it was registered: code, settings or admin
+    policy: Any = None  # a policy.SparkPolicy: concurrency, retries, timeout, resources, priority, retention
 
     def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(raw, Mapping):
@@ -240,6 +241,7 @@ def spark_job(
     conf: Mapping[str, str] | None = None,
     publish: Callable[[Any, int | str], Any] | None = None,
     check: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None,
+    policy: Any = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register `func(spark, params) -> dict | JobResult` as the Spark job `name`."""
     params = tuple(params)
@@ -257,6 +259,7 @@ def spark_job(
                 conf=dict(conf or {}),
                 publish=publish,
                 check=check,
+                policy=policy,
             )
         )
         return func

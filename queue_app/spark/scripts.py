@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queue_app.conf import queue_settings
+from queue_app.spark.policy import PolicyError, SparkPolicy
 from queue_app.spark.registry import JobSource, Param, SparkJob, SparkJobError, SparkParamError, add_source, register
 
 ROOTS_ENV = "JOBSITE_SPARK_SCRIPT_ROOTS"
@@ -272,6 +273,7 @@ def script_job(
     executor_cores: int | None = None,
     description: str = "",
     source: str = "code",
+    policy: SparkPolicy | Mapping[str, Any] | None = None,
 ) -> SparkJob:
     """A SparkJob that runs the script at `path`; ScriptError (a ValueError) on any bad part of the declaration.
     The paths are checked against the roots when a run is triggered (its validation) and again at launch, not
@@ -313,7 +315,15 @@ def script_job(
         check=check,
         script=spec,
         source=source,
+        policy=policy if isinstance(policy, SparkPolicy) or policy is None else _policy(policy),
     )
+
+
+def _policy(raw: Any) -> SparkPolicy:
+    try:
+        return SparkPolicy.from_mapping(raw)
+    except (PolicyError, TypeError) as exc:
+        raise ScriptError(f"policy: {exc}") from None
 
 
 def register_script(name: str, **options: Any) -> SparkJob:
@@ -406,6 +416,7 @@ def check_stored(row: Any) -> dict[str, str]:
         "executor_memory": lambda: _memory("executor memory", row.executor_memory),
         "params": lambda: [param_from_dict(p) for p in _list(row.params, "params")],
         "args": lambda: check_args(_list(row.args, "args")),
+        "policy": lambda: _policy(row.policy or {}),
     }
     for name, check in checks.items():
         try:

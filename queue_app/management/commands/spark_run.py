@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from queue_app.models import SparkRun
 from queue_app.spark import SparkParamError, UnknownSparkJob, all_jobs
 from queue_app.spark.protocol import COUNTED
-from queue_app.spark.runs import trigger_run
+from queue_app.spark.runs import trigger_run, waiting_for
 from queue_app.spark.scripts import ADHOC_JOB
 
 
@@ -52,6 +52,8 @@ def run_summary(run: SparkRun) -> dict:
 def progress_line(run: SparkRun) -> str:
     p = run.progress or {}
     parts = [f"run {run.id} {run.state}"]
+    if (ahead := waiting_for(run)) is not None:
+        parts.append(f"waiting for run {ahead.id} (the job's concurrency limit)")
     if run.attempt > 1:
         parts.append(f"attempt {run.attempt}")
     for kind in ("jobs", "stages", "tasks"):
