@@ -448,6 +448,8 @@ class QueueStatsHourly(models.Model):
     run_p99 = models.FloatField(null=True)
     computed_at = models.DateTimeField(db_default=Now())
     run_id = models.BigIntegerField(null=True)
+    # The as-of time of an incremental run (attempts settled before it); NULL for a fixed-window run.
+    as_of = models.DateTimeField(null=True)
 
     class Meta:
         db_table = "queue_app_queuestats_hourly"
@@ -513,3 +515,18 @@ class SparkScript(models.Model):
             source="admin",
             policy=self.policy or None,
         )
+
+
+class SparkWatermark(models.Model):
+    """How far an incremental Spark pipeline got: advanced in the transaction that marks its run succeeded, never
+    moved back (a re-run of an older window leaves it). `value` is the pipeline's own position (queue_analytics:
+    the lowest reservation id not settled as of `as_of`; everything before it is counted)."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    value = models.BigIntegerField()
+    as_of = models.DateTimeField()
+    run_id = models.BigIntegerField(null=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} @ {self.value} ({self.as_of:%Y-%m-%d %H:%M:%S})"

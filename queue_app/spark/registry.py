@@ -196,6 +196,9 @@ class SparkJob:
     script: Any = None  # a scripts.ScriptSpec: an existing PySpark application spark-submit runs by path
     source: str = "code"  # where it was registered: code, settings or admin
     policy: Any = None  # a policy.SparkPolicy: concurrency, retries, timeout, resources, priority, retention
+    # Called by trigger_run() on the validated values before they are stored: fills what is fixed when the run
+    # is triggered (an incremental pipeline's window), so a re-run of the run computes exactly the same.
+    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(raw, Mapping):
@@ -242,6 +245,7 @@ def spark_job(
     publish: Callable[[Any, int | str], Any] | None = None,
     check: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None,
     policy: Any = None,
+    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register `func(spark, params) -> dict | JobResult` as the Spark job `name`."""
     params = tuple(params)
@@ -260,6 +264,7 @@ def spark_job(
                 publish=publish,
                 check=check,
                 policy=policy,
+                prepare=prepare,
             )
         )
         return func

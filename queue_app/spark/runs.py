@@ -101,6 +101,8 @@ def trigger_run(
     """
     spark_job = get_job(job)
     values = spark_job.validate(params or {})
+    if spark_job.prepare is not None:
+        values = spark_job.validate(spark_job.dump_params(spark_job.prepare(values)))
     policy = policy_for(spark_job)
     seconds = check_timeout(job, timeout if timeout not in (None, "") else policy.timeout)
     trigger = SparkTrigger(trigger).value
