@@ -38,8 +38,8 @@ spark.stop()
 SEED_ITEMS = """
 INSERT INTO queue_app_queueitem (task, payload, state, priority, run_at, visible_at, attempts, max_attempts, error,
                                  created_at, updated_at, queue_id, finished_at)
-SELECT 'bench.task' || (g % 3), '{}'::jsonb, 'done', 0, t, t, 1, 5, '', t, t, %(queue)s, t + interval '2 seconds'
-FROM (SELECT g, %(start)s::timestamptz + g * %(step)s * interval '1 microsecond' AS t
+SELECT 'bench.task' || (g %% 3), '{}'::jsonb, 'done', 0, t, t, 1, 5, '', t, t, %(queue)s, t + interval '2 seconds'
+FROM (SELECT g, %(start)s::timestamptz + g * %(step)s::float8 * interval '1 second' AS t
       FROM generate_series(1, %(n)s) g ORDER BY g) s
 """
 SEED_RESERVATIONS = """
@@ -69,7 +69,7 @@ def seed(n: int, start: dt.datetime, span: dt.timedelta) -> None:
     with connection.cursor() as cur:
         cur.execute("SELECT coalesce(max(id), 0) FROM queue_app_queueitem")
         after = cur.fetchone()[0]
-        step = int(span.total_seconds() * 1e6 / n)
+        step = span.total_seconds() / n
         cur.execute(SEED_ITEMS, {"queue": QUEUE, "start": start, "step": step, "n": n})
         cur.execute(SEED_RESERVATIONS, {"queue": QUEUE, "after": after})
         cur.execute(LINK, {"queue": QUEUE, "after": after})
@@ -121,6 +121,7 @@ def analytics(history: int, new: int, partitions: int, out: Callable[[str], None
     from queue_app.spark.registry import get_job
     from queue_app.spark.session import run_conf
 
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Python workers run this interpreter
     job = get_job("queue_analytics")
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     cleanup()
