@@ -14,9 +14,20 @@ STYLE = """() => { const e = document.querySelector('.breadcrumbs'); const s = g
 
 
 def test_spark_pages_have_the_stock_admin_breadcrumbs_and_a_failure_at_the_top(live_server, admin_user, browser_page):  # noqa: F811
+    import datetime as dt
+
+    from django.utils import timezone
+
     from queue_app.models import SparkRun
 
-    run = SparkRun.objects.create(job="demo_sleep", state="failed", error="RuntimeError: demo_sleep failed on purpose")
+    end = timezone.now()
+    run = SparkRun.objects.create(
+        job="demo_sleep",
+        state="failed",
+        error="RuntimeError: demo_sleep failed on purpose",
+        started_at=end - dt.timedelta(seconds=42),
+        finished_at=end,
+    )
     page = browser_page()
     base = live_server.url
     page.goto(f"{base}/admin/login/?next=/admin/queue_app/queueitem/")
@@ -38,3 +49,38 @@ def test_spark_pages_have_the_stock_admin_breadcrumbs_and_a_failure_at_the_top(l
     assert failure.inner_text() == "Failed: RuntimeError: demo_sleep failed on purpose"
     top = page.evaluate("() => document.querySelector('#run-failure').getBoundingClientRect().top")
     assert top < page.evaluate("() => document.querySelector('table.bars').getBoundingClientRect().top")
+
+
+def test_the_charts_have_units_hover_values_a_time_range_and_click_through_to_a_run(
+    live_server,
+    admin_user,
+    browser_page,  # noqa: F811
+):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from queue_app.models import SparkRun
+
+    end = timezone.now()
+    run = SparkRun.objects.create(
+        job="demo_sleep", state="succeeded", started_at=end - dt.timedelta(seconds=42), finished_at=end
+    )
+    page = browser_page()
+    base = live_server.url
+    page.goto(f"{base}/admin/login/?next=/admin/queue_app/sparkrun/charts/")
+    page.fill("#id_username", admin_user.username)
+    page.fill("#id_password", "password")
+    page.click("input[type=submit]")
+    point = page.wait_for_selector("#chart-durations .scatterlayer .point")
+    assert "duration (s)" in page.locator("#chart-durations .ytitle").text_content()
+    assert "time (UTC)" in page.locator("#chart-durations .xtitle").text_content()
+    assert page.locator("#chart-durations .rangeselector .button").count() == 4  # 1h 1d 7d all
+    box = point.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)
+    hover = page.wait_for_selector("#chart-durations .hoverlayer .hovertext")
+    text = hover.text_content()
+    assert f"run #{run.id} succeeded" in text and "42.0 s" in text
+    page.mouse.click(x, y)
+    page.wait_for_url(f"**/admin/queue_app/sparkrun/{run.id}/change/")
