@@ -182,8 +182,9 @@ def test_charts_draw_durations_per_job_and_the_queue_analytics(spark_client):
     assert list(bars["processed"]) == [14, 13, 12, 11, 10 + 1] and list(bars["failed"]) == [4, 3, 2, 1, 0]
     assert [t["name"] for t in p95["data"]] == ["wait p95", "run p95"]
     html = page.content.decode()
-    assert url("plotly_js") in html and "cdn" not in html.lower()
-    js = client.get(url("plotly_js"))
+    plotly_js = reverse("admin:queue_app_queue_plotly_js")
+    assert plotly_js in html and "cdn" not in html.lower()
+    js = client.get(plotly_js)
     assert js.status_code == 200 and js["Content-Type"] == "text/javascript"
 
 

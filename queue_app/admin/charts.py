@@ -49,7 +49,7 @@ def _layout(title: str, y_title: str, *, time_axis: bool = True, **extra: Any) -
         "title": {"text": title, "font": {"size": 14}},
         "xaxis": xaxis,
         "yaxis": {"title": {"text": y_title}, "rangemode": "tozero"},
-        "height": 360,
+        "height": extra.pop("height", 360),
         "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
         "hovermode": "closest",
         "legend": {"orientation": "h", "y": -0.35},
@@ -159,3 +159,32 @@ def stats_figures(hours: dict[datetime, dict[str, Any]], queue: str) -> list[dic
         _figure(counts, _layout(f"Attempts per hour in {queue}", "attempts per hour", barmode="stack")),
         _figure(lines, _layout(f"p95 per hour in {queue} (highest of its tasks)", "seconds")),
     ]
+
+
+def throughput_figure(snap: Any, items_url: str) -> dict[str, Any]:
+    """The queue overview's attempts per minute over its window (completed and failed, stacked); a click opens
+    the items list (completed: done items; failed: dead ones)."""
+    import plotly.graph_objects as go
+
+    minutes = snap.window_minutes
+    start = snap.taken_at.replace(second=0, microsecond=0) - timedelta(minutes=minutes - 1)
+    xs = [start + timedelta(minutes=i, seconds=30) for i in range(minutes)]
+    traces = [
+        go.Bar(
+            name=name,
+            x=xs,
+            y=list(values),
+            marker={"color": color},
+            width=50_000,
+            customdata=[[f"{items_url}?{urlencode({'state__exact': state})}"]] * minutes,
+            hovertemplate=f"%{{x|%H:%M}} UTC: %{{y}} {name}<extra></extra>",
+        )
+        for name, values, color, state in (
+            ("completed", snap.processed_per_minute, STATE_COLORS["succeeded"], "done"),
+            ("failed", snap.failed_per_minute, STATE_COLORS["failed"], "dead"),
+        )
+    ]
+    layout = _layout("", "attempts per minute", time_axis=False, barmode="stack", height=220)
+    layout["xaxis"]["rangeslider"] = {"visible": True, "thickness": 0.1}
+    layout["margin"] = {"l": 60, "r": 20, "t": 10, "b": 30}
+    return _figure(traces, layout)

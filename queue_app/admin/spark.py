@@ -198,7 +198,6 @@ class SparkRunAdmin(ReadOnlyAdmin):
         return [
             path("trigger/", view(self.trigger_view), name=self.url_name("trigger")),
             path("charts/", view(self.charts_view), name=self.url_name("charts")),
-            path("charts/plotly.min.js", view(charts.plotly_js), name=self.url_name("plotly_js")),
             path("live/", view(self.list_live_view), name=self.url_name("list_live")),
             path("<int:run_id>/live/", view(self.live_view), name=self.url_name("live")),
             path("<int:run_id>/cancel/", view(require_POST(self.cancel_view)), name=self.url_name("cancel")),
@@ -359,7 +358,7 @@ class SparkRunAdmin(ReadOnlyAdmin):
             "Spark charts",
             figures=[(name, f"figure-{name}", figure) for name, figure in figures.items() if figure],
             stats=stats_hours(request.GET.get("queue")),
-            plotly_js_url=self.reverse("plotly_js"),
+            plotly_js_url=reverse("admin:queue_app_queue_plotly_js"),
         )
         return TemplateResponse(request, TEMPLATES + "charts.html", context)
 
