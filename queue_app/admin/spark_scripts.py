@@ -13,7 +13,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from ..models import SparkScript
-from ..spark.scripts import allowed_roots, check_stored, save_script
+from ..spark.scripts import allowed_roots, check_stored, delete_script, save_script
 
 
 class SparkScriptForm(forms.ModelForm):
@@ -86,5 +86,14 @@ class SparkScriptAdmin(admin.ModelAdmin):
             return format_html("<strong>{}</strong>", "none: set JOBSITE_SPARK_SCRIPT_ROOTS")
         return ", ".join(roots)
 
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        # One script at a time, from its page (delete_sparkscript, a confirmation page): no bulk delete.
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
     def save_model(self, request: HttpRequest, obj: SparkScript, form: Any, change: bool) -> None:
         save_script(obj, actor=request.user.get_username())
+
+    def delete_model(self, request: HttpRequest, obj: SparkScript) -> None:
+        delete_script(obj, actor=request.user.get_username())

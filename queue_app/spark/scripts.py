@@ -19,6 +19,7 @@ come from the driver's status REST API and its event log (launcher.py, eventlog.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,6 +30,7 @@ from queue_app.conf import queue_settings
 from queue_app.spark.policy import PolicyError, SparkPolicy
 from queue_app.spark.registry import JobSource, Param, SparkJob, SparkJobError, SparkParamError, add_source, register
 
+logger = logging.getLogger("jobsite.spark")
 ROOTS_ENV = "JOBSITE_SPARK_SCRIPT_ROOTS"
 ADHOC_JOB = "script"
 MAX_ARGS = 200
@@ -452,6 +454,12 @@ def save_script(row: Any, *, actor: str) -> Any:
     row.updated_by = (actor or "")[:150]
     row.save()
     return row
+
+
+def delete_script(row: Any, *, actor: str) -> None:
+    """Delete a stored SparkScript (its runs stay, with their job name; a re-run says the job is gone)."""
+    logger.info("spark script %s deleted by %s", row.name, actor or "?")
+    row.delete()
 
 
 _register_settings_scripts()
