@@ -72,7 +72,7 @@ def test_the_charts_have_units_hover_values_a_time_range_and_click_through_to_a_
     page.fill("#id_username", admin_user.username)
     page.fill("#id_password", "password")
     page.click("input[type=submit]")
-    point = page.wait_for_selector("#chart-durations .scatterlayer .point")
+    point = page.wait_for_selector("#chart-durations .cartesianlayer .scatterlayer .point")
     assert "duration (s)" in page.locator("#chart-durations .ytitle").text_content()
     assert "time (UTC)" in page.locator("#chart-durations .xtitle").text_content()
     assert page.locator("#chart-durations .rangeselector .button").count() == 4  # 1h 1d 7d all
