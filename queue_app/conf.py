@@ -31,6 +31,16 @@ DEFAULTS: dict[str, Any] = {
     "WEBHOOKS_DISABLE_AFTER_DAYS": 5.0,
     "WEBHOOKS_CONNECT_TIMEOUT": 5.0,
     "WEBHOOKS_READ_TIMEOUT": 15.0,
+    # Modules that register Spark jobs when imported (besides every app's `spark_jobs` module).
+    "SPARK_JOB_MODULES": ("queue_app.spark.pipelines", "queue_app.spark.scripts"),
+    # Directories existing PySpark scripts may be run from (besides JOBSITE_SPARK_SCRIPT_ROOTS, colon-separated).
+    "SPARK_SCRIPT_ROOTS": (),
+    # Scripts registered by settings: {name: {"path": ..., "args": [...], "params": [{...}], "conf": {...}, ...}}.
+    "SPARK_SCRIPTS": {},
+    # Per-job run policies by job name, over what the job declares (queue_app/spark/policy.py).
+    "SPARK_JOB_POLICIES": {},
+    # Named Spark resource profiles a policy can pick, besides the built-in small, medium and large.
+    "SPARK_RESOURCE_PROFILES": {},
 }
 
 

@@ -15,11 +15,14 @@ PRUNE_ROUNDS = 100  # at most a million done items per run; the next fire takes 
 
 @job("queue_app.prune", hard_timeout=300.0)
 def prune(payload: Any, ctx: Context) -> dict[str, int]:
-    """Delete done items past their queue's retention (in batches) and expired dedup claims."""
+    """Delete done items past their queue's retention (in batches), expired dedup claims, and Spark runs past
+    their job's history retention (policy keep_days) with their event logs."""
+    from .spark.runs import prune_runs
+
     pruned = 0
     for _ in range(PRUNE_ROUNDS):
         batch = engine.prune_done(PRUNE_BATCH)
         pruned += batch
         if batch < PRUNE_BATCH:
             break
-    return {"pruned": pruned, "dedup_claims": engine.prune_dedup_claims()}
+    return {"pruned": pruned, "dedup_claims": engine.prune_dedup_claims(), "spark_runs": prune_runs()}

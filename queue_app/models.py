@@ -506,6 +506,8 @@ class QueueStatsHourly(models.Model):
     run_p99 = models.FloatField(null=True)
     computed_at = models.DateTimeField(db_default=Now())
     run_id = models.BigIntegerField(null=True)
+    # The as-of time of an incremental run (attempts settled before it); NULL for a fixed-window run.
+    as_of = models.DateTimeField(null=True)
 
     class Meta:
         db_table = "queue_app_queuestats_hourly"
@@ -514,6 +516,78 @@ class QueueStatsHourly(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}/{self.task} {self.hour:%Y-%m-%d %H}:00"
+
+
+class SparkScript(models.Model):
+    """An existing PySpark application registered from the admin (queue_app/spark/scripts.py): spark-submit runs
+    the file at `path` unmodified, with `args` rendered from the run's params. Paths must lie under the allowed
+    script roots; that is checked when saved and again when a run is triggered and launched."""
+
+    name = models.SlugField(max_length=100, unique=True, help_text="The job name runs are triggered by.")
+    description = models.CharField(max_length=300, blank=True, default="")
+    enabled = models.BooleanField(default=True)
+    path = models.CharField(max_length=1000, help_text="A .py file, or a dotted module name, under an allowed root.")
+    py_files = models.JSONField(default=list, blank=True, help_text='--py-files, a JSON list: ["/srv/jobs/lib.zip"].')
+    args = models.JSONField(default=list, blank=True, help_text='Argument template: a JSON list; "{name}" = a param.')
+    params = models.JSONField(
+        default=list, blank=True, help_text='Declared params: [{"name": "input", "type": "path", "required": true}].'
+    )
+    conf = models.JSONField(default=dict, blank=True, help_text='Spark conf: {"spark.sql.shuffle.partitions": "8"}.')
+    env = models.JSONField(default=dict, blank=True, help_text="Environment variables for the run.")
+    driver_memory = models.CharField(max_length=12, blank=True, default="", help_text="e.g. 1g")
+    executor_memory = models.CharField(max_length=12, blank=True, default="", help_text="e.g. 2g")
+    driver_cores = models.PositiveSmallIntegerField(null=True, blank=True)
+    executor_cores = models.PositiveSmallIntegerField(null=True, blank=True)
+    policy = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Run policy: {"max_concurrent": 1, "attempts": 3, "retry_on": ["failed"], "timeout": 600, '
+        '"resource_profile": "small", "priority": 0, "keep_days": 30}.',
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def as_job(self):
+        """This script as a SparkJob (ScriptError when a part of it is not acceptable)."""
+        from queue_app.spark.scripts import script_job
+
+        return script_job(
+            self.name,
+            path=self.path,
+            args=self.args or [],
+            params=self.params or [],
+            py_files=self.py_files or [],
+            conf=self.conf or {},
+            env=self.env or {},
+            driver_memory=self.driver_memory,
+            executor_memory=self.executor_memory,
+            driver_cores=self.driver_cores,
+            executor_cores=self.executor_cores,
+            description=self.description,
+            source="admin",
+            policy=self.policy or None,
+        )
+
+
+class SparkWatermark(models.Model):
+    """How far an incremental Spark pipeline got: advanced in the transaction that marks its run succeeded, never
+    moved back (a re-run of an older window leaves it). `value` is the pipeline's own position (queue_analytics:
+    the lowest reservation id not settled as of `as_of`; everything before it is counted)."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    value = models.BigIntegerField()
+    as_of = models.DateTimeField()
+    run_id = models.BigIntegerField(null=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} @ {self.value} ({self.as_of:%Y-%m-%d %H:%M:%S})"
 
 
 from .webhooks.models import ReceivedWebhook, WebhookAttempt, WebhookDelivery, WebhookEndpoint  # noqa: E402, F401  (models of the webhooks package)

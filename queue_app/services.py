@@ -141,15 +141,30 @@ def cancel_items(item_ids: Iterable[int], *, actor: str = "") -> int:
     )
     if not locked:
         return asked
+    _mark_cancelled(locked, f"cancelled by {actor}" if actor else "cancelled")
+    return asked + len(locked)
+
+
+def _mark_cancelled(locked: list[tuple[int, str, int | None]], error: str) -> None:
+    """Items (id, state, reservation id) locked by the caller become cancelled, with their open reservation."""
     QueueItem.objects.filter(id__in=[i for i, _, _ in locked]).update(
-        state=ItemState.CANCELLED,
-        finished_at=Now(),
-        error=f"cancelled by {actor}" if actor else "cancelled",
-        updated_at=Now(),
+        state=ItemState.CANCELLED, finished_at=Now(), error=error, updated_at=Now()
     )
     held = [rid for _, state, rid in locked if state == ItemState.RESERVED and rid is not None]
     Reservation.objects.filter(id__in=held, outcome__isnull=True).update(outcome=Outcome.CANCELLED, finished_at=Now())
-    return asked + len(locked)
+
+
+def settle_cancelled_run_item(item_id: int, reservation_id: int, error: str) -> bool:
+    """The handler of a Spark run that was cancelled settles its own item `cancelled` (not done), inside the
+    transaction that marks the run cancelled, fenced on its reservation. The worker's later complete of that
+    reservation then finds it no longer current and changes nothing."""
+    locked = list(
+        QueueItem.objects.select_for_update()
+        .filter(id=item_id, reservation_id=reservation_id, state=ItemState.RESERVED)
+        .values_list("id", "state", "reservation_id")
+    )
+    _mark_cancelled(locked, error)
+    return bool(locked)
 
 
 @transaction.atomic

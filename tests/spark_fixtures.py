@@ -129,6 +129,7 @@ def seed_queue_history(since, *, items: int = 300, seed: int = 7) -> int:
         for item, rows in plans
         for attempt, reserved, finished, outcome in rows
     ]
+    reservations.sort(key=lambda r: r.reserved_at)  # ids follow reserved_at, as the engine's leases make them
     Reservation.objects.bulk_create(reservations)
     by_item = {r.item_id: r for r in reservations}  # the last attempt of each item is its current reservation
     for item, _ in plans:

@@ -83,11 +83,16 @@ def test_the_overview_links_each_count_to_its_filtered_list(admin_client, activi
 
 
 def test_the_overview_draws_a_throughput_chart(admin_client, activity):
-    html = admin_client.get("/admin/").content.decode()
+    response = admin_client.get("/admin/")
+    html = response.content.decode()
 
-    assert '<svg width="420" height="90"' in html
-    assert html.count('<rect class="done"') == 15
-    assert "0 min ago: 2 completed, 2 failed" in html
+    completed, failed = response.context["chart"]["data"]
+    assert len(completed["x"]) == len(failed["x"]) == 15  # a bar per minute of the window
+    assert (list(completed["y"])[-1], list(failed["y"])[-1]) == (2, 2)  # this minute: 2 completed, 2 failed
+    assert response.context["chart"]["layout"]["yaxis"]["title"]["text"] == "attempts per minute"
+    assert completed["customdata"][0][0] == f"{url('queueitem')}?state__exact=done"
+    assert 'id="figure-throughput"' in html and url("queue", "plotly_js") in html
+    assert admin_client.get(url("queue", "plotly_js"))["Content-Type"] == "text/javascript"
 
 
 def test_the_overview_refreshes_itself_from_its_fragment(admin_client, activity):

@@ -164,15 +164,28 @@ def test_charts_draw_durations_per_job_and_the_queue_analytics(spark_client):
         + [QueueStatsHourly(queue="mail", task="u", hour=hour, processed=1, wait_p95=2.0, run_p95=0.5)]
         + [QueueStatsHourly(queue="reports", task="r", hour=hour, processed=3)]
     )
-    page = spark_client().get(url("charts") + "?queue=mail")
+    client = spark_client()
+    page = client.get(url("charts") + "?queue=mail")
     assert page.status_code == 200
-    html = page.content.decode()
-    assert 'data-job="demo_sleep"' in html and html.count("<circle") == 2
-    assert 'class="failed"' in html and 'class="done"' in html
+    figures = {name: figure for name, _, figure in page.context["figures"]}
+    (durations,) = figures["durations"]["data"]
+    assert durations["name"] == "demo_sleep" and sorted(durations["y"]) == [10.0, 20.0]
+    assert {c[0] for c in durations["customdata"]} == {url("change", r.id) for r in SparkRun.objects.all()}
+    assert figures["durations"]["layout"]["yaxis"]["title"]["text"] == "duration (s)"
+    assert figures["durations"]["layout"]["xaxis"]["rangeselector"]["buttons"]  # a chosen time range
+    outcomes = {t["name"]: t["y"] for t in figures["outcomes"]["data"]}
+    assert outcomes == {"succeeded": [1], "failed": [1]}
     stats = page.context["stats"]
-    assert stats["queue"] == "mail" and stats["queues"] == ["mail", "reports"] and stats["rows"] == 5
-    assert stats["top"] == 14 + 4  # four hours ago: 14 processed and 4 failed attempts
-    assert "polyline" in html and "peak 18/h" in html
+    assert stats["queue"] == "mail" and stats["queues"] == ["mail", "reports"]
+    (_, _, processed), (_, _, p95) = stats["figures"]
+    bars = {t["name"]: t["y"] for t in processed["data"]}
+    assert list(bars["processed"]) == [14, 13, 12, 11, 10 + 1] and list(bars["failed"]) == [4, 3, 2, 1, 0]
+    assert [t["name"] for t in p95["data"]] == ["wait p95", "run p95"]
+    html = page.content.decode()
+    plotly_js = reverse("admin:queue_app_queue_plotly_js")
+    assert plotly_js in html and "cdn" not in html.lower()
+    js = client.get(plotly_js)
+    assert js.status_code == 200 and js["Content-Type"] == "text/javascript"
 
 
 # -- permissions and CSRF -------------------------------------------------------------------------------------

@@ -61,4 +61,5 @@ def test_trigger_a_run_from_the_dashboard_and_watch_it_succeed(live_server, admi
     page.goto(f"{base}/admin/queue_app/sparkrun/")
     assert page.locator(".spark-state").first.inner_text() == "succeeded"
     page.goto(f"{base}/admin/queue_app/sparkrun/charts/")
-    assert page.locator('figure.durations[data-job="demo_sleep"] circle').count() == 1
+    page.wait_for_selector("#chart-durations .cartesianlayer .scatterlayer .point")
+    assert page.locator("#chart-durations .cartesianlayer .scatterlayer .point").count() == 1

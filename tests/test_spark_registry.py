@@ -12,6 +12,8 @@ from queue_app.spark import launcher
 from queue_app.spark.db import PostgresSource, resolve_reader
 from queue_app.spark.registry import Param, SparkParamError, UnknownSparkJob, all_jobs, get_job, validate
 
+pytestmark = pytest.mark.django_db  # the registry also lists the scripts stored by the admin
+
 
 def test_shipped_jobs_are_registered():
     assert {"queue_analytics", "file_rollup", "demo_sleep"} <= {job.name for job in all_jobs()}
@@ -143,3 +145,53 @@ def test_submit_command_runs_the_child_with_the_run_conf(monkeypatch):
         "--output-file",
         "/tmp/out.json",
     ]
+
+
+def test_without_the_jdbc_jar_auto_reads_through_psycopg_and_jdbc_is_refused():
+    tcp = PostgresSource(host="127.0.0.1", port=5433, dbname="jobsite")
+    assert resolve_reader("auto", tcp, jar=None) == "psycopg"
+    with pytest.raises(ValueError, match="libpostgresql-jdbc-java"):
+        resolve_reader("jdbc", tcp, jar=None)
+
+
+def test_a_jdbc_run_without_the_driver_jar_fails_before_its_jvm_starts(monkeypatch, tmp_path):
+    """The first-run trap: reader=jdbc on a machine without the jar is refused when triggered, and a run that
+    gets to a worker anyway fails at once with the same message (not a ClassNotFoundException five times)."""
+    monkeypatch.setenv("JOBSITE_JDBC_JAR", str(tmp_path / "postgresql.jar"))
+    with pytest.raises(SparkParamError) as refused:
+        validate("queue_analytics", {"reader": "jdbc"})
+    assert f"the PostgreSQL JDBC driver jar {tmp_path}/postgresql.jar is missing" in refused.value.errors["reader"]
+    assert validate("queue_analytics", {"reader": "auto"})["reader"] == "auto"  # auto falls back instead
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: pytest.fail("spark-submit was started"))
+    result = launcher.launch("queue_analytics", {"reader": "jdbc"}, run_id=1)
+    assert result.outcome == "failed" and result.returncode is None  # returncode None: the run is not retried
+    assert "apt-get install libpostgresql-jdbc-java" in result.error
+
+
+def test_progress_never_goes_backwards_nor_shrinks_its_total():
+    from queue_app.spark.protocol import monotonic
+
+    running = {"tasks_done": 604, "tasks_total": 807, "stages_done": 3, "stages_total": 5, "jobs_total": 1}
+    ended = {"tasks_done": 605, "tasks_total": 605, "stages_done": 3, "stages_total": 3, "jobs_done": 1}
+    merged = monotonic(running, ended)
+    assert (merged["tasks_done"], merged["tasks_total"]) == (605, 807)
+    assert (merged["stages_done"], merged["stages_total"]) == (3, 5)
+    assert (merged["jobs_done"], merged["jobs_total"]) == (1, 1)
+    assert monotonic(merged, {"tasks_done": 10, "tasks_total": 900})["tasks_done"] == 605
+
+
+def test_the_registry_imports_no_pipeline_registration_flows_one_way():
+    import ast
+    import inspect
+
+    from queue_app.conf import queue_settings
+    from queue_app.spark import registry
+
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(ast.parse(inspect.getsource(registry)))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert not [name for name in imported if name and "pipelines" in name]
+    assert "queue_app.spark.pipelines" in queue_settings.SPARK_JOB_MODULES

@@ -131,8 +131,11 @@ def test_cancel_stops_the_run_and_its_process_group(spark_worker):
     assert ended.state == "cancelled"
     assert ended.cancel_requested_at and ended.finished_at
     assert group_members(pgid) == []
-    # Cancelled is an end, not a failure: the item is settled done, never retried.
-    wait_for(lambda: QueueItem.objects.get(id=run.item_id).state == ItemState.DONE, 10, what="the item to be done")
+    # Cancelled is an end, not a failure: the item is settled cancelled (not done), never retried.
+    item = QueueItem.objects.get(id=run.item_id)
+    assert item.state == ItemState.CANCELLED and item.reservation.outcome == "cancelled"
+    time.sleep(1.5)  # the worker's own settle of that reservation came after, and changed nothing
+    assert QueueItem.objects.get(id=run.item_id).state == ItemState.CANCELLED
 
 
 def test_cancelling_the_runs_queue_item_stops_the_run_like_the_dashboard(spark_worker):
@@ -147,7 +150,7 @@ def test_cancelling_the_runs_queue_item_stops_the_run_like_the_dashboard(spark_w
     ended = wait_for(lambda: final(run.id), 60, what="the run to end")
     assert ended.state == "cancelled" and ended.cancel_requested_at and ended.finished_at
     assert group_members(running.driver_pgid) == []
-    wait_for(lambda: QueueItem.objects.get(id=run.item_id).state == ItemState.DONE, 10, what="the item to be done")
+    assert QueueItem.objects.get(id=run.item_id).state == ItemState.CANCELLED
 
 
 def test_worker_killed_mid_run_redelivers_the_run_without_duplicating_its_output(spark_worker, tmp_path):

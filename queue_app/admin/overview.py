@@ -2,8 +2,8 @@
 
 Per queue: depth by state, oldest due item, in flight, processed / failed / lease expirations over the last
 minutes, dead letters and live workers, what holds its due items back (a concurrency, rate or group limit),
-plus a small throughput chart (inline SVG drawn here, no script). The page re-fetches the rendered fragment
-every few seconds from `overview_fragment`.
+plus a throughput chart (a plotly figure, charts.py). The page re-fetches the rendered fragment every few
+seconds from `overview_fragment` and draws its chart again.
 """
 
 from typing import Any
@@ -16,11 +16,11 @@ from django.urls import reverse
 
 from ..flow import held_back
 from ..models import ItemState
-from ..monitoring import OVERVIEW_EXACT_UP_TO, Snapshot, snapshot
+from ..monitoring import OVERVIEW_EXACT_UP_TO, snapshot
+from .charts import throughput_figure
 
 REFRESH_SECONDS = 5
 WINDOW_MINUTES = 15
-CHART_WIDTH, CHART_HEIGHT = 420, 90
 TEMPLATE = "admin/queue_app/overview.html"
 
 
@@ -51,31 +51,6 @@ def changelist_link(model_name: str, **params: str) -> str:
     return f"{reverse(f'admin:queue_app_{model_name}_changelist')}?{urlencode(params)}"
 
 
-def throughput_chart(snap: Snapshot) -> dict[str, Any]:
-    """Stacked bars per minute, oldest on the left: completed attempts (bottom) and failed ones (top)."""
-    minutes = snap.window_minutes
-    top = max([p + f for p, f in zip(snap.processed_per_minute, snap.failed_per_minute, strict=True)] + [1])
-    slot = CHART_WIDTH / minutes
-    bars = []
-    for i, (done, failed) in enumerate(zip(snap.processed_per_minute, snap.failed_per_minute, strict=True)):
-        done_h = done / top * CHART_HEIGHT
-        failed_h = failed / top * CHART_HEIGHT
-        bars.append(
-            {
-                "x": round(i * slot + 1, 1),
-                "width": round(slot - 2, 1),
-                "done_y": round(CHART_HEIGHT - done_h, 1),
-                "done_h": round(done_h, 1),
-                "failed_y": round(CHART_HEIGHT - done_h - failed_h, 1),
-                "failed_h": round(failed_h, 1),
-                "done": done,
-                "failed": failed,
-                "ago": minutes - 1 - i,
-            }
-        )
-    return {"width": CHART_WIDTH, "height": CHART_HEIGHT, "bars": bars, "top": top}
-
-
 def overview_context(request: HttpRequest) -> dict[str, Any]:
     snap = snapshot(window_minutes=WINDOW_MINUTES, cap=OVERVIEW_EXACT_UP_TO)
     holding = held_back()
@@ -103,7 +78,8 @@ def overview_context(request: HttpRequest) -> dict[str, Any]:
         "snapshot": snap,
         "rows": rows,
         "states": [state.value for state in ItemState],
-        "chart": throughput_chart(snap),
+        "chart": throughput_figure(snap, reverse("admin:queue_app_queueitem_changelist")),
+        "plotly_js_url": reverse("admin:queue_app_queue_plotly_js"),
         "refresh_url": reverse("admin:queue_app_queue_overview"),
         "refresh_seconds": REFRESH_SECONDS,
         "workers_url": reverse("admin:queue_app_worker_changelist"),

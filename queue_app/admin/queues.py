@@ -14,6 +14,7 @@ from .. import services
 from ..flow import format_rate
 from ..models import Queue
 from .actions import Operation, OperationsAdmin
+from .charts import plotly_js
 from .overview import changelist_link, overview_fragment
 
 OPTIONS = ("concurrency_limit", "lease_timeout", "max_attempts", "retention")
@@ -128,5 +129,8 @@ class QueueAdmin(OperationsAdmin):
         )
 
     def get_urls(self) -> list:
-        overview = path("overview/", self.admin_site.admin_view(overview_fragment), name=self.url_name("overview"))
-        return [overview, *super().get_urls()]
+        view = self.admin_site.admin_view
+        overview = path("overview/", view(overview_fragment), name=self.url_name("overview"))
+        # plotly.js from the installed wheel, for every chart of the admin (charts.py).
+        plotly = path("plotly.min.js", view(plotly_js), name=self.url_name("plotly_js"))
+        return [overview, plotly, *super().get_urls()]

@@ -11,7 +11,6 @@ queue overview's.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,13 +28,14 @@ from django.views.decorators.http import require_POST
 
 from ..models import SPARK_FINAL_STATES as SPARK_FINAL
 from ..models import QueueStatsHourly, SparkRun, SparkRunState
-from ..spark import all_jobs, get_job
+from ..spark import all_jobs, eventlog, get_job
 from ..spark.forms import SparkRunForm
 from ..spark.registry import SparkParamError, UnknownSparkJob
-from ..spark.runs import cancel_run, rerun, trigger_run
+from ..spark.runs import cancel_run, rerun, trigger_run, waiting_for
+from . import charts
 from .actions import Operation, ReadOnlyAdmin
 from .display import shorten
-from .overview import CHART_HEIGHT, CHART_WIDTH, age
+from .overview import age
 
 PERMISSIONS = {"trigger": "queue_app.trigger_sparkrun", "cancel": "queue_app.cancel_sparkrun"}
 LIVE_SECONDS = 1  # the run page's refresh
@@ -87,106 +87,37 @@ def live_state(run: SparkRun) -> dict[str, Any]:
 # -- charts ---------------------------------------------------------------------------------------------------
 
 
-def _x(when: datetime, start: datetime, span: float) -> float:
-    return round((when - start).total_seconds() / span * (CHART_WIDTH - 8) + 4, 1)
-
-
-def _y(value: float, top: float) -> float:
-    return round(CHART_HEIGHT - 4 - value / top * (CHART_HEIGHT - 8), 1)
-
-
-def duration_charts() -> list[dict[str, Any]]:
-    """Per job: the durations of its last finished runs against their finish time (a shared time axis)."""
-    runs = list(
+def finished_runs() -> list[SparkRun]:
+    return list(
         SparkRun.objects.filter(state__in=SPARK_FINAL, started_at__isnull=False, finished_at__isnull=False)
         .order_by("-id")
         .only("id", "job", "state", "started_at", "finished_at")[:CHART_RUNS]
     )
-    if not runs:
-        return []
-    start = min(r.finished_at for r in runs)
-    span = max((max(r.finished_at for r in runs) - start).total_seconds(), 1.0)
-    by_job: dict[str, list[SparkRun]] = defaultdict(list)
-    for run in sorted(runs, key=lambda r: r.finished_at):
-        by_job[run.job].append(run)
-    charts = []
-    for job_name, job_runs in sorted(by_job.items()):
-        top = max(duration_of(r) for r in job_runs) or 1.0
-        points = [
-            {
-                "x": _x(r.finished_at, start, span),
-                "y": _y(duration_of(r), top),
-                "ok": r.state == SparkRunState.SUCCEEDED,
-                "title": f"run #{r.id} {r.state}: {duration_of(r):.1f} s, finished {r.finished_at:%Y-%m-%d %H:%M}",
-                "url": reverse("admin:queue_app_sparkrun_change", args=[r.id]),
-            }
-            for r in job_runs
-        ]
-        line = " ".join(f"{p['x']},{p['y']}" for p in points if p["ok"])
-        charts.append({"job": job_name, "points": points, "line": line, "top": round(top, 1), "runs": len(job_runs)})
-    return charts
 
 
-def stats_charts(queue: str | None) -> dict[str, Any]:
-    """The chosen queue's last STATS_HOURS hours of QueueStatsHourly, summed over its tasks: processed and
-    failed attempts per hour (stacked bars), and the highest task p95 of wait and of run time per hour."""
+def stats_hours(queue: str | None) -> dict[str, Any]:
+    """The chosen queue's last STATS_HOURS hours of QueueStatsHourly, summed over its tasks (processed, failed)
+    with the highest task p95 of wait and of run time per hour, and the run that computed each hour."""
     queues = list(QueueStatsHourly.objects.order_by("queue").values_list("queue", flat=True).distinct())
     if not queues:
-        return {"queues": [], "queue": None}
+        return {"queues": [], "queue": None, "figures": []}
     queue = queue if queue in queues else queues[0]
     last = QueueStatsHourly.objects.filter(queue=queue).order_by("-hour").values_list("hour", flat=True).first()
-    since = last - timedelta(hours=STATS_HOURS - 1)
     hours: dict[datetime, dict[str, Any]] = {}
-    for row in QueueStatsHourly.objects.filter(queue=queue, hour__gte=since).values(
-        "hour", "processed", "failed", "wait_p95", "run_p95"
+    for row in QueueStatsHourly.objects.filter(queue=queue, hour__gte=last - timedelta(hours=STATS_HOURS - 1)).values(
+        "hour", "processed", "failed", "wait_p95", "run_p95", "run_id"
     ):
-        h = hours.setdefault(row["hour"], {"processed": 0, "failed": 0, "wait_p95": None, "run_p95": None})
+        h = hours.setdefault(
+            row["hour"], {"processed": 0, "failed": 0, "wait_p95": None, "run_p95": None, "run_id": None}
+        )
         h["processed"] += row["processed"]
         h["failed"] += row["failed"]
+        h["run_id"] = max(h["run_id"] or 0, row["run_id"] or 0) or None
         for key in ("wait_p95", "run_p95"):
             if row[key] is not None:
                 h[key] = max(row[key], h[key] or 0.0)
-    slot = CHART_WIDTH / STATS_HOURS
-    top = max([h["processed"] + h["failed"] for h in hours.values()] + [1])
-    top_p95 = max([h[k] or 0 for h in hours.values() for k in ("wait_p95", "run_p95")] + [0.001])
-    bars, wait_line, run_line = [], [], []
-    for i in range(STATS_HOURS):
-        hour = since + timedelta(hours=i)
-        h = hours.get(hour)
-        if h is None:
-            continue
-        done_h = h["processed"] / top * CHART_HEIGHT
-        failed_h = h["failed"] / top * CHART_HEIGHT
-        x = round(i * slot + 1, 1)
-        bars.append(
-            {
-                "x": x,
-                "width": round(max(slot - 2, 1), 1),
-                "done_y": round(CHART_HEIGHT - done_h, 1),
-                "done_h": round(done_h, 1),
-                "failed_y": round(CHART_HEIGHT - done_h - failed_h, 1),
-                "failed_h": round(failed_h, 1),
-                "title": f"{hour:%Y-%m-%d %H}:00 UTC: {h['processed']} processed, {h['failed']} failed",
-            }
-        )
-        center = round(x + slot / 2, 1)
-        if h["wait_p95"] is not None:
-            wait_line.append(f"{center},{_y(h['wait_p95'], top_p95)}")
-        if h["run_p95"] is not None:
-            run_line.append(f"{center},{_y(h['run_p95'], top_p95)}")
-    return {
-        "queues": queues,
-        "queue": queue,
-        "since": since,
-        "last": last,
-        "hours": STATS_HOURS,
-        "bars": bars,
-        "top": top,
-        "top_p95": round(top_p95, 3),
-        "wait_line": " ".join(wait_line),
-        "run_line": " ".join(run_line),
-        "rows": len(hours),
-    }
+    figures = zip(("processed", "p95"), charts.stats_figures(hours, queue), strict=False)
+    return {"queues": queues, "queue": queue, "figures": [(n, f"figure-{n}", f) for n, f in figures]}
 
 
 class JobFilter(admin.SimpleListFilter):
@@ -321,6 +252,8 @@ class SparkRunAdmin(ReadOnlyAdmin):
             "may_cancel": self.has_cancel_permission(request),
             "cancellable": run.state not in SPARK_FINAL and run.state != SparkRunState.CANCELLING,
             "refresh_seconds": LIVE_SECONDS,
+            "event_log": eventlog.log_for(run.id, run.app_id) if run.app_id else None,
+            "waiting_for": waiting_for(run),
         }
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
@@ -415,13 +348,17 @@ class SparkRunAdmin(ReadOnlyAdmin):
 
     def charts_view(self, request: HttpRequest) -> HttpResponse:
         self._require_view(request)
+        runs = finished_runs()
+        figures = {
+            "durations": charts.durations_figure(runs, duration_of),
+            "outcomes": charts.outcomes_figure(runs, self.reverse("changelist")),
+        }
         context = self._context(
             request,
             "Spark charts",
-            durations=duration_charts(),
-            stats=stats_charts(request.GET.get("queue")),
-            chart_width=CHART_WIDTH,
-            chart_height=CHART_HEIGHT,
+            figures=[(name, f"figure-{name}", figure) for name, figure in figures.items() if figure],
+            stats=stats_hours(request.GET.get("queue")),
+            plotly_js_url=reverse("admin:queue_app_queue_plotly_js"),
         )
         return TemplateResponse(request, TEMPLATES + "charts.html", context)
 

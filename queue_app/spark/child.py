@@ -169,7 +169,9 @@ class ProgressMonitor(threading.Thread):
                 continue
             done = min(stage.numCompletedTasks, stage.numTasks)
             if info.status == "SUCCEEDED" and done == 0 and stage.numTasks:
-                continue  # skipped: its shuffle output already existed
+                # Skipped (its shuffle output already existed): counted as done, not dropped, so the run's
+                # totals never shrink when its job ends.
+                done = stage.numTasks
             counts["stages_total"] += 1
             counts["stages_done"] += int(done >= stage.numTasks and stage_id not in active)
             counts["tasks_total"] += stage.numTasks

@@ -6,6 +6,8 @@ speaks TCP only (a unix socket needs junixsocket jars we do not ship), so:
 
 * TCP host  -> `spark.read.jdbc` with the Debian driver jar (`spark.jars`), split into `num_partitions` range
   reads on a numeric column; executors read in parallel, and a cluster works as well as local mode.
+* TCP host without the driver jar -> the psycopg reader below, with a warning in the run's log that says so
+  (reader=jdbc without the jar is refused when the run is triggered and again before its JVM starts).
 * socket    -> the driver process reads with a psycopg server-side cursor and hands Spark the rows chunk by
   chunk (`createDataFrame` per chunk, then a union): one reader, bounded memory in Python, fine for the
   embedded development database; executors need no database access.
@@ -16,6 +18,7 @@ Both paths take the same SQL and return the same schema, so a pipeline does not 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -30,6 +33,7 @@ READERS: tuple[str, ...] = ("auto", "jdbc", "psycopg")
 _LIBPQ_KEYS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout", "options", "application_name")
 _JDBC_KEYS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "options", "application_name")
 PSYCOPG_CHUNK_ROWS = 50_000
+log = logging.getLogger("jobsite.spark.db")
 
 
 @dataclass(frozen=True)
@@ -85,14 +89,26 @@ def postgres_source(alias: str = "default") -> PostgresSource:
     )
 
 
-def resolve_reader(reader: Reader, source: PostgresSource) -> Literal["jdbc", "psycopg"]:
+def missing_jar_message() -> str:
+    from queue_app.spark.session import JDBC_HINT, jdbc_jar_path
+
+    return f"the PostgreSQL JDBC driver jar {jdbc_jar_path()} is missing ({JDBC_HINT})"
+
+
+def resolve_reader(
+    reader: Reader, source: PostgresSource, *, jar: str | None | bool = True
+) -> Literal["jdbc", "psycopg"]:
+    """The reader that will run. `jar` says whether the JDBC driver jar is installed (session.jdbc_jar()):
+    without it, `auto` reads a TCP database through psycopg and `jdbc` is refused."""
     if reader == "auto":
-        return "psycopg" if source.is_socket else "jdbc"
+        return "jdbc" if not source.is_socket and jar else "psycopg"
     if reader == "jdbc" and source.is_socket:
         raise ValueError(
             f"reader=jdbc needs PostgreSQL over TCP, but the database is on a unix socket "
             f"({source.host or 'default'}); use reader=auto or psycopg"
         )
+    if reader == "jdbc" and not jar:
+        raise ValueError(f"reader=jdbc: {missing_jar_message()}; reader=auto reads through psycopg instead")
     return reader
 
 
@@ -116,8 +132,12 @@ def read_postgres(
     """
     import psycopg
 
+    from queue_app.spark.session import jdbc_jar
+
     source = source or postgres_source()
-    used = resolve_reader(reader, source)
+    used = resolve_reader(reader, source, jar=jdbc_jar())
+    if used == "psycopg" and not source.is_socket:
+        log.warning("reading PostgreSQL through psycopg in the driver, not JDBC: %s", missing_jar_message())
     with psycopg.connect(**source.psycopg_kwargs(), autocommit=True) as conn:
         # JDBC's dbtable takes SQL text, not bind parameters: render literals with psycopg's own quoting.
         sql_text = psycopg.ClientCursor(conn).mogrify(query, params or {})

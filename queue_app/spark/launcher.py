@@ -21,6 +21,7 @@ import ctypes
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -28,14 +29,17 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from queue_app.spark import protocol, session
+from queue_app.spark import eventlog, protocol, session, statusapi
 from queue_app.spark.java import JavaNotFound, check_java
+from queue_app.spark.policy import policy_for
 from queue_app.spark.registry import SparkJobError, get_job
+from queue_app.spark.scripts import BoundScript
 
 Outcome = Literal["succeeded", "failed", "cancelled", "timed_out"]
 CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
@@ -57,6 +61,19 @@ class LaunchResult:
     progress: Mapping[str, Any] | None = None  # the last progress event
 
 
+def _submit_head(run_id: int | str, master: str | None, conf: Mapping[str, str] | None) -> list[str]:
+    cmd = [
+        os.path.join(session.spark_home(), "bin", "spark-submit"),
+        "--master",
+        master or session.spark_master(),
+        "--name",
+        session.job_group(run_id),
+    ]
+    for key, value in session.run_conf(run_id, conf).items():
+        cmd += ["--conf", f"{key}={value}"]
+    return cmd
+
+
 def submit_command(
     job: str,
     params: Mapping[str, Any],
@@ -67,16 +84,7 @@ def submit_command(
     conf: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The spark-submit command line of a run (`params` already validated and JSON-safe)."""
-    cmd = [
-        os.path.join(session.spark_home(), "bin", "spark-submit"),
-        "--master",
-        master or session.spark_master(),
-        "--name",
-        session.job_group(run_id),
-    ]
-    for key, value in session.run_conf(run_id, conf).items():
-        cmd += ["--conf", f"{key}={value}"]
-    cmd += [
+    return _submit_head(run_id, master, conf) + [
         CHILD_SCRIPT,
         "--job",
         job,
@@ -87,7 +95,13 @@ def submit_command(
         "--output-file",
         output_file,
     ]
-    return cmd
+
+
+def script_command(
+    script: BoundScript, run_id: int | str, *, master: str | None = None, conf: Mapping[str, str] | None = None
+) -> list[str]:
+    """The spark-submit command line of an existing script: its own file and arguments, nothing of jobsite's."""
+    return _submit_head(run_id, master, conf) + script.submit_options() + [script.path, *script.args]
 
 
 def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -133,23 +147,31 @@ def launch(
         spark_job = get_job(job)
         values = spark_job.validate(params)
         check_java()
+        script = spark_job.script.bind(values, spark_job.params) if spark_job.script is not None else None
     except (SparkJobError, JavaNotFound) as exc:
         return LaunchResult(outcome="failed", error=str(exc))
+    master = master or session.spark_master()
     workdir = tempfile.mkdtemp(prefix=f"{session.job_group(run_id)}-")
     output_file = os.path.join(workdir, "result.json")
-    cmd = submit_command(
-        job,
-        spark_job.dump_params(values),
-        run_id,
-        output_file,
-        master=master,
-        conf={**spark_job.conf, **(conf or {})},
-    )
+    run_conf = {**policy_for(spark_job).conf(), **spark_job.conf, **(conf or {}), **eventlog.conf(run_id)}
+    child_env = dict(env or {})
+    poller = None
+    if script is None:
+        cmd = submit_command(job, spark_job.dump_params(values), run_id, output_file, master=master, conf=run_conf)
+    else:
+        # No jobsite code runs in the script's driver: its UI's status REST API, on a loopback port picked
+        # here and tagged with this attempt, tells progress; its event log tells the final numbers.
+        port, tag = statusapi.free_port(), f"{run_id}-{uuid.uuid4().hex[:12]}"
+        run_conf.update({"spark.ui.enabled": "true", "spark.ui.port": str(port), statusapi.TAG: tag})
+        cmd = script_command(script, run_id, master=master, conf=run_conf)
+        child_env = {**script.spec.env, **child_env}
+        if master.startswith("local"):
+            child_env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the UI binds loopback only
     try:
         proc = subprocess.Popen(
             cmd,
             cwd=PROJECT_ROOT,
-            env=child_environment(env),
+            env=child_environment(child_env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -160,14 +182,59 @@ def launch(
             preexec_fn=_child_preexec,
         )
         watch = _Watch(proc, on_progress=on_progress, on_log=on_log, on_start=on_start)
+        if script is not None:
+            poller = statusapi.StatusPoller(port, tag, proc.pid, watch.lines.put)
+            poller.start()
         try:
             stopped_for = watch.run(should_cancel, timeout, grace, poll_interval, started)
         finally:
+            if poller is not None:
+                poller.stop()
             watch.stop_group(grace)  # also when a callback raised: never leave a JVM behind
-        result = _read_output(output_file)
+        result = _read_output(output_file) if script is None else _script_output(proc.returncode, watch, run_id)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return _result(result, stopped_for, proc.returncode, watch, time.monotonic() - started)
+
+
+def _script_output(returncode: int | None, watch: _Watch, run_id: int | str) -> dict[str, Any]:
+    """What a script's run left, shaped like the child's output file: the exit code says whether it succeeded,
+    its event log gives the final progress and metrics, its log tail the failure reason."""
+    output: dict[str, Any] = {"app_id": watch.app_id}
+    log = eventlog.log_for(run_id, watch.app_id) if watch.app_id else None
+    if log:
+        output["progress"], output["metrics"] = eventlog.summarize(log)
+    if returncode == 0:
+        output["status"] = "succeeded"
+    else:
+        output["status"] = "failed"
+        output["error"] = failure_reason(watch.tail) or _exit_message(returncode, watch.tail)
+    return output
+
+
+_LOG4J = re.compile(r"^\d{2}/\d{2}/\d{2}\b")  # Spark's own log lines: "26/11/25 05:09:09 INFO ..."
+
+
+def failure_reason(lines: Sequence[str]) -> str:
+    """The exception a driver died of, from its output: the last Python traceback's exception line(s) (a
+    PySpark error carries its Spark error class, `[TABLE_OR_VIEW_NOT_FOUND] ...`), else the last JVM
+    `Exception in thread` line. Empty when there is none."""
+    lines = list(lines)
+    for start in range(len(lines) - 1, -1, -1):
+        if lines[start].startswith("Traceback (most recent call last):"):
+            for i in range(start + 1, len(lines)):
+                if lines[i] and not lines[i][0].isspace():
+                    reason = [lines[i]]
+                    for more in lines[i + 1 : i + 4]:  # a multi-line message, up to the JVM's stack trace
+                        if not more.strip() or more.startswith(("JVM stacktrace", "\t", "  ")) or _LOG4J.match(more):
+                            break
+                        reason.append(more)
+                    return "\n".join(reason)[:4000]
+            break
+    for line in reversed(lines):
+        if line.startswith("Exception in thread"):
+            return line[:4000]
+    return ""
 
 
 PR_SET_PDEATHSIG = 1
@@ -264,9 +331,9 @@ class _Watch:
             if self.on_start:
                 self.on_start(payload)
         elif kind == protocol.PROGRESS:
-            self.progress = payload
+            self.progress = protocol.monotonic(self.progress, payload)
             if self.on_progress:
-                self.on_progress(payload)
+                self.on_progress(self.progress)
 
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -355,7 +422,7 @@ def _result(
         log_tail="\n".join(watch.tail),
         returncode=returncode,
         duration=round(duration, 3),
-        progress=output.get("progress") or watch.progress,
+        progress=protocol.monotonic(watch.progress, output.get("progress")) or None,
     )
 
 

@@ -22,6 +22,22 @@ EXIT_BAD_PARAMS = 64  # sysexits EX_USAGE
 EXIT_CANCELLED = 75  # sysexits EX_TEMPFAIL: SIGTERM received, job group cancelled
 
 
+COUNTED = ("jobs", "stages", "tasks")
+
+
+def monotonic(previous: dict[str, Any] | None, current: dict[str, Any] | None) -> dict[str, Any]:
+    """`current` progress, never behind `previous`: a done count never falls and a total never shrinks (a
+    stage Spark skips leaves the job's stage list once the job ends; a retried stage recounts its tasks)."""
+    if not previous:
+        return dict(current or {})
+    merged = dict(current or {})  # the other keys (active stages, elapsed) are the current ones
+    for kind in COUNTED:
+        total = max(int(previous.get(f"{kind}_total") or 0), int(merged.get(f"{kind}_total") or 0))
+        done = max(int(previous.get(f"{kind}_done") or 0), int(merged.get(f"{kind}_done") or 0))
+        merged[f"{kind}_total"], merged[f"{kind}_done"] = total, min(done, total) if total else done
+    return merged
+
+
 def encode(kind: str, payload: dict[str, Any]) -> str:
     return f"{PREFIX}{kind} {json.dumps(payload, separators=(',', ':'), default=str)}\n"
 

@@ -179,19 +179,26 @@ class JobResult:
 class SparkJob:
     """A registered entry point.
 
-    `publish(outputs, run_id)`, when set, makes the run's outputs visible; the caller runs it inside the same
-    database transaction that marks the run succeeded, so a re-delivered run never publishes twice.
-    `conf` is Spark configuration this job always wants (a run may add more). `check(values)` returns
-    {field: message} for rules across fields (until after since); it runs once every field is valid.
+        `publish(outputs, run_id)`, when set, makes the run's outputs visible; the caller runs it inside the same
+        database transaction that marks the run succeeded, so a re-delivered run never publishes twice.
+        `conf` is Spark configuration this job always wants (a run may add more). A job with `script` is an existing
+    PySpark program run unmodified by path (scripts.py) instead of `func`. `check(values)` returns
+        {field: message} for rules across fields (until after since); it runs once every field is valid.
     """
 
     name: str
-    func: Callable[..., Any]
+    func: Callable[..., Any] | None  # None for a script: it runs as its own program (script: ScriptSpec)
     params: tuple[Param, ...] = ()
     description: str = ""
     conf: Mapping[str, str] = field(default_factory=dict)
     publish: Callable[[Any, int | str], Any] | None = None
     check: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None
+    script: Any = None  # a scripts.ScriptSpec: an existing PySpark application spark-submit runs by path
+    source: str = "code"  # where it was registered: code, settings or admin
+    policy: Any = None  # a policy.SparkPolicy: concurrency, retries, timeout, resources, priority, retention
+    # Called by trigger_run() on the validated values before they are stored: fills what is fixed when the run
+    # is triggered (an incremental pipeline's window), so a re-run of the run computes exactly the same.
+    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(raw, Mapping):
@@ -237,6 +244,8 @@ def spark_job(
     conf: Mapping[str, str] | None = None,
     publish: Callable[[Any, int | str], Any] | None = None,
     check: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None,
+    policy: Any = None,
+    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register `func(spark, params) -> dict | JobResult` as the Spark job `name`."""
     params = tuple(params)
@@ -244,41 +253,76 @@ def spark_job(
     if len(names) != len(set(names)):
         raise ValueError(f"Spark job {name!r} declares a parameter twice: {names}")
 
-    def register(func: Callable[..., Any]) -> Callable[..., Any]:
-        existing = _registry.get(name)
-        if existing is not None and _qualname(existing.func) != _qualname(func):
-            raise ValueError(
-                f"Spark job {name!r} is already registered by {_qualname(existing.func)}, "
-                f"cannot register {_qualname(func)}"
+    def register_func(func: Callable[..., Any]) -> Callable[..., Any]:
+        register(
+            SparkJob(
+                name=name,
+                func=func,
+                params=params,
+                description=description or (func.__doc__ or "").strip().split("\n")[0],
+                conf=dict(conf or {}),
+                publish=publish,
+                check=check,
+                policy=policy,
+                prepare=prepare,
             )
-        _registry[name] = SparkJob(
-            name=name,
-            func=func,
-            params=params,
-            description=description or (func.__doc__ or "").strip().split("\n")[0],
-            conf=dict(conf or {}),
-            publish=publish,
-            check=check,
         )
         return func
 
-    return register
+    return register_func
 
 
-def _qualname(func: Callable[..., Any]) -> str:
-    return f"{func.__module__}.{func.__qualname__}"
+def register(job: SparkJob) -> SparkJob:
+    """Register `job` under its name; registering the same function (or script) again replaces it, another
+    one under a taken name is refused."""
+    existing = _registry.get(job.name)
+    if existing is not None and _origin(existing) != _origin(job):
+        raise ValueError(
+            f"Spark job {job.name!r} is already registered by {_origin(existing)}, cannot register {_origin(job)}"
+        )
+    _registry[job.name] = job
+    return job
+
+
+def _origin(job: SparkJob) -> str:
+    if job.func is None:
+        return f"the {job.source} script {job.name!r}"
+    return f"{job.func.__module__}.{job.func.__qualname__}"
+
+
+class JobSource:
+    """Jobs kept outside the code (the admin's stored scripts): found by name, listed for the trigger form."""
+
+    def find(self, name: str) -> SparkJob | None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def jobs(self) -> list[SparkJob]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+_sources: list[JobSource] = []
+
+
+def add_source(source: JobSource) -> None:
+    _sources.append(source)
 
 
 def autodiscover() -> None:
-    """Import the shipped pipelines and every installed app's `spark_jobs` module (once per process)."""
+    """Import the modules named by the `SPARK_JOB_MODULES` setting (the shipped pipelines by default) and every
+    installed app's `spark_jobs` module, once per process. Registration flows one way: those modules import this
+    registry and register themselves; the registry names no module of its own."""
     global _discovered
     if _discovered:
         return
     _discovered = True
+    from importlib import import_module
+
     from django.apps import apps
 
-    import queue_app.spark.pipelines  # noqa: F401  (registers the shipped jobs)
+    from queue_app.conf import queue_settings
 
+    for module in queue_settings.SPARK_JOB_MODULES:
+        import_module(module)
     if apps.ready:
         from django.utils.module_loading import autodiscover_modules
 
@@ -287,15 +331,28 @@ def autodiscover() -> None:
 
 def get_job(name: str) -> SparkJob:
     autodiscover()
-    try:
-        return _registry[name]
-    except KeyError:
-        raise UnknownSparkJob(name, _registry) from None
+    job = _registry.get(name)
+    for source in _sources if job is None else ():
+        if (job := source.find(name)) is not None:
+            break
+    if job is None:
+        raise UnknownSparkJob(name, [j.name for j in all_jobs()])
+    return job
+
+
+def code_job(name: str) -> SparkJob | None:
+    """The job registered under `name` in code or settings (not a stored one)."""
+    autodiscover()
+    return _registry.get(name)
 
 
 def all_jobs() -> list[SparkJob]:
     autodiscover()
-    return sorted(_registry.values(), key=lambda job: job.name)
+    jobs = dict(_registry)
+    for source in _sources:
+        for job in source.jobs():
+            jobs.setdefault(job.name, job)  # the code's registration wins (the admin refuses such a name)
+    return sorted(jobs.values(), key=lambda job: job.name)
 
 
 def validate(job_name: str, raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
@@ -38,8 +39,10 @@ from django.utils import timezone
 from .. import engine, services
 from ..models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
 from ..registry import Context, Retry, job
+from . import eventlog
 from .launcher import LaunchResult, group_members, launch
-from .registry import SparkParamError, get_job
+from .policy import SparkPolicy, policy_for
+from .registry import SparkParamError, UnknownSparkJob, all_jobs, get_job
 from .session import job_group
 
 logger = logging.getLogger("jobsite.spark")
@@ -57,7 +60,11 @@ LOG_TAIL_LINES = 200
 LOG_TAIL_CHARS = 20_000
 
 
-class RunNotStartable(Exception):
+class RunNotRetried(Exception):
+    """The run ended failed for good: its job's policy does not retry this end, or nothing could start."""
+
+
+class RunNotStartable(RunNotRetried):
     """The run cannot start at all (unknown job, bad parameters, no Java): retrying would not help."""
 
 
@@ -94,7 +101,10 @@ def trigger_run(
     """
     spark_job = get_job(job)
     values = spark_job.validate(params or {})
-    seconds = check_timeout(job, timeout)
+    if spark_job.prepare is not None:
+        values = spark_job.validate(spark_job.dump_params(spark_job.prepare(values)))
+    policy = policy_for(spark_job)
+    seconds = check_timeout(job, timeout if timeout not in (None, "") else policy.timeout)
     trigger = SparkTrigger(trigger).value
     with transaction.atomic():
         run = SparkRun.objects.create(
@@ -104,7 +114,10 @@ def trigger_run(
             requested_by=(requested_by or "")[:150],
             timeout=seconds,
         )
-        run.item_id = spark_run.enqueue({"run_id": run.id}).id
+        options: dict[str, Any] = {"priority": policy.priority, "ordering_key": policy.ordering_key(run.job, run.id)}
+        if policy.attempts is not None:
+            options["max_attempts"] = policy.attempts
+        run.item_id = spark_run.enqueue({"run_id": run.id}, **options).id
         run.save(update_fields=["item_id"])
     logger.info("spark run %s queued: job=%s trigger=%s item=%s", run.id, run.job, trigger, run.item_id)
     return run
@@ -132,6 +145,44 @@ def rerun(run_id: int, *, actor: str) -> SparkRun:
     """A new run of the same job with the same parameters and timeout (triggered from the dashboard)."""
     run = SparkRun.objects.get(id=run_id)
     return trigger_run(run.job, run.params, trigger=SparkTrigger.DASHBOARD, requested_by=actor, timeout=run.timeout)
+
+
+def waiting_for(run: SparkRun) -> SparkRun | None:
+    """The started run of the same job ahead of a queued `run` in its concurrency lane (policy.py), if any: the
+    reason it waits."""
+    if run.state != SparkRunState.QUEUED:
+        return None
+    try:
+        policy = policy_for(get_job(run.job))
+    except (UnknownSparkJob, SparkParamError):
+        return None
+    if policy.max_concurrent is None:
+        return None
+    lane = run.id % policy.max_concurrent
+    started = SparkRun.objects.filter(
+        job=run.job,
+        state__in=[SparkRunState.STARTING, SparkRunState.RUNNING, SparkRunState.CANCELLING],
+    ).exclude(id=run.id)
+    return next((r for r in started.order_by("id") if r.id % policy.max_concurrent == lane), None)
+
+
+def prune_runs(*, now: Any = None) -> int:
+    """Delete the finished runs of each job past its policy's `keep_days`, with their event logs."""
+    now = now or timezone.now()
+    pruned = 0
+    for spark_job in all_jobs():
+        keep = policy_for(spark_job).keep_days
+        if keep is None:
+            continue
+        old = SparkRun.objects.filter(
+            job=spark_job.name, state__in=SPARK_FINAL_STATES, finished_at__lt=now - timedelta(days=keep)
+        )
+        ids = list(old.values_list("id", flat=True)[:10_000])
+        if ids:
+            SparkRun.objects.filter(id__in=ids).delete()
+            eventlog.delete(ids)
+            pruned += len(ids)
+    return pruned
 
 
 # -- orphans --------------------------------------------------------------------------------------------------
@@ -259,6 +310,12 @@ def _claim(run_id: int, ctx: Context) -> SparkRun | None:
         return run
 
 
+def retried(result: LaunchResult, policy: SparkPolicy, ctx: Context) -> bool:
+    """Whether this attempt's end is retried: its policy retries such an end, attempts remain, and the run got
+    as far as starting (a run that could not start would fail the same way again)."""
+    return policy.retries(result.outcome) and not ctx.is_last_attempt and result.returncode is not None
+
+
 def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Context) -> str:
     """Write the attempt's end in one transaction (with the job's publish when it succeeded); returns the state."""
     spark_job = get_job(run.job)
@@ -270,17 +327,25 @@ def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Con
             logger.warning("spark run %s attempt %s lost its reservation; its end is not recorded", run.id, ctx.attempt)
             return "stale"
         outcome = result.outcome
+        policy = policy_for(spark_job)
         if outcome == "succeeded":
             if spark_job.publish is not None and result.outputs is not None:
                 spark_job.publish(result.outputs, run.id)
             state = SparkRunState.SUCCEEDED
+        elif (
+            outcome in ("failed", "timed_out")
+            and row.state != SparkRunState.CANCELLING
+            and retried(result, policy, ctx)
+        ):
+            state = SparkRunState.QUEUED  # the queue retries it, after its backoff
         elif outcome == "failed" and row.state != SparkRunState.CANCELLING:
-            # Back to queued while the queue will retry it; failed for good on the last attempt, or when
-            # nothing could be started (bad parameters, no Java), which a retry would not change.
-            retried = not ctx.is_last_attempt and result.returncode is not None
-            state = SparkRunState.QUEUED if retried else SparkRunState.FAILED
+            # Failed for good: the last attempt, a failure its policy does not retry, or nothing could be
+            # started (bad parameters, no Java, no JDBC jar), which a retry would not change.
+            state = SparkRunState.FAILED
         else:
             state = SparkRunState.CANCELLED if outcome != "timed_out" else SparkRunState.TIMED_OUT
+        if state == SparkRunState.CANCELLED:
+            services.settle_cancelled_run_item(ctx.item_id, ctx.reservation_id, result.error or "cancelled")
         row.state = state
         row.metrics = dict(result.metrics) if outcome == "succeeded" else row.metrics
         row.progress = dict(result.progress or reporter.progress or row.progress or {})
@@ -292,7 +357,7 @@ def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Con
     return state
 
 
-@job(TASK, queue=QUEUE, hard_timeout=HARD_TIMEOUT, retry=Retry(ignore=(RunNotStartable,)))
+@job(TASK, queue=QUEUE, hard_timeout=HARD_TIMEOUT, retry=Retry(ignore=(RunNotRetried,)))
 def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
     """Run one SparkRun (payload {"run_id": id}) as its own spark-submit child."""
     run_id = int(payload["run_id"])
@@ -318,6 +383,8 @@ def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
     )
     if state == SparkRunState.FAILED and result.returncode is None:
         raise RunNotStartable(result.error)
+    if state == SparkRunState.FAILED and not ctx.is_last_attempt:
+        raise RunNotRetried(result.error or "the Spark run failed")
     if state in (SparkRunState.FAILED, SparkRunState.QUEUED):
         raise RunFailed(result.error or "the Spark run failed")
     return {"run_id": run.id, "state": state, "app_id": result.app_id, "seconds": result.duration}

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-JDBC_JAR = "/usr/share/java/postgresql.jar"  # Debian's libpostgresql-jdbc-java
+JDBC_JAR = "/usr/share/java/postgresql.jar"  # Debian's libpostgresql-jdbc-java; JOBSITE_JDBC_JAR overrides it
+JDBC_HINT = "Debian/Ubuntu: `apt-get install libpostgresql-jdbc-java`, or point JOBSITE_JDBC_JAR at the jar"
 DEFAULT_MASTER = "local[*]"
 DEFAULT_LOG_LEVEL = "WARN"  # Spark's INFO chatter would bury the pipeline's own log lines in the run's tail
 
@@ -31,8 +32,14 @@ def job_group(run_id: int | str) -> str:
     return f"jobsite-run-{run_id}"
 
 
+def jdbc_jar_path() -> str:
+    return os.environ.get("JOBSITE_JDBC_JAR") or JDBC_JAR
+
+
 def jdbc_jar() -> str | None:
-    return JDBC_JAR if os.path.exists(JDBC_JAR) else None
+    """The PostgreSQL JDBC driver jar, None when it is not installed."""
+    path = jdbc_jar_path()
+    return path if os.path.isfile(path) else None
 
 
 def run_conf(run_id: int | str, extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,22 +1,28 @@
-"""`manage.py spark_run JOB`: trigger a Spark run from the command line (through the same trigger_run() as the
-dashboard and the schedules); a worker serving the `spark` queue runs it.
+"""`manage.py spark_run JOB` / `spark_run --script PATH`: trigger a Spark run from the command line (through the
+same trigger_run() as the dashboard and the schedules); a worker serving the `spark` queue runs it.
 
     python manage.py spark_run --list
     python manage.py spark_run demo_sleep --param tasks=4 --param seconds=0.5 --wait
     python manage.py spark_run file_rollup --param input_dir=/data/in --param output_dir=/data/out --timeout 600
+    python manage.py spark_run --script /srv/jobs/pi.py --arg 4 --arg 100000 --wait --json
 
-Prints the run id. With --wait, follows the run until it is final, printing its state and progress, and exits
-non-zero unless it succeeded. Bad parameters are reported per field and nothing is queued.
+Prints the run id (with --json: one JSON object at the end, {id, state, app_id, error, metrics, progress}). With
+--wait, follows the run until it is final, printing its state and progress (on stderr with --json), and exits
+non-zero unless it succeeded. Bad parameters, or a script outside JOBSITE_SPARK_SCRIPT_ROOTS, are reported per
+field and nothing is queued.
 """
 
 import json
+import sys
 import time
 
 from django.core.management.base import BaseCommand, CommandError
 
 from queue_app.models import SparkRun
 from queue_app.spark import SparkParamError, UnknownSparkJob, all_jobs
-from queue_app.spark.runs import trigger_run
+from queue_app.spark.protocol import COUNTED
+from queue_app.spark.runs import trigger_run, waiting_for
+from queue_app.spark.scripts import ADHOC_JOB
 
 
 def parse_params(pairs: list[str]) -> dict[str, str]:
@@ -29,9 +35,25 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
     return params
 
 
+def run_summary(run: SparkRun) -> dict:
+    """The run as `--json` prints it."""
+    p = run.progress or {}
+    return {
+        "id": run.id,
+        "job": run.job,
+        "state": run.state,
+        "app_id": run.app_id or None,
+        "error": run.error or None,
+        "metrics": run.metrics or {},
+        "progress": {kind: {"done": p.get(f"{kind}_done", 0), "total": p.get(f"{kind}_total", 0)} for kind in COUNTED},
+    }
+
+
 def progress_line(run: SparkRun) -> str:
     p = run.progress or {}
     parts = [f"run {run.id} {run.state}"]
+    if (ahead := waiting_for(run)) is not None:
+        parts.append(f"waiting for run {ahead.id} (the job's concurrency limit)")
     if run.attempt > 1:
         parts.append(f"attempt {run.attempt}")
     for kind in ("jobs", "stages", "tasks"):
@@ -46,27 +68,48 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("job", nargs="?", help="registered Spark job, e.g. demo_sleep")
         parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a job parameter")
+        parser.add_argument("--script", metavar="PATH", help="run this PySpark script (under an allowed root)")
+        parser.add_argument("--arg", action="append", default=[], metavar="VALUE", help="an argument of --script")
         parser.add_argument("--timeout", type=float, default=None, help="seconds before the run is stopped")
         parser.add_argument("--wait", action="store_true", help="follow the run until it ends")
+        parser.add_argument("--json", dest="as_json", action="store_true", help="print one JSON object at the end")
         parser.add_argument("--poll", type=float, default=1.0, help="seconds between looks at the run (--wait)")
         parser.add_argument("--list", dest="list_only", action="store_true", help="list the jobs and their parameters")
 
-    def handle(self, *args, job, param, timeout, wait, poll, list_only, **options):
+    def handle(self, *args, job, param, script, arg, timeout, wait, as_json, poll, list_only, **options):
         if list_only:
             self.list_jobs()
             return
-        if not job:
-            raise CommandError("name a Spark job (see --list)")
+        if script is not None:
+            if job or param:
+                raise CommandError(
+                    "--script runs a script by path: give its arguments with --arg, not a job or --param"
+                )
+            job, params = ADHOC_JOB, {"path": script, "args": json.dumps(arg)}
+        elif arg:
+            raise CommandError("--arg goes with --script; a registered job takes --param NAME=VALUE")
+        elif not job:
+            raise CommandError("name a Spark job (see --list) or give --script PATH")
+        else:
+            params = parse_params(param)
         try:
-            run = trigger_run(job, parse_params(param), trigger="cli", requested_by="cli", timeout=timeout)
+            run = trigger_run(job, params, trigger="cli", requested_by="cli", timeout=timeout)
         except UnknownSparkJob as exc:
             raise CommandError(str(exc)) from None
         except SparkParamError as exc:
             lines = "\n".join(f"  {name}: {message}" for name, message in exc.errors.items())
-            raise CommandError(f"invalid parameters for {job}; nothing was queued:\n{lines}") from None
-        self.stdout.write(str(run.id))
+            what = f"script {script}" if script is not None else job
+            raise CommandError(f"invalid parameters for {what}; nothing was queued:\n{lines}") from None
+        if not as_json:
+            self.stdout.write(str(run.id))
         if wait:
-            self.follow(run.id, poll)
+            run = self.follow(run.id, poll, self.stderr if as_json else self.stdout)
+        if as_json:
+            self.stdout.write(json.dumps(run_summary(run), default=str))
+        if wait and run.state != "succeeded":
+            if as_json:
+                sys.exit(1)
+            raise CommandError(f"run {run.id} ended {run.state}" + (f": {run.error}" if run.error else ""))
 
     def list_jobs(self) -> None:
         for spark_job in all_jobs():
@@ -79,18 +122,17 @@ class Command(BaseCommand):
                 need = "required" if p.required else f"default {json.dumps(p.default)}"
                 self.stdout.write(f"  --param {p.name}=…  {what}{bounds}, {need}" + (f"  {p.help}" if p.help else ""))
 
-    def follow(self, run_id: int, poll: float) -> None:
+    def follow(self, run_id: int, poll: float, out) -> SparkRun:
         last = ""
         while True:
             run = SparkRun.objects.get(id=run_id)
             line = progress_line(run)
             if line != last:
-                self.stdout.write(line)
+                out.write(line)
                 last = line
             if run.is_final:
                 break
             time.sleep(poll)
-        if run.metrics:
-            self.stdout.write(json.dumps(run.metrics, default=str))
-        if run.state != "succeeded":
-            raise CommandError(f"run {run.id} ended {run.state}" + (f": {run.error}" if run.error else ""))
+        if run.metrics and out is self.stdout:
+            out.write(json.dumps(run.metrics, default=str))
+        return run

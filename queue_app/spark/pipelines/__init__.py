@@ -1,4 +1,5 @@
-"""The Spark jobs jobsite ships; importing this package registers them (see registry.autodiscover())."""
+"""The Spark jobs jobsite ships; importing this package registers them (the `SPARK_JOB_MODULES`
+setting names this package; registry.autodiscover() imports it, and it imports the registry, never the reverse)."""
 
 from queue_app.spark.pipelines import demo, file_rollup, queue_analytics
 

@@ -1,0 +1,190 @@
+"""The admin's charts as plotly figures: built here in Python (plotly.graph_objects), drawn in the page by
+plotly.js, which the plotly wheel carries and the admin serves itself (`plotly_js`), never a CDN.
+
+Every chart has axes with units, hover values and a time range (range buttons and a range slider on time axes);
+a click on a point opens what it stands for (`customdata[0]` is a URL: a run's page, a filtered list).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from functools import cache
+from typing import Any
+
+from django.http import FileResponse, HttpRequest
+from django.urls import reverse
+from django.utils.http import urlencode
+
+STATE_COLORS = {"succeeded": "#2e7d32", "failed": "#c62828", "cancelled": "#757575", "timed_out": "#ef6c00"}
+TIME_RANGES = [
+    {"count": 1, "label": "1h", "step": "hour", "stepmode": "backward"},
+    {"count": 1, "label": "1d", "step": "day", "stepmode": "backward"},
+    {"count": 7, "label": "7d", "step": "day", "stepmode": "backward"},
+    {"step": "all", "label": "all"},
+]
+
+
+@cache
+def plotly_js_path() -> str:
+    import plotly
+
+    return os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js")
+
+
+def plotly_js(request: HttpRequest) -> FileResponse:
+    """plotly.min.js from the installed wheel (cached a day by the browser)."""
+    response = FileResponse(open(plotly_js_path(), "rb"), content_type="text/javascript")  # noqa: SIM115 (it closes it)
+    response["Cache-Control"] = "private, max-age=86400"
+    return response
+
+
+def _layout(title: str, y_title: str, *, time_axis: bool = True, **extra: Any) -> dict[str, Any]:
+    xaxis: dict[str, Any] = {"title": {"text": "time (UTC)"}, "type": "date"}
+    if time_axis:
+        xaxis.update(rangeselector={"buttons": TIME_RANGES}, rangeslider={"visible": True, "thickness": 0.08})
+    return {
+        "title": {"text": title, "font": {"size": 14}},
+        "xaxis": xaxis,
+        "yaxis": {"title": {"text": y_title}, "rangemode": "tozero"},
+        "height": extra.pop("height", 360),
+        "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
+        "hovermode": "closest",
+        "legend": {"orientation": "h", "y": -0.35},
+        **extra,
+    }
+
+
+def _figure(data: list[Any], layout: dict[str, Any]) -> dict[str, Any]:
+    import plotly.graph_objects as go
+
+    return go.Figure(data=data, layout=layout).to_plotly_json()
+
+
+def run_url(run_id: int) -> str:
+    return reverse("admin:queue_app_sparkrun_change", args=[run_id])
+
+
+def durations_figure(runs: Iterable[Any], duration_of) -> dict[str, Any] | None:
+    """Seconds from start to end of finished runs against their finish time: one trace per job, points coloured
+    by how the run ended; a click opens the run."""
+    import plotly.graph_objects as go
+
+    by_job: dict[str, list[Any]] = defaultdict(list)
+    for run in sorted(runs, key=lambda r: r.finished_at):
+        by_job[run.job].append(run)
+    if not by_job:
+        return None
+    traces = [
+        go.Scatter(
+            name=job,
+            x=[r.finished_at for r in job_runs],
+            y=[round(duration_of(r), 3) for r in job_runs],
+            mode="lines+markers",
+            line={"width": 1},
+            marker={"size": 9, "color": [STATE_COLORS.get(r.state, "#555") for r in job_runs]},
+            customdata=[[run_url(r.id), r.id, r.state] for r in job_runs],
+            hovertemplate=f"<b>{job}</b> run #%{{customdata[1]}} %{{customdata[2]}}<br>"
+            "%{y:.1f} s, finished %{x|%Y-%m-%d %H:%M:%S} UTC<extra></extra>",
+        )
+        for job, job_runs in sorted(by_job.items())
+    ]
+    return _figure(traces, _layout("Run durations", "duration (s)"))
+
+
+def outcomes_figure(runs: Iterable[Any], changelist_url: str) -> dict[str, Any] | None:
+    """How the finished runs of each job ended (stacked counts); a click opens the runs of that job and state."""
+    import plotly.graph_objects as go
+
+    counts = Counter((r.job, r.state) for r in runs)
+    if not counts:
+        return None
+    jobs = sorted({job for job, _ in counts})
+    traces = [
+        go.Bar(
+            name=state,
+            x=jobs,
+            y=[counts.get((job, state), 0) for job in jobs],
+            marker={"color": color},
+            customdata=[[f"{changelist_url}?{urlencode({'job': job, 'state': state})}"] for job in jobs],
+            hovertemplate=f"%{{x}}: %{{y}} {state} run(s)<extra></extra>",
+        )
+        for state, color in STATE_COLORS.items()
+        if any(counts.get((job, state)) for job in jobs)
+    ]
+    layout = _layout("Run outcomes (last finished runs)", "runs", time_axis=False, barmode="stack")
+    layout["xaxis"] = {"title": {"text": "job"}, "type": "category"}
+    return _figure(traces, layout)
+
+
+def stats_figures(hours: dict[datetime, dict[str, Any]], queue: str) -> list[dict[str, Any]]:
+    """A queue's hourly statistics: processed and failed attempts per hour (stacked bars) and the highest task
+    p95 of wait and run time per hour (lines); a click opens the run that computed the hour."""
+    import plotly.graph_objects as go
+
+    if not hours:
+        return []
+    xs = sorted(hours)
+    centre = [x + timedelta(minutes=30) for x in xs]
+    data = [hours[x] for x in xs]
+    links = [[run_url(h["run_id"]) if h["run_id"] else "", h["run_id"] or "-"] for h in data]
+    per_hour = "%{x|%Y-%m-%d %H}:00 UTC: %{y:,} {what}<br>computed by run #%{customdata[1]}<extra></extra>"
+    counts = [
+        go.Bar(
+            name=what,
+            x=centre,
+            y=[h[what] for h in data],
+            marker={"color": color},
+            width=3_300_000,
+            customdata=links,
+            hovertemplate=per_hour.replace("{what}", what),
+        )
+        for what, color in (("processed", STATE_COLORS["succeeded"]), ("failed", STATE_COLORS["failed"]))
+    ]
+    lines = [
+        go.Scatter(
+            name=f"{what} p95",
+            x=centre,
+            y=[h[f"{what}_p95"] for h in data],
+            mode="lines+markers",
+            marker={"color": color},
+            customdata=links,
+            hovertemplate=f"%{{x|%Y-%m-%d %H}}:00 UTC: {what} p95 %{{y:.3f}} s<extra></extra>",
+        )
+        for what, color in (("wait", "#1565c0"), ("run", "#ef6c00"))
+    ]
+    return [
+        _figure(counts, _layout(f"Attempts per hour in {queue}", "attempts per hour", barmode="stack")),
+        _figure(lines, _layout(f"p95 per hour in {queue} (highest of its tasks)", "seconds")),
+    ]
+
+
+def throughput_figure(snap: Any, items_url: str) -> dict[str, Any]:
+    """The queue overview's attempts per minute over its window (completed and failed, stacked); a click opens
+    the items list (completed: done items; failed: dead ones)."""
+    import plotly.graph_objects as go
+
+    minutes = snap.window_minutes
+    start = snap.taken_at.replace(second=0, microsecond=0) - timedelta(minutes=minutes - 1)
+    xs = [start + timedelta(minutes=i, seconds=30) for i in range(minutes)]
+    traces = [
+        go.Bar(
+            name=name,
+            x=xs,
+            y=list(values),
+            marker={"color": color},
+            width=50_000,
+            customdata=[[f"{items_url}?{urlencode({'state__exact': state})}"]] * minutes,
+            hovertemplate=f"%{{x|%H:%M}} UTC: %{{y}} {name}<extra></extra>",
+        )
+        for name, values, color, state in (
+            ("completed", snap.processed_per_minute, STATE_COLORS["succeeded"], "done"),
+            ("failed", snap.failed_per_minute, STATE_COLORS["failed"], "dead"),
+        )
+    ]
+    layout = _layout("", "attempts per minute", time_axis=False, barmode="stack", height=220)
+    layout["xaxis"]["rangeslider"] = {"visible": True, "thickness": 0.1}
+    layout["margin"] = {"l": 60, "r": 20, "t": 10, "b": 30}
+    return _figure(traces, layout)

@@ -1,0 +1,214 @@
+"""The Spark benchmark behind `manage.py spark_bench`: from one run,
+
+* start-up: a bare `spark-submit` of a small PySpark script against the same script run by path through
+  jobsite's launcher (its status-API progress, event log): total time, and jobsite's trigger -> first task;
+* analytics: queue_analytics as a full rebuild and as an incremental run against PostgreSQL computing the
+  same aggregates (the test suite's definition SQL) over the same rows.
+
+History goes into its own queue (`spark-bench`), ids in reserved_at order as the engine's leases make them, and is
+deleted at the end with its published rows and watermark. The Spark side runs in this process (a local
+SparkSession, JVM started once, as a worker's run would find it warm); it reads PostgreSQL over JDBC when the
+database is on TCP, else through psycopg (printed).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connection, transaction
+
+QUEUE = "spark-bench"
+PI = """import sys
+from operator import add
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.appName("BenchPi").getOrCreate()
+n = int(sys.argv[1])
+rdd = spark.sparkContext.parallelize(range(n), 2)
+print(rdd.map(lambda i: 1 if (i * 7919 % 1000) ** 2 < 500000 else 0).reduce(add))
+spark.stop()
+"""
+SEED_ITEMS = """
+INSERT INTO queue_app_queueitem (task, payload, state, priority, run_at, visible_at, attempts, max_attempts, error,
+                                 created_at, updated_at, queue_id, finished_at)
+SELECT 'bench.task' || (g %% 3), '{}'::jsonb, 'done', 0, t, t, 1, 5, '', t, t, %(queue)s, t + interval '2 seconds'
+FROM (SELECT g, %(start)s::timestamptz + g * %(step)s::float8 * interval '1 second' AS t
+      FROM generate_series(1, %(n)s) g ORDER BY g) s
+"""
+SEED_RESERVATIONS = """
+INSERT INTO queue_app_reservation (attempt, worker_id, reserved_at, lease_expires_at, heartbeat_at, finished_at,
+                                   outcome, error, traceback, item_id)
+SELECT 1, 'bench', run_at + (id %% 7) * interval '1 second', run_at + interval '60 seconds', run_at,
+       run_at + (id %% 7) * interval '1 second' + (id %% 13) * interval '100 milliseconds',
+       CASE WHEN id %% 20 = 0 THEN 'retry' ELSE 'done' END, '', '', id
+FROM queue_app_queueitem WHERE queue_id = %(queue)s AND id > %(after)s ORDER BY id
+"""
+LINK = """
+UPDATE queue_app_queueitem i SET reservation_id = r.id FROM queue_app_reservation r
+WHERE r.item_id = i.id AND i.queue_id = %(queue)s AND i.id > %(after)s
+"""
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - t0, result
+
+
+def seed(n: int, start: dt.datetime, span: dt.timedelta) -> None:
+    from queue_app import engine
+
+    engine.ensure_queue(QUEUE)
+    with connection.cursor() as cur:
+        cur.execute("SELECT coalesce(max(id), 0) FROM queue_app_queueitem")
+        after = cur.fetchone()[0]
+        step = span.total_seconds() / n
+        cur.execute(SEED_ITEMS, {"queue": QUEUE, "start": start, "step": step, "n": n})
+        cur.execute(SEED_RESERVATIONS, {"queue": QUEUE, "after": after})
+        cur.execute(LINK, {"queue": QUEUE, "after": after})
+        cur.execute("ANALYZE queue_app_reservation")
+        cur.execute("ANALYZE queue_app_queueitem")
+
+
+def cleanup() -> None:
+    from queue_app.spark.pipelines.queue_analytics import TABLE, watermark_name
+
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(
+            "DELETE FROM queue_app_reservation WHERE item_id IN "
+            "(SELECT id FROM queue_app_queueitem WHERE queue_id = %s)",
+            [QUEUE],
+        )
+        cur.execute("DELETE FROM queue_app_queueitem WHERE queue_id = %s", [QUEUE])
+        cur.execute(f"DELETE FROM {TABLE} WHERE queue = %s", [QUEUE])
+        cur.execute("DELETE FROM queue_app_sparkwatermark WHERE name = %s", [watermark_name([QUEUE])])
+
+
+def postgres_aggregate(since: dt.datetime, until: dt.datetime) -> float:
+    """Seconds PostgreSQL takes for the same per (queue, task, hour) figures over the same rows."""
+    from queue_app.spark.pipelines.queue_analytics import SOURCE_SQL
+
+    sql = f"""
+    WITH src AS ({SOURCE_SQL}), wait_sample AS (
+        SELECT DISTINCT ON (item_id) id FROM src WHERE reserved_at >= run_at ORDER BY item_id, reserved_at, id)
+    SELECT src.queue, src.task, date_trunc('hour', src.reserved_at, 'UTC'),
+           count(*) FILTER (WHERE outcome = 'done'), count(*) FILTER (WHERE outcome <> 'done'),
+           count(*) FILTER (WHERE attempt > 1),
+           percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM reserved_at - run_at))
+               FILTER (WHERE ws.id IS NOT NULL),
+           percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - reserved_at))
+    FROM src LEFT JOIN wait_sample ws ON ws.id = src.id
+    WHERE src.reserved_at >= %(since)s AND src.reserved_at < %(until)s
+    GROUP BY 1, 2, 3
+    """
+    params = {"since": since, "until": until, "all_queues": False, "queues": [QUEUE]}
+    with connection.cursor() as cur:
+        seconds, _ = _timed(lambda: (cur.execute(sql, params), cur.fetchall()))
+    return seconds
+
+
+def analytics(history: int, new: int, partitions: int, out: Callable[[str], None]) -> dict[str, Any]:
+    from pyspark.sql import SparkSession
+
+    from queue_app.spark.pipelines.queue_analytics import publish_hourly_stats
+    from queue_app.spark.registry import get_job
+    from queue_app.spark.session import run_conf
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Python workers run this interpreter
+    job = get_job("queue_analytics")
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    cleanup()
+    out(f"seeding {history:,} reservations of history and {new:,} new ones (queue {QUEUE}) ...")
+    seed(history, now - dt.timedelta(days=7), dt.timedelta(days=7) - dt.timedelta(hours=2))
+    builder = SparkSession.builder.master(os.environ.get("SPARK_MASTER") or "local[2]")
+    for key, value in {**run_conf("bench"), "spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+
+    def run(raw: dict[str, Any]) -> tuple[float, Any]:
+        values = job.validate(job.dump_params(job.prepare(job.validate(raw))))
+        seconds, result = _timed(lambda: job.func(spark, values))
+        with transaction.atomic():
+            publish_hourly_stats(result.outputs, None)
+        return seconds, result
+
+    base = {"queues": QUEUE, "partitions": partitions}
+    try:
+        run({**base, "full": True})  # JIT and caches warm: the figures below are the second run's
+        full_s, full = run({**base, "full": True})
+        pg_full_s = postgres_aggregate(now - dt.timedelta(days=30), now)
+        seed(new, now - dt.timedelta(hours=1, minutes=50), dt.timedelta(hours=1))
+        inc_s, inc = run(base)
+        since = dt.datetime.fromisoformat(inc.metrics["since"])
+        pg_inc_s = postgres_aggregate(since, dt.datetime.fromisoformat(inc.metrics["until"]))
+    finally:
+        spark.stop()
+        cleanup()
+    return {
+        "reader": full.metrics["reader"],
+        "full": {
+            "attempts": full.metrics["attempts"],
+            "spark_s": round(full_s, 3),
+            "postgres_s": round(pg_full_s, 3),
+            "ratio": round(full_s / pg_full_s, 2),
+        },
+        "incremental": {
+            "attempts": inc.metrics["attempts"],
+            "spark_s": round(inc_s, 3),
+            "postgres_s": round(pg_inc_s, 3),
+            "ratio": round(inc_s / pg_inc_s, 2),
+        },
+    }
+
+
+def startup(out: Callable[[str], None]) -> dict[str, Any]:
+    """Bare spark-submit of a script vs the same script by path through jobsite's launcher."""
+    from queue_app.spark import launch
+    from queue_app.spark.scripts import ROOTS_ENV
+    from queue_app.spark.session import spark_home
+
+    with tempfile.TemporaryDirectory(prefix="spark-bench-") as root:
+        script = os.path.join(root, "pi.py")
+        with open(script, "w") as f:
+            f.write(PI)
+        env = {
+            **os.environ,
+            "SPARK_HOME": spark_home(),
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+        }
+        out("bare spark-submit ...")
+        bare_s, _ = _timed(
+            lambda: subprocess.run(
+                [os.path.join(spark_home(), "bin", "spark-submit"), "--master", "local[2]", script, "20000"],
+                env=env,
+                capture_output=True,
+                check=True,
+            )
+        )
+        os.environ[ROOTS_ENV] = root
+        first: list[float] = []
+        t0 = time.perf_counter()
+        out("the same script through jobsite's launcher ...")
+        result = launch(
+            "script",
+            {"path": script, "args": json.dumps(["20000"])},
+            "bench",
+            master="local[2]",
+            on_progress=lambda p: first.append(time.perf_counter() - t0) if p.get("tasks_total") else None,
+        )
+        total = time.perf_counter() - t0
+    return {
+        "bare_spark_submit_s": round(bare_s, 2),
+        "jobsite_cold_s": round(total, 2),
+        "jobsite_cold_first_task_s": round(first[0], 2) if first else None,
+        "jobsite_outcome": result.outcome,
+        "warm": "not built (Spark Connect sessions are future work)",
+    }

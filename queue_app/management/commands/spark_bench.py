@@ -1,0 +1,56 @@
+"""`manage.py spark_bench`: Spark start-up (bare spark-submit vs a script through jobsite) and queue analytics
+(full rebuild and incremental vs PostgreSQL's own aggregate), from one run; see queue_app/bench/spark_bench.py.
+
+    python manage.py spark_bench --quick
+    python manage.py spark_bench --history 1000000 --new 100000 --json
+"""
+
+import json
+
+from django.core.management.base import BaseCommand
+
+from queue_app.bench import spark_bench
+
+QUICK = {"history": 100_000, "new": 10_000}
+DEFAULT = {"history": 1_000_000, "new": 100_000}
+
+
+class Command(BaseCommand):
+    help = "Measure Spark start-up through jobsite and queue analytics (full, incremental) against PostgreSQL."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+        parser.add_argument("--history", type=int, help="reservations of history (default 1,000,000; quick 100,000)")
+        parser.add_argument("--new", type=int, help="reservations added before the incremental run")
+        parser.add_argument("--partitions", type=int, default=4, help="parallel JDBC range reads")
+        parser.add_argument("--skip-startup", action="store_true", help="only the analytics part")
+        parser.add_argument("--json", dest="as_json", action="store_true", help="print the figures as JSON")
+
+    def handle(self, *args, quick, history, new, partitions, skip_startup, as_json, **options):
+        sizes = QUICK if quick else DEFAULT
+        history, new = history or sizes["history"], new or sizes["new"]
+        for name, value in (("--history", history), ("--new", new), ("--partitions", partitions)):
+            if value < 1:
+                self.stderr.write(f"{name} must be at least 1")
+                raise SystemExit(2)
+        say = self.stderr.write if as_json else self.stdout.write
+        figures = {"analytics": spark_bench.analytics(history, new, partitions, say)}
+        if not skip_startup:
+            figures["startup"] = spark_bench.startup(say)
+        if as_json:
+            self.stdout.write(json.dumps(figures))
+            return
+        a = figures["analytics"]
+        self.stdout.write(f"reader: {a['reader']}")
+        for part in ("full", "incremental"):
+            f = a[part]
+            self.stdout.write(
+                f"{part:12} {f['attempts']:>10,} attempts  spark {f['spark_s']:.2f} s  "
+                f"postgres {f['postgres_s']:.2f} s  ratio {f['ratio']:.2f}x"
+            )
+        if "startup" in figures:
+            s = figures["startup"]
+            self.stdout.write(
+                f"start-up: bare spark-submit {s['bare_spark_submit_s']} s; jobsite cold {s['jobsite_cold_s']} s "
+                f"(trigger -> first task seen {s['jobsite_cold_first_task_s']} s); warm: {s['warm']}"
+            )

@@ -1,0 +1,143 @@
+"""Spark event logs kept per run, and what a finished run's log says: its final progress and metrics.
+
+Every launched run writes its event log (`spark.eventLog.*`, uncompressed JSON lines) into its own directory,
+`<JOBSITE_SPARK_EVENT_LOG_DIR or var/spark-events>/run-<id>/`, one file per attempt named by the Spark app id.
+The run page names the file; Spark's history server reads the directory as it is. For a script (which prints
+no progress events of its own) the log is also where the final numbers come from once the driver has gone:
+the status REST API it served while running stops with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from typing import Any
+
+from django.conf import settings
+
+
+def base_dir() -> str:
+    return os.environ.get("JOBSITE_SPARK_EVENT_LOG_DIR") or os.path.join(str(settings.VAR_DIR), "spark-events")
+
+
+def run_dir(run_id: int | str) -> str:
+    return os.path.join(base_dir(), f"run-{run_id}")
+
+
+def conf(run_id: int | str) -> dict[str, str]:
+    """Spark conf that writes the run's event log into its own directory (created here)."""
+    directory = run_dir(run_id)
+    os.makedirs(directory, exist_ok=True)
+    return {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": f"file://{os.path.abspath(directory)}",
+        "spark.eventLog.compress": "false",
+        "spark.eventLog.rolling.enabled": "false",
+    }
+
+
+def files(run_id: int | str) -> list[str]:
+    """The run's event log files, oldest first (one per attempt; `.inprogress` while its driver lives)."""
+    directory = run_dir(run_id)
+    try:
+        names = [os.path.join(directory, n) for n in os.listdir(directory)]
+    except OSError:
+        return []
+    return sorted((n for n in names if os.path.isfile(n)), key=os.path.getmtime)
+
+
+def log_for(run_id: int | str, app_id: str | None) -> str | None:
+    """The event log file of app `app_id` of run `run_id` (finished or still in progress), if there is one."""
+    for path in reversed(files(run_id)):
+        name = os.path.basename(path)
+        if not app_id or name in (app_id, f"{app_id}.inprogress"):
+            return path
+    return None
+
+
+def delete(run_ids: Iterable[int]) -> None:
+    for run_id in run_ids:
+        shutil.rmtree(run_dir(run_id), ignore_errors=True)
+
+
+_METRICS = {
+    "Executor Run Time": "executor_run_ms",
+    "JVM GC Time": "gc_ms",
+    "Result Size": "result_bytes",
+}
+
+
+def summarize(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(progress, metrics) of the application whose event log is at `path`.
+
+    Progress counts like the child's status-tracker poll: a stage skipped because its shuffle output existed
+    counts as done. Metrics sum the successful tasks' metrics (input, output, shuffle, run time).
+    """
+    stages: dict[int, int] = {}  # stage id -> number of tasks
+    stage_done: set[int] = set()
+    submitted: set[int] = set()
+    jobs: dict[int, list[int]] = {}
+    jobs_ok: set[int] = set()
+    jobs_failed: set[int] = set()
+    tasks_done = tasks_failed = 0
+    metrics = dict.fromkeys(
+        ("input_bytes", "input_records", "output_bytes", "output_records", "shuffle_read_bytes", "shuffle_write_bytes"),
+        0,
+    )
+    metrics.update(dict.fromkeys(_METRICS.values(), 0))
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # the last line of a log whose driver was killed mid-write
+            kind = event.get("Event")
+            if kind == "SparkListenerJobStart":
+                infos = event.get("Stage Infos") or []
+                jobs[event["Job ID"]] = [s["Stage ID"] for s in infos]
+                for s in infos:
+                    stages[s["Stage ID"]] = s.get("Number of Tasks", 0)
+            elif kind == "SparkListenerJobEnd":
+                ok = (event.get("Job Result") or {}).get("Result") == "JobSucceeded"
+                (jobs_ok if ok else jobs_failed).add(event["Job ID"])
+            elif kind == "SparkListenerStageSubmitted":
+                submitted.add(event["Stage Info"]["Stage ID"])
+            elif kind == "SparkListenerStageCompleted":
+                info = event["Stage Info"]
+                if not info.get("Failure Reason"):
+                    stage_done.add(info["Stage ID"])
+            elif kind == "SparkListenerTaskEnd":
+                if (event.get("Task End Reason") or {}).get("Reason") != "Success":
+                    tasks_failed += 1
+                    continue
+                tasks_done += 1
+                _add_task_metrics(metrics, event.get("Task Metrics") or {})
+    skipped = {s for job in jobs_ok for s in jobs[job] if s not in submitted}
+    progress = {
+        "jobs_total": len(jobs),
+        "jobs_done": len(jobs_ok),
+        "jobs_failed": len(jobs_failed),
+        "stages_total": len(stages),
+        "stages_done": len((stage_done | skipped) & stages.keys()),
+        "tasks_total": sum(stages.values()),
+        "tasks_done": min(tasks_done + sum(stages[s] for s in skipped), sum(stages.values())),
+        "tasks_active": 0,
+        "tasks_failed": tasks_failed,
+    }
+    metrics["tasks"] = tasks_done
+    metrics["jobs"] = len(jobs)
+    return progress, metrics
+
+
+def _add_task_metrics(metrics: dict[str, Any], tm: dict[str, Any]) -> None:
+    for key, name in _METRICS.items():
+        metrics[name] += tm.get(key) or 0
+    metrics["input_bytes"] += (tm.get("Input Metrics") or {}).get("Bytes Read", 0)
+    metrics["input_records"] += (tm.get("Input Metrics") or {}).get("Records Read", 0)
+    metrics["output_bytes"] += (tm.get("Output Metrics") or {}).get("Bytes Written", 0)
+    metrics["output_records"] += (tm.get("Output Metrics") or {}).get("Records Written", 0)
+    read = tm.get("Shuffle Read Metrics") or {}
+    metrics["shuffle_read_bytes"] += read.get("Remote Bytes Read", 0) + read.get("Local Bytes Read", 0)
+    metrics["shuffle_write_bytes"] += (tm.get("Shuffle Write Metrics") or {}).get("Shuffle Bytes Written", 0)

@@ -1,0 +1,149 @@
+"""Existing PySpark scripts run unmodified by path: standard example programs that know nothing of jobsite
+(tests/spark_scripts/) run under spark-submit, with progress, app id, metrics and the failure reason read from
+the driver's status REST API and its event log, and cancel stopping the whole process group.
+
+One spark-submit at a time (two cores shared with other suites): local[2], a start-up tuned JVM, small data.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from queue_app.models import ItemState, QueueItem, SparkRun
+from queue_app.spark import eventlog, launch
+from queue_app.spark.launcher import group_members
+from queue_app.spark.runs import cancel_run, trigger_run
+from queue_app.spark.scripts import ROOTS_ENV, register_script
+from tests.spark_fixtures import require_spark
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.spark
+SCRIPTS = Path(__file__).parent / "spark_scripts"
+FAST = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+
+
+@pytest.fixture(autouse=True)
+def _roots(monkeypatch, tmp_path):
+    require_spark()
+    monkeypatch.setenv(ROOTS_ENV, str(SCRIPTS))
+    monkeypatch.setenv("JOBSITE_SPARK_EVENT_LOG_DIR", str(tmp_path / "events"))
+
+
+def run_script(name, run_id, params, **kwargs):
+    seen = []
+    result = launch(name, params, run_id, master="local[2]", env=FAST, on_progress=seen.append, **kwargs)
+    return result, seen
+
+
+@pytest.mark.django_db
+def test_word_count_runs_by_path_with_progress_app_id_and_metrics(tmp_path):
+    text = tmp_path / "words.txt"
+    text.write_text("the quick brown fox\njumps over the lazy dog\nthe end\n" * 50)
+    result, seen = run_script("script", "wc", {"path": str(SCRIPTS / "wordcount.py"), "args": json.dumps([str(text)])})
+    assert result.outcome == "succeeded", (result.error, result.log_tail[-2000:])
+    assert "the: 150" in result.log_tail.splitlines()  # the script's own output, in the run's log
+    assert result.app_id.startswith("local-")
+    assert seen and seen[0]["tasks_total"] <= seen[-1]["tasks_total"]  # live progress from the REST API
+    assert result.progress["jobs_done"] == result.progress["jobs_total"] >= 1
+    assert result.progress["tasks_done"] == result.progress["tasks_total"] > 0
+    assert result.metrics["input_bytes"] >= text.stat().st_size and result.metrics["tasks"] > 0
+    assert eventlog.log_for("wc", result.app_id).endswith(result.app_id)  # the run's event log is kept
+
+
+@pytest.mark.django_db
+def test_a_registered_dataframe_sql_script_renders_its_args_and_writes_parquet(tmp_path):
+    source = tmp_path / "sales.csv"
+    source.write_text("region,amount\n" + "".join(f"{r},{a}\n" for r in ("north", "south", "east") for a in (1, 2)))
+    register_script(
+        "sales_report_test",
+        path=str(SCRIPTS / "sales_report.py"),
+        args=["{input}", "{output}"],
+        params=[
+            {"name": "input", "type": "path", "required": True, "must_exist": True},
+            {"name": "output", "type": "path", "required": True},
+        ],
+        conf={"spark.sql.shuffle.partitions": "2"},
+        driver_memory="512m",
+    )
+    out = tmp_path / "report"
+    result, _ = run_script("sales_report_test", "sales", {"input": str(source), "output": str(out)})
+    assert result.outcome == "succeeded", (result.error, result.log_tail[-2000:])
+    assert f"wrote 3 regions to {out}" in result.log_tail
+    assert list(out.glob("part-*.parquet")) and (out / "_SUCCESS").exists()
+    assert result.metrics["output_records"] == 3 and result.metrics["jobs"] == result.progress["jobs_total"]
+
+
+@pytest.mark.django_db
+def test_a_failing_script_shows_its_python_exception():
+    result, _ = run_script("script", "fail", {"path": str(SCRIPTS / "failing.py"), "args": "[]"})
+    assert result.outcome == "failed" and result.returncode not in (0, None)
+    assert result.error == "ValueError: bad input: expected 11 rows, found 10"
+    assert result.progress["jobs_done"] == result.progress["jobs_total"] >= 1  # its Spark jobs ran before it raised
+
+
+@pytest.fixture
+def script_worker(spawn, test_db_name):
+    return spawn(
+        "run_worker",
+        "--queues",
+        "spark",
+        "--concurrency",
+        "1",
+        "--poll-interval",
+        "0.5",
+        env={
+            ROOTS_ENV: str(SCRIPTS),
+            "SPARK_MASTER": "local[2]",
+            "JOBSITE_SPARK_STOP_GRACE": "3",
+            "JOBSITE_SPARK_EVENT_LOG_DIR": os.environ["JOBSITE_SPARK_EVENT_LOG_DIR"],
+            **FAST,
+        },
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cli_runs_a_script_through_a_worker_and_prints_one_json_object(script_worker, manage):
+    result = manage(
+        "spark_run",
+        "--script",
+        str(SCRIPTS / "pi.py"),
+        "--arg",
+        "3",
+        "--arg",
+        "20000",
+        "--wait",
+        "--json",
+        "--poll",
+        "0.5",
+        timeout=240,
+        env={ROOTS_ENV: str(SCRIPTS)},
+    )
+    assert result.returncode == 0, (result.stdout, result.stderr[-3000:])
+    out = json.loads(result.stdout)
+    assert set(out) >= {"id", "state", "app_id", "error", "metrics", "progress"}
+    assert out["state"] == "succeeded" and out["error"] is None and out["app_id"].startswith("local-")
+    assert out["progress"]["tasks"] == {"done": 3, "total": 3}
+    assert out["progress"]["jobs"] == {"done": 1, "total": 1} and out["progress"]["stages"]["done"] == 1
+    assert out["metrics"]["tasks"] == 3
+    run = SparkRun.objects.get(id=out["id"])
+    assert run.job == "script" and "Pi is roughly 3.1" in run.log_tail
+    assert QueueItem.objects.get(id=run.item_id).state == ItemState.DONE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_of_a_running_script_stops_its_process_group(script_worker):
+    run = trigger_run("script", {"path": str(SCRIPTS / "slow.py"), "args": '["2", "120"]'}, trigger="orm")
+    running = wait_for(
+        lambda: (r := SparkRun.objects.get(id=run.id)).progress.get("tasks_active") and r,
+        150,
+        what="the script's tasks to run",
+    )
+    assert running.state == "running" and running.app_id and running.ui_url.startswith("http://127.0.0.1:")
+    assert group_members(running.driver_pgid)
+    assert cancel_run(run.id, actor="tester")
+    ended = wait_for(lambda: (r := SparkRun.objects.get(id=run.id)).is_final and r, 60, what="the run to end")
+    assert ended.state == "cancelled"
+    assert group_members(running.driver_pgid) == []
+    assert QueueItem.objects.get(id=run.item_id).state == ItemState.CANCELLED
