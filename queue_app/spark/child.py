@@ -121,20 +121,7 @@ class ProgressMonitor(threading.Thread):
     def snapshot(self) -> dict[str, Any]:
         tracker = self.sc.statusTracker()
         active = set(tracker.getActiveStageIds())
-        total = dict.fromkeys(
-            (
-                "jobs_total",
-                "jobs_done",
-                "jobs_failed",
-                "stages_total",
-                "stages_done",
-                "tasks_total",
-                "tasks_done",
-                "tasks_active",
-                "tasks_failed",
-            ),
-            0,
-        )
+        total = protocol.zero_progress()
         active_stages: list[dict[str, Any]] = []
         for job_id in sorted(tracker.getJobIdsForGroup(self.group)):
             counts = self._final.get(job_id)

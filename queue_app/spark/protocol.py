@@ -23,6 +23,23 @@ EXIT_CANCELLED = 75  # sysexits EX_TEMPFAIL: SIGTERM received, job group cancell
 
 
 COUNTED = ("jobs", "stages", "tasks")
+# Every count a PROGRESS event carries, whichever side measures it (statusTracker in child.py, the driver's REST
+# API in statusapi.py).
+PROGRESS_COUNTS = (
+    "jobs_total",
+    "jobs_done",
+    "jobs_failed",
+    "stages_total",
+    "stages_done",
+    "tasks_total",
+    "tasks_done",
+    "tasks_active",
+    "tasks_failed",
+)
+
+
+def zero_progress() -> dict[str, int]:
+    return dict.fromkeys(PROGRESS_COUNTS, 0)
 
 
 def monotonic(previous: dict[str, Any] | None, current: dict[str, Any] | None) -> dict[str, Any]:

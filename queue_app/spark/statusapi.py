@@ -84,20 +84,7 @@ class StatusPoller(threading.Thread):
 
     def _report(self) -> None:
         jobs = self.get(f"/{self.app_id}/jobs")
-        progress = dict.fromkeys(
-            (
-                "jobs_total",
-                "jobs_done",
-                "jobs_failed",
-                "stages_total",
-                "stages_done",
-                "tasks_total",
-                "tasks_done",
-                "tasks_active",
-                "tasks_failed",
-            ),
-            0,
-        )
+        progress = protocol.zero_progress()
         for job in jobs:
             progress["jobs_total"] += 1
             progress["jobs_done"] += job["status"] == "SUCCEEDED"
