@@ -14,7 +14,9 @@ from pathlib import Path
 
 APP = Path(__file__).resolve().parent.parent / "queue_app"
 TOOLING = ("queue_app.bench", "queue_app.chaos")
-TOOLING_COMMANDS = {"queue_app.management.commands.queue_bench", "queue_app.management.commands.queue_chaos"}
+TOOLING_COMMANDS = {
+    f"queue_app.management.commands.{name}" for name in ("queue_bench", "queue_chaos", "spark_bench", "webhook_bench")
+}
 
 
 def module_name(path: Path) -> str:
