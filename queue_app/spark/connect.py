@@ -78,6 +78,8 @@ def server_command(url: ConnectUrl, master: str | None = None) -> list[str]:
             "spark.app.name": "jobsite-spark-connect",
             "spark.connect.grpc.binding.address": "127.0.0.1" if url.host != "::1" else "::1",
             "spark.connect.grpc.binding.port": str(url.port),
+            # Progress reaches runs every 250 ms (default 2 s): the run page and trigger -> first task see it.
+            "spark.connect.progress.reportInterval": "250ms",
         }
     )
     cmd = [
