@@ -175,3 +175,13 @@ def test_server_killed_mid_run_the_run_falls_back_to_spark_submit_and_the_server
         what="the supervisor to restart the server",
     )
     assert restarted.pid != server.pid
+
+
+def test_spark_connect_server_refuses_a_non_loopback_url_and_starts_nothing():
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="must be on loopback"):
+        call_command("spark_connect_server", "--url", "sc://0.0.0.0:15002")
+    with pytest.raises(CommandError, match="--interval must be positive"):
+        call_command("spark_connect_server", "--url", "sc://127.0.0.1:15002", "--interval", "0")
+    assert not SparkConnectServer.objects.exists()
