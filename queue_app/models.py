@@ -440,6 +440,28 @@ class SparkTrigger(models.TextChoices):
     WORKFLOW = "workflow"
 
 
+class SparkConnectServer(models.Model):
+    """The health of one jobsite-supervised Spark Connect server (`manage.py spark_connect_server`), written by
+    its supervisor: the Spark pages show it, and runs use the server only while it answers."""
+
+    id = models.CharField(primary_key=True, max_length=300, help_text="host:port")
+    url = models.CharField(max_length=200)
+    master = models.CharField(max_length=200, blank=True, default="")
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField(null=True, blank=True, help_text="The server's JVM (spark-submit) process.")
+    healthy = models.BooleanField(default=False)
+    restarts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "Spark Connect server"
+
+    def __str__(self) -> str:
+        return self.url
+
+
 class SparkRun(models.Model):
     """One run of a registered Spark job, carried by one queue item on the `spark` queue."""
 

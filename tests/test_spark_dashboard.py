@@ -247,3 +247,33 @@ def test_views_need_view_permission_and_staff(django_user_model):
         assert client.get(url(view)).status_code == 403
     anonymous = Client().get(url("trigger"))
     assert anonymous.status_code == 302 and "/login/" in anonymous["Location"]
+
+
+def test_run_list_shows_the_spark_connect_servers_health_and_a_run_page_its_path(spark_client, monkeypatch):
+    from queue_app.models import SparkConnectServer
+
+    monkeypatch.setenv("JOBSITE_SPARK_CONNECT", "sc://127.0.0.1:15002")
+    client = spark_client()
+    page = client.get(url("changelist")).content.decode()
+    assert "configured, but no supervisor has reported" in page  # no row yet: said, not hidden
+
+    SparkConnectServer.objects.create(
+        id="host:15002",
+        url="sc://127.0.0.1:15002",
+        master="local[*]",
+        host="host",
+        pid=4242,
+        healthy=True,
+        restarts=2,
+        last_heartbeat=timezone.now(),
+    )
+    page = client.get(url("changelist")).content.decode()
+    assert "(used by runs)" in page and "healthy" in page and "4242" in page and "unhealthy" not in page
+    SparkConnectServer.objects.filter(id="host:15002").update(last_heartbeat=timezone.now() - dt.timedelta(minutes=5))
+    assert "no heartbeat" in client.get(url("changelist")).content.decode()
+
+    run = finished_run(progress={"path": "spark-submit", "fallback": "Spark Connect server sc://x lost mid-run"})
+    page = client.get(url("change", run.id)).content.decode()
+    assert "fell back from Spark Connect: Spark Connect server sc://x lost mid-run" in page
+    warm = finished_run(progress={"path": "connect"})
+    assert "warm (Spark Connect server)" in client.get(url("change", warm.id)).content.decode()

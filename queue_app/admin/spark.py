@@ -27,7 +27,7 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
 from ..models import SPARK_FINAL_STATES as SPARK_FINAL
-from ..models import QueueStatsHourly, SparkRun, SparkRunState
+from ..models import QueueStatsHourly, SparkConnectServer, SparkRun, SparkRunState
 from ..spark import all_jobs, eventlog, get_job
 from ..spark.forms import SparkRunForm
 from ..spark.registry import SparkParamError, UnknownSparkJob
@@ -65,6 +65,26 @@ def progress_of(run: SparkRun) -> dict[str, Any]:
     tasks = bars[2]
     pct = 100 if run.state == SparkRunState.SUCCEEDED else tasks["pct"]
     return {"bars": bars, "pct": pct, "label": f"{tasks['done']}/{tasks['total']} tasks" if tasks["total"] else ""}
+
+
+def connect_servers() -> list[dict[str, Any]]:
+    """jobsite's Spark Connect servers and their health as their supervisors last wrote it (warm runs)."""
+    from queue_app.spark import connect
+    from queue_app.spark.connect_health import STALE_AFTER
+
+    try:
+        configured = str(connect.configured() or "")
+    except connect.ConnectConfigError as exc:
+        configured = f"invalid: {exc}"
+    now = timezone.now()
+    return [
+        {
+            "server": server,
+            "used": str(server.url) == configured,
+            "fresh": bool(server.last_heartbeat and now - server.last_heartbeat <= STALE_AFTER),
+        }
+        for server in SparkConnectServer.objects.order_by("id")
+    ] or ([{"server": None, "configured": configured}] if configured else [])
 
 
 def duration_of(run: SparkRun) -> float | None:
@@ -363,7 +383,11 @@ class SparkRunAdmin(ReadOnlyAdmin):
         return TemplateResponse(request, TEMPLATES + "charts.html", context)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
-        extra = {"list_live_url": self.reverse("list_live"), "refresh_seconds": LIST_LIVE_SECONDS}
+        extra = {
+            "list_live_url": self.reverse("list_live"),
+            "refresh_seconds": LIST_LIVE_SECONDS,
+            "connect_servers": connect_servers(),
+        }
         return super().changelist_view(request, {**extra, **(extra_context or {})})
 
 

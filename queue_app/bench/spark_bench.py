@@ -2,6 +2,8 @@
 
 * start-up: a bare `spark-submit` of a small PySpark script against the same script run by path through
   jobsite's launcher (its status-API progress, event log): total time, and jobsite's trigger -> first task;
+* warm: a registered function cold through spark-submit against the same function through a Spark Connect server
+  (connect.py) started by the bench: trigger -> first task done, and total;
 * analytics: queue_analytics as a full rebuild and as an incremental run against PostgreSQL computing the
   same aggregates (the test suite's definition SQL) over the same rows.
 
@@ -210,5 +212,72 @@ def startup(out: Callable[[str], None]) -> dict[str, Any]:
         "jobsite_cold_s": round(total, 2),
         "jobsite_cold_first_task_s": round(first[0], 2) if first else None,
         "jobsite_outcome": result.outcome,
-        "warm": "not built (Spark Connect sessions are future work)",
+    }
+
+
+def _first_task_and_total(job: str, params: dict[str, Any], run_id: str) -> dict[str, Any]:
+    from queue_app.spark import launch
+
+    first: list[float] = []
+    t0 = time.perf_counter()
+    result = launch(
+        job,
+        params,
+        run_id,
+        master="local[2]",
+        on_progress=lambda p: first.append(time.perf_counter() - t0) if p.get("tasks_done") else None,
+    )
+    return {
+        "first_task_s": round(first[0], 2) if first else None,
+        "total_s": round(time.perf_counter() - t0, 2),
+        "outcome": result.outcome,
+        "path": result.path,
+    }
+
+
+def warm(out: Callable[[str], None], runs: int = 3) -> dict[str, Any]:
+    """A registered function (demo_sleep, 2 tasks of 0 s) cold through spark-submit, then `runs` times through a
+    Spark Connect server started here (its own start not counted, as a warm server is already up): trigger ->
+    first task done, and total."""
+    import socket
+
+    from queue_app.spark import connect, connect_health
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = connect.parse_url(f"sc://127.0.0.1:{s.getsockname()[1]}")
+    params = {"tasks": 2, "seconds": 0}
+    os.environ.pop(connect.ENV, None)
+    out("a registered function, cold (spark-submit) ...")
+    cold = _first_task_and_total("demo_sleep", params, "bench-cold")
+    supervisor = connect.Supervisor(url, master="local[2]", log=out)
+    out(f"starting a Spark Connect server on {url} ...")
+    supervisor.start()
+    try:
+        session = None
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            error, session = connect.probe(url, session)
+            if not error:
+                break
+            time.sleep(0.5)
+        connect_health.record(url, "local[2]", pid=supervisor.proc.pid, healthy=not error, error=error)
+        os.environ[connect.ENV] = str(url)
+        warm_runs = []
+        for i in range(runs):
+            out(f"the same function through the warm server ({i + 1}/{runs}) ...")
+            warm_runs.append(_first_task_and_total("demo_sleep", params, f"bench-warm-{i}"))
+    finally:
+        os.environ.pop(connect.ENV, None)
+        supervisor.stop()
+        from queue_app.models import SparkConnectServer
+
+        SparkConnectServer.objects.filter(url=str(url)).delete()
+    best = min((r for r in warm_runs if r["first_task_s"] is not None), key=lambda r: r["total_s"], default=None)
+    return {
+        "cold": cold,
+        "warm_runs": warm_runs,
+        "first_task_ratio": round(cold["first_task_s"] / best["first_task_s"], 1)
+        if best and cold["first_task_s"]
+        else None,
     }

@@ -7,6 +7,9 @@ job in the job group `jobsite-run-<id>`. While the job runs, a thread polls `sta
 about once a second and prints progress events (protocol.py) on stdout; everything else the run prints is a
 log line. The result (status, metrics, outputs, error) goes to the output file, written atomically.
 
+With `--connect sc://...` the launcher starts this file with plain Python (no spark-submit, no JVM) and the run
+goes through a session of jobsite's Spark Connect server instead (connect_child.py).
+
 Cancel: on SIGTERM the progress thread calls `cancelJobGroup` (on its own py4j connection: the main thread may
 be blocked inside a py4j call, so the handler itself never talks to the JVM), the main thread stops with
 `RunCancelled`, and the process exits with protocol.EXIT_CANCELLED.
@@ -187,6 +190,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--params-json", default="{}")
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--output-file", required=True)
+    parser.add_argument("--connect", help="run through this Spark Connect server (sc://...) instead of a local JVM")
+    parser.add_argument("--tag", default="", help="the operation tag of this attempt (with --connect)")
     return parser.parse_args(argv)
 
 
@@ -207,6 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     except (registry.SparkJobError, ValueError) as exc:
         write_output(args.output_file, {"status": "failed", "error": str(exc)})
         return protocol.EXIT_BAD_PARAMS
+
+    if args.connect:
+        from queue_app.spark import connect_child
+
+        return connect_child.run(args, job, params, {"django": round(django_ready - began, 3)})
 
     from pyspark.sql import SparkSession
 

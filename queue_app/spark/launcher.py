@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from queue_app.spark import eventlog, protocol, session, statusapi
+from queue_app.spark import connect, eventlog, protocol, session, statusapi
 from queue_app.spark.java import JavaNotFound, check_java
 from queue_app.spark.policy import policy_for
 from queue_app.spark.registry import SparkJobError, get_job
@@ -59,6 +59,8 @@ class LaunchResult:
     returncode: int | None = None
     duration: float = 0.0
     progress: Mapping[str, Any] | None = None  # the last progress event
+    path: str = "spark-submit"  # or "connect": through jobsite's Spark Connect server (connect.py)
+    fallback: str | None = None  # why a run meant for the Connect server ran with spark-submit
 
 
 def _submit_head(run_id: int | str, master: str | None, conf: Mapping[str, str] | None) -> list[str]:
@@ -84,7 +86,12 @@ def submit_command(
     conf: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The spark-submit command line of a run (`params` already validated and JSON-safe)."""
-    return _submit_head(run_id, master, conf) + [
+    return _submit_head(run_id, master, conf) + child_args(job, params, run_id, output_file)
+
+
+def child_args(job: str, params: Mapping[str, Any], run_id: int | str, output_file: str) -> list[str]:
+    """child.py and its arguments for one run."""
+    return [
         CHILD_SCRIPT,
         "--job",
         job,
@@ -148,14 +155,48 @@ def launch(
         values = spark_job.validate(params)
         check_java()
         script = spark_job.script.bind(values, spark_job.params) if spark_job.script is not None else None
-    except (SparkJobError, JavaNotFound) as exc:
+        connect.configured()  # a malformed JOBSITE_SPARK_CONNECT is said before anything starts
+    except (SparkJobError, JavaNotFound, connect.ConnectConfigError) as exc:
         return LaunchResult(outcome="failed", error=str(exc))
     master = master or session.spark_master()
-    workdir = tempfile.mkdtemp(prefix=f"{session.job_group(run_id)}-")
-    output_file = os.path.join(workdir, "result.json")
     run_conf = {**policy_for(spark_job).conf(), **spark_job.conf, **(conf or {}), **eventlog.conf(run_id)}
     child_env = dict(env or {})
-    poller = None
+    warm = _warm_server(script, master, on_log)
+    if warm is not None:
+        # A registered function through jobsite's Spark Connect server: a light child, no JVM of its own.
+        tag = f"{session.job_group(run_id)}-{uuid.uuid4().hex[:12]}"
+        workdir = tempfile.mkdtemp(prefix=f"{session.job_group(run_id)}-")
+        output_file = os.path.join(workdir, "result.json")
+        cmd = [sys.executable, *child_args(job, spark_job.dump_params(values), run_id, output_file)]
+        cmd += ["--connect", str(warm), "--tag", tag]
+        try:
+            stopped_for, returncode, watch = _run_child(
+                cmd,
+                child_env,
+                None,
+                on_progress,
+                on_log,
+                on_start,
+                should_cancel,
+                timeout,
+                grace,
+                poll_interval,
+                started,
+            )
+            output = _read_output(output_file)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if not (returncode == protocol.EXIT_CONNECT_LOST and stopped_for is None):
+            return _result(output, stopped_for, returncode, watch, time.monotonic() - started, path="connect")
+        said = [line for line in watch.tail if line.startswith("jobsite: Spark Connect")]
+        reason = said[-1].removeprefix("jobsite: ") if said else failure_reason(watch.tail) or "server lost"
+        _say(on_log, "jobsite: the run falls back to spark-submit (Spark Connect: " + reason[:300] + ")")
+        fallback = reason
+    else:
+        fallback = None
+    workdir = tempfile.mkdtemp(prefix=f"{session.job_group(run_id)}-")
+    output_file = os.path.join(workdir, "result.json")
+    port = tag = None
     if script is None:
         cmd = submit_command(job, spark_job.dump_params(values), run_id, output_file, master=master, conf=run_conf)
     else:
@@ -168,33 +209,83 @@ def launch(
         if master.startswith("local"):
             child_env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the UI binds loopback only
     try:
-        proc = subprocess.Popen(
+        stopped_for, returncode, watch = _run_child(
             cmd,
-            cwd=PROJECT_ROOT,
-            env=child_environment(child_env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            bufsize=1,
-            start_new_session=True,
-            preexec_fn=_child_preexec,
+            child_env,
+            (port, tag) if script is not None else None,
+            on_progress,
+            on_log,
+            on_start,
+            should_cancel,
+            timeout,
+            grace,
+            poll_interval,
+            started,
         )
-        watch = _Watch(proc, on_progress=on_progress, on_log=on_log, on_start=on_start)
-        if script is not None:
-            poller = statusapi.StatusPoller(port, tag, proc.pid, watch.lines.put)
-            poller.start()
-        try:
-            stopped_for = watch.run(should_cancel, timeout, grace, poll_interval, started)
-        finally:
-            if poller is not None:
-                poller.stop()
-            watch.stop_group(grace)  # also when a callback raised: never leave a JVM behind
-        result = _read_output(output_file) if script is None else _script_output(proc.returncode, watch, run_id)
+        result = _read_output(output_file) if script is None else _script_output(returncode, watch, run_id)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    return _result(result, stopped_for, proc.returncode, watch, time.monotonic() - started)
+    return _result(
+        result, stopped_for, returncode, watch, time.monotonic() - started, path="spark-submit", fallback=fallback
+    )
+
+
+def _say(on_log: Callable[[str], Any] | None, line: str) -> None:
+    if on_log:
+        on_log(line)
+
+
+def _warm_server(script: BoundScript | None, master: str, on_log) -> Any:
+    """The Connect server this run goes through, None for spark-submit: warm runs are on (JOBSITE_SPARK_CONNECT),
+    the run is a registered function (a script keeps its own driver) and the server is healthy."""
+    from queue_app.spark import connect
+
+    url = connect.configured()  # a malformed value raised ConnectConfigError before anything started
+    if url is None or script is not None:
+        return None
+    from queue_app.spark import connect_health
+
+    try:
+        healthy = connect.reachable(url) and connect_health.is_healthy(url)
+    except Exception as exc:  # no database here (a bare launch): trust the port
+        healthy = connect.reachable(url)
+        if not healthy:
+            _say(on_log, f"jobsite: health of {url} unknown ({type(exc).__name__})")
+    if not healthy:
+        _say(on_log, f"jobsite: Spark Connect server {url} is not healthy: the run uses spark-submit")
+        return None
+    return url
+
+
+def _run_child(
+    cmd, child_env, status_port, on_progress, on_log, on_start, should_cancel, timeout, grace, poll_interval, started
+) -> tuple[Outcome | None, int | None, _Watch]:
+    """Start one child in its own process group and follow it until the group is gone."""
+    proc = subprocess.Popen(
+        cmd,
+        cwd=PROJECT_ROOT,
+        env=child_environment(child_env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        bufsize=1,
+        start_new_session=True,
+        preexec_fn=_child_preexec,
+    )
+    watch = _Watch(proc, on_progress=on_progress, on_log=on_log, on_start=on_start)
+    poller = None
+    if status_port is not None:
+        poller = statusapi.StatusPoller(status_port[0], status_port[1], proc.pid, watch.lines.put)
+        poller.start()
+    try:
+        stopped_for = watch.run(should_cancel, timeout, grace, poll_interval, started)
+    finally:
+        if poller is not None:
+            poller.stop()
+        watch.stop_group(grace)  # also when a callback raised: never leave a process behind
+    return stopped_for, proc.returncode, watch
 
 
 def _script_output(returncode: int | None, watch: _Watch, run_id: int | str) -> dict[str, Any]:
@@ -394,7 +485,14 @@ def _read_output(path: str) -> dict[str, Any] | None:
 
 
 def _result(
-    output: dict[str, Any] | None, stopped_for: Outcome | None, returncode: int | None, watch: _Watch, duration: float
+    output: dict[str, Any] | None,
+    stopped_for: Outcome | None,
+    returncode: int | None,
+    watch: _Watch,
+    duration: float,
+    *,
+    path: str = "spark-submit",
+    fallback: str | None = None,
 ) -> LaunchResult:
     output = output or {}
     status = output.get("status")
@@ -422,8 +520,18 @@ def _result(
         log_tail="\n".join(watch.tail),
         returncode=returncode,
         duration=round(duration, 3),
-        progress=protocol.monotonic(watch.progress, output.get("progress")) or None,
+        progress=_with_path(protocol.monotonic(watch.progress, output.get("progress")), path, fallback),
+        path=path,
+        fallback=fallback,
     )
+
+
+def _with_path(progress: dict[str, Any], path: str, fallback: str | None) -> dict[str, Any]:
+    """The run's progress says which path it took (and why it fell back, if it did)."""
+    progress = {**progress, "path": path}
+    if fallback:
+        progress["fallback"] = fallback[:500]
+    return progress
 
 
 def _exit_message(returncode: int | None, tail: Sequence[str]) -> str:

@@ -20,6 +20,7 @@ KINDS = (STARTED, PROGRESS)
 EXIT_FAILED = 1
 EXIT_BAD_PARAMS = 64  # sysexits EX_USAGE
 EXIT_CANCELLED = 75  # sysexits EX_TEMPFAIL: SIGTERM received, job group cancelled
+EXIT_CONNECT_LOST = 69  # sysexits EX_UNAVAILABLE: the Spark Connect server did not answer or went away
 
 
 COUNTED = ("jobs", "stages", "tasks")

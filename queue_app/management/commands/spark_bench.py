@@ -3,6 +3,7 @@
 
     python manage.py spark_bench --quick
     python manage.py spark_bench --history 1000000 --new 100000 --json
+    python manage.py spark_bench --skip-analytics     # start-up only: cold spark-submit vs the warm Connect server
 """
 
 import json
@@ -24,9 +25,10 @@ class Command(BaseCommand):
         parser.add_argument("--new", type=int, help="reservations added before the incremental run")
         parser.add_argument("--partitions", type=int, default=4, help="parallel JDBC range reads")
         parser.add_argument("--skip-startup", action="store_true", help="only the analytics part")
+        parser.add_argument("--skip-analytics", action="store_true", help="only start-up (cold and warm)")
         parser.add_argument("--json", dest="as_json", action="store_true", help="print the figures as JSON")
 
-    def handle(self, *args, quick, history, new, partitions, skip_startup, as_json, **options):
+    def handle(self, *args, quick, history, new, partitions, skip_startup, skip_analytics, as_json, **options):
         sizes = QUICK if quick else DEFAULT
         history, new = history or sizes["history"], new or sizes["new"]
         for name, value in (("--history", history), ("--new", new), ("--partitions", partitions)):
@@ -34,23 +36,36 @@ class Command(BaseCommand):
                 self.stderr.write(f"{name} must be at least 1")
                 raise SystemExit(2)
         say = self.stderr.write if as_json else self.stdout.write
-        figures = {"analytics": spark_bench.analytics(history, new, partitions, say)}
+        figures = {} if skip_analytics else {"analytics": spark_bench.analytics(history, new, partitions, say)}
         if not skip_startup:
             figures["startup"] = spark_bench.startup(say)
+            figures["warm"] = spark_bench.warm(say)
         if as_json:
             self.stdout.write(json.dumps(figures))
             return
-        a = figures["analytics"]
-        self.stdout.write(f"reader: {a['reader']}")
-        for part in ("full", "incremental"):
-            f = a[part]
-            self.stdout.write(
-                f"{part:12} {f['attempts']:>10,} attempts  spark {f['spark_s']:.2f} s  "
-                f"postgres {f['postgres_s']:.2f} s  ratio {f['ratio']:.2f}x"
-            )
+        if "analytics" in figures:
+            a = figures["analytics"]
+            self.stdout.write(f"reader: {a['reader']}")
+            for part in ("full", "incremental"):
+                f = a[part]
+                self.stdout.write(
+                    f"{part:12} {f['attempts']:>10,} attempts  spark {f['spark_s']:.2f} s  "
+                    f"postgres {f['postgres_s']:.2f} s  ratio {f['ratio']:.2f}x"
+                )
         if "startup" in figures:
             s = figures["startup"]
             self.stdout.write(
                 f"start-up: bare spark-submit {s['bare_spark_submit_s']} s; jobsite cold {s['jobsite_cold_s']} s "
-                f"(trigger -> first task seen {s['jobsite_cold_first_task_s']} s); warm: {s['warm']}"
+                f"(trigger -> first task seen {s['jobsite_cold_first_task_s']} s)"
             )
+            w = figures["warm"]
+            self.stdout.write(
+                f"registered function, cold spark-submit: trigger -> first task {w['cold']['first_task_s']} s, "
+                f"total {w['cold']['total_s']} s ({w['cold']['outcome']})"
+            )
+            for i, run in enumerate(w["warm_runs"], 1):
+                self.stdout.write(
+                    f"  warm Spark Connect run {i}: trigger -> first task {run['first_task_s']} s, "
+                    f"total {run['total_s']} s ({run['outcome']}, {run['path']})"
+                )
+            self.stdout.write(f"  trigger -> first task, cold / best warm: {w['first_task_ratio']}x")

@@ -94,6 +94,12 @@ class Command(BaseCommand):
             "--workers", type=int, default=1, help="number of queue worker processes (manage.py run_worker)"
         )
         parser.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes")
+        parser.add_argument(
+            "--spark-connect",
+            action="store_true",
+            help="also run the Spark Connect server for warm Spark runs (manage.py spark_connect_server) at "
+            "JOBSITE_SPARK_CONNECT (default sc://127.0.0.1:15002), which the workers then use",
+        )
 
     # -- output ---------------------------------------------------------------------------------------------
     def say(self, message, style=None):
@@ -105,6 +111,14 @@ class Command(BaseCommand):
         started = time.monotonic()
         host, port = opts["host"], opts["port"]
         self.check_port_free(host, port)
+        if opts["spark_connect"]:
+            from queue_app.spark import connect
+
+            os.environ.setdefault(connect.ENV, f"sc://127.0.0.1:{connect.DEFAULT_PORT}")  # the children inherit it
+            try:
+                connect.configured()
+            except connect.ConnectConfigError as exc:
+                raise CommandError(str(exc)) from None
 
         default = settings.DATABASES["default"]
         if default.get("ENGINE") == EMBEDDED_ENGINE:
@@ -127,6 +141,10 @@ class Command(BaseCommand):
 
         children = [self.web_child(host, port, opts["web_workers"])]
         children += self.worker_children(0 if opts["no_worker"] else opts["workers"])
+        if opts["spark_connect"]:
+            manage = str(settings.BASE_DIR / "manage.py")
+            children.append(_Child("spark-connect", [sys.executable, manage, "spark_connect_server"], restart=True))
+            self.say(f"spark connect server: {os.environ['JOBSITE_SPARK_CONNECT']} (warm Spark runs)")
         code = self.supervise(children, host, port, started)
         if code:
             sys.exit(code)

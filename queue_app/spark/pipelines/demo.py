@@ -26,7 +26,14 @@ def demo_sleep(spark, params: Mapping[str, Any]) -> dict[str, Any]:
         return i
 
     tasks = params["tasks"]
-    total = spark.sparkContext.parallelize(range(tasks), tasks).map(work).sum()
+    if type(spark).__module__.startswith("pyspark.sql.connect"):  # a warm run: no SparkContext, a Python UDF
+        from pyspark.sql import functions as F
+
+        slow = F.udf(work, "long")
+        rows = spark.range(0, tasks, 1, numPartitions=tasks).select(slow("id").alias("v"))
+        total = rows.agg(F.sum("v")).first()[0]
+    else:
+        total = spark.sparkContext.parallelize(range(tasks), tasks).map(work).sum()
     if params["fail"]:
         raise RuntimeError("demo_sleep failed on purpose (fail=true)")
     return {"tasks": tasks, "sum": total}

@@ -1,0 +1,187 @@
+"""Warm Spark runs: registered functions through jobsite's supervised Spark Connect server.
+
+One real server for the whole module (`manage.py spark_connect_server`, local[4]: four task threads, so two
+runs' tasks run side by side), real workers (`run_worker --queues spark`), and real Connect sessions. The test
+that kills the server runs last: its restart costs a JVM start.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from queue_app.models import ItemState, QueueItem, SparkConnectServer
+from queue_app.spark import connect
+from queue_app.spark.launcher import group_members, launch
+from queue_app.spark.runs import cancel_run, trigger_run
+from tests import test_spark_runs
+from tests.conftest import ROOT, child_env
+from tests.test_spark_runs import final, row, tasks_running, worker_env
+from tests.waiting import wait_for
+
+spark_worker = test_spark_runs.spark_worker  # the fixture: `run_worker --queues spark --concurrency 1`
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def connect_server(django_db_setup, django_db_blocker, tmp_path_factory):
+    """The supervisor and its server, on a free loopback port, against the test database."""
+    from tests.spark_fixtures import require_spark
+
+    require_spark()
+    from django.db import connection
+
+    url = connect.parse_url(f"sc://127.0.0.1:{free_port()}")
+    log = (tmp_path_factory.mktemp("connect") / "server.log").open("w")
+    env = child_env(connection.settings_dict["NAME"], SPARK_MASTER="local[4]", JAVA_TOOL_OPTIONS="-XX:+UseSerialGC")
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "spark_connect_server", "--url", str(url), "--interval", "1"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    wait_for(lambda: connect.reachable(url), 120, what="the Spark Connect server to listen")
+    yield url
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    log.close()
+
+
+def healthy(url) -> SparkConnectServer:
+    """Wait for the supervisor's healthy row (a transactional test's flush deletes it; the next probe rewrites it)."""
+    return wait_for(
+        lambda: SparkConnectServer.objects.filter(url=str(url), healthy=True).first(),
+        120,
+        what="the server's healthy row",
+    )
+
+
+def test_a_run_through_the_warm_server_succeeds_with_progress_and_metrics(connect_server, spark_worker):
+    server = healthy(connect_server)
+    assert server.pid and server.master == "local[4]" and not server.last_error
+    spark_worker(JOBSITE_SPARK_CONNECT=str(connect_server))
+    run = trigger_run("demo_sleep", {"tasks": 8, "seconds": 1}, trigger="orm", requested_by="test")
+    seen = []
+    while not (current := row(run.id)).is_final:
+        if current.progress:
+            seen.append(dict(current.progress))
+        time.sleep(0.1)
+    run = row(run.id)
+    assert run.state == "succeeded", (run.error, run.log_tail[-2000:])
+    assert run.metrics == {"tasks": 8, "sum": 28}  # local[4]: two waves of tasks
+    assert run.progress["path"] == "connect" and "fallback" not in run.progress
+    assert run.app_id.startswith("connect-")
+    assert run.progress["tasks_done"] == run.progress["tasks_total"] >= 8
+    assert run.progress["jobs_done"] == run.progress["jobs_total"] == 1
+    assert any(0 < p.get("tasks_done", 0) < p.get("tasks_total", 0) for p in seen), "no progress seen mid-run"
+    for before, after in zip(seen, seen[1:], strict=False):  # progress never goes back, totals never shrink
+        for kind in ("jobs", "stages", "tasks"):
+            assert after[f"{kind}_done"] >= before[f"{kind}_done"]
+            assert after[f"{kind}_total"] >= before[f"{kind}_total"]
+    assert QueueItem.objects.get(id=run.item_id).state == ItemState.DONE
+    assert group_members(run.driver_pgid) == []  # the light child is gone
+    assert server.pid == healthy(connect_server).pid  # the server lives on for the next run
+
+
+def test_cancel_interrupts_only_that_runs_operations_while_another_run_goes_on(connect_server, spawn, tmp_path):
+    healthy(connect_server)
+    env = worker_env(tmp_path / "conf", JOBSITE_SPARK_CONNECT=str(connect_server))
+    spawn("run_worker", "--queues", "spark", "--concurrency", "2", "--poll-interval", "0.5", env=env)
+    doomed = trigger_run("demo_sleep", {"tasks": 2, "seconds": 120}, trigger="orm")
+    other = trigger_run("demo_sleep", {"tasks": 2, "seconds": 6}, trigger="orm")
+    for run in (doomed, other):
+        try:
+            tasks_running(run.id)
+        except AssertionError:
+            stuck = row(run.id)
+            raise AssertionError((stuck.state, stuck.progress, stuck.log_tail[-3000:])) from None
+
+    assert cancel_run(doomed.id, actor="tester") is True
+    ended = wait_for(lambda: final(doomed.id), 60, what="the cancelled run to end")
+    assert ended.state == "cancelled" and ended.progress["path"] == "connect"
+    assert row(other.id).state == "running"  # its operations were not interrupted
+    finished = wait_for(lambda: final(other.id), 120, what="the other run to end")
+    assert finished.state == "succeeded", (finished.error, finished.log_tail[-2000:])
+    assert finished.metrics == {"tasks": 2, "sum": 1} and finished.progress["path"] == "connect"
+    assert QueueItem.objects.get(id=doomed.item_id).state == ItemState.CANCELLED
+    assert group_members(ended.driver_pgid) == []
+
+
+def test_an_unreachable_server_sends_runs_to_spark_submit_and_a_bad_url_fails_before_starting(spark_worker):
+    nobody = f"sc://127.0.0.1:{free_port()}"
+    spark_worker(JOBSITE_SPARK_CONNECT=nobody)
+    run = trigger_run("demo_sleep", {"tasks": 2, "seconds": 0}, trigger="orm")
+    ended = wait_for(lambda: final(run.id), 180, what="the run to end")
+    assert ended.state == "succeeded", (ended.error, ended.log_tail[-2000:])
+    assert ended.progress["path"] == "spark-submit" and ended.app_id.startswith("local-")
+    assert f"Spark Connect server {nobody} is not healthy" in ended.log_tail
+
+    os.environ["JOBSITE_SPARK_CONNECT"] = "sc://203.0.113.9:15002"  # not loopback: refused before anything runs
+    try:
+        result = launch("demo_sleep", {"tasks": 1, "seconds": 0}, 987654)
+    finally:
+        del os.environ["JOBSITE_SPARK_CONNECT"]
+    assert result.outcome == "failed" and result.returncode is None
+    assert "must be on loopback" in result.error
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("http://127.0.0.1:15002", "expected sc://"),
+        ("sc://10.0.0.5:15002", "must be on loopback"),
+        ("sc://127.0.0.1:99999", "bad port"),
+        ("sc://user@127.0.0.1:15002", "expected sc://"),
+        ("sc://127.0.0.1:15002/;token=x", "expected sc://"),
+    ],
+)
+def test_hostile_connect_urls_are_refused_with_a_clear_message(value, message):
+    with pytest.raises(connect.ConnectConfigError, match=message):
+        connect.parse_url(value)
+
+
+def test_server_killed_mid_run_the_run_falls_back_to_spark_submit_and_the_server_restarts(connect_server, spark_worker):
+    server = healthy(connect_server)
+    spark_worker(JOBSITE_SPARK_CONNECT=str(connect_server))
+    run = trigger_run("demo_sleep", {"tasks": 2, "seconds": 8}, trigger="orm")
+    running = tasks_running(run.id)
+    assert running.progress.get("path") == "connect"
+
+    os.killpg(os.getpgid(server.pid), signal.SIGKILL)  # the server's JVM, not its supervisor
+    ended = wait_for(lambda: final(run.id), 240, what="the run to end")
+    assert ended.state == "succeeded", (ended.error, ended.log_tail[-3000:])
+    assert ended.progress["path"] == "spark-submit" and ended.progress["fallback"]
+    assert "falls back to spark-submit" in ended.log_tail
+    assert ended.metrics == {"tasks": 2, "sum": 1} and ended.attempt == 1
+    restarted = wait_for(
+        lambda: SparkConnectServer.objects.filter(url=str(connect_server), healthy=True, restarts__gte=1).first(),
+        120,
+        what="the supervisor to restart the server",
+    )
+    assert restarted.pid != server.pid
+
+
+def test_spark_connect_server_refuses_a_non_loopback_url_and_starts_nothing():
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="must be on loopback"):
+        call_command("spark_connect_server", "--url", "sc://0.0.0.0:15002")
+    with pytest.raises(CommandError, match="--interval must be positive"):
+        call_command("spark_connect_server", "--url", "sc://127.0.0.1:15002", "--interval", "0")
+    assert not SparkConnectServer.objects.exists()
