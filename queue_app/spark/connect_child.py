@@ -83,8 +83,7 @@ class ConnectProgress:
         self.report(force=bool(done))
 
     def snapshot(self) -> dict[str, Any]:
-        total = dict.fromkeys(("jobs_total", "jobs_done", "jobs_failed", "stages_total", "stages_done"), 0)
-        total.update(tasks_total=0, tasks_done=0, tasks_active=0, tasks_failed=0)
+        total = protocol.zero_progress()
         active: list[dict[str, Any]] = []
         with self.lock:
             for op in self.ops.values():
