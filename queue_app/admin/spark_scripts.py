@@ -9,6 +9,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.contrib.admin import ActionLocation
 from django.http import HttpRequest
 from django.utils.html import format_html
 
@@ -86,9 +87,9 @@ class SparkScriptAdmin(admin.ModelAdmin):
             return format_html("<strong>{}</strong>", "none: set JOBSITE_SPARK_SCRIPT_ROOTS")
         return ", ".join(roots)
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+    def get_actions(self, request: HttpRequest, action_location: Any = ActionLocation.CHANGE_LIST) -> dict[str, Any]:
         # One script at a time, from its page (delete_sparkscript, a confirmation page): no bulk delete.
-        actions = super().get_actions(request)
+        actions = super().get_actions(request, action_location)
         actions.pop("delete_selected", None)
         return actions
 
