@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 
 from queue_app import engine, services
-from queue_app.models import ExecutionLog, QueueItem, Reservation
+from queue_app.models import ExecutionLog, QueueItem, Reservation, Worker
 from queue_app.registry import get_task
 from tests.test_worker_processes import finish, open_items
 from tests.waiting import wait_for
@@ -50,11 +50,14 @@ def leases_per_window(queue: str, period: int) -> dict[int, int]:
 
 
 def test_rate_limit_holds_across_four_workers_window_after_window(worker):  # noqa: F811
-    limit, period = 5, 2
+    limit, period, asleep = 5, 2, 0.6
     engine.ensure_queue("partner-api")
     services.set_queue_options("partner-api", rate_limit=limit, rate_period=period)
-    get_task(NOOP).enqueue_many([{}] * 30, queue="partner-api")
-    procs = [worker(f"rate{n}", "--pool", "thread", "--concurrency", "4", "--queues", "partner-api") for n in range(4)]
+    # One slot each and a handler of 0.6 s: one worker alone starts at most 4 items in a 2 s window, so a window of
+    # 5 needs a second worker. All four are running before the first item exists, so none gets a head start.
+    procs = [worker(f"rate{n}", "--pool", "thread", "--concurrency", "1", "--queues", "partner-api") for n in range(4)]
+    wait_for(lambda: Worker.objects.filter(state="running").count() == 4, timeout=60, what="four running workers")
+    get_task(PROBE).enqueue_many([{"sleep": asleep}] * 30, queue="partner-api")
 
     # Five windows of leases: the first and the last may be partial, the three between are whole.
     wait_for(lambda: len(leases_per_window("partner-api", period)) >= 6, timeout=60, what="six rate windows")
