@@ -155,6 +155,40 @@ def test_handler_past_its_hard_timeout_is_killed_and_the_worker_keeps_working(wo
     assert QueueItem.objects.filter(id__in=probes, state=ItemState.DONE).count() == 20
 
 
+def test_thread_stuck_past_its_hard_timeout_gets_its_worker_process_replaced_after_the_rest_settled(worker):
+    # tests.sleepy: hard timeout 1 s, two attempts; each attempt returns late (at 2.5 s), while the slow probe
+    # leased beside the first one still runs (3.5 s): that late return must settle nothing.
+    stuck = get_task("tests.sleepy").enqueue({"seconds": 2.5}).id
+    slow = get_task(PROBE).enqueue({"sleep": 3.5}).id
+    quick = get_task(PROBE).enqueue_many([{"sleep": 0.05}] * 20)
+    proc = worker("stuck", "--pool", "thread", "--concurrency", "3")
+    wait_for(lambda: QueueItem.objects.filter(id=stuck, state=ItemState.DEAD).exists(), timeout=90, what="two timeouts")
+    # Each timeout replaced the process: the third one is up and leases what comes next.
+    wait_for(lambda: output(proc).count("worker started") == 3, timeout=60, what="the second replacement")
+    fresh = get_task(PROBE).enqueue_many([{}] * 10)
+    wait_for(
+        lambda: QueueItem.objects.filter(id__in=fresh, state=ItemState.DONE).count() == 10, timeout=60, what="new items"
+    )
+    proc.terminate()
+    assert finish(proc, timeout=30) == 0
+    log = output(proc)
+
+    assert outcomes_of(stuck) == ["timed_out", "timed_out"]
+    assert "abandoned" in QueueItem.objects.get(id=stuck).error
+    assert outcomes_of(slow) == ["done"]  # finished in the old process, not handed back or cut short
+    assert runs_per_item() == Counter(dict.fromkeys([slow, *quick, *fresh], 1))
+    assert QueueItem.objects.filter(id__in=[slow, *quick], state=ItemState.DONE).count() == 21
+    assert log.count("a handler thread is stuck past its hard timeout") == 2  # said once per stuck thread
+    assert log.count("replacing the worker process now") == 2
+    assert log.count("replaces=stuck") == 2
+    assert "stale item=" not in log  # no late outcome reached a settle
+    assert Worker.objects.get(id="stuck").pid == proc.pid  # the same process id: replaced by exec
+
+
+def outcomes_of(item_id: int) -> list[str]:
+    return list(Reservation.objects.filter(item_id=item_id).order_by("id").values_list("outcome", flat=True))
+
+
 def test_at_most_once_probe_killed_mid_handler_is_a_dead_letter_saying_so_and_never_runs_twice(worker):
     short_leases()
     ids = get_task("queue_app.probe_at_most_once").enqueue_many([{"sleep": 0.3}] * 120)

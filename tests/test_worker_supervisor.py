@@ -22,6 +22,7 @@ from queue_app.registry import LEASE_MARGIN, get_task
 from queue_app.tasks import close_log_connection
 from queue_app.worker import Supervisor, WorkerOptions
 from queue_app.worker.maintenance import Maintenance, Unit
+from queue_app.worker.replace import REPLACE
 from queue_app.worker.status import Stats, StatusReporter
 from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks)
 
@@ -117,17 +118,38 @@ def test_result_that_is_not_json_fails_the_attempt():
     assert stored.state == ItemState.DEAD and "not JSON-serializable" in stored.error
 
 
-def test_thread_past_its_hard_timeout_is_abandoned_and_the_attempt_timed_out():
+def test_thread_past_its_hard_timeout_is_abandoned_and_its_process_is_to_be_replaced_once_the_rest_settled():
     item = enqueue("tests.sleepy", {"seconds": 2.5})
     other = enqueue("queue_app.echo", {"still": "working"})
-    started = time.monotonic()
-    supervisor = run_worker()
-    assert time.monotonic() - started < 2.4 + 2  # two 1 s timeouts, not two 2.5 s sleeps
-    assert outcomes(item) == ["timed_out", "timed_out"]
+    supervisor = Supervisor(WorkerOptions(pool="thread", concurrency=2, burst=True, poll_interval=0.1))
+    assert supervisor.run() == REPLACE  # run_worker then execs itself again (tested in test_worker_processes.py)
+    assert outcomes(item) == ["timed_out"]
     stored = QueueItem.objects.get(id=item)
-    assert stored.state == ItemState.DEAD and "hard timeout" in stored.error and "abandoned" in stored.error
+    assert stored.state == ItemState.READY and "hard timeout" in stored.error and "abandoned" in stored.error
     assert QueueItem.objects.get(id=other).state == ItemState.DONE
-    assert supervisor.stats.timed_out == 2
+    assert supervisor.stats.timed_out == 1
+    assert Worker.objects.get(id=supervisor.worker_id).state == "stopped"
+
+
+def test_a_signal_while_waiting_to_replace_the_process_stops_it_instead():
+    enqueue("tests.sleepy", {"seconds": 2.5})
+    held = enqueue("tests.gated")  # in flight until the signal is sent: the worker waits for it to settle
+    supervisor = Supervisor(WorkerOptions(pool="thread", concurrency=2, poll_interval=0.1))
+    worker_tasks.GATE.clear()
+
+    def stop_once_replacing() -> None:
+        deadline = time.monotonic() + 30
+        while not supervisor.replacing and time.monotonic() < deadline:
+            time.sleep(0.01)
+        supervisor._on_signal(signal.SIGTERM, None)  # what SIGTERM does, without signalling this process
+        worker_tasks.GATE.set()
+
+    stopper = threading.Thread(target=stop_once_replacing)
+    stopper.start()
+    assert supervisor.run() == 0
+    stopper.join()
+    assert not supervisor.replacing
+    assert QueueItem.objects.get(id=held).result is True  # finished within the grace period, not cut short
 
 
 def test_paused_queue_is_not_leased():

@@ -3,6 +3,7 @@ non-JSON...). Workers started by the tests load them with `run_worker --import t
 
 import ctypes
 import os
+import threading
 import time
 
 from queue_app.registry import Context, Retry, job
@@ -20,6 +21,14 @@ class Unfixable(Exception):
 @job("tests.sleepy", hard_timeout=1.0, retry=Retry(times=2, delay=0))
 def sleepy(payload: dict, ctx: Context) -> None:
     time.sleep(payload.get("seconds", 30))
+
+
+GATE = threading.Event()  # in-process tests (thread pool) hold tests.gated handlers until they set it
+
+
+@job("tests.gated", hard_timeout=60.0)
+def gated(payload: dict, ctx: Context) -> bool:
+    return GATE.wait(timeout=payload.get("seconds", 30))
 
 
 @job("tests.crash", retry=Retry(times=1))

@@ -116,13 +116,13 @@ class Settling:
             lease, task = running.lease, running.task
             if self.pool.kind == "thread" and task.delivery is Delivery.TRANSACTIONAL:
                 # An abandoned thread keeps its transaction and the item's row lock: a settle from here would
-                # wait on that lock. Its transaction settles the item or rolls back; then the lease expires.
+                # wait on that lock. Its transaction settles the item, or rolls back (at the latest when the
+                # process is replaced); then the lease expires.
                 logger.warning(
                     "abandoned %s", fields(item=lease.item_id, task=lease.task, why="transactional thread overran")
                 )
                 self.stats.timed_out += now >= deadline
-                continue
-            if now >= deadline:
+            elif now >= deadline:
                 how = "its child process was killed" if self.pool.kind == "process" else "its thread was abandoned"
                 error = f"hard timeout: the handler ran longer than {task.hard_timeout:g}s and was stopped ({how})"
                 logger.warning("timed out %s", fields(item=lease.item_id, task=lease.task, attempt=lease.attempt))
@@ -131,6 +131,8 @@ class Settling:
                 self._failed(lease, task, "the worker shut down before the handler finished", "", retryable=False)
             else:
                 self._release_later(lease)
+            if self.pool.kind == "thread" and now >= deadline:
+                self._replace_when_settled()  # the abandoned thread runs on: only a new process ends it
 
     def _release_later(self, lease: Lease) -> None:
         def release() -> str:

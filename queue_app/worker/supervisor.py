@@ -44,6 +44,7 @@ from .listener import FOLLOW, Listener
 from .maintenance import Maintenance
 from .options import DATABASE_DOWN, DEADLINE_RECHECK, Pending, Running, WorkerOptions
 from .pool import Pool, make_pool
+from .replace import REPLACE, replaced
 from .settling import Settling
 from .status import Stats, StatusReporter, fields
 
@@ -89,8 +90,11 @@ class Supervisor(Settling):
         self.leased: list[tuple[Lease, Task]] = []  # leased, not started yet
         self.done: list[tuple[Lease, Any]] = []  # handler returned: complete_many these
         self.pending: list[Pending] = []
-        self.taken = 0
+        handed = replaced()  # from the process this one replaced (worker/replace.py), if any
+        self.replaces = handed.get("worker_id")
+        self.taken = int(handed.get("taken", 0))  # --max-items counts on across a replacement
         self.stopping = False
+        self.replacing = False  # a handler thread is stuck: stop, let the rest settle, then replace the process
         self.release_held = False  # on a signal: hand back held items that have not started (not on --max-items)
         self.grace_deadline = float("inf")
         self.registered = False
@@ -174,6 +178,7 @@ class Supervisor(Settling):
                 concurrency=self.options.concurrency,
                 pool=self.options.pool,
                 tasks=len(registered_tasks()),
+                **({"replaces": self.replaces} if self.replaces else {}),
             ),
         )
         try:
@@ -183,16 +188,17 @@ class Supervisor(Settling):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self._close()
-        return 0
+        return REPLACE if self.replacing else 0
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
-        if self.stopping:
+        if self.stopping and not self.replacing:
             logger.warning("second %s: exiting at once; leases in flight expire and their items come back", name)
             if self.pool is not None:
                 self.pool.kill()
             os._exit(1)
         self.stopping = True
+        self.replacing = False  # asked to stop: the process ends rather than being replaced
         self.release_held = True
         self.grace_deadline = time.monotonic() + self.options.grace_period
         self.next_heartbeat = 0.0  # say "stopping" in the Worker row now
@@ -203,6 +209,21 @@ class Supervisor(Settling):
         )
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"!")
+
+    def _replace_when_settled(self) -> None:
+        """A handler thread is stuck past its hard timeout (its attempt is settled as timed out, its late
+        outcome ignored): stop leasing, hand back the items held and not started, let the others in flight
+        finish and settle (or reach their own timeouts), then have run_worker replace the process
+        (worker/replace.py). Said once."""
+        if self.stopping:
+            return  # the process ends anyway (a signal, --max-items, --burst), and the thread with it
+        self.stopping = self.replacing = self.release_held = True
+        self.next_heartbeat = 0.0  # say "stopping" in the Worker row now
+        logger.warning(
+            "a handler thread is stuck past its hard timeout and cannot be stopped: no more leases; replacing this "
+            "worker process once the other items in flight have settled %s",
+            fields(in_flight=len(self.running), held=len(self.leased)),
+        )
 
     def _finished(self) -> bool:
         if not self.stopping:

@@ -8,6 +8,10 @@
 
 SIGTERM or SIGINT: stop leasing, let in-flight handlers finish within --grace-period, hand back the rest,
 exit 0. A second signal exits at once (leases then expire and their items are delivered again).
+
+With --pool thread, a handler stuck past its hard timeout has the worker replace its own process once the rest
+of its work has settled: the same command again, by exec, in the same pid (queue_app/worker/replace.py); exit
+code 75 if that exec fails.
 """
 
 import importlib
@@ -17,6 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from queue_app.worker import Supervisor, WorkerOptions
+from queue_app.worker.replace import REPLACE, replace_process
 
 
 def _queues(values: list[str]) -> list[str] | None:
@@ -98,8 +103,11 @@ class Command(BaseCommand):
             scheduler=options["scheduler"],
         )
         try:
-            code = Supervisor(worker_options).run()
+            supervisor = Supervisor(worker_options)
+            code = supervisor.run()
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from exc
+        if code == REPLACE:
+            replace_process(supervisor.worker_id, supervisor.taken)
         if code:
             raise SystemExit(code)
