@@ -8,10 +8,10 @@
   behind it.
 - ThreadPool (`--pool thread`, for I/O-bound and short handlers): threads taking jobs from one shared queue,
   which may hold the worker's prefetch. A thread cannot be killed: at its hard timeout the attempt is failed as
-  timed out and the thread is abandoned (it runs on, its outcome is ignored) and a new thread takes its place.
-  A handler that never returns keeps its thread forever, and a transactional one keeps its transaction and its
-  item's row lock: that item is settled by its own transaction when the handler returns, or comes back when its
-  lease expires after the rollback.
+  timed out and the thread is abandoned (it runs on, its outcome is ignored) and a new thread takes its place;
+  the supervisor then replaces its whole process once the rest has settled (worker/replace.py), which ends the
+  thread. Until then a transactional handler keeps its transaction and its item's row lock: that item is settled
+  by its own transaction if the handler returns, or comes back when its lease expires after the rollback.
 """
 
 import contextlib
