@@ -46,7 +46,7 @@ class Command(BaseCommand):
             choices=["process", "thread"],
             default="process",
             help="process (default: a stuck handler can be killed) or thread (I/O-bound handlers; a thread past "
-            "its hard timeout is abandoned, not killed)",
+            "its hard timeout is abandoned, then the worker replaces its own process)",
         )
         parser.add_argument(
             "--batch", type=int, default=None, help="most items per lease (default: concurrency + prefetch)"
