@@ -79,19 +79,28 @@ ORDER BY q.name, f.n DESC, f.group_key
 KEYS_SHOWN = 5
 
 
+LIMITS = ("concurrency", "rate", "group")  # the limit label of /metrics' jobsite_queue_held_back
+
+
 @dataclass(frozen=True, slots=True)
 class HeldBack:
-    """Why a queue's due items are waiting right now: the limits it is at, and its group keys at their limit."""
+    """A queue under a limit, now: the limits it has, those keeping its due items waiting (and why, in words),
+    and the counts behind them."""
 
-    reasons: list[str]
+    queue: str
+    limits: tuple[str, ...]  # of LIMITS: the ones set on the queue
+    holding: tuple[str, ...]  # of those, the ones keeping due items waiting now
+    reasons: list[str]  # why, for people (the overview, queue_stats)
     keys_at_limit: list[str]  # group keys at the group limit with items waiting (all of them)
+    in_flight: int  # items with a live lease
+    rate_window_leases: int | None  # leases counted in the current rate window (None: no rate limit)
 
     def __str__(self) -> str:
         return "; ".join(self.reasons)
 
 
-def held_back() -> dict[str, HeldBack]:
-    """{queue: why it is held back} for the queues whose due items wait on a limit (nothing for the others)."""
+def limited_queues() -> list[HeldBack]:
+    """Every queue under a limit (and not paused), whether held back now or not, by name."""
     with connection.cursor() as cur:
         cur.execute(QUEUE_LIMITS)
         queues = cur.fetchall()
@@ -99,21 +108,41 @@ def held_back() -> dict[str, HeldBack]:
         at_limit: dict[str, list[str]] = {}
         for queue, key, _ in cur.fetchall():
             at_limit.setdefault(queue, []).append(key)
-    found = {}
+    found = []
     for name, concurrency, rate, period, group_limit, in_flight, spent, next_in, waiting in queues:
-        reasons = []
+        limits = tuple(
+            limit for limit, value in zip(LIMITS, (concurrency, rate, group_limit), strict=True) if value is not None
+        )
+        reasons, holding = [], []
         if waiting and concurrency is not None and in_flight >= concurrency:
+            holding.append("concurrency")
             reasons.append(f"concurrency limit: {in_flight} of {concurrency} in flight")
         if waiting and rate is not None and spent >= rate:
+            holding.append("rate")
             rate_text = format_rate(rate, period)
             reasons.append(f"rate limit {rate_text}: {spent} leased in this window, next in {max(0, next_in):.0f} s")
         keys = at_limit.get(name, [])
         if keys:
+            holding.append("group")
             shown = ", ".join(repr(k) for k in keys[:KEYS_SHOWN]) + (" ..." if len(keys) > KEYS_SHOWN else "")
             reasons.append(f"group limit {group_limit}: {len(keys)} key{'s' if len(keys) != 1 else ''} at it ({shown})")
-        if reasons:
-            found[name] = HeldBack(reasons, keys)
+        found.append(
+            HeldBack(
+                queue=name,
+                limits=limits,
+                holding=tuple(holding),
+                reasons=reasons,
+                keys_at_limit=keys,
+                in_flight=in_flight,
+                rate_window_leases=None if rate is None else spent,
+            )
+        )
     return found
+
+
+def held_back() -> dict[str, HeldBack]:
+    """{queue: why it is held back} for the queues whose due items wait on a limit (nothing for the others)."""
+    return {state.queue: state for state in limited_queues() if state.holding}
 
 
 def group_counts(queues: list[str] | None = None) -> dict[str, dict[str, dict[str, int]]]:

@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .conf import queue_settings
+from .flow import HeldBack, limited_queues
 from .models import HISTORY_STATES_SQL, ItemState, Outcome, Worker, WorkerState
 
 EXACT_UP_TO = 10_000  # queue depths above this are the planner's estimate (/metrics)
@@ -281,10 +282,12 @@ METRICS_WINDOW_MINUTES = 5
 
 
 class SnapshotCollector:
-    """Exposes one Snapshot in Prometheus' text format (a fresh registry per scrape; nothing is cached)."""
+    """Exposes one Snapshot, and what holds the limited queues back (flow.limited_queues), in Prometheus' text
+    format (a fresh registry per scrape; nothing is cached)."""
 
-    def __init__(self, snap: Snapshot) -> None:
+    def __init__(self, snap: Snapshot, limited: Iterable[HeldBack] = ()) -> None:
         self.snap = snap
+        self.limited = list(limited)
 
     def collect(self) -> Iterable[Any]:
         snap = self.snap
@@ -321,6 +324,7 @@ class SnapshotCollector:
         yield depth
         yield oldest
         yield from families.values()
+        yield from self.held_back()
         yield GaugeMetricFamily("jobsite_workers_alive", "Workers with a recent heartbeat.", value=len(snap.workers))
         # Counters need a monotonic source: each worker keeps its own in its row's stats while it lives.
         for key, help_text in (("processed", "Items the worker completed."), ("failed", "Attempts that failed.")):
@@ -331,16 +335,45 @@ class SnapshotCollector:
                     counter.add_metric([worker.id], value)
             yield counter
 
+    def held_back(self) -> Iterable[Any]:
+        """The overview's "Held back" column as numbers: per limit a queue has, 1 while it keeps due items
+        waiting; the group keys at their limit; the leases counted in the current rate window."""
+        held = GaugeMetricFamily(
+            "jobsite_queue_held_back",
+            "1 while this limit of the queue keeps due items waiting, else 0 (one sample per limit set: "
+            "concurrency, rate, group).",
+            labels=["queue", "limit"],
+        )
+        keys = GaugeMetricFamily(
+            "jobsite_queue_group_keys_at_limit",
+            "Group keys at the queue's group limit with due items waiting.",
+            labels=["queue"],
+        )
+        spent = GaugeMetricFamily(
+            "jobsite_queue_rate_window_leases",
+            "Leases counted in the queue's current rate-limit window.",
+            labels=["queue"],
+        )
+        for state in self.limited:
+            for limit in state.limits:
+                held.add_metric([state.queue, limit], int(limit in state.holding))
+            if "group" in state.limits:
+                keys.add_metric([state.queue], len(state.keys_at_limit))
+            if state.rate_window_leases is not None:
+                spent.add_metric([state.queue], state.rate_window_leases)
+        yield from (held, keys, spent)
+
 
 @require_GET
 @never_cache
 def metrics(request: HttpRequest) -> HttpResponse:
     try:
         snap = snapshot(window_minutes=METRICS_WINDOW_MINUTES)
+        limited = limited_queues()
     except DatabaseError as exc:
         return HttpResponse(f"database unavailable: {exc}\n", status=503, content_type="text/plain")
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(snap))
+    registry.register(SnapshotCollector(snap, limited))
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 

@@ -195,6 +195,39 @@ def test_metrics_count_expired_leases(client):
     assert metrics(client)["jobsite_queue_lease_expirations_recent", (("queue", "mail"),)] == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_metrics_say_which_limit_holds_each_queue_back(client):
+    from queue_app import engine, services
+
+    engine.enqueue_many("t", [{}] * 5, queue="partner-api")
+    services.set_queue_options("partner-api", rate_limit=2, rate_period=3600)
+    engine.enqueue_many("t", [{}] * 3, queue="tenants", group_key="acme")
+    engine.enqueue_many("t", [{}] * 2, queue="tenants", group_key="bolt")
+    engine.enqueue("t", queue="tenants", group_key="tiny")
+    services.set_queue_options("tenants", group_concurrency=1, concurrency_limit=10)
+    engine.enqueue_many("t", [{}] * 2, queue="single")
+    services.set_queue_options("single", concurrency_limit=1)
+    engine.enqueue("t", queue="free")
+    engine.lease(["partner-api", "tenants", "single"], 10, "w1", lease_timeout=600)
+
+    values = metrics(client)
+
+    def held(queue: str) -> dict[str, float]:
+        return {
+            dict(labels)["limit"]: value
+            for (name, labels), value in values.items()
+            if name == "jobsite_queue_held_back" and dict(labels)["queue"] == queue
+        }
+
+    assert held("partner-api") == {"rate": 1}  # 2 of 2 leased in this hour's window, 3 waiting
+    assert values["jobsite_queue_rate_window_leases", (("queue", "partner-api"),)] == 2
+    assert held("tenants") == {"concurrency": 0, "group": 1}  # 3 in flight of 10; acme and bolt at 1 each
+    assert values["jobsite_queue_group_keys_at_limit", (("queue", "tenants"),)] == 2  # tiny has nothing waiting
+    assert held("single") == {"concurrency": 1}
+    assert held("free") == {}  # no limit set: no sample
+    assert ("jobsite_queue_rate_window_leases", (("queue", "tenants"),)) not in values
+
+
 # -- /healthz -------------------------------------------------------------------------------------------------
 
 
