@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -183,6 +184,49 @@ def test_thread_stuck_past_its_hard_timeout_gets_its_worker_process_replaced_aft
     assert log.count("replaces=stuck") == 2
     assert "stale item=" not in log  # no late outcome reached a settle
     assert Worker.objects.get(id="stuck").pid == proc.pid  # the same process id: replaced by exec
+
+
+@pytest.fixture
+def limited_role():
+    """A DATABASE_URL for the test database as a role that may open at most 6 connections (CONNECTION LIMIT),
+    with the rights a worker needs on the app's tables."""
+    role = f"jobsite_narrow_{os.getpid()}"
+    params = connection.get_connection_params()
+    with connection.cursor() as cur:
+        cur.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER CONNECTION LIMIT 6")
+        cur.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
+        cur.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    host, port = str(params.get("host") or "localhost"), params.get("port") or 5432
+    if host.startswith("/"):  # a unix socket directory (the embedded server): django-environ takes it in the path
+        url = f"postgres://{role}@:{port}/{quote(host, safe='')}/{params['dbname']}"
+    else:
+        url = f"postgres://{role}@{host}:{port}/{params['dbname']}"
+    try:
+        yield url
+    finally:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s AND pid <> pg_backend_pid()",
+                [role],
+            )
+            cur.execute(f"DROP OWNED BY {role}")
+            cur.execute(f"DROP ROLE {role}")
+
+
+def test_worker_with_too_few_connections_left_shrinks_to_fit_says_so_once_and_works(worker, limited_role):
+    ids = engine.enqueue_many("queue_app.noop", [{}] * 300)  # a handler that opens no connection of its own
+    # 6 for the role, 1 of them the worker's own at its check: room for 5, so 3 pool threads beside its own and
+    # its LISTEN connection (and a vacuum's), where --concurrency 12 would open 14.
+    proc = worker("narrow", "--pool", "thread", "--concurrency", "12", "--burst", env={"DATABASE_URL": limited_role})
+    assert finish(proc, timeout=120) == 0, output(proc)
+    log = output(proc)
+
+    assert log.count("too few database connections left for this worker") == 1
+    assert "needs=14 server_has_room_for=5; running with --concurrency 3 instead" in log
+    assert "concurrency=3" in log.split("worker started", 1)[1].splitlines()[0]
+    assert "database unavailable" not in log and "too many" not in log  # no connection was refused
+    assert QueueItem.objects.filter(id__in=ids, state=ItemState.DONE).count() == 300
+    assert Worker.objects.get(id="narrow").concurrency == 3
 
 
 def outcomes_of(item_id: int) -> list[str]:
