@@ -186,6 +186,24 @@ def test_thread_stuck_past_its_hard_timeout_gets_its_worker_process_replaced_aft
     assert Worker.objects.get(id="stuck").pid == proc.pid  # the same process id: replaced by exec
 
 
+def test_a_stuck_transactional_thread_lets_go_of_its_item_when_its_process_is_replaced(worker):
+    # Its transaction holds the item's row lock: no lease could take the item again while that thread lived.
+    short_leases()  # its lease: the task's hard timeout + margin, 3 s
+    item = get_task("tests.stuck_transactional").enqueue({"seconds": 600}).id
+    proc = worker("txn-stuck", "--pool", "thread", "--concurrency", "2")
+    wait_for(
+        lambda: QueueItem.objects.filter(id=item, state=ItemState.DONE).exists(),
+        timeout=90,
+        what="the item done by its second attempt, long before the stuck one would return",
+    )
+    proc.terminate()
+    assert finish(proc, timeout=30) == 0
+    assert sorted(ExecutionLog.objects.filter(item_id=item).values_list("attempt", flat=True)) == [1, 2]
+    assert ProbeEffect.objects.get(key=str(item)).applied == 1  # the stuck attempt's write was rolled back
+    assert outcomes_of(item) == ["expired", "done"]
+    assert output(proc).count("replacing the worker process now") == 1
+
+
 @pytest.fixture
 def limited_role():
     """A DATABASE_URL for the test database as a role that may open at most 6 connections (CONNECTION LIMIT),

@@ -6,7 +6,7 @@ import os
 import threading
 import time
 
-from queue_app.registry import Context, Retry, job
+from queue_app.registry import Context, Delivery, Retry, job
 from queue_app.tasks import _probe
 
 
@@ -21,6 +21,15 @@ class Unfixable(Exception):
 @job("tests.sleepy", hard_timeout=1.0, retry=Retry(times=2, delay=0))
 def sleepy(payload: dict, ctx: Context) -> None:
     time.sleep(payload.get("seconds", 30))
+
+
+@job("tests.stuck_transactional", delivery=Delivery.TRANSACTIONAL, hard_timeout=1.0, retry=Retry(times=3, delay=0))
+def stuck_transactional(payload: dict, ctx: Context) -> None:
+    """Logs its run, applies its effect inside its transaction (the item's row locked), and on its first attempt
+    never returns in time."""
+    _probe({}, ctx)
+    if ctx.attempt == 1:
+        time.sleep(payload.get("seconds", 600))
 
 
 GATE = threading.Event()  # in-process tests (thread pool) hold tests.gated handlers until they set it
