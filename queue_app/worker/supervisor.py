@@ -17,6 +17,9 @@ hard timeouts) in settling.py (a mixin), the loop, leases, starts, heartbeats an
 Outages: every database round is guarded; on a lost connection the supervisor logs once, backs off (0.5 s
 doubling to 10 s) and retries, keeping finished outcomes in memory; they are settled when the server is back
 (settles are fenced, so a lease lost meanwhile is reported stale and changes nothing).
+
+A thread-pool handler stuck past its hard timeout: its attempt is settled as timed out, the worker stops
+leasing, lets the rest settle, and run() returns REPLACE for run_worker to exec itself again (worker/replace.py).
 """
 
 import contextlib
