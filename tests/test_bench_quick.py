@@ -85,6 +85,9 @@ def test_quick_jobsite_run_measures_enqueue_end_to_end_and_latency_idle_and_unde
     for key in ("jobsite.latency_p50", "jobsite.latency_p99", "jobsite.latency_load_p50", "jobsite.latency_load_p99"):
         assert figures[key]["value"] > 0, figures[key]
         assert figures[key]["detail"]["samples"] > 0
+        detail = figures[key]["detail"]
+        assert 0 <= detail["to_lease_p50_ms"] <= detail["to_lease_p99_ms"]  # the split of where the time went
+        assert 0 <= detail["lease_to_start_p50_ms"] <= detail["lease_to_start_p99_ms"]
     assert figures["jobsite.latency_p50"]["value"] <= figures["jobsite.latency_p99"]["value"]
     assert figures["jobsite.latency_load_p50"]["detail"]["fed"] > 0  # the steady load really ran
 
