@@ -5,6 +5,7 @@ their database effect in ProbeEffect; these tests count those rows after killing
 and restarting the database server under them.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -27,6 +28,7 @@ from queue_app import engine, services
 from queue_app.engine import sql
 from queue_app.models import DeadLetter, ExecutionLog, ItemState, ProbeEffect, QueueItem, Reservation, Worker
 from queue_app.registry import get_task
+from queue_app.worker.replace import REPLACES_ENV, STOP_SIGNALS
 from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks the workers --import)
 from tests.waiting import wait_for
 
@@ -184,6 +186,23 @@ def test_thread_stuck_past_its_hard_timeout_gets_its_worker_process_replaced_aft
     assert log.count("replaces=stuck") == 2
     assert "stale item=" not in log  # no late outcome reached a settle
     assert Worker.objects.get(id="stuck").pid == proc.pid  # the same process id: replaced by exec
+
+
+def test_a_sigterm_sent_while_a_replacement_starts_up_stops_it_gracefully(spawn, tmp_path):
+    log = tmp_path / "replacement.log"
+    with log.open("w") as out:
+        proc = spawn(
+            "run_worker", "--worker-id", "replacement", "--pool", "thread", "--concurrency", "1",
+            stdout=out,
+            env={REPLACES_ENV: json.dumps({"worker_id": "stuck-before", "taken": 0})},
+            # as replace_process() leaves them across its exec: blocked, so that one sent meanwhile waits
+            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS),
+        )  # fmt: skip
+    proc.send_signal(signal.SIGTERM)  # before its handlers exist: pending, not the default action (death)
+    proc.log = log
+    assert finish(proc, timeout=60) == 0, output(proc)
+    text = output(proc)
+    assert "replaces=stuck-before" in text and "SIGTERM: stopping" in text
 
 
 def test_a_stuck_transactional_thread_lets_go_of_its_item_when_its_process_is_replaced(worker):

@@ -14,6 +14,7 @@ and it says which worker it replaces. Its --max-items count goes on from the old
 import json
 import logging
 import os
+import signal
 import sys
 from typing import NoReturn
 
@@ -23,6 +24,9 @@ logger = logging.getLogger("jobsite.worker")
 
 REPLACE = 75  # Supervisor.run()'s result: replace this process; run_worker's exit code if the exec fails
 REPLACES_ENV = "JOBSITE_WORKER_REPLACES"  # to the new process: {"worker_id": ..., "taken": ...}
+# Blocked across the exec (a blocked signal stays pending through it) and unblocked by the new process once its
+# handlers are in place (Supervisor.run): a SIGTERM sent while it starts up stops it gracefully, not by default.
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 def replaced() -> dict:
@@ -53,6 +57,7 @@ def replace_process(worker_id: str, taken: int) -> NoReturn:
     logging.shutdown()  # flush every handler: exec discards what they buffer
     sys.stdout.flush()
     sys.stderr.flush()
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         os.execv(sys.executable, argv)
     except OSError as exc:

@@ -47,7 +47,7 @@ from .listener import FOLLOW, Listener
 from .maintenance import Maintenance
 from .options import DATABASE_DOWN, DEADLINE_RECHECK, Pending, Running, WorkerOptions
 from .pool import Pool, make_pool
-from .replace import REPLACE, replaced
+from .replace import REPLACE, STOP_SIGNALS, replaced
 from .settling import Settling
 from .status import Stats, StatusReporter, fields
 
@@ -173,6 +173,8 @@ class Supervisor(Settling):
         self.pool = self.pool or make_pool(self.options.pool, self.options.concurrency, backlog=prefetch)
         self.pool.start()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        if self.replaces:  # blocked across the exec that started this process: a signal meanwhile arrives now
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         logger.info(
             "worker started %s",
             fields(
