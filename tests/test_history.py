@@ -1,0 +1,182 @@
+"""Partitioned history (engine/history.py, migration 0017): finished items and their reservations move from the
+hot tables into day partitions with their ids kept; dead items stay with their dead letters; a requeue brings an
+archived item back; retention drops whole days (and deletes rows only for queues keeping less)."""
+
+import datetime as dt
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+
+from queue_app import engine, services
+from queue_app.engine import history, sql
+from queue_app.models import DeadLetter, ItemHistory, QueueItem, Reservation, ReservationHistory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def columns(table: str) -> set[str]:
+    with connection.cursor() as cur:
+        cur.execute("SELECT column_name FROM information_schema.columns WHERE table_name = %s", [table])
+        return {row[0] for row in cur.fetchall()}
+
+
+def age(ids: list[int], interval: str) -> None:
+    """Make these items (and nothing else) look finished `interval` earlier."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE queue_app_queueitem SET finished_at = finished_at - interval '{interval}' WHERE id = ANY(%s)",
+            [ids],
+        )
+
+
+def finished(n: int, queue: str = "default") -> list[int]:
+    """n done items, each with two reservations (a failed attempt, then the completed one)."""
+    ids = engine.enqueue_many("t", [{"n": i} for i in range(n)], queue=queue, max_attempts=3)
+    for held in engine.lease([queue], n, "w1"):
+        engine.fail(held, "boom", retry_in=0)
+    for held in engine.lease([queue], n, "w1"):
+        engine.complete(held, {"ok": held.item_id})
+    return ids
+
+
+def archive_all(grace: float = 60.0) -> int:
+    moved = 0
+    while True:
+        with transaction.atomic():
+            batch = engine.archive(1000, grace=grace)
+        moved += batch
+        if not batch:
+            return moved
+
+
+def test_the_move_names_every_column_of_the_hot_tables():
+    assert set(sql.ITEM_FIELDS.split(", ")) == columns("queue_app_queueitem") == columns("queue_app_itemhistory")
+    assert set(sql.RESERVATION_FIELDS.split(", ")) | {"not_done_at"} == columns("queue_app_reservation")
+    assert columns("queue_app_reservationhistory") == columns("queue_app_reservation") | {"item_finished_at"}
+
+
+def test_finished_items_move_with_their_reservations_and_keep_their_ids():
+    done = finished(5)
+    (cancelled,) = engine.enqueue_many("t", [{}])
+    services.cancel_items([cancelled])
+    (dead,) = engine.enqueue_many("t", [{}], max_attempts=1)
+    (held,) = engine.lease(["default"], 1, "w1")
+    engine.fail(held, "fatal", retry_in=0)
+    (open_item,) = engine.enqueue_many("t", [{}])
+    before = {r.id: (r.item_id, r.attempt, r.outcome) for r in Reservation.objects.all()}
+    age(done + [cancelled, dead], "2 minutes")
+
+    assert archive_all() == 6
+
+    assert set(ItemHistory.objects.values_list("id", flat=True)) == {*done, cancelled}
+    assert set(QueueItem.objects.values_list("id", flat=True)) == {dead, open_item}
+    assert DeadLetter.objects.filter(item_id=dead).exists()  # a dead item stays with its letter
+    moved = {r.id: (r.item_id, r.attempt, r.outcome) for r in ReservationHistory.objects.all()}
+    assert moved == {rid: row for rid, row in before.items() if row[0] in done}
+    assert Reservation.objects.filter(item_id__in=done).count() == 0
+    row = ItemHistory.objects.get(id=done[0])
+    assert (row.state, row.result, row.attempts) == ("done", {"ok": done[0]}, 2)
+    for r in ReservationHistory.objects.filter(item_id=done[0]):
+        assert r.item_finished_at == row.finished_at
+    # Hot and history together: every item and reservation once.
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*), count(DISTINCT id) FROM queue_app_item_all")
+        assert cur.fetchone() == (8, 8)
+        cur.execute("SELECT count(*), count(DISTINCT id) FROM queue_app_reservation_all")
+        assert cur.fetchone() == (len(before), len(before))
+
+
+def test_items_finished_within_the_grace_period_stay_hot():
+    ids = finished(3)
+    age(ids[:1], "2 minutes")
+    assert archive_all(grace=60.0) == 1
+    assert set(QueueItem.objects.values_list("id", flat=True)) == set(ids[1:])
+
+
+def test_a_missing_day_gets_its_partition_when_items_of_that_day_move():
+    ids = finished(2)
+    age(ids, "20 days")
+    day = QueueItem.objects.get(id=ids[0]).finished_at.astimezone(dt.UTC).date()
+    assert archive_all() == 2
+    assert (f"queue_app_itemhistory_p{day:%Y%m%d}", day) in history.partitions()
+    assert (f"queue_app_reservationhistory_p{day:%Y%m%d}", day) in history.partitions()
+
+
+def test_partitions_are_created_ahead():
+    today = dt.datetime.now(dt.UTC).date()
+    history.ensure_partitions(2)
+    days = {day for _, day in history.partitions()}
+    assert {today, today + timedelta(days=1), today + timedelta(days=2)} <= days
+    assert history.ensure_partitions(2) == 0  # nothing left to create
+
+
+def test_requeue_brings_an_archived_cancelled_item_back_with_its_attempts():
+    (item,) = engine.enqueue_many("t", [{"x": 1}], max_attempts=3)
+    (held,) = engine.lease(["default"], 1, "w1")
+    engine.fail(held, "boom", retry_in=0)
+    services.cancel_items([item], actor="alice")
+    age([item], "2 minutes")
+    assert archive_all() == 1
+    reservations = set(ReservationHistory.objects.filter(item_id=item).values_list("id", flat=True))
+    assert reservations
+
+    assert services.requeue_items([item], actor="alice") == 1
+
+    assert not ItemHistory.objects.filter(id=item).exists()
+    back = QueueItem.objects.get(id=item)
+    assert (back.state, back.attempts, back.payload) == ("ready", 0, {"x": 1})
+    assert set(Reservation.objects.filter(item_id=item).values_list("id", flat=True)) == reservations
+    (again,) = engine.lease(["default"], 1, "w1")
+    assert again.item_id == item
+
+
+def test_done_archived_items_are_not_requeued():
+    ids = finished(1)
+    age(ids, "2 minutes")
+    archive_all()
+    assert services.requeue_items(ids) == 0
+    assert ItemHistory.objects.filter(id__in=ids).count() == 1
+
+
+def test_retention_drops_whole_days_older_than_the_longest_retention():
+    old, recent = finished(4), finished(3)
+    age(old, "10 days")
+    age(recent, "2 days")
+    archive_all()
+    old_day = ItemHistory.objects.get(id=old[0]).finished_at.astimezone(dt.UTC).date()
+
+    dropped = history.drop_expired_partitions()  # every queue keeps the default 7 days
+
+    assert f"queue_app_itemhistory_p{old_day:%Y%m%d}" in dropped
+    assert f"queue_app_reservationhistory_p{old_day:%Y%m%d}" in dropped
+    assert not ItemHistory.objects.filter(id__in=old).exists()
+    assert not ReservationHistory.objects.filter(item_id__in=old).exists()
+    assert ItemHistory.objects.filter(id__in=recent).count() == 3
+    assert ReservationHistory.objects.filter(item_id__in=recent).count() == 6
+
+
+def test_a_queue_keeping_less_is_pruned_row_by_row():
+    engine.ensure_queue("short")
+    services.set_queue_options("short", retention=timedelta(days=1))
+    short, kept = finished(3, "short"), finished(2)
+    age(short + kept, "3 days")
+    archive_all()
+
+    assert history.drop_expired_partitions() == []  # the default queue keeps 7 days
+    assert history.prune_history() == 3
+
+    assert not ItemHistory.objects.filter(id__in=short).exists()
+    assert not ReservationHistory.objects.filter(item_id__in=short).exists()
+    assert ItemHistory.objects.filter(id__in=kept).count() == 2
+
+
+def test_the_worker_maintenance_archives_and_keeps_partitions(settings):
+    from queue_app.worker.maintenance import Maintenance, default_units
+
+    settings.JOBSITE = {"ARCHIVE_AFTER": 0.0}
+    ids = finished(3)
+    units = [u for u in default_units(scheduler=False) if u.name in ("archive", "history_retention")]
+    Maintenance(units).run_due()
+    assert ItemHistory.objects.filter(id__in=ids).count() == 3
+    assert dt.datetime.now(dt.UTC).date() + timedelta(days=2) in {day for _, day in history.partitions()}
