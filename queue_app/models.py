@@ -288,8 +288,7 @@ class ItemHistory(models.Model):
     finished_at = models.DateTimeField()
 
     class Meta:
-        managed = False
-        db_table = "queue_app_itemhistory"
+        db_table = "queue_app_itemhistory"  # created by migration 0017 (partitioned), not from this model
         ordering = ["-id"]
         verbose_name = "archived item"
         verbose_name_plural = "item history"
@@ -318,8 +317,7 @@ class ReservationHistory(models.Model):
     item_finished_at = models.DateTimeField()
 
     class Meta:
-        managed = False
-        db_table = "queue_app_reservationhistory"
+        db_table = "queue_app_reservationhistory"  # created by migration 0017 (partitioned)
         ordering = ["-id"]
         verbose_name = "archived reservation"
         verbose_name_plural = "reservation history"

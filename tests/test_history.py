@@ -3,6 +3,7 @@ hot tables into day partitions with their ids kept; dead items stay with their d
 archived item back; retention drops whole days (and deletes rows only for queues keeping less)."""
 
 import datetime as dt
+import json
 from datetime import timedelta
 
 import pytest
@@ -180,3 +181,60 @@ def test_the_worker_maintenance_archives_and_keeps_partitions(settings):
     Maintenance(units).run_due()
     assert ItemHistory.objects.filter(id__in=ids).count() == 3
     assert dt.datetime.now(dt.UTC).date() + timedelta(days=2) in {day for _, day in history.partitions()}
+
+
+def test_the_migration_moves_finished_data_of_the_old_layout():
+    """Back to 0016 (the old layout, no history tables), rows of every state written there, then forward: the
+    done and cancelled items without a dead letter are in history with their reservations, the rest stays."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    leaf = executor.loader.graph.leaf_nodes("queue_app")
+    executor.migrate([("queue_app", "0016_spark_connect_server")])
+    try:
+        assert "queue_app_itemhistory" not in connection.introspection.table_names()
+        with connection.cursor() as cur:
+            cur.execute(
+                """
+                INSERT INTO queue_app_queue (name, paused, lease_timeout, max_attempts, retention, created_at, fair)
+                VALUES ('old', false, 60, 5, interval '7 days', now(), false);
+                INSERT INTO queue_app_queueitem (id, queue_id, task, payload, state, priority, run_at, visible_at,
+                    attempts, max_attempts, error, created_at, updated_at, finished_at)
+                SELECT g, 'old', 't', jsonb_build_object('n', g),
+                       (ARRAY['done', 'cancelled', 'dead', 'ready', 'done'])[1 + g % 5], 0, now(), now(), 1, 5, '',
+                       now() - interval '3 days', now(), CASE WHEN g % 5 <> 3 THEN now() - g * interval '1 hour' END
+                FROM generate_series(1, 100) g;
+                INSERT INTO queue_app_reservation (id, item_id, attempt, worker_id, reserved_at, lease_expires_at,
+                    heartbeat_at, finished_at, outcome, error, traceback)
+                SELECT 1000 + g, g, 1, 'w', now() - interval '3 days', now(), now(), now(), 'done', '', ''
+                FROM generate_series(1, 100) g;
+                INSERT INTO queue_app_deadletter (item_id, reason, last_error, died_at, requeued_by)
+                SELECT g, 'x', '', now(), '' FROM generate_series(2, 100, 5) g;
+                -- a done item that died once and was requeued keeps its (requeued) letter, so it stays
+                INSERT INTO queue_app_deadletter (item_id, reason, last_error, died_at, requeued_at, requeued_by)
+                VALUES (5, 'x', '', now(), now(), 'bob');
+                """
+            )
+        executor = MigrationExecutor(connection)
+        executor.migrate(leaf)
+        movable = {g for g in range(1, 101) if g % 5 in (0, 1, 4) and g != 5}  # done, cancelled; not 5
+        with connection.cursor() as cur:
+            cur.execute("SELECT id FROM queue_app_itemhistory")
+            assert {row[0] for row in cur.fetchall()} == movable
+            cur.execute("SELECT id FROM queue_app_queueitem")
+            assert {row[0] for row in cur.fetchall()} == set(range(1, 101)) - movable
+            cur.execute("SELECT item_id FROM queue_app_reservationhistory")
+            assert {row[0] for row in cur.fetchall()} == movable
+            cur.execute("SELECT count(*) FROM queue_app_reservation")
+            assert cur.fetchone()[0] == 100 - len(movable)
+            cur.execute("SELECT payload FROM queue_app_itemhistory WHERE id = 4")
+            assert json.loads(cur.fetchone()[0]) == {"n": 4}
+            # each moved row is in the partition of its finished day (up to 100 hours back: several days)
+            cur.execute(
+                "SELECT count(DISTINCT tableoid) > 1, bool_and(tableoid::regclass::text ="
+                " 'queue_app_itemhistory_p' || to_char(finished_at AT TIME ZONE 'UTC', 'YYYYMMDD'))"
+                " FROM queue_app_itemhistory"
+            )
+            assert cur.fetchone() == (True, True)
+    finally:
+        MigrationExecutor(connection).migrate(leaf)
