@@ -5,13 +5,14 @@ cancel run through services.py."""
 from django.contrib import admin
 from django.db.models import QuerySet, TextField
 from django.db.models.functions import Cast, Left, Now
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from .. import services
-from ..models import ItemState, QueueItem
+from ..models import ItemHistory, ItemState, QueueItem
 from .actions import Operation, ReadOnlyAdmin
 from .display import HEAD_CHARS, preformatted, pretty_json, shorten
 from .filters import TaskFilter, exact_search, recent
@@ -48,8 +49,10 @@ CANCEL = Operation(
 )
 
 
-def attempt_timeline(item: QueueItem) -> SafeString:
-    attempts = list(item.reservations.order_by("-id")[:TIMELINE_ATTEMPTS])[::-1]
+def attempt_timeline(item: QueueItem | ItemHistory, reservations: QuerySet | None = None) -> SafeString:
+    """The item's most recent attempts (`reservations`: the archived ones of an archived item)."""
+    reservations = item.reservations.all() if reservations is None else reservations
+    attempts = list(reservations.order_by("-id")[:TIMELINE_ATTEMPTS])[::-1]
     return render_to_string(
         "admin/queue_app/attempt_timeline.html",
         {"attempts": attempts, "current": item.reservation_id, "limit": TIMELINE_ATTEMPTS},
@@ -114,6 +117,20 @@ class QueueItemAdmin(ReadOnlyAdmin):
 
     def get_search_results(self, request, queryset, search_term):
         return exact_search(queryset, search_term, ids=("id",), keys=("dedup_key", "ordering_key", "group_key")), False
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None) -> HttpResponse:
+        # An item archived since the link was made (a dead letter's, a Spark run's, a workflow step's) is shown
+        # on its history page.
+        if (
+            object_id
+            and object_id.isdigit()
+            and not QueueItem.objects.filter(pk=object_id).exists()
+            and ItemHistory.objects.filter(pk=object_id).exists()
+        ):
+            return HttpResponseRedirect(
+                reverse(f"{self.admin_site.name}:queue_app_itemhistory_change", args=[object_id])
+            )
+        return super().changeform_view(request, object_id, form_url, extra_context)
 
     # Sorted by id: ids are handed out in creation order, and an index on created_at would cost every enqueue one
     # more entry (the list's "created" time filter walks the primary key from the newest item down).

@@ -1,0 +1,176 @@
+"""The partitioned history (engine/history.py): archived items and their attempts, read-only like the hot lists
+(filter by queue, state, task, finished time; exact search on id and keys), an archived item's detail page with
+its attempt timeline, and requeue of an archived cancelled item (services.requeue_items moves it back)."""
+
+from django.contrib import admin
+from django.db.models import QuerySet, TextField
+from django.db.models.functions import Cast, Left
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from .. import services
+from ..models import ItemHistory, ReservationHistory
+from .actions import Operation, ReadOnlyAdmin
+from .display import HEAD_CHARS, preformatted, pretty_json, shorten
+from .filters import TaskFilter, exact_search, recent
+from .items import attempt_timeline
+
+
+class QueueFilter(admin.SimpleListFilter):
+    """The queues by name (the history has no foreign key to Queue: a queue may be gone while its history stays)."""
+
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request, model_admin):
+        from ..models import Queue
+
+        return [(name, name) for name in Queue.objects.values_list("name", flat=True)]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(queue_id=self.value()) if self.value() else queryset
+
+
+REQUEUE = Operation(
+    name="requeue",
+    label="Requeue",
+    done="Requeued {n} {noun}",
+    permission="requeue",
+    eligible=lambda qs: qs.filter(state__in=services.REQUEUEABLE),
+    eligible_label="cancelled",
+    apply=lambda pks, actor: services.requeue_items(pks, actor=actor),
+)
+
+
+class ItemHistoryAdmin(ReadOnlyAdmin):
+    operations = (REQUEUE,)
+    actions = [op.as_action() for op in operations]
+    list_display = (
+        "id",
+        "queue_id",
+        "task",
+        "state",
+        "attempts_of",
+        "created_at",
+        "finished_at",
+        "keys",
+        "payload_short",
+        "error_short",
+    )
+    list_filter = (QueueFilter, "state", TaskFilter, recent("finished_at", "finished", "finished"))
+    sortable_by = ("id",)
+    search_fields = ("=id", "=dedup_key", "=ordering_key", "=group_key")  # see get_search_results: exact only
+    search_help_text = "Exact item id (123 or #123), dedup key, ordering key or group key."
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "queue_id",
+                    "task",
+                    "state",
+                    "priority",
+                    "attempts_of",
+                    "dedup_key",
+                    "ordering_key",
+                    "group_key",
+                )
+            },
+        ),
+        ("Timing", {"fields": ("run_at", "created_at", "updated_at", "finished_at", "lease_timeout")}),
+        ("Payload", {"fields": ("payload_pretty",)}),
+        ("Outcome", {"fields": ("error_full", "result_pretty")}),
+        ("Attempts", {"fields": ("timeline",)}),
+    )
+    readonly_fields = ("attempts_of", "payload_pretty", "error_full", "result_pretty", "timeline")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return (
+            super()
+            .get_queryset(request)
+            .defer("payload", "result", "error")
+            .annotate(payload_head=Left(Cast("payload", TextField()), HEAD_CHARS), error_head=Left("error", HEAD_CHARS))
+        )
+
+    def get_search_results(self, request, queryset, search_term):
+        return exact_search(queryset, search_term, ids=("id",), keys=("dedup_key", "ordering_key", "group_key")), False
+
+    @admin.display(description="attempts")
+    def attempts_of(self, obj: ItemHistory) -> str:
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="dedup / ordering / group key")
+    def keys(self, obj: ItemHistory) -> str:
+        return " / ".join(shorten(k, 40) for k in (obj.dedup_key, obj.ordering_key, obj.group_key) if k) or "-"
+
+    @admin.display(description="payload")
+    def payload_short(self, obj: ItemHistory) -> str:
+        return shorten(obj.payload_head)
+
+    @admin.display(description="error")
+    def error_short(self, obj: ItemHistory) -> str:
+        return shorten(obj.error_head) or "-"
+
+    @admin.display(description="payload")
+    def payload_pretty(self, obj: ItemHistory) -> SafeString:
+        return pretty_json(obj.payload)
+
+    @admin.display(description="result")
+    def result_pretty(self, obj: ItemHistory) -> SafeString | str:
+        return "-" if obj.result is None else pretty_json(obj.result)
+
+    @admin.display(description="last error")
+    def error_full(self, obj: ItemHistory) -> SafeString | str:
+        return preformatted(obj.error)
+
+    @admin.display(description="attempt timeline")
+    def timeline(self, obj: ItemHistory) -> SafeString:
+        return attempt_timeline(obj, ReservationHistory.objects.filter(item_id=obj.id))
+
+
+class ReservationHistoryAdmin(ReadOnlyAdmin):
+    list_display = ("id", "item", "attempt", "worker_id", "reserved_at", "finished_at", "outcome", "error_short")
+    list_filter = ("outcome", recent("reserved_at", "reserved", "reserved"))
+    sortable_by = ("id",)
+    search_fields = ("=id", "=item_id", "=worker_id")
+    search_help_text = "Exact reservation or item id (123 or #123), or worker id."
+    fields = (
+        "id",
+        "item",
+        "attempt",
+        "worker_id",
+        "reserved_at",
+        "lease_expires_at",
+        "heartbeat_at",
+        "finished_at",
+        "outcome",
+        "error_full",
+        "traceback_full",
+    )
+    readonly_fields = ("item", "error_full", "traceback_full")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).defer("error", "traceback").annotate(error_head=Left("error", HEAD_CHARS))
+
+    def get_search_results(self, request, queryset, search_term):
+        return exact_search(queryset, search_term, ids=("id", "item_id"), keys=("worker_id",)), False
+
+    @admin.display(description="item", ordering="item_id")
+    def item(self, obj: ReservationHistory) -> SafeString:
+        url = reverse("admin:queue_app_itemhistory_change", args=[obj.item_id])
+        return format_html('<a href="{}">#{}</a>', url, obj.item_id)
+
+    @admin.display(description="error")
+    def error_short(self, obj: ReservationHistory) -> str:
+        return shorten(obj.error_head) or "-"
+
+    @admin.display(description="error")
+    def error_full(self, obj: ReservationHistory) -> SafeString | str:
+        return preformatted(obj.error)
+
+    @admin.display(description="traceback")
+    def traceback_full(self, obj: ReservationHistory) -> SafeString | str:
+        return preformatted(obj.traceback)
