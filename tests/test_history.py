@@ -3,6 +3,7 @@ hot tables into day partitions with their ids kept; dead items stay with their d
 archived item back; retention drops whole days (and deletes rows only for queues keeping less)."""
 
 import datetime as dt
+import io
 import json
 from datetime import timedelta
 
@@ -238,3 +239,45 @@ def test_the_migration_moves_finished_data_of_the_old_layout():
             assert cur.fetchone() == (True, True)
     finally:
         MigrationExecutor(connection).migrate(leaf)
+
+
+def test_overview_metrics_and_queue_stats_count_archived_items(client):
+    from django.core.management import call_command
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from queue_app.monitoring import snapshot
+
+    ids = finished(4)
+    age(ids[:3], "2 minutes")
+    archive_all()
+    assert ItemHistory.objects.count() == 3
+
+    (queue,) = [q for q in snapshot().queues if q.name == "default"]
+    assert queue.depth["done"].value == 4  # 3 archived + 1 hot
+    assert queue.processed == 4  # done within the window, wherever they are
+    assert queue.failed == 4  # each item's first attempt failed
+    response = client.get("/metrics")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for s in family.samples
+    }
+    assert samples["jobsite_queue_depth", (("queue", "default"), ("state", "done"))] == 4
+    out = io.StringIO()
+    call_command("queue_stats", "--json", stdout=out)
+    (row,) = [r for r in json.loads(out.getvalue())["queues"] if r["queue"] == "default"]
+    assert row["done"] == 4
+
+
+def test_a_django_task_result_is_found_after_its_item_moved():
+    from django.tasks import default_task_backend
+
+    from tests.django_tasks_app import add
+
+    result = add.enqueue(2, 3)
+    (held,) = engine.lease(["default"], 1, "w1")
+    engine.complete(held, 5)
+    age([held.item_id], "2 minutes")
+    assert archive_all() == 1
+    fetched = default_task_backend.get_result(result.id)
+    assert (fetched.status.value, fetched.return_value, fetched.args) == ("SUCCESSFUL", 5, [2, 3])

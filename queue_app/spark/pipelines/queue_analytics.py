@@ -3,8 +3,8 @@
 Reads reservations joined to their items, hot and archived alike (the views queue_app_reservation_all and
 queue_app_item_all of migration 0017: one statement sees a row once, wherever the archiver has it; the archiver
 keeps ids, so the watermark below holds across the move), from PostgreSQL (JDBC over TCP, psycopg over a unix
-socket; see queue_app/spark/db.py). The child returns the small aggregated rows as the run's outputs; the caller publishes
-them with `publish_hourly_stats()` in the transaction that marks the run succeeded, so a re-delivered or
+socket; see queue_app/spark/db.py). The child returns the small aggregated rows as the run's outputs; the caller
+publishes them with `publish_hourly_stats()` in the transaction that marks the run succeeded, so a re-delivered or
 re-run run replaces its window instead of adding to it.
 
 Two ways to choose what to compute:
