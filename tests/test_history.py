@@ -53,8 +53,8 @@ def archive_all(grace: float = 60.0) -> int:
 
 
 def test_the_move_names_every_column_of_the_hot_tables():
-    assert set(sql.ITEM_FIELDS.split(", ")) == columns("queue_app_queueitem") == columns("queue_app_itemhistory")
-    assert set(sql.RESERVATION_FIELDS.split(", ")) | {"not_done_at"} == columns("queue_app_reservation")
+    assert set(sql.ITEM_FIELDS) == columns("queue_app_queueitem") == columns("queue_app_itemhistory")
+    assert set(sql.RESERVATION_FIELDS) | {"not_done_at"} == columns("queue_app_reservation")
     assert columns("queue_app_reservationhistory") == columns("queue_app_reservation") | {"item_finished_at"}
 
 

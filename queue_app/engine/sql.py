@@ -541,14 +541,21 @@ RESERVATION_HISTORY = "queue_app_reservationhistory"
 # Every column of an item and of a reservation, as the move copies them (tests/test_history.py checks that these
 # name every column of the hot tables, so a column added later is not silently dropped by the move).
 ITEM_FIELDS = (
-    "id, queue_id, task, payload, state, priority, run_at, visible_at, attempts, max_attempts, lease_timeout,"
-    " dedup_key, ordering_key, group_key, reservation_id, result, error, workflow_step_id, created_at, updated_at,"
-    " finished_at"
+    *("id", "queue_id", "task", "payload", "state", "priority", "run_at", "visible_at", "attempts", "max_attempts"),
+    *("lease_timeout", "dedup_key", "ordering_key", "group_key", "reservation_id", "result", "error"),
+    *("workflow_step_id", "created_at", "updated_at", "finished_at"),
 )
 RESERVATION_FIELDS = (
-    "id, item_id, attempt, worker_id, reserved_at, lease_expires_at, heartbeat_at, finished_at, started_at, outcome,"
-    " error, traceback"
+    *("id", "item_id", "attempt", "worker_id", "reserved_at", "lease_expires_at", "heartbeat_at", "finished_at"),
+    *("started_at", "outcome", "error", "traceback"),
 )
+_ITEM_LIST = ", ".join(ITEM_FIELDS)
+_RESERVATION_LIST = ", ".join(RESERVATION_FIELDS)
+
+
+def _columns_of(alias: str, fields: tuple[str, ...]) -> str:
+    return ", ".join(f"{alias}.{c}" for c in fields)
+
 
 # The archiver's batch: done and cancelled items finished more than %(grace)s seconds ago, locked so no requeue
 # or second archiver moves them meanwhile, with the UTC day each belongs to. Items with a dead letter stay: the
@@ -567,29 +574,29 @@ ENSURE_PARTITIONS = "SELECT count(*) FILTER (WHERE queue_app_history_partition(d
 ARCHIVE_MOVE = f"""
 WITH res AS (
     DELETE FROM {RESERVATION} r WHERE r.item_id = ANY(%(ids)s::bigint[])
-    RETURNING {", ".join("r." + c for c in RESERVATION_FIELDS.split(", "))}, r.not_done_at
+    RETURNING {_columns_of("r", RESERVATION_FIELDS)}, r.not_done_at
 ), items AS (
     DELETE FROM {ITEM} i WHERE i.id = ANY(%(ids)s::bigint[])
-    RETURNING {", ".join("i." + c for c in ITEM_FIELDS.split(", "))}
+    RETURNING {_columns_of("i", ITEM_FIELDS)}
 ), res_moved AS (
-    INSERT INTO {RESERVATION_HISTORY} ({RESERVATION_FIELDS}, not_done_at, item_finished_at)
+    INSERT INTO {RESERVATION_HISTORY} ({_RESERVATION_LIST}, not_done_at, item_finished_at)
     SELECT res.*, items.finished_at FROM res JOIN items ON items.id = res.item_id
 )
-INSERT INTO {ITEM_HISTORY} ({ITEM_FIELDS}) SELECT * FROM items
+INSERT INTO {ITEM_HISTORY} ({_ITEM_LIST}) SELECT * FROM items
 """
 # A requeue of archived items: back into the hot tables with their reservations (ids kept), still finished; the
 # requeue then makes them ready as it does any dead or cancelled item.
 RESTORE_ITEMS = f"""
 WITH items AS (
     DELETE FROM {ITEM_HISTORY} h WHERE h.id = ANY(%(ids)s::bigint[]) AND h.state IN ('dead', 'cancelled')
-    RETURNING {", ".join("h." + c for c in ITEM_FIELDS.split(", "))}
+    RETURNING {_columns_of("h", ITEM_FIELDS)}
 ), res AS (
     DELETE FROM {RESERVATION_HISTORY} r WHERE r.item_id = ANY(ARRAY(SELECT id FROM items))
-    RETURNING {", ".join("r." + c for c in RESERVATION_FIELDS.split(", "))}
+    RETURNING {_columns_of("r", RESERVATION_FIELDS)}
 ), res_back AS (
-    INSERT INTO {RESERVATION} ({RESERVATION_FIELDS}) SELECT * FROM res
+    INSERT INTO {RESERVATION} ({_RESERVATION_LIST}) SELECT * FROM res
 )
-INSERT INTO {ITEM} ({ITEM_FIELDS}) SELECT * FROM items RETURNING id
+INSERT INTO {ITEM} ({_ITEM_LIST}) SELECT * FROM items RETURNING id
 """
 # The history partitions (both tables) and the UTC day each holds, from their names (queue_app_history_partition).
 HISTORY_PARTITIONS = f"""
