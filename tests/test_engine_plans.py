@@ -23,7 +23,8 @@ MAINTENANCE = {"PRUNE_DONE", "PRUNE_DEDUP", "RESCUE_EXPIRED", "SWEEP_WORKERS", "
 # The archiver and the history's retention (engine/history.py), maintenance units too.
 MAINTENANCE |= {"ARCHIVE_PICK", "ARCHIVE_MOVE", "ENSURE_PARTITIONS", "HISTORY_PARTITIONS", "RETENTIONS"}
 MAINTENANCE |= {"PRUNE_HISTORY"}
-NOT_PLANNED = {"COPY_ITEMS", "COPY_DELAYED_ITEMS", "VACUUM", "ENGINE_SESSION", "DROP_PARTITION"}
+# ... and RESTORE_ITEMS (a requeue from the history) runs on Django's cursor: planned per call, never generic.
+NOT_PLANNED = {"COPY_ITEMS", "COPY_DELAYED_ITEMS", "VACUUM", "ENGINE_SESSION", "DROP_PARTITION", "RESTORE_ITEMS"}
 
 
 def statements() -> dict[str, str]:

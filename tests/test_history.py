@@ -281,3 +281,13 @@ def test_a_django_task_result_is_found_after_its_item_moved():
     assert archive_all() == 1
     fetched = default_task_backend.get_result(result.id)
     assert (fetched.status.value, fetched.return_value, fetched.args) == ("SUCCESSFUL", 5, [2, 3])
+
+
+def test_a_duplicate_enqueue_names_its_archived_owner():
+    first = engine.enqueue("t", {}, dedup_key="order-7")
+    (held,) = engine.lease(["default"], 1, "w1")
+    engine.complete(held, None)
+    age([first.id], "2 minutes")
+    assert archive_all() == 1
+    again = engine.enqueue("t", {}, dedup_key="order-7")
+    assert (again.id, again.duplicate, again.run_at) == (first.id, True, first.run_at)

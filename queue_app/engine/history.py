@@ -45,7 +45,9 @@ def restore(item_ids: list[int], *, using: str = "default") -> list[int]:
     step). Returns the ids moved back."""
     if not item_ids:
         return []
-    with cursor(using) as cur:
+    # Django's own cursor, not a prepared one: planned for these ids (an admin action, not the hot path), where
+    # a generic plan may guess at the partitions' sizes.
+    with connections[using].cursor() as cur:
         cur.execute(sql.RESTORE_ITEMS, {"ids": list(item_ids)})
         return [row[0] for row in cur.fetchall()]
 

@@ -14,6 +14,8 @@ RESERVATION = "queue_app_reservation"
 DEAD_LETTER = "queue_app_deadletter"
 QUEUE = "queue_app_queue"
 DEDUP = "queue_app_dedupclaim"
+ITEM_HISTORY = "queue_app_itemhistory"  # finished items moved out of ITEM (engine/history.py), partitioned by day
+RESERVATION_HISTORY = "queue_app_reservationhistory"
 RESERVATION_SEQUENCE = "queue_app_reservation_id_seq"  # its id column's (pg_get_serial_sequence; checked by a test)
 
 
@@ -125,7 +127,13 @@ SELECT id, run_at, created_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
 
 # Runs as its own statement after ENQUEUE_DEDUP returned nothing, so its snapshot sees the winner's commit.
 DEDUP_OWNER = f"""
-SELECT c.item_id, i.run_at, i.created_at FROM {DEDUP} c LEFT JOIN {ITEM} i ON i.id = c.item_id
+SELECT c.item_id, i.run_at, i.created_at FROM {DEDUP} c
+LEFT JOIN LATERAL (  -- the owner may have finished and been archived inside the window
+    SELECT run_at, created_at FROM {ITEM} WHERE id = c.item_id
+    UNION ALL
+    SELECT run_at, created_at FROM {ITEM_HISTORY} WHERE id = c.item_id
+    LIMIT 1
+) i ON true
 WHERE c.queue_id = %(queue)s AND c.key = %(dedup_key)s
 """
 
@@ -536,8 +544,6 @@ DELETE FROM {ITEM} WHERE id IN (
 
 # -- history: finished rows out of the hot tables (engine/history.py) ----------------------------------------
 
-ITEM_HISTORY = "queue_app_itemhistory"
-RESERVATION_HISTORY = "queue_app_reservationhistory"
 # Every column of an item and of a reservation, as the move copies them (tests/test_history.py checks that these
 # name every column of the hot tables, so a column added later is not silently dropped by the move).
 ITEM_FIELDS = (
