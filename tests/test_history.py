@@ -291,3 +291,15 @@ def test_a_duplicate_enqueue_names_its_archived_owner():
     assert archive_all() == 1
     again = engine.enqueue("t", {}, dedup_key="order-7")
     assert (again.id, again.duplicate, again.run_at) == (first.id, True, first.run_at)
+
+
+def test_a_webhook_delivery_reads_its_archived_item():
+    from queue_app.webhooks import services as webhooks
+    from queue_app.webhooks.events import publish_event
+
+    webhooks.create_endpoint("https://example.com/hook", ["test"])
+    (delivery,) = publish_event("test", {})
+    services.cancel_items([delivery.item_id])
+    age([delivery.item_id], "2 minutes")
+    assert archive_all() == 1
+    assert webhooks.delivery_states([delivery]) == {delivery.id: "cancelled"}
