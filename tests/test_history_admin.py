@@ -51,6 +51,7 @@ def test_history_lists_filter_and_search(admin_client, archived):
     }
     assert listed(admin_client.get(url("itemhistory"), {"q": f"#{archived['other']}"})) == {archived["other"]}
     assert listed(admin_client.get(url("itemhistory"), {"q": "order-42"})) == {archived["done"]}
+    assert listed(admin_client.get(url("itemhistory"), {"q": "no-such-key"})) == set()
     reservations = admin_client.get(url("reservationhistory"), {"q": str(archived["done"])})
     assert {r.item_id for r in reservations.context["cl"].result_list} == {archived["done"]}
 
