@@ -2,20 +2,23 @@
 (filter by queue, state, task, finished time; exact search on id and keys), an archived item's detail page with
 its attempt timeline, and requeue of an archived cancelled item (services.requeue_items moves it back)."""
 
+from dataclasses import replace
+
 from django.contrib import admin
-from django.db.models import Q, QuerySet, TextField
-from django.db.models.functions import Cast, Left
+from django.db.models import Q, QuerySet
+from django.db.models.functions import Left
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from .. import services
 from ..models import ItemHistory, ReservationHistory
-from .actions import Operation, ReadOnlyAdmin
-from .display import HEAD_CHARS, preformatted, pretty_json, shorten
-from .filters import BIGINT_MAX, TaskFilter, exact_search, recent
-from .items import attempt_timeline
+from . import items
+from .actions import ReadOnlyAdmin
+from .display import HEAD_CHARS, shorten
+from .filters import BIGINT_MAX, TaskFilter, recent
+from .items import ItemFields, attempt_timeline
+from .reservations import AttemptText, ReservationAdmin
 
 
 class QueueFilter(admin.SimpleListFilter):
@@ -33,18 +36,11 @@ class QueueFilter(admin.SimpleListFilter):
         return queryset.filter(queue_id=self.value()) if self.value() else queryset
 
 
-REQUEUE = Operation(
-    name="requeue",
-    label="Requeue",
-    done="Requeued {n} {noun}",
-    permission="requeue",
-    eligible=lambda qs: qs.filter(state__in=services.REQUEUEABLE),
-    eligible_label="cancelled",
-    apply=lambda pks, actor: services.requeue_items(pks, actor=actor),
-)
+# The items' requeue (services.requeue_items moves an archived item back first); no "all matching" page here.
+REQUEUE = replace(items.REQUEUE, bulk_button=False)
 
 
-class ItemHistoryAdmin(ReadOnlyAdmin):
+class ItemHistoryAdmin(ItemFields, ReadOnlyAdmin):
     operations = (REQUEUE,)
     actions = [op.as_action() for op in operations]
     list_display = (
@@ -87,69 +83,18 @@ class ItemHistoryAdmin(ReadOnlyAdmin):
     )
     readonly_fields = ("attempts_of", "payload_pretty", "error_full", "result_pretty", "timeline")
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return (
-            super()
-            .get_queryset(request)
-            .defer("payload", "result", "error")
-            .annotate(payload_head=Left(Cast("payload", TextField()), HEAD_CHARS), error_head=Left("error", HEAD_CHARS))
-        )
-
-    def get_search_results(self, request, queryset, search_term):
-        return exact_search(queryset, search_term, ids=("id",), keys=("dedup_key", "ordering_key", "group_key")), False
-
-    @admin.display(description="attempts")
-    def attempts_of(self, obj: ItemHistory) -> str:
-        return f"{obj.attempts}/{obj.max_attempts}"
-
-    @admin.display(description="dedup / ordering / group key")
-    def keys(self, obj: ItemHistory) -> str:
-        return " / ".join(shorten(k, 40) for k in (obj.dedup_key, obj.ordering_key, obj.group_key) if k) or "-"
-
-    @admin.display(description="payload")
-    def payload_short(self, obj: ItemHistory) -> str:
-        return shorten(obj.payload_head)
-
-    @admin.display(description="error")
-    def error_short(self, obj: ItemHistory) -> str:
-        return shorten(obj.error_head) or "-"
-
-    @admin.display(description="payload")
-    def payload_pretty(self, obj: ItemHistory) -> SafeString:
-        return pretty_json(obj.payload)
-
-    @admin.display(description="result")
-    def result_pretty(self, obj: ItemHistory) -> SafeString | str:
-        return "-" if obj.result is None else pretty_json(obj.result)
-
-    @admin.display(description="last error")
-    def error_full(self, obj: ItemHistory) -> SafeString | str:
-        return preformatted(obj.error)
-
     @admin.display(description="attempt timeline")
     def timeline(self, obj: ItemHistory) -> SafeString:
         return attempt_timeline(obj, ReservationHistory.objects.filter(item_id=obj.id))
 
 
-class ReservationHistoryAdmin(ReadOnlyAdmin):
+class ReservationHistoryAdmin(AttemptText, ReadOnlyAdmin):
     list_display = ("id", "item", "attempt", "worker_id", "reserved_at", "finished_at", "outcome", "error_short")
     list_filter = ("outcome", recent("reserved_at", "reserved", "reserved"))
     sortable_by = ("id",)
     search_fields = ("=id", "=item_id")
     search_help_text = "Exact reservation or item id (123 or #123)."
-    fields = (
-        "id",
-        "item",
-        "attempt",
-        "worker_id",
-        "reserved_at",
-        "lease_expires_at",
-        "heartbeat_at",
-        "finished_at",
-        "outcome",
-        "error_full",
-        "traceback_full",
-    )
+    fields = tuple(f for f in ReservationAdmin.fields if f != "task")  # the item's task is on its own page
     readonly_fields = ("item", "error_full", "traceback_full")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
@@ -174,11 +119,3 @@ class ReservationHistoryAdmin(ReadOnlyAdmin):
     @admin.display(description="error")
     def error_short(self, obj: ReservationHistory) -> str:
         return shorten(obj.error_head) or "-"
-
-    @admin.display(description="error")
-    def error_full(self, obj: ReservationHistory) -> SafeString | str:
-        return preformatted(obj.error)
-
-    @admin.display(description="traceback")
-    def traceback_full(self, obj: ReservationHistory) -> SafeString | str:
-        return preformatted(obj.traceback)

@@ -59,7 +59,55 @@ def attempt_timeline(item: QueueItem | ItemHistory, reservations: QuerySet | Non
     )
 
 
-class QueueItemAdmin(ReadOnlyAdmin):
+class ItemFields:
+    """What an item's list and page show, hot or archived (QueueItemAdmin, history.ItemHistoryAdmin): payload and
+    error cut short in lists (the database sends only their first HEAD_CHARS), whole on the page; exact search on
+    the id and keys."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return (
+            super()
+            .get_queryset(request)
+            .defer("payload", "result", "error")
+            .annotate(
+                payload_head=Left(Cast("payload", TextField()), HEAD_CHARS),
+                error_head=Left("error", HEAD_CHARS),
+            )
+        )
+
+    def get_search_results(self, request, queryset, search_term):
+        return exact_search(queryset, search_term, ids=("id",), keys=("dedup_key", "ordering_key", "group_key")), False
+
+    @admin.display(description="attempts")
+    def attempts_of(self, obj: QueueItem) -> str:
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="dedup / ordering / group key")
+    def keys(self, obj: QueueItem) -> str:
+        return " / ".join(shorten(k, 40) for k in (obj.dedup_key, obj.ordering_key, obj.group_key) if k) or "-"
+
+    @admin.display(description="payload")
+    def payload_short(self, obj: QueueItem) -> str:
+        return shorten(obj.payload_head)
+
+    @admin.display(description="error")
+    def error_short(self, obj: QueueItem) -> str:
+        return shorten(obj.error_head) or "-"
+
+    @admin.display(description="payload")
+    def payload_pretty(self, obj: QueueItem) -> SafeString:
+        return pretty_json(obj.payload)
+
+    @admin.display(description="result")
+    def result_pretty(self, obj: QueueItem) -> SafeString | str:
+        return "-" if obj.result is None else pretty_json(obj.result)
+
+    @admin.display(description="last error")
+    def error_full(self, obj: QueueItem) -> SafeString | str:
+        return preformatted(obj.error)
+
+
+class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
     operations = (REQUEUE, RETRY_NOW, CANCEL)
     actions = [op.as_action() for op in operations]
     list_display = (
@@ -103,21 +151,6 @@ class QueueItemAdmin(ReadOnlyAdmin):
     )
     readonly_fields = ("attempts_of", "payload_pretty", "dead_letter", "error_full", "result_pretty", "timeline")
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        # Lists get the first HEAD_CHARS of payload and error from the database, never the whole value.
-        return (
-            super()
-            .get_queryset(request)
-            .defer("payload", "result", "error")
-            .annotate(
-                payload_head=Left(Cast("payload", TextField()), HEAD_CHARS),
-                error_head=Left("error", HEAD_CHARS),
-            )
-        )
-
-    def get_search_results(self, request, queryset, search_term):
-        return exact_search(queryset, search_term, ids=("id",), keys=("dedup_key", "ordering_key", "group_key")), False
-
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None) -> HttpResponse:
         # An item archived since the link was made (a dead letter's, a Spark run's, a workflow step's) is shown
         # on its history page.
@@ -137,34 +170,6 @@ class QueueItemAdmin(ReadOnlyAdmin):
     @admin.display(description="created at", ordering="id")
     def created(self, obj: QueueItem):
         return obj.created_at
-
-    @admin.display(description="attempts")
-    def attempts_of(self, obj: QueueItem) -> str:
-        return f"{obj.attempts}/{obj.max_attempts}"
-
-    @admin.display(description="dedup / ordering / group key")
-    def keys(self, obj: QueueItem) -> str:
-        return " / ".join(shorten(k, 40) for k in (obj.dedup_key, obj.ordering_key, obj.group_key) if k) or "-"
-
-    @admin.display(description="payload")
-    def payload_short(self, obj: QueueItem) -> str:
-        return shorten(obj.payload_head)
-
-    @admin.display(description="error")
-    def error_short(self, obj: QueueItem) -> str:
-        return shorten(obj.error_head) or "-"
-
-    @admin.display(description="payload")
-    def payload_pretty(self, obj: QueueItem) -> SafeString:
-        return pretty_json(obj.payload)
-
-    @admin.display(description="result")
-    def result_pretty(self, obj: QueueItem) -> SafeString | str:
-        return "-" if obj.result is None else pretty_json(obj.result)
-
-    @admin.display(description="last error")
-    def error_full(self, obj: QueueItem) -> SafeString | str:
-        return preformatted(obj.error)
 
     @admin.display(description="dead letter")
     def dead_letter(self, obj: QueueItem) -> SafeString | str:
