@@ -106,11 +106,14 @@ SELECT q.name, 'reserved', (SELECT count(*) FROM (
     SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.state = 'reserved' LIMIT %(cap)s) c)
 FROM {QUEUE} q
 UNION ALL
-SELECT q.name, s.state, (SELECT count(*) FROM (
-    SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.state IN ({HISTORY_STATES_SQL}) AND i.state = s.state
-    LIMIT %(cap)s) c) + (SELECT count(*) FROM (
-    SELECT 1 FROM {ITEM_HISTORY} h WHERE h.queue_id = q.name AND h.state = s.state LIMIT %(cap)s) c)
+SELECT q.name, s.state, hot.n + (SELECT count(*) FROM (
+    -- the archived ones only up to the cap: a queue past it in the hot table reads no history at all
+    SELECT 1 FROM {ITEM_HISTORY} h WHERE h.queue_id = q.name AND h.state = s.state
+    LIMIT GREATEST(%(cap)s - hot.n, 0)) c)
 FROM {QUEUE} q CROSS JOIN unnest(ARRAY[{HISTORY_STATES_SQL}]) AS s(state)
+CROSS JOIN LATERAL (SELECT count(*) AS n FROM (
+    SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.state IN ({HISTORY_STATES_SQL}) AND i.state = s.state
+    LIMIT %(cap)s) c) hot
 """
 DEPTH_ESTIMATE = f"SELECT 1 FROM {ITEM} WHERE queue_id = %s AND state = %s"
 DEPTH_ESTIMATE_HISTORY = f"SELECT 1 FROM {ITEM_HISTORY} WHERE queue_id = %s AND state = %s"
