@@ -338,3 +338,14 @@ def test_partition_ddl_waits_briefly_for_a_reader_then_is_done_next_round():
     Maintenance([unit]).run_due()
     assert not ItemHistory.objects.filter(id__in=old).exists()
     assert dt.datetime.now(dt.UTC).date() + timedelta(days=2) in {day for _, day in history.partitions()}
+
+
+def test_the_prune_task_drops_expired_days_too():
+    from queue_app.maintenance_tasks import prune
+
+    old = finished(2)
+    age(old, "10 days")
+    archive_all()
+    counts = prune(None, None)
+    assert counts["partitions_dropped"] == 2  # the day's item and reservation partitions
+    assert not ItemHistory.objects.filter(id__in=old).exists()

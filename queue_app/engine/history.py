@@ -13,8 +13,10 @@
 """
 
 import datetime as dt
+import logging
+from collections.abc import Callable
 
-from django.db import connections
+from django.db import DatabaseError, connections, transaction
 from psycopg import sql as psql
 
 from ..conf import queue_settings
@@ -22,6 +24,23 @@ from . import sql
 from .db import cursor
 
 PARTITIONS_AHEAD = 2  # days of partitions created ahead of today
+DDL_LOCK_TIMEOUT = "2s"  # a partition's CREATE or DROP waits this long for readers, then gives up (next round)
+
+
+logger = logging.getLogger("jobsite.worker")
+
+
+def within_lock_timeout(step: Callable[[], int], what: str, *, using: str = "default") -> int:
+    """Run one history step with lock_timeout set: creating or dropping a partition needs the history's parent
+    tables to itself for a moment, and waiting behind a long reader would queue every later reader and writer
+    behind it. A lock not granted in time leaves the step to the next round: 0 done, said in the log."""
+    try:
+        with transaction.atomic(using=using), connections[using].cursor() as cur:
+            cur.execute("SELECT set_config('lock_timeout', %s, true)", [DDL_LOCK_TIMEOUT])
+            return step()
+    except DatabaseError as exc:
+        logger.info("maintenance %s deferred: %s", what, exc)
+        return 0
 
 
 def archive(limit: int = 10_000, *, grace: float | None = None, using: str = "default") -> int:

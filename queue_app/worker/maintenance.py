@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.db import DatabaseError, connection, transaction
+from django.db import transaction
 
 from .. import engine, scheduling
 from ..conf import queue_settings
@@ -24,7 +24,6 @@ logger = logging.getLogger("jobsite.worker")
 RESCUE_BATCH = 1000
 PRUNE_BATCH = 10_000
 ARCHIVE_BATCH = 5_000
-HISTORY_LOCK_TIMEOUT = "2s"  # a partition's CREATE or DROP waits this long for readers, then next round
 SCHEDULE_BATCH = 100  # due schedules claimed per round
 WORKER_FORGET_AFTER = 600.0  # seconds without a heartbeat before a Worker row is deleted
 
@@ -50,21 +49,8 @@ def _prune() -> tuple[dict[str, int], bool]:
     return {"pruned": pruned, "dedup_claims": claims}, pruned >= PRUNE_BATCH
 
 
-def _within_lock_timeout(step: Callable[[], int], what: str) -> int:
-    """Run one history step with lock_timeout set: creating or dropping a partition needs the history's parent
-    tables to itself for a moment, and waiting behind a long reader would queue every later reader and writer
-    behind it. A lock not granted in time leaves the step to the next round (0 done)."""
-    try:
-        with transaction.atomic(), connection.cursor() as cur:
-            cur.execute("SELECT set_config('lock_timeout', %s, true)", [HISTORY_LOCK_TIMEOUT])
-            return step()
-    except DatabaseError as exc:
-        logger.info("maintenance %s deferred: %s", what, exc)
-        return 0
-
-
 def _archive() -> tuple[dict[str, int], bool]:
-    moved = _within_lock_timeout(lambda: engine.archive(ARCHIVE_BATCH), "archive")
+    moved = engine.within_lock_timeout(lambda: engine.archive(ARCHIVE_BATCH), "archive")
     return {"archived": moved}, moved >= ARCHIVE_BATCH
 
 
@@ -72,9 +58,11 @@ def _history_retention() -> tuple[dict[str, int], bool]:
     """Partitions created ahead, queues with a shorter retention pruned, expired days dropped (last: a drop's
     lock on the history tables lasts until this unit commits)."""
     counts = {
-        "partitions_created": _within_lock_timeout(engine.ensure_partitions, "partition creation"),
+        "partitions_created": engine.within_lock_timeout(engine.ensure_partitions, "partition creation"),
         "history_pruned": engine.prune_history(PRUNE_BATCH),
-        "partitions_dropped": _within_lock_timeout(lambda: len(engine.drop_expired_partitions()), "partition drop"),
+        "partitions_dropped": engine.within_lock_timeout(
+            lambda: len(engine.drop_expired_partitions()), "partition drop"
+        ),
     }
     return counts, counts["history_pruned"] >= PRUNE_BATCH
 
