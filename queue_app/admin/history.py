@@ -57,8 +57,6 @@ class ItemHistoryAdmin(ItemFields, ReadOnlyAdmin):
     )
     list_filter = (QueueFilter, "state", TaskFilter, recent("finished_at", "finished", "finished"))
     sortable_by = ("id",)
-    search_fields = ("=id", "=dedup_key", "=ordering_key", "=group_key")  # see get_search_results: exact only
-    search_help_text = "Exact item id (123 or #123), dedup key, ordering key or group key."
     fieldsets = (
         (
             None,

@@ -64,6 +64,9 @@ class ItemFields:
     error cut short in lists (the database sends only their first HEAD_CHARS), whole on the page; exact search on
     the id and keys."""
 
+    search_fields = ("=id", "=dedup_key", "=ordering_key", "=group_key")  # see get_search_results: exact only
+    search_help_text = "Exact item id (123 or #123), dedup key, ordering key or group key."
+
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return (
             super()
@@ -125,8 +128,6 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
     list_select_related = ("queue",)
     list_filter = ("queue", "state", TaskFilter, recent("created_at", "created", "created"))
     sortable_by = ("id", "created")
-    search_fields = ("=id", "=dedup_key", "=ordering_key", "=group_key")  # see get_search_results: exact only
-    search_help_text = "Exact item id (123 or #123), dedup key, ordering key or group key."
     fieldsets = (
         (
             None,
