@@ -3,6 +3,7 @@ key) and detail pages, an old link to an item that moved leads to its history pa
 from history, and dead letters (whose items stay hot) keep working."""
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.db import connection, transaction
 
 from queue_app import engine
@@ -72,6 +73,8 @@ def test_a_cancelled_item_is_requeued_from_history(admin_client, archived):
     assert QueueItem.objects.get(id=archived["cancelled"]).state == "ready"
     assert not ItemHistory.objects.filter(id=archived["cancelled"]).exists()
     assert ItemHistory.objects.get(id=archived["done"]).state == "done"  # a done item is not requeued
+    (entry,) = LogEntry.objects.all()  # the requeue is in the admin log, naming the item where it now is
+    assert (entry.content_type.model, entry.object_id) == ("queueitem", str(archived["cancelled"]))
 
 
 def test_dead_letters_keep_their_items_in_the_hot_table(admin_client, archived):

@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from ..models import ItemHistory, ReservationHistory
+from ..models import ItemHistory, QueueItem, ReservationHistory
 from . import items
 from .actions import ReadOnlyAdmin
 from .display import HEAD_CHARS, shorten
@@ -80,6 +80,10 @@ class ItemHistoryAdmin(ItemFields, ReadOnlyAdmin):
         ("Attempts", {"fields": ("timeline",)}),
     )
     readonly_fields = ("attempts_of", "payload_pretty", "error_full", "result_pretty", "timeline")
+
+    def logged_rows(self, pks: set) -> QuerySet:
+        # A requeued item has moved back into the hot table: its log entry names it there.
+        return QueueItem.objects.filter(pk__in=pks)
 
     @admin.display(description="attempt timeline")
     def timeline(self, obj: ItemHistory) -> SafeString:
