@@ -144,6 +144,7 @@ JOBSITE = {
         ("MAX_PAYLOAD_BYTES", int),
         ("BACKOFF_BASE", float),
         ("WORKER_LOST_AFTER", float),
+        ("ARCHIVE_AFTER", float),
         ("PREPARED_STATEMENTS", bool),
         ("WEBHOOKS_ALLOW_PRIVATE", bool),
         ("WEBHOOKS_DISABLE_AFTER_DAYS", float),

@@ -19,6 +19,9 @@ DEFAULTS: dict[str, Any] = {
     "BACKOFF_JITTER": 0.2,  # +-20%
     "NOTIFY_CHANNEL": "jobsite_queue",
     "DEFAULT_RETENTION_DAYS": 7,
+    # Seconds a finished item stays in the hot table before the worker's archiver moves it (with its
+    # reservations) into the partitioned history (queue_app/engine/history.py).
+    "ARCHIVE_AFTER": 60.0,
     # A worker whose heartbeat is older than this is not live: /healthz and the admin stop counting it, and
     # maintenance marks its row stopped.
     "WORKER_LOST_AFTER": 60.0,

@@ -15,8 +15,9 @@ PRUNE_ROUNDS = 100  # at most a million done items per run; the next fire takes 
 
 @job("queue_app.prune", hard_timeout=300.0)
 def prune(payload: Any, ctx: Context) -> dict[str, int]:
-    """Delete done items past their queue's retention (in batches), expired dedup claims, and Spark runs past
-    their job's history retention (policy keep_days) with their event logs."""
+    """Delete done items past their queue's retention (in batches), the partitioned history's expired days
+    (and older rows of queues keeping less), expired dedup claims, and Spark runs past their job's history
+    retention (policy keep_days) with their event logs."""
     from .spark.runs import prune_runs
 
     pruned = 0
@@ -25,4 +26,12 @@ def prune(payload: Any, ctx: Context) -> dict[str, int]:
         pruned += batch
         if batch < PRUNE_BATCH:
             break
-    return {"pruned": pruned, "dedup_claims": engine.prune_dedup_claims(), "spark_runs": prune_runs()}
+    history = engine.prune_history(PRUNE_BATCH)
+    dropped = engine.within_lock_timeout(lambda: len(engine.drop_expired_partitions()), "partition drop")
+    return {
+        "pruned": pruned,
+        "history_pruned": history,
+        "partitions_dropped": dropped,
+        "dedup_claims": engine.prune_dedup_claims(),
+        "spark_runs": prune_runs(),
+    }

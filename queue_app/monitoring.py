@@ -25,7 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .conf import queue_settings
 from .flow import HeldBack, limited_queues
-from .models import HISTORY_STATES_SQL, ItemState, Outcome, Worker, WorkerState
+from .models import HISTORY_STATES, HISTORY_STATES_SQL, ItemState, Outcome, Worker, WorkerState
 
 EXACT_UP_TO = 10_000  # queue depths above this are the planner's estimate (/metrics)
 OVERVIEW_EXACT_UP_TO = 1_000  # the overview refreshes every few seconds: ~15 ms of counting at a million items
@@ -89,6 +89,9 @@ def planner_estimate(queryset: QuerySet) -> int:
 ITEM = "queue_app_queueitem"
 RESERVATION = "queue_app_reservation"
 QUEUE = "queue_app_queue"
+# The partitioned history (engine/history.py): finished items the archiver moved, counted with the hot ones.
+ITEM_HISTORY = "queue_app_itemhistory"
+RESERVATION_HISTORY = "queue_app_reservationhistory"
 
 # Per queue and state, exact up to %(cap)s, each count an index scan that stops at the cap, so a queue with ten
 # million done items costs as much as one with ten thousand: ready items are read down item_fetch in its order
@@ -104,12 +107,17 @@ SELECT q.name, 'reserved', (SELECT count(*) FROM (
     SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.state = 'reserved' LIMIT %(cap)s) c)
 FROM {QUEUE} q
 UNION ALL
-SELECT q.name, s.state, (SELECT count(*) FROM (
-    SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.state IN ({HISTORY_STATES_SQL}) AND i.state = s.state
-    LIMIT %(cap)s) c)
+SELECT q.name, s.state, hot.n + (SELECT count(*) FROM (
+    -- the archived ones only up to the cap: a queue past it in the hot table reads no history at all
+    SELECT 1 FROM {ITEM_HISTORY} h WHERE h.queue_id = q.name AND h.state = s.state
+    LIMIT GREATEST(%(cap)s - hot.n, 0)) c)
 FROM {QUEUE} q CROSS JOIN unnest(ARRAY[{HISTORY_STATES_SQL}]) AS s(state)
+CROSS JOIN LATERAL (SELECT count(*) AS n FROM (
+    SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.state IN ({HISTORY_STATES_SQL}) AND i.state = s.state
+    LIMIT %(cap)s) c) hot
 """
 DEPTH_ESTIMATE = f"SELECT 1 FROM {ITEM} WHERE queue_id = %s AND state = %s"
+DEPTH_ESTIMATE_HISTORY = f"SELECT 1 FROM {ITEM_HISTORY} WHERE queue_id = %s AND state = %s"
 
 # Per queue: paused, and what workers hold with a live lease (exact up to %(cap)s).
 QUEUE_HEADS = f"""
@@ -158,8 +166,20 @@ FROM {QUEUE} q CROSS JOIN LATERAL (
 ) d
 GROUP BY 1, 2, 3
 UNION ALL
+SELECT q.name, 'done', floor(extract(epoch FROM now() - d.finished_at) / 60)::int, count(*)
+FROM {QUEUE} q CROSS JOIN LATERAL (
+    SELECT h.finished_at FROM {ITEM_HISTORY} h
+    WHERE h.queue_id = q.name AND h.state = 'done' AND h.finished_at > now() - make_interval(mins => %(minutes)s)
+) d
+GROUP BY 1, 2, 3
+UNION ALL
 SELECT i.queue_id, r.outcome, floor(extract(epoch FROM now() - r.not_done_at) / 60)::int, count(*)
 FROM {RESERVATION} r JOIN {ITEM} i ON i.id = r.item_id
+WHERE r.not_done_at > now() - make_interval(mins => %(minutes)s)
+GROUP BY 1, 2, 3
+UNION ALL
+SELECT h.queue_id, r.outcome, floor(extract(epoch FROM now() - r.not_done_at) / 60)::int, count(*)
+FROM {RESERVATION_HISTORY} r JOIN {ITEM_HISTORY} h ON h.id = r.item_id AND h.finished_at = r.item_finished_at
 WHERE r.not_done_at > now() - make_interval(mins => %(minutes)s)
 GROUP BY 1, 2, 3
 """
@@ -220,7 +240,10 @@ def _depths(cur: Any, cap: int) -> dict[tuple[str, str], Count]:
     depth = {}
     for queue, state, n in cur.fetchall():
         if n > cap:
-            depth[queue, state] = Count(max(cap + 1, _explain_rows(DEPTH_ESTIMATE, [queue, state])), exact=False)
+            estimate = _explain_rows(DEPTH_ESTIMATE, [queue, state])
+            if state in HISTORY_STATES:
+                estimate += _explain_rows(DEPTH_ESTIMATE_HISTORY, [queue, state])
+            depth[queue, state] = Count(max(cap + 1, estimate), exact=False)
         else:
             depth[queue, state] = Count(n)
     return depth

@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.utils.duration import duration_string
 
 from .conf import queue_settings
+from .engine import history
 from .engine.db import cursor
 from .engine.enqueue import QUEUE_NAME, ensure_queue, is_group_key
 from .engine.sql import NOTIFY
@@ -48,12 +49,15 @@ def _notify(queues: Iterable[str]) -> None:
 @transaction.atomic
 def requeue_items(item_ids: Iterable[int], *, actor: str = "") -> int:
     """Dead or cancelled items go back to ready with their attempts reset; their attempt history stays and
-    their open dead letters are marked requeued (by `actor`)."""
-    locked = list(
-        QueueItem.objects.select_for_update()
-        .filter(id__in=list(item_ids), state__in=REQUEUEABLE)
-        .values_list("id", "queue_id", "task")
-    )
+    their open dead letters are marked requeued (by `actor`). An archived item (engine/history.py) first moves
+    back into the hot tables with its reservations."""
+    wanted = list(item_ids)
+    hot = QueueItem.objects.select_for_update().filter(state__in=REQUEUEABLE).values_list("id", "queue_id", "task")
+    locked = list(hot.filter(id__in=wanted))
+    # After the hot rows' locks: an archiver that held one has committed its move, so the row is found here.
+    restored = history.restore(sorted(set(wanted) - {item_id for item_id, _, _ in locked}))
+    if restored:
+        locked += hot.filter(id__in=restored)
     if not locked:
         return 0
     ids = [item_id for item_id, _, _ in locked]

@@ -237,16 +237,23 @@ class QueueBackend(BaseTaskBackend):
         return result
 
     def get_result(self, result_id: str) -> TaskResult:
-        from .models import QueueItem
+        from .models import ItemHistory, QueueItem, Reservation, ReservationHistory
 
         try:
-            item = QueueItem.objects.using(self.using_db).get(id=int(result_id))
-        except (ValueError, TypeError, QueueItem.DoesNotExist):
+            item_id = int(result_id)
+        except (ValueError, TypeError):
             raise TaskResultDoesNotExist(result_id) from None
+        # Hot first, then the history an archiver moved a finished item to (with its reservations).
+        item = QueueItem.objects.using(self.using_db).filter(id=item_id).first()
+        attempts = Reservation.objects if item is not None else ReservationHistory.objects
+        if item is None:
+            item = ItemHistory.objects.using(self.using_db).filter(id=item_id).first()
+        if item is None:
+            raise TaskResultDoesNotExist(result_id)
         task = resolve_task(item.task)
         if task is None:
             raise TaskResultDoesNotExist(f"{result_id} is not a django.tasks task ({item.task})")
-        reservations = list(item.reservations.using(self.using_db).order_by("id"))
+        reservations = list(attempts.using(self.using_db).filter(item_id=item.id).order_by("id"))
         return _task_result(task, item, reservations, self.alias)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:

@@ -20,7 +20,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 BIG = ("queue_app_queueitem", "queue_app_reservation")
 # Run under TRY_MAINTENANCE_LOCK, which plans them per call (plan_cache_mode auto for its transaction).
 MAINTENANCE = {"PRUNE_DONE", "PRUNE_DEDUP", "RESCUE_EXPIRED", "SWEEP_WORKERS", "BLOATED_TABLES"}
-NOT_PLANNED = {"COPY_ITEMS", "COPY_DELAYED_ITEMS", "VACUUM", "ENGINE_SESSION"}
+# The archiver and the history's retention (engine/history.py), maintenance units too.
+MAINTENANCE |= {"ARCHIVE_PICK", "ARCHIVE_MOVE", "ENSURE_PARTITIONS", "HISTORY_PARTITIONS", "RETENTIONS"}
+MAINTENANCE |= {"PRUNE_HISTORY"}
+# ... and RESTORE_ITEMS (a requeue from the history) runs on Django's cursor: planned per call, never generic.
+NOT_PLANNED = {"COPY_ITEMS", "COPY_DELAYED_ITEMS", "VACUUM", "ENGINE_SESSION", "DROP_PARTITION", "RESTORE_ITEMS"}
 
 
 def statements() -> dict[str, str]:

@@ -29,10 +29,12 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, resolve
 from django.utils import timezone
 
+from queue_app import engine
 from queue_app.models import QueueItem, QueueStatsHourly, Reservation, Schedule, SparkRun, Worker
 from queue_app.spark.runs import trigger_run
 from tests.admin_fixtures import (
     action_post,
+    cancelled,
     dead,
     detail_action_post,
     fast_password_hashing_fixture,  # noqa: F401 (autouse)
@@ -74,7 +76,11 @@ def world() -> dict:
     off_hook = webhooks.create_endpoint("https://example.com/off", ["test"], enabled=False).endpoint
     (failed_delivery,) = webhooks.send_test_event([hook.pk])
     QueueItem.objects.filter(id=failed_delivery.item_id).update(state="dead", finished_at=timezone.now())
+    archived = cancelled(queue="mail")  # moved into the partitioned history (requeued from there)
+    QueueItem.objects.filter(id=archived).update(finished_at=timezone.now() - timedelta(hours=1))
+    engine.archive(100, grace=60)
     return {
+        "itemhistory": {"requeue": archived},
         "queueitem": {
             "requeue": dead_id,
             "cancel": ready(queue="mail"),
@@ -144,6 +150,7 @@ ACTION_PERMISSIONS = {
     ("queueitem", "retry_now"): "queue_app.requeue_queueitem",
     ("queueitem", "cancel"): "queue_app.cancel_queueitem",
     ("deadletter", "requeue"): "queue_app.requeue_queueitem",
+    ("itemhistory", "requeue"): "queue_app.requeue_queueitem",
     ("queue", "pause"): "queue_app.pause_queue",
     ("queue", "resume"): "queue_app.pause_queue",
     ("schedule", "enable"): "queue_app.change_schedule",

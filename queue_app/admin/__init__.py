@@ -4,8 +4,19 @@ page (templates/admin/index.html renders overview.py's fragment above the app li
 
 from django.contrib import admin
 
-from ..models import DeadLetter, Queue, QueueItem, Reservation, WebhookDelivery, WebhookEndpoint, Worker
+from ..models import (
+    DeadLetter,
+    ItemHistory,
+    Queue,
+    QueueItem,
+    Reservation,
+    ReservationHistory,
+    WebhookDelivery,
+    WebhookEndpoint,
+    Worker,
+)
 from .dead_letters import DeadLetterAdmin
+from .history import ItemHistoryAdmin, ReservationHistoryAdmin
 from .items import QueueItemAdmin
 from .queues import QueueAdmin
 from .reservations import ReservationAdmin
@@ -18,6 +29,8 @@ admin.site.index_title = "Queue overview"
 admin.site.register(QueueItem, QueueItemAdmin)
 admin.site.register(Reservation, ReservationAdmin)
 admin.site.register(DeadLetter, DeadLetterAdmin)
+admin.site.register(ItemHistory, ItemHistoryAdmin)
+admin.site.register(ReservationHistory, ReservationHistoryAdmin)
 admin.site.register(Queue, QueueAdmin)
 admin.site.register(Worker, WorkerAdmin)
 from . import spark as _spark  # noqa: E402, F401  registers the Spark dashboard (SparkRun)

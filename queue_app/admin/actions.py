@@ -231,12 +231,16 @@ class OperationsAdmin(admin.ModelAdmin):
         if changed_pks:  # a LogEntry for each row the operation changed, none for the rows it left alone
             LogEntry.objects.log_actions(
                 user_id=request.user.pk,
-                queryset=self.model._default_manager.filter(pk__in=changed_pks),
+                queryset=self.logged_rows(changed_pks),
                 action_flag=CHANGE,
                 change_message=f"{message} (admin action {op.name})",
             )
         self.message_user(request, message, messages.SUCCESS if changed else messages.WARNING)
         return None
+
+    def logged_rows(self, pks: set) -> QuerySet:
+        """The rows an operation changed, as the admin log names them (where they are after it)."""
+        return self.model._default_manager.filter(pk__in=pks)
 
     def _changed(self, op: Operation, eligible: set, changed: int) -> set:
         """The rows an operation changed, of those that were eligible just before it ran: all of them when the

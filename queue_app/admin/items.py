@@ -5,13 +5,14 @@ cancel run through services.py."""
 from django.contrib import admin
 from django.db.models import QuerySet, TextField
 from django.db.models.functions import Cast, Left, Now
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from .. import services
-from ..models import ItemState, QueueItem
+from ..models import ItemHistory, ItemState, QueueItem
 from .actions import Operation, ReadOnlyAdmin
 from .display import HEAD_CHARS, preformatted, pretty_json, shorten
 from .filters import TaskFilter, exact_search, recent
@@ -48,60 +49,25 @@ CANCEL = Operation(
 )
 
 
-def attempt_timeline(item: QueueItem) -> SafeString:
-    attempts = list(item.reservations.order_by("-id")[:TIMELINE_ATTEMPTS])[::-1]
+def attempt_timeline(item: QueueItem | ItemHistory, reservations: QuerySet | None = None) -> SafeString:
+    """The item's most recent attempts (`reservations`: the archived ones of an archived item)."""
+    reservations = item.reservations.all() if reservations is None else reservations
+    attempts = list(reservations.order_by("-id")[:TIMELINE_ATTEMPTS])[::-1]
     return render_to_string(
         "admin/queue_app/attempt_timeline.html",
         {"attempts": attempts, "current": item.reservation_id, "limit": TIMELINE_ATTEMPTS},
     )
 
 
-class QueueItemAdmin(ReadOnlyAdmin):
-    operations = (REQUEUE, RETRY_NOW, CANCEL)
-    actions = [op.as_action() for op in operations]
-    list_display = (
-        "id",
-        "queue",
-        "task",
-        "state",
-        "attempts_of",
-        "run_at",
-        "created",
-        "keys",
-        "payload_short",
-        "error_short",
-    )
-    list_select_related = ("queue",)
-    list_filter = ("queue", "state", TaskFilter, recent("created_at", "created", "created"))
-    sortable_by = ("id", "created")
+class ItemFields:
+    """What an item's list and page show, hot or archived (QueueItemAdmin, history.ItemHistoryAdmin): payload and
+    error cut short in lists (the database sends only their first HEAD_CHARS), whole on the page; exact search on
+    the id and keys."""
+
     search_fields = ("=id", "=dedup_key", "=ordering_key", "=group_key")  # see get_search_results: exact only
     search_help_text = "Exact item id (123 or #123), dedup key, ordering key or group key."
-    fieldsets = (
-        (
-            None,
-            {
-                "fields": (
-                    "id",
-                    "queue",
-                    "task",
-                    "state",
-                    "priority",
-                    "attempts_of",
-                    "dedup_key",
-                    "ordering_key",
-                    "group_key",
-                )
-            },
-        ),
-        ("Timing", {"fields": ("run_at", "visible_at", "created_at", "updated_at", "finished_at", "lease_timeout")}),
-        ("Payload", {"fields": ("payload_pretty",)}),
-        ("Outcome", {"fields": ("dead_letter", "error_full", "result_pretty")}),
-        ("Attempts", {"fields": ("timeline",)}),
-    )
-    readonly_fields = ("attempts_of", "payload_pretty", "dead_letter", "error_full", "result_pretty", "timeline")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        # Lists get the first HEAD_CHARS of payload and error from the database, never the whole value.
         return (
             super()
             .get_queryset(request)
@@ -114,12 +80,6 @@ class QueueItemAdmin(ReadOnlyAdmin):
 
     def get_search_results(self, request, queryset, search_term):
         return exact_search(queryset, search_term, ids=("id",), keys=("dedup_key", "ordering_key", "group_key")), False
-
-    # Sorted by id: ids are handed out in creation order, and an index on created_at would cost every enqueue one
-    # more entry (the list's "created" time filter walks the primary key from the newest item down).
-    @admin.display(description="created at", ordering="id")
-    def created(self, obj: QueueItem):
-        return obj.created_at
 
     @admin.display(description="attempts")
     def attempts_of(self, obj: QueueItem) -> str:
@@ -148,6 +108,69 @@ class QueueItemAdmin(ReadOnlyAdmin):
     @admin.display(description="last error")
     def error_full(self, obj: QueueItem) -> SafeString | str:
         return preformatted(obj.error)
+
+
+class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
+    operations = (REQUEUE, RETRY_NOW, CANCEL)
+    actions = [op.as_action() for op in operations]
+    list_display = (
+        "id",
+        "queue",
+        "task",
+        "state",
+        "attempts_of",
+        "run_at",
+        "created",
+        "keys",
+        "payload_short",
+        "error_short",
+    )
+    list_select_related = ("queue",)
+    list_filter = ("queue", "state", TaskFilter, recent("created_at", "created", "created"))
+    sortable_by = ("id", "created")
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "queue",
+                    "task",
+                    "state",
+                    "priority",
+                    "attempts_of",
+                    "dedup_key",
+                    "ordering_key",
+                    "group_key",
+                )
+            },
+        ),
+        ("Timing", {"fields": ("run_at", "visible_at", "created_at", "updated_at", "finished_at", "lease_timeout")}),
+        ("Payload", {"fields": ("payload_pretty",)}),
+        ("Outcome", {"fields": ("dead_letter", "error_full", "result_pretty")}),
+        ("Attempts", {"fields": ("timeline",)}),
+    )
+    readonly_fields = ("attempts_of", "payload_pretty", "dead_letter", "error_full", "result_pretty", "timeline")
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None) -> HttpResponse:
+        # An item archived since the link was made (a dead letter's, a Spark run's, a workflow step's) is shown
+        # on its history page.
+        if (
+            object_id
+            and object_id.isdigit()
+            and not QueueItem.objects.filter(pk=object_id).exists()
+            and ItemHistory.objects.filter(pk=object_id).exists()
+        ):
+            return HttpResponseRedirect(
+                reverse(f"{self.admin_site.name}:queue_app_itemhistory_change", args=[object_id])
+            )
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
+    # Sorted by id: ids are handed out in creation order, and an index on created_at would cost every enqueue one
+    # more entry (the list's "created" time filter walks the primary key from the newest item down).
+    @admin.display(description="created at", ordering="id")
+    def created(self, obj: QueueItem):
+        return obj.created_at
 
     @admin.display(description="dead letter")
     def dead_letter(self, obj: QueueItem) -> SafeString | str:

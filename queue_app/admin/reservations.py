@@ -12,7 +12,19 @@ from .display import HEAD_CHARS, ItemColumns, preformatted
 from .filters import exact_search, recent
 
 
-class ReservationAdmin(ItemColumns, ReadOnlyAdmin):
+class AttemptText:
+    """An attempt's error and traceback, whole, on its page (hot or archived)."""
+
+    @admin.display(description="error")
+    def error_full(self, obj: Reservation) -> SafeString | str:
+        return preformatted(obj.error)
+
+    @admin.display(description="traceback")
+    def traceback_full(self, obj: Reservation) -> SafeString | str:
+        return preformatted(obj.traceback)
+
+
+class ReservationAdmin(AttemptText, ItemColumns, ReadOnlyAdmin):
     list_display = (
         "id",
         "item",
@@ -56,11 +68,3 @@ class ReservationAdmin(ItemColumns, ReadOnlyAdmin):
 
     def get_search_results(self, request, queryset, search_term):
         return exact_search(queryset, search_term, ids=("id", "item_id"), keys=("worker_id",)), False
-
-    @admin.display(description="error")
-    def error_full(self, obj: Reservation) -> SafeString | str:
-        return preformatted(obj.error)
-
-    @admin.display(description="traceback")
-    def traceback_full(self, obj: Reservation) -> SafeString | str:
-        return preformatted(obj.traceback)

@@ -149,6 +149,7 @@ def check_lost(h: History, expect: Expect) -> Check:
     extra = sorted(set(h.items) - set(expect.modes))
     problems += [f"item {i} was planted and is gone" for i in missing]
     problems += [f"item {i} ({h.items[i].task}) was never planted" for i in extra]
+    problems += [f"item {i} is both in the hot table and in the history" for i in h.in_both]
     for item_id, mode in expect.modes.items():
         item = h.items.get(item_id)
         if item is None or mode == POISON:
@@ -173,6 +174,7 @@ def check_lost(h: History, expect: Expect) -> Check:
         "dead": states.get("dead", 0),
         "open": states.get("ready", 0) + states.get("reserved", 0),
         "amo_casualties": dict(casualties),
+        "archived": h.archived,
         "lost": len(problems),
     }
     return Check("lost 0", not problems, figures, _examples(problems))

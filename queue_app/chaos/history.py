@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ..models import DeadLetter, ExecutionLog, ProbeEffect, QueueItem, Reservation
+from ..models import DeadLetter, ExecutionLog, ItemHistory, ProbeEffect, QueueItem, Reservation, ReservationHistory
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,8 @@ class History:
     effects: dict[str, int] = field(default_factory=dict)  # ProbeEffect key (item id) -> applied
     dead_letters: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))  # open ones' reasons
     now: datetime | None = None
+    archived: int = 0  # items found in the partitioned history (moved there by the workers' archiver)
+    in_both: list[int] = field(default_factory=list)  # items found hot and archived at once: a broken move
 
     def close_time(self, item_id: int) -> datetime | None:
         """When the item's last attempt ended (None while an attempt is open or it never ran)."""
@@ -70,23 +72,33 @@ def load(using: str, *, exclude_queues: tuple[str, ...] = ()) -> History:
     """The rows of a run; items of `exclude_queues` (and their attempts and dead letters) left out."""
     from django.db import connections
 
-    items = {
-        row[0]: Item(*row)
-        for row in QueueItem.objects.using(using)
-        .exclude(queue_id__in=exclude_queues)
-        .order_by("id")
-        .values_list("id", "task", "state", "ordering_key", "visible_at", "reservation_id", "queue_id")
-        .iterator(chunk_size=20_000)
-    }
-    reservations = {
-        row[0]: Res(*row)
-        for row in Reservation.objects.using(using)
-        .order_by("id")
-        .values_list("id", "item_id", "attempt", "worker_id", "reserved_at", "finished_at", "outcome", "error")
-        .iterator(chunk_size=20_000)
-        if row[1] in items
-    }
-    history = History(items, reservations)
+    # Hot rows and those the archiver moved into the history (engine/history.py): a row in both, or in
+    # neither, would be a move that lost or doubled it, which the checks then report.
+    items: dict[int, Item] = {}
+    archived, in_both = 0, []
+    for model in (QueueItem, ItemHistory):
+        for row in (
+            model.objects.using(using)
+            .exclude(queue_id__in=exclude_queues)
+            .order_by("id")
+            .values_list("id", "task", "state", "ordering_key", "visible_at", "reservation_id", "queue_id")
+            .iterator(chunk_size=20_000)
+        ):
+            if row[0] in items:
+                in_both.append(row[0])
+            archived += model is ItemHistory
+            items[row[0]] = Item(*row)
+    reservations: dict[int, Res] = {}
+    for model in (Reservation, ReservationHistory):
+        for row in (
+            model.objects.using(using)
+            .order_by("id")
+            .values_list("id", "item_id", "attempt", "worker_id", "reserved_at", "finished_at", "outcome", "error")
+            .iterator(chunk_size=20_000)
+        ):
+            if row[1] in items:
+                reservations[row[0]] = Res(*row)
+    history = History(items, reservations, archived=archived, in_both=in_both)
     for res in reservations.values():
         history.res_by_item[res.item_id].append(res)
     for row in (

@@ -27,6 +27,7 @@ FLOW_GROUP_LIMIT = 2
 FLOW_KEYS = 4
 QUEUE_LEASE = 20.0  # seconds; the probes' floor is 7 (hard timeout 5 + margin 2)
 WORKER_LOST_AFTER = 15.0  # a killed worker's leases come back this long after its last heartbeat
+ARCHIVE_AFTER = 2.0  # seconds before the workers move a finished item into the partitioned history
 
 MODES = {
     "at_least_once": "queue_app.probe",

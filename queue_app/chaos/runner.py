@@ -182,6 +182,9 @@ class ChaosRun:
             DATABASE_URL=f"postgres://postgres@127.0.0.1:{self.proxy.port}/{DB_NAME}",
             JOBSITE_WORKER_LOST_AFTER=str(plan_mod.WORKER_LOST_AFTER),
             JOBSITE_WEBHOOKS_ALLOW_PRIVATE="1",  # the receiver is on loopback
+            # The workers archive finished items into the partitioned history seconds after they finish, so
+            # the faults strike moves too; the checks read hot and history (history.load).
+            JOBSITE_ARCHIVE_AFTER=str(plan_mod.ARCHIVE_AFTER),
         )  # fmt: skip
         env.pop("JOBSITE_DB_NAME", None)
         return env

@@ -8,6 +8,7 @@ for held in engine.lease(["default"], 10, worker_id="w1"):
 
 from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue, notify, use_task_defaults
 from .errors import InvalidEnqueue, QueueError, StaleReservation
+from .history import archive, drop_expired_partitions, ensure_partitions, prune_history, within_lock_timeout
 from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, settle_and_lease
 from .maintenance import bloated_tables, prune_dedup_claims, prune_done, rescue_expired, vacuum
 from .retry import backoff_seconds
@@ -36,6 +37,7 @@ __all__ = [
     "StaleReservation",
     "Terms",
     "WorkerRow",
+    "archive",
     "backoff_seconds",
     "bloated_tables",
     "complete",
@@ -43,8 +45,10 @@ __all__ = [
     "connection_room",
     "dead",
     "dedicated_connection",
+    "drop_expired_partitions",
     "enqueue",
     "enqueue_many",
+    "ensure_partitions",
     "ensure_queue",
     "extend",
     "extend_many",
@@ -54,6 +58,7 @@ __all__ = [
     "notify",
     "prune_dedup_claims",
     "prune_done",
+    "prune_history",
     "release",
     "renew_leases",
     "rescue_expired",
@@ -65,4 +70,5 @@ __all__ = [
     "try_wake_lock",
     "use_task_defaults",
     "vacuum",
+    "within_lock_timeout",
 ]

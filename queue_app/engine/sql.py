@@ -14,6 +14,8 @@ RESERVATION = "queue_app_reservation"
 DEAD_LETTER = "queue_app_deadletter"
 QUEUE = "queue_app_queue"
 DEDUP = "queue_app_dedupclaim"
+ITEM_HISTORY = "queue_app_itemhistory"  # finished items moved out of ITEM (engine/history.py), partitioned by day
+RESERVATION_HISTORY = "queue_app_reservationhistory"
 RESERVATION_SEQUENCE = "queue_app_reservation_id_seq"  # its id column's (pg_get_serial_sequence; checked by a test)
 
 
@@ -125,7 +127,13 @@ SELECT id, run_at, created_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
 
 # Runs as its own statement after ENQUEUE_DEDUP returned nothing, so its snapshot sees the winner's commit.
 DEDUP_OWNER = f"""
-SELECT c.item_id, i.run_at, i.created_at FROM {DEDUP} c LEFT JOIN {ITEM} i ON i.id = c.item_id
+SELECT c.item_id, i.run_at, i.created_at FROM {DEDUP} c
+LEFT JOIN LATERAL (  -- the owner may have finished and been archived inside the window
+    SELECT run_at, created_at FROM {ITEM} WHERE id = c.item_id
+    UNION ALL
+    SELECT run_at, created_at FROM {ITEM_HISTORY} WHERE id = c.item_id
+    LIMIT 1
+) i ON true
 WHERE c.queue_id = %(queue)s AND c.key = %(dedup_key)s
 """
 
@@ -532,6 +540,93 @@ DELETE FROM {ITEM} WHERE id IN (
     WHERE i.state = 'done' AND i.finished_at < now() - q.retention
     LIMIT %(limit)s
 )
+"""
+
+# -- history: finished rows out of the hot tables (engine/history.py) ----------------------------------------
+
+# Every column of an item and of a reservation, as the move copies them (tests/test_history.py checks that these
+# name every column of the hot tables, so a column added later is not silently dropped by the move).
+ITEM_FIELDS = (
+    *("id", "queue_id", "task", "payload", "state", "priority", "run_at", "visible_at", "attempts", "max_attempts"),
+    *("lease_timeout", "dedup_key", "ordering_key", "group_key", "reservation_id", "result", "error"),
+    *("workflow_step_id", "created_at", "updated_at", "finished_at"),
+)
+RESERVATION_FIELDS = (
+    *("id", "item_id", "attempt", "worker_id", "reserved_at", "lease_expires_at", "heartbeat_at", "finished_at"),
+    *("started_at", "outcome", "error", "traceback"),
+)
+_ITEM_LIST = ", ".join(ITEM_FIELDS)
+_RESERVATION_LIST = ", ".join(RESERVATION_FIELDS)
+
+
+def _columns_of(alias: str, fields: tuple[str, ...]) -> str:
+    return ", ".join(f"{alias}.{c}" for c in fields)
+
+
+# The archiver's batch: done and cancelled items finished more than %(grace)s seconds ago, locked so no requeue
+# or second archiver moves them meanwhile, with the UTC day each belongs to. Items with a dead letter stay: the
+# letter's foreign key (ON DELETE CASCADE) holds them in the hot table, with the dead ones.
+ARCHIVE_PICK = f"""
+SELECT i.id, (i.finished_at AT TIME ZONE 'UTC')::date FROM {ITEM} i
+WHERE i.state IN ('done', 'cancelled') AND i.finished_at < now() - make_interval(secs => %(grace)s)
+  AND NOT EXISTS (SELECT 1 FROM {DEAD_LETTER} d WHERE d.item_id = i.id)
+LIMIT %(limit)s
+FOR UPDATE OF i SKIP LOCKED
+"""
+ENSURE_PARTITIONS = "SELECT count(*) FILTER (WHERE queue_app_history_partition(d)) FROM unnest(%(days)s::date[]) d"
+# Items and their reservations out of the hot tables and into history, ids kept, in one statement (one
+# snapshot: no reader of queue_app_item_all sees a row twice or not at all). The reservations' delete comes
+# first in the statement, so the item delete's cascade trigger (migration 0007) finds nothing left to delete.
+ARCHIVE_MOVE = f"""
+WITH res AS (
+    DELETE FROM {RESERVATION} r WHERE r.item_id = ANY(%(ids)s::bigint[])
+    RETURNING {_columns_of("r", RESERVATION_FIELDS)}, r.not_done_at
+), items AS (
+    DELETE FROM {ITEM} i WHERE i.id = ANY(%(ids)s::bigint[])
+    RETURNING {_columns_of("i", ITEM_FIELDS)}
+), res_moved AS (
+    INSERT INTO {RESERVATION_HISTORY} ({_RESERVATION_LIST}, not_done_at, item_finished_at)
+    SELECT res.*, items.finished_at FROM res JOIN items ON items.id = res.item_id
+)
+INSERT INTO {ITEM_HISTORY} ({_ITEM_LIST}) SELECT * FROM items
+"""
+# A requeue of archived items: back into the hot tables with their reservations (ids kept), still finished; the
+# requeue then makes them ready as it does any dead or cancelled item.
+RESTORE_ITEMS = f"""
+WITH items AS (
+    DELETE FROM {ITEM_HISTORY} h WHERE h.id = ANY(%(ids)s::bigint[]) AND h.state IN ('dead', 'cancelled')
+    RETURNING {_columns_of("h", ITEM_FIELDS)}
+), res AS (
+    DELETE FROM {RESERVATION_HISTORY} r WHERE r.item_id = ANY(ARRAY(SELECT id FROM items))
+    RETURNING {_columns_of("r", RESERVATION_FIELDS)}
+), res_back AS (
+    INSERT INTO {RESERVATION} ({_RESERVATION_LIST}) SELECT * FROM res
+)
+INSERT INTO {ITEM} ({_ITEM_LIST}) SELECT * FROM items RETURNING id
+"""
+# The history partitions (both tables) and the UTC day each holds, from their names (queue_app_history_partition).
+HISTORY_PARTITIONS = f"""
+SELECT c.relname, to_date(right(c.relname, 8), 'YYYYMMDD')
+FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid
+WHERE h.inhparent IN ('{ITEM_HISTORY}'::regclass, '{RESERVATION_HISTORY}'::regclass)
+ORDER BY 2, 1
+"""
+# What every queue keeps: the longest retention (whole days older than it are dropped), and the queues keeping
+# less, whose older rows are deleted row by row.
+RETENTIONS = f"SELECT name, extract(epoch FROM retention) FROM {QUEUE}"
+DROP_PARTITION = "DROP TABLE IF EXISTS {table}"
+# Archived rows of one queue older than its (shorter) retention, with their reservations: %(limit)s at a time.
+PRUNE_HISTORY = f"""
+WITH gone AS (
+    DELETE FROM {ITEM_HISTORY} h WHERE (h.id, h.finished_at) IN (
+        SELECT x.id, x.finished_at FROM {ITEM_HISTORY} x
+        WHERE x.queue_id = %(queue)s AND x.finished_at < now() - make_interval(secs => %(retention)s)
+        LIMIT %(limit)s)
+    RETURNING h.id
+), res AS (
+    DELETE FROM {RESERVATION_HISTORY} r WHERE r.item_id = ANY(ARRAY(SELECT id FROM gone))
+)
+SELECT count(*) FROM gone
 """
 
 PRUNE_DEDUP = f"DELETE FROM {DEDUP} WHERE expires_at <= now()"

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from .. import services as queue_services
 from ..engine.enqueue import QUEUE_NAME
-from ..models import ItemState, QueueItem
+from ..models import ItemHistory, ItemState, QueueItem
 from .events import (
     EVENT_TYPES,
     ITEM_EVENTS,
@@ -216,7 +216,10 @@ def delivery_states(deliveries: Iterable[WebhookDelivery]) -> dict[int, str]:
     rows = list(
         WebhookDelivery.objects.filter(id__in=[d.id for d in deliveries]).values_list("id", "item_id", "delivered_at")
     )
-    items = dict(QueueItem.objects.filter(id__in=[item for _, item, _ in rows if item]).values_list("id", "state"))
+    wanted = [item for _, item, _ in rows if item]
+    items = dict(QueueItem.objects.filter(id__in=wanted).values_list("id", "state"))
+    moved = [item for item in wanted if item not in items]  # finished and archived (engine/history.py)
+    items.update(ItemHistory.objects.filter(id__in=moved).values_list("id", "state") if moved else [])
     states = {}
     for delivery_id, item_id, delivered_at in rows:
         item_state = items.get(item_id)

@@ -1,5 +1,6 @@
 """Maintenance duties, each a small unit with one job and its own interval (River's maintenance services):
-rescue expired leases, prune done items and dedup claims, vacuum the hot tables when dead rows pile up, sweep
+rescue expired leases, prune done items and dedup claims, archive finished items into the partitioned history
+and drop its expired days, vacuum the hot tables when dead rows pile up, sweep
 the Worker rows of dead workers, and fire the cron schedules that are due (the scheduler; off with
 `run_worker --no-scheduler`).
 
@@ -22,6 +23,7 @@ logger = logging.getLogger("jobsite.worker")
 
 RESCUE_BATCH = 1000
 PRUNE_BATCH = 10_000
+ARCHIVE_BATCH = 5_000
 SCHEDULE_BATCH = 100  # due schedules claimed per round
 WORKER_FORGET_AFTER = 600.0  # seconds without a heartbeat before a Worker row is deleted
 
@@ -45,6 +47,24 @@ def _prune() -> tuple[dict[str, int], bool]:
     pruned = engine.prune_done(PRUNE_BATCH)
     claims = engine.prune_dedup_claims()
     return {"pruned": pruned, "dedup_claims": claims}, pruned >= PRUNE_BATCH
+
+
+def _archive() -> tuple[dict[str, int], bool]:
+    moved = engine.within_lock_timeout(lambda: engine.archive(ARCHIVE_BATCH), "archive")
+    return {"archived": moved}, moved >= ARCHIVE_BATCH
+
+
+def _history_retention() -> tuple[dict[str, int], bool]:
+    """Partitions created ahead, queues with a shorter retention pruned, expired days dropped (last: a drop's
+    lock on the history tables lasts until this unit commits)."""
+    counts = {
+        "partitions_created": engine.within_lock_timeout(engine.ensure_partitions, "partition creation"),
+        "history_pruned": engine.prune_history(PRUNE_BATCH),
+        "partitions_dropped": engine.within_lock_timeout(
+            lambda: len(engine.drop_expired_partitions()), "partition drop"
+        ),
+    }
+    return counts, counts["history_pruned"] >= PRUNE_BATCH
 
 
 class _Vacuum:
@@ -89,6 +109,8 @@ def default_units(*, scheduler: bool = True) -> list[Unit]:
     units = [
         Unit("rescue_expired", 1.0, _rescue),
         Unit("prune_done", 60.0, _prune),
+        Unit("archive", 5.0, _archive),
+        Unit("history_retention", 300.0, _history_retention),
         # Often: a lease walks past every dead entry at the head of item_fetch until a VACUUM clears them (at
         # 10,000 items/s that is 300,000 more a minute); it only VACUUMs past bloated_tables' thresholds. Two
         # workers draining 300,000 no-ops: 10,800-17,700 items/s checking every 30 s, 19,000-20,300 every 5 s.

@@ -6,6 +6,12 @@ generate_series in batches, then VACUUM ANALYZE), then requests the item and dea
 filtered by queue / state / task / time, searched by id and keys, page 2) as a logged-in superuser through
 Django's test client and prints p50 / p95 per view against the budget (300 ms). Exits 1 when a list misses it.
 
+``--history N`` also loads N finished items (95% done, 5% cancelled) with a reservation each straight into the
+partitioned history (engine/history.py), spread over the last ``--history-days`` days (set-based INSERT ...
+SELECT generate_series into the day partitions), and times the history lists too. ``--throughput K`` measures
+lease + settle of K no-op items (settle_and_lease batches of 1,000, in this process) before the history is
+loaded and again after, in the same run, and prints the ratio: the hot path never reads the history tables.
+
 Loading needs an empty queue (or ``--reset``, which deletes every queue row in the database: use a database of
 its own). ``--reuse`` times what is already loaded.
 """
@@ -20,7 +26,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 from django.test import Client
 
-from queue_app.models import DeadLetter, Queue, QueueItem, Reservation, Worker
+from queue_app import engine
+from queue_app.models import DeadLetter, ItemHistory, Queue, QueueItem, Reservation, ReservationHistory, Worker
 
 QUEUES = 5
 TASKS = 20
@@ -28,6 +35,9 @@ BATCH = 100_000
 ITEMS = QueueItem._meta.db_table
 RESERVATIONS = Reservation._meta.db_table
 DEAD_LETTERS = DeadLetter._meta.db_table
+ITEM_HISTORY = ItemHistory._meta.db_table
+RESERVATION_HISTORY = ReservationHistory._meta.db_table
+THROUGHPUT_QUEUE = "bench-throughput"
 
 # One row per g: 70% done, 10% dead, 15% ready, 3% reserved, 2% cancelled (by g % 100); queue and task vary
 # independently of state; created_at climbs with the id over the last 7 days; 10% carry a dedup key and 10%
@@ -71,9 +81,42 @@ INSERT INTO {DEAD_LETTERS} (item_id, reason, last_error, died_at, requeued_by)
 SELECT id, 'max attempts exhausted', error, finished_at, ''
 FROM {ITEMS} WHERE id BETWEEN %(lo)s AND %(hi)s AND state = 'dead'
 """
+# History rows lo..hi of n (ids after the hot items'), finished over the last %(days)s days, oldest first; 5%
+# cancelled; one reservation each, its id the item's. Every day's partition is created first (PARTITIONS_SQL).
+PARTITIONS_SQL = """
+SELECT count(*) FROM generate_series(0, %(days)s) AS d
+WHERE queue_app_history_partition((now() AT TIME ZONE 'UTC')::date - d)
+"""
+HISTORY_SQL = f"""
+WITH g AS (
+    SELECT g, CASE WHEN g %% 100 < 95 THEN 'done' ELSE 'cancelled' END AS state,
+           now() - make_interval(secs => (%(last)s - g) * (%(days)s * 86400.0 - 60) / %(n)s + 60) AS finished
+    FROM generate_series(%(lo)s, %(hi)s) AS g
+)
+INSERT INTO {ITEM_HISTORY} (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
+                            max_attempts, dedup_key, ordering_key, reservation_id, result, error, created_at,
+                            updated_at, finished_at)
+SELECT g, 'bench-' || (g / 100) %% {QUEUES}, 'bench.task_' || lpad(((g / 500) %% {TASKS})::text, 2, '0'),
+       jsonb_build_object('order', g, 'customer', 'c-' || g %% 1000, 'note', repeat('x', 64)),
+       state, (g %% 3) - 1, finished - interval '2 seconds', finished, 1, 5,
+       CASE WHEN g %% 10 = 0 THEN 'dedup-' || g END, CASE WHEN g %% 10 = 1 THEN 'acct-' || g %% 20000 END,
+       g, CASE WHEN state = 'done' THEN '{{"ok": true}}'::jsonb END, '',
+       finished - interval '2 seconds', finished, finished
+FROM g
+"""
+RESERVATION_HISTORY_SQL = f"""
+INSERT INTO {RESERVATION_HISTORY} (id, item_id, attempt, worker_id, reserved_at, lease_expires_at, heartbeat_at,
+                                   finished_at, outcome, not_done_at, error, traceback, item_finished_at)
+SELECT id, id, 1, 'bench-worker-' || id %% 8, finished_at - interval '1 second', finished_at + interval '60 seconds',
+       finished_at, finished_at, CASE state WHEN 'done' THEN 'done' ELSE 'cancelled' END,
+       CASE WHEN state = 'cancelled' THEN finished_at END, '', '', finished_at
+FROM {ITEM_HISTORY} WHERE id BETWEEN %(lo)s AND %(hi)s
+"""
 SEQUENCES_SQL = f"""
-SELECT setval(pg_get_serial_sequence('{ITEMS}', 'id'), (SELECT max(id) FROM {ITEMS})),
-       setval(pg_get_serial_sequence('{RESERVATIONS}', 'id'), (SELECT max(id) FROM {RESERVATIONS}))
+SELECT setval(pg_get_serial_sequence('{ITEMS}', 'id'),
+              greatest((SELECT max(id) FROM {ITEMS}), (SELECT max(id) FROM {ITEM_HISTORY}), 1)),
+       setval(pg_get_serial_sequence('{RESERVATIONS}', 'id'),
+              greatest((SELECT max(id) FROM {RESERVATIONS}), (SELECT max(id) FROM {RESERVATION_HISTORY}), 1))
 """
 
 
@@ -93,11 +136,28 @@ class Command(BaseCommand):
         parser.add_argument("--budget-ms", type=float, default=300.0, help="p95 goal per view (default 300)")
         parser.add_argument("--reset", action="store_true", help="delete every queue row first (own database!)")
         parser.add_argument("--reuse", action="store_true", help="time the rows already loaded; load nothing")
+        parser.add_argument("--history", type=int, default=0, help="finished items to load into the history")
+        parser.add_argument("--history-days", type=int, default=6, help="days the history spans (default 6)")
+        parser.add_argument(
+            "--throughput", type=int, default=0, help="lease+settle this many items before and after the history"
+        )
 
-    def handle(self, *args, items, quick, requests, budget_ms, reset, reuse, **options):
+    def handle(self, *args, items, quick, requests, budget_ms, reset, reuse, history, history_days, throughput, **o):
         n = 50_000 if quick else items
+        if min(n, history, throughput) < 0 or history_days < 1:
+            raise CommandError("--items, --history and --throughput must be >= 0, --history-days >= 1")
         if not reuse:
             self.load(n, reset=reset)
+        before = self.throughput(throughput) if throughput else None
+        if history and not reuse:
+            self.load_history(history, history_days)
+        if before is not None:
+            after = self.throughput(throughput)
+            self.stdout.write(
+                f"lease+settle: {before:,.0f} items/s with an empty history, {after:,.0f} items/s with "
+                f"{ItemHistory.objects.order_by('-id').values_list('id', flat=True).first() or 0:,} as the newest "
+                f"archived id: ratio {after / before:.2f} (goal >= 0.90)"
+            )
         self.time_views(requests, budget_ms)
 
     # -- loading --------------------------------------------------------------------------------------------------
@@ -107,7 +167,9 @@ class Command(BaseCommand):
             if not reset:
                 raise CommandError("the queue has items: pass --reset to delete every queue row, or --reuse")
             with connection.cursor() as cur:
-                cur.execute(f"TRUNCATE {ITEMS}, {RESERVATIONS}, {DEAD_LETTERS} CASCADE")
+                cur.execute(
+                    f"TRUNCATE {ITEMS}, {RESERVATIONS}, {DEAD_LETTERS}, {ITEM_HISTORY}, {RESERVATION_HISTORY} CASCADE"
+                )
             Worker.objects.filter(id__startswith="bench-").delete()
         started = time.perf_counter()
         Queue.objects.bulk_create([Queue(name=f"bench-{i}") for i in range(QUEUES)], ignore_conflicts=True)
@@ -129,6 +191,55 @@ class Command(BaseCommand):
             for table in (ITEMS, RESERVATIONS, DEAD_LETTERS):
                 cur.execute(f"VACUUM ANALYZE {table}")
         self.stdout.write(f"loaded {n:,} items in {time.perf_counter() - started:.0f} s (VACUUM ANALYZE done)")
+
+    def load_history(self, h: int, days: int) -> None:
+        started = time.perf_counter()
+        first = (QueueItem.objects.order_by("-id").values_list("id", flat=True).first() or 0) + 1
+        with connection.cursor() as cur:
+            cur.execute(PARTITIONS_SQL, {"days": days})
+        last = first + h - 1
+        for lo in range(first, last + 1, BATCH):
+            hi = min(last, lo + BATCH - 1)
+            with transaction.atomic(), connection.cursor() as cur:
+                params = {"n": h, "lo": lo, "hi": hi, "last": last, "days": days}
+                cur.execute(HISTORY_SQL, params)
+                cur.execute(RESERVATION_HISTORY_SQL, params)
+            self.stdout.write(
+                f"  loaded history {lo - first + 1:,}..{hi - first + 1:,} ({time.perf_counter() - started:.0f} s)"
+            )
+        with connection.cursor() as cur:
+            cur.execute(SEQUENCES_SQL)
+            for table in (ITEM_HISTORY, RESERVATION_HISTORY):
+                cur.execute(f"VACUUM ANALYZE {table}")
+        self.stdout.write(f"loaded {h:,} archived items in {time.perf_counter() - started:.0f} s (VACUUM ANALYZE done)")
+
+    def throughput(self, k: int, rounds: int = 3) -> float:
+        """The best of `rounds` runs (each after a CHECKPOINT, so a load's dirty pages are not what is measured)
+        of lease + settle of k no-op items, items per second."""
+        rates = []
+        for _ in range(rounds):
+            with connection.cursor() as cur:
+                cur.execute("CHECKPOINT")
+            rates.append(self.lease_and_settle(k))
+        self.stdout.write(f"  lease+settle rounds: {', '.join(f'{r:,.0f}' for r in rates)} items/s")
+        return max(rates)
+
+    def lease_and_settle(self, k: int) -> float:
+        """Items per second through lease + settle (settle_and_lease, batches of 1,000) of k no-op items."""
+        engine.enqueue_many("queue_app.noop", [{}] * k, queue=THROUGHPUT_QUEUE)
+        with connection.cursor() as cur:
+            cur.execute(f"VACUUM ANALYZE {ITEMS}")
+        started, done = time.perf_counter(), []
+        while True:
+            out = engine.settle_and_lease([(h, None) for h in done], [THROUGHPUT_QUEUE], 1000, "bench-tp", 600)
+            if not (done := out.leases):
+                break
+        rate = k / (time.perf_counter() - started)
+        QueueItem.objects.filter(queue_id=THROUGHPUT_QUEUE).delete()  # the same hot table for the next run
+        with connection.cursor() as cur:
+            cur.execute(f"VACUUM ANALYZE {ITEMS}")
+            cur.execute(f"VACUUM ANALYZE {RESERVATIONS}")
+        return rate
 
     # -- timing ---------------------------------------------------------------------------------------------------
 
@@ -166,10 +277,35 @@ class Command(BaseCommand):
             ),
             ("dead letters: search id", f"{dead}?q={letter}", True),
             ("dead letters: search dedup key", f"{dead}?q={dedup.dedup_key if dedup else 'none'}", True),
+            *self.history_cases(),
             ("item detail page", f"{items}{middle}/change/", False),
             ("overview (admin index)", "/admin/", False),
             ("overview fragment (refresh)", "/admin/queue_app/queue/overview/", False),
             ("/metrics", "/metrics", False),
+        ]
+
+    def history_cases(self) -> list[tuple[str, str, bool]]:
+        newest = ItemHistory.objects.order_by("-id").values_list("id", flat=True).first()
+        if newest is None:
+            return []
+        oldest = ItemHistory.objects.order_by("id").values_list("id", flat=True).first()
+        middle = (oldest + newest) // 2
+        dedup = ItemHistory.objects.filter(id__gte=middle - 20, dedup_key__isnull=False).order_by("id").first()
+        queue, task = "bench-3", "bench.task_07"
+        items, res = "/admin/queue_app/itemhistory/", "/admin/queue_app/reservationhistory/"
+        return [
+            ("history: no filter", items, True),
+            ("history: page 2", f"{items}?p=2", True),
+            ("history: queue", f"{items}?queue={queue}", True),
+            ("history: state=cancelled", f"{items}?state__exact=cancelled", True),
+            ("history: task", f"{items}?task={task}", True),
+            ("history: finished last hour", f"{items}?finished=1h", True),
+            ("history: queue + state + task", f"{items}?queue={queue}&state__exact=done&task={task}", True),
+            ("history: search id", f"{items}?q={middle}", True),
+            ("history: search dedup key", f"{items}?q={dedup.dedup_key if dedup else 'none'}", True),
+            ("reservation history: no filter", res, True),
+            ("reservation history: search item id", f"{res}?q={middle}", True),
+            ("archived item detail page", f"{items}{middle}/change/", False),
         ]
 
     def time_views(self, requests: int, budget_ms: float) -> None:

@@ -12,7 +12,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from queue_app.flow import format_rate, group_counts, held_back
-from queue_app.models import DeadLetter, ItemState, Queue, QueueItem
+from queue_app.models import DeadLetter, ItemHistory, ItemState, Queue, QueueItem
 
 STATES = [state.value for state in ItemState]
 
@@ -20,8 +20,10 @@ STATES = [state.value for state in ItemState]
 def queue_stats(groups: bool = False) -> list[dict]:
     now = timezone.now()
     counts: dict[str, dict[str, int]] = {}
-    for row in QueueItem.objects.order_by().values("queue_id", "state").annotate(n=Count("id")):
-        counts.setdefault(row["queue_id"], {})[row["state"]] = row["n"]
+    for model in (QueueItem, ItemHistory):  # finished items the archiver moved count with the hot ones
+        for row in model.objects.order_by().values("queue_id", "state").annotate(n=Count("id")):
+            by_state = counts.setdefault(row["queue_id"], {})
+            by_state[row["state"]] = by_state.get(row["state"], 0) + row["n"]
     due = dict(
         QueueItem.objects.order_by()
         .filter(state=ItemState.READY, run_at__lte=Now())

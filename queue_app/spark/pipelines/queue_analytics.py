@@ -1,8 +1,10 @@
 """Queue analytics: per queue, task and hour (UTC), what the queue did, computed by Spark from its own history.
 
-Reads reservations joined to their items from PostgreSQL (JDBC over TCP, psycopg over a unix socket; see
-queue_app/spark/db.py). The child returns the small aggregated rows as the run's outputs; the caller publishes
-them with `publish_hourly_stats()` in the transaction that marks the run succeeded, so a re-delivered or
+Reads reservations joined to their items, hot and archived alike (the views queue_app_reservation_all and
+queue_app_item_all of migration 0017: one statement sees a row once, wherever the archiver has it; the archiver
+keeps ids, so the watermark below holds across the move), from PostgreSQL (JDBC over TCP, psycopg over a unix
+socket; see queue_app/spark/db.py). The child returns the small aggregated rows as the run's outputs; the caller
+publishes them with `publish_hourly_stats()` in the transaction that marks the run succeeded, so a re-delivered or
 re-run run replaces its window instead of adding to it.
 
 Two ways to choose what to compute:
@@ -91,17 +93,17 @@ STAT_COLUMNS = (
 SOURCE_SQL = """
 SELECT r.id, r.item_id, r.attempt, r.reserved_at, r.finished_at, r.outcome,
        i.queue_id AS queue, i.task, i.run_at, i.state AS item_state, i.reservation_id AS current_reservation_id
-FROM queue_app_reservation r
-JOIN queue_app_queueitem i ON i.id = r.item_id
+FROM queue_app_reservation_all r
+JOIN queue_app_item_all i ON i.id = r.item_id
 WHERE r.reserved_at < %(until)s
   AND r.item_id IN (
-      SELECT item_id FROM queue_app_reservation WHERE reserved_at >= %(since)s AND reserved_at < %(until)s)
+      SELECT item_id FROM queue_app_reservation_all WHERE reserved_at >= %(since)s AND reserved_at < %(until)s)
   AND (%(all_queues)s OR i.queue_id = ANY(%(queues)s))
 """
 
 # Spreads the JDBC range reads; one scan instead of running SOURCE_SQL's semi-join once more.
 SOURCE_ID_BOUNDS = """
-SELECT min(id), max(id) FROM queue_app_reservation WHERE reserved_at >= %(since)s AND reserved_at < %(until)s
+SELECT min(id), max(id) FROM queue_app_reservation_all WHERE reserved_at >= %(since)s AND reserved_at < %(until)s
 """
 
 # Incremental: every reservation of an item with an attempt in [since, until) at or after lo_id (the primary
@@ -109,16 +111,16 @@ SELECT min(id), max(id) FROM queue_app_reservation WHERE reserved_at >= %(since)
 SOURCE_SQL_FROM_ID = """
 SELECT r.id, r.item_id, r.attempt, r.reserved_at, r.finished_at, r.outcome,
        i.queue_id AS queue, i.task, i.run_at, i.state AS item_state, i.reservation_id AS current_reservation_id
-FROM queue_app_reservation r
-JOIN queue_app_queueitem i ON i.id = r.item_id
+FROM queue_app_reservation_all r
+JOIN queue_app_item_all i ON i.id = r.item_id
 WHERE r.reserved_at < %(until)s AND r.id < %(until_id)s
   AND r.item_id IN (
-      SELECT item_id FROM queue_app_reservation
+      SELECT item_id FROM queue_app_reservation_all
       WHERE id >= %(lo_id)s AND id < %(until_id)s AND reserved_at >= %(since)s AND reserved_at < %(until)s)
   AND (%(all_queues)s OR i.queue_id = ANY(%(queues)s))
 """
 SOURCE_ID_BOUNDS_FROM_ID = """
-SELECT min(id), max(id) FROM queue_app_reservation
+SELECT min(id), max(id) FROM queue_app_reservation_all
 WHERE id >= %(lo_id)s AND id < %(until_id)s AND reserved_at >= %(since)s AND reserved_at < %(until)s
 """
 # Where an incremental run starts (the first reservation at or after the watermark) and its next watermark (the
@@ -127,11 +129,11 @@ WHERE id >= %(lo_id)s AND id < %(until_id)s AND reserved_at >= %(since)s AND res
 INCREMENTAL_START = """
 SELECT min(reserved_at) FILTER (WHERE reserved_at < %(as_of)s),
        coalesce(min(id) FILTER (WHERE finished_at IS NULL OR finished_at >= %(as_of)s), %(until_id)s)
-FROM queue_app_reservation WHERE id >= %(from_id)s AND id < %(until_id)s
+FROM queue_app_reservation_all WHERE id >= %(from_id)s AND id < %(until_id)s
 """
-NEXT_ID = "SELECT coalesce(max(id), 0) + 1 FROM queue_app_reservation"
-ID_RANGE = "SELECT min(id), max(id) FROM queue_app_reservation"
-FIRST_AT_OR_AFTER = "SELECT id, reserved_at FROM queue_app_reservation WHERE id >= %s ORDER BY id LIMIT 1"
+NEXT_ID = "SELECT coalesce(max(id), 0) + 1 FROM queue_app_reservation_all"
+ID_RANGE = "SELECT min(id), max(id) FROM queue_app_reservation_all"
+FIRST_AT_OR_AFTER = "SELECT id, reserved_at FROM queue_app_reservation_all WHERE id >= %s ORDER BY id LIMIT 1"
 ID_MARGIN = dt.timedelta(minutes=10)
 
 DELETE_WINDOW = f"""
