@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -162,8 +163,18 @@ def test_server_killed_mid_run_the_run_falls_back_to_spark_submit_and_the_server
     run = trigger_run("demo_sleep", {"tasks": 2, "seconds": 8}, trigger="orm")
     running = tasks_running(run.id)
     assert running.progress.get("path") == "connect"
+    error, probing = connect.probe(connect_server)  # a session like the supervisor's, kept across the kill
+    assert error == ""
 
     os.killpg(os.getpgid(server.pid), signal.SIGKILL)  # the server's JVM, not its supervisor
+    # A probe caught mid-query by the server's death fails in seconds, so the supervisor sees the exit and
+    # restarts the server (with the client's default ten minutes of retries, it did not: the test's old flake).
+    failed = []
+    query = threading.Thread(target=lambda: failed.append(connect.probe_error(probing)), daemon=True)
+    query.start()
+    query.join(60)
+    assert not query.is_alive(), "a probe of a dead server should give up, not retry for minutes"
+    assert failed[0]
     ended = wait_for(lambda: final(run.id), 240, what="the run to end")
     assert ended.state == "succeeded", (ended.error, ended.log_tail[-3000:])
     assert ended.progress["path"] == "spark-submit" and ended.progress["fallback"]

@@ -24,7 +24,7 @@ import time
 import traceback
 from typing import Any
 
-from queue_app.spark import protocol, registry, session
+from queue_app.spark import connect, protocol, registry, session
 from queue_app.spark.child import PROGRESS_INTERVAL, RunCancelled, emit, write_output
 
 log = logging.getLogger("queue_app.spark.connect_child")
@@ -114,13 +114,8 @@ class ConnectProgress:
         return snapshot
 
 
-def _open_session(url: str, run_id: str, conf: dict[str, str]):
-    from pyspark.sql import SparkSession
-    from pyspark.sql.connect.client.retries import DefaultPolicy
-
-    spark = SparkSession.builder.remote(url).create()  # a new session: its own temp views and conf
-    # Fail over in seconds, not after the client's default ten minutes of retries.
-    spark.client.set_retry_policies([DefaultPolicy(max_retries=4, initial_backoff=100, max_backoff=1000)])
+def _open_session(url: str, conf: dict[str, str]):
+    spark = connect.open_session(url)  # a new session: its own temp views and conf
     for key, value in conf.items():
         with contextlib.suppress(Exception):  # static or server-wide conf cannot be set per session
             spark.conf.set(key, value)
@@ -132,7 +127,7 @@ def run(args: argparse.Namespace, job: registry.SparkJob, params: dict[str, Any]
     tag = args.tag or session.job_group(args.run_id)
     conf = {"spark.sql.session.timeZone": "UTC"}
     try:
-        spark = _open_session(args.connect, args.run_id, conf)
+        spark = _open_session(args.connect, conf)
         version = spark.version
     except Exception as exc:
         print(f"jobsite: Spark Connect server {args.connect} unavailable: {exc}", file=sys.stderr)
