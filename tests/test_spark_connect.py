@@ -142,6 +142,42 @@ def test_an_unreachable_server_sends_runs_to_spark_submit_and_a_bad_url_fails_be
     assert "must be on loopback" in result.error
 
 
+def test_the_next_warm_run_takes_the_spare_light_child_and_cancel_still_stops_it(connect_server, monkeypatch):
+    from django.db import connection
+
+    from queue_app.spark import launcher
+
+    healthy(connect_server)
+    monkeypatch.setenv("JOBSITE_SPARK_CONNECT", str(connect_server))
+    env = child_env(connection.settings_dict["NAME"])
+    starts: list[dict] = []
+    first = launch("demo_sleep", {"tasks": 2, "seconds": 0}, "spare-1", env=env, on_start=starts.append)
+    assert first.outcome == "succeeded" and first.path == "connect", first.log_tail
+    assert "standby" not in starts[0]["setup_seconds"]  # this process's first warm run starts its own child
+    spare = launcher._spare["proc"]
+    assert spare.poll() is None  # started for the next run, waiting on its stdin
+
+    running: list[dict] = []
+    try:
+        second = launch(
+            "demo_sleep",
+            {"tasks": 2, "seconds": 120},
+            "spare-2",
+            env=env,
+            on_start=starts.append,
+            on_progress=lambda p: running.append(p) if p.get("tasks_active") else None,
+            should_cancel=lambda: bool(running),
+        )
+        assert starts[1]["pid"] == spare.pid and "standby" in starts[1]["setup_seconds"]
+        assert second.outcome == "cancelled" and second.path == "connect", second.log_tail
+        assert group_members(spare.pid) == []  # the spare was the run's child; its group is gone with it
+        assert launcher._spare["proc"].pid != spare.pid  # the next one is ready
+    finally:
+        next_spare = launcher._spare.get("proc")
+        launcher._drop_spare()
+    assert next_spare is None or group_members(next_spare.pid) == []
+
+
 @pytest.mark.parametrize(
     "value, message",
     [

@@ -5,7 +5,9 @@ org.apache.spark.sql.connect.service.SparkConnectServer`, pyspark's jars carry i
 it when it dies, and writes its health to a SparkConnectServer row. Setting `JOBSITE_SPARK_CONNECT` (e.g.
 `sc://127.0.0.1:15002`; unset: off) makes the launcher run registered functions through that server: each run
 is a light Python child with its own Connect session (own temp views and conf), its operations tagged with the
-run's tag so cancel interrupts only them. A server that does not answer, or dies mid-run, sends the run to
+run's tag so cancel interrupts only them. After a warm run the launcher starts a spare light child that gets
+ready for the next one (imports, Django, its session opened and that session's Python worker started on the
+server): the next run skips about 2 s of start-up. A server that does not answer, or dies mid-run, sends the run to
 spark-submit in the same attempt (launcher.py); nothing waits on it.
 """
 
