@@ -3,8 +3,6 @@ cluster, and a run's tasks run in its executor on the cluster's worker (master a
 own jars on loopback, as in test_spark_launcher).
 """
 
-import os
-import signal
 import subprocess
 import sys
 
@@ -15,7 +13,7 @@ from queue_app.spark import connect, launch, launcher
 from tests import test_spark_launcher
 from tests.conftest import ROOT, child_env
 from tests.spark_fixtures import require_spark
-from tests.test_spark_launcher import free_port, ui_json
+from tests.test_spark_launcher import free_port, stop_group, ui_json
 from tests.waiting import wait_for
 
 standalone_cluster = test_spark_launcher.standalone_cluster  # the fixture: a master and one worker on loopback
@@ -48,12 +46,7 @@ def cluster_connect_server(standalone_cluster, tmp_path, test_db_name):
             yield url
         finally:
             launcher._drop_spare()  # the light child prepared after the run
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+            stop_group(proc)  # the supervisor and the server it started
 
 
 def test_a_warm_run_on_the_standalone_cluster_runs_in_the_clusters_executor(
