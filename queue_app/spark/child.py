@@ -42,9 +42,12 @@ import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from queue_app.spark import protocol  # noqa: E402
+
+if TYPE_CHECKING:
+    from queue_app.spark.registry import SparkJob
 
 log = logging.getLogger("queue_app.spark.child")
 PROGRESS_INTERVAL = float(os.environ.get("JOBSITE_SPARK_PROGRESS_INTERVAL", "1.0"))
@@ -188,7 +191,7 @@ def write_output(path: str, result: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def write_failure(path: str, error: str, base: dict[str, Any] | None = None, exc: BaseException | None = None):
+def write_failure(path: str, error: str, base: dict[str, Any] | None = None, exc: BaseException | None = None) -> None:
     """The failed result: what went wrong, and the traceback of `exc` when there is one."""
     result = {**(base or {}), "status": "failed", "error": error[:4000]}
     if exc is not None:
@@ -197,7 +200,7 @@ def write_failure(path: str, error: str, base: dict[str, Any] | None = None, exc
 
 
 def run_job(
-    job,
+    job: SparkJob,
     spark,
     params: dict[str, Any],
     output_file: str,
