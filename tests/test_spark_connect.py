@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -94,7 +95,8 @@ def test_a_run_through_the_warm_server_succeeds_with_progress_and_metrics(connec
         for kind in ("jobs", "stages", "tasks"):
             assert after[f"{kind}_done"] >= before[f"{kind}_done"]
             assert after[f"{kind}_total"] >= before[f"{kind}_total"]
-    assert QueueItem.objects.get(id=run.item_id).state == ItemState.DONE
+    # The worker settles the item after the handler that finished the run returns: a moment later.
+    wait_for(lambda: QueueItem.objects.get(id=run.item_id).state == ItemState.DONE, 60, what="the item settled done")
     assert group_members(run.driver_pgid) == []  # the light child is gone
     assert server.pid == healthy(connect_server).pid  # the server lives on for the next run
 
@@ -141,6 +143,42 @@ def test_an_unreachable_server_sends_runs_to_spark_submit_and_a_bad_url_fails_be
     assert "must be on loopback" in result.error
 
 
+def test_the_next_warm_run_takes_the_spare_light_child_and_cancel_still_stops_it(connect_server, monkeypatch):
+    from django.db import connection
+
+    from queue_app.spark import launcher
+
+    healthy(connect_server)
+    monkeypatch.setenv("JOBSITE_SPARK_CONNECT", str(connect_server))
+    env = child_env(connection.settings_dict["NAME"])
+    starts: list[dict] = []
+    first = launch("demo_sleep", {"tasks": 2, "seconds": 0}, "spare-1", env=env, on_start=starts.append)
+    assert first.outcome == "succeeded" and first.path == "connect", first.log_tail
+    assert "standby" not in starts[0]["setup_seconds"]  # this process's first warm run starts its own child
+    spare = launcher._spare["proc"]
+    assert spare.poll() is None  # started for the next run, waiting on its stdin
+
+    running: list[dict] = []
+    try:
+        second = launch(
+            "demo_sleep",
+            {"tasks": 2, "seconds": 120},
+            "spare-2",
+            env=env,
+            on_start=starts.append,
+            on_progress=lambda p: running.append(p) if p.get("tasks_active") else None,
+            should_cancel=lambda: bool(running),
+        )
+        assert starts[1]["pid"] == spare.pid and "standby" in starts[1]["setup_seconds"]
+        assert second.outcome == "cancelled" and second.path == "connect", second.log_tail
+        assert group_members(spare.pid) == []  # the spare was the run's child; its group is gone with it
+        assert launcher._spare["proc"].pid != spare.pid  # the next one is ready
+    finally:
+        next_spare = launcher._spare.get("proc")
+        launcher._drop_spare()
+    assert next_spare is None or group_members(next_spare.pid) == []
+
+
 @pytest.mark.parametrize(
     "value, message",
     [
@@ -162,8 +200,18 @@ def test_server_killed_mid_run_the_run_falls_back_to_spark_submit_and_the_server
     run = trigger_run("demo_sleep", {"tasks": 2, "seconds": 8}, trigger="orm")
     running = tasks_running(run.id)
     assert running.progress.get("path") == "connect"
+    error, probing = connect.probe(connect_server)  # a session like the supervisor's, kept across the kill
+    assert error == ""
 
     os.killpg(os.getpgid(server.pid), signal.SIGKILL)  # the server's JVM, not its supervisor
+    # A probe caught mid-query by the server's death fails in seconds, so the supervisor sees the exit and
+    # restarts the server (with the client's default ten minutes of retries, it did not: the test's old flake).
+    failed = []
+    query = threading.Thread(target=lambda: failed.append(connect.probe_error(probing)), daemon=True)
+    query.start()
+    query.join(60)
+    assert not query.is_alive(), "a probe of a dead server should give up, not retry for minutes"
+    assert failed[0]
     ended = wait_for(lambda: final(run.id), 240, what="the run to end")
     assert ended.state == "succeeded", (ended.error, ended.log_tail[-3000:])
     assert ended.progress["path"] == "spark-submit" and ended.progress["fallback"]
@@ -184,4 +232,5 @@ def test_spark_connect_server_refuses_a_non_loopback_url_and_starts_nothing():
         call_command("spark_connect_server", "--url", "sc://0.0.0.0:15002")
     with pytest.raises(CommandError, match="--interval must be positive"):
         call_command("spark_connect_server", "--url", "sc://127.0.0.1:15002", "--interval", "0")
-    assert not SparkConnectServer.objects.exists()
+    # No row for either (the module's own server, on another port, writes its row whenever it probes).
+    assert not SparkConnectServer.objects.filter(id__endswith=":15002").exists()

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from typing import NamedTuple
 
 import pytest
 
@@ -138,6 +139,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Cluster(NamedTuple):
+    url: str  # spark://127.0.0.1:PORT
+    master_ui: int  # the master's web UI port: /json/ lists workers and applications
+    worker_ui: int  # the worker's: /json/ lists the executors it runs
+
+
 @pytest.fixture
 def standalone_cluster(tmp_path):
     """A Spark standalone master and one worker (1 core, 1 GB) on loopback, from pyspark's own jars."""
@@ -159,15 +166,20 @@ def standalone_cluster(tmp_path):
         while not alive_workers(master_ui):
             assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
             time.sleep(0.5)
-        yield url
+        yield Cluster(url, master_ui, worker_ui)
 
 
 def alive_workers(ui_port: int) -> int:
+    return ui_json(ui_port).get("aliveworkers", 0)
+
+
+def ui_json(ui_port: int) -> dict:
+    """A standalone master's or worker's state from its web UI's /json/ ({} while it does not answer)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as resp:
-            return json.load(resp).get("aliveworkers", 0)
+            return json.load(resp)
     except OSError:
-        return 0
+        return {}
 
 
 def stop_group(proc: subprocess.Popen) -> None:
@@ -184,7 +196,7 @@ def test_a_pipeline_runs_on_a_standalone_cluster(standalone_cluster, test_db_nam
     require_jdbc_for_tcp()
     since = dt.datetime(2025, 3, 10, tzinfo=dt.UTC)
     seed_queue_history(since, items=100)
-    monkeypatch.setenv("SPARK_MASTER", standalone_cluster)
+    monkeypatch.setenv("SPARK_MASTER", standalone_cluster.url)
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
     result = launch(
         "queue_analytics",

@@ -219,6 +219,7 @@ def _first_task_and_total(job: str, params: dict[str, Any], run_id: str) -> dict
     from queue_app.spark import launch
 
     first: list[float] = []
+    setup: dict[str, Any] = {}
     t0 = time.perf_counter()
     result = launch(
         job,
@@ -226,19 +227,22 @@ def _first_task_and_total(job: str, params: dict[str, Any], run_id: str) -> dict
         run_id,
         master="local[2]",
         on_progress=lambda p: first.append(time.perf_counter() - t0) if p.get("tasks_done") else None,
+        on_start=lambda started: setup.update(started.get("setup_seconds") or {}),
     )
     return {
         "first_task_s": round(first[0], 2) if first else None,
         "total_s": round(time.perf_counter() - t0, 2),
         "outcome": result.outcome,
         "path": result.path,
+        "spare_child": "standby" in setup,  # a light child started after the previous warm run took it
     }
 
 
-def warm(out: Callable[[str], None], runs: int = 3) -> dict[str, Any]:
+def warm(out: Callable[[str], None], runs: int = 3, pause: float = 5.0) -> dict[str, Any]:
     """A registered function (demo_sleep, 2 tasks of 0 s) cold through spark-submit, then `runs` times through a
-    Spark Connect server started here (its own start not counted, as a warm server is already up): trigger ->
-    first task done, and total."""
+    Spark Connect server started here (its own start not counted, as a warm server is already up), `pause`
+    seconds apart: trigger -> first task done, and total. The first warm run starts its light child; each later
+    one takes the spare child its predecessor left ready."""
     import socket
 
     from queue_app.spark import connect, connect_health
@@ -265,6 +269,8 @@ def warm(out: Callable[[str], None], runs: int = 3) -> dict[str, Any]:
         os.environ[connect.ENV] = str(url)
         warm_runs = []
         for i in range(runs):
+            if i:
+                time.sleep(pause)  # a worker between two runs: the spare light child gets ready
             out(f"the same function through the warm server ({i + 1}/{runs}) ...")
             warm_runs.append(_first_task_and_total("demo_sleep", params, f"bench-warm-{i}"))
     finally:

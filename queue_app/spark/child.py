@@ -8,8 +8,11 @@ about once a second and prints progress events (protocol.py) on stdout; everythi
 log line. The result (status, metrics, outputs, error) goes to the output file, written atomically.
 
 With `--connect sc://...` the launcher starts this file with plain Python (no spark-submit, no JVM) and the run
-goes through a session of jobsite's Spark Connect server instead (connect_child.py).
+goes through a session of jobsite's Spark Connect server instead (connect_child.py). With `--standby --connect
+URL` it is the launcher's spare light child: it sets Django up, imports the Connect client and prepares a session
+(connect_child.Prepared), then reads the next warm run's arguments as one JSON list on stdin and runs it.
 
+Both paths share run_job(): argument parsing, the SIGTERM-as-cancel handling and the result files are one code.
 Cancel: on SIGTERM the progress thread calls `cancelJobGroup` (on its own py4j connection: the main thread may
 be blocked inside a py4j call, so the handler itself never talks to the JVM), the main thread stops with
 `RunCancelled`, and the process exits with protocol.EXIT_CANCELLED.
@@ -38,9 +41,13 @@ import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
-from typing import Any  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from queue_app.spark import protocol  # noqa: E402
+
+if TYPE_CHECKING:
+    from queue_app.spark.registry import SparkJob
 
 log = logging.getLogger("queue_app.spark.child")
 PROGRESS_INTERVAL = float(os.environ.get("JOBSITE_SPARK_PROGRESS_INTERVAL", "1.0"))
@@ -184,15 +191,102 @@ def write_output(path: str, result: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def write_failure(path: str, error: str, base: dict[str, Any] | None = None, exc: BaseException | None = None) -> None:
+    """The failed result: what went wrong, and the traceback of `exc` when there is one."""
+    result = {**(base or {}), "status": "failed", "error": error[:4000]}
+    if exc is not None:
+        result["traceback"] = "".join(traceback.format_exception(exc))[-20000:]
+    write_output(path, result)
+
+
+def run_job(
+    job: SparkJob,
+    spark,
+    params: dict[str, Any],
+    output_file: str,
+    base: dict[str, Any],
+    *,
+    on_cancel: Callable[[], Any],
+    final_progress: Callable[[], dict[str, Any]],
+    on_cancelled: Callable[[], Any] = lambda: None,
+    divert: Callable[[BaseException], int | None] = lambda exc: None,
+) -> int:
+    """Run the job in this (main) thread and write its result; the exit code.
+
+    The first SIGTERM calls `on_cancel` (which must not talk to Spark: the main thread may be inside a call) and
+    stops the job with RunCancelled; the child then writes a cancelled result and leaves at once with
+    EXIT_CANCELLED (`on_cancelled` first). `divert(exc)` may name another exit code for a failure that is not
+    the job's (it leaves at once too, writing nothing).
+    """
+    cancel = threading.Event()
+    in_job = threading.Event()
+
+    def on_sigterm(signum, frame):
+        if not cancel.is_set():
+            cancel.set()
+            on_cancel()
+        if in_job.is_set():
+            in_job.clear()
+            raise RunCancelled()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        in_job.set()
+        if cancel.is_set():  # SIGTERM came while the session was starting
+            raise RunCancelled()
+        try:
+            result = job.func(spark, params)
+        finally:
+            in_job.clear()
+    except BaseException as exc:
+        if cancel.is_set():
+            on_cancelled()
+            write_output(output_file, {**base, "status": "cancelled", "error": "cancelled (SIGTERM)"})
+            _leave(protocol.EXIT_CANCELLED)  # connections may be mid-call and Spark going down: no teardown
+        code = divert(exc)
+        if code is not None:
+            _leave(code)
+        log.error("Spark job %s failed", job.name, exc_info=True)
+        write_failure(output_file, "".join(traceback.format_exception_only(type(exc), exc)).strip(), base, exc)
+        return protocol.EXIT_FAILED
+    from queue_app.spark import registry
+
+    if isinstance(result, registry.JobResult):
+        metrics, outputs = dict(result.metrics), result.outputs
+    else:
+        metrics, outputs = dict(result or {}), None
+    progress = final_progress()
+    write_output(
+        output_file, {**base, "status": "succeeded", "metrics": metrics, "outputs": outputs, "progress": progress}
+    )
+    return 0
+
+
+def _leave(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Run one jobsite Spark job (started by the launcher).")
-    parser.add_argument("--job", required=True)
+    parser.add_argument("--job")
     parser.add_argument("--params-json", default="{}")
-    parser.add_argument("--run-id", required=True)
-    parser.add_argument("--output-file", required=True)
+    parser.add_argument("--run-id")
+    parser.add_argument("--output-file")
     parser.add_argument("--connect", help="run through this Spark Connect server (sc://...) instead of a local JVM")
     parser.add_argument("--tag", default="", help="the operation tag of this attempt (with --connect)")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--standby",
+        action="store_true",
+        help="with --connect: get ready (imports, session, the server's Python worker), then read the run's "
+        "arguments as one JSON list on stdin",
+    )
+    args = parser.parse_args(argv)
+    missing = [] if args.standby else [f"--{n}" for n in ("job", "run_id", "output_file") if not getattr(args, n)]
+    if missing or (args.standby and not args.connect):
+        parser.error(f"missing {', '.join(missing)}" if missing else "--standby needs --connect")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,24 +296,37 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    django_ready = time.monotonic()
+    setup = {"django": round(time.monotonic() - began, 3)}
     logging.getLogger("py4j").setLevel(logging.WARNING)
     from queue_app.spark import registry, session
 
+    prepared = None
+    if args.standby:
+        from queue_app.spark import connect_child
+
+        prepared = connect_child.Prepared(args.connect)
+        waiting = time.monotonic()
+        line = sys.stdin.readline()
+        if not line:  # the launcher let this spare go unused
+            prepared.close()
+            return 0
+        args = _parse(json.loads(line))
+        setup["standby"] = round(time.monotonic() - waiting, 3)
     try:
         job = registry.get_job(args.job)
         params = job.validate(json.loads(args.params_json))
     except (registry.SparkJobError, ValueError) as exc:
-        write_output(args.output_file, {"status": "failed", "error": str(exc)})
+        write_failure(args.output_file, str(exc))
         return protocol.EXIT_BAD_PARAMS
 
     if args.connect:
         from queue_app.spark import connect_child
 
-        return connect_child.run(args, job, params, {"django": round(django_ready - began, 3)})
+        return connect_child.run(args, job, params, setup, prepared)
 
     from pyspark.sql import SparkSession
 
+    django_ready = time.monotonic()
     spark = SparkSession.builder.getOrCreate()
     sc = spark.sparkContext
     group = session.job_group(args.run_id)
@@ -235,56 +342,19 @@ def main(argv: list[str] | None = None) -> int:
             "ui_url": sc.uiWebUrl,  # None when the UI is off (JOBSITE_SPARK_UI=false, the default)
             "job": job.name,
             # Where the child's start-up went (the JVM that launched this process started before it).
-            "setup_seconds": {
-                "django": round(django_ready - began, 3),
-                "spark_session": round(time.monotonic() - django_ready, 3),
-            },
+            "setup_seconds": {**setup, "spark_session": round(time.monotonic() - django_ready, 3)},
         },
     )
     monitor = ProgressMonitor(sc, group)
-    in_job = threading.Event()
-
-    def on_sigterm(signum, frame):
-        monitor.request_cancel()
-        if in_job.is_set():
-            in_job.clear()
-            raise RunCancelled()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
     monitor.start()
-    try:
-        in_job.set()
-        if monitor.cancel_requested.is_set():  # SIGTERM came while the session was starting
-            raise RunCancelled()
-        try:
-            result = job.func(spark, params)
-        finally:
-            in_job.clear()
-    except BaseException as exc:
-        if monitor.cancel_requested.is_set():
-            write_output(args.output_file, {**base, "status": "cancelled", "error": "cancelled (SIGTERM)"})
-            sys.stdout.flush()
-            # The py4j connection of this thread may be mid-call and the JVM going down: leave without teardown.
-            os._exit(protocol.EXIT_CANCELLED)
-        log.error("Spark job %s failed", job.name, exc_info=True)
-        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        write_output(
-            args.output_file,
-            {**base, "status": "failed", "error": error[:4000], "traceback": traceback.format_exc()[-20000:]},
-        )
-        code = protocol.EXIT_FAILED
-    else:
+
+    def final_progress() -> dict[str, Any]:
         monitor.stop()
-        final = monitor.report(force=True)
-        if isinstance(result, registry.JobResult):
-            metrics, outputs = dict(result.metrics), result.outputs
-        else:
-            metrics, outputs = dict(result or {}), None
-        write_output(
-            args.output_file,
-            {**base, "status": "succeeded", "metrics": metrics, "outputs": outputs, "progress": final},
-        )
-        code = 0
+        return monitor.report(force=True)
+
+    code = run_job(
+        job, spark, params, args.output_file, base, on_cancel=monitor.request_cancel, final_progress=final_progress
+    )
     monitor.stop()
     try:
         spark.stop()

@@ -5,7 +5,9 @@ org.apache.spark.sql.connect.service.SparkConnectServer`, pyspark's jars carry i
 it when it dies, and writes its health to a SparkConnectServer row. Setting `JOBSITE_SPARK_CONNECT` (e.g.
 `sc://127.0.0.1:15002`; unset: off) makes the launcher run registered functions through that server: each run
 is a light Python child with its own Connect session (own temp views and conf), its operations tagged with the
-run's tag so cancel interrupts only them. A server that does not answer, or dies mid-run, sends the run to
+run's tag so cancel interrupts only them. After a warm run the launcher starts a spare light child that gets
+ready for the next one (imports, Django, its session opened and that session's Python worker started on the
+server): the next run skips about 2 s of start-up. A server that does not answer, or dies mid-run, sends the run to
 spark-submit in the same attempt (launcher.py); nothing waits on it.
 """
 
@@ -94,20 +96,42 @@ def server_command(url: ConnectUrl, master: str | None = None) -> list[str]:
     return cmd + ["spark-internal"]
 
 
+def open_session(url: ConnectUrl | str):
+    """A new Connect session on `url` (its own temp views and conf) whose calls give up within about 3 s once
+    the server is gone. The client's default retries last ten minutes: a run would wait that long to fail over,
+    and the supervisor's probe, caught mid-query by the server's death, would not see the exit to restart it."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    spark = SparkSession.builder.remote(str(url)).create()
+    spark.client.set_retry_policies([DefaultPolicy(max_retries=4, initial_backoff=100, max_backoff=1000)])
+    return spark
+
+
 def probe(url: ConnectUrl, spark=None):
     """(error, session): error is '' when the server ran a query in `spark` (a session kept between probes,
     opened when None). A failed probe drops its session."""
     if not reachable(url):
         return f"nothing listens on {url.host}:{url.port}", None
     try:
-        from pyspark.sql import SparkSession
-
-        if spark is None:
-            spark = SparkSession.builder.remote(str(url)).create()
-        spark.range(1).collect()
+        spark = spark if spark is not None else open_session(url)
     except Exception as exc:  # any client error means: not healthy
-        return f"{type(exc).__name__}: {str(exc)[:500]}", None
-    return "", spark
+        return _said(exc), None
+    error = probe_error(spark)
+    return error, None if error else spark
+
+
+def probe_error(spark) -> str:
+    """'' when the server of session `spark` runs a query, else what went wrong."""
+    try:
+        spark.range(1).collect()
+    except Exception as exc:
+        return _said(exc)
+    return ""
+
+
+def _said(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:500]}"
 
 
 class Supervisor:

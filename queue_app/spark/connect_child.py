@@ -2,7 +2,10 @@
 
 The child is plain Python (no JVM of its own): it opens a new Connect session for the run (its own temp views
 and conf), tags its operations with the attempt's tag, and reports progress from the Connect client's progress
-handler with the same events (protocol.py) and the same shape as a spark-submit run's.
+handler with the same events (protocol.py) and the same shape as a spark-submit run's. A spare child (`--standby`)
+opened its session before the run came and started that session's Python worker on the server (the server keys
+Python workers by session, so a new session's first UDF would wait about 1 s for its own); a prepared session
+the server no longer knows (it restarted meanwhile) is replaced by a fresh one, not counted as a lost server.
 
 Cancel: on SIGTERM a thread calls `interruptTag(TAG)` on this session (only this run's operations stop, other
 runs' sessions go on), the main thread stops with RunCancelled, and the child exits EXIT_CANCELLED.
@@ -17,15 +20,13 @@ import argparse
 import contextlib
 import logging
 import os
-import signal
 import sys
 import threading
 import time
-import traceback
 from typing import Any
 
-from queue_app.spark import protocol, registry, session
-from queue_app.spark.child import PROGRESS_INTERVAL, RunCancelled, emit, write_output
+from queue_app.spark import connect, protocol, registry, session
+from queue_app.spark.child import PROGRESS_INTERVAL, emit, run_job
 
 log = logging.getLogger("queue_app.spark.connect_child")
 LOST_MARKERS = ("SESSION_NOT_FOUND", "SESSION_CHANGED", "SESSION_CLOSED", "UNAVAILABLE", "Connection refused")
@@ -114,26 +115,74 @@ class ConnectProgress:
         return snapshot
 
 
-def _open_session(url: str, run_id: str, conf: dict[str, str]):
-    from pyspark.sql import SparkSession
-    from pyspark.sql.connect.client.retries import DefaultPolicy
+RUN_CONF = {"spark.sql.session.timeZone": "UTC"}
 
-    spark = SparkSession.builder.remote(url).create()  # a new session: its own temp views and conf
-    # Fail over in seconds, not after the client's default ten minutes of retries.
-    spark.client.set_retry_policies([DefaultPolicy(max_retries=4, initial_backoff=100, max_backoff=1000)])
-    for key, value in conf.items():
+
+def _open_session(url: str):
+    spark = connect.open_session(url)  # a new session: its own temp views and conf
+    for key, value in RUN_CONF.items():
         with contextlib.suppress(Exception):  # static or server-wide conf cannot be set per session
             spark.conf.set(key, value)
     return spark
 
 
-def run(args: argparse.Namespace, job: registry.SparkJob, params: dict[str, Any], setup: dict[str, float]) -> int:
+def start_python_worker(spark) -> None:
+    """Run a trivial Python UDF once in `spark`: the server starts this session's Python worker daemon (each
+    session has its own, keyed by its artifact id), so the run's first UDF finds it started (~1 s saved)."""
+    from pyspark.sql import functions as F
+
+    spark.range(1).select(F.udf(lambda x: x, "long")("id")).collect()
+
+
+class Prepared:
+    """A spare child's session, opened ahead of its run in a thread, with its Python worker started on the
+    server. The run takes it if it is ready and the server still knows it, else opens a fresh session."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.spark = None
+        self.thread = threading.Thread(target=self._open, name="jobsite-prepare", daemon=True)
+        self.thread.start()
+
+    def _open(self) -> None:
+        try:
+            spark = _open_session(self.url)
+            start_python_worker(spark)
+            self.spark = spark
+        except Exception:  # the server is down or busy: the run opens its own session and says why
+            log.debug("preparing a session failed", exc_info=True)
+
+    def take(self, wait: float = 5.0):
+        """The prepared session, None if it is not ready within `wait` seconds or could not be opened."""
+        self.thread.join(wait)
+        spark, self.spark = (None, None) if self.thread.is_alive() else (self.spark, None)
+        return spark
+
+    def close(self) -> None:
+        self.thread.join(5)
+        if self.spark is not None:
+            with contextlib.suppress(Exception):
+                self.spark.stop()
+
+
+def run(
+    args: argparse.Namespace,
+    job: registry.SparkJob,
+    params: dict[str, Any],
+    setup: dict[str, float],
+    prepared: Prepared | None = None,
+) -> int:
     began = time.monotonic()
     tag = args.tag or session.job_group(args.run_id)
-    conf = {"spark.sql.session.timeZone": "UTC"}
+    spark = prepared.take() if prepared is not None and prepared.url == args.connect else None
     try:
-        spark = _open_session(args.connect, args.run_id, conf)
-        version = spark.version
+        try:
+            version = spark.version if spark is not None else ""
+        except Exception:  # a server restarted since no longer knows the prepared session: a fresh one
+            spark = None
+        if spark is None:
+            spark = _open_session(args.connect)
+            version = spark.version
     except Exception as exc:
         print(f"jobsite: Spark Connect server {args.connect} unavailable: {exc}", file=sys.stderr)
         return protocol.EXIT_CONNECT_LOST
@@ -153,8 +202,6 @@ def run(args: argparse.Namespace, job: registry.SparkJob, params: dict[str, Any]
             "setup_seconds": {**setup, "spark_session": round(time.monotonic() - began, 3)},
         },
     )
-    cancel = threading.Event()
-    in_job = threading.Event()
     interrupter: list[threading.Thread] = []
 
     def interrupt() -> None:
@@ -163,55 +210,30 @@ def run(args: argparse.Namespace, job: registry.SparkJob, params: dict[str, Any]
         except Exception:
             log.debug("interruptTag failed", exc_info=True)
 
-    def on_sigterm(signum, frame):
-        if not cancel.is_set():
-            cancel.set()
-            thread = threading.Thread(target=interrupt, name="jobsite-interrupt", daemon=True)
-            interrupter.append(thread)
-            thread.start()
-        if in_job.is_set():
-            in_job.clear()
-            raise RunCancelled()
+    def on_cancel() -> None:  # from the signal handler: the interrupt call goes on its own thread
+        thread = threading.Thread(target=interrupt, name="jobsite-interrupt", daemon=True)
+        interrupter.append(thread)
+        thread.start()
 
-    signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        in_job.set()
-        try:
-            result = job.func(spark, params)
-        finally:
-            in_job.clear()
-    except BaseException as exc:
-        if cancel.is_set():
-            for thread in interrupter:
-                thread.join(5)
-            write_output(args.output_file, {**base, "status": "cancelled", "error": "cancelled (SIGTERM)"})
-            sys.stdout.flush()
-            os._exit(protocol.EXIT_CANCELLED)
+    def divert(exc: BaseException) -> int | None:
         lost, unsupported = connection_lost(exc), not_on_connect(exc)
-        if lost or unsupported:
-            why = "lost mid-run" if lost else "cannot run this job (it needs the classic API)"
-            print(f"jobsite: Spark Connect server {args.connect} {why}: {str(exc)[:500]}", file=sys.stderr)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(protocol.EXIT_CONNECT_LOST)
-        log.error("Spark job %s failed", job.name, exc_info=True)
-        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        write_output(
-            args.output_file,
-            {**base, "status": "failed", "error": error[:4000], "traceback": traceback.format_exc()[-20000:]},
-        )
-        code = protocol.EXIT_FAILED
-    else:
-        final = progress.report(force=True)
-        if isinstance(result, registry.JobResult):
-            metrics, outputs = dict(result.metrics), result.outputs
-        else:
-            metrics, outputs = dict(result or {}), None
-        write_output(
-            args.output_file,
-            {**base, "status": "succeeded", "metrics": metrics, "outputs": outputs, "progress": final},
-        )
-        code = 0
+        if not (lost or unsupported):
+            return None
+        why = "lost mid-run" if lost else "cannot run this job (it needs the classic API)"
+        print(f"jobsite: Spark Connect server {args.connect} {why}: {str(exc)[:500]}", file=sys.stderr)
+        return protocol.EXIT_CONNECT_LOST
+
+    code = run_job(
+        job,
+        spark,
+        params,
+        args.output_file,
+        base,
+        on_cancel=on_cancel,
+        final_progress=lambda: progress.report(force=True),
+        on_cancelled=lambda: [thread.join(5) for thread in interrupter],
+        divert=divert,
+    )
     with contextlib.suppress(Exception):
         spark.stop()  # releases this session on the server
     return code

@@ -125,6 +125,11 @@ def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     )
     env.setdefault("DJANGO_SETTINGS_MODULE", "jobsite.settings")
     env.update(extra or {})
+    # pyspark marks a process that opened a Connect session (a probe, the bench) in its environment, and copies
+    # of that environment carry the marks: a spark-submit child with them would be a Connect client. The
+    # launcher says which path a run takes.
+    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_REMOTE"):
+        env.pop(name, None)
     return env
 
 
@@ -162,71 +167,48 @@ def launch(
     run_conf = {**policy_for(spark_job).conf(), **spark_job.conf, **(conf or {}), **eventlog.conf(run_id)}
     child_env = dict(env or {})
     warm = _warm_server(script, master, on_log)
+    follow = _Follow(on_progress, on_log, on_start, should_cancel, timeout, grace, poll_interval, started)
+    fallback = None
     if warm is not None:
         # A registered function through jobsite's Spark Connect server: a light child, no JVM of its own.
         tag = f"{session.job_group(run_id)}-{uuid.uuid4().hex[:12]}"
-        workdir = tempfile.mkdtemp(prefix=f"{session.job_group(run_id)}-")
-        output_file = os.path.join(workdir, "result.json")
-        cmd = [sys.executable, *child_args(job, spark_job.dump_params(values), run_id, output_file)]
-        cmd += ["--connect", str(warm), "--tag", tag]
-        try:
-            stopped_for, returncode, watch = _run_child(
-                cmd,
-                child_env,
-                None,
-                on_progress,
-                on_log,
-                on_start,
-                should_cancel,
-                timeout,
-                grace,
-                poll_interval,
-                started,
-            )
-            output = _read_output(output_file)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+
+        def light_child(output_file: str) -> subprocess.Popen:
+            run_args = child_args(job, spark_job.dump_params(values), run_id, output_file)[1:]
+            return _light_child(warm, child_env, [*run_args, "--connect", str(warm), "--tag", tag])
+
+        stopped_for, returncode, watch, output = _attempt(run_id, light_child, follow)
         if not (returncode == protocol.EXIT_CONNECT_LOST and stopped_for is None):
+            _prepare_light_child(warm, child_env)  # for the next warm run of this process
             return _result(output, stopped_for, returncode, watch, time.monotonic() - started, path="connect")
         said = [line for line in watch.tail if line.startswith("jobsite: Spark Connect")]
-        reason = said[-1].removeprefix("jobsite: ") if said else failure_reason(watch.tail) or "server lost"
-        _say(on_log, "jobsite: the run falls back to spark-submit (Spark Connect: " + reason[:300] + ")")
-        fallback = reason
-    else:
-        fallback = None
-    workdir = tempfile.mkdtemp(prefix=f"{session.job_group(run_id)}-")
-    output_file = os.path.join(workdir, "result.json")
-    port = tag = None
+        fallback = said[-1].removeprefix("jobsite: ") if said else failure_reason(watch.tail) or "server lost"
+        _say(on_log, "jobsite: the run falls back to spark-submit (Spark Connect: " + fallback[:300] + ")")
     if script is None:
-        cmd = submit_command(job, spark_job.dump_params(values), run_id, output_file, master=master, conf=run_conf)
+
+        def submit(output_file: str) -> subprocess.Popen:
+            cmd = submit_command(job, spark_job.dump_params(values), run_id, output_file, master=master, conf=run_conf)
+            return _start(cmd, child_env)
+
+        stopped_for, returncode, watch, output = _attempt(run_id, submit, follow)
     else:
         # No jobsite code runs in the script's driver: its UI's status REST API, on a loopback port picked
         # here and tagged with this attempt, tells progress; its event log tells the final numbers.
         port, tag = statusapi.free_port(), f"{run_id}-{uuid.uuid4().hex[:12]}"
         run_conf.update({"spark.ui.enabled": "true", "spark.ui.port": str(port), statusapi.TAG: tag})
-        cmd = script_command(script, run_id, master=master, conf=run_conf)
         child_env = {**script.spec.env, **child_env}
         if master.startswith("local"):
             child_env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the UI binds loopback only
-    try:
-        stopped_for, returncode, watch = _run_child(
-            cmd,
-            child_env,
-            (port, tag) if script is not None else None,
-            on_progress,
-            on_log,
-            on_start,
-            should_cancel,
-            timeout,
-            grace,
-            poll_interval,
-            started,
+        cmd = script_command(script, run_id, master=master, conf=run_conf)
+        stopped_for, returncode, watch, output = _attempt(
+            run_id,
+            lambda output_file: _start(cmd, child_env),
+            follow,
+            read=lambda returncode, watch: _script_output(returncode, watch, run_id),
+            status=(port, tag),
         )
-        result = _read_output(output_file) if script is None else _script_output(returncode, watch, run_id)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
     return _result(
-        result, stopped_for, returncode, watch, time.monotonic() - started, path="spark-submit", fallback=fallback
+        output, stopped_for, returncode, watch, time.monotonic() - started, path="spark-submit", fallback=fallback
     )
 
 
@@ -257,15 +239,54 @@ def _warm_server(script: BoundScript | None, master: str, on_log) -> Any:
     return url
 
 
-def _run_child(
-    cmd, child_env, status_port, on_progress, on_log, on_start, should_cancel, timeout, grace, poll_interval, started
-) -> tuple[Outcome | None, int | None, _Watch]:
-    """Start one child in its own process group and follow it until the group is gone."""
-    proc = subprocess.Popen(
+@dataclass(frozen=True)
+class _Follow:
+    """What following a child needs: the caller's callbacks, cancel and timeout."""
+
+    on_progress: Callable[[dict[str, Any]], Any] | None
+    on_log: Callable[[str], Any] | None
+    on_start: Callable[[dict[str, Any]], Any] | None
+    should_cancel: Callable[[], bool] | None
+    timeout: float | None
+    grace: float
+    poll_interval: float
+    started: float
+
+
+def _attempt(run_id, start, follow: _Follow, *, read=None, status: tuple[int, str] | None = None):
+    """One child of the run: `start(output_file)` starts it, then it is followed (with a status API poller on
+    `status` = (port, tag)) until its process group is gone. Its output: the output file it wrote, or
+    `read(returncode, watch)`. Returns (stopped_for, returncode, watch, output)."""
+    workdir = tempfile.mkdtemp(prefix=f"{session.job_group(run_id)}-")
+    output_file = os.path.join(workdir, "result.json")
+    try:
+        proc = start(output_file)
+        watch = _Watch(proc, on_progress=follow.on_progress, on_log=follow.on_log, on_start=follow.on_start)
+        poller = None
+        if status is not None:
+            poller = statusapi.StatusPoller(status[0], status[1], proc.pid, watch.lines.put)
+            poller.start()
+        try:
+            stopped_for = watch.run(
+                follow.should_cancel, follow.timeout, follow.grace, follow.poll_interval, follow.started
+            )
+        finally:
+            if poller is not None:
+                poller.stop()
+            watch.stop_group(follow.grace)  # also when a callback raised: never leave a process behind
+        output = _read_output(output_file) if read is None else read(proc.returncode, watch)
+        return stopped_for, proc.returncode, watch, output
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _start(cmd: list[str], child_env: Mapping[str, str], stdin: int = subprocess.DEVNULL) -> subprocess.Popen:
+    """Start a child in its own process group (it leads it), dying with the thread that started it."""
+    return subprocess.Popen(
         cmd,
         cwd=PROJECT_ROOT,
         env=child_environment(child_env),
-        stdin=subprocess.DEVNULL,
+        stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -274,18 +295,59 @@ def _run_child(
         start_new_session=True,
         preexec_fn=_child_preexec,
     )
-    watch = _Watch(proc, on_progress=on_progress, on_log=on_log, on_start=on_start)
-    poller = None
-    if status_port is not None:
-        poller = statusapi.StatusPoller(status_port[0], status_port[1], proc.pid, watch.lines.put)
-        poller.start()
-    try:
-        stopped_for = watch.run(should_cancel, timeout, grace, poll_interval, started)
-    finally:
-        if poller is not None:
-            poller.stop()
-        watch.stop_group(grace)  # also when a callback raised: never leave a process behind
-    return stopped_for, proc.returncode, watch
+
+
+# One spare light child per launching thread's process: started after a warm run, it sets Django up, imports
+# the Connect client, opens its session and starts that session's Python worker on the server, then waits on
+# stdin for the next warm run's arguments. Taken only with the same server and environment; dies with the
+# thread that started it (PR_SET_PDEATHSIG) and exits when its stdin closes.
+_spare: dict[str, Any] = {}
+_spare_lock = threading.Lock()
+
+
+def _spare_key(url: Any, child_env: Mapping[str, str]) -> tuple:
+    return (str(url), tuple(sorted(child_environment(child_env).items())))
+
+
+def _prepare_light_child(url: Any, child_env: Mapping[str, str]) -> None:
+    key = _spare_key(url, child_env)
+    with _spare_lock:
+        if _spare.get("proc") is not None and _spare["proc"].poll() is None and _spare["key"] == key:
+            return
+        _drop_spare()
+        cmd = [sys.executable, CHILD_SCRIPT, "--standby", "--connect", str(url)]
+        _spare.update(proc=_start(cmd, child_env, stdin=subprocess.PIPE), key=key)
+
+
+def _drop_spare() -> None:
+    proc = _spare.pop("proc", None)
+    _spare.pop("key", None)
+    if proc is None:
+        return
+    with contextlib.suppress(OSError):
+        proc.stdin.close()  # it exits on EOF; a kill makes sure
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        stream.close()
+
+
+def _light_child(url: Any, child_env: Mapping[str, str], run_args: list[str]) -> subprocess.Popen:
+    """The light child of a warm run: the waiting spare when it fits (it gets the run's arguments on stdin),
+    else a new child."""
+    with _spare_lock:
+        proc = _spare.get("proc")
+        if proc is not None and proc.poll() is None and _spare["key"] == _spare_key(url, child_env):
+            _spare.clear()
+            try:
+                proc.stdin.write(json.dumps(run_args) + "\n")
+                proc.stdin.close()
+                return proc
+            except OSError:  # it died just now: a new child
+                _spare.update(proc=proc, key=None)
+        _drop_spare()
+    return _start([sys.executable, CHILD_SCRIPT, *run_args], child_env)
 
 
 def _script_output(returncode: int | None, watch: _Watch, run_id: int | str) -> dict[str, Any]:

@@ -66,6 +66,7 @@ class Command(BaseCommand):
             for i, run in enumerate(w["warm_runs"], 1):
                 self.stdout.write(
                     f"  warm Spark Connect run {i}: trigger -> first task {run['first_task_s']} s, "
-                    f"total {run['total_s']} s ({run['outcome']}, {run['path']})"
+                    f"total {run['total_s']} s ({run['outcome']}, {run['path']}"
+                    f"{', spare light child' if run.get('spare_child') else ''})"
                 )
             self.stdout.write(f"  trigger -> first task, cold / best warm: {w['first_task_ratio']}x")
