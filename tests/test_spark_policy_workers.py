@@ -79,7 +79,7 @@ def test_a_failing_run_is_retried_after_its_jobs_backoff_then_fails(spawn):
     assert ended.error == "ValueError: bad input: expected 11 rows, found 10"
     assert QueueItem.objects.get(id=run.item_id).state == ItemState.DEAD
     first, second = Reservation.objects.filter(item_id=run.item_id).order_by("attempt")
-    assert (first.attempt, first.outcome, second.attempt) == (1, "failed", 2)
+    assert (first.attempt, first.outcome, second.attempt) == (1, "retry", 2)
     # Both times are the database's: the failed settle put the item back at now() + the backoff, which is at
     # least 8 s less the queue's jitter; the second lease cannot come sooner.
     jitter = queue_settings.BACKOFF_JITTER

@@ -42,20 +42,21 @@ INSERT INTO queue_app_queueitem (task, payload, state, priority, run_at, visible
                                  created_at, updated_at, queue_id, finished_at)
 SELECT 'bench.task' || (g %% 3), '{}'::jsonb, 'done', 0, t, t, 1, 5, '', t, t, %(queue)s, t + interval '2 seconds'
 FROM (SELECT g, %(start)s::timestamptz + g * %(step)s::float8 * interval '1 second' AS t
-      FROM generate_series(1, %(n)s) g ORDER BY g) s
+      FROM generate_series(%(first)s, %(last)s) g) s
 """
+# One attempt per item, in id order as leases make them (ids follow reserved_at). The items' reservation_id is
+# left NULL: they are `done`, so the current-reservation test only matters for dead items (none here), and
+# linking 10M items would rewrite the whole item table once more.
 SEED_RESERVATIONS = """
 INSERT INTO queue_app_reservation (attempt, worker_id, reserved_at, lease_expires_at, heartbeat_at, finished_at,
                                    outcome, error, traceback, item_id)
-SELECT 1, 'bench', run_at + (id %% 7) * interval '1 second', run_at + interval '60 seconds', run_at,
+SELECT 1, %(worker)s, run_at + (id %% 7) * interval '1 second', run_at + interval '60 seconds', run_at,
        run_at + (id %% 7) * interval '1 second' + (id %% 13) * interval '100 milliseconds',
        CASE WHEN id %% 20 = 0 THEN 'retry' ELSE 'done' END, '', '', id
 FROM queue_app_queueitem WHERE queue_id = %(queue)s AND id > %(after)s ORDER BY id
 """
-LINK = """
-UPDATE queue_app_queueitem i SET reservation_id = r.id FROM queue_app_reservation r
-WHERE r.item_id = i.id AND i.queue_id = %(queue)s AND i.id > %(after)s
-"""
+SEED_CHUNK = 1_000_000  # rows per statement: progress to print, and no single 10M-row transaction
+HISTORY, NEW = "bench", "bench-new"  # the reservations' worker_id: history (kept with --keep) and new rows
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -64,31 +65,53 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, result
 
 
-def seed(n: int, start: dt.datetime, span: dt.timedelta) -> None:
+def seed(n: int, start: dt.datetime, span: dt.timedelta, *, worker: str = HISTORY, out=None) -> None:
+    """`n` done items of QUEUE, one attempt each, spread evenly over [start, start + span), set-based (generate_series),
+    in chunks of SEED_CHUNK rows."""
     from queue_app import engine
 
     engine.ensure_queue(QUEUE)
+    step = span.total_seconds() / n
     with connection.cursor() as cur:
-        cur.execute("SELECT coalesce(max(id), 0) FROM queue_app_queueitem")
-        after = cur.fetchone()[0]
-        step = span.total_seconds() / n
-        cur.execute(SEED_ITEMS, {"queue": QUEUE, "start": start, "step": step, "n": n})
-        cur.execute(SEED_RESERVATIONS, {"queue": QUEUE, "after": after})
-        cur.execute(LINK, {"queue": QUEUE, "after": after})
+        for first in range(1, n + 1, SEED_CHUNK):
+            last = min(n, first + SEED_CHUNK - 1)
+            cur.execute("SELECT coalesce(max(id), 0) FROM queue_app_queueitem")
+            after = cur.fetchone()[0]
+            with transaction.atomic():
+                params = {"queue": QUEUE, "start": start, "step": step, "first": first, "last": last}
+                cur.execute(SEED_ITEMS, params)
+                cur.execute(SEED_RESERVATIONS, {"queue": QUEUE, "after": after, "worker": worker})
+            if out and n > SEED_CHUNK:
+                out(f"  seeded {last:,} of {n:,}")
         cur.execute("ANALYZE queue_app_reservation")
         cur.execute("ANALYZE queue_app_queueitem")
 
 
-def cleanup() -> None:
+def seeded_history() -> int:
+    """Reservations of history QUEUE holds (a --keep run's), or -1 when it also holds other rows."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FILTER (WHERE r.worker_id = %s), count(*) FROM queue_app_reservation r "
+            "JOIN queue_app_queueitem i ON i.id = r.item_id WHERE i.queue_id = %s",
+            [HISTORY, QUEUE],
+        )
+        history, every = cur.fetchone()
+    return history if history == every else -1
+
+
+def cleanup(*, keep_history: bool = False) -> None:
+    """Delete what the bench wrote: its items and reservations (only the new ones with `keep_history`), its
+    published rows and its watermark."""
     from queue_app.spark.pipelines.queue_analytics import TABLE, watermark_name
 
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(
-            "DELETE FROM queue_app_reservation WHERE item_id IN "
-            "(SELECT id FROM queue_app_queueitem WHERE queue_id = %s)",
-            [QUEUE],
-        )
-        cur.execute("DELETE FROM queue_app_queueitem WHERE queue_id = %s", [QUEUE])
+        items = "SELECT id FROM queue_app_queueitem WHERE queue_id = %s"
+        if keep_history:
+            new_items = f"SELECT item_id AS id FROM queue_app_reservation WHERE worker_id = '{NEW}'"
+            items = f"{new_items} AND item_id IN ({items})"
+        cur.execute(f"CREATE TEMP TABLE bench_gone ON COMMIT DROP AS {items}", [QUEUE])
+        cur.execute("DELETE FROM queue_app_reservation WHERE item_id IN (SELECT id FROM bench_gone)")
+        cur.execute("DELETE FROM queue_app_queueitem WHERE id IN (SELECT id FROM bench_gone)")
         cur.execute(f"DELETE FROM {TABLE} WHERE queue = %s", [QUEUE])
         cur.execute("DELETE FROM queue_app_sparkwatermark WHERE name = %s", [watermark_name([QUEUE])])
 
@@ -116,7 +139,9 @@ def postgres_aggregate(since: dt.datetime, until: dt.datetime) -> float:
     return seconds
 
 
-def analytics(history: int, new: int, partitions: int, out: Callable[[str], None]) -> dict[str, Any]:
+def analytics(
+    history: int, new: int, partitions: int, out: Callable[[str], None], *, keep: bool = False
+) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
     from queue_app.spark.pipelines.queue_analytics import publish_hourly_stats
@@ -126,13 +151,24 @@ def analytics(history: int, new: int, partitions: int, out: Callable[[str], None
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Python workers run this interpreter
     job = get_job("queue_analytics")
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
-    cleanup()
-    out(f"seeding {history:,} reservations of history and {new:,} new ones (queue {QUEUE}) ...")
-    seed(history, now - dt.timedelta(days=7), dt.timedelta(days=7) - dt.timedelta(hours=2))
+    cleanup(keep_history=keep)
+    if keep and seeded_history() == history:
+        out(f"reusing the {history:,} reservations of history a --keep run left (queue {QUEUE})")
+    else:
+        cleanup()
+        out(f"seeding {history:,} reservations of history (queue {QUEUE}) ...")
+        seed_s, _ = _timed(lambda: seed(history, now - dt.timedelta(days=7), dt.timedelta(days=7, hours=-2), out=out))
+        out(f"  seeded in {seed_s:.1f} s")
     builder = SparkSession.builder.master(os.environ.get("SPARK_MASTER") or "local[2]")
-    for key, value in {**run_conf("bench"), "spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}.items():
+    conf = {
+        **run_conf("bench"),
+        "spark.sql.shuffle.partitions": str(partitions),
+        "spark.ui.enabled": "false",
+        "spark.driver.memory": os.environ.get("JOBSITE_BENCH_DRIVER_MEMORY", "2g"),
+    }
+    for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    jvm_s, spark = _timed(builder.getOrCreate)
 
     def run(raw: dict[str, Any]) -> tuple[float, Any]:
         values = job.validate(job.dump_params(job.prepare(job.validate(raw))))
@@ -143,18 +179,27 @@ def analytics(history: int, new: int, partitions: int, out: Callable[[str], None
 
     base = {"queues": QUEUE, "partitions": partitions}
     try:
-        run({**base, "full": True})  # JIT and caches warm: the figures below are the second run's
+        out("full rebuild, first run (JVM just started) ...")
+        first_s, _ = run({**base, "full": True})
+        out(f"  {first_s:.1f} s; second run (JIT and caches warm) ...")
         full_s, full = run({**base, "full": True})
+        out(f"  {full_s:.1f} s; PostgreSQL's aggregate of the same ...")
         pg_full_s = postgres_aggregate(now - dt.timedelta(days=30), now)
-        seed(new, now - dt.timedelta(hours=1, minutes=50), dt.timedelta(hours=1))
+        out(f"  {pg_full_s:.1f} s; seeding {new:,} new reservations, then the incremental run ...")
+        seed(new, now - dt.timedelta(hours=1, minutes=50), dt.timedelta(hours=1), worker=NEW)
         inc_s, inc = run(base)
         since = dt.datetime.fromisoformat(inc.metrics["since"])
         pg_inc_s = postgres_aggregate(since, dt.datetime.fromisoformat(inc.metrics["until"]))
     finally:
         spark.stop()
-        cleanup()
+        cleanup(keep_history=keep)
     return {
         "reader": full.metrics["reader"],
+        "partitions": partitions,
+        # Spark's fixed costs, outside the figures below (which are a warm JVM's): starting the JVM and the
+        # SparkSession, and the first full run (class loading, JIT) minus the second.
+        "jvm_start_s": round(jvm_s, 3),
+        "first_full_s": round(first_s, 3),
         "full": {
             "attempts": full.metrics["attempts"],
             "spark_s": round(full_s, 3),
