@@ -85,19 +85,26 @@ STAT_COLUMNS = (
     "run_p99",
 )
 
-# Every reservation of an item that has an attempt in the window, up to the window's end: the wait sample of an
-# item is its first reservation at or after run_at, which may lie before the window and must be seen to rule
-# out a later one in it.
-SOURCE_SQL = """
+# The rows every read takes: reservations with their items' queue, task, due time and state (the reads below add
+# their WHERE clauses; source_queries() picks one).
+SOURCE_ROWS = """
 SELECT r.id, r.item_id, r.attempt, r.reserved_at, r.finished_at, r.outcome,
        i.queue_id AS queue, i.task, i.run_at, i.state AS item_state, i.reservation_id AS current_reservation_id
 FROM queue_app_reservation r
 JOIN queue_app_queueitem i ON i.id = r.item_id
-WHERE r.reserved_at < %(until)s
+"""
+
+# Every reservation of an item that has an attempt in the window, up to the window's end: the wait sample of an
+# item is its first reservation at or after run_at, which may lie before the window and must be seen to rule
+# out a later one in it.
+SOURCE_SQL = (
+    SOURCE_ROWS
+    + """WHERE r.reserved_at < %(until)s
   AND r.item_id IN (
       SELECT item_id FROM queue_app_reservation WHERE reserved_at >= %(since)s AND reserved_at < %(until)s)
   AND (%(all_queues)s OR i.queue_id = ANY(%(queues)s))
 """
+)
 
 # Spreads the JDBC range reads; one scan instead of running SOURCE_SQL's semi-join once more.
 SOURCE_ID_BOUNDS = """
@@ -106,28 +113,24 @@ SELECT min(id), max(id) FROM queue_app_reservation WHERE reserved_at >= %(since)
 
 # Incremental: every reservation of an item with an attempt in [since, until) at or after lo_id (the primary
 # key range that holds the window), reserved before until.
-SOURCE_SQL_FROM_ID = """
-SELECT r.id, r.item_id, r.attempt, r.reserved_at, r.finished_at, r.outcome,
-       i.queue_id AS queue, i.task, i.run_at, i.state AS item_state, i.reservation_id AS current_reservation_id
-FROM queue_app_reservation r
-JOIN queue_app_queueitem i ON i.id = r.item_id
-WHERE r.reserved_at < %(until)s AND r.id < %(until_id)s
+SOURCE_SQL_FROM_ID = (
+    SOURCE_ROWS
+    + """WHERE r.reserved_at < %(until)s AND r.id < %(until_id)s
   AND r.item_id IN (
       SELECT item_id FROM queue_app_reservation
       WHERE id >= %(lo_id)s AND id < %(until_id)s AND reserved_at >= %(since)s AND reserved_at < %(until)s)
   AND (%(all_queues)s OR i.queue_id = ANY(%(queues)s))
 """
+)
 # A rebuild (from the first reservation): every reservation before until_id reserved before as_of is in the
 # window, so the item semi-join above would keep every row; without it each JDBC range read scans the table once
 # instead of twice and hashes no item ids (EXPLAIN on 10M: two sequential scans and a 10M-row hash per range).
-SOURCE_SQL_REBUILD = """
-SELECT r.id, r.item_id, r.attempt, r.reserved_at, r.finished_at, r.outcome,
-       i.queue_id AS queue, i.task, i.run_at, i.state AS item_state, i.reservation_id AS current_reservation_id
-FROM queue_app_reservation r
-JOIN queue_app_queueitem i ON i.id = r.item_id
-WHERE r.reserved_at < %(until)s AND r.id < %(until_id)s
+SOURCE_SQL_REBUILD = (
+    SOURCE_ROWS
+    + """WHERE r.reserved_at < %(until)s AND r.id < %(until_id)s
   AND (%(all_queues)s OR i.queue_id = ANY(%(queues)s))
 """
+)
 SOURCE_ID_BOUNDS_FROM_ID = """
 SELECT min(id), max(id) FROM queue_app_reservation
 WHERE id >= %(lo_id)s AND id < %(until_id)s AND reserved_at >= %(since)s AND reserved_at < %(until)s
