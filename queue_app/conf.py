@@ -44,6 +44,9 @@ DEFAULTS: dict[str, Any] = {
     "SPARK_JOB_POLICIES": {},
     # Named Spark resource profiles a policy can pick, besides the built-in small, medium and large.
     "SPARK_RESOURCE_PROFILES": {},
+    # Days a finished run's Spark event log is kept when its job's policy sets no keep_days (then the run's own
+    # retention applies to both); the run row stays. None or 0: kept until the run is deleted.
+    "SPARK_EVENT_LOG_KEEP_DAYS": 14,
 }
 
 

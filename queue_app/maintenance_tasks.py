@@ -16,9 +16,9 @@ PRUNE_ROUNDS = 100  # at most a million done items per run; the next fire takes 
 @job("queue_app.prune", hard_timeout=300.0)
 def prune(payload: Any, ctx: Context) -> dict[str, int]:
     """Delete done items past their queue's retention (in batches), the partitioned history's expired days
-    (and older rows of queues keeping less), expired dedup claims, and Spark runs past their job's history
-    retention (policy keep_days) with their event logs."""
-    from .spark.runs import prune_runs
+    (and older rows of queues keeping less), expired dedup claims, Spark runs past their job's history retention
+    (policy keep_days) with their event logs, and the event logs of other runs past SPARK_EVENT_LOG_KEEP_DAYS."""
+    from .spark.runs import prune_event_logs, prune_runs
 
     pruned = 0
     for _ in range(PRUNE_ROUNDS):
@@ -34,4 +34,5 @@ def prune(payload: Any, ctx: Context) -> dict[str, int]:
         "partitions_dropped": dropped,
         "dedup_claims": engine.prune_dedup_claims(),
         "spark_runs": prune_runs(),
+        "spark_event_logs": prune_event_logs(),
     }

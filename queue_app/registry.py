@@ -59,7 +59,9 @@ class Retry:
     `times`: attempts in all, the first included (None: the item's queue decides). `on`: exceptions that are
     retried; `ignore`: exceptions never retried, even when they match `on`: the item goes straight to the dead
     letters. `delay`: fixed seconds between attempts; None means exponential backoff with jitter from
-    `backoff_base`, capped at `backoff_max` (the JOBSITE settings when None).
+    `backoff_base`, capped at `backoff_max` (the JOBSITE settings when None). An exception that carries a
+    numeric `retry_in` attribute (seconds, >= 0) sets the delay of that retry itself (a Spark run's per-job
+    backoff, spark/policy.py).
     """
 
     times: int | None = None

@@ -1,5 +1,6 @@
 """Per-job run policies: declared with the job, overridden by settings, applied to the run's queue item (priority,
-attempts, concurrency lane, timeout), to its retries (which ends retry) and to its history (retention).
+attempts, concurrency lane, timeout), to its retries (which ends retry, after what backoff) and to its history
+(retention); finished runs' event logs have a default retention.
 The concurrency limit across real workers is proven in test_spark_policy_workers.py."""
 
 import datetime as dt
@@ -9,13 +10,15 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
+from queue_app.conf import queue_settings
+from queue_app.maintenance_tasks import prune
 from queue_app.models import QueueItem, SparkRun, SparkScript
 from queue_app.registry import Context, Delivery
 from queue_app.spark import eventlog
 from queue_app.spark.launcher import LaunchResult
 from queue_app.spark.policy import PolicyError, SparkPolicy, policy_for
 from queue_app.spark.registry import SparkParamError, get_job
-from queue_app.spark.runs import prune_runs, retried, trigger_run, waiting_for
+from queue_app.spark.runs import prune_event_logs, prune_runs, retried, trigger_run, waiting_for
 from queue_app.spark.scripts import ROOTS_ENV, save_script
 
 pytestmark = pytest.mark.django_db
@@ -31,6 +34,8 @@ pytestmark = pytest.mark.django_db
         ({"resource_profile": "huge"}, "resource_profile 'huge' is not one of large, medium, small"),
         ({"keep_days": 0}, "keep_days must be a whole number from 1"),
         ({"retries": 3}, "unknown policy keys: retries"),
+        ({"backoff_base": -1}, "backoff_base must be a number of seconds from 0 to 86400"),
+        ({"backoff_max": "60"}, "backoff_max must be a number of seconds"),
     ],
 )
 def test_bad_policies_are_refused_with_the_field_named(raw, message):
@@ -81,6 +86,15 @@ def test_only_the_ends_a_policy_names_are_retried_while_attempts_remain():
     assert not retried(failed, SparkPolicy(retry_on=()), _ctx(1, 3))
 
 
+def test_a_jobs_backoff_base_and_cap_set_the_delay_before_its_next_attempt():
+    assert SparkPolicy().retry_in(1) is None  # the spark task's backoff, from the settings
+    fixed = SparkPolicy(backoff_base=30, backoff_max=30)
+    assert all(30 * (1 - queue_settings.BACKOFF_JITTER) <= fixed.retry_in(n) <= 30 for n in (1, 2, 5))
+    capped = SparkPolicy(backoff_base=10, backoff_max=25)
+    assert capped.retry_in(4) <= 25 and capped.retry_in(1) <= 10 * (1 + queue_settings.BACKOFF_JITTER)
+    assert SparkPolicy.from_mapping({"backoff_base": 0.5}).backoff_base == 0.5
+
+
 def test_history_past_a_jobs_retention_is_pruned_with_its_event_logs(tmp_path, monkeypatch):
     monkeypatch.setenv("JOBSITE_SPARK_EVENT_LOG_DIR", str(tmp_path))
     now = timezone.now()
@@ -93,6 +107,36 @@ def test_history_past_a_jobs_retention_is_pruned_with_its_event_logs(tmp_path, m
         assert prune_runs() == 1
     assert set(SparkRun.objects.values_list("id", flat=True)) == {recent.id, other.id}
     assert not os.path.exists(eventlog.run_dir(old.id)) and os.path.exists(eventlog.run_dir(recent.id))
+
+
+def test_event_logs_of_jobs_without_retention_are_pruned_after_the_default_days(tmp_path, monkeypatch):
+    # The shipped prune task (the "prune-done" schedule's target) applies the default: a run finished 15 days
+    # ago loses its event log but keeps its row; a recent one and a job with its own keep_days keep theirs; a
+    # directory whose run no longer exists goes once it is as old.
+    monkeypatch.setenv("JOBSITE_SPARK_EVENT_LOG_DIR", str(tmp_path))
+    now = timezone.now()
+    old = SparkRun.objects.create(job="demo_sleep", state="succeeded", finished_at=now - dt.timedelta(days=15))
+    recent = SparkRun.objects.create(job="demo_sleep", state="failed", finished_at=now - dt.timedelta(days=13))
+    running = SparkRun.objects.create(job="demo_sleep", state="running")
+    own = SparkRun.objects.create(job="file_rollup", state="succeeded", finished_at=now - dt.timedelta(days=20))
+    for run in (old, recent, running, own):
+        os.makedirs(eventlog.run_dir(run.id))
+    gone_old, gone_new = eventlog.run_dir(own.id + 100), eventlog.run_dir(own.id + 101)
+    os.makedirs(gone_old), os.makedirs(gone_new)
+    stamp = (now - dt.timedelta(days=15)).timestamp()
+    os.utime(gone_old, (stamp, stamp))
+    stray = tmp_path / "not-a-run"
+    stray.mkdir()
+    with override_settings(JOBSITE={"SPARK_JOB_POLICIES": {"file_rollup": {"keep_days": 30}}}):
+        result = prune(None, None)
+    assert result["spark_event_logs"] == 2 and result["spark_runs"] == 0
+    kept = {run.id for run in (old, recent, running, own) if os.path.exists(eventlog.run_dir(run.id))}
+    assert kept == {recent.id, running.id, own.id}
+    assert not os.path.exists(gone_old) and os.path.exists(gone_new) and stray.exists()
+    assert SparkRun.objects.filter(id=old.id).exists()  # the run's row stays
+    with override_settings(JOBSITE={"SPARK_EVENT_LOG_KEEP_DAYS": 0}):  # 0: kept until the run is deleted
+        SparkRun.objects.filter(id=recent.id).update(finished_at=now - dt.timedelta(days=400))
+        assert prune_event_logs() == 0 and os.path.exists(eventlog.run_dir(recent.id))
 
 
 def test_a_stored_scripts_policy_is_checked_when_saved(tmp_path, monkeypatch):

@@ -1,13 +1,14 @@
 """A job's concurrency limit holds across real workers: three runs of a job limited to one, triggered at once,
 served by two worker processes with two slots each, run one after another; the ones behind show as waiting.
-And a failing run is retried as its policy says, then ends failed."""
+And a failing run is retried as its policy says, after its own backoff, then ends failed."""
 
 import time
 from pathlib import Path
 
 import pytest
 
-from queue_app.models import ItemState, QueueItem, SparkRun, SparkScript
+from queue_app.conf import queue_settings
+from queue_app.models import ItemState, QueueItem, Reservation, SparkRun, SparkScript
 from queue_app.spark.runs import trigger_run, waiting_for
 from queue_app.spark.scripts import ROOTS_ENV, save_script
 from tests.spark_fixtures import require_spark
@@ -67,14 +68,19 @@ def test_three_runs_triggered_at_once_against_a_limit_of_one_run_one_at_a_time(s
     assert len(waiting_seen) >= 2  # the two behind the first showed as waiting
 
 
-def test_a_failing_run_is_retried_as_its_policy_says_then_fails(spawn):
-    save_script(
-        SparkScript(name="failing_retried", path=str(SCRIPTS / "failing.py"), policy={"attempts": 2}),
-        actor="test",
-    )
+def test_a_failing_run_is_retried_after_its_jobs_backoff_then_fails(spawn):
+    # The job's backoff (8 s, capped at 8 s) replaces the settings' (about 1 s after a first failure).
+    policy = {"attempts": 2, "backoff_base": 8, "backoff_max": 8}
+    save_script(SparkScript(name="failing_retried", path=str(SCRIPTS / "failing.py"), policy=policy), actor="test")
     run = trigger_run("failing_retried", {}, trigger="orm")
     workers(spawn, n=1, concurrency=1)
     ended = wait_for(lambda: (r := SparkRun.objects.get(id=run.id)).is_final and r, 240, what="the run to end")
     assert ended.state == "failed" and ended.attempt == 2
     assert ended.error == "ValueError: bad input: expected 11 rows, found 10"
     assert QueueItem.objects.get(id=run.item_id).state == ItemState.DEAD
+    first, second = Reservation.objects.filter(item_id=run.item_id).order_by("attempt")
+    assert (first.attempt, first.outcome, second.attempt) == (1, "retry", 2)
+    # Both times are the database's: the failed settle put the item back at now() + the backoff, which is at
+    # least 8 s less the queue's jitter; the second lease cannot come sooner.
+    jitter = queue_settings.BACKOFF_JITTER
+    assert (second.reserved_at - first.finished_at).total_seconds() >= 8 * (1 - jitter)

@@ -7,6 +7,7 @@ One spark-submit at a time (two cores shared with other suites): local[2], a sta
 
 import json
 import os
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,33 @@ def test_a_registered_dataframe_sql_script_renders_its_args_and_writes_parquet(t
     assert f"wrote 3 regions to {out}" in result.log_tail
     assert list(out.glob("part-*.parquet")) and (out / "_SUCCESS").exists()
     assert result.metrics["output_records"] == 3 and result.metrics["jobs"] == result.progress["jobs_total"]
+
+
+@pytest.mark.django_db
+def test_a_script_imports_a_helper_shipped_as_a_zip_by_its_py_files(tmp_path, monkeypatch):
+    # letter_stats.py imports `textstats`, which is not installed and not beside it: only the registered
+    # --py-files zip provides it, to the driver and to the executors' Python workers that call it.
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    helper = deps / "textstats.zip"
+    with zipfile.ZipFile(helper, "w") as zipped:
+        zipped.write(SCRIPTS / "deps" / "textstats" / "__init__.py", "textstats/__init__.py")
+    monkeypatch.setenv(ROOTS_ENV, f"{SCRIPTS}:{deps}")
+    text = tmp_path / "words.txt"
+    text.write_text("the quick brown fox\njumps over the lazy dog\n" * 20)
+    register_script(
+        "letter_stats_test",
+        path=str(SCRIPTS / "letter_stats.py"),
+        args=["{input}"],
+        params=[{"name": "input", "type": "path", "required": True, "must_exist": True}],
+        py_files=[str(helper)],
+    )
+    result, _ = run_script("letter_stats_test", "pyfiles", {"input": str(text)})
+    assert result.outcome == "succeeded", (result.error, result.log_tail[-2000:])
+    lines = result.log_tail.splitlines()
+    assert "long: 100" in lines and "short: 80" in lines  # quick brown jumps over lazy / the fox the dog
+    assert any(line.startswith("helper loaded from: ") and "textstats.zip" in line for line in lines)
+    assert result.metrics["input_bytes"] >= text.stat().st_size and result.progress["jobs_done"] >= 1
 
 
 @pytest.mark.django_db

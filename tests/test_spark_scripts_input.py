@@ -12,7 +12,9 @@ import pytest
 
 from queue_app.models import SparkRun, SparkScript
 from queue_app.spark import scripts
+from queue_app.spark.launcher import launch
 from queue_app.spark.registry import SparkParamError, get_job, validate
+from queue_app.spark.runs import trigger_run
 
 SCRIPTS = Path(__file__).parent / "spark_scripts"
 
@@ -99,6 +101,36 @@ def test_the_adhoc_script_job_validates_path_and_arguments(roots):
     with pytest.raises(SparkParamError) as refused:
         validate("script", {"path": "/etc/passwd", "args": '{"a": 1}'})
     assert set(refused.value.errors) == {"path", "args"}
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["/tmp/evil.zip", "{root}/../evil.zip", "{root}/dep-link.zip", "{root}/ok.txt"],
+    ids=["outside", "dotdot", "symlink-out", "not-py-zip-egg"],
+)
+@pytest.mark.django_db
+def test_py_files_entries_are_confined_to_the_roots_and_no_run_is_made(roots, entry):
+    (roots.parent / "evil.zip").write_bytes(b"PK\x05\x06" + bytes(18))
+    (roots / "dep-link.zip").symlink_to(roots.parent / "evil.zip")
+    (roots / "ok.txt").write_text("x")
+    hostile = entry.replace("{root}", str(roots))
+    scripts.register_script("pyfiles_hostile", path=str(roots / "ok.py"), py_files=[hostile])
+    with pytest.raises(SparkParamError, match="--py-files entry .*(outside the allowed script roots|must end with)"):
+        trigger_run("pyfiles_hostile", {}, trigger="orm")
+    assert not SparkRun.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_py_files_entry_swapped_for_a_link_out_after_the_trigger_is_refused_at_launch(roots):
+    dep = roots / "dep.zip"
+    dep.write_bytes(b"PK\x05\x06" + bytes(18))
+    scripts.register_script("pyfiles_swapped", path=str(roots / "ok.py"), py_files=[str(dep)])
+    run = trigger_run("pyfiles_swapped", {}, trigger="orm")  # under the root when triggered
+    dep.unlink()
+    dep.symlink_to(roots.parent / "outside.py")
+    result = launch("pyfiles_swapped", run.params, run.id)
+    assert result.outcome == "failed" and result.returncode is None  # nothing was started
+    assert "--py-files entry" in result.error and "outside the allowed script roots" in result.error
 
 
 @pytest.mark.django_db

@@ -13,7 +13,7 @@ from queue_app import engine
 from queue_app.models import ItemState, ProbeEffect, QueueItem
 from queue_app.registry import get_task
 from queue_app.tasks import close_log_connection
-from queue_app.worker.execute import Job, Outcome, run_job
+from queue_app.worker.execute import Job, Outcome, own_retry_in, run_job
 from queue_app.worker.pool import ProcessPool, ThreadPool
 from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks)
 from tests.conftest import ROOT
@@ -86,6 +86,18 @@ def test_exception_in_retry_policy_ignore_list_is_not_retryable():
     outcome = run_job(job_for(held))
     assert (outcome.status, outcome.retryable) == ("failed", False)
     assert "Unfixable: retrying cannot help" in outcome.error and "Traceback" in outcome.traceback
+
+
+def test_an_exception_may_name_its_own_retry_delay_when_it_is_a_sane_number():
+    def raised(value):
+        exc = RuntimeError("x")
+        exc.retry_in = value
+        return exc
+
+    assert own_retry_in(raised(12.5)) == 12.5 and own_retry_in(raised(0)) == 0.0
+    assert own_retry_in(RuntimeError("no attribute")) is None  # the task's Retry decides
+    for bad in (-1, float("nan"), float("inf"), True, "5", None):
+        assert own_retry_in(raised(bad)) is None, bad
 
 
 @pytest.mark.django_db(transaction=True)

@@ -5,6 +5,9 @@ Every launched run writes its event log (`spark.eventLog.*`, uncompressed JSON l
 The run page names the file; Spark's history server reads the directory as it is. For a script (which prints
 no progress events of its own) the log is also where the final numbers come from once the driver has gone:
 the status REST API it served while running stops with it.
+
+A finished run's log is deleted with the run (its job's policy `keep_days`) or, for a job that sets none, after
+the `SPARK_EVENT_LOG_KEEP_DAYS` setting (14 days by default; runs.prune_event_logs, from the prune task).
 """
 
 from __future__ import annotations
@@ -55,6 +58,20 @@ def log_for(run_id: int | str, app_id: str | None) -> str | None:
         if not app_id or name in (app_id, f"{app_id}.inprogress"):
             return path
     return None
+
+
+def runs_on_disk() -> dict[int, float]:
+    """{run id: modification time} of every run directory under the base directory."""
+    try:
+        entries = list(os.scandir(base_dir()))
+    except OSError:
+        return {}
+    found = {}
+    for entry in entries:
+        name = entry.name
+        if name.startswith("run-") and name[4:].isdigit() and entry.is_dir(follow_symlinks=False):
+            found[int(name[4:])] = entry.stat(follow_symlinks=False).st_mtime
+    return found
 
 
 def delete(run_ids: Iterable[int]) -> None:

@@ -1,5 +1,6 @@
-"""Per-job run policies: how many runs of a job may run at once across all workers, how often and on which
-failures a run is retried, its default timeout, resource profile, queue priority and how long its history is kept.
+"""Per-job run policies: how many runs of a job may run at once across all workers, how often, on which failures
+and after what backoff a run is retried, its default timeout, resource profile, queue priority and how long its
+history is kept.
 
 A policy is declared with the job (`@spark_job(policy=...)`, `register_script(policy=...)`, a stored script's
 policy field) and the `SPARK_JOB_POLICIES` setting overrides it per job name ({"queue_analytics": {...}}).
@@ -18,8 +19,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from queue_app.conf import queue_settings
+from queue_app.engine import backoff_seconds
 
 RETRY_KINDS = ("failed", "timed_out")
+MAX_BACKOFF = 86_400.0  # a day: a longer wait between attempts is a schedule, not a backoff
 # Named resource profiles (Spark conf); the RESOURCE_PROFILES setting adds or replaces profiles.
 BUILTIN_PROFILES: dict[str, dict[str, str]] = {
     "small": {"spark.driver.memory": "1g", "spark.executor.memory": "1g", "spark.executor.cores": "1"},
@@ -37,6 +40,10 @@ class SparkPolicy:
     max_concurrent: int | None = None  # runs of this job at once, across all workers (None: no limit)
     attempts: int | None = None  # attempts in all, a lost worker's included (None: the queue's default)
     retry_on: tuple[str, ...] = ("failed",)  # which ends are retried while attempts remain: failed, timed_out
+    # Backoff before a retry: base * 2^(attempt-1) with the queue's jitter, at most backoff_max seconds (None:
+    # the JOBSITE_BACKOFF_BASE / JOBSITE_BACKOFF_MAX settings).
+    backoff_base: float | None = None
+    backoff_max: float | None = None
     timeout: float | None = None  # default timeout of a run (seconds; a trigger may give its own)
     resource_profile: str = ""  # a named profile: its Spark conf goes under the job's own
     priority: int = 0  # queue priority of the run's item (higher first)
@@ -60,6 +67,12 @@ class SparkPolicy:
             isinstance(self.timeout, bool) or not isinstance(self.timeout, int | float) or not self.timeout > 0
         ):
             raise PolicyError(f"timeout must be a number of seconds > 0, got {self.timeout!r}")
+        for name in ("backoff_base", "backoff_max"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_BACKOFF
+            ):
+                raise PolicyError(f"{name} must be a number of seconds from 0 to {MAX_BACKOFF}, got {value!r}")
         if self.resource_profile and self.resource_profile not in profiles():
             raise PolicyError(
                 f"resource_profile {self.resource_profile!r} is not one of {', '.join(sorted(profiles()))}"
@@ -94,6 +107,13 @@ class SparkPolicy:
 
     def retries(self, outcome: str) -> bool:
         return outcome in self.retry_on
+
+    def retry_in(self, attempt: int) -> float | None:
+        """Seconds before the attempt after `attempt` failed, by this job's backoff; None when the job sets
+        neither base nor cap (the spark task's own backoff from the settings then applies)."""
+        if self.backoff_base is None and self.backoff_max is None:
+            return None
+        return backoff_seconds(attempt, base=self.backoff_base, cap=self.backoff_max)
 
 
 def profiles() -> dict[str, dict[str, str]]:

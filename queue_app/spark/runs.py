@@ -37,6 +37,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from .. import engine, services
+from ..conf import queue_settings
 from ..models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
 from ..registry import Context, Retry, job
 from . import eventlog
@@ -69,7 +70,12 @@ class RunNotStartable(RunNotRetried):
 
 
 class RunFailed(Exception):
-    """The run's child failed; the queue retries the item per its policy."""
+    """The run's child failed; the queue retries the item per its policy, after `retry_in` seconds (the job's
+    own backoff; None: the spark task's, from the settings)."""
+
+    def __init__(self, error: str, retry_in: float | None = None) -> None:
+        super().__init__(error)
+        self.retry_in = retry_in
 
 
 # -- services -------------------------------------------------------------------------------------------------
@@ -183,6 +189,26 @@ def prune_runs(*, now: Any = None) -> int:
             eventlog.delete(ids)
             pruned += len(ids)
     return pruned
+
+
+def prune_event_logs(*, now: Any = None) -> int:
+    """Delete the event logs of finished runs older than the `SPARK_EVENT_LOG_KEEP_DAYS` setting whose job sets
+    no `keep_days` (a job that does keeps its runs' logs as long as the runs), and the directories of runs that
+    no longer exist once they are as old. The run rows stay. Returns how many run directories were deleted."""
+    days = queue_settings.SPARK_EVENT_LOG_KEEP_DAYS
+    if not days:
+        return 0
+    cutoff = (now or timezone.now()) - timedelta(days=float(days))
+    on_disk = eventlog.runs_on_disk()
+    if not on_disk:
+        return 0
+    own_retention = {j.name for j in all_jobs() if policy_for(j).keep_days is not None}
+    rows = dict(SparkRun.objects.filter(id__in=list(on_disk)).values_list("id", "job"))
+    old = SparkRun.objects.filter(id__in=list(rows), state__in=SPARK_FINAL_STATES, finished_at__lt=cutoff)
+    expired = [run_id for run_id, job in old.values_list("id", "job") if job not in own_retention]
+    expired += [run_id for run_id, mtime in on_disk.items() if run_id not in rows and mtime < cutoff.timestamp()]
+    eventlog.delete(expired)
+    return len(expired)
 
 
 # -- orphans --------------------------------------------------------------------------------------------------
@@ -385,6 +411,8 @@ def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
         raise RunNotStartable(result.error)
     if state == SparkRunState.FAILED and not ctx.is_last_attempt:
         raise RunNotRetried(result.error or "the Spark run failed")
-    if state in (SparkRunState.FAILED, SparkRunState.QUEUED):
+    if state == SparkRunState.QUEUED:
+        raise RunFailed(result.error or "the Spark run failed", policy_for(get_job(run.job)).retry_in(ctx.attempt))
+    if state == SparkRunState.FAILED:
         raise RunFailed(result.error or "the Spark run failed")
     return {"run_id": run.id, "state": state, "app_id": result.app_id, "seconds": result.duration}

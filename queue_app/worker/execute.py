@@ -38,7 +38,7 @@ class Outcome(NamedTuple):
     status: "ok" (handler returned `result`: the supervisor settles), "settled" (transactional: done and
     committed with the handler's writes), "stale" (transactional: the reservation was no longer current, the
     handler's writes were not kept), "failed" (`error`, `traceback`; `retryable` by the task's Retry policy,
-    `timed_out` when stopped at its hard timeout).
+    `timed_out` when stopped at its hard timeout, `retry_in` when the exception named its own delay).
     """
 
     reservation_id: int
@@ -48,6 +48,9 @@ class Outcome(NamedTuple):
     traceback: str = ""
     retryable: bool = True
     timed_out: bool = False
+    # The exception's own `retry_in` attribute (seconds, finite and >= 0): the delay before the next attempt in
+    # place of the task's Retry backoff (a Spark run's per-job backoff). None: the task's Retry decides.
+    retry_in: float | None = None
     # The handler raised a BaseException that is not an Exception (SystemExit, KeyboardInterrupt): recorded like
     # any failure; a pool's child process then exits, as the handler asked, after reporting it.
     fatal: bool = False
@@ -75,6 +78,7 @@ def failed(
     retryable: bool = True,
     timed_out: bool = False,
     fatal: bool = False,
+    retry_in: float | None = None,
 ) -> Outcome:
     return Outcome(
         reservation_id,
@@ -84,7 +88,16 @@ def failed(
         retryable=retryable,
         timed_out=timed_out,
         fatal=fatal,
+        retry_in=retry_in,
     )
+
+
+def own_retry_in(exc: BaseException) -> float | None:
+    """The delay an exception asks for before the next attempt (`exc.retry_in`), when it is a sane number."""
+    value = getattr(exc, "retry_in", None)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        return None
+    return float(value)
 
 
 def _check_result(result: Any) -> None:
@@ -137,6 +150,7 @@ def run_job(job: Job) -> Outcome:
             f"{type(exc).__name__}: {exc}",
             tb=traceback.format_exc(),
             retryable=task is None or task.retry.should_retry(exc),
+            retry_in=own_retry_in(exc),
         )
     except BaseException as exc:  # noqa: B036 — SystemExit, KeyboardInterrupt, GeneratorExit raised by a handler
         return failed(

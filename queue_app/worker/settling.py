@@ -44,13 +44,24 @@ class Settling:
         elif outcome.status == "stale":
             self._stale(lease, "its transaction found the reservation no longer current; nothing was kept")
         else:
-            self._failed(lease, task, outcome.error, outcome.traceback, outcome.retryable, outcome.timed_out)
+            self._failed(
+                lease, task, outcome.error, outcome.traceback, outcome.retryable, outcome.timed_out, outcome.retry_in
+            )
 
     def _stale(self, lease: Lease, why: str) -> None:
         self.stats.stale += 1
         logger.info("stale %s", fields(item=lease.item_id, reservation=lease.reservation_id, why=repr(why)))
 
-    def _failed(self, lease: Lease, task: Task, error: str, tb: str, retryable: bool, timed_out: bool = False) -> None:
+    def _failed(
+        self,
+        lease: Lease,
+        task: Task,
+        error: str,
+        tb: str,
+        retryable: bool,
+        timed_out: bool = False,
+        retry_in: float | None = None,
+    ) -> None:
         self.stats.failed += 1
         self.stats.timed_out += timed_out
         logger.info(
@@ -70,7 +81,7 @@ class Settling:
             # The task allows fewer attempts than the item was enqueued with (not through the task).
             self._settle_later(lease, "dead letter", lambda: self._dead(lease, "max attempts exhausted", error, tb))
         else:
-            retry_in = task.retry.retry_in(lease.attempt)
+            retry_in = task.retry.retry_in(lease.attempt) if retry_in is None else retry_in
             self.pending.append(
                 Pending(
                     lease,

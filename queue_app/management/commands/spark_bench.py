@@ -3,6 +3,8 @@
 
     python manage.py spark_bench --quick
     python manage.py spark_bench --history 1000000 --new 100000 --json
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/mine_bench python manage.py spark_bench --skip-startup \\
+        --history 10000000 --new 100000 --partitions 2 --keep      # the issue's sizes; --keep reuses the history
     python manage.py spark_bench --skip-analytics     # start-up only: cold spark-submit vs the warm Connect server
 """
 
@@ -24,11 +26,16 @@ class Command(BaseCommand):
         parser.add_argument("--history", type=int, help="reservations of history (default 1,000,000; quick 100,000)")
         parser.add_argument("--new", type=int, help="reservations added before the incremental run")
         parser.add_argument("--partitions", type=int, default=4, help="parallel JDBC range reads")
+        parser.add_argument(
+            "--keep",
+            action="store_true",
+            help="keep the seeded history at the end and reuse it when the next --keep run asks for as many rows",
+        )
         parser.add_argument("--skip-startup", action="store_true", help="only the analytics part")
         parser.add_argument("--skip-analytics", action="store_true", help="only start-up (cold and warm)")
         parser.add_argument("--json", dest="as_json", action="store_true", help="print the figures as JSON")
 
-    def handle(self, *args, quick, history, new, partitions, skip_startup, skip_analytics, as_json, **options):
+    def handle(self, *args, quick, history, new, partitions, keep, skip_startup, skip_analytics, as_json, **options):
         sizes = QUICK if quick else DEFAULT
         history, new = history or sizes["history"], new or sizes["new"]
         for name, value in (("--history", history), ("--new", new), ("--partitions", partitions)):
@@ -36,7 +43,9 @@ class Command(BaseCommand):
                 self.stderr.write(f"{name} must be at least 1")
                 raise SystemExit(2)
         say = self.stderr.write if as_json else self.stdout.write
-        figures = {} if skip_analytics else {"analytics": spark_bench.analytics(history, new, partitions, say)}
+        figures = {}
+        if not skip_analytics:
+            figures["analytics"] = spark_bench.analytics(history, new, partitions, say, keep=keep)
         if not skip_startup:
             figures["startup"] = spark_bench.startup(say)
             figures["warm"] = spark_bench.warm(say)
@@ -45,7 +54,10 @@ class Command(BaseCommand):
             return
         if "analytics" in figures:
             a = figures["analytics"]
-            self.stdout.write(f"reader: {a['reader']}")
+            self.stdout.write(
+                f"reader: {a['reader']} ({a['partitions']} partitions); Spark fixed costs outside the figures: "
+                f"JVM and session start {a['jvm_start_s']:.1f} s, first full run {a['first_full_s']:.1f} s"
+            )
             for part in ("full", "incremental"):
                 f = a[part]
                 self.stdout.write(
