@@ -221,10 +221,10 @@ def fan_out(
                     "parent_id": step.id,
                     "names": names,
                     "payloads": list(encoded.values()),
+                    "channel": workflow.channel,
                 },
             )
             ids = list(cur.fetchone()[0])
-        _enqueue(ids, workflow.channel)
     return ids
 
 
