@@ -184,7 +184,6 @@ def _nothing_written() -> None:
         (lambda g: g.task("wf.add", name="a") and g.task("wf.add", name="a"), "defined twice"),
         (lambda g: g.task("wf.add", {"x": float("nan")}), "payload"),
         (lambda g: g.task("wf.add", compensate="no.such.undo"), "unknown task 'no.such.undo'"),
-        (lambda g: g.task("queue_app.probe_at_most_once"), "at-most-once"),
         (lambda g: g.task("wf.add", on_failure="explode"), "on_failure"),
     ],
 )
