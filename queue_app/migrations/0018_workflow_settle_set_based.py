@@ -148,12 +148,20 @@ ALTER TABLE queue_app_workflowstep SET (fillfactor = 75);
 """
 
 
-def _previous_functions() -> str:
-    """The three functions as migration 0014 created them."""
+def _from_0014(first: str, before: str) -> str:
+    """Migration 0014's functions from the one named `first` up to the text `before`, as CREATE OR REPLACE."""
     text = importlib.import_module("queue_app.migrations.0014_workflows").WORKFLOW_FUNCTIONS
-    start = text.index("CREATE FUNCTION queue_app_wf_steps_settled(")
-    end = text.index("CREATE TRIGGER workflow_step_settled")
-    return text[start:end].replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+    start = text.index(f"CREATE FUNCTION {first}(")
+    return text[start : text.index(before, start)].replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+
+
+# A step's ready_at is the clock when its item is enqueued, no longer its transaction's start: that transaction
+# may have started before the one that settled another of its dependencies, then waited for the workflow's row
+# lock (held by that one until it committed). The clock, read under the lock, is later than every dependency's
+# finished_at, so "ready after its dependencies finished" reads true on the rows, not only in commit order.
+ENQUEUE_FUNCTION = _from_0014("queue_app_wf_enqueue", "-- A workflow-level callback item")
+assert "ready_at = now()" in ENQUEUE_FUNCTION
+ENQUEUE_ON_THE_CLOCK = ENQUEUE_FUNCTION.replace("ready_at = now()", "ready_at = clock_timestamp()")
 
 
 class Migration(migrations.Migration):
@@ -220,7 +228,9 @@ class Migration(migrations.Migration):
             ),
         ),
         migrations.RunSQL(
-            SETTLE_FUNCTIONS,
-            _previous_functions() + "ALTER TABLE queue_app_workflowstep RESET (fillfactor);",
+            SETTLE_FUNCTIONS + ENQUEUE_ON_THE_CLOCK,
+            _from_0014("queue_app_wf_steps_settled", "CREATE TRIGGER workflow_step_settled")
+            + ENQUEUE_FUNCTION
+            + "ALTER TABLE queue_app_workflowstep RESET (fillfactor);",
         ),
     ]

@@ -94,6 +94,21 @@ class OnFailure(models.TextChoices):
     CONTINUE = "continue", "Continue: its dependents run anyway"
 
 
+def _step_link() -> models.ForeignKey:
+    """A link to another step of the same workflow, written by the statement that writes the step, never looked
+    up by (no index) and never dangling (steps go only with their workflow): no constraint, whose check at
+    commit cost more than a quarter of a fan-out's time (queue_bench's workflow part)."""
+    return models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+        db_constraint=False,
+        db_index=False,
+    )
+
+
 class WorkflowStep(models.Model):
     id = models.BigAutoField(primary_key=True)
     # Looked up by workflow through the unique index workflowstep_name (workflow, attempt, name).
@@ -109,27 +124,8 @@ class WorkflowStep(models.Model):
     spec = models.JSONField(default=dict)
     on_failure = models.CharField(max_length=10, choices=OnFailure.choices, default=OnFailure.FAIL)
     compensate = models.JSONField(null=True, blank=True, help_text="Item spec of the compensation task.")
-    # Links inside one workflow, written by the statement that writes the step, never looked up by (no index)
-    # and never dangling (steps go only with their workflow): no constraint, whose check at commit cost more
-    # than a quarter of a fan-out's time (queue_bench's workflow part).
-    compensates = models.ForeignKey(
-        "self",
-        null=True,
-        blank=True,
-        on_delete=models.DO_NOTHING,
-        related_name="+",
-        db_constraint=False,
-        db_index=False,
-    )
-    parent = models.ForeignKey(
-        "self",
-        null=True,
-        blank=True,
-        on_delete=models.DO_NOTHING,
-        related_name="+",
-        db_constraint=False,
-        db_index=False,
-    )
+    compensates = _step_link()
+    parent = _step_link()  # the step whose fan-out added this one
     kept = models.BooleanField(default=False, help_text="Succeeded in an earlier attempt; kept by a repair.")
     state = models.CharField(max_length=10, choices=StepState.choices, default=StepState.WAITING)
     pending = models.PositiveIntegerField(default=0, help_text="Dependencies not finished yet.")

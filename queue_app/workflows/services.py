@@ -70,6 +70,15 @@ def _ensure_queues(specs: Iterable[dict[str, Any]], using: str = "default") -> N
         engine.ensure_queue(queue, using=using)
 
 
+# What a step row takes from its definition: a checked StepSpec when a workflow starts, the earlier attempt's
+# row when a repair copies it.
+_DEFINED = ("name", "group", "kind", "target", "args", "spec", "on_failure", "compensate")
+
+
+def _step_row(workflow_id: int, attempt: int, source: Any, **fields: Any) -> WorkflowStep:
+    return WorkflowStep(workflow_id=workflow_id, attempt=attempt, **{f: getattr(source, f) for f in _DEFINED}, **fields)
+
+
 def _create(
     name: str,
     kind: str,
@@ -106,23 +115,7 @@ def _create(
             channel=channel,
         )
         rows = WorkflowStep.objects.using(using).bulk_create(
-            [
-                WorkflowStep(
-                    workflow=workflow,
-                    attempt=1,
-                    name=s.name,
-                    group=s.group,
-                    kind=s.kind,
-                    target=s.target,
-                    args=s.args,
-                    spec=s.spec,
-                    on_failure=s.on_failure,
-                    compensate=s.compensate,
-                    pending=waits[s.name],
-                )
-                for s in steps
-            ],
-            batch_size=2000,
+            [_step_row(workflow.id, 1, s, pending=waits[s.name]) for s in steps], batch_size=2000
         )
         ids = {row.name: row.id for row in rows}
         StepDependency.objects.using(using).bulk_create(
@@ -295,17 +288,10 @@ def repair(workflow_id: int, *, actor: str = "") -> Workflow:
             if i in dropped:
                 continue
             kept = i not in rerun
-            copies[i] = WorkflowStep(
-                workflow_id=workflow.id,
-                attempt=attempt,
-                name=s.name,
-                group=s.group,
-                kind=s.kind,
-                target=s.target,
-                args=s.args,
-                spec=s.spec,
-                on_failure=s.on_failure,
-                compensate=s.compensate,
+            copies[i] = _step_row(
+                workflow.id,
+                attempt,
+                s,
                 kept=kept,
                 state=StepState.SUCCEEDED if kept else StepState.WAITING,
                 item_id=s.item_id if kept else None,
