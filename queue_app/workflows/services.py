@@ -9,6 +9,7 @@ the transaction that settles each step's item.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -155,12 +156,30 @@ def current_step(ctx: Context) -> WorkflowStep:
     return step
 
 
+def _upstream_of(step: WorkflowStep) -> dict[str, Any]:
+    ups = StepDependency.objects.filter(downstream_id=step.id, order_only=False).values("upstream_id")
+    return dict(WorkflowStep.objects.filter(id__in=ups).order_by("id").values_list("name", "result"))
+
+
 def upstream(ctx: Context) -> dict[str, Any]:
     """The results of the steps this step waited for, by step name: a task's return value, a Spark run's
     metrics. Call it from a step's handler."""
-    step = current_step(ctx)
-    ups = StepDependency.objects.filter(downstream_id=step.id, order_only=False).values("upstream_id")
-    return dict(WorkflowStep.objects.filter(id__in=ups).order_by("id").values_list("name", "result"))
+    return _upstream_of(current_step(ctx))
+
+
+def spark_upstream(run_id: int | None = None) -> dict[str, Any]:
+    """`upstream` for a Spark step: call it from a Spark job's function (`func(spark, params)`, in the run's
+    child process) to read the results of the steps the run's step waited for, by step name. The run is the
+    child's own (the worker names it in the environment) unless `run_id` is given. Empty when the run is not a
+    workflow step."""
+    from ..models import SparkRun
+    from ..spark.runs import RUN_ID_ENV
+
+    if run_id is None:
+        run_id = int(os.environ[RUN_ID_ENV])
+    item_id = SparkRun.objects.filter(id=run_id).values_list("item_id", flat=True).first()
+    step = WorkflowStep.objects.filter(item_id=item_id, spark_run_id=run_id).order_by("-id").first()
+    return {} if item_id is None or step is None else _upstream_of(step)
 
 
 def fan_out(
