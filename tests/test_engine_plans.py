@@ -165,3 +165,12 @@ def test_the_lease_numbers_reservations_from_the_reservation_id_sequence():
             [sql.RESERVATION_SEQUENCE],
         )
         assert cur.fetchone()[0] is True
+
+
+@pytest.mark.parametrize(
+    ("table", "name"), [("queue_app_workflowstep", "STEP_SEQUENCE"), ("queue_app_queueitem", "ITEM_SEQUENCE")]
+)
+def test_a_fan_out_numbers_steps_and_items_from_their_id_sequences(table, name):
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_get_serial_sequence(%s, 'id')::regclass = %s::regclass", [table, getattr(sql, name)])
+        assert cur.fetchone()[0] is True

@@ -184,7 +184,6 @@ def _nothing_written() -> None:
         (lambda g: g.task("wf.add", name="a") and g.task("wf.add", name="a"), "defined twice"),
         (lambda g: g.task("wf.add", {"x": float("nan")}), "payload"),
         (lambda g: g.task("wf.add", compensate="no.such.undo"), "unknown task 'no.such.undo'"),
-        (lambda g: g.task("queue_app.probe_at_most_once"), "at-most-once"),
         (lambda g: g.task("wf.add", on_failure="explode"), "on_failure"),
     ],
 )
@@ -323,3 +322,23 @@ def test_backfill_of_a_workflow_with_a_fan_out_keeps_each_days_fan_out_to_its_da
         assert s[f"{day} sum"].result == 0 + 1 + 2  # its own day's three parts, no other day's
         assert {n for n in s if n.startswith(f"{day} part[")} == {f"{day} part[{i}]" for i in range(3)}
         assert {st.group for n, st in s.items() if n.startswith(day)} == {day}  # one partition in the grid
+
+
+def test_a_spark_step_reads_its_dependencies_results_through_its_run(workers, monkeypatch):
+    from queue_app.spark.runs import RUN_ID_ENV
+    from queue_app.workflows.definition import Graph
+
+    workers(n=1)  # the default queue only: the Spark step's run stays queued
+    g = Graph("spark-upstream")
+    a = g.task("wf.add", {"x": 5}, name="a")
+    g.spark("demo_sleep", {"tasks": 1, "seconds": 0.2}, name="spark", after=[a])
+    w = services.start_graph(g)
+    step = wait_for(
+        lambda: WorkflowStep.objects.filter(workflow=w, name="spark", spark_run_id__isnull=False).first(),
+        60,
+        what="the Spark step to be enqueued",
+    )
+    assert services.spark_upstream(step.spark_run_id) == {"a": 5}
+    monkeypatch.setenv(RUN_ID_ENV, str(step.spark_run_id))  # what the worker gives the run's child
+    assert services.spark_upstream() == {"a": 5}
+    assert services.cancel(w.id)

@@ -38,6 +38,11 @@ PERMISSIONS = {
     "repair": "queue_app.repair_workflow",
 }
 STEPS_PER_PAGE = 100
+# The detail page's actions, each confirmed on a page of its own: (what the page asks, service, what is done).
+DETAIL_ACTIONS = {
+    "cancel": ("Cancel", workflows.cancel, "Cancelled"),
+    "repair": ("Repair", workflows.repair, "Repaired (a new attempt)"),
+}
 
 
 def _apply_each(service, pks: list[Any], actor: str) -> int:
@@ -174,8 +179,10 @@ class WorkflowAdmin(ReadOnlyAdmin):
         return [
             path("start/", view(self.start_view), name=self.url_name("start")),
             path("backfill/", view(self.backfill_view), name=self.url_name("backfill")),
-            path("<int:workflow_id>/cancel/", view(self.cancel_view), name=self.url_name("cancel")),
-            path("<int:workflow_id>/repair/", view(self.repair_view), name=self.url_name("repair")),
+            *(
+                path(f"<int:workflow_id>/{action}/", view(self._confirm_view(action)), name=self.url_name(action))
+                for action in DETAIL_ACTIONS
+            ),
             *super().get_urls(),
         ]
 
@@ -256,45 +263,32 @@ class WorkflowAdmin(ReadOnlyAdmin):
             return reverse("admin:queue_app_queueitem_change", args=[step.item_id])
         return ""
 
-    def _confirm(self, request: HttpRequest, workflow_id: int, *, what: str, allowed: bool, service, done: str):
-        if not allowed:
-            raise PermissionDenied
-        workflow = get_object_or_404(Workflow, pk=workflow_id)
-        if request.method == "POST":
-            actor = request.user.get_username()
-            try:
-                result = service(workflow.id, actor=actor)
-            except WorkflowError as exc:
-                self.message_user(request, str(exc), messages.ERROR)
-            else:
-                if result:
-                    self._log(request, workflow, CHANGE, done)
-                    self.message_user(request, f"{done}: {workflow.name} #{workflow.id}", messages.SUCCESS)
+    def _confirm_view(self, action: str):
+        """The detail page's confirmed action `action` (DETAIL_ACTIONS): GET asks, POST calls the service."""
+        what, service, done = DETAIL_ACTIONS[action]
+
+        def confirm(request: HttpRequest, workflow_id: int) -> HttpResponse:
+            if not request.user.has_perm(PERMISSIONS[action]):
+                raise PermissionDenied
+            workflow = get_object_or_404(Workflow, pk=workflow_id)
+            if request.method == "POST":
+                try:
+                    result = service(workflow.id, actor=request.user.get_username())
+                except WorkflowError as exc:
+                    self.message_user(request, str(exc), messages.ERROR)
                 else:
-                    self.message_user(request, f"{workflow.name} #{workflow.id} has already ended", messages.WARNING)
-            return HttpResponseRedirect(self.reverse("change", workflow.id))
-        context = self._context(request, f"{what} {workflow.name} #{workflow.id}?", workflow=workflow, what=what)
-        return TemplateResponse(request, TEMPLATES + "confirm.html", context)
+                    if result:
+                        self._log(request, workflow, CHANGE, done)
+                        self.message_user(request, f"{done}: {workflow.name} #{workflow.id}", messages.SUCCESS)
+                    else:
+                        self.message_user(
+                            request, f"{workflow.name} #{workflow.id} has already ended", messages.WARNING
+                        )
+                return HttpResponseRedirect(self.reverse("change", workflow.id))
+            context = self._context(request, f"{what} {workflow.name} #{workflow.id}?", workflow=workflow, what=what)
+            return TemplateResponse(request, TEMPLATES + "confirm.html", context)
 
-    def cancel_view(self, request: HttpRequest, workflow_id: int) -> HttpResponse:
-        return self._confirm(
-            request,
-            workflow_id,
-            what="Cancel",
-            allowed=self.has_cancel_permission(request),
-            service=workflows.cancel,
-            done="Cancelled",
-        )
-
-    def repair_view(self, request: HttpRequest, workflow_id: int) -> HttpResponse:
-        return self._confirm(
-            request,
-            workflow_id,
-            what="Repair",
-            allowed=self.has_repair_permission(request),
-            service=workflows.repair,
-            done="Repaired (a new attempt)",
-        )
+        return confirm
 
     def start_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):

@@ -29,7 +29,7 @@ from django.utils.module_loading import autodiscover_modules
 from ..conf import queue_settings
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
-from ..registry import Delivery, find_task
+from ..registry import find_task
 from ..spark.registry import Param, SparkJobError, get_job
 from .models import OnFailure, StepKind
 
@@ -72,15 +72,12 @@ class StepSpec:
 
 def task_item_spec(task_name: str, payload: Any = None, *, what: str, priority: int = 0) -> dict[str, Any]:
     """What the database needs to enqueue an item of a registered task: {task, queue, max_attempts, payload}.
-    Raises WorkflowDefinitionError for an unknown or at-most-once task, or a payload that is not JSON."""
+    Raises WorkflowDefinitionError for an unknown task or a payload that is not JSON. Any delivery mode serves:
+    an at-most-once item records its start durably, runs, then settles done (with its result) or dead, and a
+    worker lost mid-run leaves it a dead letter, so its step ends like any other (failed, per its policy)."""
     task = find_task(task_name) if isinstance(task_name, str) else None
     if task is None:
         raise WorkflowDefinitionError(f"{what}: unknown task {task_name!r}")
-    if task.delivery is Delivery.AT_MOST_ONCE:
-        raise WorkflowDefinitionError(
-            f"{what}: task {task_name!r} is at-most-once; a workflow step records its result after it ran, "
-            "which an at-most-once item (settled before it runs) cannot give"
-        )
     try:
         encode_json(payload, "payload")
     except InvalidEnqueue as exc:

@@ -94,9 +94,25 @@ class OnFailure(models.TextChoices):
     CONTINUE = "continue", "Continue: its dependents run anyway"
 
 
+def _step_link() -> models.ForeignKey:
+    """A link to another step of the same workflow, written by the statement that writes the step, never looked
+    up by (no index) and never dangling (steps go only with their workflow): no constraint, whose check at
+    commit cost more than a quarter of a fan-out's time (queue_bench's workflow part)."""
+    return models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+        db_constraint=False,
+        db_index=False,
+    )
+
+
 class WorkflowStep(models.Model):
     id = models.BigAutoField(primary_key=True)
-    workflow = models.ForeignKey(Workflow, on_delete=models.DB_CASCADE, related_name="steps")
+    # Looked up by workflow through the unique index workflowstep_name (workflow, attempt, name).
+    workflow = models.ForeignKey(Workflow, on_delete=models.DB_CASCADE, related_name="steps", db_index=False)
     attempt = models.PositiveIntegerField()
     name = models.CharField(max_length=200)
     group = models.CharField(max_length=200, help_text="Sibling name: the steps of one fan-out share it.")
@@ -108,8 +124,8 @@ class WorkflowStep(models.Model):
     spec = models.JSONField(default=dict)
     on_failure = models.CharField(max_length=10, choices=OnFailure.choices, default=OnFailure.FAIL)
     compensate = models.JSONField(null=True, blank=True, help_text="Item spec of the compensation task.")
-    compensates = models.ForeignKey("self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+")
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+")
+    compensates = _step_link()
+    parent = _step_link()  # the step whose fan-out added this one
     kept = models.BooleanField(default=False, help_text="Succeeded in an earlier attempt; kept by a repair.")
     state = models.CharField(max_length=10, choices=StepState.choices, default=StepState.WAITING)
     pending = models.PositiveIntegerField(default=0, help_text="Dependencies not finished yet.")
@@ -137,9 +153,14 @@ class WorkflowStep(models.Model):
 class StepDependency(models.Model):
     """`downstream` waits for `upstream`."""
 
+    # Both ends are steps of one workflow, written with the edge: the downstream constraint's cascade removes the
+    # edges with their workflow's steps; the upstream one would only add a check per edge at commit. The primary
+    # key serves lookups by upstream, the index stepdependency_downstream those by downstream.
     pk = models.CompositePrimaryKey("upstream_id", "downstream_id")
-    upstream = models.ForeignKey(WorkflowStep, on_delete=models.DB_CASCADE, related_name="+")
-    downstream = models.ForeignKey(WorkflowStep, on_delete=models.DB_CASCADE, related_name="+")
+    upstream = models.ForeignKey(
+        WorkflowStep, on_delete=models.DO_NOTHING, related_name="+", db_constraint=False, db_index=False
+    )
+    downstream = models.ForeignKey(WorkflowStep, on_delete=models.DB_CASCADE, related_name="+", db_index=False)
     # Ordering only (a backfill's lanes keep at most K partitions running): counted for readiness like any
     # edge, but a repair does not treat the later partitions as downstream of a failed one.
     order_only = models.BooleanField(default=False, db_default=False)

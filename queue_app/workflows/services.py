@@ -9,6 +9,7 @@ the transaction that settles each step's item.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -70,6 +71,15 @@ def _ensure_queues(specs: Iterable[dict[str, Any]], using: str = "default") -> N
         engine.ensure_queue(queue, using=using)
 
 
+# What a step row takes from its definition: a checked StepSpec when a workflow starts, the earlier attempt's
+# row when a repair copies it.
+_DEFINED = ("name", "group", "kind", "target", "args", "spec", "on_failure", "compensate")
+
+
+def _step_row(workflow_id: int, attempt: int, source: Any, **fields: Any) -> WorkflowStep:
+    return WorkflowStep(workflow_id=workflow_id, attempt=attempt, **{f: getattr(source, f) for f in _DEFINED}, **fields)
+
+
 def _create(
     name: str,
     kind: str,
@@ -106,23 +116,7 @@ def _create(
             channel=channel,
         )
         rows = WorkflowStep.objects.using(using).bulk_create(
-            [
-                WorkflowStep(
-                    workflow=workflow,
-                    attempt=1,
-                    name=s.name,
-                    group=s.group,
-                    kind=s.kind,
-                    target=s.target,
-                    args=s.args,
-                    spec=s.spec,
-                    on_failure=s.on_failure,
-                    compensate=s.compensate,
-                    pending=waits[s.name],
-                )
-                for s in steps
-            ],
-            batch_size=2000,
+            [_step_row(workflow.id, 1, s, pending=waits[s.name]) for s in steps], batch_size=2000
         )
         ids = {row.name: row.id for row in rows}
         StepDependency.objects.using(using).bulk_create(
@@ -162,12 +156,30 @@ def current_step(ctx: Context) -> WorkflowStep:
     return step
 
 
+def _upstream_of(step: WorkflowStep) -> dict[str, Any]:
+    ups = StepDependency.objects.filter(downstream_id=step.id, order_only=False).values("upstream_id")
+    return dict(WorkflowStep.objects.filter(id__in=ups).order_by("id").values_list("name", "result"))
+
+
 def upstream(ctx: Context) -> dict[str, Any]:
     """The results of the steps this step waited for, by step name: a task's return value, a Spark run's
     metrics. Call it from a step's handler."""
-    step = current_step(ctx)
-    ups = StepDependency.objects.filter(downstream_id=step.id, order_only=False).values("upstream_id")
-    return dict(WorkflowStep.objects.filter(id__in=ups).order_by("id").values_list("name", "result"))
+    return _upstream_of(current_step(ctx))
+
+
+def spark_upstream(run_id: int | None = None) -> dict[str, Any]:
+    """`upstream` for a Spark step: call it from a Spark job's function (`func(spark, params)`, in the run's
+    child process) to read the results of the steps the run's step waited for, by step name. The run is the
+    child's own (the worker names it in the environment) unless `run_id` is given. Empty when the run is not a
+    workflow step."""
+    from ..models import SparkRun
+    from ..spark.runs import RUN_ID_ENV
+
+    if run_id is None:
+        run_id = int(os.environ[RUN_ID_ENV])
+    item_id = SparkRun.objects.filter(id=run_id).values_list("item_id", flat=True).first()
+    step = WorkflowStep.objects.filter(item_id=item_id, spark_run_id=run_id).order_by("-id").first()
+    return {} if item_id is None or step is None else _upstream_of(step)
 
 
 def fan_out(
@@ -221,10 +233,10 @@ def fan_out(
                     "parent_id": step.id,
                     "names": names,
                     "payloads": list(encoded.values()),
+                    "channel": workflow.channel,
                 },
             )
             ids = list(cur.fetchone()[0])
-        _enqueue(ids, workflow.channel)
     return ids
 
 
@@ -295,17 +307,10 @@ def repair(workflow_id: int, *, actor: str = "") -> Workflow:
             if i in dropped:
                 continue
             kept = i not in rerun
-            copies[i] = WorkflowStep(
-                workflow_id=workflow.id,
-                attempt=attempt,
-                name=s.name,
-                group=s.group,
-                kind=s.kind,
-                target=s.target,
-                args=s.args,
-                spec=s.spec,
-                on_failure=s.on_failure,
-                compensate=s.compensate,
+            copies[i] = _step_row(
+                workflow.id,
+                attempt,
+                s,
                 kept=kept,
                 state=StepState.SUCCEEDED if kept else StepState.WAITING,
                 item_id=s.item_id if kept else None,
