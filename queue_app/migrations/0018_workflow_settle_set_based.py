@@ -166,7 +166,7 @@ ENQUEUE_ON_THE_CLOCK = ENQUEUE_FUNCTION.replace("ready_at = now()", "ready_at = 
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("queue_app", "0016_spark_connect_server"),
+        ("queue_app", "0017_partitioned_history"),
     ]
 
     operations = [
