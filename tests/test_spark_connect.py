@@ -100,6 +100,14 @@ def test_a_run_through_the_warm_server_succeeds_with_progress_and_metrics(connec
     assert group_members(run.driver_pgid) == []  # the light child is gone
     assert server.pid == healthy(connect_server).pid  # the server lives on for the next run
 
+    # The worker's next warm run is taken by the light child that waited for it (Django, the client and the
+    # session ready), whatever its run id: the child names its run itself.
+    again = trigger_run("demo_sleep", {"tasks": 2, "seconds": 0}, trigger="orm", requested_by="test")
+    wait_for(lambda: row(again.id).is_final, 120, what="the second warm run to end")
+    again = row(again.id)
+    assert again.state == "succeeded" and again.progress["path"] == "connect", again.log_tail[-2000:]
+    assert "the waiting light child" in again.log_tail and "the waiting light child" not in run.log_tail
+
 
 def test_cancel_interrupts_only_that_runs_operations_while_another_run_goes_on(connect_server, spawn, tmp_path):
     healthy(connect_server)

@@ -325,7 +325,7 @@ def test_backfill_of_a_workflow_with_a_fan_out_keeps_each_days_fan_out_to_its_da
 
 
 def test_a_spark_step_reads_its_dependencies_results_through_its_run(workers, monkeypatch):
-    from queue_app.spark.runs import RUN_ID_ENV
+    from queue_app.spark.protocol import RUN_ID_ENV
     from queue_app.workflows.definition import Graph
 
     workers(n=1)  # the default queue only: the Spark step's run stays queued
@@ -339,6 +339,6 @@ def test_a_spark_step_reads_its_dependencies_results_through_its_run(workers, mo
         what="the Spark step to be enqueued",
     )
     assert services.spark_upstream(step.spark_run_id) == {"a": 5}
-    monkeypatch.setenv(RUN_ID_ENV, str(step.spark_run_id))  # what the worker gives the run's child
+    monkeypatch.setenv(RUN_ID_ENV, str(step.spark_run_id))  # what the run's child sets from its --run-id
     assert services.spark_upstream() == {"a": 5}
     assert services.cancel(w.id)

@@ -312,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         args = _parse(json.loads(line))
         setup["standby"] = round(time.monotonic() - waiting, 3)
+    os.environ[protocol.RUN_ID_ENV] = str(args.run_id)  # the run's own, for workflows.spark_upstream()
     try:
         job = registry.get_job(args.job)
         params = job.validate(json.loads(args.params_json))

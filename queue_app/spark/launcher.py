@@ -175,7 +175,7 @@ def launch(
 
         def light_child(output_file: str) -> subprocess.Popen:
             run_args = child_args(job, spark_job.dump_params(values), run_id, output_file)[1:]
-            return _light_child(warm, child_env, [*run_args, "--connect", str(warm), "--tag", tag])
+            return _light_child(warm, child_env, [*run_args, "--connect", str(warm), "--tag", tag], on_log)
 
         stopped_for, returncode, watch, output = _attempt(run_id, light_child, follow)
         if not (returncode == protocol.EXIT_CONNECT_LOST and stopped_for is None):
@@ -333,9 +333,9 @@ def _drop_spare() -> None:
         stream.close()
 
 
-def _light_child(url: Any, child_env: Mapping[str, str], run_args: list[str]) -> subprocess.Popen:
-    """The light child of a warm run: the waiting spare when it fits (it gets the run's arguments on stdin),
-    else a new child."""
+def _light_child(url: Any, child_env: Mapping[str, str], run_args: list[str], on_log=None) -> subprocess.Popen:
+    """The light child of a warm run: the waiting spare when it fits (it gets the run's arguments on stdin; the
+    run's log says so), else a new child."""
     with _spare_lock:
         proc = _spare.get("proc")
         if proc is not None and proc.poll() is None and _spare["key"] == _spare_key(url, child_env):
@@ -343,6 +343,7 @@ def _light_child(url: Any, child_env: Mapping[str, str], run_args: list[str]) ->
             try:
                 proc.stdin.write(json.dumps(run_args) + "\n")
                 proc.stdin.close()
+                _say(on_log, f"jobsite: warm run: the waiting light child (pid {proc.pid}) takes it")
                 return proc
             except OSError:  # it died just now: a new child
                 _spare.update(proc=proc, key=None)

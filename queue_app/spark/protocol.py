@@ -17,6 +17,10 @@ PROGRESS = "PROGRESS"  # {"jobs_done", "jobs_total", "stages_done", ..., "tasks_
 KINDS = (STARTED, PROGRESS)
 
 # Exit codes of child.py; spark-submit passes a Python app's non-zero exit code through as its own.
+# The run the child serves, set by the child itself from its --run-id (so that a waiting light child, started
+# before its run was known, serves any run): workflows.spark_upstream() reads it.
+RUN_ID_ENV = "JOBSITE_SPARK_RUN_ID"
+
 EXIT_FAILED = 1
 EXIT_BAD_PARAMS = 64  # sysexits EX_USAGE
 EXIT_CANCELLED = 75  # sysexits EX_TEMPFAIL: SIGTERM received, job group cancelled

@@ -52,9 +52,6 @@ TASK = "queue_app.spark_run"
 QUEUE = "spark"
 MAX_RUN_TIMEOUT = float(os.environ.get("JOBSITE_SPARK_MAX_TIMEOUT", "3600"))
 STOP_GRACE = float(os.environ.get("JOBSITE_SPARK_STOP_GRACE", "10"))
-# The child of a run finds its run id here (a Spark step's function reads its workflow dependencies' results
-# through it: queue_app.workflows.services.spark_upstream).
-RUN_ID_ENV = "JOBSITE_SPARK_RUN_ID"
 # After its timeout a run gets SIGTERM, SIGKILL after the grace, the launcher waits up to the grace twice more for
 # the group and 5 s for its pipes; then the handler writes the run's end.
 HARD_TIMEOUT = MAX_RUN_TIMEOUT + 3 * STOP_GRACE + 6.0
@@ -405,7 +402,6 @@ def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
         should_cancel=reporter.should_cancel,
         timeout=timeout,
         grace=STOP_GRACE,
-        env={RUN_ID_ENV: str(run.id)},
     )
     state = _finish(run, result, reporter, ctx)
     logger.info(

@@ -170,10 +170,10 @@ def upstream(ctx: Context) -> dict[str, Any]:
 def spark_upstream(run_id: int | None = None) -> dict[str, Any]:
     """`upstream` for a Spark step: call it from a Spark job's function (`func(spark, params)`, in the run's
     child process) to read the results of the steps the run's step waited for, by step name. The run is the
-    child's own (the worker names it in the environment) unless `run_id` is given. Empty when the run is not a
-    workflow step."""
+    child's own (the child names it in its environment from its --run-id) unless `run_id` is given. Empty when
+    the run is not a workflow step."""
     from ..models import SparkRun
-    from ..spark.runs import RUN_ID_ENV
+    from ..spark.protocol import RUN_ID_ENV
 
     if run_id is None:
         run_id = int(os.environ[RUN_ID_ENV])
