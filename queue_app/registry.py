@@ -25,6 +25,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import autodiscover_modules, import_string
 
 from . import engine
+from .conf import queue_settings
 from .engine.errors import QueueError
 
 logger = logging.getLogger("jobsite.worker")
@@ -151,6 +152,8 @@ class Task:
     lease_timeout: float | None = None  # None: the item's or its queue's, raised to min_lease if shorter
     dedup_window: float | None = None  # None: the JOBSITE DEDUP_WINDOW
     decode: Callable[[Any], Any] | None = field(default=None, repr=False)
+    # Called once in each worker process that serves this task's queue, before its first item (see job()).
+    warm_up: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
     def min_lease(self) -> float:
@@ -218,12 +221,18 @@ def job(
     lease_timeout: float | None = None,
     dedup_window: float | None = None,
     decode: Callable[[Any], Any] | None = None,
+    warm_up: Callable[[], None] | None = None,
 ) -> Callable[[Handler], Task]:
     """Register the decorated `handler(payload, ctx)` as a task named `name` (default: module.qualname).
 
     `decode(payload)` may turn the stored JSON into what the handler takes; if it raises, the item is
     poison and goes to the dead letters ("undecodable payload: ..."). It runs in the worker before the item
     is started, and again where the handler runs, so it must be a pure function.
+
+    `warm_up()` is called once in each process where a worker serving the task's queue runs handlers (each
+    child of the process pool, the thread pool's process), before its first item: it may start what the
+    first item would otherwise wait for (the Spark run task starts its waiting light child). It must be quick
+    and may not fail the worker: an exception is logged and the worker goes on.
     """
     delivery = Delivery(delivery)
     _check_seconds("hard_timeout", hard_timeout)
@@ -247,6 +256,7 @@ def job(
             lease_timeout=None if lease_timeout is None else float(lease_timeout),
             dedup_window=dedup_window,
             decode=decode,
+            warm_up=warm_up,
         )
         known = _registry.get(task_name)
         if known is not None and (known.func.__module__, known.func.__qualname__) != (
@@ -261,6 +271,18 @@ def job(
         return task
 
     return register
+
+
+def warm_ups_for(queues: Iterable[str] | None) -> list[Callable[[], None]]:
+    """The warm-ups of the registered tasks whose queue is one of `queues` (None: every queue), each once."""
+    autodiscover()
+    served = None if queues is None else set(queues)
+    found: list[Callable[[], None]] = []
+    for task in list(_registry.values()):
+        queue = task.queue or queue_settings.DEFAULT_QUEUE
+        if task.warm_up is not None and (served is None or queue in served) and task.warm_up not in found:
+            found.append(task.warm_up)
+    return found
 
 
 def autodiscover() -> None:

@@ -64,6 +64,16 @@ def connect_server(django_db_setup, django_db_blocker, tmp_path_factory):
     log.close()
 
 
+@pytest.fixture(autouse=True)
+def no_connect_marks_left():
+    """pyspark marks a process that opened a Connect session (here: a test's own probe) in its environment for
+    good, and a classic SparkSession made later in that process (the suite's `spark` fixture) then acts as a
+    Connect client: the marks go with the test that made them."""
+    yield
+    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_REMOTE"):
+        os.environ.pop(name, None)
+
+
 def healthy(url) -> SparkConnectServer:
     """Wait for the supervisor's healthy row (a transactional test's flush deletes it; the next probe rewrites it)."""
     return wait_for(
@@ -100,13 +110,15 @@ def test_a_run_through_the_warm_server_succeeds_with_progress_and_metrics(connec
     assert group_members(run.driver_pgid) == []  # the light child is gone
     assert server.pid == healthy(connect_server).pid  # the server lives on for the next run
 
-    # The worker's next warm run is taken by the light child that waited for it (Django, the client and the
-    # session ready), whatever its run id: the child names its run itself.
+    # Each warm run of the worker is taken by a light child that waited for it (Django, the client and the
+    # session ready): the first by the one the worker started with its pool (the Spark task's warm-up), the next
+    # by the one the first run left, whatever their run ids (the child names its run itself).
     again = trigger_run("demo_sleep", {"tasks": 2, "seconds": 0}, trigger="orm", requested_by="test")
     wait_for(lambda: row(again.id).is_final, 120, what="the second warm run to end")
     again = row(again.id)
     assert again.state == "succeeded" and again.progress["path"] == "connect", again.log_tail[-2000:]
-    assert "the waiting light child" in again.log_tail and "the waiting light child" not in run.log_tail
+    taken = [line for r in (run, again) for line in r.log_tail.splitlines() if "the waiting light child" in line]
+    assert len(taken) == 2 and taken[0] != taken[1], taken  # two runs, two different waiting children
 
 
 def test_cancel_interrupts_only_that_runs_operations_while_another_run_goes_on(connect_server, spawn, tmp_path):

@@ -223,6 +223,34 @@ def test_stopping_a_stuck_thread_abandons_it_and_ignores_its_late_outcome():
         pool.shutdown()
 
 
+def test_warm_ups_run_once_in_each_process_before_its_first_job_and_a_failing_one_is_only_logged(tmp_path, caplog):
+    marks = tmp_path / "warm-ups"
+
+    def mark() -> None:
+        with marks.open("a") as out:
+            out.write(f"{os.getpid()}\n")
+
+    def broken() -> None:
+        raise RuntimeError("the warm-up's service is down")
+
+    for pool in (ProcessPool(2, scripted, warm_ups=[broken, mark]), ThreadPool(3, scripted, warm_ups=[mark, broken])):
+        marks.write_text("")
+        pool.start()
+        try:
+            for round_ in range(2):
+                for n in range(pool.size):
+                    pool.submit(scripted_job(10 * round_ + n))
+                assert {o.status for o in wait_outcomes(pool, pool.size)} == {"ok"}  # the broken one stopped nothing
+            pids = marks.read_text().split()
+            if isinstance(pool, ProcessPool):  # once in each child, none in this process
+                assert sorted(map(int, pids)) == sorted(c.process.pid for c in pool.children)
+            else:  # the threads share their process: once
+                assert pids == [str(os.getpid())]
+        finally:
+            pool.shutdown()
+    assert "warm-up" in caplog.text and "the warm-up's service is down" in caplog.text
+
+
 def alive(pid: int) -> bool:
     """Running, not a zombie waiting for whoever inherited it to reap it."""
     try:

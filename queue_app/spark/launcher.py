@@ -319,6 +319,15 @@ def _prepare_light_child(url: Any, child_env: Mapping[str, str]) -> None:
         _spare.update(proc=_start(cmd, child_env, stdin=subprocess.PIPE), key=key)
 
 
+def prepare_warm_runs() -> None:
+    """Start the waiting light child ahead of this process's first warm run: the Spark run task's warm-up, called
+    once in each worker process that serves the spark queue (registry.job). Nothing when warm runs are off
+    (JOBSITE_SPARK_CONNECT unset) or the server is not healthy now; the first run then starts its own child."""
+    url = _warm_server(None, session.spark_master(), None)
+    if url is not None:
+        _prepare_light_child(url, {})  # the environment runs.execute launches with: the same spare key
+
+
 def _drop_spare() -> None:
     proc = _spare.pop("proc", None)
     _spare.pop("key", None)

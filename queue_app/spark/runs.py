@@ -41,7 +41,7 @@ from ..conf import queue_settings
 from ..models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
 from ..registry import Context, Retry, job
 from . import eventlog
-from .launcher import LaunchResult, group_members, launch
+from .launcher import LaunchResult, group_members, launch, prepare_warm_runs
 from .policy import SparkPolicy, policy_for
 from .registry import SparkParamError, UnknownSparkJob, all_jobs, get_job
 from .session import job_group
@@ -383,7 +383,7 @@ def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Con
     return state
 
 
-@job(TASK, queue=QUEUE, hard_timeout=HARD_TIMEOUT, retry=Retry(ignore=(RunNotRetried,)))
+@job(TASK, queue=QUEUE, hard_timeout=HARD_TIMEOUT, retry=Retry(ignore=(RunNotRetried,)), warm_up=prepare_warm_runs)
 def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
     """Run one SparkRun (payload {"run_id": id}) as its own spark-submit child."""
     run_id = int(payload["run_id"])

@@ -23,7 +23,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Protocol
@@ -53,13 +53,20 @@ class Pool(Protocol):
     def kill(self) -> None: ...
 
 
-def make_pool(kind: str, size: int, runner: Callable[[Job], Outcome] = run_job, backlog: int = 0) -> Pool:
+def make_pool(
+    kind: str,
+    size: int,
+    runner: Callable[[Job], Outcome] = run_job,
+    backlog: int = 0,
+    warm_ups: Sequence[Callable[[], None]] = (),
+) -> Pool:
     """`backlog`: jobs a pool may hold beyond its slots (the thread pool's shared queue; a process gets its next
-    job from the supervisor, so the process pool ignores it)."""
+    job from the supervisor, so the process pool ignores it). `warm_ups`: the served tasks' warm-ups, called
+    once in each process that runs handlers before its first job (registry.job)."""
     if kind == "process":
-        return ProcessPool(size, runner)
+        return ProcessPool(size, runner, warm_ups)
     if kind == "thread":
-        return ThreadPool(size, runner, backlog)
+        return ThreadPool(size, runner, backlog, warm_ups)
     raise ValueError(f"unknown pool {kind!r}: use 'process' or 'thread'")
 
 
@@ -83,7 +90,15 @@ def _warm_connection() -> None:
         logging.getLogger("jobsite.worker").debug("could not open the handler connection ahead", exc_info=True)
 
 
-def _child_main(conn: Connection, inherited: list[Connection], parent_pid: int, runner) -> None:
+def _warm_up(warm_ups: Sequence[Callable[[], None]]) -> None:
+    for warm_up in warm_ups:
+        try:
+            warm_up()
+        except Exception:  # a warm-up only saves time: the first job does the work itself
+            logging.getLogger("jobsite.worker").warning("warm-up %r failed", warm_up, exc_info=True)
+
+
+def _child_main(conn: Connection, inherited: list[Connection], parent_pid: int, runner, warm_ups=()) -> None:
     _die_with_parent(parent_pid)
     # The supervisor owns shutdown: a SIGINT from the terminal or a SIGTERM sent to the whole process group
     # must not kill a handler mid-run; the supervisor lets it finish, or kills it after the grace period.
@@ -92,6 +107,7 @@ def _child_main(conn: Connection, inherited: list[Connection], parent_pid: int, 
     for other in inherited:  # the supervisor's ends of the other children's pipes
         other.close()
     _warm_connection()
+    _warm_up(warm_ups)
     while True:
         try:
             job = conn.recv()
@@ -131,9 +147,12 @@ def _describe_exit(exitcode: int | None) -> str:
 class ProcessPool:
     kind = "process"
 
-    def __init__(self, size: int, runner: Callable[[Job], Outcome] = run_job) -> None:
+    def __init__(
+        self, size: int, runner: Callable[[Job], Outcome] = run_job, warm_ups: Sequence[Callable[[], None]] = ()
+    ) -> None:
         self.size = size
         self.runner = runner
+        self.warm_ups = tuple(warm_ups)
         self.children: list[_Child] = []
 
     def _spawn(self) -> _Child:
@@ -144,7 +163,7 @@ class ProcessPool:
         inherited = [c.conn for c in self.children] + [parent_end]
         process = _fork.Process(
             target=_child_main,
-            args=(child_end, inherited, os.getpid(), self.runner),
+            args=(child_end, inherited, os.getpid(), self.runner, self.warm_ups),
             name="jobsite-worker-child",
             daemon=True,
         )
@@ -259,10 +278,19 @@ class ThreadPool:
 
     kind = "thread"
 
-    def __init__(self, size: int, runner: Callable[[Job], Outcome] = run_job, backlog: int = 0) -> None:
+    def __init__(
+        self,
+        size: int,
+        runner: Callable[[Job], Outcome] = run_job,
+        backlog: int = 0,
+        warm_ups: Sequence[Callable[[], None]] = (),
+    ) -> None:
         self.size = size
         self.backlog = backlog
         self.runner = runner
+        # Run once for the process, by the first handler thread (the threads share the process's state).
+        self._warm_ups = list(warm_ups)
+        self._warm_ups_lock = threading.Lock()
         self.threads: list[_Thread] = []
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         # Submitted, not taken by a thread yet: whoever pops a job from here first (a thread starting it, or the
@@ -280,6 +308,9 @@ class ThreadPool:
 
     def _serve(self, me: _Thread) -> None:
         _warm_connection()
+        with self._warm_ups_lock:
+            warm_ups, self._warm_ups = self._warm_ups, []
+        _warm_up(warm_ups)
         while True:
             job = self.jobs.get()
             if job is None:

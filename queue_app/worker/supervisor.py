@@ -41,7 +41,7 @@ from django.db import connections
 from .. import engine
 from ..conf import queue_settings
 from ..engine import ALL_QUEUES, Lease, LeaseTerms
-from ..registry import Delivery, Task, find_task, registered_tasks
+from ..registry import Delivery, Task, find_task, registered_tasks, warm_ups_for
 from .execute import Job
 from .listener import FOLLOW, Listener
 from .maintenance import Maintenance
@@ -170,7 +170,9 @@ class Supervisor(Settling):
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         prefetch = self.capacity - self.options.concurrency
-        self.pool = self.pool or make_pool(self.options.pool, self.options.concurrency, backlog=prefetch)
+        self.pool = self.pool or make_pool(
+            self.options.pool, self.options.concurrency, backlog=prefetch, warm_ups=warm_ups_for(self.queues)
+        )
         self.pool.start()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         if self.replaces:  # blocked across the exec that started this process: a signal meanwhile arrives now
