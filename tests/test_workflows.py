@@ -149,6 +149,19 @@ def test_start_inside_a_rolled_back_transaction_writes_nothing():
     assert not Workflow.objects.exists() and not QueueItem.objects.exists()
 
 
+def test_deleting_a_workflow_takes_its_steps_and_edges_and_nothing_else():
+    """Steps and edges have no foreign key constraints (migration 0019): the trigger workflow_deleted removes
+    them with their workflow, as the constraints' cascade did, and leaves other workflows' rows alone."""
+    gone, kept = services.start("wf_diamond"), services.start("wf_diamond")
+    kept_steps = set(WorkflowStep.objects.filter(workflow=kept).values_list("id", flat=True))
+    kept_edges = StepDependency.objects.filter(downstream_id__in=kept_steps).count()
+    assert kept_edges == 4 and WorkflowStep.objects.filter(workflow=gone).count() == 4
+    Workflow.objects.filter(id=gone.id).delete()
+    assert set(WorkflowStep.objects.values_list("id", flat=True)) == kept_steps
+    assert StepDependency.objects.count() == kept_edges
+    assert Workflow.objects.get(id=kept.id).steps_total == 4
+
+
 def test_cancel_stops_a_running_task_and_cancels_the_rest(workers):
     from queue_app.workflows.definition import Graph
 
