@@ -14,6 +14,7 @@ from django.db import connection, transaction
 
 from queue_app import engine
 from queue_app.engine import sql
+from queue_app.worker.maintenance import _analyze_unit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,9 +23,17 @@ BIG = ("queue_app_queueitem", "queue_app_reservation")
 MAINTENANCE = {"PRUNE_DONE", "PRUNE_DEDUP", "RESCUE_EXPIRED", "SWEEP_WORKERS", "BLOATED_TABLES"}
 # The archiver and the history's retention (engine/history.py), maintenance units too.
 MAINTENANCE |= {"ARCHIVE_PICK", "ARCHIVE_MOVE", "ENSURE_PARTITIONS", "HISTORY_PARTITIONS", "RETENTIONS"}
-MAINTENANCE |= {"PRUNE_HISTORY"}
+MAINTENANCE |= {"PRUNE_HISTORY", "STALE_STATISTICS"}
 # ... and RESTORE_ITEMS (a requeue from the history) runs on Django's cursor: planned per call, never generic.
-NOT_PLANNED = {"COPY_ITEMS", "COPY_DELAYED_ITEMS", "VACUUM", "ENGINE_SESSION", "DROP_PARTITION", "RESTORE_ITEMS"}
+NOT_PLANNED = {
+    "COPY_ITEMS",
+    "COPY_DELAYED_ITEMS",
+    "VACUUM",
+    "ANALYZE",
+    "ENGINE_SESSION",
+    "DROP_PARTITION",
+    "RESTORE_ITEMS",
+}
 
 
 def statements() -> dict[str, str]:
@@ -174,3 +183,58 @@ def test_a_fan_out_numbers_steps_and_items_from_their_id_sequences(table, name):
     with connection.cursor() as cur:
         cur.execute("SELECT pg_get_serial_sequence(%s, 'id')::regclass = %s::regclass", [table, getattr(sql, name)])
         assert cur.fetchone()[0] is True
+
+
+@pytest.fixture
+def empty_tables_analyzed() -> Iterator[None]:
+    """The hot tables empty and analyzed so (a worker starting on an idle queue, or any queue analyzed after it
+    drained), no autovacuum to analyze them behind the test's back."""
+    with connection.cursor() as cur:
+        for table in BIG:
+            cur.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+            cur.execute(f"VACUUM ANALYZE {table}")
+    yield
+    with connection.cursor() as cur:
+        cur.execute(f"TRUNCATE {', '.join(BIG)} CASCADE")
+        for table in BIG:
+            cur.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
+            cur.execute(f"ANALYZE {table}")
+
+
+def test_plans_made_on_an_empty_table_are_made_again_once_the_analyze_unit_sees_it_grown(empty_tables_analyzed):
+    """A connection plans a statement once, on the table as it is then. Made on an empty table, the settle reads
+    the item and reservation tables whole (once per item of the batch); once the table has grown, the worker's
+    analyze unit finds it and ANALYZEs it, and the new statistics make the session plan the statement again."""
+    hot = {name: text for name, text in statements().items() if name in ("COMPLETE_MANY", "SETTLE_AND_LEASE")}
+    assert engine.stale_statistics() == []
+
+    def cached_plans() -> dict[str, list[str]]:
+        found = {}
+        with connection.cursor() as cur:
+            for name in hot:
+                positional, n = _positional(hot[name])
+                cur.execute(f"EXPLAIN EXECUTE {name}({', '.join(['NULL'] * n)})")
+                found[name] = reads_whole([row[0] for row in cur.fetchall()])
+        return found
+
+    with connection.cursor() as cur:
+        for name, text in hot.items():
+            cur.execute(f"PREPARE {name} AS {_positional(text)[0]}")
+    try:
+        assert all(cached_plans().values())  # planned now, on the empty tables: they read them whole
+        engine.enqueue_many("t", [{}] * 30_000, queue="filled")
+        engine.lease(["filled"], 5_000, "w1", 600)
+        assert all(cached_plans().values())  # the same plans, on 30,000 rows: what a worker ran for seconds
+
+        assert "queue_app_queueitem" in engine.stale_statistics()
+        unit = _analyze_unit()
+        counts, _ = unit()
+        assert counts["analyze_started"] >= 1
+        unit.thread.join(60)
+
+        assert cached_plans() == {name: [] for name in hot}  # planned again, on the new statistics: index probes
+        assert "queue_app_queueitem" not in engine.stale_statistics()
+    finally:
+        with connection.cursor() as cur:
+            for name in hot:
+                cur.execute(f"DEALLOCATE {name}")

@@ -5,7 +5,7 @@ import pytest
 from django.db import connection
 
 from queue_app import engine
-from queue_app.worker.maintenance import _Vacuum
+from queue_app.worker.maintenance import _vacuum_unit
 from tests.waiting import wait_for
 
 ITEM = "queue_app_queueitem"
@@ -93,7 +93,7 @@ def test_few_dead_rows_are_left_to_autovacuum():
 def test_the_unit_vacuums_in_a_thread_of_its_own_and_starts_one_at_a_time():
     churn(30_000)
     wait_for(lambda: ITEM in engine.bloated_tables(), timeout=15, what="the dead rows to show in the statistics")
-    unit = _Vacuum()
+    unit = _vacuum_unit()
     before = vacuums()
 
     counts, more = unit()

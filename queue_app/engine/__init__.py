@@ -10,7 +10,15 @@ from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue, notify, use_
 from .errors import InvalidEnqueue, QueueError, StaleReservation
 from .history import archive, drop_expired_partitions, ensure_partitions, prune_history, within_lock_timeout
 from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, settle_and_lease
-from .maintenance import bloated_tables, prune_dedup_claims, prune_done, rescue_expired, vacuum
+from .maintenance import (
+    analyze,
+    bloated_tables,
+    prune_dedup_claims,
+    prune_done,
+    rescue_expired,
+    stale_statistics,
+    vacuum,
+)
 from .retry import backoff_seconds
 from .settle import complete, complete_many, dead, extend, extend_many, fail, release, start_at_most_once
 from .workers import (
@@ -39,6 +47,7 @@ __all__ = [
     "WorkerRow",
     "archive",
     "backoff_seconds",
+    "analyze",
     "bloated_tables",
     "complete",
     "complete_many",
@@ -69,6 +78,7 @@ __all__ = [
     "try_maintenance_lock",
     "try_wake_lock",
     "use_task_defaults",
+    "stale_statistics",
     "vacuum",
     "within_lock_timeout",
 ]

@@ -1,6 +1,6 @@
 """Maintenance duties of the engine, each one statement: rescue expired leases, prune done items and
-expired dedup claims, vacuum the hot tables when dead rows pile up. The worker runs them on their own
-intervals under an advisory lock."""
+expired dedup claims, vacuum the hot tables when dead rows pile up, analyze them when they outgrow their
+statistics. The worker runs them on their own intervals under an advisory lock."""
 
 import time
 
@@ -46,15 +46,36 @@ def bloated_tables(min_dead: int = 20_000, share: float = 0.1, *, using: str = "
         return [row[0] for row in cur.fetchall()]
 
 
+def stale_statistics(
+    growth: int = 4, min_rows: int = 1_000, min_pages: int = 128, *, using: str = "default"
+) -> list[str]:
+    """The hot tables grown past `growth` times what their statistics say (see sql.STALE_STATISTICS)."""
+    params = {"tables": list(HOT_TABLES), "growth": growth, "min_rows": min_rows, "min_pages": min_pages}
+    with cursor(using) as cur:
+        cur.execute(sql.STALE_STATISTICS, params)
+        return [row[0] for row in cur.fetchall()]
+
+
+def analyze(tables: list[str], *, using: str = "default") -> dict[str, float]:
+    """ANALYZE each table, skipping one a VACUUM or ANALYZE holds (it brings the statistics up to date itself).
+    The new statistics make every session plan its statements on that table again. Returns the seconds each
+    took. On a connection of its own, in autocommit: it never waits inside a caller's transaction."""
+    return _each(sql.ANALYZE, tables, using)
+
+
 def vacuum(tables: list[str], *, using: str = "default") -> dict[str, float]:
     """VACUUM (ANALYZE) each table on a connection of its own (VACUUM cannot run in a transaction), skipping a
     table another VACUUM holds. Returns the seconds each took. Queue tables churn: the server's autovacuum may be
     off (it is on some CI servers), throttled or busy elsewhere, and a lease then walks past ever more dead index
     entries while the tables grow."""
+    return _each(sql.VACUUM, tables, using)
+
+
+def _each(statement: str, tables: list[str], using: str) -> dict[str, float]:
     took: dict[str, float] = {}
     with dedicated_connection(using=using) as conn:
         for table in tables:
             t0 = time.monotonic()
-            conn.execute(psql.SQL(sql.VACUUM).format(table=psql.Identifier(table)))
+            conn.execute(psql.SQL(statement).format(table=psql.Identifier(table)))
             took[table] = round(time.monotonic() - t0, 3)
     return took

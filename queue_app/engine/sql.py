@@ -642,6 +642,22 @@ ORDER BY n_dead_tup DESC
 # SKIP_LOCKED: a table another VACUUM (autovacuum, another worker) holds is skipped, never waited for.
 VACUUM = "VACUUM (SKIP_LOCKED, ANALYZE) {table}"
 
+# The hot tables that have outgrown their statistics: more than `growth` times the live rows, or the pages, the
+# last ANALYZE (or VACUUM) counted, and by more than a few thousand rows or `min_pages` pages. The engine's
+# generic plans are made on the statistics and the size a table has when a connection first runs a statement:
+# made on an empty table (a worker started on an idle queue, or a queue analyzed after it drained), they read
+# the table whole for every item of a batch, and stay so until an ANALYZE makes every session plan again. A
+# queue filled from empty at 11,000 items/s had settles of 500 items take 1.2-2.7 s until one did (about 5 s).
+# The live-row count comes from the statistics collector (at most a second late); the size in pages is current.
+STALE_STATISTICS = """
+SELECT c.relname FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE s.schemaname = current_schema() AND s.relname = ANY(%(tables)s)
+  AND (s.n_live_tup > %(growth)s * GREATEST(c.reltuples, 0) + %(min_rows)s
+       OR pg_relation_size(c.oid) / current_setting('block_size')::int > %(growth)s * c.relpages + %(min_pages)s)
+ORDER BY c.relname
+"""
+ANALYZE = "ANALYZE (SKIP_LOCKED) {table}"
+
 # -- worker ---------------------------------------------------------------------------------------------------
 
 WORKER = "queue_app_worker"

@@ -1,8 +1,8 @@
 """Maintenance duties, each a small unit with one job and its own interval (River's maintenance services):
 rescue expired leases, prune done items and dedup claims, archive finished items into the partitioned history
-and drop its expired days, vacuum the hot tables when dead rows pile up, sweep
-the Worker rows of dead workers, and fire the cron schedules that are due (the scheduler; off with
-`run_worker --no-scheduler`).
+and drop its expired days, vacuum the hot tables when dead rows pile up, analyze them when they outgrow their
+statistics, sweep the Worker rows of dead workers, and fire the cron schedules that are due (the scheduler;
+off with `run_worker --no-scheduler`).
 
 Every worker carries the units; a unit runs inside a transaction holding its advisory lock
 (pg_try_advisory_xact_lock), so one worker at a time does each duty and the others skip it.
@@ -67,31 +67,43 @@ def _history_retention() -> tuple[dict[str, int], bool]:
     return counts, counts["history_pruned"] >= PRUNE_BATCH
 
 
-class _Vacuum:
-    """VACUUM the hot tables whose dead rows piled up (see engine.vacuum), in a thread of its own: a VACUUM of
-    a big table takes seconds, and the supervisor's loop (settles, leases, heartbeats) must not wait for it.
-    Several workers may start one: VACUUM (SKIP_LOCKED) skips a table another VACUUM holds."""
+class _InThread:
+    """A maintenance statement that may take seconds, run in a thread of its own so that the supervisor's loop
+    (settles, leases, heartbeats) never waits for it: `find` says which hot tables need it, `act` does it (a
+    connection of its own); one thread at a time per unit."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str, find: Callable[[], list[str]], act: Callable[[list[str]], dict[str, float]]):
+        self.name, self.find, self.act = name, find, act
         self.thread: threading.Thread | None = None
 
     def __call__(self) -> tuple[dict[str, int], bool]:
         if self.thread is not None and self.thread.is_alive():
             return {}, False
-        tables = engine.bloated_tables()
+        tables = self.find()
         if tables:
-            self.thread = threading.Thread(target=self._run, args=(tables,), name="jobsite-vacuum", daemon=True)
+            self.thread = threading.Thread(target=self._run, args=(tables,), name=f"jobsite-{self.name}", daemon=True)
             self.thread.start()
-        return {"vacuum_started": len(tables)}, False
+        return {f"{self.name}_started": len(tables)}, False
 
-    @staticmethod
-    def _run(tables: list[str]) -> None:
+    def _run(self, tables: list[str]) -> None:
         try:
-            took = engine.vacuum(tables)
+            took = self.act(tables)
         except Exception as exc:  # e.g. not the tables' owner, or the server went away: say so, try next time
-            logger.warning("maintenance unit=vacuum failed: %s", exc)
+            logger.warning("maintenance unit=%s failed: %s", self.name, exc)
         else:
-            logger.info("maintenance unit=vacuum %s", " ".join(f"{t}={s:.1f}s" for t, s in took.items()))
+            logger.info("maintenance unit=%s %s", self.name, " ".join(f"{t}={s:.1f}s" for t, s in took.items()))
+
+
+def _vacuum_unit() -> _InThread:
+    """VACUUM the hot tables whose dead rows piled up (engine.bloated_tables). Several workers may start one:
+    VACUUM (SKIP_LOCKED) skips a table another VACUUM holds."""
+    return _InThread("vacuum", engine.bloated_tables, engine.vacuum)
+
+
+def _analyze_unit() -> _InThread:
+    """ANALYZE the hot tables that outgrew their statistics (engine.stale_statistics): the engine's generic plans
+    made on an empty table read it whole until new statistics make every session plan again."""
+    return _InThread("analyze", engine.stale_statistics, engine.analyze)
 
 
 def _sweep_workers() -> tuple[dict[str, int], bool]:
@@ -114,7 +126,9 @@ def default_units(*, scheduler: bool = True) -> list[Unit]:
         # Often: a lease walks past every dead entry at the head of item_fetch until a VACUUM clears them (at
         # 10,000 items/s that is 300,000 more a minute); it only VACUUMs past bloated_tables' thresholds. Two
         # workers draining 300,000 no-ops: 10,800-17,700 items/s checking every 30 s, 19,000-20,300 every 5 s.
-        Unit("vacuum", 5.0, _Vacuum()),
+        Unit("vacuum", 5.0, _vacuum_unit()),
+        # Every second: a queue filled from empty runs on plans made for an empty table until this ANALYZE.
+        Unit("analyze", 1.0, _analyze_unit()),
         Unit("sweep_workers", 60.0, _sweep_workers),
     ]
     if scheduler:
