@@ -83,7 +83,7 @@ def test_a_worker_frozen_past_its_leases_never_starts_a_prefetched_item_it_no_lo
     engine.ensure_queue("default")
     services.set_queue_options("default", lease_timeout=1.0)  # the task's floor: 1 s hard timeout + 2 s
     ids = get_task("tests.quick_probe").enqueue_many([{"sleep": 0.6}] * 6)
-    proc = worker("frozen", "--concurrency", "1", "--prefetch", "4", "--pool", "process")
+    proc = worker("frozen", "--concurrency", "1", "--prefetch", "4", "--hold", "0", "--pool", "process")
     wait_for(lambda: ExecutionLog.objects.exists(), timeout=60, what="the first run")
     os.killpg(proc.pid, signal.SIGSTOP)  # the worker and its child: a paused VM
     try:

@@ -393,6 +393,31 @@ def test_one_idle_worker_answers_a_notification_first_and_the_others_follow(work
     assert wake_lock_holders() == []  # a stopped worker's lock goes with its connection
 
 
+@pytest.mark.parametrize("hold", ["0.025", "0"])
+def test_a_burst_is_shared_between_workers_unless_told_to_hold_their_whole_prefetch(worker, hold):
+    """--prefetch 100 beside --concurrency 2: by default a worker holds only about --hold seconds of work at its
+    pace (never less than --concurrency), so the burst the first worker is woken for is shared with the other;
+    with --hold 0 the first worker leases it whole and the other has nothing to do."""
+    args = ("--pool", "thread", "--concurrency", "2", "--prefetch", "100", "--hold", hold, "--no-scheduler")
+    procs = [worker(f"share{n}", *args) for n in range(2)]
+    wait_for(lambda: Worker.objects.filter(id__startswith="share").count() == 2, timeout=30, what="2 workers")
+    wait_for(lambda: len(wake_lock_holders()) == 1, timeout=10, what="one worker to hold the wake lock")
+    time.sleep(0.5)  # both idle in select(), past their first lease
+    items = engine.enqueue_many(PROBE, [{"sleep": 0.05}] * 60)
+    wait_for(lambda: ExecutionLog.objects.filter(item_id__in=items).count() == 60, timeout=60, what="60 runs")
+    runs = Counter(ExecutionLog.objects.filter(item_id__in=items).values_list("worker_id", flat=True))
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        assert finish(proc, timeout=30) == 0
+    per_item = runs_per_item()
+    assert sum(runs.values()) == 60 and all(per_item[item] == 1 for item in items)
+    if hold == "0":
+        assert max(runs.values()) == 60, runs  # leased whole by the first worker woken
+    else:
+        assert min(runs["share0"], runs["share1"]) >= 15, runs  # each did a good part of it
+
+
 def test_when_the_first_worker_loses_its_listener_a_follower_takes_over(worker):
     procs = [worker(f"follow{n}", "--concurrency", "1", "--poll-interval", "0.2") for n in range(2)]
     wait_for(lambda: len(wake_lock_holders()) == 1, timeout=30, what="one worker to hold the wake lock")

@@ -330,3 +330,24 @@ def test_a_worker_shrinks_to_fit_when_the_server_has_too_few_connections_left(ca
     caplog.clear()
     Supervisor(WorkerOptions(pool="thread", concurrency=max(1, room - 10))).check_connection_room()
     assert not [r for r in caplog.records if "too few database connections" in r.getMessage()]
+
+
+def test_what_a_worker_holds_follows_its_pace_and_the_whole_prefetch_through_a_backlog():
+    supervisor = Supervisor(WorkerOptions(pool="thread", concurrency=2, prefetch=100, hold=0.025))
+    assert supervisor._held_most() == 2 + 2  # no pace measured yet: --concurrency beyond the slots
+    supervisor.pace = 4_000.0  # items a second: 25 ms of work is 100 items
+    assert supervisor._held_most() == 2 + 100
+    supervisor.pace = 400.0
+    assert supervisor._held_most() == 2 + 10
+    supervisor.ran_dry_at = time.monotonic() - 5  # no slot has lacked work for 5 s: a backlog
+    assert supervisor._held_most() == 2 + 100
+    unheld = Supervisor(WorkerOptions(pool="thread", concurrency=2, prefetch=100, hold=0))
+    assert unheld._held_most() == 2 + 100  # --hold 0: the whole prefetch, whatever the pace
+    default = Supervisor(WorkerOptions(pool="thread", concurrency=8))
+    default.pace = 1.0
+    assert default._held_most() == 8 + 8  # the default prefetch (--concurrency) is never held back
+
+
+@pytest.mark.parametrize("hold", [-0.1, float("nan"), float("inf")])
+def test_a_hold_that_is_not_a_number_of_seconds_is_refused(hold):
+    assert any(p.startswith("--hold must be a number of seconds") for p in WorkerOptions(hold=hold).problems())

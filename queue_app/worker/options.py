@@ -24,6 +24,9 @@ class WorkerOptions:
     pool: str = "process"
     batch: int | None = None  # most items per lease; None: as many as there is room for
     prefetch: int | None = None  # items held leased, not yet started, beyond the slots; None: concurrency
+    # ...and of those beyond --concurrency, at most this many seconds of work at the pace the pool keeps (0: hold
+    # the whole prefetch whatever the pace). See Supervisor._held_most.
+    hold: float = 0.025
     poll_interval: float = 1.0
     worker_id: str | None = None
     burst: bool = False
@@ -39,6 +42,8 @@ class WorkerOptions:
             found.append(f"--batch must be at least 1, not {self.batch}")
         if self.prefetch is not None and self.prefetch < 0:
             found.append(f"--prefetch must be at least 0, not {self.prefetch}")
+        if not (self.hold >= 0 and self.hold != float("inf")):
+            found.append(f"--hold must be a number of seconds >= 0, not {self.hold}")
         if not self.poll_interval > 0:
             found.append(f"--poll-interval must be > 0 seconds, not {self.poll_interval}")
         if self.max_items is not None and self.max_items < 1:

@@ -60,6 +60,10 @@ HEARTBEAT_MAX = 10.0  # seconds between heartbeats at most; less when the shorte
 GATHER = 0.005
 # Connections a worker opens beyond its own and one per pool slot: its LISTEN connection, its vacuum thread's.
 OTHER_CONNECTIONS = 2
+PACE_EVERY = 0.25  # seconds between updates of the pace a worker's pool keeps (items finished per second)
+# A worker that has not run dry (a slot with nothing to start) for this long is working through a backlog: every
+# worker has plenty, so it holds its whole prefetch (leases of the largest batches: ~7% more items/s).
+BACKLOG_AFTER = 1.0
 # A loop iteration that began this much later than the previous one ended (beyond its longest wait) means the
 # worker was away: frozen (SIGSTOP, a paused VM), or stuck in a blocking call. Its leases may have lapsed.
 AWAY_AFTER = 2.0
@@ -117,6 +121,9 @@ class Supervisor(Settling):
         self.due: list[float] = []  # heap: when items this worker sent back for a retry become due
         self.away = False  # the loop was away (frozen, cut off): check leases and settle before anything else
         self.waited_from, self.waited_for = time.monotonic(), 0.0  # the last wait: since when, for how long
+        self.pace = 0.0  # items finished per second lately (0: none measured yet)
+        self.pace_count, self.pace_since = 0, time.monotonic()
+        self.ran_dry_at = time.monotonic()  # when a slot last had nothing to start
 
     # -- start and stop -------------------------------------------------------------------------------------
 
@@ -276,8 +283,11 @@ class Supervisor(Settling):
             logger.warning("worker was away %s", fields(seconds=f"{late:.1f}"))
             self.away = True
         self.waited_from, self.waited_for = now, 0.0
+        finished = 0
         for outcome in self.pool.collect():
             self._finish(outcome)
+            finished += 1
+        self._measure_pace(now, finished)
         self._enforce_deadlines()
         self._database_round()
         self.status.tick(
@@ -289,8 +299,29 @@ class Supervisor(Settling):
         if not self._finished():
             self._wait()
 
+    def _measure_pace(self, now: float, finished: int) -> None:
+        if len(self.running) + len(self.leased) < self.options.concurrency:
+            self.ran_dry_at = now
+        self.pace_count += finished
+        if now - self.pace_since >= PACE_EVERY:
+            recent = self.pace_count / (now - self.pace_since)
+            self.pace = (self.pace + recent) / 2 if self.pace else recent
+            self.pace_count, self.pace_since = 0, now
+
+    def _held_most(self) -> int:
+        """Running plus held items at most: the slots, and of the prefetch, --hold seconds of work at the pace
+        the pool keeps, never less than --concurrency (the default prefetch: unchanged) so the pace can grow;
+        the whole prefetch while it works through a backlog (BACKLOG_AFTER).
+        Under a steady load the first worker woken would otherwise lease each burst whole and work through it
+        alone while the others idle: its last items waited 50-60 ms in hand (p99) at 11,000 items/s with
+        --prefetch 500 on two workers; 26-38 ms held to 25 ms of work, the same end-to-end throughput."""
+        concurrency, prefetch = self.options.concurrency, self.capacity - self.options.concurrency
+        if not self.options.hold or time.monotonic() - self.ran_dry_at > BACKLOG_AFTER:
+            return self.capacity
+        return concurrency + min(prefetch, max(concurrency, int(self.pace * self.options.hold)))
+
     def _room(self) -> int:
-        return self.capacity - len(self.running) - len(self.leased)
+        return self._held_most() - len(self.running) - len(self.leased)
 
     def _free(self) -> int:
         free = self._room()
@@ -303,7 +334,7 @@ class Supervisor(Settling):
         has waited GATHER seconds."""
         if not self.running or self.stopping or self.gather_since is None:
             return True
-        return 2 * self._room() >= self.capacity or now - self.gather_since >= GATHER
+        return 2 * self._room() >= self._held_most() or now - self.gather_since >= GATHER
 
     def _should_lease(self, now: float) -> bool:
         if self.stopping or self._free() == 0:

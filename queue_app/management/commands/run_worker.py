@@ -59,6 +59,15 @@ class Command(BaseCommand):
             "concurrency); their leases are renewed like running ones",
         )
         parser.add_argument(
+            "--hold",
+            type=float,
+            default=0.025,
+            metavar="SECONDS",
+            help="of a prefetch larger than --concurrency, hold at most this many seconds of work at the pace "
+            "this worker keeps, so that a burst is shared with the other workers rather than queued in one "
+            "worker's hand (default: 0.025; 0: always the whole prefetch)",
+        )
+        parser.add_argument(
             "--poll-interval", type=float, default=1.0, help="seconds between polls when no NOTIFY arrives"
         )
         parser.add_argument("--worker-id", default=None, help="default: host:pid:random")
@@ -95,6 +104,7 @@ class Command(BaseCommand):
             pool=options["pool"],
             batch=options["batch"],
             prefetch=options["prefetch"],
+            hold=options["hold"],
             poll_interval=options["poll_interval"],
             worker_id=options["worker_id"],
             burst=options["burst"],
