@@ -643,7 +643,7 @@ ORDER BY n_dead_tup DESC
 VACUUM = "VACUUM (SKIP_LOCKED, ANALYZE) {table}"
 
 # The hot tables that have outgrown their statistics: more than `growth` times the live rows, or the pages, the
-# last ANALYZE (or VACUUM) counted, and by more than a few thousand rows or `min_pages` pages. The engine's
+# last ANALYZE (or VACUUM) counted, and by more than `min_rows` rows or `min_pages` pages. The engine's
 # generic plans are made on the statistics and the size a table has when a connection first runs a statement:
 # made on an empty table (a worker started on an idle queue, or a queue analyzed after it drained), they read
 # the table whole for every item of a batch, and stay so until an ANALYZE makes every session plan again. A
