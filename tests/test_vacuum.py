@@ -5,7 +5,7 @@ import pytest
 from django.db import connection
 
 from queue_app import engine
-from queue_app.worker.maintenance import _vacuum_unit
+from queue_app.worker.maintenance import _analyze_unit, _vacuum_unit
 from tests.waiting import wait_for
 
 ITEM = "queue_app_queueitem"
@@ -103,4 +103,21 @@ def test_the_unit_vacuums_in_a_thread_of_its_own_and_starts_one_at_a_time():
         assert unit() == ({}, False)  # one VACUUM thread at a time
     running.join(60)
     assert not running.is_alive()
+    wait_cleared(before)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_vacuum_and_analyze_take_turns_in_one_thread_so_a_worker_opens_one_connection_for_them():
+    churn(30_000)
+    wait_for(lambda: ITEM in engine.bloated_tables(), timeout=15, what="the dead rows to show in the statistics")
+    shared: list = [None]
+    vacuum, analyze = _vacuum_unit(shared), _analyze_unit(shared)
+    before = vacuums()
+
+    counts, _ = vacuum()
+    running = vacuum.thread
+    assert counts["vacuum_started"] >= 1 and running is not None and analyze.thread is running
+    if running.is_alive():
+        assert analyze() == ({}, False)  # its turn comes when the VACUUM's thread has ended
+    running.join(60)
     wait_cleared(before)

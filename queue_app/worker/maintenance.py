@@ -70,19 +70,32 @@ def _history_retention() -> tuple[dict[str, int], bool]:
 class _InThread:
     """A maintenance statement that may take seconds, run in a thread of its own so that the supervisor's loop
     (settles, leases, heartbeats) never waits for it: `find` says which hot tables need it, `act` does it (a
-    connection of its own); one thread at a time per unit."""
+    connection of its own). Units given the same `shared` list take turns in one thread: a worker opens one
+    connection for them at most (supervisor.OTHER_CONNECTIONS counts it)."""
 
-    def __init__(self, name: str, find: Callable[[], list[str]], act: Callable[[list[str]], dict[str, float]]):
+    def __init__(
+        self,
+        name: str,
+        find: Callable[[], list[str]],
+        act: Callable[[list[str]], dict[str, float]],
+        shared: list[threading.Thread | None] | None = None,
+    ):
         self.name, self.find, self.act = name, find, act
-        self.thread: threading.Thread | None = None
+        self.shared = [None] if shared is None else shared  # the one thread these units run in, if any
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self.shared[0]
 
     def __call__(self) -> tuple[dict[str, int], bool]:
         if self.thread is not None and self.thread.is_alive():
             return {}, False
         tables = self.find()
         if tables:
-            self.thread = threading.Thread(target=self._run, args=(tables,), name=f"jobsite-{self.name}", daemon=True)
-            self.thread.start()
+            self.shared[0] = threading.Thread(
+                target=self._run, args=(tables,), name=f"jobsite-{self.name}", daemon=True
+            )
+            self.shared[0].start()
         return {f"{self.name}_started": len(tables)}, False
 
     def _run(self, tables: list[str]) -> None:
@@ -94,16 +107,17 @@ class _InThread:
             logger.info("maintenance unit=%s %s", self.name, " ".join(f"{t}={s:.1f}s" for t, s in took.items()))
 
 
-def _vacuum_unit() -> _InThread:
+def _vacuum_unit(shared: list | None = None) -> _InThread:
     """VACUUM the hot tables whose dead rows piled up (engine.bloated_tables). Several workers may start one:
     VACUUM (SKIP_LOCKED) skips a table another VACUUM holds."""
-    return _InThread("vacuum", engine.bloated_tables, engine.vacuum)
+    return _InThread("vacuum", engine.bloated_tables, engine.vacuum, shared)
 
 
-def _analyze_unit() -> _InThread:
+def _analyze_unit(shared: list | None = None) -> _InThread:
     """ANALYZE the hot tables that outgrew their statistics (engine.stale_statistics): the engine's generic plans
-    made on an empty table read it whole until new statistics make every session plan again."""
-    return _InThread("analyze", engine.stale_statistics, engine.analyze)
+    made on an empty table read it whole until new statistics make every session plan again. (A VACUUM running
+    in the shared thread analyzes as it goes.)"""
+    return _InThread("analyze", engine.stale_statistics, engine.analyze, shared)
 
 
 def _sweep_workers() -> tuple[dict[str, int], bool]:
@@ -118,6 +132,7 @@ def _fire_schedules() -> tuple[dict[str, int], bool]:
 
 
 def default_units(*, scheduler: bool = True) -> list[Unit]:
+    background: list[threading.Thread | None] = [None]  # vacuum and analyze take turns in one thread
     units = [
         Unit("rescue_expired", 1.0, _rescue),
         Unit("prune_done", 60.0, _prune),
@@ -126,9 +141,9 @@ def default_units(*, scheduler: bool = True) -> list[Unit]:
         # Often: a lease walks past every dead entry at the head of item_fetch until a VACUUM clears them (at
         # 10,000 items/s that is 300,000 more a minute); it only VACUUMs past bloated_tables' thresholds. Two
         # workers draining 300,000 no-ops: 10,800-17,700 items/s checking every 30 s, 19,000-20,300 every 5 s.
-        Unit("vacuum", 5.0, _vacuum_unit()),
+        Unit("vacuum", 5.0, _vacuum_unit(background)),
         # Every second: a queue filled from empty runs on plans made for an empty table until this ANALYZE.
-        Unit("analyze", 1.0, _analyze_unit()),
+        Unit("analyze", 1.0, _analyze_unit(background)),
         Unit("sweep_workers", 60.0, _sweep_workers),
     ]
     if scheduler:

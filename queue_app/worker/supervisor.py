@@ -58,7 +58,8 @@ HEARTBEAT_MAX = 10.0  # seconds between heartbeats at most; less when the shorte
 # While other items still run, a freed slot and its finished item wait up to this long for company, so settles
 # and leases go in batches rather than one round trip per item.
 GATHER = 0.005
-# Connections a worker opens beyond its own and one per pool slot: its LISTEN connection, its vacuum thread's.
+# Connections a worker opens beyond its own and one per pool slot: its LISTEN connection, and its maintenance
+# thread's (VACUUM or ANALYZE, worker/maintenance.py) while one runs.
 OTHER_CONNECTIONS = 2
 PACE_EVERY = 0.25  # seconds between updates of the pace a worker's pool keeps (items finished per second)
 # A worker that has not run dry (a slot with nothing to start) for this long is working through a backlog: every
