@@ -40,7 +40,8 @@ def prune_dedup_claims(*, using: str = "default") -> int:
 
 
 def bloated_tables(min_dead: int = 20_000, share: float = 0.1, *, using: str = "default") -> list[str]:
-    """The hot tables with more than `min_dead` dead rows and more than `share` of their live rows dead."""
+    """The hot tables, and history partitions, with more than `min_dead` dead rows and more than `share` of their
+    live rows dead."""
     with cursor(using) as cur:
         cur.execute(sql.BLOATED_TABLES, {"tables": list(HOT_TABLES), "min_dead": min_dead, "share": share})
         return [row[0] for row in cur.fetchall()]

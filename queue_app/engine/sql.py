@@ -612,10 +612,12 @@ WHERE h.inhparent IN ('{ITEM_HISTORY}'::regclass, '{RESERVATION_HISTORY}'::regcl
 ORDER BY 2, 1
 """
 # What every queue keeps: the longest retention (whole days older than it are dropped), and the queues keeping
-# less, whose older rows are deleted row by row.
+# less, or less than a day, whose older rows are deleted row by row.
 RETENTIONS = f"SELECT name, extract(epoch FROM retention) FROM {QUEUE}"
 DROP_PARTITION = "DROP TABLE IF EXISTS {table}"
-# Archived rows of one queue older than its (shorter) retention, with their reservations: %(limit)s at a time.
+# Archived rows of one queue older than its retention (engine/history.py: pruned_by_rows), with their
+# reservations: %(limit)s at a time. The reservations' bound on item_finished_at (their item's finished_at)
+# leaves out the partitions of newer days.
 PRUNE_HISTORY = f"""
 WITH gone AS (
     DELETE FROM {ITEM_HISTORY} h WHERE (h.id, h.finished_at) IN (
@@ -625,6 +627,7 @@ WITH gone AS (
     RETURNING h.id
 ), res AS (
     DELETE FROM {RESERVATION_HISTORY} r WHERE r.item_id = ANY(ARRAY(SELECT id FROM gone))
+        AND r.item_finished_at < now() - make_interval(secs => %(retention)s)
 )
 SELECT count(*) FROM gone
 """
@@ -633,9 +636,14 @@ PRUNE_DEDUP = f"DELETE FROM {DEDUP} WHERE expires_at <= now()"
 
 # The queue's hot tables whose dead rows (every lease, settle and prune leaves some) have piled up past
 # `min_dead` and `share` of their live rows: they need a VACUUM. From the statistics collector (track_counts).
-BLOATED_TABLES = """
+# With them the history partitions a row-by-row prune (engine/history.py) has left dead rows in: vacuumed,
+# their space is used again and a queue keeping minutes keeps its history at that size.
+BLOATED_TABLES = f"""
 SELECT relname, n_dead_tup, n_live_tup FROM pg_stat_user_tables
-WHERE schemaname = current_schema() AND relname = ANY(%(tables)s)
+WHERE schemaname = current_schema()
+  AND (relname = ANY(%(tables)s)
+       OR relid IN (SELECT inhrelid FROM pg_inherits
+                    WHERE inhparent IN ('{ITEM_HISTORY}'::regclass, '{RESERVATION_HISTORY}'::regclass)))
   AND n_dead_tup > GREATEST(%(min_dead)s, %(share)s * n_live_tup)
 ORDER BY n_dead_tup DESC
 """

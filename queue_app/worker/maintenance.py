@@ -137,7 +137,8 @@ def default_units(*, scheduler: bool = True) -> list[Unit]:
         Unit("rescue_expired", 1.0, _rescue),
         Unit("prune_done", 60.0, _prune),
         Unit("archive", 5.0, _archive),
-        Unit("history_retention", 300.0, _history_retention),
+        # Every 30 s: a queue keeping a minute of history (pruned row by row) holds about 1.5 minutes of it.
+        Unit("history_retention", 30.0, _history_retention),
         # Often: a lease walks past every dead entry at the head of item_fetch until a VACUUM clears them (at
         # 10,000 items/s that is 300,000 more a minute); it only VACUUMs past bloated_tables' thresholds. Two
         # workers draining 300,000 no-ops: 10,800-17,700 items/s checking every 30 s, 19,000-20,300 every 5 s.

@@ -2,7 +2,8 @@
 
 Loads N items (default 1,000,000; ``--quick``: 50,000) spread over queues, tasks, states and a week of creation
 times, with an attempt per started item and a dead letter per dead one (server-side INSERT ... SELECT
-generate_series in batches, then VACUUM ANALYZE), then requests the item and dead-letter change lists (plain,
+generate_series in batches, then VACUUM ANALYZE; ``--mix open``: 93% of them open, as in the hot table of the
+partitioned layout), then requests the item and dead-letter change lists (plain,
 filtered by queue / state / task / time, searched by id and keys, page 2) as a logged-in superuser through
 Django's test client and prints p50 / p95 per view against the budget (300 ms). Exits 1 when a list misses it.
 
@@ -39,13 +40,21 @@ ITEM_HISTORY = ItemHistory._meta.db_table
 RESERVATION_HISTORY = ReservationHistory._meta.db_table
 THROUGHPUT_QUEUE = "bench-throughput"
 
-# One row per g: 70% done, 10% dead, 15% ready, 3% reserved, 2% cancelled (by g % 100); queue and task vary
+# The state of row g, by g % 100. "week": a week of an unarchived queue (70% done, 10% dead, 15% ready, 3%
+# reserved, 2% cancelled). "open": the hot table of the partitioned layout, finished items archived (88% ready,
+# 5% reserved, 5% dead, 2% done not yet archived): 93% of the rows open.
+MIXES = {
+    "week": "CASE WHEN g %% 100 < 70 THEN 'done' WHEN g %% 100 < 80 THEN 'dead' WHEN g %% 100 < 95 THEN 'ready' "
+    "WHEN g %% 100 < 98 THEN 'reserved' ELSE 'cancelled' END",
+    "open": "CASE WHEN g %% 100 < 88 THEN 'ready' WHEN g %% 100 < 93 THEN 'reserved' WHEN g %% 100 < 98 THEN 'dead' "
+    "ELSE 'done' END",
+}
+# One row per g in the mix's states; queue and task vary
 # independently of state; created_at climbs with the id over the last 7 days; 10% carry a dedup key and 10%
 # an ordering key. Started items (done, dead, reserved) get one reservation whose id equals the item's id.
 ITEMS_SQL = f"""
 WITH g AS (
-    SELECT g, CASE WHEN g %% 100 < 70 THEN 'done' WHEN g %% 100 < 80 THEN 'dead' WHEN g %% 100 < 95 THEN 'ready'
-                   WHEN g %% 100 < 98 THEN 'reserved' ELSE 'cancelled' END AS state,
+    SELECT g, {{STATE}} AS state,
            now() - make_interval(secs => (%(n)s - g) * 604800.0 / %(n)s) AS created
     FROM generate_series(%(lo)s, %(hi)s) AS g
 )
@@ -132,6 +141,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--items", type=int, default=1_000_000, help="items to load (default 1,000,000)")
         parser.add_argument("--quick", action="store_true", help="load 50,000 items instead")
+        parser.add_argument(
+            "--mix",
+            choices=sorted(MIXES),
+            default="week",
+            help="the items' states: week (70%% done, the default) or open (93%% ready or reserved: with --history)",
+        )
         parser.add_argument("--requests", type=int, default=20, help="timed requests per view (default 20)")
         parser.add_argument("--budget-ms", type=float, default=300.0, help="p95 goal per view (default 300)")
         parser.add_argument("--reset", action="store_true", help="delete every queue row first (own database!)")
@@ -142,12 +157,14 @@ class Command(BaseCommand):
             "--throughput", type=int, default=0, help="lease+settle this many items before and after the history"
         )
 
-    def handle(self, *args, items, quick, requests, budget_ms, reset, reuse, history, history_days, throughput, **o):
+    def handle(
+        self, *args, items, quick, mix, requests, budget_ms, reset, reuse, history, history_days, throughput, **o
+    ):
         n = 50_000 if quick else items
         if min(n, history, throughput) < 0 or history_days < 1:
             raise CommandError("--items, --history and --throughput must be >= 0, --history-days >= 1")
         if not reuse:
-            self.load(n, reset=reset)
+            self.load(n, mix, reset=reset)
         before = self.throughput(throughput) if throughput else None
         if history and not reuse:
             self.load_history(history, history_days)
@@ -162,7 +179,7 @@ class Command(BaseCommand):
 
     # -- loading --------------------------------------------------------------------------------------------------
 
-    def load(self, n: int, *, reset: bool) -> None:
+    def load(self, n: int, mix: str, *, reset: bool) -> None:
         if QueueItem.objects.exists():
             if not reset:
                 raise CommandError("the queue has items: pass --reset to delete every queue row, or --reuse")
@@ -177,7 +194,7 @@ class Command(BaseCommand):
             hi = min(n, lo + BATCH - 1)
             with transaction.atomic(), connection.cursor() as cur:
                 params = {"n": n, "lo": lo, "hi": hi}
-                cur.execute(ITEMS_SQL, params)
+                cur.execute(ITEMS_SQL.replace("{STATE}", MIXES[mix]), params)
                 cur.execute(RESERVATIONS_SQL, params)
                 cur.execute(DEAD_LETTERS_SQL, params)
             self.stdout.write(f"  loaded items {lo:,}..{hi:,} ({time.perf_counter() - started:.0f} s)")
