@@ -233,6 +233,32 @@ def test_dead_letters_filter_by_queue_task_status_and_time(admin_client):
     assert listed(died="24h") == {mail, billing}
 
 
+@pytest.mark.django_db(transaction=True)  # the engine's own clock: each step commits, as a worker's would
+def test_open_dead_letters_are_those_of_dead_items_through_a_requeue_and_a_second_death(admin_client):
+    """The "open" filter also says the item is dead (so the planner can use the dead items' indexes): true of
+    every open letter, as a requeue closes its item's letters and a second death writes a new one."""
+    from queue_app import engine, services
+    from queue_app.models import DeadLetter, ItemState
+
+    def die(item_id):
+        (held,) = engine.lease(["mail"], 1, "w1")
+        assert held.item_id == item_id
+        engine.fail(held, "boom", retry_in=0)
+
+    engine.ensure_queue("mail")
+    (twice,) = engine.enqueue_many("mail.send", [{}], queue="mail", max_attempts=1)
+    die(twice)
+    first = letter_of(twice).pk
+    services.requeue_dead_letters([first], actor="test")
+    assert ids_listed(admin_client.get(url("deadletter"), {"status": "open"})) == set()
+    die(twice)
+    second = DeadLetter.objects.get(item_id=twice, requeued_at__isnull=True).pk
+
+    assert ids_listed(admin_client.get(url("deadletter"), {"status": "open", "task": "mail.send"})) == {second}
+    assert ids_listed(admin_client.get(url("deadletter"), {"status": "requeued"})) == {first}
+    assert not DeadLetter.objects.filter(requeued_at__isnull=True).exclude(item__state=ItemState.DEAD).exists()
+
+
 def test_reservations_filter_by_outcome(admin_client, items):
     listed = ids_listed(admin_client.get(url("reservation"), {"outcome__exact": "dead"}))
 
