@@ -54,3 +54,32 @@ def test_retention_drops_a_day_while_workers_run_and_archive(worker):
         cur.execute("SELECT count(*), count(DISTINCT id) FROM queue_app_item_all WHERE id = ANY(%s)", [ids])
         assert cur.fetchone() == (PROBES, PROBES)
     assert "Traceback" not in "".join(proc.log.read_text() for proc in workers)
+
+
+def test_a_queue_keeping_seconds_keeps_seconds_of_history_while_workers_run(worker):
+    """The only queue keeps 2 s: the workers' maintenance archives its finished probes and then deletes them row
+    by row (its day would keep them up to a day): every probe ran exactly once and none is left anywhere."""
+    from datetime import timedelta
+
+    from queue_app import engine, services
+
+    engine.ensure_queue("default")
+    services.set_queue_options("default", retention=timedelta(seconds=2))
+    ids = get_task("queue_app.probe").enqueue_many([{}] * PROBES)
+    workers = [
+        worker(f"w{n}", "--queues", "default", "--concurrency", "4", env={"JOBSITE_ARCHIVE_AFTER": "0"})
+        for n in range(3)
+    ]
+    wait_for(lambda: ExecutionLog.objects.filter(item_id__in=ids).count() == PROBES, 300, what="every probe run")
+
+    def gone() -> bool:
+        return not QueueItem.objects.filter(id__in=ids).exists() and archived(ids) == 0
+
+    wait_for(gone, 120, what="every probe archived and then pruned by the workers' history_retention unit")
+    for proc in workers:
+        proc.send_signal(signal.SIGTERM)
+    for proc in workers:
+        assert proc.wait(60) == 0, proc.log.read_text()
+    assert sorted(ExecutionLog.objects.filter(item_id__in=ids).values_list("item_id", flat=True)) == sorted(ids)
+    assert not ReservationHistory.objects.filter(item_id__in=ids).exists()
+    assert "Traceback" not in "".join(proc.log.read_text() for proc in workers)
