@@ -269,6 +269,7 @@ class Command(BaseCommand):
         letter = DeadLetter.objects.filter(item_id__lte=middle).order_by("-id").values_list("id", flat=True).first()
         queue, task = "bench-3", "bench.task_07"
         items, dead = "/admin/queue_app/queueitem/", "/admin/queue_app/deadletter/"
+        res = "/admin/queue_app/reservation/"
         return [
             ("items: no filter", items, True),
             ("items: page 2", f"{items}?p=2", True),
@@ -293,6 +294,13 @@ class Command(BaseCommand):
                 True,
             ),
             ("dead letters: search id", f"{dead}?q={letter}", True),
+            ("reservations: no filter", res, True),
+            ("reservations: page 2", f"{res}?p=2", True),
+            ("reservations: outcome=dead", f"{res}?outcome__exact=dead", True),
+            ("reservations: queue", f"{res}?item__queue__name__exact={queue}", True),
+            ("reservations: reserved last hour", f"{res}?reserved=1h", True),
+            ("reservations: search item id", f"{res}?q={middle}", True),
+            ("reservations: search worker id", f"{res}?q=bench-worker-3", True),
             ("dead letters: search dedup key", f"{dead}?q={dedup.dedup_key if dedup else 'none'}", True),
             *self.history_cases(),
             ("item detail page", f"{items}{middle}/change/", False),
