@@ -63,10 +63,15 @@ def table_estimate(model: type[Model]) -> int:
     return -1 if row is None else int(row[0])
 
 
-def capped_count(queryset: QuerySet, cap: int) -> int:
+def capped_count(queryset: QuerySet, cap: int, *, in_order: bool = False) -> int:
     """min(rows matching, cap): SELECT count(*) FROM (SELECT pk ... LIMIT cap), so it stops reading at the cap.
-    Only the primary key: a list's annotations (LEFT(payload::text, 200)) would be computed per counted row."""
-    return queryset.order_by().values("pk")[:cap].count()
+    Only the primary key: a list's annotations (LEFT(payload::text, 200)) would be computed per counted row.
+
+    `in_order`: count the first `cap` rows in the queryset's own order (a change list's, newest first), so the
+    count takes the path the page does. Unordered, the planner may read the table from its oldest end for rows
+    that are all at the newest: "created in the last hour" over 10M items took 1.2-3 s (a sequential scan to
+    the table's end), 10 ms walking the primary key from the newest."""
+    return (queryset if in_order else queryset.order_by()).values("pk")[:cap].count()
 
 
 def _explain_rows(sql: str, params: Iterable[Any]) -> int:

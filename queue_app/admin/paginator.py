@@ -1,7 +1,8 @@
 """A change-list paginator that never counts a big table in full.
 
 Unfiltered: pg_class.reltuples (exact count only while the table is small). Filtered: count up to a cap with
-SELECT count(*) FROM (... LIMIT cap + 1) and show "1,000+" beyond it. Pages past the cap (20 pages of 50) are
+SELECT count(*) FROM (... in the list's order LIMIT cap + 1), the path the page itself takes (monitoring.capped_count),
+and show "1,000+" beyond it. Pages past the cap (20 pages of 50) are
 not offered: a filter that matches more is narrowed (or acted on with "all matching"), not paged through.
 """
 
@@ -30,7 +31,7 @@ class EstimatedCountPaginator(Paginator):
             if estimate > self.cap:
                 self.estimated = True
                 return estimate
-        n = capped_count(queryset, self.cap + 1)
+        n = capped_count(queryset, self.cap + 1, in_order=True)
         self.capped = n > self.cap
         return n
 
