@@ -265,6 +265,23 @@ def test_reservations_filter_by_outcome(admin_client, items):
     assert listed == set(Reservation.objects.filter(item_id=items["dead"]).values_list("id", flat=True))
 
 
+def test_reservations_are_searched_by_id_item_id_or_worker_id(admin_client, items):
+    attempt = Reservation.objects.filter(item_id=items["dead"]).order_by("id").first()
+    by_item = set(Reservation.objects.filter(item_id=items["dead"]).values_list("id", flat=True))
+
+    def found(term):
+        return ids_listed(admin_client.get(url("reservation"), {"q": term}))
+
+    assert found(str(items["dead"])) >= by_item
+    assert attempt.id in found(f"#{attempt.id}")
+    assert found(attempt.worker_id) == set(
+        Reservation.objects.filter(worker_id=attempt.worker_id).values_list("id", flat=True)
+    )
+    with CaptureQueriesContext(connection) as queries:  # a number is an id: no read of worker_id
+        found("987654321")
+    assert not any('"worker_id" = ' in q["sql"] for q in queries)
+
+
 def test_workers_filter_by_heartbeat(admin_client):
     live_worker("fresh")
     live_worker("silent", age=timedelta(minutes=10))

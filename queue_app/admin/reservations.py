@@ -41,7 +41,7 @@ class ReservationAdmin(AttemptText, ItemColumns, ReadOnlyAdmin):
     list_filter = ("outcome", "item__queue", recent("reserved_at", "reserved", "reserved"))
     sortable_by = ("id",)
     search_fields = ("=id", "=item__id", "=worker_id")
-    search_help_text = "Exact reservation or item id (123 or #123), or worker id."
+    search_help_text = "Exact reservation or item id (123 or #123), or worker id (a number is taken for an id)."
     fields = (
         "id",
         "item",
@@ -67,4 +67,8 @@ class ReservationAdmin(AttemptText, ItemColumns, ReadOnlyAdmin):
         )
 
     def get_search_results(self, request, queryset, search_term):
-        return exact_search(queryset, search_term, ids=("id", "item_id"), keys=("worker_id",)), False
+        # No index on worker_id (every lease would write it): a number is taken for an id only, so that an id
+        # search is two index probes rather than a read of the whole table as well (1.3M reservations: 370 ms).
+        number = search_term.strip().removeprefix("#").isdigit()
+        keys = () if number else ("worker_id",)
+        return exact_search(queryset, search_term, ids=("id", "item_id"), keys=keys), False
