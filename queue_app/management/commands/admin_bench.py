@@ -212,7 +212,8 @@ class Command(BaseCommand):
 
     def load_history(self, h: int, days: int) -> None:
         started = time.perf_counter()
-        first = (QueueItem.objects.order_by("-id").values_list("id", flat=True).first() or 0) + 1
+        newest = [m.objects.order_by("-id").values_list("id", flat=True).first() or 0 for m in (QueueItem, ItemHistory)]
+        first = max(newest) + 1  # after every id in use: a second load adds to the history
         with connection.cursor() as cur:
             cur.execute(PARTITIONS_SQL, {"days": days})
         last = first + h - 1
