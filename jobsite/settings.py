@@ -145,6 +145,7 @@ JOBSITE = {
         ("BACKOFF_BASE", float),
         ("WORKER_LOST_AFTER", float),
         ("ARCHIVE_AFTER", float),
+        ("ID_MARK_EVERY", float),
         ("PREPARED_STATEMENTS", bool),
         ("WEBHOOKS_ALLOW_PRIVATE", bool),
         ("WEBHOOKS_DISABLE_AFTER_DAYS", float),

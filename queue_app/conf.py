@@ -22,6 +22,9 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a finished item stays in the hot table before the worker's archiver moves it (with its
     # reservations) into the partitioned history (queue_app/engine/history.py).
     "ARCHIVE_AFTER": 60.0,
+    # Seconds between the worker's id marks (queue_app/engine/marks.py): the admin's "created / reserved in the
+    # last hour" filters read at most this long's ids before their window.
+    "ID_MARK_EVERY": 10.0,
     # A worker whose heartbeat is older than this is not live: /healthz and the admin stop counting it, and
     # maintenance marks its row stopped.
     "WORKER_LOST_AFTER": 60.0,

@@ -366,6 +366,24 @@ class DedupClaim(models.Model):
         return f"{self.queue_id}/{self.key} -> item {self.item_id}"
 
 
+class IdMark(models.Model):
+    """The item and reservation sequences' last values, taken every few seconds by the worker's `id_marks` unit
+    (engine/marks.py). A row stamped at or after `taken_at` got its id after the mark was read, so its id is
+    above the mark's: the admin's "created / reserved in the last hour" filters bound their walk of the primary
+    key by the newest mark before the window (created_at and reserved_at have no index: one on every open item
+    would cost every enqueue and lease)."""
+
+    taken_at = models.DateTimeField()
+    item_id = models.BigIntegerField()
+    reservation_id = models.BigIntegerField()
+
+    class Meta:
+        indexes = [models.Index("taken_at", name="idmark_taken")]
+
+    def __str__(self) -> str:
+        return f"ids at {self.taken_at:%Y-%m-%d %H:%M:%S}: item {self.item_id}, reservation {self.reservation_id}"
+
+
 class WorkerState(models.TextChoices):
     RUNNING = "running"
     STOPPING = "stopping"

@@ -3,6 +3,7 @@ attempts, measures lease + settle before and after the history, times every chan
 history load adds rows after every id in use."""
 
 import io
+from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
@@ -45,3 +46,37 @@ def test_a_small_run_loads_both_sides_and_times_every_list():
     ids = list(ItemHistory.objects.values_list("id", flat=True))
     assert len(ids) == len(set(ids)) == 4000
     assert min(ids) > max(QueueItem.objects.values_list("id", flat=True))
+
+
+def test_the_loader_writes_the_id_marks_a_worker_would_have_taken_and_they_bound_every_later_row():
+    """--idle-minutes: the loaded week ends an hour and a half ago; the marks cover the week and the idle time,
+    and no item or reservation stamped after a mark has an id at or below it (engine/marks.py's rule)."""
+    from django.db import connection
+
+    from queue_app.models import IdMark
+
+    call_command(
+        "admin_bench", "--reset", "--mix", "week", "--items", "3000", "--idle-minutes", "90",
+        "--requests", "1", "--budget-ms", "60000", stdout=io.StringIO(),
+    )  # fmt: skip
+    with connection.cursor() as cur:
+        cur.execute("SELECT max(created_at) < now() - interval '89 minutes' FROM queue_app_queueitem")
+        assert cur.fetchone()[0]
+        cur.execute(
+            """SELECT count(*) FILTER (WHERE i.created_at >= m.taken_at AND i.id <= m.item_id),
+                      count(*) FILTER (WHERE i.created_at >= m.taken_at AND i.id > m.item_id)
+               FROM queue_app_idmark m, queue_app_queueitem i"""
+        )
+        breaches, bounded = cur.fetchone()
+        cur.execute(
+            """SELECT count(*) FROM queue_app_idmark m JOIN queue_app_reservation r
+               ON r.reserved_at >= m.taken_at AND r.id <= m.reservation_id"""
+        )
+        assert (breaches, cur.fetchone()[0]) == (0, 0)
+    assert bounded > 0
+    # Marks from before the week to now; those of the idle time hold every loaded id (the last hour's filter
+    # has nothing to walk), the first none.
+    marks = IdMark.objects.order_by("taken_at")
+    assert marks.count() > 7 * 8640
+    assert marks.first().item_id == 0 and marks.last().item_id == 3000
+    assert {m.item_id for m in marks.filter(taken_at__gte=marks.last().taken_at - timedelta(minutes=85))} == {3000}

@@ -9,7 +9,7 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from ..models import HISTORY_STATES_SQL, QueueItem
+from ..models import HISTORY_STATES_SQL, IdMark, QueueItem
 from ..registry import registered_tasks
 
 # -- time windows ---------------------------------------------------------------------------------------------
@@ -22,9 +22,12 @@ WINDOWS = {
 
 
 class RecentFilter(admin.SimpleListFilter):
-    """Rows whose `field` lies within the last hour, day or week (a range scan on that column's index)."""
+    """Rows whose `field` lies within the last hour, day or week: a range scan on that column's index, or, for
+    a column without one (`mark` names the IdMark column of the table's id sequence), a walk of the primary key
+    from the newest id mark before the window (engine/marks.py: every row stamped since has a higher id)."""
 
     field = ""
+    mark = ""
 
     def lookups(self, request, model_admin):
         return [(key, label) for key, (label, _) in WINDOWS.items()]
@@ -33,14 +36,21 @@ class RecentFilter(admin.SimpleListFilter):
         window = WINDOWS.get(self.value())
         if window is None:
             return queryset
-        return queryset.filter(**{f"{self.field}__gte": timezone.now() - window[1]})
+        since = timezone.now() - window[1]
+        queryset = queryset.filter(**{f"{self.field}__gte": since})
+        if self.mark:
+            marks = IdMark.objects.filter(taken_at__lt=since).order_by("-taken_at")
+            bound = marks.values_list(self.mark, flat=True).first()
+            if bound is not None:
+                queryset = queryset.filter(pk__gt=bound)
+        return queryset
 
 
-def recent(field: str, title: str, parameter: str) -> type[RecentFilter]:
+def recent(field: str, title: str, parameter: str, *, mark: str = "") -> type[RecentFilter]:
     return type(
         f"Recent{parameter.title()}Filter",
         (RecentFilter,),
-        {"field": field, "title": title, "parameter_name": parameter},
+        {"field": field, "title": title, "parameter_name": parameter, "mark": mark},
     )
 
 

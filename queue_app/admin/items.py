@@ -126,7 +126,7 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
         "error_short",
     )
     list_select_related = ("queue",)
-    list_filter = ("queue", "state", TaskFilter, recent("created_at", "created", "created"))
+    list_filter = ("queue", "state", TaskFilter, recent("created_at", "created", "created", mark="item_id"))
     sortable_by = ("id", "created")
     fieldsets = (
         (

@@ -38,7 +38,7 @@ class ReservationAdmin(AttemptText, ItemColumns, ReadOnlyAdmin):
         "error_short",
     )
     list_select_related = ("item",)
-    list_filter = ("outcome", "item__queue", recent("reserved_at", "reserved", "reserved"))
+    list_filter = ("outcome", "item__queue", recent("reserved_at", "reserved", "reserved", mark="reservation_id"))
     sortable_by = ("id",)
     search_fields = ("=id", "=item__id", "=worker_id")
     search_help_text = "Exact reservation or item id (123 or #123), or worker id (a number is taken for an id)."

@@ -16,6 +16,7 @@ Vocabulary:
   each is counted. An at-most-once item done without a run is a breach.
 """
 
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -384,6 +385,25 @@ def check_amo_killed_mid_run(h: History, expect: Expect) -> Check:
     return Check("at-most-once killed mid-run: dead letter says so", not problems, figures, _examples(problems))
 
 
+def check_id_marks(h: History, expect: Expect) -> Check:
+    """No item created, and no reservation made, at or after an id mark's time has an id at or below the mark's
+    (engine/marks.py: the admin's time filters skip those ids), whatever was killed, cut or restarted."""
+    times = [m[0] for m in h.marks]
+    highest: list[tuple[int, int]] = []  # the highest (item, reservation) id of the marks up to each one
+    for _, item_id, res_id in h.marks:
+        last = highest[-1] if highest else (0, 0)
+        highest.append((max(last[0], item_id), max(last[1], res_id)))
+    problems = []
+    rows = [(i.id, i.created_at, 0, "item") for i in h.items.values()]
+    rows += [(r.id, r.reserved_at, 1, "reservation") for r in h.reservations.values()]
+    for row_id, stamped, column, what in rows:
+        n = bisect_right(times, stamped)  # the marks taken at or before the row's stamp
+        if n and row_id <= highest[n - 1][column]:
+            problems.append(f"{what} {row_id} stamped {stamped:%H:%M:%S.%f} has an id at or below a mark before it")
+    figures = {"marks": len(h.marks), "rows": len(rows)}
+    return Check("id marks bound every later row", not problems, figures, _examples(problems))
+
+
 CHECKS = (
     check_lost,
     check_stuck,
@@ -395,6 +415,7 @@ CHECKS = (
     check_rate_limits,
     check_dead_letters,
     check_amo_killed_mid_run,
+    check_id_marks,
 )
 
 

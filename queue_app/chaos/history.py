@@ -8,7 +8,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ..models import DeadLetter, ExecutionLog, ItemHistory, ProbeEffect, QueueItem, Reservation, ReservationHistory
+from ..models import (
+    DeadLetter,
+    ExecutionLog,
+    IdMark,
+    ItemHistory,
+    ProbeEffect,
+    QueueItem,
+    Reservation,
+    ReservationHistory,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +29,7 @@ class Item:
     visible_at: datetime
     reservation_id: int | None
     queue: str
+    created_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +69,7 @@ class History:
     now: datetime | None = None
     archived: int = 0  # items found in the partitioned history (moved there by the workers' archiver)
     in_both: list[int] = field(default_factory=list)  # items found hot and archived at once: a broken move
+    marks: list[tuple[datetime, int, int]] = field(default_factory=list)  # IdMark (taken_at, item, reservation)
 
     def close_time(self, item_id: int) -> datetime | None:
         """When the item's last attempt ended (None while an attempt is open or it never ran)."""
@@ -81,7 +92,9 @@ def load(using: str, *, exclude_queues: tuple[str, ...] = ()) -> History:
             model.objects.using(using)
             .exclude(queue_id__in=exclude_queues)
             .order_by("id")
-            .values_list("id", "task", "state", "ordering_key", "visible_at", "reservation_id", "queue_id")
+            .values_list(
+                "id", "task", "state", "ordering_key", "visible_at", "reservation_id", "queue_id", "created_at"
+            )
             .iterator(chunk_size=20_000)
         ):
             if row[0] in items:
@@ -118,6 +131,9 @@ def load(using: str, *, exclude_queues: tuple[str, ...] = ()) -> History:
         .values_list("item_id", "reason")
     ):
         history.dead_letters[item_id].append(reason)
+    history.marks = list(
+        IdMark.objects.using(using).order_by("taken_at").values_list("taken_at", "item_id", "reservation_id")
+    )
     with connections[using].cursor() as cur:
         cur.execute("SELECT now()")
         history.now = cur.fetchone()[0]

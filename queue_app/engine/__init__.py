@@ -19,6 +19,7 @@ from .maintenance import (
     stale_statistics,
     vacuum,
 )
+from .marks import take_mark
 from .retry import backoff_seconds
 from .settle import complete, complete_many, dead, extend, extend_many, fail, release, start_at_most_once
 from .workers import (
@@ -76,6 +77,7 @@ __all__ = [
     "stale_statistics",
     "start_at_most_once",
     "sweep_workers",
+    "take_mark",
     "try_maintenance_lock",
     "try_wake_lock",
     "use_task_defaults",

@@ -836,3 +836,17 @@ SELECT coalesce(array_agg(id ORDER BY id), '{{}}'),
        (SELECT count(pg_notify(%(channel)s, spec.spec->>'queue')) FROM spec WHERE EXISTS (SELECT FROM v))
 FROM v
 """
+
+# -- id marks (engine/marks.py) -------------------------------------------------------------------------------
+
+ID_MARK = "queue_app_idmark"
+# Two statements, in this order: the sequences first, then the clock. Any row stamped (created_at, reserved_at:
+# its transaction's start) after the clock reading began after the sequences were read, so took a higher id.
+ID_MARK_READ = f"""
+SELECT COALESCE(pg_sequence_last_value('{ITEM_SEQUENCE}'), 0),
+       COALESCE(pg_sequence_last_value('{RESERVATION_SEQUENCE}'), 0)
+"""
+ID_MARK_INSERT = f"""
+INSERT INTO {ID_MARK} (taken_at, item_id, reservation_id) VALUES (clock_timestamp(), %(item)s, %(reservation)s)
+"""
+ID_MARK_PRUNE = f"DELETE FROM {ID_MARK} WHERE taken_at < now() - make_interval(secs => %(keep)s)"

@@ -1,8 +1,8 @@
 """Maintenance duties, each a small unit with one job and its own interval (River's maintenance services):
 rescue expired leases, prune done items and dedup claims, archive finished items into the partitioned history
 and drop its expired days, vacuum the hot tables when dead rows pile up, analyze them when they outgrow their
-statistics, sweep the Worker rows of dead workers, and fire the cron schedules that are due (the scheduler;
-off with `run_worker --no-scheduler`).
+statistics, mark where the id sequences stand (engine/marks.py), sweep the Worker rows of dead workers, and
+fire the cron schedules that are due (the scheduler; off with `run_worker --no-scheduler`).
 
 Every worker carries the units; a unit runs inside a transaction holding its advisory lock
 (pg_try_advisory_xact_lock), so one worker at a time does each duty and the others skip it.
@@ -120,6 +120,10 @@ def _analyze_unit(shared: list | None = None) -> _InThread:
     return _InThread("analyze", engine.stale_statistics, engine.analyze, shared)
 
 
+def _id_marks() -> tuple[dict[str, int], bool]:
+    return {"marks_forgotten": engine.take_mark()}, False
+
+
 def _sweep_workers() -> tuple[dict[str, int], bool]:
     lost, forgotten = engine.sweep_workers(queue_settings.WORKER_LOST_AFTER, WORKER_FORGET_AFTER)
     return {"marked_stopped": lost, "deleted": forgotten}, False
@@ -146,6 +150,8 @@ def default_units(*, scheduler: bool = True) -> list[Unit]:
         # Every second: a queue filled from empty runs on plans made for an empty table until this ANALYZE.
         Unit("analyze", 1.0, _analyze_unit(background)),
         Unit("sweep_workers", 60.0, _sweep_workers),
+        # Where the id sequences stand: the admin's time filters start their walk there (engine/marks.py).
+        Unit("id_marks", queue_settings.ID_MARK_EVERY, _id_marks),
     ]
     if scheduler:
         units.append(Unit("scheduler", 1.0, _fire_schedules))

@@ -28,7 +28,17 @@ from django.db import connection, transaction
 from django.test import Client
 
 from queue_app import engine
-from queue_app.models import DeadLetter, ItemHistory, Queue, QueueItem, Reservation, ReservationHistory, Worker
+from queue_app.conf import queue_settings
+from queue_app.models import (
+    DeadLetter,
+    IdMark,
+    ItemHistory,
+    Queue,
+    QueueItem,
+    Reservation,
+    ReservationHistory,
+    Worker,
+)
 
 QUEUES = 5
 TASKS = 20
@@ -56,7 +66,7 @@ MIXES = {
 ITEMS_SQL = f"""
 WITH g AS (
     SELECT g, {{STATE}} AS state,
-           now() - make_interval(secs => (%(n)s - g) * 604800.0 / %(n)s) AS created
+           now() - make_interval(secs => %(idle)s + (%(n)s - g) * 604800.0 / %(n)s) AS created
     FROM generate_series(%(lo)s, %(hi)s) AS g
 )
 INSERT INTO {ITEMS} (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts, max_attempts,
@@ -122,6 +132,20 @@ SELECT id, id, 1, 'bench-worker-' || id %% 8, finished_at - interval '1 second',
        CASE WHEN state = 'cancelled' THEN finished_at END, '', '', finished_at
 FROM {ITEM_HISTORY} WHERE id BETWEEN %(lo)s AND %(hi)s
 """
+# The id marks the worker's id_marks unit (engine/marks.py) would have taken every ID_MARK_EVERY seconds over the
+# loaded week and the idle time after it: row g was created at or before now() - idle - (n - g) * 604800 / n
+# (now() here is after every load batch's), so every row created at or after t has
+# g >= n - (now() - idle - t) * n / 604800; reservations share the ids and the stamps. Without them the time
+# filters of a week-old site would be timed as on a new install.
+MARKS_SQL = f"""
+INSERT INTO {IdMark._meta.db_table} (taken_at, item_id, reservation_id)
+SELECT t, m, m FROM (
+    SELECT t, least(greatest(ceil(%(n)s - (extract(epoch FROM now() - t) - %(idle)s) * %(n)s / 604800.0)::bigint - 1,
+                             0), %(n)s) AS m
+    FROM generate_series(now() - interval '7 days' - make_interval(secs => %(idle)s), now(),
+                         make_interval(secs => %(every)s)) AS t
+) AS marks
+"""
 SEQUENCES_SQL = f"""
 SELECT setval(pg_get_serial_sequence('{ITEMS}', 'id'),
               greatest((SELECT max(id) FROM {ITEMS}), (SELECT max(id) FROM {ITEM_HISTORY}), 1)),
@@ -155,17 +179,36 @@ class Command(BaseCommand):
         parser.add_argument("--history", type=int, default=0, help="finished items to load into the history")
         parser.add_argument("--history-days", type=int, default=6, help="days the history spans (default 6)")
         parser.add_argument(
+            "--idle-minutes",
+            type=float,
+            default=0.0,
+            help="the loaded week ends this many minutes ago (nothing created since: the time filters' worst case)",
+        )
+        parser.add_argument(
             "--throughput", type=int, default=0, help="lease+settle this many items before and after the history"
         )
 
     def handle(
-        self, *args, items, quick, mix, requests, budget_ms, reset, reuse, history, history_days, throughput, **o
+        self,
+        *args,
+        items,
+        quick,
+        mix,
+        requests,
+        budget_ms,
+        reset,
+        reuse,
+        history,
+        history_days,
+        throughput,
+        idle_minutes,
+        **o,
     ):
         n = 50_000 if quick else items
         if min(n, history, throughput) < 0 or history_days < 1:
             raise CommandError("--items, --history and --throughput must be >= 0, --history-days >= 1")
         if not reuse:
-            self.load(n, mix, reset=reset)
+            self.load(n, mix, reset=reset, idle=idle_minutes * 60.0)
         before = self.throughput(throughput) if throughput else None
         if history and not reuse:
             self.load_history(history, history_days)
@@ -180,13 +223,14 @@ class Command(BaseCommand):
 
     # -- loading --------------------------------------------------------------------------------------------------
 
-    def load(self, n: int, mix: str, *, reset: bool) -> None:
+    def load(self, n: int, mix: str, *, reset: bool, idle: float = 0.0) -> None:
         if QueueItem.objects.exists():
             if not reset:
                 raise CommandError("the queue has items: pass --reset to delete every queue row, or --reuse")
             with connection.cursor() as cur:
                 cur.execute(
-                    f"TRUNCATE {ITEMS}, {RESERVATIONS}, {DEAD_LETTERS}, {ITEM_HISTORY}, {RESERVATION_HISTORY} CASCADE"
+                    f"TRUNCATE {ITEMS}, {RESERVATIONS}, {DEAD_LETTERS}, {ITEM_HISTORY}, {RESERVATION_HISTORY}, "
+                    f"{IdMark._meta.db_table} CASCADE"
                 )
             Worker.objects.filter(id__startswith="bench-").delete()
         started = time.perf_counter()
@@ -194,13 +238,14 @@ class Command(BaseCommand):
         for lo in range(1, n + 1, BATCH):
             hi = min(n, lo + BATCH - 1)
             with transaction.atomic(), connection.cursor() as cur:
-                params = {"n": n, "lo": lo, "hi": hi}
+                params = {"n": n, "lo": lo, "hi": hi, "idle": idle}
                 cur.execute(ITEMS_SQL.replace("{STATE}", MIXES[mix]), params)
                 cur.execute(RESERVATIONS_SQL, params)
                 cur.execute(DEAD_LETTERS_SQL, params)
             self.stdout.write(f"  loaded items {lo:,}..{hi:,} ({time.perf_counter() - started:.0f} s)")
         with connection.cursor() as cur:
             cur.execute(SEQUENCES_SQL)
+            cur.execute(MARKS_SQL, {"n": n, "idle": idle, "every": queue_settings.ID_MARK_EVERY})
             cur.execute(
                 f"INSERT INTO {Worker._meta.db_table} (id, host, pid, queues, concurrency, started_at, "
                 "last_heartbeat, state, stats) SELECT 'bench-worker-' || i, 'bench-host', 1000 + i, '[]', 8, now(), "
