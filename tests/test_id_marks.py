@@ -7,6 +7,7 @@ import random
 import signal
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection, connections, transaction
@@ -153,3 +154,33 @@ def test_no_row_stamped_after_a_mark_has_an_id_at_or_below_it_under_workers_and_
     assert out_of_order > 0
     assert (item_breaches, reservation_breaches) == (0, 0)
     assert "Traceback" not in "".join(proc.log.read_text() for proc in workers)
+
+
+@pytest.mark.django_db
+def test_the_analytics_start_one_past_the_mark_where_a_search_of_reserved_at_over_ids_misses_a_late_id():
+    """Four attempts by id: a (old), s (this hour), r and r2 (stamped old, ids given late: a long transaction).
+    The binary search lands on r, takes everything below it for old, and starts past s; the mark taken before
+    the hour starts at or below s."""
+    from queue_app.spark.pipelines.queue_analytics import first_id_at, lowest_id_at
+
+    items = [reserved(queue="marks") for _ in range(4)]
+    a, s, r, r2 = (Reservation.objects.get(item_id=i).id for i in items)
+    assert [s, r, r2] == [a + 1, a + 2, a + 3]  # one sequence, nobody else drawing from it
+    with connection.cursor() as cur:
+        cur.execute("SELECT date_trunc('hour', now())")
+        hour = cur.fetchone()[0]
+        cur.execute(
+            "UPDATE queue_app_reservation SET reserved_at = CASE WHEN id = %s THEN %s ELSE %s END WHERE id = ANY(%s)",
+            [s, hour, hour - timedelta(hours=2), [a, s, r, r2]],
+        )
+        # Taken before the hour, when the sequence stood at a: s, r and r2 got their ids later.
+        cur.execute(
+            "INSERT INTO queue_app_idmark (taken_at, item_id, reservation_id) VALUES (%s, 0, %s)",
+            [hour - timedelta(minutes=30), a],
+        )
+    connection.ensure_connection()
+    raw = connection.connection
+    assert first_id_at(raw, hour - timedelta(minutes=10)) > s  # the search's miss, for the record
+    assert lowest_id_at(raw, hour) == a + 1 <= s
+    IdMark.objects.all().delete()  # no mark: the search, as before
+    assert lowest_id_at(raw, hour) == first_id_at(raw, hour - timedelta(minutes=10))

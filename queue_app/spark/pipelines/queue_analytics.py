@@ -18,9 +18,12 @@ Two ways to choose what to compute:
   run, once settled), and returns the new watermark. Publishing replaces those hours, except rows a later
   as_of already wrote, and advances the watermark (never back) in the transaction that marks the run
   succeeded. So each attempt is counted exactly once in the table, and a re-run of a run (same as_of and
-  from_id) computes the same numbers and changes nothing newer. Reservation ids follow reserved_at (both are
-  set at lease), which lets the reads use the primary key instead of scanning the history; a binary search on
-  it finds the first hour's first id (less ID_MARGIN, for ids that committed out of order).
+  from_id) computes the same numbers and changes nothing newer. The reads use the primary key instead of
+  scanning the history: every reservation made at or after an id mark's time has a higher id than the mark's
+  (engine/marks.py), so the first hour's reads start one past the newest mark taken before that hour, exactly.
+  Without such a mark (none taken yet, or the hour is older than the marks kept), a binary search of
+  reserved_at over the primary key finds the hour's first id, less ID_MARGIN for transactions that got their id
+  late: close, not exact (a lease in a transaction open longer than the margin could fall before it).
 
 Definitions (every attempt is one reservation, bucketed by the hour of its `reserved_at`):
 
@@ -149,6 +152,7 @@ NEXT_ID = "SELECT coalesce(max(id), 0) + 1 FROM queue_app_reservation_all"
 ID_RANGE = "SELECT min(id), max(id) FROM queue_app_reservation_all"
 FIRST_AT_OR_AFTER = "SELECT id, reserved_at FROM queue_app_reservation_all WHERE id >= %s ORDER BY id LIMIT 1"
 ID_MARGIN = dt.timedelta(minutes=10)
+MARK_BEFORE = "SELECT reservation_id FROM queue_app_idmark WHERE taken_at < %s ORDER BY taken_at DESC LIMIT 1"
 
 DELETE_WINDOW = f"""
 DELETE FROM {TABLE}
@@ -464,7 +468,16 @@ def incremental_start(
         start, next_watermark = conn.execute(INCREMENTAL_START, scope).fetchone()
         if start is None:
             return None, from_id, next_watermark, until_id
-        return start, first_id_at(conn, _hour_floor(start) - ID_MARGIN), next_watermark, until_id
+        return start, lowest_id_at(conn, _hour_floor(start)), next_watermark, until_id
+
+
+def lowest_id_at(conn, when: dt.datetime) -> int:
+    """An id at or below that of every reservation made at or after `when`: one past the newest id mark taken
+    before `when` (exact), else the binary search less ID_MARGIN (see the module docstring)."""
+    mark = conn.execute(MARK_BEFORE, (when,)).fetchone()
+    if mark is not None:
+        return mark[0] + 1
+    return first_id_at(conn, when - ID_MARGIN)
 
 
 def first_id_at(conn, when: dt.datetime) -> int:
