@@ -55,6 +55,9 @@ GOALS = (
     Goal("bulk enqueue >= 70% of the insert ceiling", "jobsite.enqueue", "ceiling.insert", ">=", 0.70),
     Goal("idle enqueue-to-start p50 <= 5 ms", "jobsite.latency_p50", None, "<=", 5.0),
     Goal("idle enqueue-to-start p99 <= 50 ms", "jobsite.latency_p99", None, "<=", 50.0),
+    # The flow-control and scale issue's: the end-to-end share of the ceiling, and the tail under half that load.
+    Goal("end-to-end >= 60% of the batched ceiling", "jobsite.e2e", "ceiling.lease_batch", ">=", 0.60),
+    Goal("enqueue-to-start p99 <= 20 ms at 50% of end-to-end", "jobsite.latency_load_p99", None, "<=", 20.0),
     Goal("size (hot + history) after steady churn <= 1.1x the start", "churn.growth", None, "<=", 1.1),
     Goal("rate limit held within +/-1 lease per window over 3 windows", "flow.rate_error", None, "<=", 1.0),
     Goal("a small group key out within 1.5x its fair share of leases", "flow.fair_share", None, "<=", 1.5),
