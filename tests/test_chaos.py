@@ -95,6 +95,7 @@ EVERY_INVARIANT = [
     ("per-key FIFO", lambda f: f["violations"] == 0 and f["pairs"] > 0),
     ("dead letters = planted poison", lambda f: f["unexplained"] == 0 and f["poison_dead"] == f["planted"] > 0),
     ("workers behaved", lambda f: f["crashed"] == 0 and f["sigterm_exit_0"] == f["sigtermed"]),
+    ("id marks bound every later row", lambda f: f["marks"] > 0 and f["rows"] >= 3_000),
 ]
 
 
@@ -304,3 +305,24 @@ def test_a_rate_window_over_its_limit_is_caught(scene):
         f"queue chaos: 3 leases in the 60 s window from {int(T0.timestamp()) + 60} (limit 2)",
     ]
     assert checks.check_rate_limits(load("default"), checks.Expect({}, {}, {}, rate_limits={"chaos": (7, 60)})).passed
+
+
+def test_a_row_stamped_after_an_id_mark_with_an_id_at_or_below_it_is_caught(scene):
+    from queue_app.models import IdMark
+
+    assert scene.judge()["id marks bound every later row"].passed  # no marks: nothing to judge, nothing broken
+    newest_res = Reservation.objects.order_by("-id").first()
+    # A mark said to be taken 10 s into the scene, holding ids handed out after it: the retry at 25 s, and every
+    # item (stamped now, long after T0).
+    IdMark.objects.create(
+        taken_at=T0 + timedelta(seconds=10), item_id=QueueItem.objects.order_by("-id").first().id,
+        reservation_id=newest_res.id,
+    )  # fmt: skip
+    check = scene.judge()["id marks bound every later row"]
+    assert not check.passed and check.figures["marks"] == 1
+    # The scene's six items, and the one attempt made after the mark (the at-least-once item's retry at 25 s).
+    assert QueueItem.objects.count() == 6 and len(check.problems) == 7
+    retry = Reservation.objects.get(reserved_at=T0 + timedelta(seconds=25))
+    assert [p.split(" stamped")[0] for p in check.problems if p.startswith("reservation ")] == [
+        f"reservation {retry.id}"
+    ]
