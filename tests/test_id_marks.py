@@ -71,8 +71,10 @@ def test_a_mark_inside_the_window_is_not_used_and_old_marks_are_forgotten():
     engine.take_mark()
     with connection.cursor() as cur:
         cur.execute("UPDATE queue_app_idmark SET taken_at = now() - interval '9 days'")
-    assert engine.take_mark() == 1  # the nine-day-old mark goes; the new one stays
+    assert engine.take_mark() == (1, 1)  # the nine-day-old mark goes; the new one stays
     assert IdMark.objects.count() == 1
+    # Another worker's turn a moment later: the mark just taken stands for it.
+    assert engine.take_mark(spacing=9.0) == (0, 0) and IdMark.objects.count() == 1
     ready = get_task("queue_app.probe").enqueue({})
     from queue_app.admin.filters import recent
 

@@ -11,8 +11,10 @@ has an id above the newest mark taken before T (admin/filters.py's RecentFilter)
 Rows restored from the history keep their ids and stamps, so the rule holds for them too. With no mark before T
 (a new install, no worker running yet) there is no bound: the filter walks as before.
 
-The worker's `id_marks` unit takes one every JOBSITE["ID_MARK_EVERY"] seconds (10) and keeps KEEP seconds of them
-(a week's window needs a mark from before the week): 69,000 small rows.
+The worker's `id_marks` unit takes one every JOBSITE["ID_MARK_EVERY"] seconds (10; however many workers run: a
+worker skips its turn when another's mark is less than 0.9 of that old) and keeps KEEP seconds of them (a
+week's window needs a mark from before the week): 69,000 small rows. The rule assumes the database server's
+clock never steps back.
 """
 
 from . import sql
@@ -21,12 +23,13 @@ from .db import cursor
 KEEP = 8 * 86_400.0  # seconds of marks kept: the longest admin window (7 days) and a day
 
 
-def take_mark(*, keep: float = KEEP, using: str = "default") -> int:
-    """Record where the id sequences stand now and forget marks older than `keep` seconds; returns how many were
-    forgotten."""
+def take_mark(*, spacing: float = 0.0, keep: float = KEEP, using: str = "default") -> tuple[int, int]:
+    """Record where the id sequences stand now, unless a mark was taken in the last `spacing` seconds (another
+    worker's), and forget marks older than `keep` seconds; returns (marks taken, marks forgotten)."""
     with cursor(using) as cur:
         cur.execute(sql.ID_MARK_READ)
         item, reservation = cur.fetchone()
-        cur.execute(sql.ID_MARK_INSERT, {"item": item, "reservation": reservation})
+        cur.execute(sql.ID_MARK_INSERT, {"item": item, "reservation": reservation, "spacing": float(spacing)})
+        taken = cur.rowcount
         cur.execute(sql.ID_MARK_PRUNE, {"keep": float(keep)})
-        return cur.rowcount
+        return taken, cur.rowcount

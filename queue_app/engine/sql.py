@@ -846,7 +846,10 @@ ID_MARK_READ = f"""
 SELECT COALESCE(pg_sequence_last_value('{ITEM_SEQUENCE}'), 0),
        COALESCE(pg_sequence_last_value('{RESERVATION_SEQUENCE}'), 0)
 """
+# Several workers each run the unit on their own clock: a mark newer than `spacing` seconds stands for this one.
 ID_MARK_INSERT = f"""
-INSERT INTO {ID_MARK} (taken_at, item_id, reservation_id) VALUES (clock_timestamp(), %(item)s, %(reservation)s)
+INSERT INTO {ID_MARK} (taken_at, item_id, reservation_id)
+SELECT clock_timestamp(), %(item)s, %(reservation)s
+WHERE NOT EXISTS (SELECT FROM {ID_MARK} WHERE taken_at > clock_timestamp() - make_interval(secs => %(spacing)s))
 """
 ID_MARK_PRUNE = f"DELETE FROM {ID_MARK} WHERE taken_at < now() - make_interval(secs => %(keep)s)"
