@@ -92,7 +92,10 @@ def test_quick_jobsite_run_measures_enqueue_end_to_end_and_latency_idle_and_unde
         assert 0 <= detail["to_lease_p50_ms"] <= detail["to_lease_p99_ms"]  # the split of where the time went
         assert 0 <= detail["lease_to_start_p50_ms"] <= detail["lease_to_start_p99_ms"]
     assert figures["jobsite.latency_p50"]["value"] <= figures["jobsite.latency_p99"]["value"]
-    assert figures["jobsite.latency_load_p50"]["detail"]["fed"] > 0  # the steady load really ran
+    assert figures["jobsite.latency_load_p50"]["detail"]["fed"] > 0  # the steady load (its own process) ran
+    # jobsite's statement alone (no worker): what one leasing connection does, the end-to-end figure's reference
+    statement = figures["jobsite.statement"]
+    assert statement["value"] > 0 and "no worker" in statement["note"], statement
 
 
 def test_webhook_bench_reports_deliveries_per_second_and_latency(manage):

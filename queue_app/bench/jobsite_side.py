@@ -16,10 +16,10 @@ The worker parts need `manage.py run_worker`; without it they are reported as n/
 import contextlib
 import copy
 import json
+import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,7 +31,7 @@ from django.db import connections
 from .. import engine
 from ..conf import queue_settings
 from . import ceiling
-from .context import BenchContext, Drain, django_child_env, drain, log_tail, manage_args, spawn, stop, tune
+from .context import ROOT, BenchContext, Drain, django_child_env, drain, log_tail, manage_args, spawn, stop, tune
 from .report import Figure, Results
 from .sizes import Sizes
 
@@ -227,6 +227,37 @@ def measure_e2e(ctx: BenchContext, sizes: Sizes, db: str) -> tuple[Figure, Worke
     return Figure("jobsite.e2e", label, result.steady_per_s, "jobs/s", note=describe(settings), detail=detail), settings
 
 
+STATEMENT_BATCH = 1_000  # the batch of the statement-alone figure (the end-to-end winner's largest)
+
+
+def measure_statement(ctx: BenchContext, sizes: Sizes) -> Figure:
+    """jobsite's settle-and-lease statement alone: one connection in this process leases a batch and completes
+    it with the next lease until the queue is empty; no worker, no handlers, no pool. What one leasing
+    connection can do on this server with this schema (four row writes an item: the lease and its reservation,
+    the complete and its reservation's outcome), against which the end-to-end figure shows the worker's own
+    cost. The tables' statistics are the end-to-end runs' (a grown reservation table), as a worker's would be."""
+    queue = queue_settings.DEFAULT_QUEUE
+    _clear_queue(queue)
+    jobs = max(sizes.e2e_jobs, 20 * STATEMENT_BATCH)
+    engine.enqueue_many(NOOP_TASK, [{} for _ in range(jobs)], queue=queue, using=ALIAS)
+    with connections[ALIAS].cursor() as cur:
+        cur.execute("VACUUM ANALYZE queue_app_queueitem")
+    terms = {NOOP_TASK: (None, 0.0)}
+    done: list[tuple[engine.Lease, None]] = []
+    leased, t0 = 0, time.perf_counter()
+    while True:
+        out = engine.settle_and_lease(done, [queue], STATEMENT_BATCH, "bench-statement", terms=terms, using=ALIAS)
+        done = [(lease, None) for lease in out.leases]
+        leased += len(done)
+        if not done:
+            break
+    per_s = leased / (time.perf_counter() - t0)
+    _clear_queue(queue)
+    ctx.progress("jobsite", f"settle-and-lease statement alone, batch {STATEMENT_BATCH:,}: {per_s:,.0f} items/s")
+    label = "jobsite: settle+lease statement alone, one connection"
+    return Figure("jobsite.statement", label, per_s, "items/s", note=f"batch {STATEMENT_BATCH:,}, no worker")
+
+
 def _wait_for_worker(proc: subprocess.Popen, timeout: float = 30.0) -> bool:
     """Until this worker process has registered itself as running; False if it exits or never does."""
     deadline = time.monotonic() + timeout
@@ -247,24 +278,39 @@ def _percentile(values: list[float], q: float) -> float:
 PROBE_TASK = "queue_app.probe"  # records the moment its handler starts (ExecutionLog.executed_at)
 
 
-class _Feeder(threading.Thread):
-    """Steady background load: `per_s` no-op items a second, queued in small batches every 20 ms."""
+class _Feeder:
+    """Steady background load: `per_s` no-op items a second from a process of its own (bench/feeder.py)."""
 
-    def __init__(self, queue: str, per_s: float) -> None:
-        super().__init__(name="bench-feeder", daemon=True)
-        self.queue, self.per_s = queue, per_s
-        self.stopped = threading.Event()
+    def __init__(self, db: str, queue: str, per_s: float) -> None:
+        self.db, self.queue, self.per_s = db, queue, per_s
+        self.proc: subprocess.Popen | None = None
         self.fed = 0
 
-    def run(self) -> None:
-        t0 = time.monotonic()
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "queue_app.bench.feeder", self.queue, str(self.per_s)],
+            cwd=ROOT,
+            env=django_child_env(self.db),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if "started" not in (self.proc.stdout.readline() or ""):
+            self.stop()
+            raise RuntimeError("the feeder process did not start")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
         try:
-            while not self.stopped.wait(0.02):
-                due = int((time.monotonic() - t0) * self.per_s) - self.fed
-                if due > 0:
-                    self.fed += len(engine.enqueue_many(NOOP_TASK, [{}] * due, queue=self.queue, using=ALIAS))
-        finally:
-            connections[ALIAS].close()  # this thread's own connection
+            out, _ = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        lines = (out or "").strip().splitlines()
+        with contextlib.suppress(json.JSONDecodeError, IndexError, TypeError):
+            self.fed = int(json.loads(lines[-1])["fed"])
 
 
 def measure_latency(
@@ -279,7 +325,7 @@ def measure_latency(
     _clear_queue(queue)
     log = f"jobsite-latency-{key}"
     procs = spawn_workers(ctx, settings, db, log, burst=False)
-    feeder = _Feeder(queue, load_per_s) if load_per_s else None
+    feeder = _Feeder(db, queue, load_per_s) if load_per_s else None
     ids: list[int] = []
     try:
         if not all(_wait_for_worker(proc) for proc in procs):
@@ -302,8 +348,7 @@ def measure_latency(
             time.sleep(0.02 if feeder else 0.05)  # idle again before the next one
     finally:
         if feeder:
-            feeder.stopped.set()
-            feeder.join(10)
+            feeder.stop()
         stop(procs)
     # Where the time went: enqueue to the lease that took the item (its commit and NOTIFY, the worker's wake-up,
     # waiting in the queue behind earlier items), then lease to the handler's start (held in the worker's hand
@@ -392,6 +437,7 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
         if run_worker_available():
             figure, settings = measure_e2e(ctx, sizes, db)
             results.add(figure)
+            results.add(measure_statement(ctx, sizes))
             ceiling.measure_again(ctx, sizes, results)  # when this run measured the ceiling
         else:
             ctx.progress("jobsite", "run_worker is not a command yet: end-to-end and latency are n/a")

@@ -69,6 +69,7 @@ GOALS = (
 CEILING_OF = {
     "jobsite.enqueue": "ceiling.insert",
     "jobsite.e2e": "ceiling.lease_batch",
+    "jobsite.statement": "ceiling.lease_batch",
     "ceiling.lease_one": "ceiling.lease_batch",
     "ceiling.lease_batch_again": "ceiling.lease_batch",  # the machine's drift between the two measurements
     **{f"peer.{name}": "ceiling.lease_batch" for name in PEER_LABELS},
