@@ -103,7 +103,11 @@ def test_no_row_stamped_after_a_mark_has_an_id_at_or_below_it_under_workers_and_
         try:
             while not stop.is_set():
                 with transaction.atomic():
-                    time.sleep(rng.uniform(0, 0.3))  # the stamp (now()) is the transaction's start
+                    # The stamp (now()) is the transaction's start on the server, which is its first statement
+                    # (Django begins lazily): start it, then sleep before the insert takes its id.
+                    with connection.cursor() as cur:
+                        cur.execute("SELECT 1")
+                    time.sleep(rng.uniform(0, 0.3))
                     engine.enqueue("queue_app.probe", {}, queue="marks")
                     if rng.random() < 0.5:
                         engine.enqueue_many("queue_app.probe", [{}] * 5, queue="marks")
