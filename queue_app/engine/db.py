@@ -10,11 +10,15 @@ connection (same transaction, same type loaders, errors translated to Django's a
 that does not track prepared statements.
 """
 
+import struct
+import sys
+from array import array
 from typing import Any
 
 import psycopg
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from psycopg.adapt import Dumper
 
 from ..conf import queue_settings
 from . import sql
@@ -25,6 +29,77 @@ _TIMESTAMPTZ_LOADER = psycopg.adapters.get_loader(TIMESTAMPTZ, psycopg.pq.Format
 # psycopg prepares a statement asked with prepare=True at once, and any other after this many runs: never, in
 # effect (Django's own cursors bind on the client and are never prepared anyway).
 NEVER_BY_COUNT = 1 << 30
+
+
+# -- id and result arrays in binary ----------------------------------------------------------------------------
+# A settle names every item and reservation it settles: two bigint[] of a batch's size and a jsonb[] of results.
+# psycopg's list dumpers build them element by element in Python (3.4 ms for a batch of 1,000, a text literal the
+# server then parses): a fifth of a busy worker's own CPU. These build the binary array format (what the server's
+# array_recv reads) with a few C-level operations: 0.1 ms. Only where the value is an Int8Array or a JsonbArray
+# and the placeholder is %s or %b; as a text literal (Django's client-side cursor, PREPARED_STATEMENTS off) they
+# are the lists they are.
+
+INT8_OID, INT8_ARRAY_OID = 20, 1016
+JSONB_OID, JSONB_ARRAY_OID = 3802, 3807
+_HEADER = struct.Struct(">iiiii")  # dimensions (1), has nulls, element type, length, lower bound (1)
+_EMPTY = struct.Struct(">iii")  # dimensions (0), has nulls (0), element type
+_NULL = b"\xff\xff\xff\xff"  # an element's length -1: NULL
+
+
+class Int8Array(list):
+    """A list of ints to send as a bigint[] (ids; each must fit in 64 bits: OverflowError otherwise)."""
+
+
+class JsonbArray(list):
+    """A list of JSON documents, each already encoded as text, or None for SQL NULL, to send as a jsonb[]."""
+
+
+class _Int8ArrayBinaryDumper(Dumper):
+    format = psycopg.pq.Format.BINARY
+    oid = INT8_ARRAY_OID
+
+    def dump(self, obj: list) -> bytes:
+        n = len(obj)
+        if not n:
+            return _EMPTY.pack(0, 0, INT8_OID)
+        values = array("q", obj)
+        if sys.byteorder == "little":
+            values.byteswap()
+        raw = values.tobytes()
+        # Each element: its length (int32 8), then its value (int64, network order): strided copies, no loop
+        # over the elements in Python.
+        body = bytearray(12 * n)
+        body[3::12] = b"\x08" * n
+        for k in range(8):
+            body[4 + k :: 12] = raw[k::8]
+        return _HEADER.pack(1, 0, INT8_OID, n, 1) + body
+
+
+class _JsonbArrayBinaryDumper(Dumper):
+    format = psycopg.pq.Format.BINARY
+    oid = JSONB_ARRAY_OID
+
+    def dump(self, obj: list) -> bytes:
+        n = len(obj)
+        if not n:
+            return _EMPTY.pack(0, 0, JSONB_OID)
+        nulls = obj.count(None)
+        if nulls == n:  # most handlers return nothing: a batch of NULLs
+            return _HEADER.pack(1, 1, JSONB_OID, n, 1) + _NULL * n
+        parts = [_HEADER.pack(1, 1 if nulls else 0, JSONB_OID, n, 1)]
+        for text in obj:
+            if text is None:
+                parts.append(_NULL)
+            else:
+                data = text.encode()
+                parts.append(struct.pack(">ib", len(data) + 1, 1))  # jsonb's binary form: version 1, then the text
+                parts.append(data)
+        return b"".join(parts)
+
+
+# On psycopg's global map: every connection opened after this import (Django's included) knows them.
+psycopg.adapters.register_dumper(Int8Array, _Int8ArrayBinaryDumper)
+psycopg.adapters.register_dumper(JsonbArray, _JsonbArrayBinaryDumper)
 
 
 class PreparedCursor:

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 from django.db import connections, transaction
 
 from . import sql
-from .db import cursor
+from .db import Int8Array, JsonbArray, cursor
 from .payload import decode_json, encode_json
 from .settle import Held
 
@@ -149,9 +149,9 @@ def settle_and_lease(
         "n": max(0, n),
         **_terms_params(terms),
         **_queue_params(queues),
-        "item_ids": [h.item_id for h, _ in pairs],
-        "reservation_ids": [h.reservation_id for h, _ in pairs],
-        "results": [None if result is None else encode_json(result, "result") for _, result in pairs],
+        "item_ids": Int8Array([h.item_id for h, _ in pairs]),
+        "reservation_ids": Int8Array([h.reservation_id for h, _ in pairs]),
+        "results": JsonbArray([None if result is None else encode_json(result, "result") for _, result in pairs]),
     }
     with cursor(using) as cur:
         cur.execute(sql.SETTLE_AND_LEASE, params)

@@ -5,6 +5,8 @@ import math
 import re
 from typing import Any
 
+import orjson
+
 from ..conf import queue_settings
 from .errors import InvalidEnqueue
 
@@ -62,8 +64,20 @@ def encode_json(value: Any, what: str = "payload") -> str:
     return text
 
 
+# orjson reads a JSON document ten to thirty times faster than json.loads (0.09 against 2.6 us for `{}` here, one
+# a leased item), to the same Python values, with one exception: an integer beyond 64 bits becomes a float, its
+# digits lost. jsonb keeps such numbers exactly (numeric), so text with a run of 19 digits or more (or a number
+# past a double's range, also digits: jsonb prints no exponent) goes to json.loads, which keeps them as ints.
+_LONG_DIGITS = re.compile(r"\d{19}")
+
+
 def decode_json(value: Any) -> Any:
     """jsonb comes back from Django's psycopg setup as text; decode it (None stays None)."""
     if value is None or not isinstance(value, (str, bytes)):
         return value
-    return json.loads(value)
+    if _LONG_DIGITS.search(value if isinstance(value, str) else value.decode("utf-8", "replace")):
+        return json.loads(value)
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:  # what json.loads takes and orjson does not (none known): json decides
+        return json.loads(value)

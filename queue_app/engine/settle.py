@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from . import sql
-from .db import cursor
+from .db import Int8Array, JsonbArray, cursor
 from .errors import InvalidEnqueue, InvalidResult, StaleReservation
 from .payload import encode_json
 from .retry import backoff_seconds
@@ -37,9 +37,9 @@ def complete_many(done: Iterable[tuple[Held, Any]], *, using: str = "default") -
         cur.execute(
             sql.COMPLETE_MANY,
             {
-                "item_ids": [h.item_id for h, _ in pairs],
-                "reservation_ids": [h.reservation_id for h, _ in pairs],
-                "results": results,
+                "item_ids": Int8Array([h.item_id for h, _ in pairs]),
+                "reservation_ids": Int8Array([h.reservation_id for h, _ in pairs]),
+                "results": JsonbArray(results),
             },
         )
         settled = {row[0] for row in cur.fetchall()}

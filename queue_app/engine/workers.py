@@ -15,7 +15,7 @@ import psycopg
 from django.db import connections
 
 from . import sql
-from .db import cursor
+from .db import Int8Array, cursor
 from .settle import Held
 
 # Advisory-lock namespace of jobsite's maintenance units (first key of the two-key form).
@@ -92,8 +92,8 @@ def renew_leases(
         cur.execute(
             sql.RENEW_LEASES,
             {
-                "item_ids": [t.held.item_id for t in terms],
-                "reservation_ids": [t.held.reservation_id for t in terms],
+                "item_ids": Int8Array([t.held.item_id for t in terms]),
+                "reservation_ids": Int8Array([t.held.reservation_id for t in terms]),
                 "task_leases": [t.task_lease for t in terms],
                 "min_leases": [float(t.min_lease) for t in terms],
                 "keep_longer": keep_longer,
