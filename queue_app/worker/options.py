@@ -4,6 +4,7 @@ being down."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import psycopg
 from django.db.utils import InterfaceError, OperationalError
@@ -55,9 +56,9 @@ class WorkerOptions:
         return found
 
 
-@dataclass
-class Running:
-    """An item handed to the pool: running, or (thread pool) waiting in its queue for a thread."""
+class Running(NamedTuple):
+    """An item handed to the pool: running, or (thread pool) waiting in its queue for a thread. A named tuple:
+    the supervisor makes one per item."""
 
     lease: Lease
     task: Task
