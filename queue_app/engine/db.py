@@ -54,14 +54,27 @@ class JsonbArray(list):
     """A list of JSON documents, each already encoded as text, or None for SQL NULL, to send as a jsonb[]."""
 
 
-class _Int8ArrayBinaryDumper(Dumper):
+class _ArrayBinaryDumper(Dumper):
+    """A one-dimensional array in the binary format: the header, then each element (its length, its bytes)."""
+
     format = psycopg.pq.Format.BINARY
-    oid = INT8_ARRAY_OID
+    element_oid = 0
 
     def dump(self, obj: list) -> bytes:
+        if not obj:
+            return _EMPTY.pack(0, 0, self.element_oid)
+        has_nulls, elements = self.elements(obj)
+        return _HEADER.pack(1, has_nulls, self.element_oid, len(obj), 1) + elements
+
+    def elements(self, obj: list) -> tuple[bool, bytes]:
+        raise NotImplementedError
+
+
+class _Int8ArrayBinaryDumper(_ArrayBinaryDumper):
+    oid, element_oid = INT8_ARRAY_OID, INT8_OID
+
+    def elements(self, obj: list) -> tuple[bool, bytes]:
         n = len(obj)
-        if not n:
-            return _EMPTY.pack(0, 0, INT8_OID)
         values = array("q", obj)
         if sys.byteorder == "little":
             values.byteswap()
@@ -72,21 +85,17 @@ class _Int8ArrayBinaryDumper(Dumper):
         body[3::12] = b"\x08" * n
         for k in range(8):
             body[4 + k :: 12] = raw[k::8]
-        return _HEADER.pack(1, 0, INT8_OID, n, 1) + body
+        return False, bytes(body)
 
 
-class _JsonbArrayBinaryDumper(Dumper):
-    format = psycopg.pq.Format.BINARY
-    oid = JSONB_ARRAY_OID
+class _JsonbArrayBinaryDumper(_ArrayBinaryDumper):
+    oid, element_oid = JSONB_ARRAY_OID, JSONB_OID
 
-    def dump(self, obj: list) -> bytes:
-        n = len(obj)
-        if not n:
-            return _EMPTY.pack(0, 0, JSONB_OID)
+    def elements(self, obj: list) -> tuple[bool, bytes]:
         nulls = obj.count(None)
-        if nulls == n:  # most handlers return nothing: a batch of NULLs
-            return _HEADER.pack(1, 1, JSONB_OID, n, 1) + _NULL * n
-        parts = [_HEADER.pack(1, 1 if nulls else 0, JSONB_OID, n, 1)]
+        if nulls == len(obj):  # most handlers return nothing: a batch of NULLs
+            return True, _NULL * nulls
+        parts = []
         for text in obj:
             if text is None:
                 parts.append(_NULL)
@@ -94,7 +103,7 @@ class _JsonbArrayBinaryDumper(Dumper):
                 data = text.encode()
                 parts.append(struct.pack(">ib", len(data) + 1, 1))  # jsonb's binary form: version 1, then the text
                 parts.append(data)
-        return b"".join(parts)
+        return nulls > 0, b"".join(parts)
 
 
 # On psycopg's global map: every connection opened after this import (Django's included) knows them.
