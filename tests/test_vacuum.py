@@ -5,6 +5,9 @@ import pytest
 from django.db import connection
 
 from queue_app import engine
+from queue_app.engine import sql
+from queue_app.engine.maintenance import TABLE_MAINTENANCE_LOCK
+from queue_app.engine.workers import MAINTENANCE_LOCK_NAMESPACE, dedicated_connection
 from queue_app.worker.maintenance import _analyze_unit, _vacuum_unit
 from tests.waiting import wait_for
 
@@ -121,3 +124,46 @@ def test_vacuum_and_analyze_take_turns_in_one_thread_so_a_worker_opens_one_conne
         assert analyze() == ({}, False)  # its turn comes when the VACUUM's thread has ended
     running.join(60)
     wait_cleared(before)
+
+
+def analyzes(table: str = ITEM) -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT analyze_count FROM pg_stat_user_tables WHERE relname = %s", [table])
+        return cur.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_vacuum_or_analyze_of_the_hot_tables_runs_at_a_time_in_the_whole_deployment():
+    """Another worker's VACUUM or ANALYZE holds the table maintenance lock (here: a connection of this test):
+    this one does nothing and says so (None); once the lock is free it vacuums."""
+    churn(30_000)
+    wait_for(lambda: ITEM in engine.bloated_tables(), timeout=15, what="the dead rows to show in the statistics")
+    before = vacuums()
+    lock = {"namespace": MAINTENANCE_LOCK_NAMESPACE, "key": TABLE_MAINTENANCE_LOCK}
+    with dedicated_connection() as other:
+        assert other.execute(sql.TRY_SESSION_LOCK, lock).fetchone()[0] is True
+
+        assert engine.vacuum([ITEM]) is None
+        assert engine.analyze([ITEM]) is None
+        assert vacuums() == before and ITEM in engine.bloated_tables()
+
+    assert set(engine.vacuum([ITEM]) or {}) == {ITEM}
+    wait_cleared(before)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_vacuum_leaves_analyzing_to_the_analyze_unit_which_analyzes_a_churned_table_once_a_while():
+    """VACUUM no longer analyzes (it cost most of each VACUUM's time on a busy item table). A table whose rows
+    have all changed since its last ANALYZE is analyzed by the analyze unit, at most once every `every` s."""
+    engine.analyze([ITEM])
+    churn(30_000)
+    wait_for(lambda: ITEM in engine.bloated_tables(), timeout=15, what="the dead rows to show in the statistics")
+    analyzed = analyzes()
+
+    assert set(engine.vacuum([ITEM]) or {}) == {ITEM}
+    assert analyzes() == analyzed
+
+    assert ITEM not in engine.stale_statistics(every=3600)  # analyzed a moment ago
+    assert ITEM in engine.stale_statistics(every=0)  # every row changed since
+    engine.analyze([ITEM])
+    assert ITEM not in engine.stale_statistics(every=0)

@@ -647,8 +647,11 @@ WHERE schemaname = current_schema()
   AND n_dead_tup > GREATEST(%(min_dead)s, %(share)s * n_live_tup)
 ORDER BY n_dead_tup DESC
 """
-# SKIP_LOCKED: a table another VACUUM (autovacuum, another worker) holds is skipped, never waited for.
-VACUUM = "VACUUM (SKIP_LOCKED, ANALYZE) {table}"
+# SKIP_LOCKED: a table another VACUUM (autovacuum, another worker) holds is skipped, never waited for. No
+# ANALYZE with it: on a queue at 7,000 items/s here the ANALYZE was 0.5-1.0 s of each 0.6-1.1 s VACUUM of the
+# item table (sampling 30,000 rows of every column), every 5-10 s, and it took a core from the leases (see
+# STALE_STATISTICS for when the hot tables are analyzed).
+VACUUM = "VACUUM (SKIP_LOCKED) {table}"
 
 # The hot tables that have outgrown their statistics: more than `growth` times the live rows, or the pages, the
 # last ANALYZE (or VACUUM) counted, and by more than `min_rows` rows or `min_pages` pages. The engine's
@@ -657,11 +660,17 @@ VACUUM = "VACUUM (SKIP_LOCKED, ANALYZE) {table}"
 # the table whole for every item of a batch, and stay so until an ANALYZE makes every session plan again. A
 # queue filled from empty at 11,000 items/s had settles of 500 items take 1.2-2.7 s until one did (about 5 s).
 # The live-row count comes from the statistics collector (at most a second late); the size in pages is current.
+# And a table whose rows have all changed since its last ANALYZE (a queue's rows come and go, its columns'
+# statistics with them), once every `every` seconds at most: a VACUUM does not analyze (see VACUUM), and an
+# ANALYZE of a busy item table takes a core for most of a second.
 STALE_STATISTICS = """
 SELECT c.relname FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE s.schemaname = current_schema() AND s.relname = ANY(%(tables)s)
   AND (s.n_live_tup > %(growth)s * GREATEST(c.reltuples, 0) + %(min_rows)s
-       OR pg_relation_size(c.oid) / current_setting('block_size')::int > %(growth)s * c.relpages + %(min_pages)s)
+       OR pg_relation_size(c.oid) / current_setting('block_size')::int > %(growth)s * c.relpages + %(min_pages)s
+       OR (s.n_mod_since_analyze > GREATEST(c.reltuples, s.n_live_tup, 0) + %(min_rows)s
+           AND COALESCE(GREATEST(s.last_analyze, s.last_autoanalyze), '-infinity')
+               < now() - make_interval(secs => %(every)s)))
 ORDER BY c.relname
 """
 ANALYZE = "ANALYZE (SKIP_LOCKED) {table}"
@@ -775,9 +784,11 @@ TRY_MAINTENANCE_LOCK = """SELECT pg_try_advisory_xact_lock(%(namespace)s, hashte
 # are not prepared. jit = off for them too: an admin's or a task's query is not the analytic kind JIT pays for.
 ENGINE_SESSION = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), set_config('jit', 'off', false)"
 
-# The first worker of a queue set answers a NOTIFY at once, the others a moment later (no thundering herd): it
-# holds this session-level advisory lock on its LISTEN connection; the lock goes when the connection does.
-TRY_WAKE_LOCK = "SELECT pg_try_advisory_lock(%(namespace)s, hashtext(%(key)s))"
+# A session-level advisory lock, held until it is unlocked or its connection closes. The first worker of a
+# queue set answers a NOTIFY at once, the others a moment later (no thundering herd): it holds the wake lock of
+# its queue set on its LISTEN connection. A worker's VACUUM or ANALYZE of the hot tables holds the table
+# maintenance lock on its own connection: one at a time in the whole deployment (see engine.maintenance).
+TRY_SESSION_LOCK = "SELECT pg_try_advisory_lock(%(namespace)s, hashtext(%(key)s))"
 
 # -- workflows ------------------------------------------------------------------------------------------------
 

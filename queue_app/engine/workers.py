@@ -122,7 +122,7 @@ def try_maintenance_lock(unit: str, *, using: str = "default") -> bool:
 def try_wake_lock(conn: psycopg.Connection, key: str) -> bool:
     """On the worker's own LISTEN connection (autocommit), take the wake lock of queue set `key` if no other
     worker's connection holds it. Held until that connection closes."""
-    row = conn.execute(sql.TRY_WAKE_LOCK, {"namespace": WAKE_LOCK_NAMESPACE, "key": key}).fetchone()
+    row = conn.execute(sql.TRY_SESSION_LOCK, {"namespace": WAKE_LOCK_NAMESPACE, "key": key}).fetchone()
     return bool(row[0])
 
 

@@ -77,7 +77,7 @@ class _InThread:
         self,
         name: str,
         find: Callable[[], list[str]],
-        act: Callable[[list[str]], dict[str, float]],
+        act: Callable[[list[str]], dict[str, float] | None],
         shared: list[threading.Thread | None] | None = None,
     ):
         self.name, self.find, self.act = name, find, act
@@ -104,19 +104,22 @@ class _InThread:
         except Exception as exc:  # e.g. not the tables' owner, or the server went away: say so, try next time
             logger.warning("maintenance unit=%s failed: %s", self.name, exc)
         else:
-            logger.info("maintenance unit=%s %s", self.name, " ".join(f"{t}={s:.1f}s" for t, s in took.items()))
+            if took is None:
+                logger.debug("maintenance unit=%s skipped: another worker's VACUUM or ANALYZE is running", self.name)
+            else:
+                logger.info("maintenance unit=%s %s", self.name, " ".join(f"{t}={s:.1f}s" for t, s in took.items()))
 
 
 def _vacuum_unit(shared: list | None = None) -> _InThread:
-    """VACUUM the hot tables whose dead rows piled up (engine.bloated_tables). Several workers may start one:
-    VACUUM (SKIP_LOCKED) skips a table another VACUUM holds."""
+    """VACUUM the hot tables whose dead rows piled up (engine.bloated_tables). Several workers may start one;
+    one at a time runs (engine.maintenance._each), and VACUUM (SKIP_LOCKED) skips a table autovacuum holds."""
     return _InThread("vacuum", engine.bloated_tables, engine.vacuum, shared)
 
 
 def _analyze_unit(shared: list | None = None) -> _InThread:
     """ANALYZE the hot tables that outgrew their statistics (engine.stale_statistics): the engine's generic plans
-    made on an empty table read it whole until new statistics make every session plan again. (A VACUUM running
-    in the shared thread analyzes as it goes.)"""
+    made on an empty table read it whole until new statistics make every session plan again; and, once a
+    minute at most, those whose rows have all changed since they were last analyzed."""
     return _InThread("analyze", engine.stale_statistics, engine.analyze, shared)
 
 
