@@ -50,7 +50,7 @@ def bloated_tables(min_dead: int = 20_000, share: float = 0.1, *, using: str = "
 
 
 def stale_statistics(
-    growth: int = 4, min_rows: int = 1_000, min_pages: int = 128, every: float = 60.0, *, using: str = "default"
+    growth: int = 4, min_rows: int = 1_000, min_pages: int = 16, every: float = 60.0, *, using: str = "default"
 ) -> list[str]:
     """The hot tables grown past `growth` times what their statistics say, or whose rows have all changed since
     their last ANALYZE, that one more than `every` seconds ago (see sql.STALE_STATISTICS)."""
