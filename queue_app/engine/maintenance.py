@@ -55,13 +55,14 @@ def stale_statistics(
     """The hot tables grown past `growth` times what their statistics say, or whose rows have all changed since
     their last ANALYZE, that one more than `every` seconds ago (see sql.STALE_STATISTICS)."""
     params = {"tables": list(HOT_TABLES), "growth": growth, "min_rows": min_rows, "min_pages": min_pages}
+    params["every"] = float(every)
     with cursor(using) as cur:
-        cur.execute(sql.STALE_STATISTICS, {**params, "every": float(every)})
+        cur.execute(sql.STALE_STATISTICS, params)
         return [row[0] for row in cur.fetchall()]
 
 
 def analyze(tables: list[str], *, using: str = "default") -> dict[str, float] | None:
-    """ANALYZE each table, skipping one a VACUUM or ANALYZE holds (it brings the statistics up to date itself).
+    """ANALYZE each table, skipping one another ANALYZE or an autovacuum holds (it brings them up to date itself).
     The new statistics make every session plan its statements on that table again. Returns the seconds each
     took, or None when another worker's VACUUM or ANALYZE was running (see _each). On a connection of its own,
     in autocommit: it never waits inside a caller's transaction."""

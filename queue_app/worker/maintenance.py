@@ -153,7 +153,7 @@ def default_units(*, scheduler: bool = True) -> list[Unit]:
         Unit("vacuum", 5.0, _vacuum_unit(background)),
         # Four times a second: a queue filled from empty runs on plans made for an empty table until this ANALYZE.
         # In the first 3 s of a fill at 7,000 items/s on 3 workers the slowest of 60 probes waited 93-300 ms with
-        # a check every second (and 128 pages before an ANALYZE), 38-91 ms checking every 0.25 s (16 pages).
+        # a check every second (and 128 pages before an ANALYZE), 38-110 ms checking every 0.25 s (16 pages).
         Unit("analyze", 0.25, _analyze_unit(background)),
         Unit("sweep_workers", 60.0, _sweep_workers),
         # Where the id sequences stand: the admin's time filters start their walk there (engine/marks.py).
