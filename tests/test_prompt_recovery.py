@@ -122,6 +122,7 @@ def test_results_held_through_an_outage_are_settled_before_the_workers_own_rescu
         supervisor._database_steps(time.monotonic())  # rescue (due at once) and lease in the same round
     finally:
         supervisor.pool.shutdown()
+        supervisor.lease_call.close()  # the lease it sent: its thread ends, with its connection
     stored = QueueItem.objects.get(id=item)
     assert (stored.state, stored.result) == (ItemState.DONE, {"x": 1})
     assert [r.outcome for r in reservations(item)] == ["done"]

@@ -270,18 +270,18 @@ def limited_role():
 
 def test_worker_with_too_few_connections_left_shrinks_to_fit_says_so_once_and_works(worker, limited_role):
     ids = engine.enqueue_many("queue_app.noop", [{}] * 300)  # a handler that opens no connection of its own
-    # 6 for the role, 1 of them the worker's own at its check: room for 5, so 3 pool threads beside its own and
-    # its LISTEN connection (and a vacuum's), where --concurrency 12 would open 14.
+    # 6 for the role, 1 of them the worker's own at its check: room for 5, so 2 pool threads beside its own, its
+    # LISTEN and lease threads' connections (and a vacuum's), where --concurrency 12 would open 15.
     proc = worker("narrow", "--pool", "thread", "--concurrency", "12", "--burst", env={"DATABASE_URL": limited_role})
     assert finish(proc, timeout=120) == 0, output(proc)
     log = output(proc)
 
     assert log.count("too few database connections left for this worker") == 1
-    assert "needs=14 server_has_room_for=5; running with --concurrency 3 instead" in log
-    assert "concurrency=3" in log.split("worker started", 1)[1].splitlines()[0]
+    assert "needs=15 server_has_room_for=5; running with --concurrency 2 instead" in log
+    assert "concurrency=2" in log.split("worker started", 1)[1].splitlines()[0]
     assert "database unavailable" not in log and "too many" not in log  # no connection was refused
     assert QueueItem.objects.filter(id__in=ids, state=ItemState.DONE).count() == 300
-    assert Worker.objects.get(id="narrow").concurrency == 3
+    assert Worker.objects.get(id="narrow").concurrency == 2
 
 
 def outcomes_of(item_id: int) -> list[str]:
@@ -476,6 +476,45 @@ def test_queue_concurrency_limit_holds_across_workers(worker):
     assert len(starts) == 6
     gaps = [(later - earlier).total_seconds() for earlier, later in zip(starts, starts[1:], strict=False)]
     assert min(gaps) >= 0.2  # each handler (0.2 s asleep) ran alone: one at a time across both workers
+
+
+def test_the_loop_goes_on_while_its_lease_statement_waits_on_the_server(worker):
+    """The settle-and-lease statement runs on the worker's lease thread (worker/leasing.py): while it waits on the
+    server (here on a flow-controlled queue's row lock, held by another connection), the loop still stops a
+    handler past its hard timeout and settles it; once the lock goes, the waiting lease returns its item, which
+    runs. With the statement in the loop's own thread, the timeout would wait for the lock."""
+    services.configure_queue("held", concurrency_limit=5)
+    stuck = get_task("tests.sleepy").enqueue({"seconds": 8}).id  # hard timeout 1 s
+    proc = worker("leaser", "--pool", "process", "--concurrency", "1", "--queues", "default", "held")
+    wait_for(
+        lambda: QueueItem.objects.get(id=stuck).state == ItemState.RESERVED, timeout=60, what="the sleepy item's lease"
+    )
+    with engine.dedicated_connection() as lock:
+        lock.execute("BEGIN")
+        # The lock a leaser of the queue takes (sql.LOCK_FLOW_QUEUE), which lets an enqueue into it through.
+        lock.execute("SELECT 1 FROM queue_app_queue WHERE name = 'held' FOR NO KEY UPDATE")
+        waiting = get_task("queue_app.echo").enqueue({"after": "the lock"}, queue="held").id
+
+        def blocked() -> int:
+            with engine.dedicated_connection() as look:
+                query = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
+                return look.execute(query, [lock.info.backend_pid]).fetchone()[0]
+
+        wait_for(blocked, timeout=10, what="the worker's lease to wait on the queue's row lock")
+        wait_for(
+            lambda: [r.outcome for r in Reservation.objects.filter(item_id=stuck)] == ["timed_out"],
+            timeout=10,
+            what="the hard timeout to be enforced and settled while the lease waits",
+        )
+        assert blocked(), "the lease should still be waiting on the lock"
+        assert QueueItem.objects.get(id=waiting).state == ItemState.READY
+        lock.execute("ROLLBACK")
+    wait_for(
+        lambda: QueueItem.objects.get(id=waiting).state == ItemState.DONE, timeout=10, what="the waiting item to run"
+    )
+    assert QueueItem.objects.get(id=waiting).result == {"after": "the lock"}
+    proc.terminate()
+    assert finish(proc, timeout=30) == 0, output(proc)
 
 
 # -- a database restart under a working worker ----------------------------------------------------------------

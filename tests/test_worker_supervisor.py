@@ -24,6 +24,7 @@ from queue_app.worker import Supervisor, WorkerOptions
 from queue_app.worker.maintenance import Maintenance, Unit
 from queue_app.worker.replace import REPLACE
 from queue_app.worker.status import Stats, StatusReporter
+from queue_app.worker.supervisor import OTHER_CONNECTIONS
 from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -324,9 +325,11 @@ def test_a_worker_shrinks_to_fit_when_the_server_has_too_few_connections_left(ca
     worker = Supervisor(WorkerOptions(pool="thread", concurrency=room))
     worker.check_connection_room()
     [warning] = [r.getMessage() for r in caplog.records if "too few database connections" in r.getMessage()]
-    assert f"needs={room + 2} server_has_room_for={room}" in warning
-    assert f"running with --concurrency {room - 2} instead" in warning
-    assert (worker.options.concurrency, worker.capacity, worker.row.concurrency) == (room - 2, 2 * (room - 2), room - 2)
+    other = OTHER_CONNECTIONS  # its LISTEN, lease and maintenance connections
+    assert f"needs={room + other} server_has_room_for={room}" in warning
+    assert f"running with --concurrency {room - other} instead" in warning
+    fits = room - other
+    assert (worker.options.concurrency, worker.capacity, worker.row.concurrency) == (fits, 2 * fits, fits)
     caplog.clear()
     Supervisor(WorkerOptions(pool="thread", concurrency=max(1, room - 10))).check_connection_room()
     assert not [r for r in caplog.records if "too few database connections" in r.getMessage()]

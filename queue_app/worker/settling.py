@@ -12,6 +12,7 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from django.db.utils import DatabaseError
 
@@ -152,12 +153,12 @@ class Settling:
 
         self._settle_later(lease, "release", release)
 
-    def _completed(self, stale: list[Lease]) -> None:
-        self.stats.processed += len(self.done) - len(stale)
+    def _completed(self, stale: list[Lease], settled: list[tuple[Lease, Any]]) -> None:
+        """`settled`, the (lease, result) pairs a complete wrote, of which `stale` were no longer current."""
+        self.stats.processed += len(settled) - len(stale)
         for lease in stale:
             self._stale(lease, "complete found the reservation no longer current")
-        self._unblocked(lease for lease, _ in self.done)
-        self.done = []
+        self._unblocked(lease for lease, _ in settled)
 
     def _unblocked(self, settled: Iterable[Lease]) -> None:
         """Settled items with an ordering key let the next item of their key go: lease again at once rather
@@ -171,7 +172,9 @@ class Settling:
 
     def _complete_done(self) -> None:
         if self.done:
-            self._completed(engine.complete_many(self.done))
+            stale = engine.complete_many(self.done)
+            settled, self.done = self.done, []
+            self._completed(stale, settled)
 
     def _settle_pending(self) -> None:
         while self.pending:

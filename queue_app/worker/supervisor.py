@@ -44,6 +44,7 @@ from ..conf import queue_settings
 from ..engine import ALL_QUEUES, Lease, LeaseTerms
 from ..registry import Delivery, Task, find_task, registered_tasks, warm_ups_for
 from .execute import Job
+from .leasing import LeaseCall
 from .listener import FOLLOW, Listener
 from .maintenance import Maintenance
 from .options import DATABASE_DOWN, DEADLINE_RECHECK, Pending, Running, WorkerOptions
@@ -59,9 +60,9 @@ HEARTBEAT_MAX = 10.0  # seconds between heartbeats at most; less when the shorte
 # While other items still run, a freed slot and its finished item wait up to this long for company, so settles
 # and leases go in batches rather than one round trip per item.
 GATHER = 0.005
-# Connections a worker opens beyond its own and one per pool slot: its LISTEN connection, and its maintenance
-# thread's (VACUUM or ANALYZE, worker/maintenance.py) while one runs.
-OTHER_CONNECTIONS = 2
+# Connections a worker opens beyond its own and one per pool slot: its LISTEN connection, its lease thread's
+# (worker/leasing.py), and its maintenance thread's (VACUUM or ANALYZE, worker/maintenance.py) while one runs.
+OTHER_CONNECTIONS = 3
 PACE_EVERY = 0.25  # seconds between updates of the pace a worker's pool keeps (items finished per second)
 # A worker whose leases have found all they asked for during this long is working through a backlog: every worker
 # has plenty, so it holds its whole prefetch (leases of the largest batches). Counted from the last lease that found
@@ -100,6 +101,8 @@ class Supervisor(Settling):
         self.running: dict[int, Running] = {}
         self.next_deadline = float("inf")  # no running item's hard timeout is earlier (may be early: then rechecked)
         self.leased: list[tuple[Lease, Task]] = []  # leased, not started yet
+        # The settle-and-lease statement runs on a thread of its own while the loop goes on (worker/leasing.py).
+        self.lease_call = LeaseCall(self._wake)
         self.done: list[tuple[Lease, Any]] = []  # handler returned: complete_many these
         self.pending: list[Pending] = []
         handed = replaced()  # from the process this one replaced (worker/replace.py), if any
@@ -213,6 +216,11 @@ class Supervisor(Settling):
             self._close()
         return REPLACE if self.replacing else 0
 
+    def _wake(self) -> None:
+        """Make the loop's wait return now (from another thread, or a signal handler)."""
+        with contextlib.suppress(OSError, AttributeError):  # AttributeError: run() has not made the pipe yet
+            os.write(self._wake_w, b"!")
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
         if self.stopping and not self.replacing:
@@ -230,8 +238,7 @@ class Supervisor(Settling):
             name,
             fields(in_flight=len(self.running), grace_period=f"{self.options.grace_period:g}s"),
         )
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"!")
+        self._wake()
 
     def _replace_when_settled(self) -> None:
         """A handler thread is stuck past its hard timeout (its attempt is settled as timed out, its late
@@ -256,8 +263,8 @@ class Supervisor(Settling):
             elif self.options.max_items is not None and self.taken >= self.options.max_items:
                 logger.info("max items reached; finishing the items in flight, then stopping")
                 self.stopping = True
-        if not self.stopping or self.running or self.leased:
-            return False
+        if not self.stopping or self.running or self.leased or self.lease_call.busy:
+            return False  # a lease in flight: its items are started (or, on a signal, released) first
         if not (self.done or self.pending):
             return True
         down_for = 0.0 if self.db_down_since is None else time.monotonic() - self.db_down_since
@@ -273,6 +280,7 @@ class Supervisor(Settling):
     def _close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown()
+        self.lease_call.close()
         self.listener.close()
         try:
             engine.save_worker(self.row, "stopped", self.stats.as_dict())
@@ -344,7 +352,7 @@ class Supervisor(Settling):
         return 2 * self._room() >= self._held_most() or now - self.gather_since >= GATHER
 
     def _should_lease(self, now: float) -> bool:
-        if self.stopping or self._free() == 0:
+        if self.stopping or self.lease_call.busy or self._free() == 0:
             return False
         wanted = (
             self.woken
@@ -357,6 +365,8 @@ class Supervisor(Settling):
         return wanted and self._gathered(now)
 
     def _settle_due(self, now: float) -> bool:
+        if self.lease_call.busy and not self.stopping:
+            return bool(self.pending)  # what finishes meanwhile goes with the next lease, right after this one
         return bool(self.pending) or (bool(self.done) and self._gathered(now))
 
     def _slot_freed(self) -> None:
@@ -368,13 +378,14 @@ class Supervisor(Settling):
         if self.db_down_since is None and self._should_lease(now) and (self.maybe_more or self.woken):
             return  # more work is waiting: do not sleep
         deadlines = [self.next_heartbeat, self.maintenance.next_due(), self.status.next_due(), self.next_deadline]
-        if not self.stopping and self._free() > 0:
+        leasing = self.lease_call.busy  # its result wakes the loop (the pipe); no other lease until then
+        if not self.stopping and not leasing and self._free() > 0:
             # A full worker waits for a slot (the pool's fd says when), not for a poll or a follower's turn that
             # it could not act on: past due, they would make every select() return at once (a busy loop).
             deadlines += [self.next_poll, self.wake_at, *self.due[:1]]
         if self.stopping:
             deadlines.append(self.grace_deadline)
-        if self.gather_since is not None and self.running:
+        if self.gather_since is not None and self.running and not leasing:
             deadlines.append(self.gather_since + GATHER)
         if self.db_down_since is not None:
             deadlines.append(self.db_retry_at)
@@ -442,6 +453,7 @@ class Supervisor(Settling):
         if not self.registered:
             engine.save_worker(self.row, "running", self.stats.as_dict())
             self.registered = True
+        self._take_leased(now)
         if self.away or self.db_down_since is not None:
             # Back from a freeze or an outage: first settle the results held meanwhile and renew the leases
             # held (dropping prefetched items whose lease was taken back), so that neither this worker's own
@@ -469,25 +481,47 @@ class Supervisor(Settling):
         self.maintenance.run_due()  # before the lease: a schedule it fires is leased in this round
         if self._should_lease(now):
             self._lease(now)  # completes what finished in the same round trip
+            self._take_leased(now)  # at once when it ran here
             self._start_leased()
         elif self._settle_due(now):
             self._complete_done()
 
     def _lease(self, now: float) -> None:
+        """Send the settle-and-lease statement (what finished, and as many items as there is room for) to the
+        lease thread; the loop goes on and takes its result in a later round (_take_leased). No other lease is
+        sent until then."""
         want = self._free()
-        out = engine.settle_and_lease(self.done, self.queues, want, self.worker_id, terms=self.terms)
-        leases = out.leases
-        self.taken += len(leases)
-        self.maybe_more = len(leases) == want
-        if not self.maybe_more:
-            self.ran_dry_at = now  # the queues had fewer ready than asked: no backlog
+        sent, self.done = self.done, []
+        # Nothing in hand or in the pool: no work to overlap with the statement, so run it here, sparing an
+        # idle worker's first item the hand-over to the lease thread and back.
+        here = not (self.running or self.leased)
+        self.lease_call.send(sent, self.queues, want, self.worker_id, self.terms, here=here)
         self.woken = False
         self.wake_at = float("inf")
         while self.due and self.due[0] <= now:
             heapq.heappop(self.due)
         self.gather_since = None
         self.next_poll = now + self.options.poll_interval
-        self._completed(out.stale)  # after the wake-up flags: a completed item's key may wake the next lease
+
+    def _take_leased(self, now: float) -> None:
+        """Take the lease thread's result, if one is there: count what it settled, hold what it leased. A failed
+        call gives its outcomes back to `done` (to be settled again: fenced) and raises its exception here, where
+        a lost database is handled as for any statement of the loop."""
+        result = self.lease_call.take()
+        if result is None:
+            return
+        out, error = result
+        sent, want = self.lease_call.sent, self.lease_call.asked
+        if error is not None:
+            self.done[:0] = sent
+            self.woken = True  # the lease did not happen: try again as soon as the database allows
+            raise error
+        leases = out.leases
+        self.taken += len(leases)
+        self.maybe_more = len(leases) == want
+        if not self.maybe_more:
+            self.ran_dry_at = now  # the queues had fewer ready than asked: no backlog
+        self._completed(out.stale, sent)  # after the wake-up flags: a completed item's key may wake the next lease
         self.idle_after_lease = not leases and not (self.running or self.leased or self.done or self.pending)
         for lease in leases:
             task = find_task(lease.task)
@@ -504,8 +538,6 @@ class Supervisor(Settling):
                     self._poison(lease, f"undecodable payload: {type(exc).__name__}: {exc}")
                     continue
             self.leased.append((lease, task))
-        if self.pending:
-            self._settle_pending()
 
     def _start_leased(self) -> None:
         """Start as many held items as there are idle slots: give an item whose task the lease statement did not
