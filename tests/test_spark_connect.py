@@ -34,6 +34,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SERVER_LOG: list = []  # the supervisor's output (its restarts, and the server's own log)
+
+
+def supervisor_said(lines: int = 60) -> str:
+    """The end of the supervisor's output, for a failure message (CI keeps no other trace of it)."""
+    said = SERVER_LOG[0].read_text(errors="replace").splitlines() if SERVER_LOG else []
+    return "\n".join(said[-lines:])
+
+
 @pytest.fixture(scope="module")
 def connect_server(django_db_setup, django_db_blocker, tmp_path_factory):
     """The supervisor and its server, on a free loopback port, against the test database."""
@@ -43,7 +52,8 @@ def connect_server(django_db_setup, django_db_blocker, tmp_path_factory):
     from django.db import connection
 
     url = connect.parse_url(f"sc://127.0.0.1:{free_port()}")
-    log = (tmp_path_factory.mktemp("connect") / "server.log").open("w")
+    SERVER_LOG[:] = [tmp_path_factory.mktemp("connect") / "server.log"]
+    log = SERVER_LOG[0].open("w")
     env = child_env(connection.settings_dict["NAME"], SPARK_MASTER="local[4]", JAVA_TOOL_OPTIONS="-XX:+UseSerialGC")
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "spark_connect_server", "--url", str(url), "--interval", "1"],
@@ -199,6 +209,33 @@ def test_the_next_warm_run_takes_the_spare_light_child_and_cancel_still_stops_it
     assert next_spare is None or group_members(next_spare.pid) == []
 
 
+def test_a_restart_that_finds_the_port_taken_is_recorded_and_tried_again_not_given_up():
+    """The server died and, before its restart, another process took its port: the supervisor says so on the
+    server's row and tries again each round; it neither exits (no server would ever come back) nor counts a
+    restart per attempt."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        url = connect.parse_url(f"sc://127.0.0.1:{taken.getsockname()[1]}")
+        said: list[str] = []
+        supervisor = connect.Supervisor(url, master="local[1]", interval=0.1, log=said.append)
+        supervisor.proc = subprocess.Popen(["true"])  # a server that has exited
+        supervisor.proc.wait()
+        supervisor.step()
+        assert supervisor.proc is None and supervisor.restarts == 1
+        server = SparkConnectServer.objects.get(url=str(url))
+        assert not server.healthy and server.restarts == 1 and server.pid is None
+        assert "cannot restart the server" in server.last_error and "in use already" in server.last_error
+        supervisor.step()
+        assert supervisor.proc is None and supervisor.restarts == 1 and supervisor.backoff == 4.0
+        assert [line for line in said if "trying again" in line] == [
+            f"spark connect server: cannot restart the server: 127.0.0.1:{url.port} is in use already: pick another"
+            f" port; trying again in {wait:.0f}s"
+            for wait in (2, 4)
+        ]
+        supervisor.stop()
+
+
 @pytest.mark.parametrize(
     "value, message",
     [
@@ -237,11 +274,15 @@ def test_server_killed_mid_run_the_run_falls_back_to_spark_submit_and_the_server
     assert ended.progress["path"] == "spark-submit" and ended.progress["fallback"]
     assert "falls back to spark-submit" in ended.log_tail
     assert ended.metrics == {"tasks": 2, "sum": 1} and ended.attempt == 1
-    restarted = wait_for(
-        lambda: SparkConnectServer.objects.filter(url=str(connect_server), healthy=True, restarts__gte=1).first(),
-        120,
-        what="the supervisor to restart the server",
-    )
+    try:
+        restarted = wait_for(
+            lambda: SparkConnectServer.objects.filter(url=str(connect_server), healthy=True, restarts__gte=1).first(),
+            240,
+            what="the supervisor to restart the server",
+        )
+    except AssertionError as exc:
+        row = SparkConnectServer.objects.filter(url=str(connect_server)).values().first()
+        raise AssertionError(f"{exc}\nits row: {row}\nthe supervisor said:\n{supervisor_said()}") from None
     assert restarted.pid != server.pid
 
 

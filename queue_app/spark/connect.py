@@ -141,6 +141,7 @@ class Supervisor:
         self.url, self.master, self.interval, self.log = url, master or session.spark_master(), interval, log
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+        self.backoff, self._started = 1.0, time.monotonic()  # the next restart's wait; the last start
         self.stopping = False
         self.session = None  # the probes' own Connect session
 
@@ -173,27 +174,44 @@ class Supervisor:
             self.proc.wait()
 
     def serve(self, *, until=None) -> None:
-        """Supervise until `until()` says stop (or forever)."""
+        """Supervise until `until()` says stop (or forever). Only the first start's failure ends it (a port in use
+        is a configuration error then); later ones are the `step`s' to retry."""
         from . import connect_health
 
-        backoff = 1.0
         self.start()
-        started = time.monotonic()
+        self._started = time.monotonic()
         while not self.stopping and not (until and until()):
-            time.sleep(self.interval if connect_health.is_healthy(self.url) else 1.0)
-            if self.proc is not None and self.proc.poll() is not None:
-                error = f"the server exited with code {self.proc.returncode}"
-                connect_health.record(self.url, self.master, pid=None, healthy=False, error=error)
-                self.log(f"spark connect server: {error}; restarting in {backoff:.0f}s")
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 60.0) if time.monotonic() - started < 60 else 1.0
-                self.restarts += 1
-                self.session = None
-                connect_health.restarted(self.url)
-                self.start()
-                started = time.monotonic()
-                continue
-            error, self.session = probe(self.url, self.session)
-            connect_health.record(self.url, self.master, pid=self.proc.pid, healthy=not error, error=error)
+            self.step()
         self.stop()
         connect_health.record(self.url, self.master, pid=None, healthy=False, error="stopped")
+
+    def step(self) -> None:
+        """One round: wait, then restart the server if it exited (after a backoff that doubles while it dies
+        within a minute of its start), else probe it and record its health. A restart that cannot start the
+        server (its port taken meanwhile by another process) is recorded and tried again next round, never given
+        up: the supervisor outlives whatever its server meets."""
+        from . import connect_health
+
+        up = self.proc is not None and self.proc.poll() is None
+        time.sleep(self.interval if up and connect_health.is_healthy(self.url) else 1.0)
+        if self.proc is not None and self.proc.poll() is not None:
+            error = f"the server exited with code {self.proc.returncode}"
+            connect_health.record(self.url, self.master, pid=None, healthy=False, error=error)
+            self.log(f"spark connect server: {error}; restarting in {self.backoff:.0f}s")
+            self.proc, self.session = None, None
+            self.restarts += 1
+            connect_health.restarted(self.url)
+        if self.proc is None:
+            time.sleep(self.backoff)
+            quick = time.monotonic() - self._started < 60
+            self.backoff = min(self.backoff * 2, 60.0) if quick else 1.0
+            self._started = time.monotonic()
+            try:
+                self.start()
+            except (ConnectConfigError, OSError) as exc:
+                error = f"cannot restart the server: {exc}"
+                connect_health.record(self.url, self.master, pid=None, healthy=False, error=error)
+                self.log(f"spark connect server: {error}; trying again in {self.backoff:.0f}s")
+            return
+        error, self.session = probe(self.url, self.session)
+        connect_health.record(self.url, self.master, pid=self.proc.pid, healthy=not error, error=error)
