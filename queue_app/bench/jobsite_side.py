@@ -31,6 +31,7 @@ from django.db import connections
 
 from .. import engine
 from ..conf import queue_settings
+from ..engine.sql import RESERVATION_SEQUENCE
 from . import ceiling
 from .context import ROOT, BenchContext, Drain, django_child_env, drain, log_tail, manage_args, spawn, stop, tune
 from .report import Figure, Results
@@ -82,6 +83,35 @@ def _open_items(queue: str) -> int:
         "SELECT count(*) FROM queue_app_queueitem WHERE queue_id = %(q)s AND state IN ('ready', 'reserved')",
         {"q": queue},
     )
+
+
+# The reservation ids handed out so far: one per lease, read from the sequence without reading any table.
+_RESERVATIONS_MADE = f"SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {RESERVATION_SEQUENCE}"
+
+
+class _Remaining:
+    """What the end-to-end drain samples every 0.1 s: the jobs not yet leased, from the reservation ids handed out
+    since the drain began (one per lease, O(1)); once every job was leased, the exact count of open items, down
+    to none, so the drain's end is the last item done. A count of the open items is a scan of the item table (a
+    parallel one: ~190 ms of server CPU at 200,000 items on the 2-core VM); sampled every 0.1 s through the whole
+    drain, it took a third of the end-to-end rate from the workers it measured (2 x thread c32 b500 p500, three
+    pairs interleaved: 9,402 / 8,994 / 8,873 jobs/s with it, 13,728 / 12,176 / 12,602 without). The steady rate
+    is the leases' between 10 % and 90 %: done trails leased by the items in flight (at most the workers'
+    prefetch and concurrency), the same at both ends of the window. The done count after the drain stays exact
+    (`measure_e2e`)."""
+
+    def __init__(self, queue: str, jobs: int) -> None:
+        self.queue, self.jobs = queue, jobs
+        self.before = _scalar(_RESERVATIONS_MADE)
+        self.all_leased = False
+
+    def __call__(self) -> int:
+        if not self.all_leased:
+            left = self.jobs - (_scalar(_RESERVATIONS_MADE) - self.before)
+            if left > 0:
+                return left
+            self.all_leased = True
+        return _open_items(self.queue)
 
 
 WorkerSettings = tuple[int, str, int, int, int]  # (run_worker processes, pool, concurrency, batch, prefetch)
@@ -188,10 +218,11 @@ def measure_e2e(ctx: BenchContext, sizes: Sizes, db: str) -> tuple[Figure, Worke
         engine.enqueue_many(NOOP_TASK, [{} for _ in range(jobs)], queue=queue, using=ALIAS)
         name = "e2e {}x {} c={} b={} p={}".format(*settings)
         log = "jobsite-e2e-{}x-{}-c{}-b{}-p{}-{}".format(*settings, len(exits))
+        remaining = _Remaining(queue, jobs)
         procs = spawn_workers(ctx, settings, db, log, burst=True)
         try:
             result = drain(
-                lambda: _open_items(queue),
+                remaining,
                 jobs,
                 procs,
                 timeout=timeout,
