@@ -62,14 +62,21 @@ def test_the_batched_ceiling_is_measured_again_and_the_goal_judged_against_both(
     first, again = results.figures["ceiling.lease_batch"], results.figures[ceiling.BATCH_AGAIN]
     winner = max(first.detail["tries"], key=lambda t: t["per_s"])["clients"]
     assert [t["clients"] for t in again.detail["tries"]] == [winner] and again.value > 0
-    results.add(Figure("jobsite.e2e", "jobsite: end-to-end", 0.41 * again.value, "jobs/s"))
+    # 0.41 of the lower of the two ceilings: at most 0.41 of either, whatever the drift between them (CI once saw
+    # the second 1.5x the first, and 0.41 of the second was 0.61 of the first).
+    e2e = 0.41 * min(first.value, again.value)
+    results.add(Figure("jobsite.e2e", "jobsite: end-to-end", e2e, "jobs/s"))
     judged = {g["goal"]: g["actual"] for g in results.goals()}
-    assert judged["end-to-end >= 40% of the batched ceiling measured again after it"] == 0.41
-    assert judged["end-to-end >= 40% of the batched ceiling"] == round(0.41 * again.value / first.value, 3)
+    assert judged["end-to-end >= 40% of the batched ceiling measured again after it"] == round(e2e / again.value, 3)
+    assert judged["end-to-end >= 40% of the batched ceiling"] == round(e2e / first.value, 3)
     assert "again after the end-to-end" in table(results)
-    # The flow-control issue's bar, on the same figures: 0.41 of the ceiling is not 0.6.
+    # The flow-control issue's bar, on the same figures: at most 0.41 of the ceiling is not 0.6 ...
     sixty = next(g for g in results.goals() if g["goal"] == "end-to-end >= 60% of the batched ceiling")
     assert sixty["actual"] == judged["end-to-end >= 40% of the batched ceiling"] and sixty["passed"] is False
+    # ... and 0.61 of the higher one is.
+    results.add(Figure("jobsite.e2e", "jobsite: end-to-end", 0.61 * max(first.value, again.value), "jobs/s"))
+    sixty = next(g for g in results.goals() if g["goal"] == "end-to-end >= 60% of the batched ceiling")
+    assert sixty["actual"] >= 0.61 and sixty["passed"] is True
 
 
 def test_quick_jobsite_run_measures_enqueue_end_to_end_and_latency_idle_and_under_load(manage, tmp_path):
