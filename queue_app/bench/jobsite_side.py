@@ -434,13 +434,14 @@ def measure_latency(
         stop(procs)
     # Where the time went: enqueue to the lease that took the item (its commit and NOTIFY, the worker's wake-up,
     # waiting in the queue behind earlier items), then lease to the handler's start (held in the worker's hand
-    # or its pool's queue behind the items leased with it, and the hand-over to a thread or child).
+    # or its pool's queue behind the items leased with it, and the hand-over to a thread or child). Through the
+    # views over the hot and history tables: the archiver may have moved a probe by now.
     with connections[ALIAS].cursor() as cur:
         cur.execute(
             """SELECT EXTRACT(EPOCH FROM min(l.executed_at) - i.created_at) * 1000,
                       EXTRACT(EPOCH FROM min(r.reserved_at) - i.created_at) * 1000
-               FROM queue_app_queueitem i JOIN queue_app_executionlog l ON l.item_id = i.id
-               JOIN queue_app_reservation r ON r.item_id = i.id
+               FROM queue_app_item_all i JOIN queue_app_executionlog l ON l.item_id = i.id
+               JOIN queue_app_reservation_all r ON r.item_id = i.id
                WHERE i.id = ANY(%(ids)s) GROUP BY i.id, i.created_at""",
             {"ids": ids},
         )
