@@ -61,7 +61,8 @@ HEARTBEAT_MAX = 10.0  # seconds between heartbeats at most; less when the shorte
 # and leases go in batches rather than one round trip per item.
 GATHER = 0.005
 # Connections a worker opens beyond its own and one per pool slot: its LISTEN connection, its lease thread's
-# (worker/leasing.py), and its maintenance thread's (VACUUM or ANALYZE, worker/maintenance.py) while one runs.
+# (worker/leasing.py), and its maintenance thread's (archive, prunes, VACUUM or ANALYZE: worker/maintenance.py)
+# while one runs.
 OTHER_CONNECTIONS = 3
 PACE_EVERY = 0.25  # seconds between updates of the pace a worker's pool keeps (items finished per second)
 # A worker whose leases have found all they asked for during this long is working through a backlog: every worker
