@@ -258,6 +258,29 @@ def test_the_archive_runs_in_the_maintenance_thread_and_the_loop_does_not_wait_f
     assert ItemHistory.objects.filter(id__in=ids).count() == 3 and not QueueItem.objects.filter(id__in=ids).exists()
 
 
+def test_a_turn_that_leaves_a_backlog_makes_the_archive_due_again_at_once(settings, monkeypatch):
+    """A turn of the archive ends after its time (here after one batch of 2); with more left the unit is due
+    again at once instead of `every` seconds later, and the turn that empties the backlog leaves it due in its
+    interval."""
+    from queue_app.worker import maintenance
+    from queue_app.worker.maintenance import Maintenance
+
+    settings.JOBSITE = {"ARCHIVE_AFTER": 0.0}
+    monkeypatch.setattr(maintenance, "ARCHIVE_BATCH", 2)
+    ids = finished(5)
+    unit = next(u for u in maintenance.default_units(scheduler=False) if u.name == "archive")
+    unit.run.turn = 0.0
+    archived = []
+    for _ in range(3):
+        Maintenance([unit]).run_due()
+        unit.run.join(30)
+        archived.append(ItemHistory.objects.filter(id__in=ids).count())
+        if archived[-1] < 5:
+            assert unit.due_at == 0.0, (archived, unit.due_at)  # due again now: a backlog
+    assert archived == [2, 4, 5]
+    assert unit.due_at > time.monotonic(), "the last turn found no more: due in its interval"
+
+
 def test_the_migration_moves_finished_data_of_the_old_layout():
     """Back to 0016 (the old layout, no history tables), rows of every state written there, then forward: the
     done and cancelled items without a dead letter are in history with their reservations, the rest stays."""
