@@ -92,14 +92,17 @@ def test_quick_jobsite_run_measures_enqueue_end_to_end_and_latency_idle_and_unde
         assert figures[key]["value"] > 0, figures[key]
     e2e = figures["jobsite.e2e"]
     assert "--prefetch" in e2e["note"] and all(t["done"] == t["jobs"] for t in e2e["detail"]["tries"][-1:])
-    for key in ("jobsite.latency_p50", "jobsite.latency_p99", "jobsite.latency_load_p50", "jobsite.latency_load_p99"):
+    latency = [f"jobsite.latency{suffix}_{q}" for suffix in ("", "_load", "_quarter") for q in ("p50", "p99")]
+    for key in latency:
         assert figures[key]["value"] > 0, figures[key]
         assert figures[key]["detail"]["samples"] > 0
         detail = figures[key]["detail"]
         assert 0 <= detail["to_lease_p50_ms"] <= detail["to_lease_p99_ms"]  # the split of where the time went
         assert 0 <= detail["lease_to_start_p50_ms"] <= detail["lease_to_start_p99_ms"]
     assert figures["jobsite.latency_p50"]["value"] <= figures["jobsite.latency_p99"]["value"]
-    assert figures["jobsite.latency_load_p50"]["detail"]["fed"] > 0  # the steady load (its own process) ran
+    for suffix, share in (("_load", "50%"), ("_quarter", "25%")):  # the steady loads (a process of their own) ran
+        assert figures[f"jobsite.latency{suffix}_p50"]["detail"]["fed"] > 0
+        assert figures[f"jobsite.latency{suffix}_p99"]["note"] == f"load {share} of end-to-end"
     # jobsite's statement alone (no worker): what one leasing connection does, the end-to-end figure's reference
     statement = figures["jobsite.statement"]
     assert statement["value"] > 0 and "connection(s)" in statement["note"], statement
