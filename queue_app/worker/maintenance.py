@@ -69,6 +69,12 @@ def _history_retention() -> tuple[dict[str, int], bool]:
     return counts, counts["history_pruned"] >= PRUNE_BATCH
 
 
+def _log_counts(name: str, counts: dict[str, int]) -> None:
+    """One log line for a unit's round (or a _Rows turn) that did something."""
+    if any(counts.values()):
+        logger.info("maintenance unit=%s %s", name, " ".join(f"{k}={v}" for k, v in counts.items()))
+
+
 class _Background:
     """A unit whose work may take long, run in a thread of its own so that the supervisor's loop (settles, leases,
     handing items to the pool, hard timeouts, heartbeats) never waits for it. Units given the same `shared` list
@@ -179,8 +185,7 @@ class _Rows(_Background):
             connection.close()  # this thread's own
         if more:
             self.again()
-        if any(totals.values()):
-            logger.info("maintenance unit=%s %s", self.name, " ".join(f"{k}={v}" for k, v in totals.items()))
+        _log_counts(self.name, totals)
 
 
 def _rows_unit(name: str, every: float, batch: Callable[[], tuple[dict[str, int], bool]], shared: list) -> Unit:
@@ -273,5 +278,4 @@ class Maintenance:
                 raise
             if more:
                 unit.due_at = now
-            if any(counts.values()):
-                logger.info("maintenance unit=%s %s", unit.name, " ".join(f"{k}={v}" for k, v in counts.items()))
+            _log_counts(unit.name, counts)
