@@ -16,7 +16,17 @@ ROOT = Path(__file__).resolve().parents[2]
 MARKER = "<!-- commands -->"
 PAGE = "reference/commands.md"
 # Django's options every command has (`manage.py help CMD` shows them): documented once, not per command.
-COMMON = {"help", "version", "verbosity", "settings", "pythonpath", "traceback", "no_color", "force_color", "skip_checks"}
+COMMON = {
+    "help",
+    "version",
+    "verbosity",
+    "settings",
+    "pythonpath",
+    "traceback",
+    "no_color",
+    "force_color",
+    "skip_checks",
+}
 
 
 def _django() -> None:
@@ -71,8 +81,17 @@ def _arguments(parser: argparse.ArgumentParser) -> list[str]:
 def _usage(parser: argparse.ArgumentParser) -> list[str]:
     usage = parser.format_usage().removeprefix("usage: ").strip()
     # Django's common options are noise in every usage line; they are listed once at the top of the page.
-    for flag in ("[-h]", "[--version]", "[-v {0,1,2,3}]", "[--settings SETTINGS]", "[--pythonpath PYTHONPATH]",
-                 "[--traceback]", "[--no-color]", "[--force-color]", "[--skip-checks]"):
+    for flag in (
+        "[-h]",
+        "[--version]",
+        "[-v {0,1,2,3}]",
+        "[--settings SETTINGS]",
+        "[--pythonpath PYTHONPATH]",
+        "[--traceback]",
+        "[--no-color]",
+        "[--force-color]",
+        "[--skip-checks]",
+    ):
         usage = usage.replace(flag, "")
     return ["```text", " ".join(usage.split()), "```", ""]
 
@@ -85,7 +104,7 @@ def _render(name: str) -> list[str]:
     module_doc = (sys.modules[type(command).__module__].__doc__ or "").strip()
     lines = [f"## `{name}`", "", _cell(command.help or ""), "", *_usage(parser)]
     if module_doc:
-        lines += ["??? note \"More\"", "", *[f"    {line}" if line else "" for line in module_doc.splitlines()], ""]
+        lines += ['??? note "More"', "", *[f"    {line}" if line else "" for line in module_doc.splitlines()], ""]
     lines += _arguments(parser)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -98,7 +117,9 @@ def _render(name: str) -> list[str]:
 
 def commands_markdown() -> str:
     _django()
-    names = sorted(p.stem for p in (ROOT / "queue_app" / "management" / "commands").glob("*.py") if p.stem != "__init__")
+    names = sorted(
+        p.stem for p in (ROOT / "queue_app" / "management" / "commands").glob("*.py") if p.stem != "__init__"
+    )
     return "\n".join(line for name in names for line in _render(name))
 
 
