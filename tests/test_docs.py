@@ -22,6 +22,8 @@ CITED_TEST = re.compile(r"tests/([\w/]+\.py)::(\w+)")
 # Variables jobsite sets for its own children, and the benchmarks' and tests' knobs: listed on the settings page
 # by family (`JOBSITE_BENCH_*`), not one by one.
 FAMILIES = ("JOBSITE_BENCH_",)
+FLAG = re.compile(r"(?<![\w-])(--[a-z][\w-]*)")
+JOBSITE_COMMANDS = sorted(p.stem for p in (ROOT / "queue_app" / "management" / "commands").glob("[a-z]*.py"))
 
 
 def pages() -> dict[Path, str]:
@@ -107,3 +109,51 @@ def test_the_readme_links_lead_to_files_that_exist_and_it_stays_a_landing_page()
     assert any(t.startswith("docs/") for t in targets)
     assert sorted(t for t in targets if not (ROOT / t).exists()) == []
     assert len(text.splitlines()) <= 300
+
+
+def documented_invocations() -> list[tuple[str, str, list[str]]]:
+    """(page, command, its --flags) for every `manage.py COMMAND ...` the docs and the README write out, a line
+    continued with a backslash included."""
+    found = []
+    for path, text in pages().items():
+        joined = text.replace("\\\n", " ")
+        for line in joined.splitlines():
+            for match in re.finditer(r"manage\.py (\w+)([^`|#\n]*)", line):
+                found.append((path.name, match.group(1), FLAG.findall(match.group(2))))
+            # `run_worker --pool thread` in prose: a code span that starts with one of jobsite's commands.
+            for match in re.finditer(rf"`({'|'.join(JOBSITE_COMMANDS)}) ([^`]*)`", line):
+                found.append((path.name, match.group(1), FLAG.findall(match.group(2))))
+    return found
+
+
+def command_options(name: str) -> set[str] | None:
+    from django.core.management import get_commands, load_command_class
+
+    app = get_commands().get(name)
+    if app is None:
+        return None
+    parser = load_command_class(app, name).create_parser("manage.py", name)
+    options = set()
+    parsers = [parser]
+    while parsers:
+        current = parsers.pop()
+        for action in current._actions:
+            options.update(action.option_strings)
+            if hasattr(action, "choices") and isinstance(action.choices, dict):
+                parsers.extend(action.choices.values())
+    return options
+
+
+def test_every_command_and_flag_the_docs_write_out_exists():
+    invocations = documented_invocations()
+    assert len(invocations) > 40
+    wrong = []
+    for page, name, flags in invocations:
+        if name in ("test", "help"):  # test: every argument goes to pytest; help: Django's own
+            continue
+        options = command_options(name)
+        if options is None:
+            wrong.append(f"{page}: no command {name!r}")
+            continue
+        wrong += [f"{page}: {name} has no {flag}" for flag in flags if flag not in options]
+    assert sorted(set(wrong)) == []
