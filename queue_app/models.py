@@ -660,27 +660,6 @@ class SparkScript(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def as_job(self):
-        """This script as a SparkJob (ScriptError when a part of it is not acceptable)."""
-        from queue_app.spark.scripts import script_job
-
-        return script_job(
-            self.name,
-            path=self.path,
-            args=self.args or [],
-            params=self.params or [],
-            py_files=self.py_files or [],
-            conf=self.conf or {},
-            env=self.env or {},
-            driver_memory=self.driver_memory,
-            executor_memory=self.executor_memory,
-            driver_cores=self.driver_cores,
-            executor_cores=self.executor_cores,
-            description=self.description,
-            source="admin",
-            policy=self.policy or None,
-        )
-
 
 class SparkWatermark(models.Model):
     """How far an incremental Spark pipeline got: advanced in the transaction that marks its run succeeded, never
