@@ -397,7 +397,7 @@ class StoredScripts(JobSource):
     """The SparkScript rows the admin edits (enabled ones), read on every lookup: an edit applies at once."""
 
     def find(self, name: str) -> SparkJob | None:
-        from queue_app.models import SparkScript
+        from queue_app.spark.models import SparkScript
 
         row = SparkScript.objects.filter(name=name, enabled=True).first()
         if row is None:
@@ -408,7 +408,7 @@ class StoredScripts(JobSource):
             raise SparkParamError(name, {"__all__": str(exc)}) from None
 
     def jobs(self) -> list[SparkJob]:
-        from queue_app.models import SparkScript
+        from queue_app.spark.models import SparkScript
 
         jobs = []
         for row in SparkScript.objects.filter(enabled=True).order_by("name"):
