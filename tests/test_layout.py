@@ -2,7 +2,7 @@
 
 - `queue_app/bench/` and `queue_app/chaos/` are tooling that proves the product (benchmarks, fault injection).
   They live in the app because Django finds management commands only in installed apps; nothing of the
-  product — worker, engine, admin, services, Spark, views — imports them, only their own two commands do.
+  product — worker, engine, admin, services, Spark, views — imports them, only their own commands do.
 - The engine (the SQL of the queue) imports nothing of the app but its settings: the worker, services and
   admin build on it, never the other way round.
 - No two modules of `queue_app` or `jobsite` import each other, directly or through others (no import circle),
@@ -21,7 +21,8 @@ APP = Path(__file__).resolve().parent.parent / "queue_app"
 PROJECT = APP.parent / "jobsite"
 TOOLING = ("queue_app.bench", "queue_app.chaos")
 TOOLING_COMMANDS = {
-    f"queue_app.management.commands.{name}" for name in ("queue_bench", "queue_chaos", "spark_bench", "webhook_bench")
+    f"queue_app.management.commands.{name}"
+    for name in ("admin_bench", "queue_bench", "queue_chaos", "spark_bench", "webhook_bench")
 }
 
 
