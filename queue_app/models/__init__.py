@@ -4,16 +4,14 @@
 - history.py: ItemHistory, ReservationHistory (finished items moved out of the hot tables)
 - workers.py: Worker
 - schedules.py: Schedule, ScheduleFire
-- probes.py: ExecutionLog, ProbeEffect (the probe tasks' tables)
 
-The Spark, webhooks and workflows models live with their packages (spark/models.py, webhooks/models.py,
-workflows/models.py) and are imported last, so Django registers them with the app; each of those modules imports
-only Django. Their names are re-exported here as well, so `from queue_app.models import SparkRun` keeps working;
-new code imports them from their own package.
+The Spark, probes, webhooks and workflows models live with their packages (spark/models.py, probes/models.py,
+webhooks/models.py, workflows/models.py) and are imported last, so Django registers them with the app; each of
+those modules imports only Django. Their names are re-exported here as well, so `from queue_app.models import
+SparkRun` keeps working; new code imports them from their own package.
 """
 
 from .history import ItemHistory, ReservationHistory
-from .probes import ExecutionLog, ProbeEffect
 from .queue import (
     HISTORY_STATES,
     HISTORY_STATES_SQL,
@@ -34,6 +32,7 @@ from .workers import Worker, WorkerState
 # isort: split
 # The models of the app's packages (imported after the core ones: importing a package runs its __init__, which may
 # import the core models back).
+from ..probes.models import ExecutionLog, ProbeEffect
 from ..spark.models import (
     SPARK_FINAL_STATES,
     SPARK_OPEN_STATES,

@@ -1,4 +1,7 @@
-"""The probe tasks' tables (queue_app/tasks.py): what the chaos runs and benchmarks count runs and effects by."""
+"""The probe tasks' tables (probes/tasks.py): what the chaos runs, benchmarks and tests count runs and effects by.
+
+Part of the queue_app app (app_label queue_app, tables queue_app_executionlog and queue_app_probeeffect from
+migrations 0002 and 0003); queue_app.models imports this module so Django registers them."""
 
 from django.db import models
 from django.db.models.functions import Now
