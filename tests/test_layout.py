@@ -228,3 +228,17 @@ def test_the_circle_finder_counts_function_level_imports():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_circles(graph) == [frozenset({"a", "b", "c"})]
     assert chain(graph, frozenset({"a", "b", "c"})) == "a -> b -> c -> a"
+
+
+def test_the_models_import_nothing_of_the_app_but_other_models():
+    """queue_app.models registers the models of the app's packages by importing their models modules, and those
+    (like the concept modules of the models package) import only Django and each other: never up into the
+    packages' logic (workflows, Spark scripts), which import the models."""
+    graph = import_graph()
+    models = {
+        name
+        for name in graph
+        if name.startswith("queue_app.models") or (name.startswith("queue_app.") and name.endswith(".models"))
+    }
+    assert {"queue_app.models.queue", "queue_app.spark.models", "queue_app.probes.models"} <= models
+    assert {name: sorted(graph[name] - models) for name in sorted(models) if graph[name] - models} == {}
