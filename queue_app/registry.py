@@ -14,7 +14,6 @@ task modules need no configuration. queue_app's own built-in tasks live in queue
 
 import logging
 import math
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,11 +21,12 @@ from enum import StrEnum
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.utils.module_loading import autodiscover_modules, import_string
+from django.utils.module_loading import import_string
 
 from . import engine
 from .conf import queue_settings
 from .engine.errors import QueueError
+from .registries import Registry, origin_of
 
 logger = logging.getLogger("jobsite.worker")
 
@@ -202,13 +202,12 @@ class UnknownTask(QueueError, LookupError):
     """No task is registered under this name in this process."""
 
 
-_registry: dict[str, Task] = {}
+# Every installed app's `tasks.py` registers its tasks (queue_app's own: queue_app/tasks.py).
+_tasks: Registry[Task] = Registry("task", app_module="tasks", origin=lambda task: origin_of(task.func))
 _resolved: dict[str, Task] = {}
 # Where a name no @job registered is looked up next: import paths of `(name) -> Task | None` callables.
 # django.tasks functions enqueued through jobsite's backend are stored under their module path.
 RESOLVERS: list[str] = ["queue_app.tasks_backend.job_spec_for"]
-_discovery = threading.Lock()
-_discovered = False
 
 
 def job(
@@ -258,42 +257,20 @@ def job(
             decode=decode,
             warm_up=warm_up,
         )
-        known = _registry.get(task_name)
-        if known is not None and (known.func.__module__, known.func.__qualname__) != (
-            func.__module__,
-            func.__qualname__,
-        ):
-            raise ImproperlyConfigured(
-                f"task name {task_name!r} is registered twice: by {known.func.__module__}.{known.func.__qualname__}"
-                f" and by {func.__module__}.{func.__qualname__}"
-            )
-        _registry[task_name] = task
-        return task
+        return _tasks.register(task_name, task)
 
     return register
 
 
 def warm_ups_for(queues: Iterable[str] | None) -> list[Callable[[], None]]:
     """The warm-ups of the registered tasks whose queue is one of `queues` (None: every queue), each once."""
-    autodiscover()
     served = None if queues is None else set(queues)
     found: list[Callable[[], None]] = []
-    for task in list(_registry.values()):
+    for task in _tasks.entries().values():
         queue = task.queue or queue_settings.DEFAULT_QUEUE
         if task.warm_up is not None and (served is None or queue in served) and task.warm_up not in found:
             found.append(task.warm_up)
     return found
-
-
-def autodiscover() -> None:
-    """Import `tasks` of every installed app (once per process)."""
-    global _discovered
-    if _discovered:  # every lookup calls this: no lock once done
-        return
-    with _discovery:
-        if not _discovered:
-            autodiscover_modules("tasks")
-            _discovered = True
 
 
 def get_task(name: str) -> Task:
@@ -305,8 +282,7 @@ def get_task(name: str) -> Task:
 
 def find_task(name: str) -> Task | None:
     """The task registered as `name`, else what a resolver makes of the name, else None."""
-    autodiscover()
-    task = _registry.get(name) or _resolved.get(name)
+    task = _tasks.get(name) or _resolved.get(name)
     if task is None:
         for path in RESOLVERS:
             try:
@@ -327,8 +303,7 @@ def item_defaults(name: str) -> dict[str, Any] | None:
     """The one source of an item's delivery-derived defaults: its task's declaration, whatever path creates the
     item (engine.enqueue and enqueue_many, Task.enqueue, the enqueue command, schedules, admin requeue,
     django.tasks). None for a name no task here declares (the queue's defaults then apply)."""
-    autodiscover()
-    task = _registry.get(name) or _resolved.get(name)
+    task = _tasks.get(name) or _resolved.get(name)
     if task is None and name not in _unresolvable:
         task = find_task(name)
         if task is None:
@@ -340,5 +315,4 @@ engine.use_task_defaults(item_defaults)
 
 
 def registered_tasks() -> dict[str, Task]:
-    autodiscover()
-    return dict(sorted(_registry.items()))
+    return _tasks.entries()

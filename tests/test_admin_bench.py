@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 
-from queue_app.management.commands.admin_bench import Command
+from queue_app.bench.admin_bench import AdminBench
 from queue_app.models import DeadLetter, ItemHistory, QueueItem, ReservationHistory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,7 +42,7 @@ def test_a_small_run_loads_both_sides_and_times_every_list():
     for label in ("items: created last hour", "dead letters: open, queue + task", "reservations: search item id"):
         assert label in text
 
-    Command(stdout=io.StringIO()).load_history(1000, 2)  # a second load: ids after every one in use
+    AdminBench(io.StringIO(), style=None).load_history(1000, 2)  # a second load: ids after every one in use
     ids = list(ItemHistory.objects.values_list("id", flat=True))
     assert len(ids) == len(set(ids)) == 4000
     assert min(ids) > max(QueueItem.objects.values_list("id", flat=True))

@@ -8,8 +8,8 @@ from django.db import connection
 
 from queue_app import engine
 from queue_app.models import ExecutionLog
+from queue_app.probes.tasks import _log_connections, _log_execution, _run_record, close_log_connection
 from queue_app.registry import Context, Delivery
-from queue_app.tasks import _log_connections, _log_execution, _run_record, close_log_connection
 from queue_app.worker.listener import Listener
 from tests.waiting import wait_for
 

@@ -22,7 +22,7 @@ BUILT_INS = [
 @pytest.fixture
 def scratch_registry(monkeypatch):
     """Register tasks for one test only."""
-    monkeypatch.setattr(registry, "_registry", dict(registry.registered_tasks()))
+    monkeypatch.setattr(registry._tasks, "_entries", dict(registry.registered_tasks()))
 
 
 def test_built_in_tasks_are_discovered_without_configuration():

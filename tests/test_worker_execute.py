@@ -11,8 +11,8 @@ import pytest
 
 from queue_app import engine
 from queue_app.models import ItemState, ProbeEffect, QueueItem
+from queue_app.probes.tasks import close_log_connection
 from queue_app.registry import get_task
-from queue_app.tasks import close_log_connection
 from queue_app.worker.execute import Job, Outcome, own_retry_in, run_job
 from queue_app.worker.pool import ProcessPool, ThreadPool
 from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks)

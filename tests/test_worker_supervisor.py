@@ -18,8 +18,8 @@ from django.utils import timezone
 from queue_app import engine, services
 from queue_app.engine import sql
 from queue_app.models import DeadLetter, ExecutionLog, ItemState, QueueItem, Reservation, Worker
+from queue_app.probes.tasks import close_log_connection
 from queue_app.registry import LEASE_MARGIN, get_task
-from queue_app.tasks import close_log_connection
 from queue_app.worker import Supervisor, WorkerOptions
 from queue_app.worker.maintenance import Maintenance, Unit
 from queue_app.worker.replace import REPLACE

@@ -202,14 +202,14 @@ def _nothing_written() -> None:
 )
 def test_a_bad_definition_is_refused_with_a_clear_error_and_writes_nothing(build, message):
     from queue_app.workflows import workflow
-    from queue_app.workflows.definition import WorkflowDefinitionError, _registry
+    from queue_app.workflows.definition import WorkflowDefinitionError, _workflows
 
     workflow("wf_bad")(lambda wf, params: build(wf))
     try:
         with pytest.raises(WorkflowDefinitionError, match=message):
             services.start("wf_bad")
     finally:
-        _registry.pop("wf_bad")
+        _workflows.unregister("wf_bad")
     _nothing_written()
 
 

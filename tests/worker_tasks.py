@@ -6,8 +6,8 @@ import os
 import threading
 import time
 
+from queue_app.probes.tasks import _probe
 from queue_app.registry import Context, Delivery, Retry, job
-from queue_app.tasks import _probe
 
 
 class Flaky(Exception):

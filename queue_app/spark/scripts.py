@@ -373,27 +373,47 @@ def _register_settings_scripts() -> None:
             raise ScriptError(f"SPARK_SCRIPTS[{name!r}]: {exc}") from None
 
 
+def stored_job(row: Any) -> SparkJob:
+    """A SparkScript row as a SparkJob (ScriptError when a part of it is not acceptable)."""
+    return script_job(
+        row.name,
+        path=row.path,
+        args=row.args or [],
+        params=row.params or [],
+        py_files=row.py_files or [],
+        conf=row.conf or {},
+        env=row.env or {},
+        driver_memory=row.driver_memory,
+        executor_memory=row.executor_memory,
+        driver_cores=row.driver_cores,
+        executor_cores=row.executor_cores,
+        description=row.description,
+        source="admin",
+        policy=row.policy or None,
+    )
+
+
 class StoredScripts(JobSource):
     """The SparkScript rows the admin edits (enabled ones), read on every lookup: an edit applies at once."""
 
     def find(self, name: str) -> SparkJob | None:
-        from queue_app.models import SparkScript
+        from queue_app.spark.models import SparkScript
 
         row = SparkScript.objects.filter(name=name, enabled=True).first()
         if row is None:
             return None
         try:
-            return row.as_job()
+            return stored_job(row)
         except ScriptError as exc:  # saved before a rule changed: say why it cannot run
             raise SparkParamError(name, {"__all__": str(exc)}) from None
 
     def jobs(self) -> list[SparkJob]:
-        from queue_app.models import SparkScript
+        from queue_app.spark.models import SparkScript
 
         jobs = []
         for row in SparkScript.objects.filter(enabled=True).order_by("name"):
             try:
-                jobs.append(row.as_job())
+                jobs.append(stored_job(row))
             except ScriptError:  # its path left the roots since it was saved: not offered; a trigger says why
                 continue
         return jobs
@@ -427,7 +447,7 @@ def check_stored(row: Any) -> dict[str, str]:
             errors[name] = str(exc)
     if not errors:
         try:
-            row.as_job()
+            stored_job(row)
         except ScriptError as exc:  # across fields: a placeholder naming no declared param
             errors["args"] = str(exc)
     return errors

@@ -12,7 +12,7 @@ transaction that settles each step's item. See README "Workflows".
     services.start("nightly", {"day": "2026-11-24"}, started_by="me")
 """
 
-from ..spark.registry import Param
+from ..params import Param
 from .definition import (
     Graph,
     StepRef,

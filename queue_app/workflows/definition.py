@@ -19,18 +19,17 @@ from __future__ import annotations
 import datetime as dt
 import graphlib
 import re
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.utils.module_loading import autodiscover_modules
-
 from ..conf import queue_settings
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
+from ..params import Param, ParamError, validate_params
+from ..registries import Registry, origin_of
 from ..registry import find_task
-from ..spark.registry import Param, SparkJobError, get_job
+from ..spark.registry import SparkJobError, get_job
 from .models import OnFailure, StepKind
 
 
@@ -44,6 +43,13 @@ class WorkflowDefinitionError(WorkflowError, ValueError):
 
 class UnknownWorkflow(WorkflowError, LookupError):
     pass
+
+
+class WorkflowParamError(WorkflowError, ParamError):
+    """Bad parameters for a workflow; `errors` maps each bad field to what is wrong with it."""
+
+    def __init__(self, workflow: str, errors: Mapping[str, str]) -> None:
+        super().__init__(f"workflow {workflow!r}", errors)
 
 
 STEP_NAME = re.compile(r"^[^\x00-\x1f]{1,200}$")
@@ -239,29 +245,11 @@ class WorkflowDefinition:
     description: str = ""
 
     def validate(self, raw: Mapping[str, Any] | None) -> dict[str, Any]:
-        """Typed parameters; WorkflowError naming every bad one (unknown, missing, wrong type)."""
-        raw = dict(raw or {})
-        declared = {p.name: p for p in self.params}
-        errors = {
-            name: f"unknown parameter (this workflow takes: {', '.join(declared) or 'none'})"
-            for name in raw
-            if name not in declared
-        }
-        values: dict[str, Any] = {}
-        for param in self.params:
-            value = raw.get(param.name)
-            if value is None or (isinstance(value, str) and not value.strip()):
-                if param.required:
-                    errors[param.name] = "this parameter is required"
-                values[param.name] = param.default() if callable(param.default) else param.default
-                continue
-            try:
-                values[param.name] = param.coerce(value)
-            except ValueError as exc:
-                errors[param.name] = str(exc)
+        """Typed parameters; WorkflowParamError (a WorkflowError) naming every bad one (unknown, missing, wrong
+        type)."""
+        values, errors = validate_params(self.params, raw or {}, owner="workflow")
         if errors:
-            lines = "; ".join(f"{name}: {message}" for name, message in errors.items())
-            raise WorkflowError(f"invalid parameters for workflow {self.name!r}: {lines}")
+            raise WorkflowParamError(self.name, errors)
         return values
 
     def dump(self, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -273,9 +261,10 @@ class WorkflowDefinition:
         return graph, graph.order()
 
 
-_registry: dict[str, WorkflowDefinition] = {}
-_discovery = threading.Lock()
-_discovered = False
+# Workflows are registered next to the tasks: every installed app's `tasks.py`.
+_workflows: Registry[WorkflowDefinition] = Registry(
+    "workflow", app_module="tasks", origin=lambda definition: origin_of(definition.build)
+)
 
 
 def workflow(
@@ -293,34 +282,20 @@ def workflow(
             params=tuple(params),
             description=description or (build.__doc__ or "").strip().split("\n")[0],
         )
-        known = _registry.get(name)
-        if known is not None and known.build.__qualname__ != build.__qualname__:
-            raise ValueError(f"workflow {name!r} is registered twice")
-        _registry[name] = definition
-        return definition
+        return _workflows.register(name, definition)
 
     return register
 
 
-def _autodiscover() -> None:
-    global _discovered
-    if _discovered:
-        return
-    with _discovery:
-        if not _discovered:
-            autodiscover_modules("tasks")
-            _discovered = True
-
-
 def get_workflow(name: str) -> WorkflowDefinition:
-    _autodiscover()
-    try:
-        return _registry[name]
-    except (KeyError, TypeError):
-        known = ", ".join(sorted(_registry)) or "(none)"
-        raise UnknownWorkflow(f"unknown workflow {name!r}; registered workflows: {known}") from None
+    definition = _workflows.get(name)
+    if definition is None:
+        known = ", ".join(_workflows.names()) or "(none)"
+        raise UnknownWorkflow(
+            f"unknown workflow {name!r}{_workflows.did_you_mean(name)}; registered workflows: {known}"
+        )
+    return definition
 
 
 def registered_workflows() -> list[WorkflowDefinition]:
-    _autodiscover()
-    return sorted(_registry.values(), key=lambda d: d.name)
+    return list(_workflows.entries().values())

@@ -17,9 +17,9 @@ from typing import Any
 
 from django.conf import settings
 
+from ..params import Param
 from ..registry import Context, job
 from ..spark.pipelines.file_rollup import SAMPLE_REGIONS, write_sample_input
-from ..spark.registry import Param
 from . import services
 from .definition import workflow
 

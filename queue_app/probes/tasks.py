@@ -1,0 +1,112 @@
+"""The probes, one task per delivery mode: `queue_app.probe` (at-least-once), `queue_app.probe_at_most_once`,
+`queue_app.probe_transactional`.
+
+Each run of a probe's handler writes an ExecutionLog row (item, reservation, attempt, pid, worker, time) and
+upserts its ProbeEffect (`applied + 1`). In transactional delivery the effect is written inside the handler's
+transaction and the log on a connection of its own, so the log survives a rollback; otherwise both go in one
+autocommit statement. Counting those rows is how anyone checks the guarantees from outside. Probe payload:
+`{"sleep": seconds, "fail": true}` (both optional: sleep after recording, then fail if asked).
+"""
+
+import os
+import threading
+import time
+from typing import Any
+
+import psycopg
+from django.db import connection
+
+from .. import engine
+from ..registry import Context, Delivery, job
+
+
+class ProbeFailed(Exception):
+    """Raised on purpose by a probe asked to fail."""
+
+
+PROBE_HARD_TIMEOUT = 5.0
+
+_LOG_EXECUTION = """
+INSERT INTO queue_app_executionlog (item_id, reservation_id, attempt, task, delivery, pid, worker_id, executed_at)
+VALUES (%(item_id)s, %(reservation_id)s, %(attempt)s, %(task)s, %(delivery)s, %(pid)s, %(worker_id)s,
+        clock_timestamp())
+"""
+_APPLY_EFFECT = """
+INSERT INTO queue_app_probeeffect AS e (key, applied, applied_at) VALUES (%(key)s, 1, clock_timestamp())
+ON CONFLICT (key) DO UPDATE SET applied = e.applied + 1, applied_at = clock_timestamp()
+"""
+# Outside a transaction both writes go in one statement: one commit per run.
+_LOG_AND_APPLY = f"WITH log AS ({_LOG_EXECUTION}) {_APPLY_EFFECT}"
+
+_log_connections = threading.local()
+
+
+def _run_record(ctx: Context) -> dict[str, Any]:
+    return {
+        "item_id": ctx.item_id,
+        "reservation_id": ctx.reservation_id,
+        "attempt": ctx.attempt,
+        "task": ctx.task,
+        "delivery": ctx.delivery.value,
+        "pid": os.getpid(),
+        "worker_id": ctx.worker_id,
+        "key": str(ctx.item_id),
+    }
+
+
+def _log_connection(*, fresh: bool = False) -> psycopg.Connection:
+    conn = getattr(_log_connections, "conn", None)
+    if fresh or conn is None or conn.closed or getattr(_log_connections, "pid", None) != os.getpid():
+        if conn is not None and getattr(_log_connections, "pid", None) == os.getpid():
+            conn.close()
+        conn = engine.dedicated_connection()
+        _log_connections.conn, _log_connections.pid = conn, os.getpid()
+    return conn
+
+
+def _log_execution(record: dict[str, Any]) -> None:
+    """Record a run on a connection of its own (one per process and thread), committed at once, whatever
+    becomes of the handler's transaction. A kept connection the server dropped meanwhile (a restart, an idle
+    timeout, a terminated backend) is replaced and the record written on the new one: the statement never
+    reached a server on the dropped one (it was idle between runs), so it is written once."""
+    conn = _log_connection()
+    try:
+        conn.execute(_LOG_EXECUTION, record)
+    except psycopg.OperationalError:
+        if not conn.broken:
+            raise
+        _log_connection(fresh=True).execute(_LOG_EXECUTION, record)
+
+
+def close_log_connection() -> None:
+    """Close this thread's execution-log connection (it is otherwise kept for the life of the process)."""
+    conn = getattr(_log_connections, "conn", None)
+    if conn is not None:
+        conn.close()
+        _log_connections.conn = None
+
+
+def _probe(payload: Any, ctx: Context) -> dict[str, Any]:
+    record = _run_record(ctx)
+    if ctx.delivery is Delivery.TRANSACTIONAL:
+        _log_execution(record)  # survives the rollback of the handler's transaction
+        with connection.cursor() as cur:
+            cur.execute(_APPLY_EFFECT, record)  # commits with the settle, or not at all
+    else:
+        with connection.cursor() as cur:
+            cur.execute(_LOG_AND_APPLY, record)
+    options = payload if isinstance(payload, dict) else {}
+    if options.get("sleep"):
+        time.sleep(float(options["sleep"]))
+    if options.get("fail"):
+        raise ProbeFailed(f"probe asked to fail (attempt {ctx.attempt})")
+    return {"pid": os.getpid(), "attempt": ctx.attempt}
+
+
+probe = job("queue_app.probe", hard_timeout=PROBE_HARD_TIMEOUT)(_probe)
+probe_at_most_once = job(
+    "queue_app.probe_at_most_once", delivery=Delivery.AT_MOST_ONCE, hard_timeout=PROBE_HARD_TIMEOUT
+)(_probe)
+probe_transactional = job(
+    "queue_app.probe_transactional", delivery=Delivery.TRANSACTIONAL, hard_timeout=PROBE_HARD_TIMEOUT
+)(_probe)
