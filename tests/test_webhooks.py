@@ -1,7 +1,8 @@
 """Webhooks against a real HTTP receiver on loopback, delivered by the real worker (its supervisor in process,
 thread pool): Standard Webhooks signatures, the providers' retry schedule with the clock driven (the item made
 due at once, never slept for), one webhook-id across retries, ordering, rate limits, disabling, SSRF refusals,
-events raised in SQL, and the receiving helper. Kill -9 mid-delivery is in test_webhooks_processes.py."""
+events raised in SQL. Kill -9 mid-delivery is in test_webhooks_processes.py, the receiving helper in
+test_webhooks_receiver.py."""
 
 import json
 import socket
