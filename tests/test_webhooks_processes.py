@@ -115,6 +115,14 @@ def test_cli_adds_lists_tests_and_lists_deliveries(receiver, manage):
         1,
         200,
     )
+    header, line = manage("webhooks", "deliveries").stdout.splitlines()
+    assert header.split("\t") == ["id", "endpoint", "event_type", "webhook_id", "state", "attempts", "last_status_code"]
+    assert line.split("\t") == [str(row["id"]), str(endpoint_id), "test", row["webhook_id"], "delivered", "1", "200"]
+    header, line = manage("webhooks", "list").stdout.splitlines()
+    assert (header.split("\t"), line.split("\t")[:2]) == (
+        ["id", "state", "url", "event_types"],
+        [str(endpoint_id), "enabled ordered"],
+    )
 
 
 @pytest.mark.parametrize(
