@@ -6,7 +6,6 @@ test_webhooks_receiver.py."""
 
 import json
 import socket
-import time
 from datetime import timedelta
 
 import pytest
@@ -191,7 +190,10 @@ def test_disabled_endpoint_gets_nothing(receiver):
     assert publish_event("test", {"after": "disable"}) == []
     assert webhooks.send_test_event([hook.id]) == []
     run_worker()
-    time.sleep(0.2)
+    # The handler posts, and the receiver records the request before answering it, before the item is settled:
+    # settled (skipped) with no request recorded, the endpoint got nothing.
+    item = QueueItem.objects.get(id=queued.item_id)
+    assert (item.state, item.result) == (ItemState.DONE, {"skipped": "endpoint disabled"})
     assert receiver.requests == []
     assert webhooks.delivery_states([queued]) == {queued.id: "skipped"}
 
@@ -398,9 +400,12 @@ def test_a_worker_swept_as_lost_raises_worker_lost_but_a_clean_stop_does_not(rec
     Worker.objects.filter(id="stopped-cleanly").update(state="stopped", last_heartbeat=timezone.now())
     assert engine.sweep_workers(60, 10**6) == (1, 0)
     run_worker()
-    time.sleep(0.3)
+    # Every fan-out and delivery is settled: an event raised for the clean stop would have its delivery by now.
+    assert not QueueItem.objects.filter(queue_id="webhooks", state__in=[ItemState.READY, ItemState.RESERVED]).exists()
+    (delivery,) = WebhookDelivery.objects.filter(event_type="worker.lost")
     (event,) = events_received(receiver, 1)
     assert event["type"] == "worker.lost" and event["data"]["worker_id"] == "gone"
+    assert [r.headers["webhook-id"] for r in receiver.requests] == [delivery.webhook_id]
 
 
 def test_a_workflows_end_raises_workflow_finished_or_failed_once(receiver):
