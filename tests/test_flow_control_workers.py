@@ -110,6 +110,17 @@ class LiveReservations(threading.Thread):
         assert self.error is None, self.error
 
 
+def run_sampled(worker, queue: str) -> LiveReservations:
+    """Three real workers of four slots each serve `queue` until every item is settled, under the sampler."""
+    live = LiveReservations(queue)
+    live.start()
+    procs = [worker(f"{queue}{n}", "--pool", "thread", "--concurrency", "4", "--queues", queue) for n in range(3)]
+    wait_for(lambda: open_items() == 0, timeout=90, what="every item to be settled")
+    live.stop()
+    stop(procs)
+    return live
+
+
 def settled_once_each(queue: str) -> Counter:
     """Per item of the queue, its reservations (attempts): every one leased once and settled done."""
     rows = Reservation.objects.filter(item__queue_id=queue).values_list("item_id", "outcome")
@@ -124,12 +135,7 @@ def test_group_limit_is_never_exceeded_across_workers(worker):  # noqa: F811
     probe = get_task(PROBE)
     for key in ("a", "b", "c"):
         probe.enqueue_many([{"sleep": asleep}] * 6, queue="tenants", group_key=key)
-    live = LiveReservations("tenants")
-    live.start()
-    procs = [worker(f"group{n}", "--pool", "thread", "--concurrency", "4", "--queues", "tenants") for n in range(3)]
-    wait_for(lambda: open_items() == 0, timeout=90, what="every item to be settled")
-    live.stop()
-    stop(procs)
+    live = run_sampled(worker, "tenants")
 
     assert sorted(settled_once_each("tenants").values()) == [1] * 18
     # At every sampled instant each key held at most `limit` live leases, and each reached it.
@@ -142,13 +148,7 @@ def test_concurrency_limit_is_never_exceeded_across_workers(worker):  # noqa: F8
     engine.ensure_queue("limited")
     services.set_queue_options("limited", concurrency_limit=limit)
     get_task(PROBE).enqueue_many([{"sleep": asleep}] * 24, queue="limited")
-    live = LiveReservations("limited")
-    live.start()
-    # Twelve slots in all, four times the limit: only the queue's limit can hold the leases to three.
-    procs = [worker(f"limit{n}", "--pool", "thread", "--concurrency", "4", "--queues", "limited") for n in range(3)]
-    wait_for(lambda: open_items() == 0, timeout=90, what="every item to be settled")
-    live.stop()
-    stop(procs)
+    live = run_sampled(worker, "limited")  # twelve slots in all: only the queue's limit holds the leases to three
 
     assert sorted(settled_once_each("limited").values()) == [1] * 24
     assert live.most == limit, (live.most, live.samples)  # reached at some instant, exceeded at none
