@@ -151,6 +151,7 @@ JOBSITE = {
         ("WEBHOOKS_DISABLE_AFTER_DAYS", float),
         ("WEBHOOKS_CONNECT_TIMEOUT", float),
         ("WEBHOOKS_READ_TIMEOUT", float),
+        ("WEBHOOKS_HARD_TIMEOUT", float),
         ("SPARK_EVENT_LOG_KEEP_DAYS", float),
     )
     if f"JOBSITE_{key}" in env

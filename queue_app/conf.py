@@ -37,6 +37,9 @@ DEFAULTS: dict[str, Any] = {
     "WEBHOOKS_DISABLE_AFTER_DAYS": 5.0,
     "WEBHOOKS_CONNECT_TIMEOUT": 5.0,
     "WEBHOOKS_READ_TIMEOUT": 15.0,
+    # Seconds a delivery may run (its rate-limit slot wait, connect and read) before the worker stops it. Its
+    # lease is this plus 2 s: a worker killed mid-delivery hands the delivery on once that long has passed.
+    "WEBHOOKS_HARD_TIMEOUT": 60.0,
     # Modules that register Spark jobs when imported (besides every app's `spark_jobs` module).
     "SPARK_JOB_MODULES": ("queue_app.spark.pipelines", "queue_app.spark.scripts"),
     # Directories existing PySpark scripts may be run from (besides JOBSITE_SPARK_SCRIPT_ROOTS, colon-separated).

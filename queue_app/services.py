@@ -38,6 +38,7 @@ REQUEUEABLE = (ItemState.DEAD, ItemState.CANCELLED)
 CANCELLABLE = (ItemState.READY, ItemState.RESERVED)
 MAX_RATE_PERIOD = 30 * 86_400  # seconds: a month
 MAX_GROUP_WEIGHTS = 1_000
+MAX_GROUP_WEIGHT = 1_000
 
 
 def _notify(queues: Iterable[str]) -> None:
@@ -211,11 +212,16 @@ def _is_limit(value: object) -> bool:
 MAX_LIMIT = 2_147_483_647  # the columns are PostgreSQL integers
 
 
+def is_group_weight(value: object) -> bool:
+    """A group key's turns per round: a number above 0, at most MAX_GROUP_WEIGHT."""
+    return _is_number(value) and 0 < value <= MAX_GROUP_WEIGHT
+
+
 def _are_weights(value: object) -> bool:
     return value is None or (
         isinstance(value, dict)
         and len(value) <= MAX_GROUP_WEIGHTS
-        and all(is_group_key(k) and _is_number(w) and 0 < w <= 1_000 for k, w in value.items())
+        and all(is_group_key(k) and is_group_weight(w) for k, w in value.items())
     )
 
 
@@ -238,7 +244,7 @@ QUEUE_OPTION_RULES = {
     "group_weights": (
         _are_weights,
         f"an object of at most {MAX_GROUP_WEIGHTS} group keys (each a group key) to weights from 0 (excluded) to"
-        " 1000, or empty",
+        f" {MAX_GROUP_WEIGHT}, or empty",
     ),
 }
 

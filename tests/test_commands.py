@@ -56,10 +56,31 @@ def test_enqueue_delay_holds_the_item_back_and_ordering_key_lines_items_up():
     assert [held.item_id for held in engine.lease(["default"], 10, "w1")] == [behind.id]
 
 
-def test_enqueue_of_an_unregistered_task_warns_and_queues_it():
-    out, err = run("enqueue", "nobody.knows")
-    assert "no task is registered as 'nobody.knows'" in err
-    assert QueueItem.objects.get().task == "nobody.knows"
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_refuses_a_mistyped_task_name_and_names_the_closest(manage):
+    result = manage("enqueue", "queue_app.ecko", "--payload", '{"a": 1}')
+    assert result.returncode == 1, result.stderr
+    assert "no task is registered as 'queue_app.ecko' here; did you mean queue_app.echo," in result.stderr
+    assert "--allow-unknown-task" in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+    assert not QueueItem.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_refuses_an_unknown_task_name_with_nothing_close(manage):
+    result = manage("enqueue", "zzz", "--count", "5")
+    assert result.returncode == 1, result.stderr
+    assert "no task is registered as 'zzz' here; no registered task has a similar name" in result.stderr
+    assert not QueueItem.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_allow_unknown_task_queues_a_task_this_process_does_not_know(manage):
+    result = manage("enqueue", "billing.charge", "--allow-unknown-task", "--queue", "billing")
+    assert result.returncode == 0, result.stderr
+    item = QueueItem.objects.get()
+    assert (item.task, item.queue_id) == ("billing.charge", "billing")
+    assert result.stdout.strip() == f"enqueued item {item.id} of billing.charge on queue billing"
 
 
 @pytest.mark.parametrize(

@@ -144,3 +144,66 @@ def test_queue_config_from_the_command_line_exits_1_on_bad_input(manage):
     assert bad.returncode == 1 and "--rate-limit N must be an integer >= 1" in bad.stderr
     assert good.returncode == 0, good.stderr
     assert json.loads(good.stdout)["rate_limit"] == "100/1m"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_queue_config_turns_fair_leasing_on_and_off_with_group_weights(manage):
+    engine.enqueue_many("queue_app.noop", [{}] * 2, queue="tenants")  # queued while the queue was not fair
+
+    on = manage("queue_config", "tenants", "--fair", "--group-weight", "big=3", "--group-weight", "trial=0.5", "--json")
+
+    assert on.returncode == 0, on.stderr
+    settings = json.loads(on.stdout)
+    assert (settings["fair"], settings["group_weights"], settings["changed"]) == (
+        True,
+        {"big": 3, "trial": 0.5},
+        ["fair", "group_weights"],
+    )
+    queue = Queue.objects.get(name="tenants")
+    assert (queue.fair, queue.group_weights) == (True, {"big": 3, "trial": 0.5})
+    # Through services.set_queue_options, as the admin's form: the items queued without a key join the group ''.
+    assert set(QueueItem.objects.values_list("group_key", flat=True)) == {""}
+    shown = manage("queue_config", "tenants")
+    assert shown.stdout.strip() == (
+        "queue tenants: concurrency unlimited, rate unlimited, group concurrency unlimited, fair yes, "
+        "group weights big=3 trial=0.5"
+    )
+
+    off = manage("queue_config", "tenants", "--no-fair", "--group-weight", "trial=none", "--group-weight", "new=2")
+
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.strip().endswith("fair no, group weights big=3 new=2")
+    queue.refresh_from_db()
+    assert (queue.fair, queue.group_weights) == (False, {"big": 3, "new": 2})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_queue_config_no_fair_keeps_the_turns_a_group_limit_implies(manage):
+    result = manage("queue_config", "tenants", "--group-concurrency", "2", "--no-fair", "--json")
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["fair"] is True
+    assert Queue.objects.get(name="tenants").fair is False
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("weight", "message"),
+    [
+        ("big=0", "--group-weight big: the weight must be a number above 0 and at most 1000"),
+        ("big=1001", "--group-weight big: the weight must be a number above 0 and at most 1000"),
+        ("big=nan", "--group-weight big: the weight must be a number above 0 and at most 1000"),
+        ("big=lots", "--group-weight big: the weight must be a number above 0"),
+        ("=3", "--group-weight is KEY=WEIGHT with KEY a group key"),
+        ("big", "--group-weight is KEY=WEIGHT with KEY a group key"),
+    ],
+)
+def test_queue_config_refuses_a_bad_group_weight_and_writes_nothing(manage, weight, message):
+    engine.ensure_queue("tenants")
+    services.set_queue_options("tenants", group_weights={"small": 2})
+
+    result = manage("queue_config", "tenants", "--fair", "--group-weight", "ok=2", "--group-weight", weight)
+
+    assert result.returncode == 1 and message in result.stderr, result.stderr
+    queue = Queue.objects.get(name="tenants")
+    assert (queue.fair, queue.group_weights) == (False, {"small": 2})

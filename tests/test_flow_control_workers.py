@@ -1,14 +1,16 @@
 """Flow control kept by several real `run_worker` processes on one database: a queue's rate limit per window,
-its group limit per key, and fair turns between a big and a small group key. Assertions are on what the
-database recorded (reservations, handler starts), never on wall time."""
+its group limit per key and its concurrency limit (on the leases: a sampler reads the live reservations, one
+snapshot at a time), and fair turns between a big and a small group key. Assertions are on what the database
+recorded or held, never on wall time."""
 
-from collections import Counter, defaultdict
+import threading
+from collections import Counter
 
 import pytest
 from django.db import connection
 
 from queue_app import engine, services
-from queue_app.models import ExecutionLog, QueueItem, Reservation, Worker
+from queue_app.models import Reservation, Worker
 from queue_app.registry import get_task
 from tests.test_worker_processes import finish, open_items
 from tests.waiting import wait_for
@@ -70,13 +72,60 @@ def test_rate_limit_holds_across_four_workers_window_after_window(worker):  # no
     assert len({r.worker_id for r in Reservation.objects.all()}) >= 2  # the workers shared the windows
 
 
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    running = most = 0
-    for _, step in events:
-        running += step
-        most = max(most, running)
-    return most
+class LiveReservations(threading.Thread):
+    """A sampler on its own connection: the queue's live reservations (leased, not yet settled), per group key.
+    Each sample is one statement, so one snapshot: what the database held at one instant. It samples as often as
+    it can until stopped; a limit is proved on the leases themselves, not on when handlers happened to start."""
+
+    SAMPLE = """SELECT COALESCE(i.group_key, ''), count(*)
+                FROM queue_app_reservation r JOIN queue_app_queueitem i ON i.id = r.item_id
+                WHERE r.finished_at IS NULL AND i.queue_id = %s GROUP BY 1"""
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(daemon=True)
+        self.queue = queue
+        self.stopped = threading.Event()
+        self.most_per_key: Counter[str] = Counter()
+        self.most = self.samples = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with connection.cursor() as cur:
+                while not self.stopped.is_set():
+                    cur.execute(self.SAMPLE, [self.queue])
+                    counts = dict(cur.fetchall())
+                    for key, live in counts.items():
+                        self.most_per_key[key] = max(self.most_per_key[key], live)
+                    self.most = max(self.most, sum(counts.values()))
+                    self.samples += 1
+        except BaseException as exc:  # reported by stop(), in the test's thread
+            self.error = exc
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(30)
+        assert self.error is None, self.error
+
+
+def run_sampled(worker, queue: str) -> LiveReservations:
+    """Three real workers of four slots each serve `queue` until every item is settled, under the sampler."""
+    live = LiveReservations(queue)
+    live.start()
+    procs = [worker(f"{queue}{n}", "--pool", "thread", "--concurrency", "4", "--queues", queue) for n in range(3)]
+    wait_for(lambda: open_items() == 0, timeout=90, what="every item to be settled")
+    live.stop()
+    stop(procs)
+    return live
+
+
+def settled_once_each(queue: str) -> Counter:
+    """Per item of the queue, its reservations (attempts): every one leased once and settled done."""
+    rows = Reservation.objects.filter(item__queue_id=queue).values_list("item_id", "outcome")
+    assert {outcome for _, outcome in rows} == {"done"}
+    return Counter(item_id for item_id, _ in rows)
 
 
 def test_group_limit_is_never_exceeded_across_workers(worker):  # noqa: F811
@@ -86,18 +135,24 @@ def test_group_limit_is_never_exceeded_across_workers(worker):  # noqa: F811
     probe = get_task(PROBE)
     for key in ("a", "b", "c"):
         probe.enqueue_many([{"sleep": asleep}] * 6, queue="tenants", group_key=key)
-    procs = [worker(f"group{n}", "--pool", "thread", "--concurrency", "4", "--queues", "tenants") for n in range(3)]
-    wait_for(lambda: open_items() == 0, timeout=90, what="every item to be settled")
-    stop(procs)
+    live = run_sampled(worker, "tenants")
 
-    keys = dict(QueueItem.objects.values_list("id", "group_key"))
-    runs: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for item_id, started in ExecutionLog.objects.values_list("item_id", "executed_at"):
-        # Each handler runs at least `asleep` seconds after it logs its start, all of it under its lease.
-        runs[keys[item_id]].append((started.timestamp(), started.timestamp() + asleep * 0.95))
-    assert {key: len(r) for key, r in runs.items()} == {"a": 6, "b": 6, "c": 6}
-    overlaps = {key: max_overlap(r) for key, r in runs.items()}
-    assert max(overlaps.values()) == limit, overlaps  # reached, never exceeded
+    assert sorted(settled_once_each("tenants").values()) == [1] * 18
+    # At every sampled instant each key held at most `limit` live leases, and each reached it.
+    assert live.most_per_key == {"a": limit, "b": limit, "c": limit}, (live.most_per_key, live.samples)
+    assert len({r.worker_id for r in Reservation.objects.all()}) >= 2  # the workers shared the keys
+
+
+def test_concurrency_limit_is_never_exceeded_across_workers(worker):  # noqa: F811
+    limit, asleep = 3, 0.3
+    engine.ensure_queue("limited")
+    services.set_queue_options("limited", concurrency_limit=limit)
+    get_task(PROBE).enqueue_many([{"sleep": asleep}] * 24, queue="limited")
+    live = run_sampled(worker, "limited")  # twelve slots in all: only the queue's limit holds the leases to three
+
+    assert sorted(settled_once_each("limited").values()) == [1] * 24
+    assert live.most == limit, (live.most, live.samples)  # reached at some instant, exceeded at none
+    assert len({r.worker_id for r in Reservation.objects.all()}) >= 2
 
 
 def test_a_small_group_key_is_not_starved_by_a_big_one(worker):  # noqa: F811

@@ -89,6 +89,7 @@ MARK_EVERY = "0.05"
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow  # three real run_worker processes
 def test_no_row_stamped_after_a_mark_has_an_id_at_or_below_it_under_workers_and_long_transactions(worker):
     """Three real workers take marks every 50 ms (the id_marks unit) and lease; four threads enqueue in
     transactions that sleep up to 300 ms before their insert, so ids are handed out out of stamp order (the case

@@ -98,6 +98,7 @@ transactional = pytest.mark.django_db(transaction=True)
 
 
 @transactional
+@pytest.mark.slow  # real run_worker processes
 def test_enqueue_in_a_rolled_back_transaction_queues_and_runs_nothing(burst, signal_log, enqueued):
     with pytest.raises(Rollback), transaction.atomic():
         app.add.enqueue(1, 2)
@@ -109,6 +110,7 @@ def test_enqueue_in_a_rolled_back_transaction_queues_and_runs_nothing(burst, sig
 
 
 @transactional
+@pytest.mark.slow  # real run_worker processes
 def test_committed_enqueue_runs_in_the_worker_and_reports_successful_with_its_value(burst, enqueued):
     with transaction.atomic():
         result = app.add.enqueue(2, 3)
@@ -127,6 +129,7 @@ def test_committed_enqueue_runs_in_the_worker_and_reports_successful_with_its_va
 
 
 @transactional
+@pytest.mark.slow  # real run_worker processes
 def test_worker_sends_task_started_and_task_finished_in_its_own_process(burst, signal_log):
     import os
 
@@ -141,6 +144,7 @@ def test_worker_sends_task_started_and_task_finished_in_its_own_process(burst, s
 
 
 @transactional
+@pytest.mark.slow  # real run_worker processes
 def test_failing_task_is_retried_then_failed_with_each_attempts_error_and_worker(worker, signal_log):
     result = app.explode.enqueue("no luck")
     proc = worker()
@@ -161,6 +165,7 @@ def test_failing_task_is_retried_then_failed_with_each_attempts_error_and_worker
 
 
 @transactional
+@pytest.mark.slow  # real run_worker processes
 def test_takes_context_sees_the_attempt_number(worker):
     result = app.flaky.enqueue(succeed_on=2)
     proc = worker()
@@ -173,6 +178,7 @@ def test_takes_context_sees_the_attempt_number(worker):
 
 
 @transactional
+@pytest.mark.slow  # real run_worker processes
 def test_run_after_is_honoured(burst):
     run_after = timezone.now() + timedelta(seconds=4)
     result = app.add.using(run_after=run_after).enqueue(1, 1)
@@ -187,6 +193,7 @@ def test_run_after_is_honoured(burst):
 
 
 @transactional
+@pytest.mark.slow  # real run_worker processes
 def test_higher_priority_runs_first(burst):
     with transaction.atomic():
         low = app.stamp.using(priority=-10).enqueue("low")
@@ -199,6 +206,7 @@ def test_higher_priority_runs_first(burst):
 
 
 @transactional
+@pytest.mark.slow  # real run_worker processes
 def test_async_task_runs(burst):
     result = app.double.enqueue(21)
     burst()
@@ -207,6 +215,7 @@ def test_async_task_runs(burst):
 
 
 @transactional
+@pytest.mark.slow  # real run_worker processes
 def test_names_that_are_neither_a_job_nor_a_django_task_go_to_the_dead_letters(burst):
     from queue_app import engine
 

@@ -70,9 +70,12 @@ def test_queues_left_out_accept_only_the_default_queue():
     backend.validate_task(app.add)  # "default" is fine
 
 
+@pytest.mark.django_db
 def test_an_explicit_empty_queues_list_accepts_any_queue():
     backend = QueueBackend("x", {"QUEUES": [], "OPTIONS": {}})
-    backend.validate_task(app.add.using(queue_name="reports"))
+    result = backend.enqueue(app.add.using(queue_name="reports"), (1, 2), {})
+    item = QueueItem.objects.get(id=int(result.id))
+    assert (item.queue_id, item.payload["args"]) == ("reports", [1, 2])
 
 
 @transactional
@@ -93,6 +96,7 @@ def test_enqueue_to_a_queue_outside_the_default_writes_nothing():
 
 @transactional
 @pytest.mark.parametrize("pool", ["process", "thread"])
+@pytest.mark.slow  # real run_worker processes
 def test_system_exit_and_keyboard_interrupt_are_recorded_with_class_and_traceback(burst, pool):
     left = app.leave.enqueue(3)
     stopped = app.interrupt.enqueue("stopped by the handler")
@@ -119,6 +123,7 @@ def test_system_exit_and_keyboard_interrupt_are_recorded_with_class_and_tracebac
 
 
 @transactional
+@pytest.mark.slow  # real run_worker processes
 def test_a_child_killed_by_a_signal_is_recorded_naming_the_signal(burst):
     result = app.die_by_signal.enqueue()
     burst("--pool", "process")
@@ -129,6 +134,7 @@ def test_a_child_killed_by_a_signal_is_recorded_naming_the_signal(burst):
 
 
 @transactional
+@pytest.mark.slow  # real run_worker processes
 def test_each_django_tasks_log_line_is_printed_once(burst):
     result = app.add.enqueue(1, 2)
     run = burst()

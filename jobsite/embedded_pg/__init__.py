@@ -24,7 +24,7 @@ below).
 """
 
 from .engines import EmbeddedPostgresUnavailable
-from .lifecycle import ensure_database, ensure_running, psql_executable, status, stop, uri
+from .lifecycle import ensure_database, ensure_running, psql_executable, started_here, status, stop, uri
 from .paths import pgdata_dir, var_dir
 from .tools import run_pg_tool
 
@@ -35,6 +35,7 @@ __all__ = [
     "pgdata_dir",
     "psql_executable",
     "run_pg_tool",
+    "started_here",
     "status",
     "stop",
     "uri",

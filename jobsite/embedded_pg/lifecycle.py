@@ -24,9 +24,17 @@ from .postmaster import (
 )
 from .tools import is_root, owner_name, run_pg_tool
 
+_started_here = False  # this process started the cluster (it was not running, nor being started by another)
+
+
+def started_here() -> bool:
+    """True when this process started the embedded cluster: ``up`` stops on exit only what it started."""
+    return _started_here
+
 
 def ensure_running() -> dict:
     """Start the embedded cluster if needed; return ``{"host": <socket dir>, "port": ..., "user": ...}``."""
+    global _started_here
     pgdata = pgdata_dir()
     info = ready_info(pgdata)
     if info is not None:  # fast path: already running
@@ -48,6 +56,7 @@ def ensure_running() -> dict:
                     f"Could not start the embedded PostgreSQL ({engine!r}) in {pgdata}: {exc}\n{log_tail(pgdata)}"
                 ) from exc
             info = wait_ready(pgdata, START_TIMEOUT)
+            _started_here = info is not None
         if info is None:
             raise ImproperlyConfigured(f"The embedded PostgreSQL in {pgdata} did not become ready.\n{log_tail(pgdata)}")
         return connection_params(info)

@@ -6,7 +6,7 @@ for held in engine.lease(["default"], 10, worker_id="w1"):
     engine.complete(held, {"ok": True})
 """
 
-from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue, notify, use_task_defaults
+from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue, is_task_name, notify, use_task_defaults
 from .errors import InvalidEnqueue, QueueError, StaleReservation
 from .history import archive, drop_expired_partitions, ensure_partitions, prune_history, within_lock_timeout
 from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, settle_and_lease
@@ -63,6 +63,7 @@ __all__ = [
     "extend",
     "extend_many",
     "fail",
+    "is_task_name",
     "lease",
     "lock_reserved",
     "notify",

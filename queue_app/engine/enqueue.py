@@ -65,6 +65,11 @@ def _is_storable_text(value: Any) -> bool:
     return True
 
 
+def is_task_name(value: Any) -> bool:
+    """What a task name may be: see _is_storable_text."""
+    return _is_storable_text(value)
+
+
 def is_group_key(value: Any) -> bool:
     """What a group key (or ordering or dedup key) may be: see _is_storable_text."""
     return _is_storable_text(value)
@@ -117,7 +122,7 @@ def _params(
     max_attempts: int | None,
     lease_timeout: float | None,
 ) -> dict[str, Any]:
-    if not _is_storable_text(task):
+    if not is_task_name(task):
         raise InvalidEnqueue(f"task must be a non-empty UTF-8 name of at most 200 characters without NUL, not {task!r}")
     declared = _declared(task)
     if queue is None:

@@ -15,6 +15,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.dispatch import receiver
@@ -37,7 +38,21 @@ ATTEMPTS = len(RETRY_SCHEDULE) + 1
 # A handler waits this long at most for its endpoint's rate-limit slot; a later slot hands the item back (its
 # attempt not spent) to come back when the slot is due.
 MAX_RATE_WAIT = 10.0
-HARD_TIMEOUT = 60.0
+
+
+def hard_timeout() -> float:
+    """WEBHOOKS_HARD_TIMEOUT, which must leave a delivery room for its slot wait, its connect and its read."""
+    seconds = float(queue_settings.WEBHOOKS_HARD_TIMEOUT)
+    needed = (
+        MAX_RATE_WAIT + float(queue_settings.WEBHOOKS_CONNECT_TIMEOUT) + float(queue_settings.WEBHOOKS_READ_TIMEOUT)
+    )
+    if not seconds > needed:
+        raise ImproperlyConfigured(
+            f"JOBSITE WEBHOOKS_HARD_TIMEOUT={seconds:g}s leaves a delivery no room: it must be over the "
+            f"{MAX_RATE_WAIT:g}s rate-limit wait plus WEBHOOKS_CONNECT_TIMEOUT and WEBHOOKS_READ_TIMEOUT "
+            f"({needed:g}s in all)"
+        )
+    return seconds
 
 
 class DeliveryFailed(Exception):
@@ -155,7 +170,7 @@ def _disable_if_failing_too_long(endpoint_id: int) -> None:
     DELIVER_TASK,
     queue=WEBHOOK_QUEUE,
     retry=Retry(times=ATTEMPTS, schedule=RETRY_SCHEDULE),
-    hard_timeout=HARD_TIMEOUT,
+    hard_timeout=hard_timeout(),
 )
 def deliver(payload: Any, ctx: Context) -> dict[str, Any]:
     delivery = WebhookDelivery.objects.select_related("endpoint").filter(id=payload["delivery"]).first()

@@ -5,11 +5,14 @@
     python manage.py enqueue queue_app.sleep --payload '{"seconds": 2}' --delay 10 --dedup-key nap
     python manage.py enqueue queue_app.echo --payload-file big.json                 # or - for standard input
     python manage.py enqueue queue_app.noop --count 1000 --group-key customer-42    # fair queues: keys in turn
+    python manage.py enqueue billing.charge --allow-unknown-task   # for workers that run other code than this one
 
-A registered task brings its own queue, attempts and dedup window; a name no task is registered under is
-queued anyway (with a warning): a worker that does not know it either sends it to the dead letters.
+A registered task brings its own queue, attempts and dedup window. A name no task is registered under here is
+refused (exit 1, with the closest registered names): a typo would otherwise go straight to the dead letters
+when a worker meets it. `--allow-unknown-task` queues it anyway, for producers whose workers load other tasks.
 """
 
+import difflib
 import json
 import sys
 from functools import partial
@@ -19,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from queue_app import engine
 from queue_app.conf import queue_settings
-from queue_app.registry import find_task
+from queue_app.registry import find_task, registered_tasks
 
 
 def read_payload_file(path: str) -> str:
@@ -32,6 +35,16 @@ def read_payload_file(path: str) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise CommandError(f"--payload-file {path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+
+
+def unknown_task_error(task: str) -> CommandError:
+    """The refusal of a name no task is registered under, naming the closest registered ones."""
+    close = difflib.get_close_matches(task, registered_tasks(), n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}?" if close else "no registered task has a similar name."
+    return CommandError(
+        f"no task is registered as {task!r} here; {hint} (--allow-unknown-task queues it anyway, "
+        "for workers that load other tasks than this process)"
+    )
 
 
 class Command(BaseCommand):
@@ -58,6 +71,12 @@ class Command(BaseCommand):
             default=None,
             help="tenant or customer id: fair queues lease keys in turn, group limits cap each",
         )
+        parser.add_argument(
+            "--allow-unknown-task",
+            action="store_true",
+            help="queue a task no one registered in this process (its workers run other code); "
+            "without it such a name is refused",
+        )
 
     def handle(
         self,
@@ -72,6 +91,7 @@ class Command(BaseCommand):
         dedup_key,
         ordering_key,
         group_key,
+        allow_unknown_task,
         **options,
     ):
         source = "--payload"
@@ -91,8 +111,9 @@ class Command(BaseCommand):
         if count > 1 and dedup_key is not None:
             raise CommandError("--dedup-key enqueues one item; it cannot be combined with --count")
         registered = find_task(task)
-        if registered is None:
-            self.stderr.write(self.style.WARNING(f"warning: no task is registered as {task!r} here; queuing it anyway"))
+        # A malformed name is left to the engine, which refuses it with its own reason.
+        if registered is None and not allow_unknown_task and engine.is_task_name(task):
+            raise unknown_task_error(task)
         options = {
             "queue": queue,
             "priority": priority,

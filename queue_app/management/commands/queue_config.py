@@ -5,16 +5,23 @@ as the admin's queue form (services.configure_queue -> set_queue_options).
     python manage.py queue_config imports --group-concurrency 2         # at most 2 items per group key in flight
     python manage.py queue_config imports --concurrency 20 --json
     python manage.py queue_config partner-api --rate-limit none         # lift the limit
+    python manage.py queue_config tenants --fair --group-weight big-customer=3 --group-weight trial=0.5
+    python manage.py queue_config tenants --group-weight trial=none --no-fair   # weight 1 again; keys not in turn
 
-Without options it shows the queue (creating it with the defaults if it does not exist). Bad input (a zero or
-negative limit, a period of 0, a malformed rate) is refused with the reason, exit status 1, nothing written.
+Without options it shows the queue (creating it with the defaults if it does not exist). `--group-weight KEY=W`
+(repeatable) sets one key's turns per round and keeps the other keys' weights; `KEY=none` drops it (weight 1).
+Bad input (a zero or negative limit, a period of 0, a malformed rate or weight) is refused with the reason, exit
+status 1, nothing written.
 """
 
+import argparse
 import json as _json
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
 from queue_app import services
+from queue_app.engine.enqueue import is_group_key
 from queue_app.flow import NO_LIMIT, format_rate, parse_rate
 from queue_app.models import Queue
 
@@ -29,6 +36,31 @@ def _limit(flag: str, value: str) -> int | None:
         raise CommandError(f"{flag} must be an integer (or none to lift the limit), not {value!r}") from None
 
 
+def _weights(queue: str, given: list[str]) -> dict[str, float] | None:
+    """The queue's group weights with `--group-weight KEY=W` applied in order (W none or off drops KEY); None when
+    none is left. Read under the queue's row lock, which the caller's transaction holds until the write."""
+    current = Queue.objects.select_for_update().filter(name=queue).values_list("group_weights", flat=True).first()
+    weights = dict(current or {})
+    for text in given:
+        key, equals, value = text.rpartition("=")
+        if not equals or not is_group_key(key):
+            raise CommandError(f"--group-weight is KEY=WEIGHT with KEY a group key, e.g. big-customer=3, not {text!r}")
+        if value.strip().lower() in NO_LIMIT:
+            weights.pop(key, None)
+            continue
+        try:
+            weight = float(value) if "." in value or "e" in value.lower() else int(value)
+        except ValueError:
+            weight = None
+        if not services.is_group_weight(weight):
+            raise CommandError(
+                f"--group-weight {key}: the weight must be a number above 0 and at most {services.MAX_GROUP_WEIGHT}"
+                f" (or none to drop the key), not {value!r}"
+            )
+        weights[key] = weight
+    return weights or None
+
+
 def queue_config(queue: Queue) -> dict:
     return {
         "queue": queue.name,
@@ -38,7 +70,7 @@ def queue_config(queue: Queue) -> dict:
         "rate_limit_count": queue.rate_limit,
         "rate_period_seconds": queue.rate_period,
         "group_concurrency": queue.group_concurrency,
-        "fair": queue.fair or queue.group_concurrency is not None,
+        "fair": queue.fair or queue.group_concurrency is not None,  # a group limit leases keys in turn too
         "group_weights": queue.group_weights or {},
         "lease_timeout": queue.lease_timeout,
         "max_attempts": queue.max_attempts,
@@ -59,9 +91,25 @@ class Command(BaseCommand):
         parser.add_argument(
             "--group-concurrency", metavar="K", help="most items of one group key in flight (none: no limit)"
         )
+        parser.add_argument(
+            "--fair",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="lease the group keys in turn (--no-fair: in priority order; a group limit keeps them in turn)",
+        )
+        parser.add_argument(
+            "--group-weight",
+            dest="group_weights",
+            action="append",
+            default=[],
+            metavar="KEY=W",
+            help="turns per round for one group key (repeatable; others keep theirs, unnamed keys 1; W none drops)",
+        )
         parser.add_argument("--json", action="store_true", help="print the queue's settings as JSON")
 
-    def handle(self, *args, queue, concurrency, rate_limit, group_concurrency, json: bool, **options):
+    def handle(
+        self, *args, queue, concurrency, rate_limit, group_concurrency, fair, group_weights, json: bool, **options
+    ):
         changes: dict = {}
         if concurrency is not None:
             changes["concurrency_limit"] = _limit("--concurrency", concurrency)
@@ -72,8 +120,13 @@ class Command(BaseCommand):
                 raise CommandError(f"--rate-limit: {exc}") from None
         if group_concurrency is not None:
             changes["group_concurrency"] = _limit("--group-concurrency", group_concurrency)
+        if fair is not None:
+            changes["fair"] = fair
         try:
-            created, _ = services.configure_queue(queue, **changes)
+            with transaction.atomic():
+                if group_weights:
+                    changes["group_weights"] = _weights(queue, group_weights)
+                created, _ = services.configure_queue(queue, **changes)
         except ValueError as exc:
             raise CommandError(_flags(str(exc))) from None
         settings = queue_config(Queue.objects.get(name=queue))
@@ -90,6 +143,7 @@ def _flags(message: str) -> str:
         ("group_concurrency", "--group-concurrency"),
         ("rate_limit", "--rate-limit N"),
         ("rate_period", "--rate-limit PERIOD (in seconds)"),
+        ("group_weights", "--group-weight"),
     ):
         message = message.replace(option, flag)
     return message
@@ -101,5 +155,10 @@ def _summary(settings: dict) -> list[str]:
         f"rate {settings['rate_limit'] or 'unlimited'}",
         f"group concurrency {settings['group_concurrency'] or 'unlimited'}",
         f"fair {'yes' if settings['fair'] else 'no'}",
+        *([f"group weights {_shown_weights(settings['group_weights'])}"] if settings["group_weights"] else []),
         *(["paused"] if settings["paused"] else []),
     ]
+
+
+def _shown_weights(weights: dict[str, float]) -> str:
+    return " ".join(f"{key}={weight:g}" for key, weight in sorted(weights.items()))

@@ -3,7 +3,8 @@
 Database (the embedded PostgreSQL unless DATABASE_URL is set) -> ``migrate`` -> ``collectstatic`` -> an
 ``admin`` superuser with a generated password (printed once) -> gunicorn (WhiteNoise serves the static files)
 and the queue worker (``manage.py run_worker``), supervised: a crashed worker is restarted, Ctrl-C / SIGTERM
-stops both.
+stops both, and then the embedded PostgreSQL if this ``up`` started it (one already running, say from
+``manage.py embedded_db start``, is left running, and a DATABASE_URL server is never touched).
 """
 
 import contextlib
@@ -108,6 +109,12 @@ class Command(BaseCommand):
 
     # -- steps ----------------------------------------------------------------------------------------------
     def handle(self, *args, **opts):
+        try:
+            self.run(**opts)
+        finally:
+            self.stop_embedded_database()
+
+    def run(self, **opts):
         started = time.monotonic()
         host, port = opts["host"], opts["port"]
         self.check_port_free(host, port)
@@ -126,7 +133,10 @@ class Command(BaseCommand):
                 params = embedded_pg.ensure_running()
             except embedded_pg.EmbeddedPostgresUnavailable as exc:
                 raise CommandError(str(exc)) from exc
-            self.say(f"database: embedded PostgreSQL, socket {params['host']} (manage.py embedded_db stop)")
+            if embedded_pg.started_here():
+                self.say(f"database: embedded PostgreSQL, socket {params['host']} (started here: stopped on exit)")
+            else:
+                self.say(f"database: embedded PostgreSQL, socket {params['host']} (already running: left running)")
         else:
             where = default.get("HOST") or "local socket"
             self.say(f"database: {default.get('NAME')} on {where} (DATABASE_URL)")
@@ -148,6 +158,20 @@ class Command(BaseCommand):
         code = self.supervise(children, host, port, started)
         if code:
             sys.exit(code)
+
+    def stop_embedded_database(self) -> bool:
+        """Stop the embedded PostgreSQL if this process started it; True if it did. Not one that was running
+        before `up` (another `up`, `embedded_db start`), and never a DATABASE_URL server."""
+        if not embedded_pg.started_here():  # with DATABASE_URL nothing here ever starts it
+            return False
+        connections.close_all()
+        if not embedded_pg.stop():
+            return False
+        self.say(
+            "embedded PostgreSQL stopped (`up` started it; start it first with `python3 manage.py embedded_db "
+            "start` to keep it running)"
+        )
+        return True
 
     def check_port_free(self, host, port):
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
@@ -272,7 +296,7 @@ class Command(BaseCommand):
 
         names = [d.name for d in registered_workflows()]
         if names:
-            self.say(f"workflows: {', '.join(names)}  (try: python manage.py workflow start demo_pipeline --wait)")
+            self.say(f"workflows: {', '.join(names)}  (try: python3 manage.py workflow start demo_pipeline --wait)")
 
     def stop_children(self, children, signals_seen):
         self.say("stopping ...")

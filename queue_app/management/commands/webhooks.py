@@ -3,7 +3,7 @@
     python manage.py webhooks add https://example.com/hooks --event item.dead_lettered --event queue.paused [--ordered]
     python manage.py webhooks list [--json]
     python manage.py webhooks test ID
-    python manage.py webhooks deliveries [--endpoint ID] [--json]
+    python manage.py webhooks deliveries [--endpoint ID] [--json]     # tab-separated under a header, or JSON
 
 `add` prints the endpoint's id and its secret, once: the secret is never shown again (rotate it in the admin).
 """
@@ -17,6 +17,7 @@ from queue_app.webhooks.events import EVENT_TYPES
 from queue_app.webhooks.models import WebhookDelivery, WebhookEndpoint
 
 DELIVERIES_SHOWN = 100
+DELIVERY_COLUMNS = ("id", "endpoint", "event_type", "webhook_id", "state", "attempts", "last_status_code")
 
 
 def _endpoint_row(endpoint: WebhookEndpoint) -> dict:
@@ -92,6 +93,7 @@ class Command(BaseCommand):
         if json:
             self.stdout.write(_dumps(rows))
             return
+        self.stdout.write("id\tstate\turl\tevent_types")
         for row in rows:
             state = "enabled" if row["enabled"] else "disabled"
             flags = " ordered" if row["ordered"] else ""
@@ -130,6 +132,8 @@ class Command(BaseCommand):
         if json:
             self.stdout.write(_dumps(rows))
             return
+        # Tab-separated under a header naming the columns as --json names its fields.
+        self.stdout.write("\t".join(DELIVERY_COLUMNS))
         for r in rows:
             self.stdout.write(
                 f"{r['id']}\t{r['endpoint']}\t{r['event_type']}\t{r['webhook_id']}\t{r['state']}\t"
