@@ -23,6 +23,7 @@ def test_list_json_names_the_registered_workflows_with_their_params(manage):
     assert listed["demo_pipeline"]["params"][0]["name"] == "day"
 
 
+@pytest.mark.slow
 def test_start_wait_json_prints_every_step_and_exits_0_on_success(manage, worker):
     out = manage("workflow", *IMPORT, "start", "wf_diamond", "--wait", "--json")
     assert out.returncode == 0, out.stderr
@@ -32,6 +33,7 @@ def test_start_wait_json_prints_every_step_and_exits_0_on_success(manage, worker
     assert Workflow.objects.get(id=status["id"]).state == "succeeded"
 
 
+@pytest.mark.slow
 def test_wait_exits_1_when_the_workflow_fails_and_repair_reruns_it(manage, worker):
     out = manage("workflow", *IMPORT, "start", "wf_fails", "--wait", "--json")
     assert out.returncode == 1
