@@ -251,10 +251,13 @@ def _finish(workflow_id: int) -> None:
 def cancel(workflow_id: int, *, actor: str = "") -> bool:
     """Cancel a running workflow: steps not started are cancelled, queued items cancelled, running Spark runs
     stopped, running tasks asked to stop (their reservation is revoked: `ctx.extend_lease` raises
-    StaleReservation and their outcome is not recorded). No compensations run. False when it already ended."""
+    StaleReservation and their outcome is not recorded). No compensations run. False when it already ended (or
+    is being cancelled); WorkflowError when there is no such workflow."""
     with transaction.atomic():
         workflow = Workflow.objects.select_for_update().filter(id=workflow_id).first()
-        if workflow is None or workflow.state not in WORKFLOW_OPEN_STATES or workflow.state == "cancelling":
+        if workflow is None:
+            raise WorkflowError(f"no workflow {workflow_id}")
+        if workflow.state not in WORKFLOW_OPEN_STATES or workflow.state == WorkflowState.CANCELLING:
             return False
         current = WorkflowStep.objects.filter(workflow_id=workflow.id, attempt=workflow.attempt)
         waiting = current.filter(state=StepState.WAITING).update(
