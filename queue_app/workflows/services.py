@@ -2,8 +2,8 @@
 admin, the CLI and the worker. Each validates everything first and writes in one transaction (nested in the
 caller's, so a workflow started inside `transaction.atomic()` is rolled back with it).
 
-Moving a workflow forward once it runs is not done here: the trigger on queue items (migration 0011) does it in
-the transaction that settles each step's item.
+Moving a workflow forward once it runs is not done here: the triggers on queue items (queue_app/workflows/sql.py)
+do it in the transaction that settles each step's item.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from django.db.models import F
 
 from .. import engine, services
 from ..conf import queue_settings
-from ..engine import sql
 from ..engine.db import cursor
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
 from ..registry import Context
 from ..spark.registry import SparkJobError, get_job
+from . import sql
 from .definition import (
     Graph,
     UnknownWorkflow,
@@ -44,6 +44,7 @@ from .models import (
     WorkflowKind,
     WorkflowState,
     WorkflowStep,
+    default_max_attempts,
 )
 
 FINISHED_TASK = "queue_app.workflow_finished"
@@ -114,6 +115,7 @@ def _create(
             steps_open=len(steps),
             callbacks=callbacks,
             channel=channel,
+            default_max_attempts=default_max_attempts(),
         )
         rows = WorkflowStep.objects.using(using).bulk_create(
             [_step_row(workflow.id, 1, s, pending=waits[s.name]) for s in steps], batch_size=2000
@@ -347,6 +349,7 @@ def repair(workflow_id: int, *, actor: str = "") -> Workflow:
         waiting = [row for row in new_rows if row.state == StepState.WAITING]
         Workflow.objects.filter(id=workflow.id).update(
             attempt=attempt,
+            default_max_attempts=default_max_attempts(),  # its new items are made now, under today's setting
             state=WorkflowState.RUNNING,
             steps_total=len(new_rows),
             steps_open=len(waiting),
