@@ -209,6 +209,40 @@ def test_a_step_becomes_ready_in_the_transaction_that_settles_its_last_dependenc
     assert leased.item_id == item_id
 
 
+def test_a_step_whose_item_a_worker_leases_while_its_workflow_fails_runs_and_is_not_marked_cancelled():
+    """b dies while a worker's lease of e's item (ready, enqueued with b) is not yet committed: the failure's
+    cancel of what has not started waits for that item's row lock, finds it leased, and leaves it and its step
+    alone. (Before: the step was marked cancelled on the statement's snapshot while its item went on to run.)"""
+    import threading
+
+    w = services.start("wf_fails")
+    (a,) = engine.lease(None, 10, "w1", lease_timeout=60)
+    engine.complete(a, 1)
+    e = WorkflowStep.objects.get(workflow=w, name="e")
+    (b,) = engine.lease(None, 1, "w1", lease_timeout=60)
+    assert b.item_id == WorkflowStep.objects.get(workflow=w, name="b").item_id
+    params = connection.get_connection_params()
+    with psycopg.connect(**params) as worker, psycopg.connect(**params, autocommit=True) as look:
+        worker.execute("UPDATE queue_app_queueitem SET state = 'reserved' WHERE id = %s", [e.item_id])
+        failing = threading.Thread(target=lambda: (engine.dead(b, "poison"), connection.close()))
+        failing.start()
+        # Until b's settle waits for the item's row lock (or, if it does not, has ended). Read outside the
+        # worker's transaction: pg_stat_activity is read once per transaction.
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = %s"
+        wait_for(
+            lambda: not failing.is_alive() or look.execute(waiting, ["Lock"]).fetchone()[0],
+            30,
+            what="b's settle to wait for the leased item's row lock",
+        )
+        worker.commit()
+        failing.join(30)
+    assert not failing.is_alive()
+    s = steps(Workflow.objects.get(id=w.id))
+    assert (s["b"].state, s["c"].state, s["d"].state) == ("failed", "cancelled", "cancelled")
+    assert (s["e"].state, QueueItem.objects.get(id=e.item_id).state) == ("queued", ItemState.RESERVED)
+    assert Workflow.objects.get(id=w.id).state == "failing"  # e still runs: the workflow ends when it does
+
+
 def test_deleting_a_workflow_takes_its_steps_and_edges_and_nothing_else():
     """Steps and edges have no foreign key constraints (migration 0019): the trigger workflow_deleted removes
     them with their workflow, as the constraints' cascade did, and leaves other workflows' rows alone."""
