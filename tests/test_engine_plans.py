@@ -15,6 +15,7 @@ from django.db import connection, transaction
 from queue_app import engine
 from queue_app.engine import sql
 from queue_app.worker.maintenance import _analyze_unit
+from queue_app.workflows import sql as workflow_sql
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,6 +43,8 @@ NOT_PLANNED = {
 
 
 def statements() -> dict[str, str]:
+    """The engine's statements, and the workflow statements the services run (queue_app/workflows/sql.py; its
+    functions and triggers, run inside the settle, are not prepared statements)."""
     return {
         name: text
         for name, text in vars(sql).items()
@@ -50,7 +53,7 @@ def statements() -> dict[str, str]:
         and isinstance(text, str)
         and " " in text.strip()
         and name not in NOT_PLANNED | MAINTENANCE
-    }
+    } | {name: getattr(workflow_sql, name) for name in ("WORKFLOW_ENQUEUE", "WORKFLOW_FINISH", "WORKFLOW_FAN_OUT")}
 
 
 def _positional(text: str) -> tuple[str, int]:
@@ -182,11 +185,12 @@ def test_the_lease_numbers_reservations_from_the_reservation_id_sequence():
 
 
 @pytest.mark.parametrize(
-    ("table", "name"), [("queue_app_workflowstep", "STEP_SEQUENCE"), ("queue_app_queueitem", "ITEM_SEQUENCE")]
+    ("table", "sequence"),
+    [("queue_app_workflowstep", workflow_sql.STEP_SEQUENCE), ("queue_app_queueitem", sql.ITEM_SEQUENCE)],
 )
-def test_a_fan_out_numbers_steps_and_items_from_their_id_sequences(table, name):
+def test_a_fan_out_numbers_steps_and_items_from_their_id_sequences(table, sequence):
     with connection.cursor() as cur:
-        cur.execute("SELECT pg_get_serial_sequence(%s, 'id')::regclass = %s::regclass", [table, getattr(sql, name)])
+        cur.execute("SELECT pg_get_serial_sequence(%s, 'id')::regclass = %s::regclass", [table, sequence])
         assert cur.fetchone()[0] is True
 
 

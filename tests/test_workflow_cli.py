@@ -23,6 +23,7 @@ def test_list_json_names_the_registered_workflows_with_their_params(manage):
     assert listed["demo_pipeline"]["params"][0]["name"] == "day"
 
 
+@pytest.mark.slow
 def test_start_wait_json_prints_every_step_and_exits_0_on_success(manage, worker):
     out = manage("workflow", *IMPORT, "start", "wf_diamond", "--wait", "--json")
     assert out.returncode == 0, out.stderr
@@ -32,6 +33,7 @@ def test_start_wait_json_prints_every_step_and_exits_0_on_success(manage, worker
     assert Workflow.objects.get(id=status["id"]).state == "succeeded"
 
 
+@pytest.mark.slow
 def test_wait_exits_1_when_the_workflow_fails_and_repair_reruns_it(manage, worker):
     out = manage("workflow", *IMPORT, "start", "wf_fails", "--wait", "--json")
     assert out.returncode == 1
@@ -57,6 +59,7 @@ def test_wait_exits_1_when_the_workflow_fails_and_repair_reruns_it(manage, worke
         (("backfill", "queue_app.noop", "--from", "2020-01-01", "--to", "2026-01-01"), "--force"),
         (("backfill", "nothing.at.all", "--from", "2026-01-01", "--to", "2026-01-02"), "unknown task"),
         (("status", "999999"), "no workflow"),
+        (("cancel", "999999"), "no workflow 999999"),
     ],
 )
 def test_bad_input_is_an_error_message_exit_1_and_nothing_written(manage, args, message):
@@ -64,6 +67,28 @@ def test_bad_input_is_an_error_message_exit_1_and_nothing_written(manage, args, 
     assert out.returncode == 1
     assert message in out.stderr
     assert not Workflow.objects.exists() and not WorkflowStep.objects.exists()
+
+
+def test_cancel_json_cancels_what_has_not_started_as_the_admin_does_and_exits_0_once_ended(manage):
+    from queue_app.models import QueueItem
+    from queue_app.workflows import services
+    from tests import workflow_tasks  # noqa: F401  (registers wf_diamond in this process too)
+
+    w = services.start("wf_diamond")  # no worker: a's item stays ready, the others wait
+    out = manage("workflow", *IMPORT, "cancel", str(w.id), "--json")
+    assert out.returncode == 0, out.stderr
+    status = json.loads(out.stdout)
+    assert (status["id"], status["state"], status["cancelled"]) == (w.id, "cancelled", True)
+    assert {s["name"]: s["state"] for s in status["steps"]} == dict.fromkeys("abcd", "cancelled")
+    assert Workflow.objects.get(id=w.id).error == "cancelled by cli"
+    assert list(QueueItem.objects.filter(workflow_step_id__isnull=False).values_list("state", flat=True)) == [
+        "cancelled"
+    ]
+    again = manage("workflow", "cancel", str(w.id), "--json")  # already ended: nothing to do, still exit 0
+    assert again.returncode == 0, again.stderr
+    assert (json.loads(again.stdout)["state"], json.loads(again.stdout)["cancelled"]) == ("cancelled", False)
+    text = manage("workflow", "cancel", str(w.id))
+    assert text.returncode == 0 and "was not cancelled: it is cancelled already" in text.stdout
 
 
 def test_up_lists_the_workflows_right_after_it_is_up():

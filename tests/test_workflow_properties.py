@@ -4,9 +4,10 @@ Hypothesis starts small workflows (a diamond a -> b, c -> d with a random failur
 their step items and settles them in random orders by every path the engine has: complete, fail (retried or
 dead on the last attempt), dead letter, a lapsed lease rescued, and a cancel of the workflow. No worker runs:
 the test is the worker. After every step the rows alone are checked (no model): each step's item was enqueued
-at most once, and only once every dependency had succeeded (or failed with `continue`); a workflow's open-step
-count is the number of its open steps; a workflow that ended has no open step and ended exactly once (one
-`workflow_finished` item), an open one not yet.
+at most once, and only once every dependency had succeeded (or failed with `continue`); every step whose
+dependencies all ended is decided, never left waiting (liveness: enqueued when they all proceed, cancelled when
+one does not); a workflow's open-step count is the number of its open steps; a workflow that ended has no open
+step and ended exactly once (one `workflow_finished` item), an open one not yet.
 
 Size: JOBSITE_HYPOTHESIS_EXAMPLES (default 50) and JOBSITE_HYPOTHESIS_STEPS (default 40) run it longer.
 """
@@ -40,6 +41,11 @@ TABLES = (
 )
 LEASE = 60.0
 POLICIES = st.sampled_from(["fail", "continue"])
+
+
+def _proceeds(step: WorkflowStep) -> bool:
+    """Whether a step that ended lets the steps waiting for it run."""
+    return step.state == "succeeded" or (step.state == "failed" and step.on_failure == "continue")
 
 
 class WorkflowMachine(RuleBasedStateMachine):
@@ -131,8 +137,27 @@ class WorkflowMachine(RuleBasedStateMachine):
             assert steps[step_id].item_id == item_id
         for edge in StepDependency.objects.filter(downstream_id__in=list(items)):
             up = steps[edge.upstream_id]
-            proceeds = up.state == "succeeded" or (up.state == "failed" and up.on_failure == "continue")
-            assert proceeds, f"{steps[edge.downstream_id].name} enqueued while {up.name} is {up.state}"
+            assert _proceeds(up), f"{steps[edge.downstream_id].name} enqueued while {up.name} is {up.state}"
+
+    @invariant()
+    def a_step_whose_dependencies_all_ended_is_decided(self):
+        """Liveness: the settle that ends a step's last open dependency decides the step in the same transaction.
+        It is never left waiting: enqueued (or already run) when every dependency proceeds (succeeded, or failed
+        with `continue`), cancelled when one does not; a step with no dependency is enqueued at the start."""
+        for w in Workflow.objects.all():
+            current = {s.id: s for s in WorkflowStep.objects.filter(workflow=w, attempt=w.attempt)}
+            ups: dict[int, list[WorkflowStep]] = {i: [] for i in current}
+            for edge in StepDependency.objects.filter(downstream_id__in=list(current)):
+                ups[edge.downstream_id].append(current[edge.upstream_id])
+            for step_id, deps in ups.items():
+                step = current[step_id]
+                if any(up.state in ("waiting", "queued") for up in deps):
+                    continue
+                assert step.state != "waiting", f"{step.name} waits though {[u.name for u in deps]} ended ({w.state})"
+                if not all(_proceeds(up) for up in deps):
+                    assert step.state == "cancelled", f"{step.name} is {step.state} after a failed dependency"
+                else:
+                    assert step.item_id is not None or step.state == "cancelled", f"{step.name} {step.state}"
 
     @invariant()
     def a_workflow_counts_its_open_steps_and_ends_exactly_once(self):

@@ -13,7 +13,7 @@ from tests.spark_fixtures import require_spark
 from tests.test_spark_runs import worker_env
 from tests.waiting import wait_for
 
-pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.django_db(transaction=True)]  # real workers
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +88,6 @@ def test_cancel_during_a_running_spark_step_stops_the_run(workers):
     }
 
 
-@pytest.mark.slow
 def test_demo_pipeline_runs_with_no_parameters(workers, manage):
     """The shipped demo: sample files fanned out per region -> file_rollup -> queue_analytics -> summary."""
     out = manage("workflow", "start", "demo_pipeline", "--wait", "--json", timeout=600)

@@ -1,9 +1,11 @@
 """Workflows with real workers on one database: steps become ready exactly once, in the transaction that
 settles their last dependency; results flow downstream; failures cancel, compensate, and repair."""
 
+import psycopg
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
+from queue_app import engine
 from queue_app.models import ItemState, ProbeEffect, QueueItem, Reservation
 from queue_app.workflows import services
 from queue_app.workflows.models import StepDependency, Workflow, WorkflowStep
@@ -68,6 +70,7 @@ def items_of(w: Workflow) -> dict[str, list[QueueItem]]:
     return out
 
 
+@pytest.mark.slow
 def test_diamond_runs_each_step_once_after_its_dependencies_with_their_results(workers):
     workers()
     w = services.start("wf_diamond", started_by="test")
@@ -82,6 +85,7 @@ def test_diamond_runs_each_step_once_after_its_dependencies_with_their_results(w
     assert w.steps_open == 0 and w.steps_total == 4
 
 
+@pytest.mark.slow
 def test_fan_out_of_1000_has_one_fan_in_that_fires_once(workers):
     workers(n=3, concurrency=8)
     w = services.start("wf_fan", {"n": 1000})
@@ -98,6 +102,7 @@ def test_fan_out_of_1000_has_one_fan_in_that_fires_once(workers):
     assert_started_after_dependencies(w)
 
 
+@pytest.mark.slow
 def test_failure_cancels_downstream_and_what_has_not_started(workers):
     workers()
     w = finished(services.start("wf_fails").id)
@@ -106,9 +111,18 @@ def test_failure_cancels_downstream_and_what_has_not_started(workers):
     assert s["a"].state == "succeeded" and s["b"].state == "failed"
     assert s["c"].state == "cancelled" and s["d"].state == "cancelled"
     assert s["c"].item_id is None and s["d"].item_id is None  # never enqueued
-    assert s["e"].state in ("succeeded", "cancelled")  # ran alongside, or cancelled before it started
+    # e was enqueued with b. Which of the two it is depends on the race with b's failure; the rows say which it
+    # was, and the outcome must match: started (leased) before the failure -> ran to success; not started ->
+    # cancelled together with its item, never leased after.
+    e_item = QueueItem.objects.get(id=s["e"].item_id)
+    if Reservation.objects.filter(item_id=e_item.id).exists():
+        assert (s["e"].state, e_item.state, s["e"].result) == ("succeeded", ItemState.DONE, 8)
+    else:
+        assert (s["e"].state, e_item.state) == ("cancelled", ItemState.CANCELLED)
+        assert s["e"].error == "not started: the workflow failed at b"
 
 
+@pytest.mark.slow
 def test_saga_compensates_exactly_the_completed_steps_in_reverse_dependency_order(workers):
     workers()
     w = finished(services.start("wf_saga").id)
@@ -125,6 +139,7 @@ def test_saga_compensates_exactly_the_completed_steps_in_reverse_dependency_orde
     assert {n: len(i) for n, i in items_of(w).items() if n.startswith("undo")} == dict.fromkeys(undos, 1)
 
 
+@pytest.mark.slow
 def test_repair_reruns_only_failed_and_downstream_keeping_results(workers):
     workers()
     w = finished(services.start("wf_fails").id)
@@ -149,6 +164,85 @@ def test_start_inside_a_rolled_back_transaction_writes_nothing():
     assert not Workflow.objects.exists() and not QueueItem.objects.exists()
 
 
+def _step_seen_by_another_connection(step_id: int) -> tuple[str, int, int | None, int]:
+    """(state, pending, item_id) of a step, and how many items it has, read by a connection of its own: what
+    every other transaction (a worker's lease) sees."""
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
+        state, pending, item_id = other.execute(
+            "SELECT state, pending, item_id FROM queue_app_workflowstep WHERE id = %s", [step_id]
+        ).fetchone()
+        (items,) = other.execute(
+            "SELECT count(*) FROM queue_app_queueitem WHERE workflow_step_id = %s", [step_id]
+        ).fetchone()
+    return state, pending, item_id, items
+
+
+def test_a_step_becomes_ready_in_the_transaction_that_settles_its_last_dependency_and_rolls_back_with_it():
+    """The settle of d's last dependency (c) makes d ready inside the settling transaction, visible to nothing
+    else before it commits; rolled back, d is waiting again with no item; settled for real, d is ready."""
+    w = services.start("wf_diamond")
+    (a,) = engine.lease(None, 10, "w1", lease_timeout=60)
+    engine.complete(a, 1)
+    b, c = sorted(engine.lease(None, 10, "w1", lease_timeout=60), key=lambda lease: lease.item_id)
+    engine.complete(b, 11)
+    d = WorkflowStep.objects.get(workflow=w, name="d")
+    assert (d.state, d.pending, d.item_id) == ("waiting", 1, None)
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        engine.complete(c, 101)
+        inside = WorkflowStep.objects.get(id=d.id)
+        assert (inside.state, inside.pending) == ("queued", 0)
+        assert QueueItem.objects.get(id=inside.item_id).state == ItemState.READY
+        assert _step_seen_by_another_connection(d.id) == ("waiting", 1, None, 0)
+        raise RuntimeError("roll the settle back")
+
+    assert _step_seen_by_another_connection(d.id) == ("waiting", 1, None, 0)
+    assert WorkflowStep.objects.get(workflow=w, name="c").state == "queued"  # c's settle rolled back too
+    assert QueueItem.objects.get(id=c.item_id).state == ItemState.RESERVED
+    assert Workflow.objects.get(id=w.id).steps_open == 2
+
+    engine.complete(c, 101)
+    state, pending, item_id, items = _step_seen_by_another_connection(d.id)
+    assert (state, pending, items) == ("queued", 0, 1)
+    assert QueueItem.objects.get(id=item_id).state == ItemState.READY
+    (leased,) = engine.lease(None, 10, "w1", lease_timeout=60)
+    assert leased.item_id == item_id
+
+
+def test_a_step_whose_item_a_worker_leases_while_its_workflow_fails_runs_and_is_not_marked_cancelled():
+    """b dies while a worker's lease of e's item (ready, enqueued with b) is not yet committed: the failure's
+    cancel of what has not started waits for that item's row lock, finds it leased, and leaves it and its step
+    alone. (Before: the step was marked cancelled on the statement's snapshot while its item went on to run.)"""
+    import threading
+
+    w = services.start("wf_fails")
+    (a,) = engine.lease(None, 10, "w1", lease_timeout=60)
+    engine.complete(a, 1)
+    e = WorkflowStep.objects.get(workflow=w, name="e")
+    (b,) = engine.lease(None, 1, "w1", lease_timeout=60)
+    assert b.item_id == WorkflowStep.objects.get(workflow=w, name="b").item_id
+    params = connection.get_connection_params()
+    with psycopg.connect(**params) as worker, psycopg.connect(**params, autocommit=True) as look:
+        worker.execute("UPDATE queue_app_queueitem SET state = 'reserved' WHERE id = %s", [e.item_id])
+        failing = threading.Thread(target=lambda: (engine.dead(b, "poison"), connection.close()))
+        failing.start()
+        # Until b's settle waits for the item's row lock (or, if it does not, has ended). Read outside the
+        # worker's transaction: pg_stat_activity is read once per transaction.
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = %s"
+        wait_for(
+            lambda: not failing.is_alive() or look.execute(waiting, ["Lock"]).fetchone()[0],
+            30,
+            what="b's settle to wait for the leased item's row lock",
+        )
+        worker.commit()
+        failing.join(30)
+    assert not failing.is_alive()
+    s = steps(Workflow.objects.get(id=w.id))
+    assert (s["b"].state, s["c"].state, s["d"].state) == ("failed", "cancelled", "cancelled")
+    assert (s["e"].state, QueueItem.objects.get(id=e.item_id).state) == ("queued", ItemState.RESERVED)
+    assert Workflow.objects.get(id=w.id).state == "failing"  # e still runs: the workflow ends when it does
+
+
 def test_deleting_a_workflow_takes_its_steps_and_edges_and_nothing_else():
     """Steps and edges have no foreign key constraints (migration 0019): the trigger workflow_deleted removes
     them with their workflow, as the constraints' cascade did, and leaves other workflows' rows alone."""
@@ -162,6 +256,7 @@ def test_deleting_a_workflow_takes_its_steps_and_edges_and_nothing_else():
     assert Workflow.objects.get(id=kept.id).steps_total == 4
 
 
+@pytest.mark.slow
 def test_cancel_stops_a_running_task_and_cancels_the_rest(workers):
     from queue_app.workflows.definition import Graph
 
@@ -256,6 +351,7 @@ def test_a_bad_backfill_is_refused_and_writes_nothing(kwargs, message):
     _nothing_written()
 
 
+@pytest.mark.slow
 def test_backfill_with_concurrency_2_never_has_more_than_2_partitions_running(workers):
     workers(n=2, concurrency=4)
     w = services.backfill("wf.add", "2026-01-01", "2026-01-08", params={"sleep": 0.3}, concurrency=2)
@@ -274,6 +370,7 @@ def test_backfill_with_concurrency_2_never_has_more_than_2_partitions_running(wo
     assert max(sum(1 for a, b in spans if a <= s0 < b) for s0, _ in spans) == 2  # and it did use both lanes
 
 
+@pytest.mark.slow
 def test_batch_calls_on_done_once_when_all_are_done(workers):
     workers()
     w = services.batch("wf.add", [{"x": i} for i in range(20)], on_done="wf.undo", callback_payload={"step": "b"})
@@ -283,6 +380,7 @@ def test_batch_calls_on_done_once_when_all_are_done(workers):
     assert len(done) == 1 and done[0].payload["workflow_id"] == w.id
 
 
+@pytest.mark.slow
 def test_batch_calls_on_dead_once_when_the_first_item_dies(workers):
     workers()
     w = services.batch(
@@ -296,6 +394,7 @@ def test_batch_calls_on_dead_once_when_the_first_item_dies(workers):
     assert not QueueItem.objects.filter(task="wf.add").exists()  # on_done never ran
 
 
+@pytest.mark.slow
 def test_a_workflows_end_enqueues_the_finished_hook_which_sends_the_signal(workers):
     from queue_app.workflows.signals import workflow_finished
 
@@ -325,6 +424,7 @@ def test_a_workflows_end_enqueues_the_finished_hook_which_sends_the_signal(worke
     assert heard == [(w.id, "succeeded")]
 
 
+@pytest.mark.slow
 def test_backfill_of_a_workflow_with_a_fan_out_keeps_each_days_fan_out_to_its_day(workers):
     workers()
     w = finished(services.backfill("wf_daily", "2026-03-01", "2026-03-03", concurrency=2).id)
@@ -337,6 +437,7 @@ def test_backfill_of_a_workflow_with_a_fan_out_keeps_each_days_fan_out_to_its_da
         assert {st.group for n, st in s.items() if n.startswith(day)} == {day}  # one partition in the grid
 
 
+@pytest.mark.slow
 def test_a_spark_step_reads_its_dependencies_results_through_its_run(workers, monkeypatch):
     from queue_app.spark.protocol import RUN_ID_ENV
     from queue_app.workflows.definition import Graph

@@ -17,6 +17,7 @@ DEDUP = "queue_app_dedupclaim"
 ITEM_HISTORY = "queue_app_itemhistory"  # finished items moved out of ITEM (engine/history.py), partitioned by day
 RESERVATION_HISTORY = "queue_app_reservationhistory"
 RESERVATION_SEQUENCE = "queue_app_reservation_id_seq"  # its id column's (pg_get_serial_sequence; checked by a test)
+ITEM_SEQUENCE = "queue_app_queueitem_id_seq"  # the same for items (a fan-out draws ids from it first)
 
 
 # The state test of a row found by its primary key, written as an expression (`state || ''`) so that PostgreSQL
@@ -797,61 +798,8 @@ TRY_SESSION_LOCK = "SELECT pg_try_advisory_lock(%(namespace)s, hashtext(%(key)s)
 
 # -- workflows ------------------------------------------------------------------------------------------------
 
-# The workflow functions (migration 0011) run inside the settling statement through the trigger
-# workflow_step_settled; these are the calls made from Python (start, fan-out, cancel, repair).
-WORKFLOW_ENQUEUE = "SELECT queue_app_wf_enqueue(%(ids)s::bigint[], %(channel)s)"
-WORKFLOW_FINISH = "SELECT queue_app_wf_finish(%(workflow_id)s)"
-
-STEP_SEQUENCE = "queue_app_workflowstep_id_seq"  # the id sequences of steps and items (checked by a test)
-ITEM_SEQUENCE = "queue_app_queueitem_id_seq"
-
-# A running step adds steps (one per partition it found), each written once, already queued: its row, its item
-# (ready at once) and its edges to every step waiting for the parent (which now waits for the new ones too), in
-# one statement with ids drawn from the sequences first, and one NOTIFY. Measured in queue_bench's workflow part:
-# writing the steps waiting, then enqueueing them (an UPDATE of every step row, each a non-HOT update of six
-# indexes) cost about twice as much. Names already added (the parent ran again after a crash) are left alone.
-# The caller holds the workflow's row lock (so no other transaction adds names to it meanwhile).
-WORKFLOW_FAN_OUT = f"""
-WITH v AS MATERIALIZED (
-    SELECT v.name, v.payload, nextval('{STEP_SEQUENCE}') AS id, nextval('{ITEM_SEQUENCE}') AS item_id
-    FROM unnest(%(names)s::text[], %(payloads)s::jsonb[]) AS v(name, payload)
-    WHERE NOT EXISTS (SELECT FROM queue_app_workflowstep s
-                      WHERE s.workflow_id = %(workflow_id)s AND s.attempt = %(attempt)s AND s.name = v.name)
-), spec AS (
-    SELECT %(spec)s::jsonb AS spec
-), new AS (
-    INSERT INTO queue_app_workflowstep (id, workflow_id, attempt, name, "group", kind, target, args, spec,
-                                        on_failure, compensate, parent_id, kept, state, pending, item_id, error,
-                                        created_at, ready_at)
-    SELECT v.id, %(workflow_id)s, %(attempt)s, v.name, %(group)s, 'task', %(task)s, v.payload,
-           jsonb_set(spec.spec, '{{payload}}', v.payload), %(on_failure)s, %(compensate)s::jsonb, %(parent_id)s,
-           false, 'queued', 0, v.item_id, '', now(), now()
-    FROM v, spec
-), items AS (
-    INSERT INTO {ITEM} (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts, max_attempts,
-                        lease_timeout, error, created_at, updated_at, workflow_step_id)
-    SELECT v.item_id, spec.spec->>'queue', %(task)s, COALESCE(v.payload, 'null'::jsonb), 'ready',
-           COALESCE((spec.spec->>'priority')::smallint, 0), now(), now(), 0,
-           COALESCE((spec.spec->>'max_attempts')::int, q.max_attempts, 5), (spec.spec->>'lease_timeout')::float8,
-           '', now(), now(), v.id
-    FROM v CROSS JOIN spec LEFT JOIN {QUEUE} q ON q.name = spec.spec->>'queue'
-), edges AS (
-    INSERT INTO queue_app_stepdependency (upstream_id, downstream_id)
-    SELECT v.id, d.downstream_id FROM v, queue_app_stepdependency d WHERE d.upstream_id = %(parent_id)s
-    RETURNING downstream_id
-), bumped AS (
-    UPDATE queue_app_workflowstep s SET pending = s.pending + c.n
-    FROM (SELECT downstream_id, count(*) AS n FROM edges GROUP BY downstream_id) c
-    WHERE s.id = c.downstream_id
-), counted AS (
-    UPDATE queue_app_workflow SET steps_open = steps_open + (SELECT count(*) FROM v),
-        steps_total = steps_total + (SELECT count(*) FROM v)
-    WHERE id = %(workflow_id)s
-)
-SELECT coalesce(array_agg(id ORDER BY id), '{{}}'),
-       (SELECT count(pg_notify(%(channel)s, spec.spec->>'queue')) FROM spec WHERE EXISTS (SELECT FROM v))
-FROM v
-"""
+# The workflow engine's SQL (its functions, triggers and the statements its services run) is in its own home,
+# queue_app/workflows/sql.py.
 
 # -- id marks (engine/marks.py) -------------------------------------------------------------------------------
 

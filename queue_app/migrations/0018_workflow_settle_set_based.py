@@ -12,8 +12,6 @@ constraint stays for its cascade, its duplicate index (beside stepdependency_dow
 index on a step's workflow (the unique index workflowstep_name starts with it).
 """
 
-import importlib
-
 import django.db.models.deletion
 from django.db import migrations, models
 
@@ -148,20 +146,219 @@ ALTER TABLE queue_app_workflowstep SET (fillfactor = 75);
 """
 
 
-def _from_0014(first: str, before: str) -> str:
-    """Migration 0014's functions from the one named `first` up to the text `before`, as CREATE OR REPLACE."""
-    text = importlib.import_module("queue_app.migrations.0014_workflows").WORKFLOW_FUNCTIONS
-    start = text.index(f"CREATE FUNCTION {first}(")
-    return text[start : text.index(before, start)].replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+# Migration 0014's queue_app_wf_enqueue as this migration found it: its reverse puts it back. A frozen copy,
+# like every function text in a migration (the current ones live in queue_app/workflows/sql.py).
+ENQUEUE_FUNCTION = r"""
+CREATE OR REPLACE FUNCTION queue_app_wf_enqueue(ids bigint[], channel text) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+    item_seq regclass := pg_get_serial_sequence('queue_app_queueitem', 'id')::regclass;
+    run_seq regclass := pg_get_serial_sequence('queue_app_sparkrun', 'id')::regclass;
+BEGIN
+    WITH s AS MATERIALIZED (
+        SELECT st.id, st.kind, st.spec, nextval(item_seq) AS item_id,
+               CASE WHEN st.kind = 'spark' THEN nextval(run_seq) END AS run_id
+        FROM queue_app_workflowstep st
+        WHERE st.id = ANY(ids) AND st.state = 'waiting'
+        ORDER BY st.id
+    ), runs AS (
+        INSERT INTO queue_app_sparkrun (id, job, params, state, trigger, requested_by, item_id, attempt, app_id,
+                                        ui_url, driver_host, progress, log_tail, error, timeout, queued_at)
+        SELECT run_id, spec->>'job', spec->'params', 'queued', 'workflow', COALESCE(spec->>'requested_by', ''),
+               item_id, 0, '', '', '', '{}'::jsonb, '', '', (spec->>'timeout')::float8, now()
+        FROM s WHERE run_id IS NOT NULL
+    ), items AS (
+        INSERT INTO queue_app_queueitem (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
+                                         max_attempts, lease_timeout, error, created_at, updated_at,
+                                         workflow_step_id)
+        SELECT s.item_id, s.spec->>'queue', s.spec->>'task',
+               CASE WHEN s.run_id IS NULL THEN COALESCE(s.spec->'payload', 'null'::jsonb)
+                    ELSE jsonb_build_object('run_id', s.run_id) END,
+               'ready', COALESCE((s.spec->>'priority')::smallint, 0), now(), now(), 0,
+               COALESCE((s.spec->>'max_attempts')::int, q.max_attempts, 5), (s.spec->>'lease_timeout')::float8,
+               '', now(), now(), s.id
+        FROM s LEFT JOIN queue_app_queue q ON q.name = s.spec->>'queue'
+        RETURNING queue_id
+    ), marked AS (
+        UPDATE queue_app_workflowstep st
+        SET state = 'queued', item_id = s.item_id, spark_run_id = s.run_id, ready_at = now()
+        FROM s WHERE st.id = s.id
+        RETURNING st.id
+    )
+    SELECT (SELECT count(*) FROM marked) INTO n
+    FROM (SELECT count(pg_notify(channel, queue_id)::text) FROM (SELECT DISTINCT queue_id FROM items) AS q) AS woken;
+    RETURN n;
+END
+$$;
 
+"""
 
 # A step's ready_at is the clock when its item is enqueued, no longer its transaction's start: that transaction
 # may have started before the one that settled another of its dependencies, then waited for the workflow's row
 # lock (held by that one until it committed). The clock, read under the lock, is later than every dependency's
 # finished_at, so "ready after its dependencies finished" reads true on the rows, not only in commit order.
-ENQUEUE_FUNCTION = _from_0014("queue_app_wf_enqueue", "-- A workflow-level callback item")
-assert "ready_at = now()" in ENQUEUE_FUNCTION
-ENQUEUE_ON_THE_CLOCK = ENQUEUE_FUNCTION.replace("ready_at = now()", "ready_at = clock_timestamp()")
+ENQUEUE_ON_THE_CLOCK = r"""
+CREATE OR REPLACE FUNCTION queue_app_wf_enqueue(ids bigint[], channel text) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+    item_seq regclass := pg_get_serial_sequence('queue_app_queueitem', 'id')::regclass;
+    run_seq regclass := pg_get_serial_sequence('queue_app_sparkrun', 'id')::regclass;
+BEGIN
+    WITH s AS MATERIALIZED (
+        SELECT st.id, st.kind, st.spec, nextval(item_seq) AS item_id,
+               CASE WHEN st.kind = 'spark' THEN nextval(run_seq) END AS run_id
+        FROM queue_app_workflowstep st
+        WHERE st.id = ANY(ids) AND st.state = 'waiting'
+        ORDER BY st.id
+    ), runs AS (
+        INSERT INTO queue_app_sparkrun (id, job, params, state, trigger, requested_by, item_id, attempt, app_id,
+                                        ui_url, driver_host, progress, log_tail, error, timeout, queued_at)
+        SELECT run_id, spec->>'job', spec->'params', 'queued', 'workflow', COALESCE(spec->>'requested_by', ''),
+               item_id, 0, '', '', '', '{}'::jsonb, '', '', (spec->>'timeout')::float8, now()
+        FROM s WHERE run_id IS NOT NULL
+    ), items AS (
+        INSERT INTO queue_app_queueitem (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
+                                         max_attempts, lease_timeout, error, created_at, updated_at,
+                                         workflow_step_id)
+        SELECT s.item_id, s.spec->>'queue', s.spec->>'task',
+               CASE WHEN s.run_id IS NULL THEN COALESCE(s.spec->'payload', 'null'::jsonb)
+                    ELSE jsonb_build_object('run_id', s.run_id) END,
+               'ready', COALESCE((s.spec->>'priority')::smallint, 0), now(), now(), 0,
+               COALESCE((s.spec->>'max_attempts')::int, q.max_attempts, 5), (s.spec->>'lease_timeout')::float8,
+               '', now(), now(), s.id
+        FROM s LEFT JOIN queue_app_queue q ON q.name = s.spec->>'queue'
+        RETURNING queue_id
+    ), marked AS (
+        UPDATE queue_app_workflowstep st
+        SET state = 'queued', item_id = s.item_id, spark_run_id = s.run_id, ready_at = clock_timestamp()
+        FROM s WHERE st.id = s.id
+        RETURNING st.id
+    )
+    SELECT (SELECT count(*) FROM marked) INTO n
+    FROM (SELECT count(pg_notify(channel, queue_id)::text) FROM (SELECT DISTINCT queue_id FROM items) AS q) AS woken;
+    RETURN n;
+END
+$$;
+
+"""
+
+# Migration 0014's settle functions as this migration found them (its reverse puts them back).
+SETTLE_FUNCTIONS_0014 = r"""
+CREATE OR REPLACE FUNCTION queue_app_wf_steps_settled(ids bigint[]) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    ready bigint[];
+    failed_id bigint;
+    wf record;
+BEGIN
+    PERFORM 1 FROM queue_app_workflow
+    WHERE id IN (SELECT workflow_id FROM queue_app_workflowstep WHERE id = ANY(ids))
+    ORDER BY id FOR UPDATE;
+    -- `ended`: the steps of each workflow's current attempt (a late settle of an earlier attempt's step changes
+    -- nothing more).
+    WITH ended AS (
+        SELECT s.id, s.workflow_id, s.state, s.kind,
+               s.state = 'succeeded' OR (s.state = 'failed' AND s.on_failure = 'continue') AS proceeds
+        FROM queue_app_workflowstep s JOIN queue_app_workflow w ON w.id = s.workflow_id AND w.attempt = s.attempt
+        WHERE s.id = ANY(ids)
+    ), counts AS (
+        SELECT e.downstream_id, count(*) AS n FROM queue_app_stepdependency e
+        JOIN ended x ON x.id = e.upstream_id AND x.proceeds
+        GROUP BY e.downstream_id
+    ), d AS (
+        UPDATE queue_app_workflowstep t SET pending = t.pending - c.n
+        FROM counts c WHERE t.id = c.downstream_id AND t.state = 'waiting'
+        RETURNING t.id, t.pending
+    )
+    SELECT array_agg(id) INTO ready FROM d WHERE pending = 0;
+    FOR wf IN
+        WITH ended AS (
+            SELECT s.id, s.workflow_id, s.state, s.kind,
+                   s.state = 'succeeded' OR (s.state = 'failed' AND s.on_failure = 'continue') AS proceeds
+            FROM queue_app_workflowstep s JOIN queue_app_workflow w ON w.id = s.workflow_id AND w.attempt = s.attempt
+            WHERE s.id = ANY(ids)
+        ), c AS (
+            SELECT workflow_id, count(*) AS n, count(*) FILTER (WHERE state <> 'succeeded') AS bad,
+                   count(*) FILTER (WHERE state <> 'succeeded' AND kind <> 'compensation') AS bad_steps
+            FROM ended GROUP BY workflow_id
+        ), old AS (
+            SELECT w.id, w.steps_failed, w.state, w.callbacks, w.channel, c.n, c.bad, c.bad_steps
+            FROM queue_app_workflow w JOIN c ON c.workflow_id = w.id
+        )
+        UPDATE queue_app_workflow w
+        SET steps_open = w.steps_open - old.n,
+            steps_failed = w.steps_failed + CASE WHEN old.state = 'cancelling' THEN 0 ELSE old.bad END
+        FROM old WHERE w.id = old.id
+        RETURNING w.id, old.steps_failed AS failed_before, old.state AS state_before, old.callbacks, old.channel,
+                  old.bad_steps
+    LOOP
+        IF wf.failed_before = 0 AND wf.bad_steps > 0 AND wf.state_before NOT IN ('cancelling', 'compensating') THEN
+            PERFORM queue_app_wf_callback(wf.id, wf.callbacks->'dead', 'failing', wf.channel);
+        END IF;
+    END LOOP;
+    FOR failed_id IN WITH ended AS (
+        SELECT s.id, s.workflow_id, s.state, s.kind,
+               s.state = 'succeeded' OR (s.state = 'failed' AND s.on_failure = 'continue') AS proceeds
+        FROM queue_app_workflowstep s JOIN queue_app_workflow w ON w.id = s.workflow_id AND w.attempt = s.attempt
+        WHERE s.id = ANY(ids)
+    ) SELECT id FROM ended WHERE NOT proceeds ORDER BY id LOOP
+        PERFORM queue_app_wf_step_failed(failed_id);
+    END LOOP;
+    IF ready IS NOT NULL THEN
+        PERFORM queue_app_wf_enqueue(ready, w.channel)
+        FROM (SELECT DISTINCT s.workflow_id FROM queue_app_workflowstep s WHERE s.id = ANY(ready)) AS r
+        JOIN queue_app_workflow w ON w.id = r.workflow_id;
+    END IF;
+    PERFORM queue_app_wf_finish(w.id) FROM queue_app_workflow w
+    WHERE w.id IN (SELECT workflow_id FROM queue_app_workflowstep WHERE id = ANY(ids)) AND w.steps_open = 0;
+END
+$$;
+
+-- Each step item that ended (the WHEN of the row trigger below): its step ends the same way, at most once (the
+-- row's state is the claim), and is remembered for the statement's end. A Spark step's outcome and result are
+-- its run's (state and metrics).
+CREATE OR REPLACE FUNCTION queue_app_wf_item_settled() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    run_id bigint;
+    run_state text;
+BEGIN
+    UPDATE queue_app_workflowstep
+    SET state = CASE NEW.state WHEN 'done' THEN 'succeeded' WHEN 'dead' THEN 'failed' ELSE 'cancelled' END,
+        result = NEW.result, error = COALESCE(NEW.error, ''), finished_at = now()
+    WHERE id = NEW.workflow_step_id AND item_id = NEW.id AND state = 'queued'
+    RETURNING spark_run_id INTO run_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF run_id IS NOT NULL THEN
+        UPDATE queue_app_workflowstep s
+        SET result = r.metrics,
+            state = CASE WHEN s.state <> 'succeeded' OR r.state = 'succeeded' THEN s.state
+                         WHEN r.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END
+        FROM queue_app_sparkrun r WHERE s.id = NEW.workflow_step_id AND r.id = run_id;
+    END IF;
+    PERFORM set_config('jobsite.workflow_steps_ended',
+                       COALESCE(current_setting('jobsite.workflow_steps_ended', true), '')
+                       || NEW.workflow_step_id::text || ',', true);
+    RETURN NULL;
+END
+$$;
+
+-- Once per UPDATE statement on queue items: the workflow work of the step items it ended, in one go. For a
+-- statement that ended no step item (every plain settle) this is one lookup of a transaction-local setting.
+CREATE OR REPLACE FUNCTION queue_app_wf_statement_settled() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    ended text := current_setting('jobsite.workflow_steps_ended', true);
+BEGIN
+    IF ended IS NULL OR ended = '' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('jobsite.workflow_steps_ended', '', true);
+    PERFORM queue_app_wf_steps_settled(string_to_array(rtrim(ended, ','), ',')::bigint[]);
+    RETURN NULL;
+END
+$$;
+
+"""
 
 
 class Migration(migrations.Migration):
@@ -229,7 +426,7 @@ class Migration(migrations.Migration):
         ),
         migrations.RunSQL(
             SETTLE_FUNCTIONS + ENQUEUE_ON_THE_CLOCK,
-            _from_0014("queue_app_wf_steps_settled", "CREATE TRIGGER workflow_step_settled")
+            SETTLE_FUNCTIONS_0014
             + ENQUEUE_FUNCTION
             + "ALTER TABLE queue_app_workflowstep RESET (fillfactor);",
         ),

@@ -1,5 +1,6 @@
 """Workflows: graphs of steps (queue tasks and Spark runs) kept as rows and moved forward by the database in the
-transaction that settles each step's item. See README "Workflows".
+transaction that settles each step's item (the functions and triggers that do it: sql.py). See README
+"Workflows".
 
     from queue_app.workflows import Param, workflow
 

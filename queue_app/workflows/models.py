@@ -2,14 +2,16 @@
 workflow) and the edges between steps.
 
 These rows are the whole of a workflow's state; no process holds any of it. A step's `pending` counts its
-dependencies that have not finished; the trigger on queue items (migration 0011) decrements it in the
-transaction that settles a dependency's item, and enqueues the step's item when it reaches zero. A repair is a
+dependencies that have not finished; the triggers on queue items (queue_app/workflows/sql.py) decrement it in the
+transaction that settles a dependency's item, and enqueue the step's item when it reaches zero. A repair is a
 new attempt: new step rows, the earlier attempt's rows are left as they were.
 """
 
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
+
+from ..conf import queue_settings
 
 
 class WorkflowState(models.TextChoices):
@@ -32,6 +34,11 @@ class WorkflowKind(models.TextChoices):
     BATCH = "batch"
 
 
+def default_max_attempts() -> int:
+    """The JOBSITE DEFAULT_MAX_ATTEMPTS setting now (a workflow's copy of it, taken when it starts)."""
+    return int(queue_settings.DEFAULT_MAX_ATTEMPTS)
+
+
 class Workflow(models.Model):
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=200)
@@ -48,6 +55,10 @@ class Workflow(models.Model):
     # workflow ends, "dead" when its first step fails, "done" when it succeeds.
     callbacks = models.JSONField(default=dict, blank=True)
     channel = models.CharField(max_length=63, default="jobsite_queue")  # NOTIFY channel of the step items
+    # The attempts of an item it makes whose task and queue name none (workflows/sql.py, _items_from_specs): the
+    # setting as it was when the workflow started or was last repaired. The settle trigger, which enqueues most
+    # steps, cannot read Django's settings; it reads this, as it reads `channel`.
+    default_max_attempts = models.PositiveIntegerField(default=default_max_attempts)
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -114,7 +125,7 @@ class WorkflowStep(models.Model):
     # Looked up by workflow through the unique index workflowstep_name (workflow, attempt, name). Written only
     # under the workflow's row lock (start, fan-out, repair), so never dangling: no constraint, whose check of each
     # row at commit was a third of a 10,000-step fan-out's time. The steps and their edges go with their workflow
-    # through the statement trigger workflow_deleted (migration 0019), as the constraint's cascade did.
+    # through the statement trigger workflow_deleted (queue_app/workflows/sql.py), as the constraint's cascade did.
     workflow = models.ForeignKey(
         Workflow, on_delete=models.DO_NOTHING, related_name="steps", db_constraint=False, db_index=False
     )

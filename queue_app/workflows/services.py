@@ -2,8 +2,8 @@
 admin, the CLI and the worker. Each validates everything first and writes in one transaction (nested in the
 caller's, so a workflow started inside `transaction.atomic()` is rolled back with it).
 
-Moving a workflow forward once it runs is not done here: the trigger on queue items (migration 0011) does it in
-the transaction that settles each step's item.
+Moving a workflow forward once it runs is not done here: the triggers on queue items (queue_app/workflows/sql.py)
+do it in the transaction that settles each step's item.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from django.db.models import F
 
 from .. import engine, services
 from ..conf import queue_settings
-from ..engine import sql
 from ..engine.db import cursor
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
 from ..registry import Context
 from ..spark.registry import SparkJobError, get_job
+from . import sql
 from .definition import (
     Graph,
     UnknownWorkflow,
@@ -44,6 +44,7 @@ from .models import (
     WorkflowKind,
     WorkflowState,
     WorkflowStep,
+    default_max_attempts,
 )
 
 FINISHED_TASK = "queue_app.workflow_finished"
@@ -114,6 +115,7 @@ def _create(
             steps_open=len(steps),
             callbacks=callbacks,
             channel=channel,
+            default_max_attempts=default_max_attempts(),
         )
         rows = WorkflowStep.objects.using(using).bulk_create(
             [_step_row(workflow.id, 1, s, pending=waits[s.name]) for s in steps], batch_size=2000
@@ -251,10 +253,13 @@ def _finish(workflow_id: int) -> None:
 def cancel(workflow_id: int, *, actor: str = "") -> bool:
     """Cancel a running workflow: steps not started are cancelled, queued items cancelled, running Spark runs
     stopped, running tasks asked to stop (their reservation is revoked: `ctx.extend_lease` raises
-    StaleReservation and their outcome is not recorded). No compensations run. False when it already ended."""
+    StaleReservation and their outcome is not recorded). No compensations run. False when it already ended (or
+    is being cancelled); WorkflowError when there is no such workflow."""
     with transaction.atomic():
         workflow = Workflow.objects.select_for_update().filter(id=workflow_id).first()
-        if workflow is None or workflow.state not in WORKFLOW_OPEN_STATES or workflow.state == "cancelling":
+        if workflow is None:
+            raise WorkflowError(f"no workflow {workflow_id}")
+        if workflow.state not in WORKFLOW_OPEN_STATES or workflow.state == WorkflowState.CANCELLING:
             return False
         current = WorkflowStep.objects.filter(workflow_id=workflow.id, attempt=workflow.attempt)
         waiting = current.filter(state=StepState.WAITING).update(
@@ -344,6 +349,7 @@ def repair(workflow_id: int, *, actor: str = "") -> Workflow:
         waiting = [row for row in new_rows if row.state == StepState.WAITING]
         Workflow.objects.filter(id=workflow.id).update(
             attempt=attempt,
+            default_max_attempts=default_max_attempts(),  # its new items are made now, under today's setting
             state=WorkflowState.RUNNING,
             steps_total=len(new_rows),
             steps_open=len(waiting),

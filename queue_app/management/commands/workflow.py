@@ -4,12 +4,17 @@
     python manage.py workflow start demo_pipeline [--param day=2026-11-24] [--wait] [--json]
     python manage.py workflow status 42 [--json]
     python manage.py workflow repair 42 [--wait] [--json]
+    python manage.py workflow cancel 42 [--json]
     python manage.py workflow backfill file_rollup --from 2026-11-01 --to 2026-11-07 [--param k=v] \
         [--concurrency 2] [--force] [--wait] [--json]
 
 `--json` prints {"id", "name", "state", "attempt", "steps": [{"name", "state", ...}]}. With --wait the command
 follows the workflow to its end and exits 0 only when it succeeded (1 otherwise). Bad input (unknown workflow
 or job, bad parameters, a bad range) is an error message, exit status 1, and nothing is written.
+
+`cancel` cancels as the admin does (the same service): steps not started are cancelled, running ones asked to
+stop. It exits 0 when the workflow was cancelled now or had already ended (its `--json` adds "cancelled": true
+or false), 1 for an unknown id.
 """
 
 import importlib
@@ -30,7 +35,7 @@ def _default(value):
 
 
 class Command(BaseCommand):
-    help = "Workflows: list, start, status, repair, backfill."
+    help = "Workflows: list, start, status, repair, cancel, backfill."
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -56,6 +61,9 @@ class Command(BaseCommand):
         repair.add_argument("id", type=int)
         repair.add_argument("--wait", action="store_true")
         repair.add_argument("--json", action="store_true")
+        cancel = sub.add_parser("cancel", help="cancel a workflow: what has not started never runs (as the admin)")
+        cancel.add_argument("id", type=int)
+        cancel.add_argument("--json", action="store_true")
         backfill = sub.add_parser("backfill", help="run a Spark job, task or workflow once per day of a range")
         backfill.add_argument("job")
         backfill.add_argument("--from", dest="start", required=True, metavar="DATE")
@@ -114,6 +122,16 @@ class Command(BaseCommand):
     def do_repair(self, *, id, wait, json, poll, **_):
         workflow = workflows.repair(id, actor="cli")
         self.report(workflow.id, wait=wait, as_json=json, poll=poll)
+
+    def do_cancel(self, *, id, json, **_):
+        cancelled = workflows.cancel(id, actor="cli")
+        status = workflows.status(id)
+        if json:
+            self.stdout.write(_dumps({**status, "cancelled": cancelled}))
+        elif cancelled:
+            self.stdout.write(f"workflow {id} {status['name']} cancelled: now {status['state']}")
+        else:
+            self.stdout.write(f"workflow {id} {status['name']} was not cancelled: it is {status['state']} already")
 
     def do_backfill(self, *, job, start, end, param, concurrency, force, wait, json, poll, **_):
         workflow = workflows.backfill(

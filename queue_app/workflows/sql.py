@@ -1,0 +1,509 @@
+"""The workflow engine's SQL, in one home: the current text of every function and trigger that moves a workflow
+forward inside the transaction that settles a step's item, and the statements the services run (start, fan-out,
+cancel, repair).
+
+The database runs what migrations installed, and a migration is frozen: each holds a literal copy of the texts
+it installs (never importing them from here or from another migration). The latest copy of every text below is
+migration 0021_workflow_sql_one_home. tests/test_workflow_sql_source.py compares every `queue_app_wf_*` function
+and workflow trigger of a migrated database with this module, so a change here needs a new migration holding a
+copy of the changed texts (CREATE OR REPLACE), and a migration cannot change them without this module following.
+
+Every function runs inside the transaction that settles an item (or starts, fans out, cancels or repairs a
+workflow) and takes the workflow's row lock first: one workflow's counters change one transaction at a time, so
+a step becomes ready exactly once, and a crash rolls back everything a settle would have done to its workflow
+together with the settle. The path of a settle: the row trigger workflow_step_settled remembers each step item
+that ended (queue_app_wf_item_settled), the statement trigger workflow_steps_settled ends their steps in one
+UPDATE (queue_app_wf_statement_settled), then queue_app_wf_steps_ended counts down what waits for them, enqueues
+the steps that reach zero (queue_app_wf_enqueue), cancels what a failure leaves unable to run
+(queue_app_wf_step_failed) and ends workflows with no open step (queue_app_wf_finish, queue_app_wf_callback).
+"""
+
+import textwrap
+
+from ..engine.sql import ITEM, ITEM_SEQUENCE, QUEUE
+
+WORKFLOW = "queue_app_workflow"
+STEP_SEQUENCE = "queue_app_workflowstep_id_seq"  # the id sequence of steps (checked by a test, as ITEM_SEQUENCE)
+
+
+def _items_from_specs(rows: str, *, spec: str, payload: str, item_id: str, step_id: str, attempts: str) -> str:
+    """The step-spec-to-item SQL, written only here: an INSERT of one ready item per row of `rows` from an item
+    spec {"task", "queue", "max_attempts", "priority", "lease_timeout"} (workflows.definition.task_item_spec).
+    Its attempts are the spec's (the task's declaration), else its queue's, else `attempts`: the workflow's
+    default_max_attempts, which its start (and each repair) copies from the JOBSITE DEFAULT_MAX_ATTEMPTS setting,
+    as it copies the NOTIFY channel. The settle trigger that enqueues most steps runs in whatever connection
+    settles an item, with no Python to ask; a value written into this text would freeze the setting as it was
+    when the migration ran, and a session setting would be missing on connections the project did not open."""
+    return f"""\
+INSERT INTO {ITEM} (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
+    max_attempts, lease_timeout, error, created_at, updated_at, workflow_step_id)
+SELECT {item_id}, {spec}->>'queue', {spec}->>'task',
+       {payload},
+       'ready', COALESCE(({spec}->>'priority')::smallint, 0), now(), now(), 0,
+       COALESCE(({spec}->>'max_attempts')::int, q.max_attempts, {attempts}),
+       ({spec}->>'lease_timeout')::float8, '', now(), now(), {step_id}
+FROM {rows}
+LEFT JOIN {QUEUE} q ON q.name = {spec}->>'queue'"""
+
+
+def _at(indent: int, text: str) -> str:
+    return textwrap.indent(text, " " * indent).lstrip()
+
+
+# The three places a workflow makes items: a step's (queue_app_wf_enqueue), a callback's (queue_app_wf_callback)
+# and a fan-out's (WORKFLOW_FAN_OUT).
+_STEP_ITEMS = _items_from_specs(
+    "s",
+    spec="s.spec",
+    payload="CASE WHEN s.run_id IS NULL THEN COALESCE(s.spec->'payload', 'null'::jsonb)\n"
+    "            ELSE jsonb_build_object('run_id', s.run_id) END",
+    item_id="s.item_id",
+    step_id="s.id",
+    attempts="s.default_max_attempts",
+)
+_CALLBACK_ITEM = _items_from_specs(
+    f"(SELECT default_max_attempts FROM {WORKFLOW} WHERE id = wf_id) AS w",
+    spec="spec",
+    payload="CASE WHEN jsonb_typeof(spec->'payload') = 'object' THEN spec->'payload' ELSE '{}'::jsonb END\n"
+    "       || jsonb_build_object('workflow_id', wf_id, 'state', state)",
+    item_id=f"nextval('{ITEM_SEQUENCE}')",
+    step_id="NULL",
+    attempts="w.default_max_attempts",
+)
+_FAN_OUT_ITEMS = _items_from_specs(
+    "v CROSS JOIN spec",
+    spec="spec.spec",
+    payload="COALESCE(v.payload, 'null'::jsonb)",
+    item_id="v.item_id",
+    step_id="v.id",
+    attempts="spec.default_max_attempts",
+)
+
+
+# Enqueue the items of the steps named (those still waiting): a Spark step gets its SparkRun and the run's item on
+# the spark queue, any other step an item of its task. Ids come from the tables' sequences first, so one statement
+# writes runs, items and steps. Returns how many steps it enqueued. A step's ready_at is the clock, read under the
+# workflow's row lock: later than every dependency's finished_at, so "ready after its dependencies finished" reads
+# true on the rows, not only in commit order (the transaction may have started before the one that settled
+# another dependency, then waited for the lock).
+ENQUEUE_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION queue_app_wf_enqueue(ids bigint[], channel text) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+    item_seq regclass := pg_get_serial_sequence('queue_app_queueitem', 'id')::regclass;
+    run_seq regclass := pg_get_serial_sequence('queue_app_sparkrun', 'id')::regclass;
+BEGIN
+    WITH s AS MATERIALIZED (
+        SELECT st.id, st.kind, st.spec, nextval(item_seq) AS item_id,
+               CASE WHEN st.kind = 'spark' THEN nextval(run_seq) END AS run_id, w.default_max_attempts
+        FROM queue_app_workflowstep st JOIN {WORKFLOW} w ON w.id = st.workflow_id
+        WHERE st.id = ANY(ids) AND st.state = 'waiting'
+        ORDER BY st.id
+    ), runs AS (
+        INSERT INTO queue_app_sparkrun (id, job, params, state, trigger, requested_by, item_id, attempt, app_id,
+                                        ui_url, driver_host, progress, log_tail, error, timeout, queued_at)
+        SELECT run_id, spec->>'job', spec->'params', 'queued', 'workflow', COALESCE(spec->>'requested_by', ''),
+               item_id, 0, '', '', '', '{{}}'::jsonb, '', '', (spec->>'timeout')::float8, now()
+        FROM s WHERE run_id IS NOT NULL
+    ), items AS (
+        {_at(8, _STEP_ITEMS)}
+        RETURNING queue_id
+    ), marked AS (
+        UPDATE queue_app_workflowstep st
+        SET state = 'queued', item_id = s.item_id, spark_run_id = s.run_id, ready_at = clock_timestamp()
+        FROM s WHERE st.id = s.id
+        RETURNING st.id
+    )
+    SELECT (SELECT count(*) FROM marked) INTO n
+    FROM (SELECT count(pg_notify(channel, queue_id)::text) FROM (SELECT DISTINCT queue_id FROM items) AS q) AS woken;
+    RETURN n;
+END
+$$;
+"""
+
+# A workflow-level callback item (spec {"task", "queue", "max_attempts", "payload", ...}), not a step: its payload
+# is the spec's (an object) with the workflow's id and state.
+CALLBACK_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION queue_app_wf_callback(wf_id bigint, spec jsonb, state text, channel text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF spec IS NULL THEN
+        RETURN;
+    END IF;
+    {_at(4, _CALLBACK_ITEM)};
+    PERFORM pg_notify(channel, spec->>'queue');
+END
+$$;
+"""
+
+# No step of the current attempt is open any more: succeed; or, failed, run the compensations of the completed
+# steps (once: then fail); or end a cancel.
+FINISH_FUNCTION = """
+CREATE OR REPLACE FUNCTION queue_app_wf_finish(wf_id bigint) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    w queue_app_workflow%ROWTYPE;
+    final text;
+    n integer;
+    roots bigint[];
+BEGIN
+    SELECT * INTO w FROM queue_app_workflow WHERE id = wf_id FOR UPDATE;
+    IF w.steps_open > 0 OR w.state NOT IN ('running', 'failing', 'compensating', 'cancelling') THEN
+        RETURN;
+    END IF;
+    IF w.state = 'running' AND w.steps_failed = 0 THEN
+        final := 'succeeded';
+    ELSIF w.state IN ('running', 'failing') THEN
+        -- Saga: one compensation step per succeeded step that names one, each after the compensations of the
+        -- steps downstream of it (dependencies and fan-out children), so they run in reverse dependency order.
+        INSERT INTO queue_app_workflowstep (workflow_id, attempt, name, "group", kind, target, args, spec,
+                                            on_failure, compensate, compensates_id, kept, state, pending, error,
+                                            created_at)
+        SELECT w.id, w.attempt, 'undo ' || st.name, 'undo ' || st."group", 'compensation', st.compensate->>'task',
+               st.args,
+               st.compensate || jsonb_build_object('payload', jsonb_build_object(
+                   'workflow_id', w.id, 'step', st.name, 'args', st.args, 'result', st.result)),
+               'continue', NULL, st.id, false, 'waiting', 0, '', now()
+        FROM queue_app_workflowstep st
+        WHERE st.workflow_id = w.id AND st.attempt = w.attempt AND st.state = 'succeeded'
+          AND st.kind <> 'compensation' AND st.compensate IS NOT NULL;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        IF n > 0 THEN
+            WITH RECURSIVE steps AS (
+                SELECT id, parent_id FROM queue_app_workflowstep
+                WHERE workflow_id = w.id AND attempt = w.attempt AND kind <> 'compensation'
+            ), edge(up, down) AS (
+                SELECT d.upstream_id, d.downstream_id
+                FROM queue_app_stepdependency d JOIN steps s ON s.id = d.upstream_id
+                UNION SELECT parent_id, id FROM steps WHERE parent_id IS NOT NULL
+            ), below(anc, des) AS (
+                SELECT up, down FROM edge
+                UNION SELECT b.anc, e.down FROM below b JOIN edge e ON e.up = b.des
+            ), comp AS (
+                SELECT id, compensates_id FROM queue_app_workflowstep
+                WHERE workflow_id = w.id AND attempt = w.attempt AND kind = 'compensation'
+            ), ins AS (
+                INSERT INTO queue_app_stepdependency (upstream_id, downstream_id)
+                SELECT DISTINCT cd.id, ca.id FROM below b
+                JOIN comp ca ON ca.compensates_id = b.anc JOIN comp cd ON cd.compensates_id = b.des
+                RETURNING downstream_id
+            )
+            UPDATE queue_app_workflowstep st SET pending = c.n
+            FROM (SELECT downstream_id, count(*) AS n FROM ins GROUP BY downstream_id) c
+            WHERE st.id = c.downstream_id;
+            UPDATE queue_app_workflow SET state = 'compensating', steps_open = n, steps_total = steps_total + n
+            WHERE id = w.id;
+            SELECT array_agg(id) INTO roots FROM queue_app_workflowstep
+            WHERE workflow_id = w.id AND attempt = w.attempt AND kind = 'compensation' AND state = 'waiting'
+              AND pending = 0;
+            PERFORM queue_app_wf_enqueue(roots, w.channel);
+            RETURN;
+        END IF;
+        final := 'failed';
+    ELSIF w.state = 'compensating' THEN
+        final := 'failed';
+    ELSE
+        final := 'cancelled';
+    END IF;
+    UPDATE queue_app_workflow SET state = final, finished_at = now() WHERE id = w.id;
+    IF final = 'succeeded' THEN
+        PERFORM queue_app_wf_callback(w.id, w.callbacks->'done', final, w.channel);
+    END IF;
+    PERFORM queue_app_wf_callback(w.id, w.callbacks->'finished', final, w.channel);
+END
+$$;
+"""
+
+# A step that failed (with on_failure 'fail') or was cancelled: what waits for it can never run and is cancelled;
+# unless the workflow is being cancelled anyway, the workflow fails: everything not started is cancelled (a queued
+# step whose item is still ready, with its item and Spark run), running steps finish. The caller holds the
+# workflow's row lock and has counted the step itself. The items are cancelled first and their steps after, by
+# what that UPDATE returns: an item a worker leased meanwhile (its lock waited for, its state no longer 'ready'
+# when re-read) is left to run, and its step with it, never a step marked cancelled whose item runs anyway.
+STEP_FAILED_FUNCTION = """
+CREATE OR REPLACE FUNCTION queue_app_wf_step_failed(step_id bigint) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    st queue_app_workflowstep%ROWTYPE;
+    w queue_app_workflow%ROWTYPE;
+    closed integer;
+    n integer;
+BEGIN
+    SELECT * INTO st FROM queue_app_workflowstep WHERE id = step_id;
+    SELECT * INTO w FROM queue_app_workflow WHERE id = st.workflow_id;
+    WITH RECURSIVE down(id) AS (
+        SELECT downstream_id FROM queue_app_stepdependency WHERE upstream_id = step_id
+        UNION SELECT e.downstream_id FROM queue_app_stepdependency e JOIN down ON e.upstream_id = down.id
+    ), gone AS (
+        UPDATE queue_app_workflowstep s SET state = 'cancelled', finished_at = now(),
+            error = 'not run: ' || st.name || ', a step it depends on, did not succeed'
+        FROM down WHERE s.id = down.id AND s.state = 'waiting'
+        RETURNING s.id
+    )
+    SELECT count(*) INTO closed FROM gone;
+    IF w.state = 'running' AND st.kind <> 'compensation' THEN
+        UPDATE queue_app_workflow SET state = 'failing', error = 'failed at step ' || st.name WHERE id = w.id;
+        WITH gone AS (
+            UPDATE queue_app_workflowstep s SET state = 'cancelled', finished_at = now(),
+                error = 'not run: the workflow failed at ' || st.name
+            WHERE s.workflow_id = w.id AND s.attempt = w.attempt AND s.state = 'waiting'
+            RETURNING s.id
+        )
+        SELECT count(*) INTO n FROM gone;
+        closed := closed + n;
+        WITH items AS (
+            UPDATE queue_app_queueitem i SET state = 'cancelled', finished_at = now(), updated_at = now(),
+                error = 'cancelled: the workflow failed'
+            FROM queue_app_workflowstep s
+            WHERE s.workflow_id = w.id AND s.attempt = w.attempt AND s.state = 'queued'
+              AND i.id = s.item_id AND i.state = 'ready'
+            RETURNING i.id
+        ), q AS (
+            UPDATE queue_app_workflowstep s SET state = 'cancelled', finished_at = now(),
+                error = 'not started: the workflow failed at ' || st.name
+            FROM items
+            WHERE s.item_id = items.id AND s.workflow_id = w.id AND s.attempt = w.attempt AND s.state = 'queued'
+            RETURNING s.spark_run_id
+        ), runs AS (
+            UPDATE queue_app_sparkrun SET state = 'cancelled', finished_at = now(),
+                error = 'cancelled before it started: the workflow failed'
+            WHERE id IN (SELECT spark_run_id FROM q) AND state = 'queued'
+        )
+        SELECT count(*) INTO n FROM q;
+        closed := closed + n;
+    END IF;
+    UPDATE queue_app_workflow SET steps_open = steps_open - closed WHERE id = w.id;
+END
+$$;
+"""
+
+# Each step item that ended (the WHEN of the row trigger workflow_step_settled): remembered for the end of the
+# statement, where queue_app_wf_statement_settled ends the steps of all of them in one go.
+ITEM_SETTLED_FUNCTION = """
+CREATE OR REPLACE FUNCTION queue_app_wf_item_settled() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('jobsite.workflow_items_ended',
+                       COALESCE(current_setting('jobsite.workflow_items_ended', true), '') || NEW.id::text || ',',
+                       true);
+    RETURN NULL;
+END
+$$;
+"""
+
+# Once per UPDATE statement on queue items: the steps of the step items it ended end the same way, in one UPDATE,
+# each at most once (the step row's state is the claim); a Spark step's outcome and result are its run's (state
+# and metrics). The UPDATE returns what moving their workflows forward needs (queue_app_wf_steps_ended). For a
+# statement that ended no step item (every plain settle) this is one lookup of a transaction-local setting.
+STATEMENT_SETTLED_FUNCTION = """
+CREATE OR REPLACE FUNCTION queue_app_wf_statement_settled() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    ended text := current_setting('jobsite.workflow_items_ended', true);
+    a_id bigint[];
+    a_workflow bigint[];
+    a_attempt int[];
+    a_state text[];
+    a_kind text[];
+    a_proceeds boolean[];
+BEGIN
+    IF ended IS NULL OR ended = '' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('jobsite.workflow_items_ended', '', true);
+    WITH settled AS (
+        UPDATE queue_app_workflowstep s
+        SET state = CASE
+                WHEN i.state = 'dead' THEN 'failed'
+                WHEN i.state <> 'done' THEN 'cancelled'
+                WHEN s.spark_run_id IS NULL THEN 'succeeded'
+                ELSE (SELECT CASE r.state WHEN 'succeeded' THEN 'succeeded' WHEN 'cancelled' THEN 'cancelled'
+                                          ELSE 'failed' END
+                      FROM queue_app_sparkrun r WHERE r.id = s.spark_run_id)
+            END,
+            result = CASE WHEN s.spark_run_id IS NULL THEN i.result
+                          ELSE (SELECT r.metrics FROM queue_app_sparkrun r WHERE r.id = s.spark_run_id) END,
+            error = COALESCE(i.error, ''), finished_at = now()
+        FROM queue_app_queueitem i
+        WHERE i.id = ANY(string_to_array(rtrim(ended, ','), ',')::bigint[])
+          AND s.id = i.workflow_step_id AND s.item_id = i.id AND s.state = 'queued'
+        RETURNING s.id, s.workflow_id, s.attempt, s.state, s.kind,
+                  s.state = 'succeeded' OR (s.state = 'failed' AND s.on_failure = 'continue') AS proceeds
+    )
+    SELECT array_agg(id ORDER BY id), array_agg(workflow_id ORDER BY id), array_agg(attempt ORDER BY id),
+           array_agg(state ORDER BY id), array_agg(kind ORDER BY id), array_agg(proceeds ORDER BY id)
+    INTO a_id, a_workflow, a_attempt, a_state, a_kind, a_proceeds
+    FROM settled;
+    IF a_id IS NOT NULL THEN
+        PERFORM queue_app_wf_steps_ended(a_id, a_workflow, a_attempt, a_state, a_kind, a_proceeds);
+    END IF;
+    RETURN NULL;
+END
+$$;
+"""
+
+# The steps that just ended, as their ending UPDATE returned them: in one go per statement under each workflow's
+# row lock (taken in id order, so two settling transactions never wait for each other in a cycle). Only the steps
+# of each workflow's current attempt count (a late settle of an earlier attempt's step changes nothing more).
+# Downstream steps' pending counts are lowered through their primary key (whatever the statistics say), those
+# reaching 0 are enqueued, the workflows' counters move, failures cancel what can no longer run, and a workflow
+# with no open step left ends.
+STEPS_ENDED_FUNCTION = """
+CREATE OR REPLACE FUNCTION queue_app_wf_steps_ended(a_id bigint[], a_workflow bigint[], a_attempt int[],
+                                                    a_state text[], a_kind text[], a_proceeds boolean[])
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    e_id bigint[];
+    e_workflow bigint[];
+    e_state text[];
+    e_kind text[];
+    e_proceeds boolean[];
+    c_id bigint[];
+    c_n int[];
+    ready bigint[];
+    failed_id bigint;
+    wf record;
+BEGIN
+    PERFORM 1 FROM queue_app_workflow WHERE id = ANY(a_workflow) ORDER BY id FOR UPDATE;
+    SELECT array_agg(x.id ORDER BY x.id), array_agg(x.workflow_id ORDER BY x.id), array_agg(x.state ORDER BY x.id),
+           array_agg(x.kind ORDER BY x.id), array_agg(x.proceeds ORDER BY x.id)
+    INTO e_id, e_workflow, e_state, e_kind, e_proceeds
+    FROM unnest(a_id, a_workflow, a_attempt, a_state, a_kind, a_proceeds)
+         AS x(id, workflow_id, attempt, state, kind, proceeds)
+    WHERE x.attempt = (SELECT w.attempt FROM queue_app_workflow w WHERE w.id = x.workflow_id);
+    IF e_id IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(c.downstream_id), array_agg(c.n) INTO c_id, c_n
+    FROM (SELECT d.downstream_id, count(*)::int AS n
+          FROM unnest(e_id, e_proceeds) AS x(id, proceeds) JOIN queue_app_stepdependency d ON d.upstream_id = x.id
+          WHERE x.proceeds
+          GROUP BY d.downstream_id) c;
+    IF c_id IS NOT NULL THEN
+        WITH d AS (
+            UPDATE queue_app_workflowstep t SET pending = t.pending - c.n
+            FROM unnest(c_id, c_n) AS c(id, n) WHERE t.id = c.id AND t.state = 'waiting'
+            RETURNING t.id, t.pending
+        )
+        SELECT array_agg(id) INTO ready FROM d WHERE pending = 0;
+    END IF;
+    FOR wf IN
+        WITH c AS (
+            SELECT workflow_id, count(*) AS n, count(*) FILTER (WHERE state <> 'succeeded') AS bad,
+                   count(*) FILTER (WHERE state <> 'succeeded' AND kind <> 'compensation') AS bad_steps
+            FROM unnest(e_workflow, e_state, e_kind) AS x(workflow_id, state, kind) GROUP BY workflow_id
+        ), old AS (
+            SELECT w.id, w.steps_failed, w.state, w.callbacks, w.channel, c.n, c.bad, c.bad_steps
+            FROM c JOIN queue_app_workflow w ON w.id = c.workflow_id
+        )
+        UPDATE queue_app_workflow w
+        SET steps_open = w.steps_open - old.n,
+            steps_failed = w.steps_failed + CASE WHEN old.state = 'cancelling' THEN 0 ELSE old.bad END
+        FROM old WHERE w.id = old.id
+        RETURNING w.id, old.steps_failed AS failed_before, old.state AS state_before, old.callbacks, old.channel,
+                  old.bad_steps
+    LOOP
+        IF wf.failed_before = 0 AND wf.bad_steps > 0 AND wf.state_before NOT IN ('cancelling', 'compensating') THEN
+            PERFORM queue_app_wf_callback(wf.id, wf.callbacks->'dead', 'failing', wf.channel);
+        END IF;
+    END LOOP;
+    FOR failed_id IN SELECT x.id FROM unnest(e_id, e_proceeds) AS x(id, proceeds) WHERE NOT x.proceeds ORDER BY x.id
+    LOOP
+        PERFORM queue_app_wf_step_failed(failed_id);
+    END LOOP;
+    IF ready IS NOT NULL THEN
+        PERFORM queue_app_wf_enqueue(ready, w.channel)
+        FROM (SELECT DISTINCT s.workflow_id FROM unnest(ready) AS x(id) JOIN queue_app_workflowstep s ON s.id = x.id) r
+        JOIN queue_app_workflow w ON w.id = r.workflow_id;
+    END IF;
+    PERFORM queue_app_wf_finish(w.id)
+    FROM (SELECT DISTINCT x.workflow_id FROM unnest(e_workflow) AS x(workflow_id)) AS x
+    JOIN queue_app_workflow w ON w.id = x.workflow_id
+    WHERE w.steps_open = 0;
+END
+$$;
+"""
+
+# Steps and edges have no foreign key constraints (each was checked on every row at commit, and every such row is
+# written under its workflow's row lock): a deleted workflow takes its steps and their edges (every edge joins two
+# steps of one workflow) with it, as the constraints' cascade did.
+WORKFLOW_DELETED_FUNCTION = """
+CREATE OR REPLACE FUNCTION queue_app_workflow_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM queue_app_stepdependency d USING queue_app_workflowstep s, gone g
+    WHERE s.workflow_id = g.id AND d.downstream_id = s.id;
+    DELETE FROM queue_app_workflowstep s USING gone g WHERE s.workflow_id = g.id;
+    RETURN NULL;
+END
+$$;
+"""
+
+TRIGGERS = """
+CREATE OR REPLACE TRIGGER workflow_step_settled AFTER UPDATE OF state ON queue_app_queueitem FOR EACH ROW
+    WHEN (NEW.workflow_step_id IS NOT NULL AND NEW.state IN ('done', 'dead', 'cancelled')
+          AND OLD.state IS DISTINCT FROM NEW.state)
+    EXECUTE FUNCTION queue_app_wf_item_settled();
+CREATE OR REPLACE TRIGGER workflow_steps_settled AFTER UPDATE OF state ON queue_app_queueitem FOR EACH STATEMENT
+    EXECUTE FUNCTION queue_app_wf_statement_settled();
+CREATE OR REPLACE TRIGGER workflow_deleted AFTER DELETE ON queue_app_workflow REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION queue_app_workflow_deleted();
+"""
+
+FUNCTIONS = (
+    ENQUEUE_FUNCTION,
+    CALLBACK_FUNCTION,
+    FINISH_FUNCTION,
+    STEP_FAILED_FUNCTION,
+    ITEM_SETTLED_FUNCTION,
+    STATEMENT_SETTLED_FUNCTION,
+    STEPS_ENDED_FUNCTION,
+    WORKFLOW_DELETED_FUNCTION,
+)
+# Every function and trigger as they are now, idempotent (CREATE OR REPLACE): what a migration's frozen copy is
+# taken from, and what the source test installs to compare with a migrated database.
+INSTALL = "".join(FUNCTIONS) + TRIGGERS
+
+# -- the statements the services run ------------------------------------------------------------------------------
+
+# Start and repair enqueue the steps with nothing to wait for; cancel and repair end a workflow with nothing left
+# to run. Everything else happens inside the settling statement, through the triggers above.
+WORKFLOW_ENQUEUE = "SELECT queue_app_wf_enqueue(%(ids)s::bigint[], %(channel)s)"
+WORKFLOW_FINISH = "SELECT queue_app_wf_finish(%(workflow_id)s)"
+
+# A running step adds steps (one per partition it found), each written once, already queued: its row, its item
+# (ready at once) and its edges to every step waiting for the parent (which now waits for the new ones too), in
+# one statement with ids drawn from the sequences first, and one NOTIFY. Measured in queue_bench's workflow part:
+# writing the steps waiting, then enqueueing them (an UPDATE of every step row, each a non-HOT update of six
+# indexes) cost about twice as much. Names already added (the parent ran again after a crash) are left alone.
+# The caller holds the workflow's row lock (so no other transaction adds names to it meanwhile).
+WORKFLOW_FAN_OUT = f"""
+WITH v AS MATERIALIZED (
+    SELECT v.name, v.payload, nextval('{STEP_SEQUENCE}') AS id, nextval('{ITEM_SEQUENCE}') AS item_id
+    FROM unnest(%(names)s::text[], %(payloads)s::jsonb[]) AS v(name, payload)
+    WHERE NOT EXISTS (SELECT FROM queue_app_workflowstep s
+                      WHERE s.workflow_id = %(workflow_id)s AND s.attempt = %(attempt)s AND s.name = v.name)
+), spec AS (
+    SELECT %(spec)s::jsonb AS spec, w.default_max_attempts FROM {WORKFLOW} w WHERE w.id = %(workflow_id)s
+), new AS (
+    INSERT INTO queue_app_workflowstep (id, workflow_id, attempt, name, "group", kind, target, args, spec,
+                                        on_failure, compensate, parent_id, kept, state, pending, item_id, error,
+                                        created_at, ready_at)
+    SELECT v.id, %(workflow_id)s, %(attempt)s, v.name, %(group)s, 'task', %(task)s, v.payload,
+           jsonb_set(spec.spec, '{{payload}}', v.payload), %(on_failure)s, %(compensate)s::jsonb, %(parent_id)s,
+           false, 'queued', 0, v.item_id, '', now(), now()
+    FROM v, spec
+), items AS (
+    {_at(4, _FAN_OUT_ITEMS)}
+), edges AS (
+    INSERT INTO queue_app_stepdependency (upstream_id, downstream_id)
+    SELECT v.id, d.downstream_id FROM v, queue_app_stepdependency d WHERE d.upstream_id = %(parent_id)s
+    RETURNING downstream_id
+), bumped AS (
+    UPDATE queue_app_workflowstep s SET pending = s.pending + c.n
+    FROM (SELECT downstream_id, count(*) AS n FROM edges GROUP BY downstream_id) c
+    WHERE s.id = c.downstream_id
+), counted AS (
+    UPDATE queue_app_workflow SET steps_open = steps_open + (SELECT count(*) FROM v),
+        steps_total = steps_total + (SELECT count(*) FROM v)
+    WHERE id = %(workflow_id)s
+)
+SELECT coalesce(array_agg(id ORDER BY id), '{{}}'),
+       (SELECT count(pg_notify(%(channel)s, spec.spec->>'queue')) FROM spec WHERE EXISTS (SELECT FROM v))
+FROM v
+"""
