@@ -3,7 +3,7 @@ subscribes to its type, written in the caller's transaction, so nothing is sent 
 
 Events raised inside the engine's SQL (a dead letter, a lost worker, an item done or failed) take one more hop:
 a trigger queues a `queue_app.webhook_publish` item only when an endpoint subscribes to the type (see
-migration 0011 and triggers.py), and that item's transactional handler calls publish_event.
+migration 0013_webhooks and triggers.py), and that item's transactional handler calls publish_event.
 """
 
 import json
