@@ -77,6 +77,18 @@ def test_a_cancelled_item_is_requeued_from_history(admin_client, archived):
     assert (entry.content_type.model, entry.object_id) == ("queueitem", str(archived["cancelled"]))
 
 
+def test_the_item_list_says_where_the_finished_items_went(admin_client, archived):
+    """The archiver moves finished items out of the item list: it names Item history with their count, for the
+    list's queue and finished state; a list of unfinished states has no such note."""
+    html = admin_client.get(url("queueitem")).content.decode()
+    assert f'<a href="{url("itemhistory")}"><strong>3</strong> in Item history</a>' in html
+    html = admin_client.get(url("queueitem"), {"queue__name__exact": "mail", "state__exact": "done"}).content.decode()
+    assert f'<a href="{url("itemhistory")}?queue=mail&amp;state=done"><strong>1</strong> in Item history</a>' in html
+    assert listed(admin_client.get(url("itemhistory"), {"queue": "mail", "state": "done"})) == {archived["done"]}
+    html = admin_client.get(url("queueitem"), {"state__exact": "ready"}).content.decode()
+    assert "in Item history" not in html
+
+
 def test_dead_letters_keep_their_items_in_the_hot_table(admin_client, archived):
     letter = letter_of(archived["dead"])
     assert admin_client.get(url("deadletter")).status_code == 200

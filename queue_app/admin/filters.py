@@ -7,10 +7,34 @@ from datetime import timedelta
 from django.contrib import admin
 from django.db import connection
 from django.db.models import QuerySet
+from django.db.models.functions import Now
 from django.utils import timezone
 
-from ..models import HISTORY_STATES_SQL, IdMark, QueueItem
+from ..models import HISTORY_STATES_SQL, IdMark, ItemState, QueueItem
+from ..monitoring import SCHEDULED, SHOWN_STATES
 from ..registry import registered_tasks
+
+# -- states ---------------------------------------------------------------------------------------------------
+
+
+class StateFilter(admin.SimpleListFilter):
+    """The items' states in queue_stats' vocabulary (monitoring.SHOWN_STATES): "ready" is due now, "scheduled"
+    ready but due later (a delay or a retry's backoff). Same parameter as a field filter, so links keep working."""
+
+    title = "state"
+    parameter_name = "state__exact"
+
+    def lookups(self, request, model_admin):
+        return [(state, state) for state in SHOWN_STATES]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value == ItemState.READY:
+            return queryset.filter(state=ItemState.READY, visible_at__lte=Now())
+        if value == SCHEDULED:
+            return queryset.filter(state=ItemState.READY, visible_at__gt=Now())
+        return queryset.filter(state=value) if value in SHOWN_STATES else queryset
+
 
 # -- time windows ---------------------------------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ class ItemHistoryAdmin(ItemFields, ReadOnlyAdmin):
         "id",
         "queue_id",
         "task",
-        "state",
+        "state_shown",
         "attempts_of",
         "created_at",
         "finished_at",

@@ -2,20 +2,25 @@
 read-only detail page (payload pretty-printed, attempt timeline, dead-letter reason). Requeue, retry now and
 cancel run through services.py."""
 
+from urllib.parse import urlencode
+
 from django.contrib import admin
 from django.db.models import QuerySet, TextField
 from django.db.models.functions import Cast, Left, Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from .. import services
-from ..models import ItemHistory, ItemState, QueueItem
+from ..conf import queue_settings
+from ..models import HISTORY_STATES, ItemHistory, ItemState, QueueItem
+from ..monitoring import history_count, shown_state
 from .actions import Operation, ReadOnlyAdmin
 from .display import HEAD_CHARS, preformatted, pretty_json, shorten
-from .filters import TaskFilter, exact_search, recent
+from .filters import StateFilter, TaskFilter, exact_search, recent
 
 TIMELINE_ATTEMPTS = 100  # the detail page shows this many most recent attempts
 
@@ -81,6 +86,10 @@ class ItemFields:
     def get_search_results(self, request, queryset, search_term):
         return exact_search(queryset, search_term, ids=("id",), keys=("dedup_key", "ordering_key", "group_key")), False
 
+    @admin.display(description="state", ordering="state")
+    def state_shown(self, obj: QueueItem) -> str:
+        return shown_state(obj.state, getattr(obj, "visible_at", None), timezone.now())
+
     @admin.display(description="attempts")
     def attempts_of(self, obj: QueueItem) -> str:
         return f"{obj.attempts}/{obj.max_attempts}"
@@ -110,6 +119,21 @@ class ItemFields:
         return preformatted(obj.error)
 
 
+def history_note(request: HttpRequest) -> dict | None:
+    """Where the finished items of the list's queue (and finished state) are once the archiver moved them: a link
+    to Item history with their count (an estimate past a thousand). None for a list of unfinished states."""
+    queue = request.GET.get("queue__name__exact", "")
+    state = request.GET.get("state__exact", "")
+    if state and state not in HISTORY_STATES:
+        return None
+    params = {key: value for key, value in (("queue", queue), ("state", state)) if value}
+    return {
+        "count": history_count(queue or None, state or None),
+        "after": f"{queue_settings.ARCHIVE_AFTER:g}",
+        "url": f"{reverse('admin:queue_app_itemhistory_changelist')}?{urlencode(params)}".rstrip("?"),
+    }
+
+
 class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
     operations = (REQUEUE, RETRY_NOW, CANCEL)
     actions = [op.as_action() for op in operations]
@@ -117,7 +141,7 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
         "id",
         "queue",
         "task",
-        "state",
+        "state_shown",
         "attempts_of",
         "run_at",
         "created",
@@ -126,7 +150,7 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
         "error_short",
     )
     list_select_related = ("queue",)
-    list_filter = ("queue", "state", TaskFilter, recent("created_at", "created", "created", mark="item_id"))
+    list_filter = ("queue", StateFilter, TaskFilter, recent("created_at", "created", "created", mark="item_id"))
     sortable_by = ("id", "created")
     fieldsets = (
         (
@@ -136,7 +160,7 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
                     "id",
                     "queue",
                     "task",
-                    "state",
+                    "state_shown",
                     "priority",
                     "attempts_of",
                     "dedup_key",
@@ -150,7 +174,18 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
         ("Outcome", {"fields": ("dead_letter", "error_full", "result_pretty")}),
         ("Attempts", {"fields": ("timeline",)}),
     )
-    readonly_fields = ("attempts_of", "payload_pretty", "dead_letter", "error_full", "result_pretty", "timeline")
+    readonly_fields = (
+        "state_shown",
+        "attempts_of",
+        "payload_pretty",
+        "dead_letter",
+        "error_full",
+        "result_pretty",
+        "timeline",
+    )
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+        return super().changelist_view(request, {**(extra_context or {}), "history_note": history_note(request)})
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None) -> HttpResponse:
         # An item archived since the link was made (a dead letter's, a Spark run's, a workflow step's) is shown
