@@ -32,6 +32,19 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOT = Path(os.environ.get("OVERVIEW_SCREENSHOT", "/tmp/overview.png"))
 TIMEOUT_MS = 20_000
+# Pairs of a plotly chart's labels (legend, tick labels) whose boxes intersect.
+OVERLAPS = """chart => {
+  const box = e => e.getBoundingClientRect();
+  const hit = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  const root = document.querySelector(chart);
+  const legend = root.querySelector('.legend');
+  const ticks = [...root.querySelectorAll('.xtick text, .ytick text')].filter(t => t.textContent);
+  const found = ticks.filter(t => hit(box(legend), box(t))).map(t => 'legend/' + t.textContent);
+  const [x0] = [...root.querySelectorAll('.xtick text')].filter(t => t.textContent);
+  const [y0] = [...root.querySelectorAll('.ytick text')].filter(t => t.textContent);
+  if (x0 && y0 && hit(box(x0), box(y0))) found.push(x0.textContent + '/' + y0.textContent);
+  return found;
+}"""
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -78,6 +91,9 @@ def test_requeue_a_dead_letter_and_watch_a_worker_complete_it(live_server, admin
     page.wait_for_url(f"{base}/admin/")
     overview = page.locator("#queue-overview")
     assert overview.is_visible()
+    page.wait_for_selector("#chart-throughput .legend")
+    overlaps = page.evaluate(OVERLAPS, "#chart-throughput")
+    assert overlaps == [], overlaps  # the legend covers no tick label; the first x and y labels do not touch
     assert overview.locator('tr[data-queue="browser"] td.depth-dead').inner_text() == "1"
     assert overview.locator('tr[data-queue="browser"] td.depth-ready').inner_text() == "12"
 
@@ -93,7 +109,7 @@ def test_requeue_a_dead_letter_and_watch_a_worker_complete_it(live_server, admin
     page.click("button[name=index]")
     assert page.locator(".messagelist .success").inner_text() == "Requeued the items of 1 dead letter."
     page.goto(f"{base}/admin/queue_app/queueitem/{item_id}/change/")
-    assert page.locator(".field-state .readonly").inner_text() == "Ready"
+    assert page.locator(".field-state_shown .readonly").inner_text() == "ready"
 
     worker = spawn("run_worker", "--burst", "--queues", "browser", "--concurrency", "2")
     try:
@@ -105,7 +121,7 @@ def test_requeue_a_dead_letter_and_watch_a_worker_complete_it(live_server, admin
     assert worker.returncode == 0, output
 
     page.reload()
-    assert page.locator(".field-state .readonly").inner_text() == "Done"
+    assert page.locator(".field-state_shown .readonly").inner_text() == "done"
     assert "queue_app.echo" in page.locator(".field-task .readonly").inner_text()
     timeline = page.locator("table.queue-timeline tbody tr")
     assert timeline.count() == 2  # the poisoned attempt, then the worker's

@@ -92,6 +92,9 @@ def test_the_overview_draws_a_throughput_chart(admin_client, activity):
     assert (list(completed["y"])[-1], list(failed["y"])[-1]) == (2, 2)  # this minute: 2 completed, 2 failed
     assert response.context["chart"]["layout"]["yaxis"]["title"]["text"] == "attempts per minute"
     assert completed["customdata"][0][0] == f"{url('queueitem')}?state__exact=done"
+    layout = response.context["chart"]["layout"]
+    assert layout["legend"]["x"] > 1  # beside the plot, not over the time axis' labels
+    assert layout["xaxis"]["range"][0] < min(completed["x"])  # room left of the first bar for its tick label
     assert 'id="figure-throughput"' in html and url("queue", "plotly_js") in html
     assert admin_client.get(url("queue", "plotly_js"))["Content-Type"] == "text/javascript"
 

@@ -94,6 +94,36 @@ def test_item_detail_shows_the_attempt_timeline_with_traceback(admin_client):
     assert "Traceback (most recent call last):\nKeyError: boom" in html
 
 
+def test_item_pages_show_times_to_the_second(admin_client):
+    """A retry's backoff is seconds long: the detail page and its attempt timeline show seconds."""
+    item_id = failed()
+    item = QueueItem.objects.get(id=item_id)
+    reservation = Reservation.objects.get(item_id=item_id)
+    stamp = "%Y-%m-%d %H:%M:%S UTC"
+
+    html = admin_client.get(url("queueitem", "change", item_id)).content.decode()
+
+    assert f'<div class="readonly">{item.run_at.strftime(stamp)}</div>' in html
+    assert f'<div class="readonly">{item.created_at.strftime(stamp)}</div>' in html
+    assert f"<td>{reservation.reserved_at.strftime(stamp)}</td>" in html
+    assert f"<td>{reservation.finished_at.strftime(stamp)}</td>" in html
+
+
+def test_webhook_attempts_are_named_by_their_delivery_not_as_a_fraction(admin_client):
+    from queue_app.webhooks import services as webhooks
+    from queue_app.webhooks.models import WebhookAttempt
+
+    endpoint = webhooks.create_endpoint("https://example.com/hook", ["test"]).endpoint
+    (delivery,) = webhooks.send_test_event([endpoint.pk])
+    for attempt, code in ((1, 503), (2, 200)):
+        WebhookAttempt.objects.create(delivery=delivery, attempt=attempt, status_code=code)
+
+    html = admin_client.get(url("webhookdelivery", "change", delivery.pk)).content.decode()
+
+    assert f"delivery {delivery.pk}, attempt 2: 200" in html
+    assert f"attempt 2 of {delivery.pk}" not in html
+
+
 def test_item_detail_shows_the_dead_letter_reason(admin_client):
     item_id = dead(reason="poison: payload is not JSON")
 

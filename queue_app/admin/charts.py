@@ -52,7 +52,9 @@ def _layout(title: str, y_title: str, *, time_axis: bool = True, **extra: Any) -
         "height": extra.pop("height", 360),
         "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
         "hovermode": "closest",
-        "legend": {"orientation": "h", "y": -0.35},
+        # Beside the plot, top right (plotly widens the right margin for it): below it, a legend lay over the
+        # first tick labels of the time axis and the range slider.
+        "legend": {"x": 1.01, "xanchor": "left", "y": 1, "yanchor": "top"},
         **extra,
     }
 
@@ -186,5 +188,7 @@ def throughput_figure(snap: Any, items_url: str) -> dict[str, Any]:
     ]
     layout = _layout("", "attempts per minute", time_axis=False, barmode="stack", height=220)
     layout["xaxis"]["rangeslider"] = {"visible": True, "thickness": 0.1}
+    # Room left of the first bar: a tick on the corner put its time over the y axis' "0".
+    layout["xaxis"]["range"] = [start - timedelta(seconds=45), start + timedelta(minutes=minutes)]
     layout["margin"] = {"l": 60, "r": 20, "t": 10, "b": 30}
     return _figure(traces, layout)

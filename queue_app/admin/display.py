@@ -2,13 +2,17 @@
 it whole and JSON pretty-printed. Everything goes through format_html, so a payload's markup is shown, not run."""
 
 import json
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
 from django.urls import reverse
+from django.utils.dateformat import format as format_date
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
+from django.utils.timezone import localtime
 
 LIST_TEXT_CHARS = 80  # payloads, errors and tracebacks are cut to this in lists; shown whole on detail
 HEAD_CHARS = 200  # what the database sends for a list cell (LEFT(...)), so a 1 MB payload never travels
@@ -16,6 +20,24 @@ HEAD_CHARS = 200  # what the database sends for a list cell (LEFT(...)), so a 1 
 
 def shorten(text: str | None, chars: int = LIST_TEXT_CHARS) -> str:
     return Truncator(" ".join((text or "").split())).chars(chars)
+
+
+# To the second: a retry's backoff, a lease and a heartbeat are seconds apart (Django's default hides them).
+SECONDS_FORMAT = "Y-m-d H:i:s T"
+
+
+def to_the_second(value: datetime | None) -> str:
+    return "-" if value is None else format_date(localtime(value), SECONDS_FORMAT)
+
+
+def seconds_field(field: str, description: str) -> Callable[[Any, Any], str]:
+    """A detail page's read-only field showing the time `field` to the second (name it `<field>_s`)."""
+
+    @admin.display(description=description)
+    def shown(self: Any, obj: Any) -> str:
+        return to_the_second(getattr(obj, field))
+
+    return shown
 
 
 def pretty_json(value: Any) -> SafeString:

@@ -65,7 +65,7 @@ class ItemHistoryAdmin(ItemFields, ReadOnlyAdmin):
                     "id",
                     "queue_id",
                     "task",
-                    "state",
+                    "state_shown",
                     "priority",
                     "attempts_of",
                     "dedup_key",
@@ -74,12 +74,23 @@ class ItemHistoryAdmin(ItemFields, ReadOnlyAdmin):
                 )
             },
         ),
-        ("Timing", {"fields": ("run_at", "created_at", "updated_at", "finished_at", "lease_timeout")}),
+        ("Timing", {"fields": ("run_at_s", "created_at_s", "updated_at_s", "finished_at_s", "lease_timeout")}),
         ("Payload", {"fields": ("payload_pretty",)}),
         ("Outcome", {"fields": ("error_full", "result_pretty")}),
         ("Attempts", {"fields": ("timeline",)}),
     )
-    readonly_fields = ("attempts_of", "payload_pretty", "error_full", "result_pretty", "timeline")
+    readonly_fields = (
+        "state_shown",
+        "run_at_s",
+        "created_at_s",
+        "updated_at_s",
+        "finished_at_s",
+        "attempts_of",
+        "payload_pretty",
+        "error_full",
+        "result_pretty",
+        "timeline",
+    )
 
     def logged_rows(self, pks: set) -> QuerySet:
         # A requeued item has moved back into the hot table: its log entry names it there.

@@ -19,7 +19,7 @@ from ..conf import queue_settings
 from ..models import HISTORY_STATES, ItemHistory, ItemState, QueueItem
 from ..monitoring import history_count, shown_state
 from .actions import Operation, ReadOnlyAdmin
-from .display import HEAD_CHARS, preformatted, pretty_json, shorten
+from .display import HEAD_CHARS, preformatted, pretty_json, seconds_field, shorten
 from .filters import StateFilter, TaskFilter, exact_search, recent
 
 TIMELINE_ATTEMPTS = 100  # the detail page shows this many most recent attempts
@@ -71,6 +71,13 @@ class ItemFields:
 
     search_fields = ("=id", "=dedup_key", "=ordering_key", "=group_key")  # see get_search_results: exact only
     search_help_text = "Exact item id (123 or #123), dedup key, ordering key or group key."
+
+    # The detail page's times, to the second (a retry's backoff hides in minutes).
+    run_at_s = seconds_field("run_at", "run at")
+    visible_at_s = seconds_field("visible_at", "visible at (due, or lease until)")
+    created_at_s = seconds_field("created_at", "created at")
+    updated_at_s = seconds_field("updated_at", "updated at")
+    finished_at_s = seconds_field("finished_at", "finished at")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return (
@@ -169,13 +176,21 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
                 )
             },
         ),
-        ("Timing", {"fields": ("run_at", "visible_at", "created_at", "updated_at", "finished_at", "lease_timeout")}),
+        (
+            "Timing",
+            {"fields": ("run_at_s", "visible_at_s", "created_at_s", "updated_at_s", "finished_at_s", "lease_timeout")},
+        ),
         ("Payload", {"fields": ("payload_pretty",)}),
         ("Outcome", {"fields": ("dead_letter", "error_full", "result_pretty")}),
         ("Attempts", {"fields": ("timeline",)}),
     )
     readonly_fields = (
         "state_shown",
+        "run_at_s",
+        "visible_at_s",
+        "created_at_s",
+        "updated_at_s",
+        "finished_at_s",
         "attempts_of",
         "payload_pretty",
         "dead_letter",
