@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 from django.utils import timezone
 
 from queue_app.admin.paginator import EstimatedCountPaginator
@@ -401,3 +402,26 @@ def test_filtered_list_count_stops_at_the_cap(admin_client, monkeypatch):
     assert response.context["cl"].paginator.capped
     assert "3+" in response.content.decode()
     assert len(ids_listed(response)) == 5
+
+
+def test_spark_charts_say_what_the_last_analytics_run_covered_when_it_found_nothing(admin_client):
+    """A queue_analytics run that read an empty range leaves no statistics: the page says it ran, over which
+    range, and that it found no attempts (not "trigger a run")."""
+    from queue_app.models import SparkRun
+
+    charts = reverse("admin:queue_app_sparkrun_charts")
+    assert "no <code>queue_analytics</code> run has finished" in admin_client.get(charts).content.decode()
+    run = SparkRun.objects.create(
+        job="queue_analytics",
+        state="succeeded",
+        params={"since": "2026-11-26"},
+        metrics={"since": "2026-11-26T00:00:00+00:00", "until": "2026-11-27T00:00:00+00:00", "attempts": 0},
+        started_at=timezone.now(),
+        finished_at=timezone.now(),
+    )
+
+    html = " ".join(admin_client.get(charts).content.decode().split())
+
+    assert f"queue_analytics run #{run.id}</a> succeeded" in html
+    assert "it covered 2026-11-26 00:00 – 2026-11-27 00:00 UTC and found no attempts there" in html
+    assert "no <code>queue_analytics</code> run has finished" not in html

@@ -74,7 +74,6 @@ def overview_context(request: HttpRequest) -> dict[str, Any]:
         "rows": rows,
         "states": SHOWN_STATES,
         "chart": throughput_figure(snap, reverse("admin:queue_app_queueitem_changelist")),
-        "plotly_js_url": reverse("admin:queue_app_queue_plotly_js"),
         "refresh_url": reverse("admin:queue_app_queue_overview"),
         "refresh_seconds": REFRESH_SECONDS,
         "workers_url": reverse("admin:queue_app_worker_changelist"),
