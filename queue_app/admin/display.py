@@ -30,6 +30,40 @@ def to_the_second(value: datetime | None) -> str:
     return "-" if value is None else format_date(localtime(value), SECONDS_FORMAT)
 
 
+def cut(text: str | None, width: str = "") -> SafeString | str:
+    """A list cell's long value on one line, cut by CSS at its column's width (change_list.html: `width` "" or
+    "narrow" or "wide"), the whole of it in its title, shown on hover."""
+    text = " ".join((text or "").split())
+    if not text:
+        return "-"
+    return format_html('<span class="cut{}" title="{}">{}</span>', f" cut-{width}" if width else "", text, text)
+
+
+def task_in_queue(task: str, queue: str) -> SafeString:
+    """The task over its queue in one list column (two narrow lines where two columns took a laptop's width)."""
+    return format_html('{}<br><span class="cut cut-quiet" title="queue {}">{}</span>', cut(task), queue, queue)
+
+
+def list_time(value: datetime | None) -> SafeString | str:
+    """A list cell's time: month, day and time to the second; the year and zone in its title."""
+    if value is None:
+        return "-"
+    local = localtime(value)
+    return format_html(
+        '<time title="{}">{}</time>', format_date(local, SECONDS_FORMAT), format_date(local, "m-d H:i:s")
+    )
+
+
+def time_column(field: str, description: str, ordering: str | None = None) -> Callable[[Any, Any], Any]:
+    """A list column of the time `field` (list_time)."""
+
+    @admin.display(description=description, ordering=ordering)
+    def shown(self: Any, obj: Any) -> SafeString | str:
+        return list_time(getattr(obj, field))
+
+    return shown
+
+
 def seconds_field(field: str, description: str) -> Callable[[Any, Any], str]:
     """A detail page's read-only field showing the time `field` to the second (name it `<field>_s`)."""
 
@@ -52,8 +86,12 @@ class ItemColumns:
     """Columns of rows that belong to an item (dead letters, reservations): the item as a link, its queue and
     task (their lists select the item along), and the row's own error, cut short."""
 
+    @admin.display(description="task (queue)")
+    def task_queue(self, obj: Any) -> SafeString:
+        return task_in_queue(obj.item.task, obj.item.queue_id)
+
     @admin.display(description="item", ordering="item_id")
-    def item(self, obj: Any) -> SafeString:
+    def item_link(self, obj: Any) -> SafeString:
         url = reverse("admin:queue_app_queueitem_change", args=[obj.item_id])
         return format_html('<a href="{}">#{}</a>', url, obj.item_id)
 
@@ -66,5 +104,5 @@ class ItemColumns:
         return obj.item.task
 
     @admin.display(description="error")
-    def error_short(self, obj: Any) -> str:
-        return shorten(obj.error_head) or "-"
+    def error_short(self, obj: Any) -> SafeString | str:
+        return cut(shorten(obj.error_head, HEAD_CHARS), "narrow")

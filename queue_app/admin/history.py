@@ -15,7 +15,7 @@ from django.utils.safestring import SafeString
 from ..models import ItemHistory, QueueItem, ReservationHistory
 from . import items
 from .actions import ReadOnlyAdmin
-from .display import HEAD_CHARS, shorten
+from .display import HEAD_CHARS, ItemColumns, time_column
 from .filters import BIGINT_MAX, TaskFilter, recent
 from .items import ItemFields, attempt_timeline
 from .reservations import AttemptText, ReservationAdmin
@@ -41,19 +41,20 @@ REQUEUE = replace(items.REQUEUE, bulk_button=False)
 
 
 class ItemHistoryAdmin(ItemFields, ReadOnlyAdmin):
+    created_at_short = time_column("created_at", "created at")
+    finished_at_short = time_column("finished_at", "finished at")
     operations = (REQUEUE,)
     actions = [op.as_action() for op in operations]
     list_display = (
         "id",
-        "queue_id",
-        "task",
         "state_shown",
         "attempts_of",
-        "created_at",
-        "finished_at",
-        "keys",
-        "payload_short",
+        "task_queue",
+        "created_at_short",
+        "finished_at_short",
         "error_short",
+        "payload_short",
+        "keys",
     )
     list_filter = (QueueFilter, "state", TaskFilter, recent("finished_at", "finished", "finished"))
     sortable_by = ("id",)
@@ -102,6 +103,7 @@ class ItemHistoryAdmin(ItemFields, ReadOnlyAdmin):
 
 
 class ReservationHistoryAdmin(AttemptText, ReadOnlyAdmin):
+    error_short = ItemColumns.error_short
     list_display = ("id", "item", "attempt", "worker_id", "reserved_at", "finished_at", "outcome", "error_short")
     list_filter = ("outcome", recent("reserved_at", "reserved", "reserved"))
     sortable_by = ("id",)
@@ -128,7 +130,3 @@ class ReservationHistoryAdmin(AttemptText, ReadOnlyAdmin):
     def item(self, obj: ReservationHistory) -> SafeString:
         url = reverse("admin:queue_app_itemhistory_change", args=[obj.item_id])
         return format_html('<a href="{}">#{}</a>', url, obj.item_id)
-
-    @admin.display(description="error")
-    def error_short(self, obj: ReservationHistory) -> str:
-        return shorten(obj.error_head) or "-"

@@ -19,7 +19,17 @@ from ..conf import queue_settings
 from ..models import HISTORY_STATES, ItemHistory, ItemState, QueueItem
 from ..monitoring import history_count, shown_state
 from .actions import Operation, ReadOnlyAdmin
-from .display import HEAD_CHARS, preformatted, pretty_json, seconds_field, shorten
+from .display import (
+    HEAD_CHARS,
+    cut,
+    list_time,
+    preformatted,
+    pretty_json,
+    seconds_field,
+    shorten,
+    task_in_queue,
+    time_column,
+)
 from .filters import StateFilter, TaskFilter, exact_search, recent
 
 TIMELINE_ATTEMPTS = 100  # the detail page shows this many most recent attempts
@@ -101,17 +111,23 @@ class ItemFields:
     def attempts_of(self, obj: QueueItem) -> str:
         return f"{obj.attempts}/{obj.max_attempts}"
 
+    @admin.display(description="task (queue)")
+    def task_queue(self, obj: QueueItem) -> SafeString:
+        return task_in_queue(obj.task, obj.queue_id)
+
     @admin.display(description="dedup / ordering / group key")
-    def keys(self, obj: QueueItem) -> str:
-        return " / ".join(shorten(k, 40) for k in (obj.dedup_key, obj.ordering_key, obj.group_key) if k) or "-"
+    def keys(self, obj: QueueItem) -> SafeString | str:
+        return cut(" / ".join(k for k in (obj.dedup_key, obj.ordering_key, obj.group_key) if k), "narrow")
 
     @admin.display(description="payload")
-    def payload_short(self, obj: QueueItem) -> str:
-        return shorten(obj.payload_head)
+    def payload_short(self, obj: QueueItem) -> SafeString | str:
+        return cut(shorten(obj.payload_head, HEAD_CHARS), "narrow")
 
     @admin.display(description="error")
-    def error_short(self, obj: QueueItem) -> str:
-        return shorten(obj.error_head) or "-"
+    def error_short(self, obj: QueueItem) -> SafeString | str:
+        return cut(shorten(obj.error_head, HEAD_CHARS), "narrow")
+
+    run_at_short = time_column("run_at", "run at")
 
     @admin.display(description="payload")
     def payload_pretty(self, obj: QueueItem) -> SafeString:
@@ -144,19 +160,18 @@ def history_note(request: HttpRequest) -> dict | None:
 class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
     operations = (REQUEUE, RETRY_NOW, CANCEL)
     actions = [op.as_action() for op in operations]
+    # What matters first (state, attempts) stays on screen at 1,440 px; long values are cut, whole on hover.
     list_display = (
         "id",
-        "queue",
-        "task",
         "state_shown",
         "attempts_of",
-        "run_at",
+        "task_queue",
+        "run_at_short",
         "created",
-        "keys",
-        "payload_short",
         "error_short",
+        "payload_short",
+        "keys",
     )
-    list_select_related = ("queue",)
     list_filter = ("queue", StateFilter, TaskFilter, recent("created_at", "created", "created", mark="item_id"))
     sortable_by = ("id", "created")
     fieldsets = (
@@ -219,8 +234,8 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
     # Sorted by id: ids are handed out in creation order, and an index on created_at would cost every enqueue one
     # more entry (the list's "created" time filter walks the primary key from the newest item down).
     @admin.display(description="created at", ordering="id")
-    def created(self, obj: QueueItem):
-        return obj.created_at
+    def created(self, obj: QueueItem) -> SafeString | str:
+        return list_time(obj.created_at)
 
     @admin.display(description="dead letter")
     def dead_letter(self, obj: QueueItem) -> SafeString | str:

@@ -27,7 +27,7 @@ class AttemptText:
 class ReservationAdmin(AttemptText, ItemColumns, ReadOnlyAdmin):
     list_display = (
         "id",
-        "item",
+        "item_link",
         "task",
         "attempt",
         "worker_id",

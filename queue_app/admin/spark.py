@@ -34,7 +34,7 @@ from ..spark.registry import SparkParamError, UnknownSparkJob
 from ..spark.runs import cancel_run, rerun, trigger_run, waiting_for
 from . import charts
 from .actions import Operation, ReadOnlyAdmin
-from .display import shorten
+from .display import cut, shorten, time_column
 from .overview import age
 
 PERMISSIONS = {"trigger": "queue_app.trigger_sparkrun", "cancel": "queue_app.cancel_sparkrun"}
@@ -188,10 +188,10 @@ class SparkRunAdmin(ReadOnlyAdmin):
         "progress_bar",
         "duration",
         "trigger",
-        "requested_by",
+        "requested",
         "params_short",
         "attempt",
-        "queued_at",
+        "queued",
     )
     list_display_links = ("id", "job")
     list_filter = (JobFilter, "state", "trigger")
@@ -230,8 +230,14 @@ class SparkRunAdmin(ReadOnlyAdmin):
         return format_html('<span class="spark-duration" data-run="{}">{}</span>', run.id, age(duration_of(run)))
 
     @admin.display(description="params")
-    def params_short(self, run: SparkRun) -> str:
-        return shorten(", ".join(f"{k}={v}" for k, v in (run.params or {}).items())) or "-"
+    def params_short(self, run: SparkRun) -> SafeString | str:
+        return cut(", ".join(f"{k}={v}" for k, v in (run.params or {}).items()))
+
+    @admin.display(description="requested by", ordering="requested_by")
+    def requested(self, run: SparkRun) -> SafeString | str:
+        return cut(run.requested_by, "narrow")
+
+    queued = time_column("queued_at", "queued at", ordering="queued_at")
 
     # -- URLs and views ---------------------------------------------------------------------------------------
 
