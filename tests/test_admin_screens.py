@@ -238,6 +238,8 @@ def test_items_read_their_state_in_queue_stats_vocabulary(admin_client, items):
     assert '<td class="field-state_shown">ready</td>' in html
     page = admin_client.get(url("queueitem", "change", items["retrying"])).content.decode()
     assert '<div class="readonly">scheduled</div>' in page
+    title = f"#{items['retrying']} t.retry (scheduled)"
+    assert f"<h2>{title}</h2>" in page and f'<li aria-current="page">{title}</li>' in page  # not "(ready)"
 
 
 def test_items_filter_by_task_lists_registered_tasks_and_those_of_finished_items(admin_client, items):

@@ -229,6 +229,14 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
             return HttpResponseRedirect(
                 reverse(f"{self.admin_site.name}:queue_app_itemhistory_change", args=[object_id])
             )
+        item = (
+            QueueItem.objects.filter(pk=object_id).only("id", "task", "state", "visible_at").first()
+            if object_id and object_id.isdigit()
+            else None
+        )
+        if item is not None:  # the page's title and breadcrumb say the state as its State field does
+            title = f"#{item.id} {item.task} ({shown_state(item.state, item.visible_at, timezone.now())})"
+            extra_context = {**(extra_context or {}), "subtitle": title, "shown_title": title}
         return super().changeform_view(request, object_id, form_url, extra_context)
 
     # Sorted by id: ids are handed out in creation order, and an index on created_at would cost every enqueue one
