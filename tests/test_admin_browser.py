@@ -72,6 +72,15 @@ def browser_page():
         playwright.stop()
 
 
+def log_in(page, base: str, user, then: str) -> None:
+    """Log `user` in on the admin's login page and land on the admin path `then`."""
+    page.goto(f"{base}/admin/login/?next={then}")
+    page.fill("#id_username", user.username)
+    page.fill("#id_password", "password")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"**{then}")
+
+
 def test_requeue_a_dead_letter_and_watch_a_worker_complete_it(live_server, admin_user, browser_page, spawn):
     # A queue worth looking at: recent completions and failures elsewhere, work waiting in "browser", and two
     # dead letters, one in "browser" (poison at first, a real task that succeeds once requeued).
@@ -227,11 +236,7 @@ def test_every_list_shows_what_matters_in_a_laptop_window(live_server, admin_use
     page = browser_page()
     page.set_viewport_size({"width": 1440, "height": 900})
     base = live_server.url
-    page.goto(f"{base}/admin/login/?next=/admin/queue_app/queueitem/")
-    page.fill("#id_username", admin_user.username)
-    page.fill("#id_password", "password")
-    page.click("input[type=submit]")
-    page.wait_for_url("**/admin/queue_app/queueitem/")
+    log_in(page, base, admin_user, "/admin/queue_app/queueitem/")
     misfits = {}
     for model, columns in LISTS.items():
         page.goto(f"{base}/admin/queue_app/{model}/")

@@ -5,7 +5,7 @@ says why at the top. No JVM: the run is a row."""
 import pytest
 
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
-from tests.test_admin_browser import browser_page  # noqa: F401 (fixture)
+from tests.test_admin_browser import browser_page, log_in  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 STYLE = """() => { const e = document.querySelector('.breadcrumbs'); const s = getComputedStyle(e);
@@ -30,11 +30,7 @@ def test_spark_pages_have_the_stock_admin_breadcrumbs_and_a_failure_at_the_top(l
     )
     page = browser_page()
     base = live_server.url
-    page.goto(f"{base}/admin/login/?next=/admin/queue_app/queueitem/")
-    page.fill("#id_username", admin_user.username)
-    page.fill("#id_password", "password")
-    page.click("input[type=submit]")
-    page.wait_for_url("**/admin/queue_app/queueitem/")
+    log_in(page, base, admin_user, "/admin/queue_app/queueitem/")
     stock = page.evaluate(STYLE)
     assert stock["tag"] == "OL"
     for path, last in (("trigger/", "Trigger"), ("charts/", "Charts"), (f"{run.id}/change/", f"#{run.id}")):
@@ -68,10 +64,7 @@ def test_the_charts_have_units_hover_values_a_time_range_and_click_through_to_a_
     )
     page = browser_page()
     base = live_server.url
-    page.goto(f"{base}/admin/login/?next=/admin/queue_app/sparkrun/charts/")
-    page.fill("#id_username", admin_user.username)
-    page.fill("#id_password", "password")
-    page.click("input[type=submit]")
+    log_in(page, base, admin_user, "/admin/queue_app/sparkrun/charts/")
     point = page.wait_for_selector("#chart-durations .cartesianlayer .scatterlayer .point")
     assert "duration (s)" in page.locator("#chart-durations .ytitle").text_content()
     assert "time (UTC)" in page.locator("#chart-durations .xtitle").text_content()
@@ -128,10 +121,7 @@ def test_the_charts_fit_their_box_at_laptop_and_desktop_widths(live_server, admi
     page = browser_page()
     page.set_viewport_size({"width": viewport[0], "height": viewport[1]})
     base = live_server.url
-    page.goto(f"{base}/admin/login/?next=/admin/queue_app/sparkrun/charts/")
-    page.fill("#id_username", admin_user.username)
-    page.fill("#id_password", "password")
-    page.click("input[type=submit]")
+    log_in(page, base, admin_user, "/admin/queue_app/sparkrun/charts/")
     page.wait_for_selector("#chart-durations .scatterlayer .point")
     page.wait_for_selector("#chart-outcomes .barlayer .point")
     with contextlib.suppress(PlaywrightTimeout):  # drawn to their boxes (redrawn after the sidebar opened, if
