@@ -89,6 +89,14 @@ def test_the_item_list_says_where_the_finished_items_went(admin_client, archived
     assert "in Item history" not in html
 
 
+def test_the_task_filters_name_the_tasks_of_archived_items(admin_client, archived):
+    """A finished item's task (registered or not) stays in the task filters once the archiver moved the item."""
+    for model in ("itemhistory", "queueitem"):
+        filters = admin_client.get(url(model)).context["cl"].filter_specs
+        (tasks,) = [spec for spec in filters if getattr(spec, "parameter_name", "") == "task"]
+        assert {"t.other", "t.cancelled", "t.done"} <= {name for name, _ in tasks.lookup_choices}, model
+
+
 def test_dead_letters_keep_their_items_in_the_hot_table(admin_client, archived):
     letter = letter_of(archived["dead"])
     assert admin_client.get(url("deadletter")).status_code == 200
