@@ -102,16 +102,20 @@ def planner_estimate(queryset: QuerySet) -> int:
     return _explain_rows(sql, params)
 
 
+def archived_count(rows: QuerySet, cap: int = OVERVIEW_EXACT_UP_TO) -> Count:
+    """Rows of a history table (what the archiver moved): exact up to `cap`, the planner's estimate beyond."""
+    n = capped_count(rows, cap + 1)
+    return Count(n) if n <= cap else Count(max(cap + 1, planner_estimate(rows)), exact=False)
+
+
 def history_count(queue: str | None = None, state: str | None = None, cap: int = OVERVIEW_EXACT_UP_TO) -> Count:
-    """Finished items the archiver moved to the history (of one queue, in one state): exact up to `cap`, the
-    planner's estimate beyond."""
+    """Finished items the archiver moved to the history (of one queue, in one state): archived_count."""
     rows = ItemHistory.objects.all()
     if queue:
         rows = rows.filter(queue_id=queue)
     if state:
         rows = rows.filter(state=state)
-    n = capped_count(rows, cap + 1)
-    return Count(n) if n <= cap else Count(max(cap + 1, planner_estimate(rows)), exact=False)
+    return archived_count(rows, cap)
 
 
 # -- the snapshot: what the overview shows and /metrics exports -----------------------------------------------

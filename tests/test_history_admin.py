@@ -87,6 +87,10 @@ def test_the_item_list_says_where_the_finished_items_went(admin_client, archived
     assert listed(admin_client.get(url("itemhistory"), {"queue": "mail", "state": "done"})) == {archived["done"]}
     html = admin_client.get(url("queueitem"), {"state__exact": "ready"}).content.decode()
     assert "in Item history" not in html
+    moved = ReservationHistory.objects.count()  # the archived items' attempts
+    html = admin_client.get(url("reservation")).content.decode()
+    link = f'<a href="{url("reservationhistory")}"><strong>{moved}</strong> in Reservation history</a>'
+    assert moved and link in html
 
 
 def test_the_task_filters_name_the_tasks_of_archived_items(admin_client, archived):

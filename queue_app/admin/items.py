@@ -151,6 +151,8 @@ def history_note(request: HttpRequest) -> dict | None:
         return None
     params = {key: value for key, value in (("queue", queue), ("state", state)) if value}
     return {
+        "what": "Finished items",
+        "where": "Item history",
         "count": history_count(queue or None, state or None),
         "after": f"{queue_settings.ARCHIVE_AFTER:g}",
         "url": f"{reverse('admin:queue_app_itemhistory_changelist')}?{urlencode(params)}".rstrip("?"),
