@@ -165,6 +165,8 @@ LISTS = {
     "worker": ("state", "alive", "heartbeat"),
     "queue": ("paused", "flow_control", "links"),
     "sparkrun": ("state_badge", "params_short", "queued"),
+    "reservation": ("outcome", "attempt", "finished"),
+    "reservationhistory": ("outcome", "attempt", "finished"),
 }
 # The page's and the list box's overflow, and the right edge of each head against the window and the list box.
 FIT = """columns => {

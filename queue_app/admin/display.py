@@ -106,3 +106,16 @@ class ItemColumns:
     @admin.display(description="error")
     def error_short(self, obj: Any) -> SafeString | str:
         return cut(shorten(obj.error_head, HEAD_CHARS), "narrow")
+
+
+class AttemptColumns:
+    """An attempt's list columns, hot or archived (reservations.ReservationAdmin, history.ReservationHistoryAdmin):
+    its worker cut short and its times to the second."""
+
+    @admin.display(description="worker", ordering="worker_id")
+    def worker(self, obj: Any) -> SafeString | str:
+        return cut(obj.worker_id, "narrow")
+
+    reserved = time_column("reserved_at", "reserved at")
+    lease_until = time_column("lease_expires_at", "lease until")
+    finished = time_column("finished_at", "finished at")

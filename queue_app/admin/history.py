@@ -15,7 +15,7 @@ from django.utils.safestring import SafeString
 from ..models import ItemHistory, QueueItem, ReservationHistory
 from . import items
 from .actions import ReadOnlyAdmin
-from .display import HEAD_CHARS, ItemColumns, time_column
+from .display import HEAD_CHARS, AttemptColumns, ItemColumns, time_column
 from .filters import BIGINT_MAX, TaskFilter, recent
 from .items import ItemFields, attempt_timeline
 from .reservations import AttemptText, ReservationAdmin
@@ -102,9 +102,9 @@ class ItemHistoryAdmin(ItemFields, ReadOnlyAdmin):
         return attempt_timeline(obj, ReservationHistory.objects.filter(item_id=obj.id))
 
 
-class ReservationHistoryAdmin(AttemptText, ReadOnlyAdmin):
+class ReservationHistoryAdmin(AttemptText, AttemptColumns, ReadOnlyAdmin):
     error_short = ItemColumns.error_short
-    list_display = ("id", "item", "attempt", "worker_id", "reserved_at", "finished_at", "outcome", "error_short")
+    list_display = ("id", "item", "outcome", "attempt", "worker", "reserved", "finished", "error_short")
     list_filter = ("outcome", recent("reserved_at", "reserved", "reserved"))
     sortable_by = ("id",)
     search_fields = ("=id", "=item_id")
