@@ -25,7 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .conf import queue_settings
 from .flow import HeldBack, limited_queues
-from .models import HISTORY_STATES, HISTORY_STATES_SQL, ItemState, Outcome, Worker, WorkerState
+from .models import HISTORY_STATES, HISTORY_STATES_SQL, ItemHistory, ItemState, Outcome, Worker, WorkerState
 
 EXACT_UP_TO = 10_000  # queue depths above this are the planner's estimate (/metrics)
 OVERVIEW_EXACT_UP_TO = 1_000  # the overview refreshes every few seconds: ~15 ms of counting at a million items
@@ -37,6 +37,19 @@ def worker_alive_within() -> timedelta:
 
 
 FAILED_OUTCOMES = (Outcome.RETRY, Outcome.DEAD, Outcome.TIMED_OUT)
+
+# -- one vocabulary for an item's state: the admin's lists, filters and overview, queue_stats, /metrics ---------
+
+# A ready item that is not due yet (a delay, or a retry's backoff) reads "scheduled"; "ready" means due now.
+SCHEDULED = "scheduled"
+SHOWN_STATES = (ItemState.READY.value, SCHEDULED, *(s.value for s in ItemState if s != ItemState.READY))
+
+
+def shown_state(state: str, visible_at: datetime | None, now: datetime) -> str:
+    """An item's state as people read it: its stored state, with a ready item not due yet read as scheduled (a
+    ready item's visible_at is when a worker may take it)."""
+    return SCHEDULED if state == ItemState.READY and visible_at is not None and visible_at > now else str(state)
+
 
 # -- counting without COUNT(*) over a big table ---------------------------------------------------------------
 
@@ -89,6 +102,22 @@ def planner_estimate(queryset: QuerySet) -> int:
     return _explain_rows(sql, params)
 
 
+def archived_count(rows: QuerySet, cap: int = OVERVIEW_EXACT_UP_TO) -> Count:
+    """Rows of a history table (what the archiver moved): exact up to `cap`, the planner's estimate beyond."""
+    n = capped_count(rows, cap + 1)
+    return Count(n) if n <= cap else Count(max(cap + 1, planner_estimate(rows)), exact=False)
+
+
+def history_count(queue: str | None = None, state: str | None = None, cap: int = OVERVIEW_EXACT_UP_TO) -> Count:
+    """Finished items the archiver moved to the history (of one queue, in one state): archived_count."""
+    rows = ItemHistory.objects.all()
+    if queue:
+        rows = rows.filter(queue_id=queue)
+    if state:
+        rows = rows.filter(state=state)
+    return archived_count(rows, cap)
+
+
 # -- the snapshot: what the overview shows and /metrics exports -----------------------------------------------
 
 ITEM = "queue_app_queueitem"
@@ -104,7 +133,12 @@ RESERVATION_HISTORY = "queue_app_reservationhistory"
 # indexes, so each branch names states their predicates cover.
 DEPTH = f"""
 SELECT q.name, 'ready', (SELECT count(*) FROM (
-    SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.state = 'ready'
+    SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.state = 'ready' AND i.visible_at <= now()
+    ORDER BY i.priority DESC, i.visible_at, i.id LIMIT %(cap)s) c)
+FROM {QUEUE} q
+UNION ALL
+SELECT q.name, 'scheduled', (SELECT count(*) FROM (
+    SELECT 1 FROM {ITEM} i WHERE i.queue_id = q.name AND i.state = 'ready' AND i.visible_at > now()
     ORDER BY i.priority DESC, i.visible_at, i.id LIMIT %(cap)s) c)
 FROM {QUEUE} q
 UNION ALL
@@ -122,6 +156,10 @@ CROSS JOIN LATERAL (SELECT count(*) AS n FROM (
     LIMIT %(cap)s) c) hot
 """
 DEPTH_ESTIMATE = f"SELECT 1 FROM {ITEM} WHERE queue_id = %s AND state = %s"
+DEPTH_ESTIMATE_READY = {  # a ready item's visible_at is its due time (run_at)
+    "ready": f"SELECT 1 FROM {ITEM} WHERE queue_id = %s AND state = 'ready' AND visible_at <= now()",
+    SCHEDULED: f"SELECT 1 FROM {ITEM} WHERE queue_id = %s AND state = 'ready' AND visible_at > now()",
+}
 DEPTH_ESTIMATE_HISTORY = f"SELECT 1 FROM {ITEM_HISTORY} WHERE queue_id = %s AND state = %s"
 
 # Per queue: paused, and what workers hold with a live lease (exact up to %(cap)s).
@@ -194,7 +232,7 @@ GROUP BY 1, 2, 3
 class QueueStats:
     name: str
     paused: bool
-    depth: dict[str, Count]  # by ItemState value
+    depth: dict[str, Count]  # by shown state (SHOWN_STATES: ready = due now, scheduled = due later)
     oldest_ready_age: float | None  # seconds the longest-waiting due item has waited; None: nothing due
     in_flight: Count  # reserved with a live lease
     processed: int  # attempts done within the window
@@ -245,7 +283,10 @@ def _depths(cur: Any, cap: int) -> dict[tuple[str, str], Count]:
     depth = {}
     for queue, state, n in cur.fetchall():
         if n > cap:
-            estimate = _explain_rows(DEPTH_ESTIMATE, [queue, state])
+            if state in DEPTH_ESTIMATE_READY:
+                estimate = _explain_rows(DEPTH_ESTIMATE_READY[state], [queue])
+            else:
+                estimate = _explain_rows(DEPTH_ESTIMATE, [queue, state])
             if state in HISTORY_STATES:
                 estimate += _explain_rows(DEPTH_ESTIMATE_HISTORY, [queue, state])
             depth[queue, state] = Count(max(cap + 1, estimate), exact=False)
@@ -284,7 +325,7 @@ def snapshot(window_minutes: int = 15, cap: int = EXACT_UP_TO) -> Snapshot:
         QueueStats(
             name=name,
             paused=paused,
-            depth={s.value: depth.get((name, s.value), Count(0)) for s in ItemState},
+            depth={state: depth.get((name, state), Count(0)) for state in SHOWN_STATES},
             oldest_ready_age=None if oldest.get(name) is None else max(0.0, float(oldest[name])),
             in_flight=Count(in_flight) if in_flight <= cap else Count(cap + 1, exact=False),
             processed=outcomes[name, Outcome.DONE],
@@ -322,7 +363,8 @@ class SnapshotCollector:
         window = f"the last {snap.window_minutes * 60} s"
         depth = GaugeMetricFamily(
             "jobsite_queue_depth",
-            f"Items per queue and state (exact up to {EXACT_UP_TO}, the planner's estimate above).",
+            f"Items per queue and state (exact up to {EXACT_UP_TO}, the planner's estimate above); ready = due "
+            "now, scheduled = ready but due later (a delay or a retry's backoff).",
             labels=["queue", "state"],
         )
         oldest = GaugeMetricFamily(

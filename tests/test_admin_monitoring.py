@@ -61,7 +61,8 @@ def test_the_overview_shows_depth_by_state_and_recent_flow(admin_client, activit
     mail = next(row["stats"] for row in context["rows"] if row["stats"].name == "mail")
 
     assert {state: count.value for state, count in mail.depth.items()} == {
-        "ready": 3,  # two waiting, one retrying
+        "ready": 2,  # due now
+        "scheduled": 1,  # retrying later: queue_stats' word for it
         "reserved": 1,
         "done": 2,
         "dead": 1,
@@ -91,6 +92,9 @@ def test_the_overview_draws_a_throughput_chart(admin_client, activity):
     assert (list(completed["y"])[-1], list(failed["y"])[-1]) == (2, 2)  # this minute: 2 completed, 2 failed
     assert response.context["chart"]["layout"]["yaxis"]["title"]["text"] == "attempts per minute"
     assert completed["customdata"][0][0] == f"{url('queueitem')}?state__exact=done"
+    layout = response.context["chart"]["layout"]
+    assert layout["legend"]["x"] > 1  # beside the plot, not over the time axis' labels
+    assert layout["xaxis"]["range"][0] < min(completed["x"])  # room left of the first bar for its tick label
     assert 'id="figure-throughput"' in html and url("queue", "plotly_js") in html
     assert admin_client.get(url("queue", "plotly_js"))["Content-Type"] == "text/javascript"
 
@@ -155,7 +159,8 @@ def metrics(client) -> dict[tuple[str, tuple], float]:
 def test_metrics_export_depth_per_queue_and_state(client, activity):
     values = metrics(client)
 
-    assert values["jobsite_queue_depth", (("queue", "mail"), ("state", "ready"))] == 3
+    assert values["jobsite_queue_depth", (("queue", "mail"), ("state", "ready"))] == 2
+    assert values["jobsite_queue_depth", (("queue", "mail"), ("state", "scheduled"))] == 1  # its retry is due later
     assert values["jobsite_queue_depth", (("queue", "mail"), ("state", "dead"))] == 1
     assert values["jobsite_queue_depth", (("queue", "billing"), ("state", "ready"))] == 1
 

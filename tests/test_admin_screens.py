@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 from django.utils import timezone
 
 from queue_app.admin.paginator import EstimatedCountPaginator
@@ -92,6 +93,36 @@ def test_item_detail_shows_the_attempt_timeline_with_traceback(admin_client):
     assert "worker-1" in html
     assert "<summary>traceback</summary>" in html
     assert "Traceback (most recent call last):\nKeyError: boom" in html
+
+
+def test_item_pages_show_times_to_the_second(admin_client):
+    """A retry's backoff is seconds long: the detail page and its attempt timeline show seconds."""
+    item_id = failed()
+    item = QueueItem.objects.get(id=item_id)
+    reservation = Reservation.objects.get(item_id=item_id)
+    stamp = "%Y-%m-%d %H:%M:%S UTC"
+
+    html = admin_client.get(url("queueitem", "change", item_id)).content.decode()
+
+    assert f'<div class="readonly">{item.run_at.strftime(stamp)}</div>' in html
+    assert f'<div class="readonly">{item.created_at.strftime(stamp)}</div>' in html
+    assert f"<td>{reservation.reserved_at.strftime(stamp)}</td>" in html
+    assert f"<td>{reservation.finished_at.strftime(stamp)}</td>" in html
+
+
+def test_webhook_attempts_are_named_by_their_delivery_not_as_a_fraction(admin_client):
+    from queue_app.webhooks import services as webhooks
+    from queue_app.webhooks.models import WebhookAttempt
+
+    endpoint = webhooks.create_endpoint("https://example.com/hook", ["test"]).endpoint
+    (delivery,) = webhooks.send_test_event([endpoint.pk])
+    for attempt, code in ((1, 503), (2, 200)):
+        WebhookAttempt.objects.create(delivery=delivery, attempt=attempt, status_code=code)
+
+    html = admin_client.get(url("webhookdelivery", "change", delivery.pk)).content.decode()
+
+    assert f"delivery {delivery.pk}, attempt 2: 200" in html
+    assert f"attempt 2 of {delivery.pk}" not in html
 
 
 def test_item_detail_shows_the_dead_letter_reason(admin_client):
@@ -190,6 +221,25 @@ def test_items_filter_by_queue(admin_client, items):
 
 def test_items_filter_by_state(admin_client, items):
     assert ids_listed(admin_client.get(url("queueitem"), {"state__exact": "dead"})) == {items["dead"]}
+
+
+def test_items_read_their_state_in_queue_stats_vocabulary(admin_client, items):
+    """A ready item whose retry (or delay) is due later is "scheduled", as `queue_stats` counts it; "ready" is due
+    now. The list, its filter and the detail page say the same."""
+    from queue_app.management.commands.queue_stats import queue_stats
+
+    mail = next(row for row in queue_stats() if row["queue"] == "mail")
+    assert (mail["ready"], mail["scheduled"]) == (1, 1)
+    assert ids_listed(admin_client.get(url("queueitem"), {"state__exact": "scheduled"})) == {items["retrying"]}
+    due = ids_listed(admin_client.get(url("queueitem"), {"state__exact": "ready", "queue__name__exact": "mail"}))
+    assert due == {items["ready"]}
+    html = admin_client.get(url("queueitem"), {"queue__name__exact": "mail"}).content.decode()
+    assert '<td class="field-state_shown">scheduled</td>' in html
+    assert '<td class="field-state_shown">ready</td>' in html
+    page = admin_client.get(url("queueitem", "change", items["retrying"])).content.decode()
+    assert '<div class="readonly">scheduled</div>' in page
+    title = f"#{items['retrying']} t.retry (scheduled)"
+    assert f"<h2>{title}</h2>" in page and f'<li aria-current="page">{title}</li>' in page  # not "(ready)"
 
 
 def test_items_filter_by_task_lists_registered_tasks_and_those_of_finished_items(admin_client, items):
@@ -328,7 +378,8 @@ def test_change_lists_never_count_a_whole_table(admin_client, items):
             assert counts, model
             assert all("LIMIT" in sql for sql in counts), counts
             if params:  # a filtered count reads in the list's order, newest first, as the page does
-                assert all("ORDER BY" in sql and "DESC LIMIT" in sql for sql in counts), counts
+                own = [sql for sql in counts if f'FROM "queue_app_{model}"' in sql]  # not the Item history note's
+                assert own and all("ORDER BY" in sql and "DESC LIMIT" in sql for sql in own), counts
 
 
 def test_unfiltered_list_count_is_the_table_estimate(admin_client, items, monkeypatch):
@@ -353,3 +404,26 @@ def test_filtered_list_count_stops_at_the_cap(admin_client, monkeypatch):
     assert response.context["cl"].paginator.capped
     assert "3+" in response.content.decode()
     assert len(ids_listed(response)) == 5
+
+
+def test_spark_charts_say_what_the_last_analytics_run_covered_when_it_found_nothing(admin_client):
+    """A queue_analytics run that read an empty range leaves no statistics: the page says it ran, over which
+    range, and that it found no attempts (not "trigger a run")."""
+    from queue_app.models import SparkRun
+
+    charts = reverse("admin:queue_app_sparkrun_charts")
+    assert "no <code>queue_analytics</code> run has finished" in admin_client.get(charts).content.decode()
+    run = SparkRun.objects.create(
+        job="queue_analytics",
+        state="succeeded",
+        params={"since": "2026-11-26"},
+        metrics={"since": "2026-11-26T00:00:00+00:00", "until": "2026-11-27T00:00:00+00:00", "attempts": 0},
+        started_at=timezone.now(),
+        finished_at=timezone.now(),
+    )
+
+    html = " ".join(admin_client.get(charts).content.decode().split())
+
+    assert f"queue_analytics run #{run.id}</a> succeeded" in html
+    assert "it covered 2026-11-26 00:00 – 2026-11-27 00:00 UTC and found no attempts there" in html
+    assert "no <code>queue_analytics</code> run has finished" not in html

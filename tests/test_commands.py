@@ -119,7 +119,7 @@ def test_queue_stats_prints_a_table():
     engine.enqueue_many("queue_app.noop", [{}] * 2)
     out, _ = run("queue_stats")
     header, row = out.splitlines()
-    assert header.split()[:3] == ["queue", "ready", "reserved"]
+    assert header.split()[:4] == ["queue", "ready", "scheduled", "reserved"]  # the admin's vocabulary and order
     assert row.split()[:2] == ["default", "2"]
 
 

@@ -77,6 +77,30 @@ def test_a_cancelled_item_is_requeued_from_history(admin_client, archived):
     assert (entry.content_type.model, entry.object_id) == ("queueitem", str(archived["cancelled"]))
 
 
+def test_the_item_list_says_where_the_finished_items_went(admin_client, archived):
+    """The archiver moves finished items out of the item list: it names Item history with their count, for the
+    list's queue and finished state; a list of unfinished states has no such note."""
+    html = admin_client.get(url("queueitem")).content.decode()
+    assert f'<a href="{url("itemhistory")}"><strong>3</strong> in Item history</a>' in html
+    html = admin_client.get(url("queueitem"), {"queue__name__exact": "mail", "state__exact": "done"}).content.decode()
+    assert f'<a href="{url("itemhistory")}?queue=mail&amp;state=done"><strong>1</strong> in Item history</a>' in html
+    assert listed(admin_client.get(url("itemhistory"), {"queue": "mail", "state": "done"})) == {archived["done"]}
+    html = admin_client.get(url("queueitem"), {"state__exact": "ready"}).content.decode()
+    assert "in Item history" not in html
+    moved = ReservationHistory.objects.count()  # the archived items' attempts
+    html = admin_client.get(url("reservation")).content.decode()
+    link = f'<a href="{url("reservationhistory")}"><strong>{moved}</strong> in Reservation history</a>'
+    assert moved and link in html
+
+
+def test_the_task_filters_name_the_tasks_of_archived_items(admin_client, archived):
+    """A finished item's task (registered or not) stays in the task filters once the archiver moved the item."""
+    for model in ("itemhistory", "queueitem"):
+        filters = admin_client.get(url(model)).context["cl"].filter_specs
+        (tasks,) = [spec for spec in filters if getattr(spec, "parameter_name", "") == "task"]
+        assert {"t.other", "t.cancelled", "t.done"} <= {name for name, _ in tasks.lookup_choices}, model
+
+
 def test_dead_letters_keep_their_items_in_the_hot_table(admin_client, archived):
     letter = letter_of(archived["dead"])
     assert admin_client.get(url("deadletter")).status_code == 200

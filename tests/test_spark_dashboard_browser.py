@@ -12,7 +12,7 @@ import pytest
 
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
 from tests.spark_fixtures import require_spark
-from tests.test_admin_browser import browser_page  # noqa: F401 (fixture)
+from tests.test_admin_browser import browser_page, log_in  # noqa: F401 (fixture)
 from tests.test_spark_runs import WORKER_ENV
 
 pytestmark = [pytest.mark.browser, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
@@ -24,11 +24,7 @@ def test_trigger_a_run_from_the_dashboard_and_watch_it_succeed(live_server, admi
     page = browser_page()
     base = live_server.url
 
-    page.goto(f"{base}/admin/login/?next=/admin/queue_app/sparkrun/")
-    page.fill("#id_username", admin_user.username)
-    page.fill("#id_password", "password")
-    page.click("input[type=submit]")
-    page.wait_for_url("**/admin/queue_app/sparkrun/")
+    log_in(page, base, admin_user, "/admin/queue_app/sparkrun/")
     page.get_by_role("link", name="Trigger a run").click()
 
     form = page.locator("#job-demo_sleep")

@@ -5,7 +5,7 @@ says why at the top. No JVM: the run is a row."""
 import pytest
 
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
-from tests.test_admin_browser import browser_page  # noqa: F401 (fixture)
+from tests.test_admin_browser import browser_page, log_in  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 STYLE = """() => { const e = document.querySelector('.breadcrumbs'); const s = getComputedStyle(e);
@@ -30,11 +30,7 @@ def test_spark_pages_have_the_stock_admin_breadcrumbs_and_a_failure_at_the_top(l
     )
     page = browser_page()
     base = live_server.url
-    page.goto(f"{base}/admin/login/?next=/admin/queue_app/queueitem/")
-    page.fill("#id_username", admin_user.username)
-    page.fill("#id_password", "password")
-    page.click("input[type=submit]")
-    page.wait_for_url("**/admin/queue_app/queueitem/")
+    log_in(page, base, admin_user, "/admin/queue_app/queueitem/")
     stock = page.evaluate(STYLE)
     assert stock["tag"] == "OL"
     for path, last in (("trigger/", "Trigger"), ("charts/", "Charts"), (f"{run.id}/change/", f"#{run.id}")):
@@ -68,10 +64,7 @@ def test_the_charts_have_units_hover_values_a_time_range_and_click_through_to_a_
     )
     page = browser_page()
     base = live_server.url
-    page.goto(f"{base}/admin/login/?next=/admin/queue_app/sparkrun/charts/")
-    page.fill("#id_username", admin_user.username)
-    page.fill("#id_password", "password")
-    page.click("input[type=submit]")
+    log_in(page, base, admin_user, "/admin/queue_app/sparkrun/charts/")
     point = page.wait_for_selector("#chart-durations .cartesianlayer .scatterlayer .point")
     assert "duration (s)" in page.locator("#chart-durations .ytitle").text_content()
     assert "time (UTC)" in page.locator("#chart-durations .xtitle").text_content()
@@ -81,6 +74,62 @@ def test_the_charts_have_units_hover_values_a_time_range_and_click_through_to_a_
     page.mouse.move(x, y)
     hover = page.wait_for_selector("#chart-durations .hoverlayer .hovertext")
     text = hover.text_content()
-    assert f"run #{run.id} succeeded" in text and "42.0 s" in text
+    assert f"demo_sleep run #{run.id} succeeded" in text and "42.0 s" in text  # the point names its job and run
     page.mouse.click(x, y)
     page.wait_for_url(f"**/admin/queue_app/sparkrun/{run.id}/change/")
+
+
+# Where the charts' parts are: the page's overflow, each chart's drawing against its box, the title's box and
+# the range buttons' boxes.
+GEOMETRY = """() => {
+  const box = e => e.getBoundingClientRect();
+  const hit = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  const d = document.documentElement;
+  return {
+    overflow: d.scrollWidth - d.clientWidth,
+    charts: [...document.querySelectorAll('figure.plotly-chart')].map(f => ({
+      id: f.id, box: Math.round(box(f).right), drawn: Math.round(box(f.querySelector('.main-svg')).right)})),
+    titleOverButtons: [...document.querySelectorAll('figure.plotly-chart')].some(f => {
+      const title = f.querySelector('.gtitle');
+      return title && [...f.querySelectorAll('.rangeselector .button')].some(b => hit(box(title), box(b)));
+    }),
+  };
+}"""
+
+
+@pytest.mark.parametrize("viewport", [(1440, 900), (1920, 1080)])
+def test_the_charts_fit_their_box_at_laptop_and_desktop_widths(live_server, admin_user, browser_page, viewport):  # noqa: F811
+    """The charts are drawn in their box (the admin's sidebar opens after the first draw: the chart follows its
+    box, not the window), the page never scrolls sideways, and a chart's title is clear of its range buttons."""
+    import contextlib
+    import datetime as dt
+
+    from django.utils import timezone
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    from queue_app.models import SparkRun
+
+    end = timezone.now()
+    for n in range(12):
+        finished = end - dt.timedelta(hours=n)
+        SparkRun.objects.create(
+            job=("file_rollup", "queue_analytics", "demo_sleep")[n % 3],
+            state="failed" if n % 5 == 0 else "succeeded",
+            started_at=finished - dt.timedelta(seconds=10 + 3 * n),
+            finished_at=finished,
+        )
+    page = browser_page()
+    page.set_viewport_size({"width": viewport[0], "height": viewport[1]})
+    base = live_server.url
+    log_in(page, base, admin_user, "/admin/queue_app/sparkrun/charts/")
+    page.wait_for_selector("#chart-durations .scatterlayer .point")
+    page.wait_for_selector("#chart-outcomes .barlayer .point")
+    with contextlib.suppress(PlaywrightTimeout):  # drawn to their boxes (redrawn after the sidebar opened, if
+        page.wait_for_function(  # it did); the asserts below say how, if not
+            "() => [...document.querySelectorAll('figure.plotly-chart')].every(f => Math.abs("
+            "f.querySelector('.main-svg').getBoundingClientRect().width - f.getBoundingClientRect().width) < 2)"
+        )
+    geometry = page.evaluate(GEOMETRY)
+    assert geometry["overflow"] <= 0, geometry
+    assert all(chart["drawn"] <= chart["box"] + 1 for chart in geometry["charts"]), geometry
+    assert len(geometry["charts"]) == 2 and not geometry["titleOverButtons"], geometry

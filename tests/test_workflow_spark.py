@@ -99,4 +99,5 @@ def test_demo_pipeline_runs_with_no_parameters(workers, manage):
     assert states.pop("plan") == states.pop("rollup") == states.pop("analytics") == states.pop("summary") == "succeeded"
     assert len(states) == 5 and set(states.values()) == {"succeeded"}  # one sample_file per region
     summary = WorkflowStep.objects.get(workflow_id=status["id"], name="summary").result
-    assert summary["rollup"]["input_rows"] == 5 * 2000 and "rows" in summary["analytics"]
+    assert summary["rollup"]["input_rows"] == 5 * 2000
+    assert summary["analytics"]["rows"] > 0 and summary["analytics"]["attempts"] > 0  # the demo's own steps

@@ -42,17 +42,35 @@ def plotly_js(request: HttpRequest) -> FileResponse:
 
 
 def _layout(title: str, y_title: str, *, time_axis: bool = True, **extra: Any) -> dict[str, Any]:
+    """A chart's layout: no width (the page's script sizes it to its box), the title in its own band at the top
+    and the range buttons in the band below it, above the plot (the title once lay over the buttons)."""
     xaxis: dict[str, Any] = {"title": {"text": "time (UTC)"}, "type": "date"}
     if time_axis:
-        xaxis.update(rangeselector={"buttons": TIME_RANGES}, rangeslider={"visible": True, "thickness": 0.08})
+        xaxis.update(
+            rangeselector={"buttons": TIME_RANGES, "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"},
+            rangeslider={"visible": True, "thickness": 0.08},
+        )
     return {
-        "title": {"text": title, "font": {"size": 14}},
+        "title": {
+            "text": title,
+            "font": {"size": 14},
+            "x": 0,
+            "xref": "paper",
+            "xanchor": "left",
+            "y": 1,
+            "yref": "container",
+            "yanchor": "top",
+            "pad": {"t": 8},
+        },
         "xaxis": xaxis,
         "yaxis": {"title": {"text": y_title}, "rangemode": "tozero"},
-        "height": extra.pop("height", 360),
-        "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
+        "height": extra.pop("height", 380 if time_axis else 360),
+        "autosize": True,
+        "margin": {"l": 60, "r": 20, "t": 76 if time_axis else 40, "b": 40},
         "hovermode": "closest",
-        "legend": {"orientation": "h", "y": -0.35},
+        # Beside the plot, top right (plotly widens the right margin for it): below it, a legend lay over the
+        # first tick labels of the time axis and the range slider.
+        "legend": {"x": 1.01, "xanchor": "left", "y": 1, "yanchor": "top"},
         **extra,
     }
 
@@ -186,5 +204,7 @@ def throughput_figure(snap: Any, items_url: str) -> dict[str, Any]:
     ]
     layout = _layout("", "attempts per minute", time_axis=False, barmode="stack", height=220)
     layout["xaxis"]["rangeslider"] = {"visible": True, "thickness": 0.1}
+    # Room left of the first bar: a tick on the corner put its time over the y axis' "0".
+    layout["xaxis"]["range"] = [start - timedelta(seconds=45), start + timedelta(minutes=minutes)]
     layout["margin"] = {"l": 60, "r": 20, "t": 10, "b": 30}
     return _figure(traces, layout)

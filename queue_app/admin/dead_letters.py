@@ -18,7 +18,7 @@ from .. import services
 from ..models import DeadLetter, ItemState, QueueItem
 from ..monitoring import capped_count
 from .actions import BULK_COUNT_CAP, Operation, ReadOnlyAdmin
-from .display import HEAD_CHARS, ItemColumns, preformatted, pretty_json
+from .display import HEAD_CHARS, ItemColumns, cut, preformatted, pretty_json, time_column
 from .filters import ItemTaskFilter, exact_search, recent
 from .items import attempt_timeline
 
@@ -62,7 +62,7 @@ class StatusFilter(admin.SimpleListFilter):
 class DeadLetterAdmin(ItemColumns, ReadOnlyAdmin):
     operations = (REQUEUE,)
     actions = [op.as_action() for op in operations]
-    list_display = ("id", "item", "queue", "task", "reason", "error_short", "died_at", "requeued")
+    list_display = ("id", "item_link", "task_queue", "reason_short", "error_short", "died", "requeued")
     list_select_related = ("item",)
     list_filter = ("item__queue", ItemTaskFilter, StatusFilter, recent("died_at", "died", "died"))
     sortable_by = ("id", "died_at")
@@ -96,6 +96,12 @@ class DeadLetterAdmin(ItemColumns, ReadOnlyAdmin):
             queryset, search_term, ids=("id", "item_id"), keys=("item__dedup_key", "item__ordering_key")
         )
         return found, False
+
+    died = time_column("died_at", "died at", ordering="died_at")
+
+    @admin.display(description="reason")
+    def reason_short(self, obj: DeadLetter) -> SafeString | str:
+        return cut(obj.reason)
 
     @admin.display(description="requeued", boolean=True)
     def requeued(self, obj: DeadLetter) -> bool:

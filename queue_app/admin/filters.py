@@ -7,10 +7,34 @@ from datetime import timedelta
 from django.contrib import admin
 from django.db import connection
 from django.db.models import QuerySet
+from django.db.models.functions import Now
 from django.utils import timezone
 
-from ..models import HISTORY_STATES_SQL, IdMark, QueueItem
+from ..models import HISTORY_STATES_SQL, IdMark, ItemHistory, ItemState, QueueItem
+from ..monitoring import SCHEDULED, SHOWN_STATES
 from ..registry import registered_tasks
+
+# -- states ---------------------------------------------------------------------------------------------------
+
+
+class StateFilter(admin.SimpleListFilter):
+    """The items' states in queue_stats' vocabulary (monitoring.SHOWN_STATES): "ready" is due now, "scheduled"
+    ready but due later (a delay or a retry's backoff). Same parameter as a field filter, so links keep working."""
+
+    title = "state"
+    parameter_name = "state__exact"
+
+    def lookups(self, request, model_admin):
+        return [(state, state) for state in SHOWN_STATES]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value == ItemState.READY:
+            return queryset.filter(state=ItemState.READY, visible_at__lte=Now())
+        if value == SCHEDULED:
+            return queryset.filter(state=ItemState.READY, visible_at__gt=Now())
+        return queryset.filter(state=value) if value in SHOWN_STATES else queryset
+
 
 # -- time windows ---------------------------------------------------------------------------------------------
 
@@ -57,9 +81,10 @@ def recent(field: str, title: str, parameter: str, *, mark: str = "") -> type[Re
 # -- task names -----------------------------------------------------------------------------------------------
 
 # DISTINCT task over millions of rows is a full scan; this walks item_task_history (task, state) one name at a
-# time. That index holds finished items only (an index on open items would cost every enqueue and lease one
-# more entry), so the names of open items come from the task registry: a task that is not registered cannot be
-# run, and its items soon finish as dead letters.
+# time, and the history's itemhistory_task likewise (the archiver moves finished items there after a minute).
+# Those indexes hold finished items only (an index on open items would cost every enqueue and lease one more
+# entry), so the names of open items come from the task registry: a task that is not registered cannot be run,
+# and its items soon finish as dead letters.
 DISTINCT_TASKS = f"""
 WITH RECURSIVE t(task) AS (
     (SELECT task FROM {QueueItem._meta.db_table} WHERE state IN ({HISTORY_STATES_SQL}) ORDER BY task LIMIT 1)
@@ -67,8 +92,15 @@ WITH RECURSIVE t(task) AS (
     SELECT (SELECT i.task FROM {QueueItem._meta.db_table} i
             WHERE i.state IN ({HISTORY_STATES_SQL}) AND i.task > t.task ORDER BY i.task LIMIT 1)
     FROM t WHERE t.task IS NOT NULL
+), h(task) AS (
+    (SELECT task FROM {ItemHistory._meta.db_table} ORDER BY task LIMIT 1)
+    UNION ALL
+    SELECT (SELECT i.task FROM {ItemHistory._meta.db_table} i WHERE i.task > h.task ORDER BY i.task LIMIT 1)
+    FROM h WHERE h.task IS NOT NULL
 )
-SELECT task FROM t WHERE task IS NOT NULL LIMIT %(limit)s
+(SELECT task FROM t WHERE task IS NOT NULL LIMIT %(limit)s)
+UNION
+(SELECT task FROM h WHERE task IS NOT NULL LIMIT %(limit)s)
 """
 
 

@@ -15,7 +15,7 @@ from django.utils.safestring import SafeString
 from ..models import ItemHistory, QueueItem, ReservationHistory
 from . import items
 from .actions import ReadOnlyAdmin
-from .display import HEAD_CHARS, shorten
+from .display import HEAD_CHARS, AttemptColumns, ItemColumns, time_column
 from .filters import BIGINT_MAX, TaskFilter, recent
 from .items import ItemFields, attempt_timeline
 from .reservations import AttemptText, ReservationAdmin
@@ -41,19 +41,20 @@ REQUEUE = replace(items.REQUEUE, bulk_button=False)
 
 
 class ItemHistoryAdmin(ItemFields, ReadOnlyAdmin):
+    created_at_short = time_column("created_at", "created at")
+    finished_at_short = time_column("finished_at", "finished at")
     operations = (REQUEUE,)
     actions = [op.as_action() for op in operations]
     list_display = (
         "id",
-        "queue_id",
-        "task",
-        "state",
+        "state_shown",
         "attempts_of",
-        "created_at",
-        "finished_at",
-        "keys",
-        "payload_short",
+        "task_queue",
+        "created_at_short",
+        "finished_at_short",
         "error_short",
+        "payload_short",
+        "keys",
     )
     list_filter = (QueueFilter, "state", TaskFilter, recent("finished_at", "finished", "finished"))
     sortable_by = ("id",)
@@ -65,7 +66,7 @@ class ItemHistoryAdmin(ItemFields, ReadOnlyAdmin):
                     "id",
                     "queue_id",
                     "task",
-                    "state",
+                    "state_shown",
                     "priority",
                     "attempts_of",
                     "dedup_key",
@@ -74,12 +75,23 @@ class ItemHistoryAdmin(ItemFields, ReadOnlyAdmin):
                 )
             },
         ),
-        ("Timing", {"fields": ("run_at", "created_at", "updated_at", "finished_at", "lease_timeout")}),
+        ("Timing", {"fields": ("run_at_s", "created_at_s", "updated_at_s", "finished_at_s", "lease_timeout")}),
         ("Payload", {"fields": ("payload_pretty",)}),
         ("Outcome", {"fields": ("error_full", "result_pretty")}),
         ("Attempts", {"fields": ("timeline",)}),
     )
-    readonly_fields = ("attempts_of", "payload_pretty", "error_full", "result_pretty", "timeline")
+    readonly_fields = (
+        "state_shown",
+        "run_at_s",
+        "created_at_s",
+        "updated_at_s",
+        "finished_at_s",
+        "attempts_of",
+        "payload_pretty",
+        "error_full",
+        "result_pretty",
+        "timeline",
+    )
 
     def logged_rows(self, pks: set) -> QuerySet:
         # A requeued item has moved back into the hot table: its log entry names it there.
@@ -90,8 +102,9 @@ class ItemHistoryAdmin(ItemFields, ReadOnlyAdmin):
         return attempt_timeline(obj, ReservationHistory.objects.filter(item_id=obj.id))
 
 
-class ReservationHistoryAdmin(AttemptText, ReadOnlyAdmin):
-    list_display = ("id", "item", "attempt", "worker_id", "reserved_at", "finished_at", "outcome", "error_short")
+class ReservationHistoryAdmin(AttemptText, AttemptColumns, ReadOnlyAdmin):
+    error_short = ItemColumns.error_short
+    list_display = ("id", "item", "outcome", "attempt", "worker", "reserved", "finished", "error_short")
     list_filter = ("outcome", recent("reserved_at", "reserved", "reserved"))
     sortable_by = ("id",)
     search_fields = ("=id", "=item_id")
@@ -117,7 +130,3 @@ class ReservationHistoryAdmin(AttemptText, ReadOnlyAdmin):
     def item(self, obj: ReservationHistory) -> SafeString:
         url = reverse("admin:queue_app_itemhistory_change", args=[obj.item_id])
         return format_html('<a href="{}">#{}</a>', url, obj.item_id)
-
-    @admin.display(description="error")
-    def error_short(self, obj: ReservationHistory) -> str:
-        return shorten(obj.error_head) or "-"

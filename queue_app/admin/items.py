@@ -2,20 +2,35 @@
 read-only detail page (payload pretty-printed, attempt timeline, dead-letter reason). Requeue, retry now and
 cancel run through services.py."""
 
+from urllib.parse import urlencode
+
 from django.contrib import admin
 from django.db.models import QuerySet, TextField
 from django.db.models.functions import Cast, Left, Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from .. import services
-from ..models import ItemHistory, ItemState, QueueItem
+from ..conf import queue_settings
+from ..models import HISTORY_STATES, ItemHistory, ItemState, QueueItem
+from ..monitoring import history_count, shown_state
 from .actions import Operation, ReadOnlyAdmin
-from .display import HEAD_CHARS, preformatted, pretty_json, shorten
-from .filters import TaskFilter, exact_search, recent
+from .display import (
+    HEAD_CHARS,
+    cut,
+    list_time,
+    preformatted,
+    pretty_json,
+    seconds_field,
+    shorten,
+    task_in_queue,
+    time_column,
+)
+from .filters import StateFilter, TaskFilter, exact_search, recent
 
 TIMELINE_ATTEMPTS = 100  # the detail page shows this many most recent attempts
 
@@ -67,6 +82,13 @@ class ItemFields:
     search_fields = ("=id", "=dedup_key", "=ordering_key", "=group_key")  # see get_search_results: exact only
     search_help_text = "Exact item id (123 or #123), dedup key, ordering key or group key."
 
+    # The detail page's times, to the second (a retry's backoff hides in minutes).
+    run_at_s = seconds_field("run_at", "run at")
+    visible_at_s = seconds_field("visible_at", "visible at (due, or lease until)")
+    created_at_s = seconds_field("created_at", "created at")
+    updated_at_s = seconds_field("updated_at", "updated at")
+    finished_at_s = seconds_field("finished_at", "finished at")
+
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return (
             super()
@@ -81,21 +103,31 @@ class ItemFields:
     def get_search_results(self, request, queryset, search_term):
         return exact_search(queryset, search_term, ids=("id",), keys=("dedup_key", "ordering_key", "group_key")), False
 
+    @admin.display(description="state", ordering="state")
+    def state_shown(self, obj: QueueItem) -> str:
+        return shown_state(obj.state, getattr(obj, "visible_at", None), timezone.now())
+
     @admin.display(description="attempts")
     def attempts_of(self, obj: QueueItem) -> str:
         return f"{obj.attempts}/{obj.max_attempts}"
 
+    @admin.display(description="task (queue)")
+    def task_queue(self, obj: QueueItem) -> SafeString:
+        return task_in_queue(obj.task, obj.queue_id)
+
     @admin.display(description="dedup / ordering / group key")
-    def keys(self, obj: QueueItem) -> str:
-        return " / ".join(shorten(k, 40) for k in (obj.dedup_key, obj.ordering_key, obj.group_key) if k) or "-"
+    def keys(self, obj: QueueItem) -> SafeString | str:
+        return cut(" / ".join(k for k in (obj.dedup_key, obj.ordering_key, obj.group_key) if k), "narrow")
 
     @admin.display(description="payload")
-    def payload_short(self, obj: QueueItem) -> str:
-        return shorten(obj.payload_head)
+    def payload_short(self, obj: QueueItem) -> SafeString | str:
+        return cut(shorten(obj.payload_head, HEAD_CHARS), "narrow")
 
     @admin.display(description="error")
-    def error_short(self, obj: QueueItem) -> str:
-        return shorten(obj.error_head) or "-"
+    def error_short(self, obj: QueueItem) -> SafeString | str:
+        return cut(shorten(obj.error_head, HEAD_CHARS), "narrow")
+
+    run_at_short = time_column("run_at", "run at")
 
     @admin.display(description="payload")
     def payload_pretty(self, obj: QueueItem) -> SafeString:
@@ -110,23 +142,39 @@ class ItemFields:
         return preformatted(obj.error)
 
 
+def history_note(request: HttpRequest) -> dict | None:
+    """Where the finished items of the list's queue (and finished state) are once the archiver moved them: a link
+    to Item history with their count (an estimate past a thousand). None for a list of unfinished states."""
+    queue = request.GET.get("queue__name__exact", "")
+    state = request.GET.get("state__exact", "")
+    if state and state not in HISTORY_STATES:
+        return None
+    params = {key: value for key, value in (("queue", queue), ("state", state)) if value}
+    return {
+        "what": "Finished items",
+        "where": "Item history",
+        "count": history_count(queue or None, state or None),
+        "after": f"{queue_settings.ARCHIVE_AFTER:g}",
+        "url": f"{reverse('admin:queue_app_itemhistory_changelist')}?{urlencode(params)}".rstrip("?"),
+    }
+
+
 class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
     operations = (REQUEUE, RETRY_NOW, CANCEL)
     actions = [op.as_action() for op in operations]
+    # What matters first (state, attempts) stays on screen at 1,440 px; long values are cut, whole on hover.
     list_display = (
         "id",
-        "queue",
-        "task",
-        "state",
+        "state_shown",
         "attempts_of",
-        "run_at",
+        "task_queue",
+        "run_at_short",
         "created",
-        "keys",
-        "payload_short",
         "error_short",
+        "payload_short",
+        "keys",
     )
-    list_select_related = ("queue",)
-    list_filter = ("queue", "state", TaskFilter, recent("created_at", "created", "created", mark="item_id"))
+    list_filter = ("queue", StateFilter, TaskFilter, recent("created_at", "created", "created", mark="item_id"))
     sortable_by = ("id", "created")
     fieldsets = (
         (
@@ -136,7 +184,7 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
                     "id",
                     "queue",
                     "task",
-                    "state",
+                    "state_shown",
                     "priority",
                     "attempts_of",
                     "dedup_key",
@@ -145,12 +193,31 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
                 )
             },
         ),
-        ("Timing", {"fields": ("run_at", "visible_at", "created_at", "updated_at", "finished_at", "lease_timeout")}),
+        (
+            "Timing",
+            {"fields": ("run_at_s", "visible_at_s", "created_at_s", "updated_at_s", "finished_at_s", "lease_timeout")},
+        ),
         ("Payload", {"fields": ("payload_pretty",)}),
         ("Outcome", {"fields": ("dead_letter", "error_full", "result_pretty")}),
         ("Attempts", {"fields": ("timeline",)}),
     )
-    readonly_fields = ("attempts_of", "payload_pretty", "dead_letter", "error_full", "result_pretty", "timeline")
+    readonly_fields = (
+        "state_shown",
+        "run_at_s",
+        "visible_at_s",
+        "created_at_s",
+        "updated_at_s",
+        "finished_at_s",
+        "attempts_of",
+        "payload_pretty",
+        "dead_letter",
+        "error_full",
+        "result_pretty",
+        "timeline",
+    )
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+        return super().changelist_view(request, {**(extra_context or {}), "history_note": history_note(request)})
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None) -> HttpResponse:
         # An item archived since the link was made (a dead letter's, a Spark run's, a workflow step's) is shown
@@ -164,13 +231,21 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
             return HttpResponseRedirect(
                 reverse(f"{self.admin_site.name}:queue_app_itemhistory_change", args=[object_id])
             )
+        item = (
+            QueueItem.objects.filter(pk=object_id).only("id", "task", "state", "visible_at").first()
+            if object_id and object_id.isdigit()
+            else None
+        )
+        if item is not None:  # the page's title and breadcrumb say the state as its State field does
+            title = f"#{item.id} {item.task} ({shown_state(item.state, item.visible_at, timezone.now())})"
+            extra_context = {**(extra_context or {}), "subtitle": title, "shown_title": title}
         return super().changeform_view(request, object_id, form_url, extra_context)
 
     # Sorted by id: ids are handed out in creation order, and an index on created_at would cost every enqueue one
     # more entry (the list's "created" time filter walks the primary key from the newest item down).
     @admin.display(description="created at", ordering="id")
-    def created(self, obj: QueueItem):
-        return obj.created_at
+    def created(self, obj: QueueItem) -> SafeString | str:
+        return list_time(obj.created_at)
 
     @admin.display(description="dead letter")
     def dead_letter(self, obj: QueueItem) -> SafeString | str:

@@ -15,8 +15,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from ..flow import held_back
-from ..models import ItemState
-from ..monitoring import OVERVIEW_EXACT_UP_TO, snapshot
+from ..monitoring import OVERVIEW_EXACT_UP_TO, SHOWN_STATES, snapshot
 from .charts import throughput_figure
 
 REFRESH_SECONDS = 5
@@ -57,12 +56,8 @@ def overview_context(request: HttpRequest) -> dict[str, Any]:
     rows = []
     for q in snap.queues:
         depth = [
-            (
-                state.value,
-                q.depth[state.value],
-                changelist_link("queueitem", queue__name__exact=q.name, state__exact=state.value),
-            )
-            for state in ItemState
+            (state, q.depth[state], changelist_link("queueitem", queue__name__exact=q.name, state__exact=state))
+            for state in SHOWN_STATES
         ]
         rows.append(
             {
@@ -77,9 +72,8 @@ def overview_context(request: HttpRequest) -> dict[str, Any]:
     return {
         "snapshot": snap,
         "rows": rows,
-        "states": [state.value for state in ItemState],
+        "states": SHOWN_STATES,
         "chart": throughput_figure(snap, reverse("admin:queue_app_queueitem_changelist")),
-        "plotly_js_url": reverse("admin:queue_app_queue_plotly_js"),
         "refresh_url": reverse("admin:queue_app_queue_overview"),
         "refresh_seconds": REFRESH_SECONDS,
         "workers_url": reverse("admin:queue_app_worker_changelist"),

@@ -81,7 +81,7 @@ class QueueAdmin(OperationsAdmin):
     form = QueueForm
     operations = (PAUSE, RESUME)
     actions = [op.as_action() for op in operations]
-    list_display = ("name", "paused", *OPTIONS, "flow_control", "created_at", "links")
+    list_display = ("name", "paused", *OPTIONS, "flow_control", "links")  # created at: on the queue's page
     list_filter = ("paused",)
     search_fields = ("name",)
     fieldsets = (

@@ -3,12 +3,15 @@
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.db.models.functions import Left
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
 from django.utils.safestring import SafeString
 
-from ..models import Reservation
+from ..conf import queue_settings
+from ..models import Reservation, ReservationHistory
+from ..monitoring import archived_count
 from .actions import ReadOnlyAdmin
-from .display import HEAD_CHARS, ItemColumns, preformatted
+from .display import HEAD_CHARS, AttemptColumns, ItemColumns, preformatted
 from .filters import exact_search, recent
 
 
@@ -24,17 +27,18 @@ class AttemptText:
         return preformatted(obj.traceback)
 
 
-class ReservationAdmin(AttemptText, ItemColumns, ReadOnlyAdmin):
+class ReservationAdmin(AttemptText, AttemptColumns, ItemColumns, ReadOnlyAdmin):
+    # The outcome first: on screen at 1,440 px, with the task and queue in one column.
     list_display = (
         "id",
-        "item",
-        "task",
-        "attempt",
-        "worker_id",
-        "reserved_at",
-        "lease_expires_at",
-        "finished_at",
+        "item_link",
         "outcome",
+        "attempt",
+        "task_queue",
+        "worker",
+        "reserved",
+        "lease_until",
+        "finished",
         "error_short",
     )
     list_select_related = ("item",)
@@ -57,6 +61,17 @@ class ReservationAdmin(AttemptText, ItemColumns, ReadOnlyAdmin):
         "traceback_full",
     )
     readonly_fields = ("item", "task", "error_full", "traceback_full")
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+        # Where the attempts of finished items went (the item list says the same of its items).
+        note = {
+            "what": "The attempts of finished items",
+            "where": "Reservation history",
+            "count": archived_count(ReservationHistory.objects.all()),
+            "after": f"{queue_settings.ARCHIVE_AFTER:g}",
+            "url": reverse("admin:queue_app_reservationhistory_changelist"),
+        }
+        return super().changelist_view(request, {**(extra_context or {}), "history_note": note})
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return (

@@ -5,13 +5,13 @@ output, QueueStatsHourly, per hour for a chosen queue).
 
 Rows change only through queue_app/spark/runs.py (trigger_run, cancel_run, rerun), behind the custom permissions
 trigger_sparkrun and cancel_sparkrun; viewing needs view_sparkrun. Live parts re-fetch a small fragment (the run
-page) or JSON (the list) every second or two and stop once the run is final. Charts are SVG drawn here, like the
-queue overview's.
+page) or JSON (the list) every second or two and stop once the run is final. Charts are plotly figures (charts.py),
+like the queue overview's.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from django.contrib import admin, messages
@@ -34,7 +34,7 @@ from ..spark.registry import SparkParamError, UnknownSparkJob
 from ..spark.runs import cancel_run, rerun, trigger_run, waiting_for
 from . import charts
 from .actions import Operation, ReadOnlyAdmin
-from .display import shorten
+from .display import cut, shorten, time_column
 from .overview import age
 
 PERMISSIONS = {"trigger": "queue_app.trigger_sparkrun", "cancel": "queue_app.cancel_sparkrun"}
@@ -120,7 +120,7 @@ def stats_hours(queue: str | None) -> dict[str, Any]:
     with the highest task p95 of wait and of run time per hour, and the run that computed each hour."""
     queues = list(QueueStatsHourly.objects.order_by("queue").values_list("queue", flat=True).distinct())
     if not queues:
-        return {"queues": [], "queue": None, "figures": []}
+        return {"queues": [], "queue": None, "figures": [], **last_analytics()}
     queue = queue if queue in queues else queues[0]
     last = QueueStatsHourly.objects.filter(queue=queue).order_by("-hour").values_list("hour", flat=True).first()
     hours: dict[datetime, dict[str, Any]] = {}
@@ -138,6 +138,28 @@ def stats_hours(queue: str | None) -> dict[str, Any]:
                 h[key] = max(row[key], h[key] or 0.0)
     figures = zip(("processed", "p95"), charts.stats_figures(hours, queue), strict=False)
     return {"queues": queues, "queue": queue, "figures": [(n, f"figure-{n}", f) for n, f in figures]}
+
+
+def last_analytics() -> dict[str, Any]:
+    """What the last finished queue_analytics run did, for a page with no statistics to chart: that it ran, how
+    it ended, the range it read (its metrics; a run that did not succeed: its parameters' window) and the
+    attempts it found there."""
+    from ..spark.pipelines.queue_analytics import window
+
+    run = SparkRun.objects.filter(job="queue_analytics", state__in=SPARK_FINAL).order_by("-id").first()
+    if run is None:
+        return {"last_run": None}
+    metrics = run.metrics or {}
+    if metrics.get("since") and metrics.get("until"):
+        since, until = (datetime.fromisoformat(metrics[key]) for key in ("since", "until"))
+    else:
+        try:
+            days = {key: date.fromisoformat(run.params[key]) for key in ("since", "until") if run.params.get(key)}
+            since, until = window(days) if days else (None, None)  # an incremental run: since its watermark
+        except (TypeError, ValueError):
+            since, until = None, None
+    span = f"{since:%Y-%m-%d %H:%M} – {until:%Y-%m-%d %H:%M} UTC" if since and until else ""
+    return {"last_run": run, "range": span, "attempts": metrics.get("attempts", 0), "error": shorten(run.error)}
 
 
 class JobFilter(admin.SimpleListFilter):
@@ -166,10 +188,10 @@ class SparkRunAdmin(ReadOnlyAdmin):
         "progress_bar",
         "duration",
         "trigger",
-        "requested_by",
+        "requested",
         "params_short",
         "attempt",
-        "queued_at",
+        "queued",
     )
     list_display_links = ("id", "job")
     list_filter = (JobFilter, "state", "trigger")
@@ -208,8 +230,14 @@ class SparkRunAdmin(ReadOnlyAdmin):
         return format_html('<span class="spark-duration" data-run="{}">{}</span>', run.id, age(duration_of(run)))
 
     @admin.display(description="params")
-    def params_short(self, run: SparkRun) -> str:
-        return shorten(", ".join(f"{k}={v}" for k, v in (run.params or {}).items())) or "-"
+    def params_short(self, run: SparkRun) -> SafeString | str:
+        return cut(", ".join(f"{k}={v}" for k, v in (run.params or {}).items()))
+
+    @admin.display(description="requested by", ordering="requested_by")
+    def requested(self, run: SparkRun) -> SafeString | str:
+        return cut(run.requested_by, "narrow")
+
+    queued = time_column("queued_at", "queued at", ordering="queued_at")
 
     # -- URLs and views ---------------------------------------------------------------------------------------
 
@@ -378,7 +406,6 @@ class SparkRunAdmin(ReadOnlyAdmin):
             "Spark charts",
             figures=[(name, f"figure-{name}", figure) for name, figure in figures.items() if figure],
             stats=stats_hours(request.GET.get("queue")),
-            plotly_js_url=reverse("admin:queue_app_queue_plotly_js"),
         )
         return TemplateResponse(request, TEMPLATES + "charts.html", context)
 

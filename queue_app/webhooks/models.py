@@ -100,7 +100,7 @@ class WebhookAttempt(models.Model):
         indexes = [models.Index("delivery", "id", name="webhookattempt_delivery")]
 
     def __str__(self) -> str:
-        return f"attempt {self.attempt} of {self.delivery_id}: {self.status_code or self.error[:60]}"
+        return f"delivery {self.delivery_id}, attempt {self.attempt}: {self.status_code or self.error[:60]}"
 
     @property
     def ok(self) -> bool:

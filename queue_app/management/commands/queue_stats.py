@@ -1,8 +1,9 @@
 """`manage.py queue_stats [--json] [--groups]`: per queue, items by state ("ready" = due now, "scheduled" = ready
-but due later: delay or backoff), the age of the oldest due ready item, and open dead letters. Exact counts (one
-grouped scan of the item table): meant for operators and scripts, not for a dashboard refreshed every second
-on a huge table. With --groups, each queue also gets `groups`: group key -> counts by state (keyed items only);
-and each queue says what flow control it has and what holds it back now (flow.held_back)."""
+but due later: delay or backoff; the admin's vocabulary, monitoring.SHOWN_STATES), the age of the oldest due
+ready item, and open dead letters. Exact counts (one grouped scan of the item table): meant for operators and
+scripts, not for a dashboard refreshed every second on a huge table. With --groups, each queue also gets `groups`:
+group key -> counts by state (keyed items only); and each queue says what flow control it has and what holds it
+back now (flow.held_back)."""
 
 import json
 
@@ -13,6 +14,7 @@ from django.utils import timezone
 
 from queue_app.flow import format_rate, group_counts, held_back
 from queue_app.models import DeadLetter, ItemHistory, ItemState, Queue, QueueItem
+from queue_app.monitoring import SHOWN_STATES
 
 STATES = [state.value for state in ItemState]
 
@@ -26,7 +28,7 @@ def queue_stats(groups: bool = False) -> list[dict]:
             by_state[row["state"]] = by_state.get(row["state"], 0) + row["n"]
     due = dict(
         QueueItem.objects.order_by()
-        .filter(state=ItemState.READY, run_at__lte=Now())
+        .filter(state=ItemState.READY, visible_at__lte=Now())
         .values("queue_id")
         .annotate(oldest=Min("run_at"))
         .values_list("queue_id", "oldest")
@@ -40,7 +42,7 @@ def queue_stats(groups: bool = False) -> list[dict]:
     )
     scheduled = dict(
         QueueItem.objects.order_by()
-        .filter(Q(state=ItemState.READY) & Q(run_at__gt=Now()))
+        .filter(Q(state=ItemState.READY) & Q(visible_at__gt=Now()))
         .values("queue_id")
         .annotate(n=Count("id"))
         .values_list("queue_id", "n")
@@ -86,7 +88,7 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps({"queues": stats}, indent=2))
             return
-        columns = ["queue", *STATES, "scheduled", "oldest_ready_age", "dead_letters", "paused"]
+        columns = ["queue", *SHOWN_STATES, "oldest_ready_age", "dead_letters", "paused"]
         rows = [[_cell(row[c]) for c in columns] for row in stats]
         widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
         self.stdout.write("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
