@@ -73,6 +73,7 @@ class TimePartitions(Partitioning):
     """Daily or hourly partitions in UTC: a fixed step from a canonical start."""
 
     step: dt.timedelta
+    named: str  # "a daily", "an hourly": in messages
     fmt: str
     pattern: re.Pattern[str]
 
@@ -82,17 +83,25 @@ class TimePartitions(Partitioning):
     def parse(self, key: str) -> dt.datetime:
         """The start (UTC) of the partition `key` names; PartitionError unless it is a canonical key."""
         if not isinstance(key, str) or not self.pattern.match(key):
-            raise PartitionError(f"{_shown(key)} is not a {self.kind} partition key (like {self.example})")
+            raise PartitionError(f"{_shown(key)} is not {self.named} partition key like {self.example}")
         try:
             return dt.datetime.strptime(key, self.fmt).replace(tzinfo=dt.UTC)
         except ValueError:
-            raise PartitionError(f"{_shown(key)} is not a {self.kind} partition key: no such date") from None
+            raise PartitionError(f"{_shown(key)} is not {self.named} partition key: no such date or hour") from None
+
+    def text(self, start: dt.datetime) -> str:  # pragma: no cover - interface
+        """The canonical key of the partition starting at `start` (isoformat, not strftime: %Y is not
+        zero-padded before year 1000 on every platform)."""
+        raise NotImplementedError
 
     def key(self, value: Any = None) -> str:
         if isinstance(value, dt.datetime):
-            return self.start_of(_utc(value)).strftime(self.fmt)
+            try:
+                return self.text(self.start_of(_utc(value)))
+            except OverflowError:
+                raise PartitionError(f"{_shown(value)} is outside the years 1-9999 in UTC") from None
         if isinstance(value, dt.date):
-            return self.start_of(dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC)).strftime(self.fmt)
+            return self.text(self.start_of(dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC)))
         if isinstance(value, str):
             return self.key_of_text(value)
         raise PartitionError(
@@ -100,7 +109,7 @@ class TimePartitions(Partitioning):
         )
 
     def key_of_text(self, text: str) -> str:
-        return self.parse(text).strftime(self.fmt)
+        return self.text(self.parse(text))
 
     def keys(self, start: Any, end: Any) -> list[str]:
         first, last = self.parse(self.key(start)), self.parse(self.key(end))
@@ -109,7 +118,7 @@ class TimePartitions(Partitioning):
         count = (last - first) // self.step + 1
         if count > MAX_RANGE:
             raise PartitionError(f"the range holds {count} {self.kind} partitions; at most {MAX_RANGE}")
-        return [(first + i * self.step).strftime(self.fmt) for i in range(count)]
+        return [self.text(first + i * self.step) for i in range(count)]
 
     def describe(self) -> str:
         return self.kind
@@ -117,6 +126,7 @@ class TimePartitions(Partitioning):
 
 class DailyPartitions(TimePartitions):
     kind = "daily"
+    named = "a daily"
     step = dt.timedelta(days=1)
     fmt = "%Y-%m-%d"
     pattern = _DAILY
@@ -125,9 +135,13 @@ class DailyPartitions(TimePartitions):
     def start_of(self, value: dt.datetime) -> dt.datetime:
         return value.replace(hour=0, minute=0, second=0, microsecond=0)
 
+    def text(self, start: dt.datetime) -> str:
+        return start.date().isoformat()
+
 
 class HourlyPartitions(TimePartitions):
     kind = "hourly"
+    named = "an hourly"
     step = dt.timedelta(hours=1)
     fmt = "%Y-%m-%dT%H"
     pattern = _HOURLY
@@ -135,6 +149,9 @@ class HourlyPartitions(TimePartitions):
 
     def start_of(self, value: dt.datetime) -> dt.datetime:
         return value.replace(minute=0, second=0, microsecond=0)
+
+    def text(self, start: dt.datetime) -> str:
+        return f"{start.date().isoformat()}T{start.hour:02d}"
 
     def key_of_text(self, text: str) -> str:
         """The canonical key, or an ISO datetime exactly on an hour (an offset is converted to UTC)."""
@@ -144,7 +161,9 @@ class HourlyPartitions(TimePartitions):
             moment = dt.datetime.fromisoformat(text)
         except ValueError:
             return super().key_of_text(text)  # the canonical key's message
-        if (moment.minute, moment.second, moment.microsecond) != (0, 0, 0) or "T" not in text:
+        if "T" not in text:
+            return super().key_of_text(text)
+        if (moment.minute, moment.second, moment.microsecond) != (0, 0, 0):
             raise PartitionError(
                 f"{_shown(text)} is not on the hour: an hourly partition key looks like {self.example}"
             )
