@@ -73,7 +73,7 @@ class Dataset:
 def build(
     name: Any,
     *,
-    location: Any,
+    location: Any = None,
     partitioning: Any = None,
     owner: Any = "",
     description: Any = "",
