@@ -17,6 +17,7 @@ from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import Dataset as DatasetRow
 from queue_app.datasets.models import Materialization
 from queue_app.datasets.services import observe, record_materialization, schema_fingerprint
+from queue_app.datasets.status import NEWEST, newest
 from queue_app.datasets.sync import sync_datasets
 
 
@@ -257,12 +258,19 @@ def test_latest_per_partition_and_a_partition_range_are_index_scans(root):
     ranged = Materialization.objects.filter(dataset="ds_plan", partition__range=("2026-02-03", "2026-02-09")).order_by(
         "partition"
     )
-    newest = Materialization.objects.filter(dataset="ds_plan").order_by("-at", "-id")[:1]
+    last = Materialization.objects.filter(dataset="ds_plan").order_by("-at", "-id")[:1]
     for query, index in (
         (latest, "materialization_partition"),
         (ranged, "materialization_partition"),
-        (newest, "materialization_latest"),
+        (last, "materialization_latest"),
     ):
         plan = query.explain()
         assert index in plan and "Sort" not in plan, plan
     assert [m.rows for m in ranged] == list(range(3, 10))
+    with connection.cursor() as cursor:  # the list's read: two index probes per dataset, no sort, no scan
+        cursor.execute("EXPLAIN " + NEWEST, [["ds_plan", "ds_other"]])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "materialization_partition" in plan and "materialization_latest" in plan, plan
+    assert "Sort" not in plan and "Seq Scan on queue_app_materialization" not in plan, plan
+    assert [m.partition for m in newest(["ds_plan"])["ds_plan"]] == ["2026-02-28", "2026-02-28"]
+    assert newest(["ds_plan", "ds_none"])["ds_none"] == []

@@ -138,10 +138,20 @@ def code_datasets() -> dict[str, Dataset]:
     return _code.entries()
 
 
+_parsed: list[Any] = [None, None]  # [the DATASETS mapping last parsed, what it gave]
+
+
 def settings_datasets() -> tuple[dict[str, Dataset], dict[str, str]]:
     """The datasets the DATASETS setting declares, and {name: why} for entries that cannot be used (reported by
-    the system check jobsite.E105 and left out)."""
+    the system check jobsite.E105 and left out). Parsed once per settings object: a lookup on a producer's
+    settle must not re-read thousands of declarations."""
     raw = queue_settings.DATASETS
+    if _parsed[0] is not raw:
+        _parsed[:] = [raw, _parse_settings(raw)]
+    return _parsed[1]
+
+
+def _parse_settings(raw: Any) -> tuple[dict[str, Dataset], dict[str, str]]:
     if not isinstance(raw, Mapping):
         return {}, {"DATASETS": "the DATASETS setting maps names to declarations ({name: {location: ...}})"}
     found, errors = {}, {}
@@ -165,10 +175,12 @@ def declared_datasets() -> dict[str, Dataset]:
 
 
 def get_dataset(name: Any) -> Dataset:
-    """The declared dataset `name`; DatasetError naming the close names otherwise."""
+    """The declared dataset `name` (settings' before code's); DatasetError naming the close names otherwise."""
+    if isinstance(name, str):
+        found = settings_datasets()[0].get(name) or _code.get(name)
+        if found is not None:
+            return found
     known = declared_datasets()
-    if isinstance(name, str) and name in known:
-        return known[name]
     hint = _code.did_you_mean(name, list(known))
     shown = name[:60] + "..." if isinstance(name, str) and len(name) > 60 else name
     listed = ", ".join(list(known)[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")

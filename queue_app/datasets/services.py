@@ -17,10 +17,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 
 from .declarations import Dataset, DatasetError, get_dataset
 from .locations import LocationError, dataset_roots, within_roots
+from .models import Dataset as DatasetRow
 from .models import Materialization, MaterializationSource
 
 MAX_METADATA_BYTES = 65_536
@@ -75,14 +76,11 @@ def _source(spark_run_id: Any, workflow_step_id: Any, item_id: Any, observed: bo
 
 
 def _ensure_row(ds: Dataset) -> None:
-    """The Dataset row exists (sync.py writes the full snapshot): DO NOTHING takes no lock on an existing row, so
-    concurrent records of one dataset never wait on each other."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO queue_app_dataset (name, config, declared_in, synced_at) VALUES (%s, %s, %s, now()) "
-            "ON CONFLICT (name) DO NOTHING",
-            [ds.name, json.dumps(ds.config()), ds.declared_in],
-        )
+    """The Dataset row exists (sync.py writes the full snapshot): ON CONFLICT DO NOTHING takes no lock on an
+    existing row, so concurrent records of one dataset never wait on each other."""
+    DatasetRow.objects.bulk_create(
+        [DatasetRow(name=ds.name, config=ds.config(), declared_in=ds.declared_in)], ignore_conflicts=True
+    )
 
 
 def record_materialization(

@@ -1,6 +1,7 @@
 """What the CLI and the admin read about datasets: one summary per dataset and one dataset's history, as the
-JSON shapes `dataset list --json` and `dataset show --json` print (issue 38). Every read is an index scan of
-queue_app_materialization (materialization_latest, materialization_partition).
+JSON shapes `dataset list --json` and `dataset show --json` print (issue 38). Every read is index scans of
+queue_app_materialization (materialization_latest, materialization_partition), one statement for any number
+of datasets.
 
 Producers, consumers and checks are empty ("none") until jobs declare what they produce and consume and checks
 exist; the shapes already carry them so the CLI contract does not change when they arrive.
@@ -9,7 +10,10 @@ exist; the shapes already carry them so the CLI contract does not change when th
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from typing import Any
+
+from django.db import connection
 
 from .declarations import Dataset
 from .freshness import freshness_state
@@ -20,21 +24,52 @@ def _iso(value: dt.datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def newest(ds: Dataset) -> list[Materialization]:
-    """What freshness needs: the newest materialization by time and the one of the newest partition."""
-    rows = Materialization.objects.filter(dataset=ds.name)
-    return [m for m in (rows.order_by("-at", "-id").first(), rows.order_by("-partition").first()) if m]
+# Per dataset, the newest materialization by time and the one of the newest partition: two index probes per
+# name (materialization_latest, materialization_partition), every name in one statement.
+NEWEST = """
+SELECT d.name, a.partition, a.at, p.partition, p.at
+FROM unnest(%s::text[]) AS d(name)
+LEFT JOIN LATERAL (
+    SELECT m.partition, m.at FROM queue_app_materialization m WHERE m.dataset = d.name
+    ORDER BY m.at DESC, m.id DESC LIMIT 1
+) a ON true
+LEFT JOIN LATERAL (
+    SELECT m.partition, m.at FROM queue_app_materialization m WHERE m.dataset = d.name
+    ORDER BY m.partition DESC LIMIT 1
+) p ON true
+"""
 
 
-def summary(ds: Dataset, now: dt.datetime) -> dict[str, Any]:
-    latest = newest(ds)
-    return {
-        "name": ds.name,
-        "partitioning": ds.partitioning.describe(),
-        "last_materialized": _iso(max((m.at for m in latest), default=None)),
-        "freshness": freshness_state(ds, latest, now),
-        "checks": "none",
-    }
+@dataclass(frozen=True)
+class Newest:
+    partition: str
+    at: dt.datetime
+
+
+def newest(names: list[str]) -> dict[str, list[Newest]]:
+    """What freshness needs of each dataset in `names`: its newest materialization by time and the one of its
+    newest partition ([] when it has none)."""
+    with connection.cursor() as cursor:
+        cursor.execute(NEWEST, [names])
+        return {
+            name: [Newest(p, at) for p, at in ((a_partition, a_at), (p_partition, p_at)) if at is not None]
+            for name, a_partition, a_at, p_partition, p_at in cursor.fetchall()
+        }
+
+
+def summaries(datasets: list[Dataset], now: dt.datetime) -> list[dict[str, Any]]:
+    """`dataset list --json`: one entry per dataset, in the order given."""
+    latest = newest([ds.name for ds in datasets])
+    return [
+        {
+            "name": ds.name,
+            "partitioning": ds.partitioning.describe(),
+            "last_materialized": _iso(max((m.at for m in latest[ds.name]), default=None)),
+            "freshness": freshness_state(ds, latest[ds.name], now),
+            "checks": "none",
+        }
+        for ds in datasets
+    ]
 
 
 def detail(ds: Dataset, now: dt.datetime, *, partition: str | None = None, limit: int = 100) -> dict[str, Any]:
@@ -49,7 +84,7 @@ def detail(ds: Dataset, now: dt.datetime, *, partition: str | None = None, limit
         "partitioning": ds.partitioning.describe(),
         "producers": [],
         "consumers": [],
-        "freshness": freshness_state(ds, newest(ds), now),
+        "freshness": freshness_state(ds, newest([ds.name])[ds.name], now),
         "materializations": [
             {
                 "partition": m.partition,

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from queue_app.datasets import DatasetError, declared_datasets, get_dataset
 from queue_app.datasets import services as datasets
-from queue_app.datasets.status import detail, summary
+from queue_app.datasets.status import detail, summaries
 from queue_app.datasets.sync import sync_datasets
 
 
@@ -61,8 +61,7 @@ class Command(BaseCommand):
 
     def do_list(self, *, json: bool, **_):
         sync_datasets()
-        now = timezone.now()
-        rows = [summary(ds, now) for ds in declared_datasets().values()]
+        rows = summaries(list(declared_datasets().values()), timezone.now())
         if json:
             self.stdout.write(_dumps(rows))
             return
