@@ -5,8 +5,9 @@
 - observe: a partition written outside jobsite; its files are counted and sized under the dataset's location.
 
 Both validate everything before writing (an unknown dataset, a partition that does not fit, bad figures: a
-DatasetError and nothing written) and write in the caller's transaction (a savepoint of their own), so a caller
-that rolls back leaves nothing.
+DatasetError and nothing written) and write one statement (sql.RECORD: the dataset's row made sure of and the
+materialization inserted, atomic without a savepoint) in the caller's transaction, so a caller that rolls back
+leaves nothing.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from django.db import transaction
+from django.db import connection
 
 from .declarations import Dataset, DatasetError, get_dataset
 from .locations import LocationError, dataset_roots, within_roots
-from .models import Dataset as DatasetRow
 from .models import Materialization, MaterializationSource
+from .sql import RECORD
 
 MAX_METADATA_BYTES = 65_536
 MAX_FIGURE = 2**63 - 1
@@ -75,14 +76,6 @@ def _source(spark_run_id: Any, workflow_step_id: Any, item_id: Any, observed: bo
     return MaterializationSource.ITEM if item_id is not None else MaterializationSource.CODE
 
 
-def _ensure_row(ds: Dataset) -> None:
-    """The Dataset row exists (sync.py writes the full snapshot): ON CONFLICT DO NOTHING takes no lock on an
-    existing row, so concurrent records of one dataset never wait on each other."""
-    DatasetRow.objects.bulk_create(
-        [DatasetRow(name=ds.name, config=ds.config(), declared_in=ds.declared_in)], ignore_conflicts=True
-    )
-
-
 def record_materialization(
     dataset: str | Dataset,
     partition: Any = None,
@@ -114,9 +107,15 @@ def record_materialization(
         "workflow_step_id": workflow_step_id,
         "item_id": item_id,
     }
-    with transaction.atomic():
-        _ensure_row(ds)
-        return Materialization.objects.create(**values)
+    columns = [values[c] for c in ("dataset", "partition", "rows", "bytes", "files", "schema_fingerprint")]
+    columns += [json.dumps(values["metadata"])]
+    columns += [values[c] for c in ("source", "spark_run_id", "workflow_step_id", "item_id")]
+    with connection.cursor() as cursor:
+        cursor.execute(RECORD, [ds.name, json.dumps(ds.config()), ds.declared_in, *columns])
+        row_id, at = cursor.fetchone()
+    written = {"id": row_id, "at": at, **values}
+    names = [f.attname for f in Materialization._meta.concrete_fields]  # from_db takes them in the model's order
+    return Materialization.from_db(connection.alias, names, [written[n] for n in names])
 
 
 def stat_files(path: str, roots: list[str]) -> tuple[int, int]:

@@ -18,26 +18,11 @@ from django.db import connection
 from .declarations import Dataset
 from .freshness import freshness_state
 from .models import Materialization
+from .sql import NEWEST
 
 
 def _iso(value: dt.datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
-
-
-# Per dataset, the newest materialization by time and the one of the newest partition: two index probes per
-# name (materialization_latest, materialization_partition), every name in one statement.
-NEWEST = """
-SELECT d.name, a.partition, a.at, p.partition, p.at
-FROM unnest(%s::text[]) AS d(name)
-LEFT JOIN LATERAL (
-    SELECT m.partition, m.at FROM queue_app_materialization m WHERE m.dataset = d.name
-    ORDER BY m.at DESC, m.id DESC LIMIT 1
-) a ON true
-LEFT JOIN LATERAL (
-    SELECT m.partition, m.at FROM queue_app_materialization m WHERE m.dataset = d.name
-    ORDER BY m.partition DESC LIMIT 1
-) p ON true
-"""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any
 from django.db import connection
 
 from .declarations import declared_datasets
+from .sql import SYNC
 
 
 def sync_datasets() -> int:
@@ -24,12 +25,7 @@ def sync_datasets() -> int:
     names = list(declared)
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO queue_app_dataset (name, config, declared_in, synced_at) "
-            "SELECT name, config, declared_in, now() FROM unnest(%s::text[], %s::jsonb[], %s::text[]) "
-            "AS d(name, config, declared_in) "
-            "ON CONFLICT (name) DO UPDATE SET config = EXCLUDED.config, declared_in = EXCLUDED.declared_in, "
-            "synced_at = EXCLUDED.synced_at WHERE (queue_app_dataset.config, queue_app_dataset.declared_in) "
-            "IS DISTINCT FROM (EXCLUDED.config, EXCLUDED.declared_in)",
+            SYNC,
             [names, [json.dumps(declared[n].config()) for n in names], [declared[n].declared_in for n in names]],
         )
         return cursor.rowcount
