@@ -277,3 +277,12 @@ def test_latest_per_partition_and_a_partition_range_are_index_scans(root):
     assert "Sort" not in plan and "Seq Scan on queue_app_materialization" not in plan, plan
     assert [m.partition for m in newest(["ds_plan"])["ds_plan"]] == ["2026-02-28", "2026-02-28"]
     assert newest(["ds_plan", "ds_none"])["ds_none"] == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migrate_syncs_the_declared_datasets_to_rows(root):
+    dataset("ds_migrated", location="m", owner="ops")
+    assert not DatasetRow.objects.filter(name="ds_migrated").exists()
+    call_command("migrate", verbosity=0)
+    row = DatasetRow.objects.get(name="ds_migrated")
+    assert (row.declared_in, row.config["owner"], row.config["location"]) == ("code", "ops", "m")
