@@ -53,6 +53,12 @@ DEFAULTS: dict[str, Any] = {
     # Days a finished run's Spark event log is kept when its job's policy sets no keep_days (then the run's own
     # retention applies to both); the run row stays. None or 0: kept until the run is deleted.
     "SPARK_EVENT_LOG_KEEP_DAYS": 14,
+    # Datasets (queue_app/datasets/): modules that declare datasets when imported (besides every app's
+    # `datasets` module), datasets declared by settings ({name: {"location": ..., "partitioning": ...}}), and the
+    # directories a dataset's path may lie under (besides JOBSITE_DATASET_ROOTS; both empty: settings.VAR_DIR).
+    "DATASET_MODULES": (),
+    "DATASETS": {},
+    "DATASET_ROOTS": (),
 }
 
 

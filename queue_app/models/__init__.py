@@ -5,10 +5,10 @@
 - workers.py: Worker
 - schedules.py: Schedule, ScheduleFire
 
-The Spark, probes, webhooks and workflows models live with their packages (spark/models.py, probes/models.py,
-webhooks/models.py, workflows/models.py) and are imported last, so Django registers them with the app; each of
-those modules imports only Django. Their names are re-exported here as well, so `from queue_app.models import
-SparkRun` keeps working; new code imports them from their own package.
+The datasets, Spark, probes, webhooks and workflows models live with their packages (datasets/models.py,
+spark/models.py, probes/models.py, webhooks/models.py, workflows/models.py) and are imported last, so Django
+registers them with the app; each of those modules imports only Django. Their names are re-exported here as
+well, so `from queue_app.models import SparkRun` keeps working; new code imports them from their own package.
 """
 
 from .history import ItemHistory, ReservationHistory
@@ -32,6 +32,7 @@ from .workers import Worker, WorkerState
 # isort: split
 # The models of the app's packages (imported after the core ones: importing a package runs its __init__, which may
 # import the core models back).
+from ..datasets.models import Dataset, Materialization
 from ..probes.models import ExecutionLog, ProbeEffect
 from ..spark.models import (
     SPARK_FINAL_STATES,
@@ -54,12 +55,14 @@ __all__ = [
     "SPARK_FINAL_STATES",
     "SPARK_OPEN_STATES",
     "CatchUp",
+    "Dataset",
     "DeadLetter",
     "DedupClaim",
     "ExecutionLog",
     "IdMark",
     "ItemHistory",
     "ItemState",
+    "Materialization",
     "Outcome",
     "ProbeEffect",
     "Queue",

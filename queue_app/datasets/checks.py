@@ -1,0 +1,62 @@
+"""System checks of the dataset declarations (run by `manage.py check`, `migrate`, `runserver` and every command
+that checks the project), so a bad declaration is found before anything runs:
+
+- jobsite.E101: a dataset declared in code and in settings with different partitionings
+- jobsite.E102: a dataset's path outside the allowed dataset roots
+- jobsite.E103: an invalid freshness policy
+- jobsite.E104: a bad static partition key
+- jobsite.E105: a settings declaration that cannot be read (it is left out)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+
+from .declarations import Dataset, code_datasets, settings_datasets
+from .locations import LocationError
+
+
+def _where(ds: Dataset) -> str:
+    return f"dataset {ds.name!r} ({ds.declared_in}: {ds.origin})"
+
+
+def declaration_errors(ds: Dataset) -> list[checks.CheckMessage]:
+    """What is wrong with one declaration: its location, static keys and freshness policy."""
+    errors = []
+    if ds.location.path:
+        try:
+            ds.location.resolve()
+        except LocationError as exc:
+            errors.append(checks.Error(f"{_where(ds)}: {exc}", id="jobsite.E102"))
+    errors += [checks.Error(f"{_where(ds)}: {p}", id="jobsite.E104") for p in ds.partitioning.problems()]
+    if ds.freshness is not None:
+        errors += [
+            checks.Error(f"{_where(ds)}: {p}", id="jobsite.E103") for p in ds.freshness.problems(ds.partitioning)
+        ]
+    return errors
+
+
+@checks.register("jobsite")
+def dataset_declarations(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    code = code_datasets()
+    from_settings, unreadable = settings_datasets()
+    errors = [
+        checks.Error(f"DATASETS[{name!r}] is left out: {why}", id="jobsite.E105") for name, why in unreadable.items()
+    ]
+    for name in sorted(code.keys() & from_settings.keys()):
+        ours, theirs = code[name], from_settings[name]
+        if ours.partitioning != theirs.partitioning:
+            errors.append(
+                checks.Error(
+                    f"dataset {name!r} is declared twice with different partitionings: "
+                    f"{ours.partitioning.describe()!r} in code ({ours.origin}) and "
+                    f"{theirs.partitioning.describe()!r} in settings ({theirs.origin})",
+                    hint="a partitioning names the partitions already recorded: keep one, or rename the dataset",
+                    id="jobsite.E101",
+                )
+            )
+    for ds in {**code, **from_settings}.values():
+        errors += declaration_errors(ds)
+    return errors

@@ -1,0 +1,75 @@
+"""The datasets' tables: one row per known dataset (a snapshot of its declaration) and one per materialization.
+
+Part of the queue_app app (app_label queue_app, tables queue_app_dataset and queue_app_materialization, migration
+0021); queue_app.models imports this module so Django registers them. Imports only Django.
+
+A materialization names its dataset, run, step and item by plain value, not by foreign key (like the history
+tables and ExecutionLog): it is written in the transaction that settles a run or step, where a foreign key would
+take a share lock on the dataset row and its run for every write, and it must outlive pruned runs and items.
+"""
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+
+class DeclaredIn(models.TextChoices):
+    CODE = "code"
+    SETTINGS = "settings"
+    ADMIN = "admin"
+
+
+class MaterializationSource(models.TextChoices):
+    SPARK_RUN = "spark_run"
+    WORKFLOW_STEP = "workflow_step"
+    ITEM = "item"
+    OBSERVED = "observed"  # data written outside jobsite (`dataset observe`)
+    CODE = "code"  # record_materialization() called with no run, step or item
+
+
+class Dataset(models.Model):
+    """A dataset jobsite knows, with the declaration it was last synced from (sync.py)."""
+
+    name = models.CharField(primary_key=True, max_length=200)
+    config = models.JSONField(default=dict, help_text="the declaration: location, partitioning, owner, ...")
+    declared_in = models.CharField(max_length=10, choices=DeclaredIn.choices)
+    synced_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Materialization(models.Model):
+    """One partition of a dataset written (or observed) once, with the figures known about it. Partition keys
+    are canonical text (partitions.py): "" for an unpartitioned dataset."""
+
+    id = models.BigAutoField(primary_key=True)
+    dataset = models.CharField(max_length=200)
+    partition = models.CharField(max_length=200, blank=True, default="")
+    at = models.DateTimeField(db_default=Now())
+    rows = models.BigIntegerField(null=True, blank=True)
+    bytes = models.BigIntegerField(null=True, blank=True)
+    files = models.BigIntegerField(null=True, blank=True)
+    schema_fingerprint = models.CharField(max_length=64, blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+    source = models.CharField(max_length=20, choices=MaterializationSource.choices)
+    spark_run_id = models.BigIntegerField(null=True, blank=True)
+    workflow_step_id = models.BigIntegerField(null=True, blank=True)
+    item_id = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            # The latest materialization of a (dataset, partition), and a dataset's partitions in a key range.
+            models.Index("dataset", "partition", models.F("at").desc(), name="materialization_partition"),
+            # A dataset's newest materializations (last materialized, history newest first).
+            models.Index("dataset", models.F("at").desc(), models.F("id").desc(), name="materialization_latest"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(rows__gte=0) & Q(bytes__gte=0) & Q(files__gte=0), name="materialization_figures"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.dataset}[{self.partition}] at {self.at}"

@@ -1,0 +1,41 @@
+"""The datasets' SQL statements, in one place: the record written in a producer's settle (hot path), the list's
+read of every dataset's newest materializations, and the sync of declarations to rows."""
+
+# One statement, so it is atomic without a savepoint of its own: the dataset's row made sure of (ON CONFLICT DO
+# NOTHING takes no lock on an existing row: concurrent records of one dataset never wait on each other) and the
+# materialization inserted. Parameters: name, config, declared_in, then the materialization's columns.
+RECORD = """
+WITH dataset AS (
+    INSERT INTO queue_app_dataset (name, config, declared_in, synced_at) VALUES (%s, %s::jsonb, %s, now())
+    ON CONFLICT (name) DO NOTHING
+)
+INSERT INTO queue_app_materialization (dataset, partition, at, rows, bytes, files, schema_fingerprint, metadata,
+    source, spark_run_id, workflow_step_id, item_id)
+VALUES (%s, %s, now(), %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s)
+RETURNING id, at
+"""
+
+# Per dataset, the newest materialization by time and the one of the newest partition: two index probes per
+# name (materialization_latest, materialization_partition), every name in one statement.
+NEWEST = """
+SELECT d.name, a.partition, a.at, p.partition, p.at
+FROM unnest(%s::text[]) AS d(name)
+LEFT JOIN LATERAL (
+    SELECT m.partition, m.at FROM queue_app_materialization m WHERE m.dataset = d.name
+    ORDER BY m.at DESC, m.id DESC LIMIT 1
+) a ON true
+LEFT JOIN LATERAL (
+    SELECT m.partition, m.at FROM queue_app_materialization m WHERE m.dataset = d.name
+    ORDER BY m.partition DESC LIMIT 1
+) p ON true
+"""
+
+
+# Every declared dataset's snapshot in one statement; a row whose snapshot is unchanged is not rewritten.
+SYNC = """
+INSERT INTO queue_app_dataset (name, config, declared_in, synced_at)
+SELECT name, config, declared_in, now() FROM unnest(%s::text[], %s::jsonb[], %s::text[]) AS d(name, config, declared_in)
+ON CONFLICT (name) DO UPDATE SET config = EXCLUDED.config, declared_in = EXCLUDED.declared_in,
+    synced_at = EXCLUDED.synced_at
+WHERE (queue_app_dataset.config, queue_app_dataset.declared_in) IS DISTINCT FROM (EXCLUDED.config, EXCLUDED.declared_in)
+"""

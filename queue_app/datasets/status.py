@@ -1,0 +1,86 @@
+"""What the CLI and the admin read about datasets: one summary per dataset and one dataset's history, as the
+JSON shapes `dataset list --json` and `dataset show --json` print (issue 38). Every read is index scans of
+queue_app_materialization (materialization_latest, materialization_partition), one statement for any number
+of datasets.
+
+Producers, consumers and checks are empty ("none") until jobs declare what they produce and consume and checks
+exist; the shapes already carry them so the CLI contract does not change when they arrive.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection
+
+from .declarations import Dataset
+from .freshness import freshness_state
+from .models import Materialization
+from .sql import NEWEST
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+@dataclass(frozen=True)
+class Newest:
+    partition: str
+    at: dt.datetime
+
+
+def newest(names: list[str]) -> dict[str, list[Newest]]:
+    """What freshness needs of each dataset in `names`: its newest materialization by time and the one of its
+    newest partition ([] when it has none)."""
+    with connection.cursor() as cursor:
+        cursor.execute(NEWEST, [names])
+        return {
+            name: [Newest(p, at) for p, at in ((a_partition, a_at), (p_partition, p_at)) if at is not None]
+            for name, a_partition, a_at, p_partition, p_at in cursor.fetchall()
+        }
+
+
+def summaries(datasets: list[Dataset], now: dt.datetime) -> list[dict[str, Any]]:
+    """`dataset list --json`: one entry per dataset, in the order given."""
+    latest = newest([ds.name for ds in datasets])
+    return [
+        {
+            "name": ds.name,
+            "partitioning": ds.partitioning.describe(),
+            "last_materialized": _iso(max((m.at for m in latest[ds.name]), default=None)),
+            "freshness": freshness_state(ds, latest[ds.name], now),
+            "checks": "none",
+        }
+        for ds in datasets
+    ]
+
+
+def detail(ds: Dataset, now: dt.datetime, *, partition: str | None = None, limit: int = 100) -> dict[str, Any]:
+    """The dataset and its newest `limit` materializations (of one canonical `partition` when given)."""
+    rows = Materialization.objects.filter(dataset=ds.name)
+    if partition is not None:
+        rows = rows.filter(partition=partition)
+    history = list(rows.order_by("-at", "-id")[:limit])
+    return {
+        "name": ds.name,
+        "location": ds.location.text,
+        "partitioning": ds.partitioning.describe(),
+        "producers": [],
+        "consumers": [],
+        "freshness": freshness_state(ds, newest([ds.name])[ds.name], now),
+        "materializations": [
+            {
+                "partition": m.partition,
+                "at": _iso(m.at),
+                "rows": m.rows,
+                "bytes": m.bytes,
+                "files": m.files,
+                "run_id": m.spark_run_id,
+                "step_id": m.workflow_step_id,
+                "checks": "none",
+            }
+            for m in history
+        ],
+    }

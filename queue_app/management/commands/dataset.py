@@ -1,0 +1,120 @@
+"""`manage.py dataset`: the declared datasets, their materializations and freshness; observe data written outside.
+
+    python manage.py dataset list [--json]
+    python manage.py dataset show NAME [--partition P] [--json]
+    python manage.py dataset observe NAME [--partition P] [--json]
+
+`list --json` prints [{"name", "partitioning", "last_materialized", "freshness", "checks"}]; `show --json` prints
+{"name", "location", "partitioning", "producers", "consumers", "freshness", "materializations": [{"partition",
+"at", "rows", "bytes", "files", "run_id", "step_id", "checks"}]} newest first; `observe --json` prints the
+recorded materialization. An unknown dataset, a partition that does not fit its partitioning or nothing to
+observe is an error message and exit status 1, and nothing is written.
+"""
+
+import importlib
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from queue_app.datasets import DatasetError, declared_datasets, get_dataset
+from queue_app.datasets import services as datasets
+from queue_app.datasets.status import detail, summaries
+from queue_app.datasets.sync import sync_datasets
+
+
+class Command(BaseCommand):
+    help = "Datasets: list, show, observe."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--import",
+            dest="imports",
+            action="append",
+            default=[],
+            metavar="MODULE",
+            help="also import this module for its datasets (besides every app's datasets.py); repeatable",
+        )
+        sub = parser.add_subparsers(dest="action", required=True)
+        listing = sub.add_parser("list", help="every declared dataset: partitioning, last materialized, freshness")
+        listing.add_argument("--json", action="store_true")
+        show = sub.add_parser("show", help="a dataset and its materializations, newest first")
+        show.add_argument("name")
+        show.add_argument("--partition", metavar="P", help="only this partition's materializations")
+        show.add_argument("--limit", type=int, default=100, help="at most this many materializations (100)")
+        show.add_argument("--json", action="store_true")
+        observe = sub.add_parser("observe", help="record a partition written outside jobsite (files counted)")
+        observe.add_argument("name")
+        observe.add_argument("--partition", metavar="P", help="the partition (required for a partitioned dataset)")
+        observe.add_argument("--json", action="store_true")
+
+    def handle(self, *args, action, imports, **options):
+        for module in imports:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise CommandError(f"--import {module}: {exc}") from None
+        try:
+            getattr(self, f"do_{action}")(**options)
+        except DatasetError as exc:
+            raise CommandError(str(exc)) from None
+
+    def do_list(self, *, json: bool, **_):
+        sync_datasets()
+        rows = summaries(list(declared_datasets().values()), timezone.now())
+        if json:
+            self.stdout.write(_dumps(rows))
+            return
+        for row in rows:
+            self.stdout.write(
+                f"{row['name']}  {_partitioning(row['partitioning'])}  {row['freshness']}  "
+                f"last materialized {row['last_materialized'] or 'never'}"
+            )
+
+    def do_show(self, *, name, partition, limit, json: bool, **_):
+        if limit < 1:
+            raise CommandError("--limit must be at least 1")
+        ds = get_dataset(name)
+        key = ds.partition_key(partition) if partition is not None else None
+        sync_datasets()
+        shown = detail(ds, timezone.now(), partition=key, limit=limit)
+        if json:
+            self.stdout.write(_dumps(shown))
+            return
+        self.stdout.write(self.style.MIGRATE_HEADING(ds.name) + f"  {ds.description}")
+        self.stdout.write(
+            f"  location {shown['location']}, {_partitioning(shown['partitioning'])}, {shown['freshness']}"
+        )
+        for m in shown["materializations"]:
+            figures = ", ".join(f"{k} {m[k]}" for k in ("rows", "bytes", "files") if m[k] is not None)
+            self.stdout.write(f"  [{m['partition'] or '-'}] {m['at']}  {figures}")
+
+    def do_observe(self, *, name, partition, json: bool, **_):
+        recorded = datasets.observe(name, partition)
+        fields = {
+            "dataset": recorded.dataset,
+            "partition": recorded.partition,
+            "at": recorded.at.isoformat(),
+            "files": recorded.files,
+            "bytes": recorded.bytes,
+            "id": recorded.id,
+        }
+        if json:
+            self.stdout.write(_dumps(fields))
+        else:
+            self.stdout.write(
+                f"observed {recorded.dataset}[{recorded.partition or '-'}]: {recorded.files} files, "
+                f"{recorded.bytes} bytes"
+                if recorded.files is not None
+                else f"observed {recorded.dataset}"
+            )
+
+
+def _partitioning(described) -> str:
+    if isinstance(described, dict):
+        return "static " + ",".join(described["static"])
+    return described or "unpartitioned"
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, indent=2, sort_keys=False)
