@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("queue_app", "0020_id_marks"),
+        ("queue_app", "0021_workflow_sql_one_home"),
     ]
 
     operations = [
