@@ -9,7 +9,7 @@ for held in engine.lease(["default"], 10, worker_id="w1"):
 from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue, notify, use_task_defaults
 from .errors import InvalidEnqueue, QueueError, StaleReservation
 from .history import archive, drop_expired_partitions, ensure_partitions, prune_history, within_lock_timeout
-from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, settle_and_lease
+from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, ready_exists, settle_and_lease
 from .maintenance import (
     analyze,
     bloated_tables,
@@ -69,6 +69,7 @@ __all__ = [
     "prune_dedup_claims",
     "prune_done",
     "prune_history",
+    "ready_exists",
     "release",
     "renew_leases",
     "rescue_expired",

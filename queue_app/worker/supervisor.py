@@ -125,7 +125,8 @@ class Supervisor(Settling):
         self.listener_retry_at = 0.0
         self.wake_at = float("inf")  # a follower's lease after a notification (see worker/listener.py)
         self.next_first_try = 0.0  # a follower's next try for the wake lock
-        self.idle_after_lease = False
+        self.idle_after_lease = False  # --burst: a lease found nothing, nothing is in flight, and nothing is ready
+        self.said_held_back = False
         self.heartbeat_every = self._heartbeat_cap()
         self.due: list[float] = []  # heap: when items this worker sent back for a retry become due
         self.away = False  # the loop was away (frozen, cut off): check leases and settle before anything else
@@ -523,7 +524,9 @@ class Supervisor(Settling):
         if not self.maybe_more:
             self.ran_dry_at = now  # the queues had fewer ready than asked: no backlog
         self._completed(out.stale, sent)  # after the wake-up flags: a completed item's key may wake the next lease
-        self.idle_after_lease = not leases and not (self.running or self.leased or self.done or self.pending)
+        self.idle_after_lease = False
+        if self.options.burst and not leases and not (self.running or self.leased or self.done or self.pending):
+            self.idle_after_lease = not self._held_back()
         for lease in leases:
             task = find_task(lease.task)
             if task is None:
@@ -539,6 +542,18 @@ class Supervisor(Settling):
                     self._poison(lease, f"undecodable payload: {type(exc).__name__}: {exc}")
                     continue
             self.leased.append((lease, task))
+
+    def _held_back(self) -> bool:
+        """--burst, a lease that found nothing with nothing in flight: whether items are ready all the same, held
+        back by an ordering key (its next item is leasable from the statement after the settle that freed it,
+        or after another worker's item), or a rate, concurrency or group limit. A burst worker then waits and
+        leases again (at once after a settle that freed a key, else at the poll interval): it stops only once
+        nothing is ready or in flight. Said once a spell."""
+        ready = engine.ready_exists(self.queues)
+        if ready and not self.said_held_back:
+            logger.info("burst: items ready but held back (by an ordering key or a flow limit); waiting")
+        self.said_held_back = ready
+        return ready
 
     def _start_leased(self) -> None:
         """Start as many held items as there are idle slots: give an item whose task the lease statement did not
