@@ -20,6 +20,7 @@ from .maintenance import (
     vacuum,
 )
 from .marks import take_mark
+from .pruning import PRUNE_BATCH, history_round, prune_round, prune_rounds
 from .retry import backoff_seconds
 from .settle import complete, complete_many, dead, extend, extend_many, fail, release, start_at_most_once
 from .workers import (
@@ -37,6 +38,7 @@ from .workers import (
 
 __all__ = [
     "ALL_QUEUES",
+    "PRUNE_BATCH",
     "Enqueued",
     "InvalidEnqueue",
     "Lease",
@@ -63,11 +65,14 @@ __all__ = [
     "extend",
     "extend_many",
     "fail",
+    "history_round",
     "lease",
     "lock_reserved",
     "notify",
     "prune_dedup_claims",
     "prune_done",
+    "prune_round",
+    "prune_rounds",
     "prune_history",
     "ready_exists",
     "release",
