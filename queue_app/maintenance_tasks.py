@@ -1,7 +1,8 @@
 """Built-in maintenance tasks a schedule can name: `queue_app.prune` (the shipped "prune-done" schedule).
 
-The worker's own maintenance units prune too; the task lets an operator see, time and trigger pruning from the
-admin like any other schedule, and run it on a cluster whose workers run with --no-scheduler elsewhere.
+The worker's own maintenance units prune too, with the same rounds (engine/pruning.py); the task lets an operator
+see, time and trigger pruning from the admin like any other schedule, and run it on a cluster whose workers run
+with --no-scheduler elsewhere.
 """
 
 from typing import Any
@@ -9,8 +10,7 @@ from typing import Any
 from . import engine
 from .registry import Context, job
 
-PRUNE_BATCH = 10_000
-PRUNE_ROUNDS = 100  # at most a million done items per run; the next fire takes the rest
+PRUNE_ROUNDS = 100  # at most a million done items per run (rounds of engine.PRUNE_BATCH); the next fire takes the rest
 
 
 @job("queue_app.prune", hard_timeout=300.0)
@@ -20,19 +20,4 @@ def prune(payload: Any, ctx: Context) -> dict[str, int]:
     (policy keep_days) with their event logs, and the event logs of other runs past SPARK_EVENT_LOG_KEEP_DAYS."""
     from .spark.runs import prune_event_logs, prune_runs
 
-    pruned = 0
-    for _ in range(PRUNE_ROUNDS):
-        batch = engine.prune_done(PRUNE_BATCH)
-        pruned += batch
-        if batch < PRUNE_BATCH:
-            break
-    history = engine.prune_history(PRUNE_BATCH)
-    dropped = engine.within_lock_timeout(lambda: len(engine.drop_expired_partitions()), "partition drop")
-    return {
-        "pruned": pruned,
-        "history_pruned": history,
-        "partitions_dropped": dropped,
-        "dedup_claims": engine.prune_dedup_claims(),
-        "spark_runs": prune_runs(),
-        "spark_event_logs": prune_event_logs(),
-    }
+    return {**engine.prune_rounds(PRUNE_ROUNDS), "spark_runs": prune_runs(), "spark_event_logs": prune_event_logs()}

@@ -91,3 +91,23 @@ def test_a_delete_racing_a_lease_leaves_no_orphaned_reservation():
     assert deleted == [1]
     assert not Reservation.objects.filter(id=held.reservation_id).exists()
     assert orphans() == 0
+
+
+def test_the_prune_task_and_the_worker_units_prune_by_the_same_rounds(monkeypatch):
+    from queue_app.engine import pruning
+    from queue_app.maintenance_tasks import prune
+    from queue_app.worker.maintenance import default_units
+
+    units = {unit.name: unit.run for unit in default_units()}
+    assert units["prune_done"].batch is engine.prune_round and units["history_retention"].batch is engine.history_round
+    engine.ensure_queue("short")
+    services.set_queue_options("short", retention=timedelta(minutes=1))
+    old = with_history(30, "short")
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE queue_app_queueitem SET finished_at = finished_at - interval '1 hour' WHERE id = ANY(%s)", [old]
+        )
+    monkeypatch.setattr(pruning, "PRUNE_BATCH", 7)  # 30 items: four full rounds and a last one of 2
+
+    assert prune(None, None)["pruned"] == 30  # the task goes on while a round comes back full
+    assert not QueueItem.objects.filter(id__in=old).exists() and orphans() == 0

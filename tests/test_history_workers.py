@@ -13,7 +13,7 @@ from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks the w
 from tests.test_history import age, archive_all, finished
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # real workers
 
 PROBES = 3000
 

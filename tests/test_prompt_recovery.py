@@ -1,7 +1,8 @@
 """Nothing waits for the poll or behind a backlog when it need not: a re-delivered item keeps its place in line,
 a retry starts at its backoff time, the next item of an ordering key starts when its predecessor settles; and a
 worker back from being away (frozen, cut off) checks its leases and settles what it holds before acting on them.
-Real `run_worker` processes with a 5 s poll, so that only the mechanisms under test can explain a prompt start."""
+Real `run_worker` processes with a 60 s poll, so that only the mechanisms under test can explain a start within
+half a minute. (How prompt, in milliseconds, is for a benchmark to measure, not for a test on a shared machine.)"""
 
 import os
 import signal
@@ -12,15 +13,14 @@ import pytest
 from queue_app import engine, services
 from queue_app.models import ExecutionLog, ItemState, QueueItem, Reservation
 from queue_app.registry import get_task
-from queue_app.worker import Supervisor, WorkerOptions
-from queue_app.worker.pool import make_pool
 from tests import test_worker_processes as processes
 from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks the workers --import)
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 finish, output = processes.finish, processes.output
-SLOW_POLL = ("--poll-interval", "5")
+POLL = 60.0
+SLOW_POLL = ("--poll-interval", f"{POLL:g}")
 
 
 def reservations(item_id: int) -> list[Reservation]:
@@ -62,7 +62,7 @@ def test_a_retry_starts_at_its_backoff_time_not_at_the_next_poll(worker):
     assert finish(proc, timeout=30) == 0, output(proc)
     failed, retried = reservations(item)
     waited = (retried.reserved_at - failed.finished_at).total_seconds()
-    assert 0.35 <= waited < 1.5, waited  # its 0.4 s backoff, not the 5 s poll
+    assert 0.35 <= waited < POLL / 2, waited  # at its 0.4 s backoff, not at the poll
 
 
 def test_the_next_item_of_an_ordering_key_starts_when_its_predecessor_settles(worker):
@@ -73,7 +73,7 @@ def test_the_next_item_of_an_ordering_key_starts_when_its_predecessor_settles(wo
     proc.terminate()
     assert finish(proc, timeout=30) == 0, output(proc)
     waited = (reservations(second)[0].reserved_at - QueueItem.objects.get(id=first).finished_at).total_seconds()
-    assert 0 <= waited < 1.0, waited  # at once, not at the next poll 5 s later
+    assert 0 <= waited < POLL / 2, waited  # when the first settled, not at the next poll
 
 
 # -- back from being away ------------------------------------------------------------------------------------
@@ -109,20 +109,29 @@ def test_a_worker_frozen_past_its_leases_never_starts_a_prefetched_item_it_no_lo
     assert "worker was away" in output(proc)
 
 
-def test_results_held_through_an_outage_are_settled_before_the_workers_own_rescue():
-    item = engine.enqueue("queue_app.echo", {"x": 1}).id
-    supervisor = Supervisor(WorkerOptions(pool="thread", concurrency=1, scheduler=False))
-    supervisor.pool = make_pool("thread", 1)
-    supervisor.pool.start()
+def test_results_held_through_an_outage_are_settled_before_the_workers_own_rescue(worker, db_proxy):
+    """The handlers finish while the database is cut off, and their leases (3 s) lapse before it is back: the
+    worker's first round back settles what it holds before its own rescue runs (due every second), so nothing
+    is taken back and run again. A real worker behind the chaos proxy, a real outage."""
+    engine.ensure_queue("default")
+    services.set_queue_options("default", lease_timeout=1.0)  # the task's floor: 1 s hard timeout + 2 s
+    ids = get_task("tests.quick_probe").enqueue_many([{"sleep": 0.5}] * 2)
+    proc = worker("held", "--concurrency", "2", "--prefetch", "0", env={"DATABASE_URL": db_proxy.url()})
+    wait_for(lambda: ExecutionLog.objects.count() == 2, timeout=60, what="both handlers to start")
+    assert db_proxy.cut(8) > 0  # the handlers finish (0.5 s) and their leases lapse (3 s) during the cut
     try:
-        [lease] = engine.lease(None, 1, supervisor.worker_id, lease_timeout=0.3)
-        supervisor.done = [(lease, {"x": 1})]  # its handler returned; then the database went away
-        time.sleep(0.5)  # longer than the lease
-        supervisor.db_down_since = time.monotonic() - 12  # ... and is back now
-        supervisor._database_steps(time.monotonic())  # rescue (due at once) and lease in the same round
-    finally:
-        supervisor.pool.shutdown()
-        supervisor.lease_call.close()  # the lease it sent: its thread ends, with its connection
-    stored = QueueItem.objects.get(id=item)
-    assert (stored.state, stored.result) == (ItemState.DONE, {"x": 1})
-    assert [r.outcome for r in reservations(item)] == ["done"]
+        wait_for(
+            lambda: QueueItem.objects.filter(id__in=ids, state=ItemState.DONE).count() == 2,
+            timeout=90,
+            what="the worker to settle both items once the database is back",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the worker said:\n{output(proc)[-3000:]}") from None
+    proc.terminate()
+    assert finish(proc, timeout=30) == 0, output(proc)[-3000:]
+    for item_id in ids:
+        [attempt] = reservations(item_id)  # one attempt each: no rescue re-delivered it
+        assert attempt.outcome == "done", output(proc)[-3000:]
+        assert attempt.finished_at > attempt.lease_expires_at  # settled after its lease had lapsed
+    assert processes.runs_per_item() == dict.fromkeys(ids, 1)
+    assert "database unavailable" in output(proc) and "stale item=" not in output(proc)

@@ -43,15 +43,9 @@ def receiver(allow_private):
 
 
 def run_worker(concurrency: int = 2) -> None:
-    """Run the worker in process until nothing is due or in flight. A burst worker stops when a lease finds
-    nothing, and a lease does not see the ordering key its own settle freed: run it again while items are due."""
+    """Run the worker in process until nothing is ready or in flight (a burst worker)."""
     options = WorkerOptions(pool="thread", concurrency=concurrency, burst=True, poll_interval=0.05, scheduler=False)
-    while True:
-        supervisor = Supervisor(options)
-        assert supervisor.run() == 0
-        worked = supervisor.stats.processed + supervisor.stats.failed + supervisor.stats.dead
-        if not worked or not QueueItem.objects.filter(state=ItemState.READY, visible_at__lte=timezone.now()).exists():
-            return
+    assert Supervisor(options).run() == 0
 
 
 def drive_clock(delivery: WebhookDelivery) -> float:

@@ -140,7 +140,7 @@ def test_a_signal_while_waiting_to_replace_the_process_stops_it_instead():
 
     def stop_once_replacing() -> None:
         deadline = time.monotonic() + 30
-        while not supervisor.replacing and time.monotonic() < deadline:
+        while not supervisor.shutdown.replacing and time.monotonic() < deadline:
             time.sleep(0.01)
         supervisor._on_signal(signal.SIGTERM, None)  # what SIGTERM does, without signalling this process
         worker_tasks.GATE.set()
@@ -149,7 +149,7 @@ def test_a_signal_while_waiting_to_replace_the_process_stops_it_instead():
     stopper.start()
     assert supervisor.run() == 0
     stopper.join()
-    assert not supervisor.replacing
+    assert not supervisor.shutdown.replacing
     assert QueueItem.objects.get(id=held).result is True  # finished within the grace period, not cut short
 
 
@@ -329,7 +329,7 @@ def test_a_worker_shrinks_to_fit_when_the_server_has_too_few_connections_left(ca
     assert f"needs={room + other} server_has_room_for={room}" in warning
     assert f"running with --concurrency {room - other} instead" in warning
     fits = room - other
-    assert (worker.options.concurrency, worker.capacity, worker.row.concurrency) == (fits, 2 * fits, fits)
+    assert (worker.options.concurrency, worker.pacing.capacity, worker.row.concurrency) == (fits, 2 * fits, fits)
     caplog.clear()
     Supervisor(WorkerOptions(pool="thread", concurrency=max(1, room - 10))).check_connection_room()
     assert not [r for r in caplog.records if "too few database connections" in r.getMessage()]
@@ -337,18 +337,18 @@ def test_a_worker_shrinks_to_fit_when_the_server_has_too_few_connections_left(ca
 
 def test_what_a_worker_holds_follows_its_pace_and_the_whole_prefetch_through_a_backlog():
     supervisor = Supervisor(WorkerOptions(pool="thread", concurrency=2, prefetch=100, hold=0.025))
-    assert supervisor._held_most() == 2 + 2  # no pace measured yet: --concurrency beyond the slots
-    supervisor.pace = 4_000.0  # items a second: 25 ms of work is 100 items
-    assert supervisor._held_most() == 2 + 100
-    supervisor.pace = 400.0
-    assert supervisor._held_most() == 2 + 10
-    supervisor.ran_dry_at = time.monotonic() - 5  # no slot has lacked work for 5 s: a backlog
-    assert supervisor._held_most() == 2 + 100
+    assert supervisor.pacing.held_most() == 2 + 2  # no pace measured yet: --concurrency beyond the slots
+    supervisor.pacing.pace = 4_000.0  # items a second: 25 ms of work is 100 items
+    assert supervisor.pacing.held_most() == 2 + 100
+    supervisor.pacing.pace = 400.0
+    assert supervisor.pacing.held_most() == 2 + 10
+    supervisor.pacing.ran_dry_at = time.monotonic() - 5  # no slot has lacked work for 5 s: a backlog
+    assert supervisor.pacing.held_most() == 2 + 100
     unheld = Supervisor(WorkerOptions(pool="thread", concurrency=2, prefetch=100, hold=0))
-    assert unheld._held_most() == 2 + 100  # --hold 0: the whole prefetch, whatever the pace
+    assert unheld.pacing.held_most() == 2 + 100  # --hold 0: the whole prefetch, whatever the pace
     default = Supervisor(WorkerOptions(pool="thread", concurrency=8))
-    default.pace = 1.0
-    assert default._held_most() == 8 + 8  # the default prefetch (--concurrency) is never held back
+    default.pacing.pace = 1.0
+    assert default.pacing.held_most() == 8 + 8  # the default prefetch (--concurrency) is never held back
 
 
 @pytest.mark.parametrize("hold", [-0.1, float("nan"), float("inf")])

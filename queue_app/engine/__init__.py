@@ -9,7 +9,7 @@ for held in engine.lease(["default"], 10, worker_id="w1"):
 from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue, is_task_name, notify, use_task_defaults
 from .errors import InvalidEnqueue, QueueError, StaleReservation
 from .history import archive, drop_expired_partitions, ensure_partitions, prune_history, within_lock_timeout
-from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, settle_and_lease
+from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, ready_exists, settle_and_lease
 from .maintenance import (
     analyze,
     bloated_tables,
@@ -20,6 +20,7 @@ from .maintenance import (
     vacuum,
 )
 from .marks import take_mark
+from .pruning import PRUNE_BATCH, history_round, prune_round, prune_rounds
 from .retry import backoff_seconds
 from .settle import complete, complete_many, dead, extend, extend_many, fail, release, start_at_most_once
 from .workers import (
@@ -37,6 +38,7 @@ from .workers import (
 
 __all__ = [
     "ALL_QUEUES",
+    "PRUNE_BATCH",
     "Enqueued",
     "InvalidEnqueue",
     "Lease",
@@ -63,13 +65,17 @@ __all__ = [
     "extend",
     "extend_many",
     "fail",
+    "history_round",
     "is_task_name",
     "lease",
     "lock_reserved",
     "notify",
     "prune_dedup_claims",
     "prune_done",
+    "prune_round",
+    "prune_rounds",
     "prune_history",
+    "ready_exists",
     "release",
     "renew_leases",
     "rescue_expired",

@@ -189,3 +189,12 @@ def lease(
     if n <= 0:
         return []
     return settle_and_lease((), queues, n, worker_id, lease_timeout, terms=terms, using=using).leases
+
+
+def ready_exists(queues: Sequence[str] | None, *, using: str = "default") -> bool:
+    """Whether any item of `queues` (None or ALL_QUEUES: every queue; paused ones never) is ready now, whether
+    a lease could take it or it is held back (an ordering key, a rate, concurrency or group limit): what a
+    `--burst` worker waits for. Delayed items and retries backing off are not ready."""
+    with cursor(using) as cur:
+        cur.execute(sql.READY_EXISTS, _queue_params(queues))
+        return cur.fetchone()[0]

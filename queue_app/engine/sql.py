@@ -333,6 +333,32 @@ WITH RECURSIVE {_lease_ctes("", picked=_FAIR_PICKED)}
 SELECT {_LEASED_COLUMNS} FROM leased
 """
 
+# Whether any item of the given queues (named or all; not paused) is ready now, leasable or held back: by an
+# ordering key whose older items are in flight or ready (a lease does not see a key its own settle freed: the
+# next item of the key is leasable from the next statement on), by a rate, concurrency or group limit. A
+# `--burst` worker stops only when this is false and nothing is in flight. Not ready: items
+# delayed or backing off before a retry (visible later), items behind such an item of their key, paused queues.
+# Probes item_fetch per queue from its best row, and item_ordering_open per keyed item it passes.
+READY_EXISTS = f"""
+SELECT EXISTS (
+    SELECT 1 FROM {QUEUE} q
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM {ITEM} i
+        WHERE i.queue_id = q.name
+          AND i.state IN ('ready', 'reserved')
+          AND i.visible_at <= now()
+          AND (i.state = 'ready' OR i.attempts < i.max_attempts)
+          AND (i.ordering_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM {ITEM} o
+                WHERE o.queue_id = i.queue_id AND o.ordering_key = i.ordering_key
+                  AND o.state IN ('ready', 'reserved') AND o.id < i.id  -- item_ordering_open's predicate
+                  AND o.state = 'ready' AND o.visible_at > now()))
+        LIMIT 1
+    ) c
+    WHERE NOT q.paused AND (%(all_queues)s OR q.name = ANY(%(queues)s))
+)"""
+
+
 # Complete items: fenced on the reservation, done with their results. Shared by COMPLETE_MANY and
 # SETTLE_AND_LEASE; `settled_reservations` returns the reservation of each item it completed, `already` each
 # one this very reservation had completed before: a complete retried after its reply was lost (a connection cut

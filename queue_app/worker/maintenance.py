@@ -24,7 +24,6 @@ from ..conf import queue_settings
 logger = logging.getLogger("jobsite.worker")
 
 RESCUE_BATCH = 1000
-PRUNE_BATCH = 10_000
 ARCHIVE_BATCH = 5_000
 SCHEDULE_BATCH = 100  # due schedules claimed per round
 WORKER_FORGET_AFTER = 600.0  # seconds without a heartbeat before a Worker row is deleted
@@ -45,28 +44,9 @@ def _rescue() -> tuple[dict[str, int], bool]:
     return {"rescued": rescued, "dead": died}, rescued + died >= RESCUE_BATCH
 
 
-def _prune() -> tuple[dict[str, int], bool]:
-    pruned = engine.prune_done(PRUNE_BATCH)
-    claims = engine.prune_dedup_claims()
-    return {"pruned": pruned, "dedup_claims": claims}, pruned >= PRUNE_BATCH
-
-
 def _archive() -> tuple[dict[str, int], bool]:
     moved = engine.within_lock_timeout(lambda: engine.archive(ARCHIVE_BATCH), "archive")
     return {"archived": moved}, moved >= ARCHIVE_BATCH
-
-
-def _history_retention() -> tuple[dict[str, int], bool]:
-    """Partitions created ahead, queues with a shorter retention pruned, expired days dropped (last: a drop's
-    lock on the history tables lasts until this unit commits)."""
-    counts = {
-        "partitions_created": engine.within_lock_timeout(engine.ensure_partitions, "partition creation"),
-        "history_pruned": engine.prune_history(PRUNE_BATCH),
-        "partitions_dropped": engine.within_lock_timeout(
-            lambda: len(engine.drop_expired_partitions()), "partition drop"
-        ),
-    }
-    return counts, counts["history_pruned"] >= PRUNE_BATCH
 
 
 def _log_counts(name: str, counts: dict[str, int]) -> None:
@@ -230,12 +210,13 @@ def default_units(*, scheduler: bool = True) -> list[Unit]:
     background: list[threading.Thread | None] = [None]
     units = [
         Unit("rescue_expired", 1.0, _rescue),
-        # The units that move or delete rows in bulk run in the maintenance thread, a turn at a time (_Rows).
-        _rows_unit("prune_done", 60.0, _prune, background),
+        # The units that move or delete rows in bulk run in the maintenance thread, a turn at a time (_Rows);
+        # the prunes' rounds are the prune task's too (engine/pruning.py).
+        _rows_unit("prune_done", 60.0, engine.prune_round, background),
         # Every 2 s, and at once after a turn that left more: 5,000 items a batch in ~0.1 s, tens of thousands a s.
         _rows_unit("archive", 2.0, _archive, background),
         # Every 30 s: a queue keeping a minute of history (pruned row by row) holds about 1.5 minutes of it.
-        _rows_unit("history_retention", 30.0, _history_retention, background),
+        _rows_unit("history_retention", 30.0, engine.history_round, background),
         # Often: a lease walks past every dead entry at the head of item_fetch until a VACUUM clears them (at
         # 10,000 items/s that is 300,000 more a minute); it only VACUUMs past bloated_tables' thresholds. Two
         # workers draining 300,000 no-ops: 10,800-17,700 items/s checking every 30 s, 19,000-20,300 every 5 s.

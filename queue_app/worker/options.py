@@ -26,7 +26,7 @@ class WorkerOptions:
     batch: int | None = None  # most items per lease; None: as many as there is room for
     prefetch: int | None = None  # items held leased, not yet started, beyond the slots; None: concurrency
     # ...and of those beyond --concurrency, at most this many seconds of work at the pace the pool keeps (0: hold
-    # the whole prefetch whatever the pace). See Supervisor._held_most.
+    # the whole prefetch whatever the pace). See worker/pacing.py.
     hold: float = 0.025
     poll_interval: float = 1.0
     worker_id: str | None = None

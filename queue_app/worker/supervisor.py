@@ -11,8 +11,11 @@ Delivery modes, from here:
 - transactional: the pool runs handler and settle in one transaction (worker/execute.py); failures are
   settled here, after the rollback.
 
-Layout: the options and records in options.py, what becomes of each outcome (complete, retry, dead letter,
-hard timeouts) in settling.py (a mixin), the loop, leases, starts, heartbeats and outages here.
+Layout: one file owns each piece of the worker's state. Here: the loop, what is leased, held and running, the
+leases' renewal (heartbeats), hard timeouts and wake-ups. The options and small records in options.py; what
+becomes of each outcome (complete, retry, dead letter, release), the settles waiting and the counters in
+settling.py (the Settler, a collaborator); the database's outages in outage.py; how much work to hold in
+pacing.py; whether and how to stop in shutdown.py.
 
 Outages: every database round is guarded; on a lost connection the supervisor logs once, backs off (0.5 s
 doubling to 10 s) and retries, keeping finished outcomes in memory; they are settled when the server is back
@@ -24,7 +27,6 @@ leasing, lets the rest settle, and run() returns REPLACE for run_worker to exec 
 
 import contextlib
 import gc
-import heapq
 import logging
 import os
 import secrets
@@ -37,25 +39,26 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
 
 from .. import engine
 from ..conf import queue_settings
 from ..engine import ALL_QUEUES, Lease, LeaseTerms
 from ..registry import Delivery, Task, find_task, registered_tasks, warm_ups_for
-from .execute import Job
+from .execute import Job, Outcome
 from .leasing import LeaseCall
 from .listener import FOLLOW, Listener
 from .maintenance import Maintenance
-from .options import DATABASE_DOWN, DEADLINE_RECHECK, Pending, Running, WorkerOptions
+from .options import DATABASE_DOWN, DEADLINE_RECHECK, Running, WorkerOptions
+from .outage import Outage
+from .pacing import Pacing
 from .pool import Pool, make_pool
 from .replace import REPLACE, STOP_SIGNALS, replaced
-from .settling import Settling
+from .settling import Settler
+from .shutdown import Shutdown
 from .status import Stats, StatusReporter, fields
 
 logger = logging.getLogger("jobsite.worker")
 
-BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
 HEARTBEAT_MAX = 10.0  # seconds between heartbeats at most; less when the shortest lease asks for it
 # While other items still run, a freed slot and its finished item wait up to this long for company, so settles
 # and leases go in batches rather than one round trip per item.
@@ -64,29 +67,19 @@ GATHER = 0.005
 # (worker/leasing.py), and its maintenance thread's (archive, prunes, VACUUM or ANALYZE: worker/maintenance.py)
 # while one runs.
 OTHER_CONNECTIONS = 3
-PACE_EVERY = 0.25  # seconds between updates of the pace a worker's pool keeps (items finished per second)
-# A worker whose leases have found all they asked for during this long is working through a backlog: every worker
-# has plenty, so it holds its whole prefetch (leases of the largest batches). Counted from the last lease that found
-# fewer items ready than it asked for, not from a slot with nothing to start: draining a backlog of short jobs,
-# slots empty between two lease round trips all the time, and the worker held back to a fraction of its batch
-# (82 items a lease of 250 asked for: 8,600-10,800 no-ops/s on 4 x 16 threads, 12,200-15,500 at whole batches).
-BACKLOG_AFTER = 1.0
 # A loop iteration that began this much later than the previous one ended (beyond its longest wait) means the
 # worker was away: frozen (SIGSTOP, a paused VM), or stuck in a blocking call. Its leases may have lapsed.
 AWAY_AFTER = 2.0
 
 
-class Supervisor(Settling):
+class Supervisor:
     def __init__(self, options: WorkerOptions, pool: Pool | None = None) -> None:
         self.options = opts = options
         self.pool = pool
-        self.stats = Stats()
         self.worker_id = opts.worker_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.queues = None if opts.queues is None or tuple(opts.queues) == ALL_QUEUES else list(opts.queues)
-        # Running plus leased-not-started items: a short handler finds its next item in hand, not a round trip
-        # away. Held items' leases are renewed like running ones, so waiting in hand never lets a lease lapse.
-        self.capacity = opts.concurrency + (opts.concurrency if opts.prefetch is None else opts.prefetch)
-        self.batch = opts.batch or self.capacity
+        self.pacing = Pacing(opts.concurrency, opts.prefetch, opts.hold)
+        self.batch = opts.batch or self.pacing.capacity
         self.terms: engine.Terms = {}
         self.row = engine.WorkerRow(
             worker_id=self.worker_id,
@@ -99,40 +92,34 @@ class Supervisor(Settling):
         self.listener = Listener(self.queues)
         self.maintenance = Maintenance(scheduler=opts.scheduler)
         self.status = StatusReporter()
+        self.settler = Settler(self._unblocked)
         self.running: dict[int, Running] = {}
         self.next_deadline = float("inf")  # no running item's hard timeout is earlier (may be early: then rechecked)
         self.leased: list[tuple[Lease, Task]] = []  # leased, not started yet
         # The settle-and-lease statement runs on a thread of its own while the loop goes on (worker/leasing.py).
         self.lease_call = LeaseCall(self._wake)
-        self.done: list[tuple[Lease, Any]] = []  # handler returned: complete_many these
-        self.pending: list[Pending] = []
         handed = replaced()  # from the process this one replaced (worker/replace.py), if any
         self.replaces = handed.get("worker_id")
         self.taken = int(handed.get("taken", 0))  # --max-items counts on across a replacement
-        self.stopping = False
-        self.replacing = False  # a handler thread is stuck: stop, let the rest settle, then replace the process
-        self.release_held = False  # on a signal: hand back held items that have not started (not on --max-items)
-        self.grace_deadline = float("inf")
+        self.shutdown = Shutdown()
+        self.outage = Outage()
         self.registered = False
         self.woken = True
         self.maybe_more = True
         self.next_poll = 0.0
         self.next_heartbeat = 0.0
         self.gather_since: float | None = None  # when the first slot freed since the last lease
-        self.db_down_since: float | None = None
-        self.db_backoff = BACKOFF_FIRST
-        self.db_retry_at = 0.0
-        self.listener_retry_at = 0.0
         self.wake_at = float("inf")  # a follower's lease after a notification (see worker/listener.py)
         self.next_first_try = 0.0  # a follower's next try for the wake lock
-        self.idle_after_lease = False
+        self.idle_after_lease = False  # --burst: a lease found nothing, nothing is in flight, and nothing is ready
+        self.said_held_back = False
         self.heartbeat_every = self._heartbeat_cap()
-        self.due: list[float] = []  # heap: when items this worker sent back for a retry become due
         self.away = False  # the loop was away (frozen, cut off): check leases and settle before anything else
         self.waited_from, self.waited_for = time.monotonic(), 0.0  # the last wait: since when, for how long
-        self.pace = 0.0  # items finished per second lately (0: none measured yet)
-        self.pace_count, self.pace_since = 0, time.monotonic()
-        self.ran_dry_at = time.monotonic()  # when a lease last found fewer items ready than it asked for
+
+    @property
+    def stats(self) -> Stats:
+        return self.settler.stats
 
     # -- start and stop -------------------------------------------------------------------------------------
 
@@ -175,8 +162,8 @@ class Supervisor(Settling):
     def _resize(self, concurrency: int) -> None:
         """Run with `concurrency` slots (before the pool starts); a default prefetch and batch follow it."""
         self.options = opts = replace(self.options, concurrency=concurrency)
-        self.capacity = opts.concurrency + (opts.concurrency if opts.prefetch is None else opts.prefetch)
-        self.batch = opts.batch or self.capacity
+        self.pacing = Pacing(opts.concurrency, opts.prefetch, opts.hold)
+        self.batch = opts.batch or self.pacing.capacity
         self.row = replace(self.row, concurrency=concurrency)
 
     def run(self) -> int:
@@ -189,9 +176,11 @@ class Supervisor(Settling):
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        prefetch = self.capacity - self.options.concurrency
         self.pool = self.pool or make_pool(
-            self.options.pool, self.options.concurrency, backlog=prefetch, warm_ups=warm_ups_for(self.queues)
+            self.options.pool,
+            self.options.concurrency,
+            backlog=self.pacing.prefetch,
+            warm_ups=warm_ups_for(self.queues),
         )
         self.pool.start()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -215,7 +204,7 @@ class Supervisor(Settling):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self._close()
-        return REPLACE if self.replacing else 0
+        return REPLACE if self.shutdown.replacing else 0
 
     def _wake(self) -> None:
         """Make the loop's wait return now (from another thread, or a signal handler)."""
@@ -224,15 +213,12 @@ class Supervisor(Settling):
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
-        if self.stopping and not self.replacing:
+        if self.shutdown.stopping and not self.shutdown.replacing:
             logger.warning("second %s: exiting at once; leases in flight expire and their items come back", name)
             if self.pool is not None:
                 self.pool.kill()
             os._exit(1)
-        self.stopping = True
-        self.replacing = False  # asked to stop: the process ends rather than being replaced
-        self.release_held = True
-        self.grace_deadline = time.monotonic() + self.options.grace_period
+        self.shutdown.asked(self.options.grace_period)
         self.next_heartbeat = 0.0  # say "stopping" in the Worker row now
         logger.info(
             "%s: stopping %s",
@@ -246,9 +232,8 @@ class Supervisor(Settling):
         outcome ignored): stop leasing, hand back the items held and not started, let the others in flight
         finish and settle (or reach their own timeouts), then have run_worker replace the process
         (worker/replace.py). Said once."""
-        if self.stopping:
+        if not self.shutdown.replace():
             return  # the process ends anyway (a signal, --max-items, --burst), and the thread with it
-        self.stopping = self.replacing = self.release_held = True
         self.next_heartbeat = 0.0  # say "stopping" in the Worker row now
         logger.warning(
             "a handler thread is stuck past its hard timeout and cannot be stopped: no more leases; replacing this "
@@ -257,23 +242,22 @@ class Supervisor(Settling):
         )
 
     def _finished(self) -> bool:
-        if not self.stopping:
+        if not self.shutdown.stopping:
             if self.options.burst and self.idle_after_lease:
                 logger.info("burst: nothing ready and nothing in flight; stopping")
-                self.stopping = True
+                self.shutdown.finish_in_hand()
             elif self.options.max_items is not None and self.taken >= self.options.max_items:
                 logger.info("max items reached; finishing the items in flight, then stopping")
-                self.stopping = True
-        if not self.stopping or self.running or self.leased or self.lease_call.busy:
+                self.shutdown.finish_in_hand()
+        if not self.shutdown.stopping or self.running or self.leased or self.lease_call.busy:
             return False  # a lease in flight: its items are started (or, on a signal, released) first
-        if not (self.done or self.pending):
+        if not self.settler.unsettled():
             return True
-        down_for = 0.0 if self.db_down_since is None else time.monotonic() - self.db_down_since
-        if down_for >= max(self.options.grace_period, 5.0):
+        if self.outage.down_for(time.monotonic()) >= max(self.options.grace_period, 5.0):
             logger.warning(
                 "exiting with %d settles unwritten (database unavailable); their items come back when their "
                 "leases expire",
-                len(self.done) + len(self.pending),
+                self.settler.unsettled(),
             )
             return True
         return False
@@ -305,39 +289,27 @@ class Supervisor(Settling):
         for outcome in self.pool.collect():
             self._finish(outcome)
             finished += 1
-        self._measure_pace(now, finished)
+        self.pacing.finished(now, finished)
         self._enforce_deadlines()
         self._database_round()
         self.status.tick(
             self.stats,
             in_flight=len(self.running),
-            state="stopping" if self.stopping else "running",
-            db_ok=self.db_down_since is None,
+            state="stopping" if self.shutdown.stopping else "running",
+            db_ok=not self.outage.down,
         )
         if not self._finished():
             self._wait()
 
-    def _measure_pace(self, now: float, finished: int) -> None:
-        self.pace_count += finished
-        if now - self.pace_since >= PACE_EVERY:
-            recent = self.pace_count / (now - self.pace_since)
-            self.pace = (self.pace + recent) / 2 if self.pace else recent
-            self.pace_count, self.pace_since = 0, now
-
-    def _held_most(self) -> int:
-        """Running plus held items at most: the slots, and of the prefetch, --hold seconds of work at the pace
-        the pool keeps, never less than --concurrency (the default prefetch: unchanged) so the pace can grow;
-        the whole prefetch while it works through a backlog (BACKLOG_AFTER).
-        Under a steady load the first worker woken would otherwise lease each burst whole and work through it
-        alone while the others idle: its last items waited 50-60 ms in hand (p99) at 11,000 items/s with
-        --prefetch 500 on two workers; 26-38 ms held to 25 ms of work, the same end-to-end throughput."""
-        concurrency, prefetch = self.options.concurrency, self.capacity - self.options.concurrency
-        if not self.options.hold or time.monotonic() - self.ran_dry_at > BACKLOG_AFTER:
-            return self.capacity
-        return concurrency + min(prefetch, max(concurrency, int(self.pace * self.options.hold)))
+    def _finish(self, outcome: Outcome) -> None:
+        running = self.running.pop(outcome.reservation_id, None)
+        if running is None:  # already stopped (hard timeout, stale) and accounted for
+            return
+        self._slot_freed()
+        self.settler.finish(running, outcome)
 
     def _room(self) -> int:
-        return self._held_most() - len(self.running) - len(self.leased)
+        return self.pacing.held_most() - len(self.running) - len(self.leased)
 
     def _free(self) -> int:
         free = self._room()
@@ -348,27 +320,28 @@ class Supervisor(Settling):
     def _gathered(self, now: float) -> bool:
         """Time to settle and lease: nothing else runs, or half the room is free, or the first freed slot
         has waited GATHER seconds."""
-        if not self.running or self.stopping or self.gather_since is None:
+        if not self.running or self.shutdown.stopping or self.gather_since is None:
             return True
-        return 2 * self._room() >= self._held_most() or now - self.gather_since >= GATHER
+        return 2 * self._room() >= self.pacing.held_most() or now - self.gather_since >= GATHER
 
     def _should_lease(self, now: float) -> bool:
-        if self.stopping or self.lease_call.busy or self._free() == 0:
+        if self.shutdown.stopping or self.lease_call.busy or self._free() == 0:
             return False
         wanted = (
             self.woken
             or self.maybe_more
             or now >= self.next_poll
             or now >= self.wake_at
-            or (bool(self.due) and now >= self.due[0])
+            or now >= self.settler.next_due()
             or (self.options.burst and not self.running)
         )
         return wanted and self._gathered(now)
 
     def _settle_due(self, now: float) -> bool:
-        if self.lease_call.busy and not self.stopping:
-            return bool(self.pending)  # what finishes meanwhile goes with the next lease, right after this one
-        return bool(self.pending) or (bool(self.done) and self._gathered(now))
+        pending, done = self.settler.pending, self.settler.done
+        if self.lease_call.busy and not self.shutdown.stopping:
+            return bool(pending)  # what finishes meanwhile goes with the next lease, right after this one
+        return bool(pending) or (bool(done) and self._gathered(now))
 
     def _slot_freed(self) -> None:
         if self.gather_since is None:
@@ -376,22 +349,22 @@ class Supervisor(Settling):
 
     def _wait(self) -> None:
         now = time.monotonic()
-        if self.db_down_since is None and self._should_lease(now) and (self.maybe_more or self.woken):
+        if not self.outage.down and self._should_lease(now) and (self.maybe_more or self.woken):
             return  # more work is waiting: do not sleep
         deadlines = [self.next_heartbeat, self.maintenance.next_due(), self.status.next_due(), self.next_deadline]
         leasing = self.lease_call.busy  # its result wakes the loop (the pipe); no other lease until then
-        if not self.stopping and not leasing and self._free() > 0:
+        if not self.shutdown.stopping and not leasing and self._free() > 0:
             # A full worker waits for a slot (the pool's fd says when), not for a poll or a follower's turn that
             # it could not act on: past due, they would make every select() return at once (a busy loop).
-            deadlines += [self.next_poll, self.wake_at, *self.due[:1]]
-        if self.stopping:
-            deadlines.append(self.grace_deadline)
+            deadlines += [self.next_poll, self.wake_at, self.settler.next_due()]
+        if self.shutdown.stopping:
+            deadlines.append(self.shutdown.grace_deadline)
         if self.gather_since is not None and self.running and not leasing:
             deadlines.append(self.gather_since + GATHER)
-        if self.db_down_since is not None:
-            deadlines.append(self.db_retry_at)
-        if not self.listener.connected and not self.stopping:
-            deadlines.append(self.listener_retry_at)
+        if self.outage.down:
+            deadlines.append(self.outage.retry_at)
+        if not self.listener.connected and not self.shutdown.stopping:
+            deadlines.append(self.outage.listener_retry_at)
         timeout = min(max(0.0, min(deadlines) - now), self.options.poll_interval)
         fds = [self._wake_r, *self.pool.fds()]
         listener_fd = self.listener.fileno()
@@ -409,8 +382,8 @@ class Supervisor(Settling):
         """Take in the notifications that arrived: the first worker leases now, a follower a moment later."""
         try:
             notified = self.listener.drain()
-        except DATABASE_DOWN as exc:
-            self._listener_lost(exc)
+        except DATABASE_DOWN:
+            self._listener_lost()
             return
         if notified and self.listener.first:
             self.woken = True
@@ -421,86 +394,83 @@ class Supervisor(Settling):
 
     def _database_round(self) -> None:
         now = time.monotonic()
-        if self.stopping and self.listener.connected:
+        if self.shutdown.stopping and self.listener.connected:
             self.listener.close()  # no more leases: hand the wake lock to a follower
-        if not self.listener.connected and not self.stopping and now >= self.listener_retry_at:
+        if not self.listener.connected and not self.shutdown.stopping and now >= self.outage.listener_retry_at:
             try:
                 self.listener.connect()
                 self.woken = True  # notifications sent while we were not listening are lost
                 self.next_first_try = 0.0
-            except DATABASE_DOWN as exc:
-                self._listener_lost(exc)
+            except DATABASE_DOWN:
+                self._listener_lost()
         if self.listener.connected and not self.listener.first and now >= self.next_first_try:
             self.next_first_try = now + self.options.poll_interval
             try:
                 self.listener.try_first()
-            except DATABASE_DOWN as exc:
-                self._listener_lost(exc)
+            except DATABASE_DOWN:
+                self._listener_lost()
             else:
                 self._drain_listener()  # what arrived during that statement waits in psycopg, not the socket
-        if now < self.db_retry_at:
+        if now < self.outage.retry_at:
             return
         try:
             self._database_steps(now)
         except DATABASE_DOWN as exc:
-            self._database_down(exc)
+            self.outage.lost(exc)
+            self.listener.close()
         else:
-            if self.db_down_since is not None:
-                logger.warning("database back %s", fields(after=f"{time.monotonic() - self.db_down_since:.1f}s"))
-                self.db_down_since = None
-                self.db_backoff = BACKOFF_FIRST
+            self.outage.back()
 
     def _database_steps(self, now: float) -> None:
         if not self.registered:
             engine.save_worker(self.row, "running", self.stats.as_dict())
             self.registered = True
         self._take_leased(now)
-        if self.away or self.db_down_since is not None:
+        if self.away or self.outage.down:
             # Back from a freeze or an outage: first settle the results held meanwhile and renew the leases
             # held (dropping prefetched items whose lease was taken back), so that neither this worker's own
             # rescue nor a start of a prefetched item acts on a lease that is no longer ours.
-            self._complete_done()
+            self.settler.complete_done()
             self._heartbeat()
             self.away = False
-        if self.release_held:
+        if self.shutdown.release_held:
             # An at-most-once item was recorded as started before it was handed over: taken back, it would never
             # run. It stays with its thread (one was idle when it was handed over, if maybe still connecting).
             started = frozenset(r for r, run in self.running.items() if run.task.delivery is Delivery.AT_MOST_ONCE)
             for reservation_id in self.pool.take_back(keep=started):  # queued in the pool, never started
-                self._release_later(self.running.pop(reservation_id).lease)
-        if self.release_held and self.leased:
+                self.settler.release(self.running.pop(reservation_id).lease)
+        if self.shutdown.release_held and self.leased:
             for lease, _ in self.leased:
-                self._release_later(lease)
+                self.settler.release(lease)
             self.leased = []
-        if self.pending:
-            self._settle_pending()
+        if self.settler.pending:
+            self.settler.settle_pending()
         self._start_leased()
         if now >= self.next_heartbeat:
             self._heartbeat()
-        if self.done and self.maintenance.next_due() <= now:
-            self._complete_done()  # what this worker holds is settled before its rescue may expire it
+        if self.settler.done and self.maintenance.next_due() <= now:
+            self.settler.complete_done()  # what this worker holds is settled before its rescue may expire it
         self.maintenance.run_due()  # before the lease: a schedule it fires is leased in this round
         if self._should_lease(now):
             self._lease(now)  # completes what finished in the same round trip
             self._take_leased(now)  # at once when it ran here
             self._start_leased()
         elif self._settle_due(now):
-            self._complete_done()
+            self.settler.complete_done()
 
     def _lease(self, now: float) -> None:
         """Send the settle-and-lease statement (what finished, and as many items as there is room for) to the
         lease thread; the loop goes on and takes its result in a later round (_take_leased). No other lease is
         sent until then."""
         want = self._free()
-        sent, self.done = self.done, []
+        sent = self.settler.take_done()
         # Nothing in hand or in the pool: no work to overlap with the statement, so run it here, sparing an
         # idle worker's first item the hand-over to the lease thread and back.
         here = not (self.running or self.leased)
         self.lease_call.send(sent, self.queues, want, self.worker_id, self.terms, here=here)
         self.woken = False
         self.wake_at = float("inf")
-        while self.due and self.due[0] <= now:
-            heapq.heappop(self.due)
+        self.settler.forget_due(now)
         self.gather_since = None
         self.next_poll = now + self.options.poll_interval
 
@@ -514,31 +484,46 @@ class Supervisor(Settling):
         out, error = result
         sent, want = self.lease_call.sent, self.lease_call.asked
         if error is not None:
-            self.done[:0] = sent
+            self.settler.give_back(sent)
             self.woken = True  # the lease did not happen: try again as soon as the database allows
             raise error
         leases = out.leases
         self.taken += len(leases)
         self.maybe_more = len(leases) == want
         if not self.maybe_more:
-            self.ran_dry_at = now  # the queues had fewer ready than asked: no backlog
-        self._completed(out.stale, sent)  # after the wake-up flags: a completed item's key may wake the next lease
-        self.idle_after_lease = not leases and not (self.running or self.leased or self.done or self.pending)
+            self.pacing.ran_dry(now)  # the queues had fewer ready than asked: no backlog
+        # After the wake-up flags: a completed item's key may wake the next lease.
+        self.settler.completed(out.stale, sent)
+        self.idle_after_lease = False
+        if self.options.burst and not leases and not (self.running or self.leased or self.settler.unsettled()):
+            self.idle_after_lease = not self._held_back()
         for lease in leases:
             task = find_task(lease.task)
             if task is None:
-                self._poison(lease, f"unknown task: {lease.task}")
+                self.settler.poison(lease, f"unknown task: {lease.task}")
                 continue
             if task.problems():  # a task found by a resolver, not checked at start-up
-                self._poison(lease, f"task cannot run: {task.problems()[0]}")
+                self.settler.poison(lease, f"task cannot run: {task.problems()[0]}")
                 continue
             if task.decode is not None:
                 try:
                     task.decode(lease.payload)
                 except Exception as exc:
-                    self._poison(lease, f"undecodable payload: {type(exc).__name__}: {exc}")
+                    self.settler.poison(lease, f"undecodable payload: {type(exc).__name__}: {exc}")
                     continue
             self.leased.append((lease, task))
+
+    def _held_back(self) -> bool:
+        """--burst, a lease that found nothing with nothing in flight: whether items are ready all the same, held
+        back by an ordering key (its next item is leasable from the statement after the settle that freed it,
+        or after another worker's item), or a rate, concurrency or group limit. A burst worker then waits and
+        leases again (at once after a settle that freed a key, else at the poll interval): it stops only once
+        nothing is ready or in flight. Said once a spell."""
+        ready = engine.ready_exists(self.queues)
+        if ready and not self.said_held_back:
+            logger.info("burst: items ready but held back (by an ordering key or a flow limit); waiting")
+        self.said_held_back = ready
+        return ready
 
     def _start_leased(self) -> None:
         """Start as many held items as there are idle slots: give an item whose task the lease statement did not
@@ -568,10 +553,10 @@ class Supervisor(Settling):
         running, submit, worker_id = self.running, self.pool.submit, self.worker_id
         for lease, task in starting:
             if lease.reservation_id in stale:
-                self._stale(lease, "recording the at-most-once start found the reservation gone; not run")
+                self.settler.stale(lease, "recording the at-most-once start found the reservation gone; not run")
                 continue
             if lease.task not in self.terms and lease.reservation_id not in current:
-                self._stale(lease, "the reservation was lost before the handler started; not run")
+                self.settler.stale(lease, "the reservation was lost before the handler started; not run")
                 continue
             running[lease.reservation_id] = Running(lease, task)
             if lease.task not in timed:
@@ -599,7 +584,7 @@ class Supervisor(Settling):
         current = engine.renew_leases(terms, keep_longer=True)
         lost = [(lease, task) for lease, task in self.leased if lease.reservation_id not in current]
         for lease, _ in lost:  # cancelled or taken again while waiting in hand: never start it
-            self._stale(lease, "lease lost or item cancelled before the handler started; not run")
+            self.settler.stale(lease, "lease lost or item cancelled before the handler started; not run")
         self.leased = [(lease, task) for lease, task in self.leased if lease.reservation_id in current]
         for running in held:
             # A transactional handler that looks stale has committed already (its settle is in its
@@ -609,28 +594,58 @@ class Supervisor(Settling):
             self.pool.stop(running.lease.reservation_id)
             del self.running[running.lease.reservation_id]
             self._slot_freed()
-            self._stale(running.lease, "lease lost or item cancelled while running; handler stopped")
-        engine.save_worker(self.row, "stopping" if self.stopping else "running", self.stats.as_dict())
+            self.settler.stale(running.lease, "lease lost or item cancelled while running; handler stopped")
+        engine.save_worker(self.row, "stopping" if self.shutdown.stopping else "running", self.stats.as_dict())
         self.next_heartbeat = time.monotonic() + self.heartbeat_every
 
-    # -- outages --------------------------------------------------------------------------------------------
-
-    def _database_down(self, exc: BaseException) -> None:
-        now = time.monotonic()
-        if self.db_down_since is None:
-            self.db_down_since = now
-            self.db_backoff = BACKOFF_FIRST
-            logger.warning("database unavailable; retrying with backoff %s", fields(error=repr(str(exc)[:200])))
-        else:
-            self.db_backoff = min(BACKOFF_MAX, self.db_backoff * 2)
-        self.db_retry_at = now + self.db_backoff
-        for conn in connections.all(initialized_only=True):
-            try:
-                conn.close()
-            except Exception:  # closing a broken connection may raise; it is gone either way
-                logger.debug("closing a broken connection failed", exc_info=True)
-        self._listener_lost(exc)
-
-    def _listener_lost(self, exc: BaseException) -> None:
+    def _listener_lost(self) -> None:
         self.listener.close()
-        self.listener_retry_at = time.monotonic() + max(self.db_backoff, BACKOFF_FIRST)
+        self.outage.listener_lost()
+
+    def _unblocked(self, queues: set[str]) -> None:
+        """Settled items with an ordering key let the next item of their key go (the Settler says so): lease
+        again at once rather than at the next poll, and wake the other workers when this one has no room for it."""
+        self.woken = True
+        if self._free() == 0:
+            engine.notify(queues)
+
+    # -- hard timeouts --------------------------------------------------------------------------------------
+
+    def _enforce_deadlines(self) -> None:
+        """Stop handlers past their hard timeout (counted from when the pool started them), and everything at
+        the end of the grace period. Walks what is in flight only when the earliest deadline may have come."""
+        now = time.monotonic()
+        out_of_grace = self.shutdown.out_of_grace(now)
+        if now < self.next_deadline and not out_of_grace:
+            return  # the common case, without a walk over everything in flight
+        self.next_deadline = float("inf")
+        for reservation_id, running in list(self.running.items()):
+            started = self.pool.started_at(reservation_id)
+            if started is None:  # waiting in the pool's queue: its clock has not started; look again soon
+                self.next_deadline = min(self.next_deadline, now + DEADLINE_RECHECK)
+                deadline = float("inf")
+            else:
+                deadline = started + running.task.hard_timeout
+            if now < deadline and not out_of_grace:
+                self.next_deadline = min(self.next_deadline, deadline)
+                continue
+            self.pool.stop(reservation_id)
+            del self.running[reservation_id]
+            self._slot_freed()
+            lease, task = running.lease, running.task
+            if self.pool.kind == "thread" and task.delivery is Delivery.TRANSACTIONAL:
+                # An abandoned thread keeps its transaction and the item's row lock: a settle from here would
+                # wait on that lock. Its transaction settles the item, or rolls back (at the latest when the
+                # process is replaced); then the lease expires.
+                self.settler.abandoned(lease, timed_out=now >= deadline)
+            elif now >= deadline:
+                how = "its child process was killed" if self.pool.kind == "process" else "its thread was abandoned"
+                error = f"hard timeout: the handler ran longer than {task.hard_timeout:g}s and was stopped ({how})"
+                logger.warning("timed out %s", fields(item=lease.item_id, task=lease.task, attempt=lease.attempt))
+                self.settler.failed(lease, task, error, "", retryable=True, timed_out=True)
+            elif task.delivery is Delivery.AT_MOST_ONCE:
+                self.settler.failed(lease, task, "the worker shut down before the handler finished", "", False)
+            else:
+                self.settler.release(lease)
+            if self.pool.kind == "thread" and now >= deadline:
+                self._replace_when_settled()  # the abandoned thread runs on: only a new process ends it
