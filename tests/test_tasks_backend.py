@@ -180,16 +180,18 @@ def test_takes_context_sees_the_attempt_number(worker):
 @transactional
 @pytest.mark.slow  # real run_worker processes
 def test_run_after_is_honoured(burst):
-    run_after = timezone.now() + timedelta(seconds=4)
-    result = app.add.using(run_after=run_after).enqueue(1, 1)
-    burst()  # starts, finds nothing due, stops
-    result.refresh()
-    assert result.status == TaskResultStatus.READY and result.worker_ids == []
+    # Not before: an item due in 10 minutes is left alone by a burst run however slowly the worker starts (a
+    # near run_after raced the worker's start-up under load). After: one due in a second runs once it is due.
+    later = app.add.using(run_after=timezone.now() + timedelta(minutes=10)).enqueue(2, 2)
+    run_after = timezone.now() + timedelta(seconds=1)
+    soon = app.add.using(run_after=run_after).enqueue(1, 1)
     wait_for(lambda: timezone.now() >= run_after, timeout=10, what="run_after")
-    burst()
-    result.refresh()
-    assert result.status == TaskResultStatus.SUCCESSFUL
-    assert result.started_at >= run_after
+    burst()  # runs the due item, finds the other not due, stops
+    soon.refresh()
+    later.refresh()
+    assert soon.status == TaskResultStatus.SUCCESSFUL
+    assert soon.started_at >= run_after
+    assert later.status == TaskResultStatus.READY and later.worker_ids == []
 
 
 @transactional
