@@ -1,7 +1,8 @@
 """Each peer of `queue_bench` really runs: its jobs are queued with its own API, its own workers (real processes)
 drain them on the same PostgreSQL, and the bench reports a positive figure with the settings that won. One
 variant each, a small backlog: a smoke test of the harness, not a measurement. The peers come with the dev
-install (the `bench` extra); Celery's is skipped where no Redis answers."""
+install (the `bench` extra); Celery's needs a Redis on 127.0.0.1:6379 (.ci/run starts one where none answers):
+without it the test skips, which fails a CI run (tests/skip_guard.py)."""
 
 import os
 from dataclasses import replace
