@@ -102,7 +102,7 @@ class CeleryRedisPeer(Peer):
 
     def start(self, variant: Variant, log: str, *, probe_file: Path | None = None) -> list[subprocess.Popen]:
         # A Celery worker keeps running when the queue is empty: the bench stops it once the backlog is done.
-        env = {**os.environ, "JOBSITE_BENCH_PREFETCH": str(variant.options["prefetch"])}
+        env = {**self.client_env(), "JOBSITE_BENCH_PREFETCH": str(variant.options["prefetch"])}
         if probe_file is not None:
             env[PROBE_FILE_ENV] = str(probe_file)
         args = [sys.executable, "-m", "celery", "-A", __name__, "worker", "-Q", QUEUE, "-l", "WARNING"]
@@ -111,6 +111,11 @@ class CeleryRedisPeer(Peer):
         return [
             spawn([*args, "-n", f"bench{i}@%h"], env=env, log=self.ctx.log_path(log)) for i in range(variant.processes)
         ]
+
+    def client_env(self) -> dict[str, str]:
+        # Without DJANGO_SETTINGS_MODULE: Celery's Django fixup would set up jobsite's settings in its processes
+        # and check jobsite's database, which they do not use (a worker hangs at start when that check fails).
+        return {k: v for k, v in super().client_env().items() if k != "DJANGO_SETTINGS_MODULE"}
 
     @classmethod
     def open_client(cls) -> Client:

@@ -25,6 +25,7 @@ from . import Client, load
 
 FEED_EVERY = 0.02  # seconds between the feeder's batches
 WARM_UP_TIMEOUT = 120.0  # seconds the first probe may wait for the workers to come up (not counted)
+WARM_UP_RETRY = 5.0  # seconds between the warm-up probes sent
 PROBE_TIMEOUT = 30.0  # seconds one counted probe may wait
 POLL_EVERY = 0.002  # seconds between looks at the file (a stat and a short read)
 GAP = 0.02  # seconds between two probes
@@ -84,8 +85,15 @@ def probe(name: str, samples: int, path: Path) -> int:
     """One warm-up probe (the workers are up), then "warm" and wait for "go" on stdin (the feeder runs by then),
     then `samples` probes; prints {"ms": [...]}."""
     client, starts = _client(name), _Starts(path)
-    client.probe(0)
-    starts.wait(0, WARM_UP_TIMEOUT)
+    deadline = time.monotonic() + WARM_UP_TIMEOUT
+    while True:  # sent again until one runs: a broker may drop what it gets before any consumer is bound (Redis)
+        client.probe(0)
+        try:
+            starts.wait(0, WARM_UP_RETRY)
+            break
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                raise
     print(json.dumps({"warm": True}), flush=True)
     sys.stdin.readline()
     ms = []
