@@ -522,16 +522,10 @@ def test_the_loop_goes_on_while_its_lease_statement_waits_on_the_server(worker):
 
 
 def _server_user() -> str:
-    """PostgreSQL refuses to run as root: the system's `postgres` user, else the one the pgserver wheel creates."""
-    import pwd
-
-    for name in ("postgres", "pgserver"):
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            continue
-        return name
-    pytest.fail("running as root with no `postgres` or `pgserver` OS user to run a PostgreSQL server as")
+    user = embedded_pg.server_os_user()
+    if user is None:
+        pytest.fail("running as root with no `postgres` or `pgserver` OS user to run a PostgreSQL server as")
+    return user
 
 
 def _as_postgres(*cmd: str) -> list[str]:

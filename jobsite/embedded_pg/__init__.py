@@ -26,7 +26,7 @@ below).
 from .engines import EmbeddedPostgresUnavailable, server_bindirs
 from .lifecycle import ensure_database, ensure_running, psql_executable, status, stop, uri
 from .paths import pgdata_dir, var_dir
-from .tools import run_pg_tool
+from .tools import run_pg_tool, server_os_user
 
 __all__ = [
     "EmbeddedPostgresUnavailable",
@@ -36,6 +36,7 @@ __all__ = [
     "psql_executable",
     "run_pg_tool",
     "server_bindirs",
+    "server_os_user",
     "status",
     "stop",
     "uri",
