@@ -2,9 +2,10 @@
 
 Spark runs need a Java runtime and PostgreSQL's JDBC driver (Debian: openjdk-17-jre-headless,
 libpostgresql-jdbc-java); the browser tests need Debian's chromium; the admin's workflow graph needs Graphviz's
-`dot` (Debian: graphviz). Nothing is downloaded outside the package
-manager. Without root (or sudo) or apt-get, this says what to install and the tests that need the missing piece
-skip with that reason.
+`dot` (Debian: graphviz); the Celery peer of `queue_bench` needs a Redis server (Debian: redis-server, which
+.ci/run starts when none answers). Nothing is downloaded outside the package manager. Without root (or sudo) or
+apt-get, this says what to install and the tests that need the missing piece skip with that reason; under
+`CI=true` the caller fails instead (`python3 -m jobsite.system_packages NAME...` exits 1 with what is missing).
 """
 
 import os
@@ -22,6 +23,7 @@ NEEDS = {
     "chromium": (lambda: shutil.which("chromium") is not None, ["chromium", "fonts-liberation"]),
     # The workflow graph in the admin is laid out by Graphviz's dot (through the `graphviz` PyPI package).
     "graphviz": (lambda: shutil.which("dot") is not None, ["graphviz"]),
+    "redis": (lambda: shutil.which("redis-server") is not None, ["redis-server"]),
 }
 
 
@@ -43,7 +45,31 @@ def ensure(names: list[str], *, out=sys.stderr) -> list[str]:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     quiet = {"stdout": subprocess.DEVNULL, "env": env}
     subprocess.run([*sudo, "apt-get", "update", "-qq"], check=False, **quiet)
-    done = subprocess.run([*sudo, "apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages], **quiet)
+    install = [*sudo, "apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages]
+    done = subprocess.run(install, stderr=subprocess.PIPE, text=True, **quiet)
     if done.returncode != 0:
-        print(f"jobsite: apt-get install {' '.join(packages)} failed (exit {done.returncode})", file=out)
+        why = "\n".join(done.stderr.strip().splitlines()[-10:])
+        print(f"jobsite: apt-get install {' '.join(packages)} failed (exit {done.returncode}):\n{why}", file=out)
     return missing(names)
+
+
+def describe(names: list[str]) -> str:
+    """`java (openjdk-17-jre-headless), ...`: what is missing and the Debian packages that bring it."""
+    return ", ".join(f"{name} ({' '.join(NEEDS[name][1])})" for name in names)
+
+
+def main(argv: list[str]) -> int:
+    """`python3 -m jobsite.system_packages NAME...`: install what is missing; exit 1 naming what still is."""
+    unknown = [name for name in argv if name not in NEEDS]
+    if unknown or not argv:
+        print(f"usage: python3 -m jobsite.system_packages {{{','.join(NEEDS)}}}...", file=sys.stderr)
+        return 2
+    absent = ensure(argv)
+    if absent:
+        print(f"jobsite: still missing: {describe(absent)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

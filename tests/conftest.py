@@ -9,7 +9,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from tests import skip_guard
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config):
+    skip_guard.install(config)  # under CI=true a run in which any test skipped fails, naming them
 
 
 def child_env(db_name: str, **extra: str) -> dict[str, str]:

@@ -1,46 +1,22 @@
-"""`queue_bench --quick --only ceiling` as a smoke test: it runs pgbench against the same server, prints the
-table and writes the JSON results. Structure only: the figures are not judged (the machine may be busy)."""
+"""`queue_bench --quick` as a smoke test: it runs pgbench against the same server, prints the table and writes the
+JSON results. Structure only: the figures are not judged (the machine may be busy). The run of every part has the
+workers' archiver moving finished items to the history at once, so a part that read finished work from the hot
+tables alone would fail; a part that fails is reported and the others still run."""
 
 import json
 import os
+from pathlib import Path
 
 import pytest
+from django.core.management import CommandError, call_command
 
-from queue_app.bench import ceiling
+from queue_app.bench import ceiling, runner
 from queue_app.bench.ceiling import find_pgbench
 from queue_app.bench.context import BenchContext, Progress, server_from_django
 from queue_app.bench.report import Figure, Results, table
 from queue_app.bench.sizes import QUICK
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.mark.skipif(find_pgbench() is None, reason="no pgbench on this machine")
-def test_quick_ceiling_run_reports_positive_figures_and_writes_json(manage, tmp_path):
-    out = tmp_path / "bench.json"
-    proc = manage(
-        "queue_bench",
-        "--quick",
-        "--only",
-        "ceiling",
-        "--json-out",
-        str(out),
-        "--db-prefix",
-        f"test_bench_{os.getpid()}",
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-    results = json.loads(out.read_text())
-    figures = results["figures"]
-    assert set(figures) == {"ceiling.lease_one", "ceiling.lease_batch", "ceiling.insert"}
-    for figure in figures.values():
-        assert figure["value"] > 0, figure
-        assert figure["detail"]["tries"], figure
-    assert results["size"] == "quick"
-    assert results["ratios"]["ceiling.lease_one"]["ceiling"] > 0
-    assert "ceiling: lease 100 + complete 100" in proc.stdout
-    assert f"results written to {out}" in proc.stdout
 
 
 @pytest.mark.skipif(find_pgbench() is None, reason="no pgbench on this machine")
@@ -79,35 +55,6 @@ def test_the_batched_ceiling_is_measured_again_and_the_goal_judged_against_both(
     assert sixty["actual"] >= 0.61 and sixty["passed"] is True
 
 
-def test_quick_jobsite_run_measures_enqueue_end_to_end_and_latency_idle_and_under_load(manage, tmp_path):
-    out = tmp_path / "bench.json"
-    proc = manage(
-        "queue_bench", "--quick", "--only", "jobsite", "--json-out", str(out),
-        "--db-prefix", f"test_bench_{os.getpid()}", timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-    figures = json.loads(out.read_text())["figures"]
-    for key in ("jobsite.enqueue", "jobsite.e2e"):
-        assert figures[key]["value"] > 0, figures[key]
-    e2e = figures["jobsite.e2e"]
-    assert "--prefetch" in e2e["note"] and all(t["done"] == t["jobs"] for t in e2e["detail"]["tries"][-1:])
-    latency = [f"jobsite.latency{suffix}_{q}" for suffix in ("", "_load", "_quarter") for q in ("p50", "p99")]
-    for key in latency:
-        assert figures[key]["value"] > 0, figures[key]
-        assert figures[key]["detail"]["samples"] > 0
-        detail = figures[key]["detail"]
-        assert 0 <= detail["to_lease_p50_ms"] <= detail["to_lease_p99_ms"]  # the split of where the time went
-        assert 0 <= detail["lease_to_start_p50_ms"] <= detail["lease_to_start_p99_ms"]
-    assert figures["jobsite.latency_p50"]["value"] <= figures["jobsite.latency_p99"]["value"]
-    for suffix, share in (("_load", "50%"), ("_quarter", "25%")):  # the steady loads (a process of their own) ran
-        assert figures[f"jobsite.latency{suffix}_p50"]["detail"]["fed"] > 0
-        assert figures[f"jobsite.latency{suffix}_p99"]["note"] == f"load {share} of end-to-end"
-    # jobsite's statement alone (no worker): what one leasing connection does, the end-to-end figure's reference
-    statement = figures["jobsite.statement"]
-    assert statement["value"] > 0 and "connection(s)" in statement["note"], statement
-
-
 def test_webhook_bench_reports_deliveries_per_second_and_latency(manage):
     proc = manage(
         "webhook_bench", "--quick", "--events", "100", "--samples", "5", "--db-prefix", f"test_bench_{os.getpid()}",
@@ -140,3 +87,116 @@ def test_the_end_to_end_drain_follows_leases_by_the_sequence_then_counts_the_ope
     assert remaining() == 3
     engine.settle_and_lease([(lease, None) for lease in rest[3:]], ["e2e"], 0, "w")
     assert remaining() == 0
+
+
+def test_every_part_reads_finished_work_across_the_archive(manage, tmp_path):
+    """The quick run of every part (the ceiling's, jobsite's, flow control's, one peer's, the workflow's and the
+    side-by-side latency's figures, checked for their structure), with the workers archiving finished items as
+    soon as they are done (JOBSITE_ARCHIVE_AFTER=0; the archive unit runs every 2 s): the flow part's rate
+    limit is measured over its whole windows, its fairness over every lease, the end-to-end drain counts every
+    item done, the fan-in delay finds its reservation, though all of them are in the history by then (issue 37:
+    `--full` died in the flow part, `max()` of no windows, after the archiver had moved them)."""
+    out = tmp_path / "bench.json"
+    proc = manage(
+        "queue_bench", "--quick", "--peers", "procrastinate", "--json-out", str(out),
+        "--db-prefix", f"test_bench_archived_{os.getpid()}", timeout=1_500, env={"JOBSITE_ARCHIVE_AFTER": "0"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert data["failures"] == [], data["failures"]
+    figures = data["figures"]
+    assert "FAILED" not in proc.stdout, proc.stdout
+    assert "maintenance unit=archive archived=" in "".join(
+        p.read_text(errors="replace") for p in _logs_of(proc.stdout).glob("flow-rate-*.log")
+    ), "the archiver did not move anything: this run proves nothing"
+    for key in ("ceiling.lease_batch", "jobsite.e2e", "flow.fair_share", "peer.procrastinate", "workflow.fan_in_p99"):
+        assert (figures[key]["value"] or 0) > 0, (figures[key], proc.stdout[-5000:])
+    _check_ceiling(data, proc.stdout, out)
+    _check_jobsite(figures)
+    # Enqueue-to-start side by side: jobsite's and the peer's at one load, both measured in this run.
+    for name in ("jobsite", "procrastinate"):
+        p50, p99 = figures[f"latency.{name}_p50"], figures[f"latency.{name}_p99"]
+        assert 0 < (p50["value"] or 0) <= (p99["value"] or 0), (p50, p99, proc.stdout[-5000:])
+        assert p50["detail"]["samples"] == QUICK.latency_samples and p50["detail"]["fed"] > 0, p50
+    assert (
+        figures["latency.jobsite_p50"]["detail"]["load_per_s"]
+        == figures["latency.procrastinate_p50"]["detail"]["load_per_s"]
+    )
+    assert "enqueue-to-start side by side, each under a steady" in proc.stdout
+    e2e = figures["jobsite.e2e"]["detail"]["tries"]
+    assert all(t["done"] == t["jobs"] for t in e2e), e2e  # done counted in the history too
+    rate = figures["flow.rate_error"]
+    assert rate["value"] is not None and len(rate["detail"]["windows"]) == 3, rate
+    assert all(n > 0 for n in rate["detail"]["windows"]), rate
+    big, small = figures["flow.fair_share"]["detail"]["big"], figures["flow.fair_share"]["detail"]["small"]
+    assert small <= figures["flow.fair_share"]["detail"]["position"] <= big + small
+
+
+def _check_ceiling(data: dict, stdout: str, out: Path) -> None:
+    """pgbench ran against the same server: every workload positive, with its tries, ratios and the table."""
+    measured = {k: f for k, f in data["figures"].items() if k.startswith("ceiling.")}
+    assert set(measured) == {"ceiling.lease_one", "ceiling.lease_batch", "ceiling.insert", ceiling.BATCH_AGAIN}
+    for figure in measured.values():
+        assert figure["value"] > 0 and figure["detail"]["tries"], figure
+    assert data["size"] == "quick"
+    assert data["ratios"]["ceiling.lease_one"]["ceiling"] > 0
+    assert "ceiling: lease 100 + complete 100" in stdout
+    assert f"results written to {out}" in stdout
+
+
+def _check_jobsite(figures: dict) -> None:
+    """Bulk enqueue, end to end, the statement alone, and enqueue-to-start idle and under two steady loads."""
+    assert figures["jobsite.enqueue"]["value"] > 0, figures["jobsite.enqueue"]
+    e2e = figures["jobsite.e2e"]
+    assert "--prefetch" in e2e["note"] and all(t["done"] == t["jobs"] for t in e2e["detail"]["tries"][-1:])
+    latency = [f"jobsite.latency{suffix}_{q}" for suffix in ("", "_load", "_quarter") for q in ("p50", "p99")]
+    for key in latency:
+        assert figures[key]["value"] > 0, figures[key]
+        assert figures[key]["detail"]["samples"] > 0
+        detail = figures[key]["detail"]
+        assert 0 <= detail["to_lease_p50_ms"] <= detail["to_lease_p99_ms"]  # the split of where the time went
+        assert 0 <= detail["lease_to_start_p50_ms"] <= detail["lease_to_start_p99_ms"]
+    assert figures["jobsite.latency_p50"]["value"] <= figures["jobsite.latency_p99"]["value"]
+    for suffix, share in (("_load", "50%"), ("_quarter", "25%")):  # the steady loads (a process of their own) ran
+        assert figures[f"jobsite.latency{suffix}_p50"]["detail"]["fed"] > 0
+        assert figures[f"jobsite.latency{suffix}_p99"]["note"] == f"load {share} of end-to-end"
+    # jobsite's statement alone (no worker): what one leasing connection does, the end-to-end figure's reference
+    statement = figures["jobsite.statement"]
+    assert statement["value"] > 0 and "connection(s)" in statement["note"], statement
+
+
+def _logs_of(stdout: str):
+    """The child processes' log directory a bench run names in its notes."""
+    [line] = [line for line in stdout.splitlines() if line.startswith("note: child process logs: ")]
+    return Path(line.removeprefix("note: child process logs: "))
+
+
+def test_a_part_that_fails_is_reported_and_the_others_still_run(monkeypatch, tmp_path):
+    """A broken part: its name, error and traceback in the table and the JSON, the parts after it run, and the
+    command fails at the end (CommandError: exit 1)."""
+    ran: list[str] = []
+
+    def broken(ctx, sizes, results):
+        raise ValueError("max() iterable argument is empty")
+
+    monkeypatch.setattr(runner.flow_control, "run", broken)
+    monkeypatch.setattr(runner.ceiling, "run", lambda ctx, sizes, results: ran.append("ceiling"))
+    monkeypatch.setattr(runner.workflow_side, "run", lambda ctx, sizes, results: ran.append("workflow"))
+    out = tmp_path / "bench.json"
+    lines: list[str] = []
+    results, _ = runner.run_bench(
+        sizes=QUICK, parts=["ceiling", "flow", "workflow"], peer_names=[], churn_minutes=None, json_out=out,
+        db_prefix=f"test_bench_fail_{os.getpid()}", keep_databases=False, write=lines.append,
+    )  # fmt: skip
+    assert ran == ["ceiling", "workflow"]
+    [failure] = results.failures
+    assert failure["part"] == "flow" and failure["error"] == "ValueError: max() iterable argument is empty"
+    assert "in broken" in failure["traceback"]
+    printed = "\n".join(lines)
+    assert "FAILED part flow: ValueError: max() iterable argument is empty" in printed
+    assert "flow      FAILED, going on with the other parts" in printed
+    assert json.loads(out.read_text())["failures"] == results.failures
+
+    with pytest.raises(CommandError, match=r"1 part\(s\) failed: flow \(ValueError"):
+        call_command("queue_bench", "--quick", "--only", "flow,workflow", "--json-out", str(out))
+    assert ran[-1] == "workflow"

@@ -24,6 +24,7 @@ from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
+from jobsite import embedded_pg
 from queue_app import engine, services
 from queue_app.engine import sql
 from queue_app.models import DeadLetter, ExecutionLog, ItemState, ProbeEffect, QueueItem, Reservation, Worker
@@ -526,35 +527,36 @@ def test_the_loop_goes_on_while_its_lease_statement_waits_on_the_server(worker):
 
 # -- a database restart under a working worker ----------------------------------------------------------------
 
-PG_BIN = next(
-    (
-        p
-        for p in ("/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/15/bin", "/usr/local/bin")
-        if Path(p, "pg_ctl").exists()
-    ),
-    None,
-)
+
+def _server_user() -> str:
+    user = embedded_pg.server_os_user()
+    if user is None:
+        pytest.fail("running as root with no `postgres` or `pgserver` OS user to run a PostgreSQL server as")
+    return user
 
 
 def _as_postgres(*cmd: str) -> list[str]:
-    """PostgreSQL refuses to run as root: run its tools as the postgres user when we are root."""
-    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else list(cmd)
+    """Run PostgreSQL's tools as the server's OS user when we are root."""
+    return ["runuser", "-u", _server_user(), "--", *cmd] if os.geteuid() == 0 else list(cmd)
 
 
 @pytest.fixture
 def private_cluster():
-    """A PostgreSQL cluster owned by this test, so it may restart it. Yields its DATABASE_URL and data dir."""
-    if PG_BIN is None:
-        pytest.skip("no PostgreSQL server binaries (pg_ctl) on this machine")
+    """A PostgreSQL cluster owned by this test, so it may restart it. Yields its DATABASE_URL and data dir. Its
+    binaries are the embedded cluster's (the pgserver wheel's, else the machine's): wherever the tests run."""
+    bindirs = embedded_pg.server_bindirs()
+    if not bindirs:
+        pytest.skip("no PostgreSQL server binaries (the pgserver wheel, or pg_ctl/initdb) on this machine")
+    bindir = bindirs[0]
     datadir = Path(tempfile.mkdtemp(prefix="jobsite-restart-"))
     if os.geteuid() == 0:
-        shutil.chown(datadir, "postgres", "postgres")
+        shutil.chown(datadir, _server_user(), _server_user())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    pg_ctl = [f"{PG_BIN}/pg_ctl", "-D", str(datadir / "data"), "-l", str(datadir / "log"), "-w"]
+    pg_ctl = [f"{bindir}/pg_ctl", "-D", str(datadir / "data"), "-l", str(datadir / "log"), "-w"]
     subprocess.run(
-        _as_postgres(f"{PG_BIN}/initdb", "-D", str(datadir / "data"), "-U", "postgres", "-A", "trust", "--no-sync"),
+        _as_postgres(f"{bindir}/initdb", "-D", str(datadir / "data"), "-U", "postgres", "-A", "trust", "--no-sync"),
         check=True,
         capture_output=True,
     )

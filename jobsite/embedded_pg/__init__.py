@@ -23,10 +23,10 @@ user when root), ``engines`` (which binaries, and how each starts the cluster) a
 below).
 """
 
-from .engines import EmbeddedPostgresUnavailable
+from .engines import EmbeddedPostgresUnavailable, server_bindirs
 from .lifecycle import ensure_database, ensure_running, psql_executable, started_here, status, stop, uri
 from .paths import pgdata_dir, var_dir
-from .tools import run_pg_tool
+from .tools import run_pg_tool, server_os_user
 
 __all__ = [
     "EmbeddedPostgresUnavailable",
@@ -35,6 +35,8 @@ __all__ = [
     "pgdata_dir",
     "psql_executable",
     "run_pg_tool",
+    "server_bindirs",
+    "server_os_user",
     "started_here",
     "status",
     "stop",

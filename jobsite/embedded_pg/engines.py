@@ -201,6 +201,12 @@ def available_engines() -> list[_Engine]:
     return engines
 
 
+def server_bindirs() -> list[Path]:
+    """Every directory of PostgreSQL server binaries (initdb, pg_ctl, postgres) this machine has, in the order the
+    embedded cluster prefers them: the pgserver wheel's first, then the system's, highest major version first."""
+    return [engine.bindir for engine in available_engines()]
+
+
 def _no_postgres_error(detail: str = "") -> EmbeddedPostgresUnavailable:
     return EmbeddedPostgresUnavailable(
         "jobsite needs PostgreSQL and none can be started here. Either set DATABASE_URL "

@@ -13,6 +13,20 @@ def is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
+def server_os_user() -> str | None:
+    """The OS user a private server of ours runs as when we are root (PostgreSQL refuses root): the system's
+    `postgres`, else the `pgserver` user the pgserver wheel creates; None if neither exists."""
+    import pwd
+
+    for name in ("postgres", "pgserver"):
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            continue
+        return name
+    return None
+
+
 def owner_name(path: Path) -> str | None:
     import pwd
 

@@ -34,7 +34,7 @@ from ..conf import queue_settings
 from ..engine.sql import RESERVATION_SEQUENCE
 from . import ceiling
 from .context import ROOT, BenchContext, Drain, django_child_env, drain, log_tail, manage_args, spawn, stop, tune
-from .report import Figure, Results
+from .report import Figure, Results, percentile
 from .sizes import Sizes
 
 NOOP_TASK = "queue_app.noop"
@@ -208,8 +208,14 @@ def measure_enqueue(ctx: BenchContext, sizes: Sizes, db: str) -> Figure:
 
 
 def _clear_queue(queue: str) -> None:
+    """The queue's items gone, hot and archived (the workers' archiver moves finished ones to the history)."""
     with connections[ALIAS].cursor() as cur:
         cur.execute("DELETE FROM queue_app_queueitem WHERE queue_id = %(q)s", {"q": queue})
+        cur.execute(
+            """WITH gone AS (DELETE FROM queue_app_itemhistory WHERE queue_id = %(q)s RETURNING id)
+               DELETE FROM queue_app_reservationhistory WHERE item_id IN (SELECT id FROM gone)""",
+            {"q": queue},
+        )
         cur.execute("VACUUM ANALYZE queue_app_queueitem")
         cur.execute("VACUUM ANALYZE queue_app_reservation")
 
@@ -242,9 +248,10 @@ def measure_e2e(ctx: BenchContext, sizes: Sizes, db: str) -> tuple[Figure, Worke
         finally:
             stop(procs)
         exits.append(exit_code)
-        # Drained is not done: an item that went dead (unknown task, failure) left the backlog too.
+        # Drained is not done: an item that went dead (unknown task, failure) left the backlog too. Hot and
+        # archived alike: the archiver moves done items to the history while the drain runs.
         done = _scalar(
-            "SELECT count(*) FROM queue_app_queueitem WHERE queue_id = %(q)s AND state = 'done'", {"q": queue}
+            "SELECT count(*) FROM queue_app_item_all WHERE queue_id = %(q)s AND state = 'done'", {"q": queue}
         )
         if done < jobs:
             if result.wall_seconds >= timeout:
@@ -262,6 +269,7 @@ def measure_e2e(ctx: BenchContext, sizes: Sizes, db: str) -> tuple[Figure, Worke
     if best is None:
         return Figure("jobsite.e2e", label, None, "jobs/s", note="n/a (no try finished)", detail=detail), None
     settings, result = best
+    detail["worker_settings"] = list(settings)  # the peers part measures latency with them too
     return Figure("jobsite.e2e", label, result.steady_per_s, "jobs/s", note=describe(settings), detail=detail), settings
 
 
@@ -356,11 +364,6 @@ def _wait_for_worker(proc: subprocess.Popen, timeout: float = 30.0) -> bool:
             return True
         time.sleep(0.1)
     return False
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 PROBE_TASK = "queue_app.probe"  # records the moment its handler starts (ExecutionLog.executed_at)
@@ -462,30 +465,47 @@ def measure_latency(
         rows = [(float(total), float(leased)) for total, leased in cur.fetchall()]
     ms = [total for total, _ in rows]
     to_lease, held = [leased for _, leased in rows], [total - leased for total, leased in rows]
-    p50, p99 = _percentile(ms, 0.50), _percentile(ms, 0.99)
+    p50, p99 = percentile(ms, 0.50), percentile(ms, 0.99)
     ctx.progress(
         "jobsite",
         f"{where} enqueue-to-start over {len(ms)} items: p50 {p50:.2f} ms, p99 {p99:.2f} ms (to the lease p50 "
-        f"{_percentile(to_lease, 0.5):.2f} / p99 {_percentile(to_lease, 0.99):.2f}, lease to start p50 "
-        f"{_percentile(held, 0.5):.2f} / p99 {_percentile(held, 0.99):.2f})",
+        f"{percentile(to_lease, 0.5):.2f} / p99 {percentile(to_lease, 0.99):.2f}, lease to start p50 "
+        f"{percentile(held, 0.5):.2f} / p99 {percentile(held, 0.99):.2f})",
     )
     detail = {
         "samples": len(ms),
         "mean_ms": round(statistics.fmean(ms), 3),
         "max_ms": round(max(ms), 3),
         **{
-            f"{part}_{name}_ms": round(_percentile(values, q), 3)
+            f"{part}_{name}_ms": round(percentile(values, q), 3)
             for part, values in (("to_lease", to_lease), ("lease_to_start", held))
             for name, q in (("p50", 0.5), ("p99", 0.99))
         },
     }
     if feeder:
-        detail["fed"] = feeder.fed
+        detail.update(fed=feeder.fed, load_per_s=load_per_s)
     label = f"jobsite: enqueue-to-start {where}" if load_per_s else "jobsite: idle enqueue-to-start"
     note = f"load {share:.0%} of end-to-end" if load_per_s else ""
     return [
         Figure(f"jobsite.latency{suffix}_p50", f"{label} p50", p50, "ms", note, detail),
         Figure(f"jobsite.latency{suffix}_p99", f"{label} p99", p99, "ms", note, detail),
+    ]
+
+
+def measure_common_latency(ctx: BenchContext, sizes: Sizes, results: Results, per_s: float) -> list[Figure]:
+    """jobsite's enqueue-to-start at the load every peer is measured at (peers.common_load), beside them, in a
+    scratch database of its own, with the worker settings that won the end-to-end (without that figure, the
+    grid's first)."""
+    if not run_worker_available():
+        return [Figure("latency.jobsite_p50", "jobsite p50", None, "ms", WORKER_MISSING)]
+    e2e = results.figures.get("jobsite.e2e")
+    chosen = (e2e.detail.get("worker_settings") if e2e else None) or sizes.e2e_grid[0]
+    settings: WorkerSettings = tuple(chosen)
+    with bench_database(ctx, "latency") as db:
+        figures = measure_latency(ctx, sizes, db, settings, load_per_s=per_s, suffix="_common")
+    return [
+        replace(f, key=f"latency.jobsite_{q}", label=f"jobsite p{q[1:]}", note=describe(settings))
+        for f, q in zip(figures, ("p50", "p99"), strict=True)
     ]
 
 

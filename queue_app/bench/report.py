@@ -74,6 +74,7 @@ CEILING_OF = {
     "ceiling.lease_batch_again": "ceiling.lease_batch",  # the machine's drift between the two measurements
     **{f"peer.{name}": "ceiling.lease_batch" for name in PEER_LABELS},
 }
+LATENCY_PREFIX = "latency."  # enqueue-to-start at the peers' common load: jobsite's and each peer's, p50 and p99
 # Figures compared with each peer (jobs/s).
 VERSUS_PEERS = ("ceiling.lease_one", "ceiling.lease_batch", "jobsite.e2e")
 
@@ -85,6 +86,7 @@ class Results:
     figures: dict[str, Figure] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    failures: list[dict[str, str]] = field(default_factory=list)  # a part that raised: part, error, traceback
 
     def add(self, figure: Figure) -> Figure:
         self.figures[figure.key] = figure
@@ -131,7 +133,14 @@ class Results:
             "ratios": ratios,
             "goals": self.goals(),
             "notes": self.notes,
+            "failures": self.failures,
         }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The value at rank q (0..1) of `values`, nearest rank (no interpolation)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def machine_info(server_version: str = "") -> dict[str, Any]:
@@ -170,6 +179,8 @@ def table(results: Results) -> str:
     head = ["figure", "value", "unit", "vs ceiling", *(PEER_LABELS[p.split(".", 1)[1]] for p in peers), "settings"]
     rows = [head]
     for key, figure in results.figures.items():
+        if key.startswith(LATENCY_PREFIX):
+            continue  # side by side below
         ceiling = _fmt_ratio(results.ratio(key, CEILING_OF[key])) if key in CEILING_OF else ""
         versus = [_fmt_ratio(results.ratio(key, p)) if key in VERSUS_PEERS else "" for p in peers]
         value = _fmt(figure.value) if figure.value is not None else (figure.note or "n/a")
@@ -183,6 +194,7 @@ def table(results: Results) -> str:
         lines.append("  ".join(cells).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
+    lines += latency_side_by_side(results)
     goals = results.goals()
     if goals:
         lines += ["", "goals (ratios from this run):"]
@@ -191,7 +203,36 @@ def table(results: Results) -> str:
             lines.append(f"  {mark}  {g['goal']}: {_fmt(g['actual'])}")
     for note in results.notes:
         lines.append(f"note: {note}")
+    for failure in results.failures:
+        lines += ["", f"FAILED part {failure['part']}: {failure['error']}", failure["traceback"]]
     return "\n".join(lines)
+
+
+def latency_side_by_side(results: Results) -> list[str]:
+    """jobsite's and each peer's enqueue-to-start at the same load, from the same run (`latency.<name>_p50/_p99`)."""
+    names = list(
+        dict.fromkeys(
+            k[len(LATENCY_PREFIX) :].rsplit("_", 1)[0] for k in results.figures if k.startswith(LATENCY_PREFIX)
+        )
+    )
+    if not names:
+        return []
+    loads = {f.detail.get("load_per_s") for k, f in results.figures.items() if k.startswith(LATENCY_PREFIX)} - {None}
+    load = f"{max(loads):,.0f} items/s" if loads else "the common load"
+    rows = [["", "p50 ms", "p99 ms", "settings"]]
+    for name in names:
+        p50, p99 = (results.figures.get(f"{LATENCY_PREFIX}{name}_{q}") for q in ("p50", "p99"))
+        label = p50.label.removesuffix(" p50") if p50 else name
+        if p50 is None or p50.value is None:
+            rows.append([label, p50.note if p50 else "n/a", "", ""])
+            continue
+        rows.append([label, _fmt(p50.value), _fmt(p99.value) if p99 else "-", p50.note])
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    out = ["", f"enqueue-to-start side by side, each under a steady {load} (same run):"]
+    for row in rows:
+        cells = [row[0].ljust(widths[0]), row[1].rjust(widths[1]), row[2].rjust(widths[2]), row[3]]
+        out.append(("  " + "  ".join(cells)).rstrip())
+    return out
 
 
 def write_json(results: Results, path: Path) -> Path:

@@ -1,6 +1,7 @@
 """One bench run: the parts asked for, in order, on scratch databases that are dropped at the end; then the
 table and the JSON file."""
 
+import traceback
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,6 +14,18 @@ from .report import Results, default_json_path, machine_info, table, write_json
 from .sizes import Sizes
 
 PARTS = ("ceiling", "jobsite", "flow", "peers", "workflow")
+TRACEBACK_FRAMES = 4  # the innermost frames of a failed part's traceback kept in the report
+
+
+def run_part(ctx: BenchContext, results: Results, part: str, step: Callable[[], None]) -> None:
+    """Run one part; one that raises is reported (its name, the error, the innermost frames of its traceback: in
+    the progress lines, the table and the JSON) and the next part runs. The command exits 1 at the end."""
+    try:
+        step()
+    except Exception as exc:  # any failure of a part is reported; the others still run
+        summary = "".join(traceback.format_exception(exc, limit=-TRACEBACK_FRAMES)).rstrip()
+        results.failures.append({"part": part, "error": f"{type(exc).__name__}: {exc}", "traceback": summary})
+        ctx.progress(part, f"FAILED, going on with the other parts:\n{summary}")
 
 
 def var_dir() -> Path:
@@ -49,19 +62,18 @@ def run_bench(
             f"load average {load:.2f} on {cpus} cpus at start: absolute figures are noisy, compare ratios"
         )
     ctx.progress("bench", f"{sizes.name} run of {', '.join(parts) or 'nothing'} on PostgreSQL {version}")
+    steps: dict[str, Callable[[], None]] = {
+        "ceiling": lambda: ceiling.run(ctx, sizes, results),
+        "jobsite": lambda: jobsite_side.run(ctx, sizes, results),
+        "flow": lambda: flow_control.run(ctx, sizes, results),
+        "peers": lambda: peers.run(ctx, sizes, results, peer_names),
+        "workflow": lambda: workflow_side.run(ctx, sizes, results),
+        "churn": lambda: churn.run(ctx, results, minutes=churn_minutes, rate=churn_rate),
+    }
+    todo = [part for part in PARTS if part in parts] + (["churn"] if churn_minutes else [])
     try:
-        if "ceiling" in parts:
-            ceiling.run(ctx, sizes, results)
-        if "jobsite" in parts:
-            jobsite_side.run(ctx, sizes, results)
-        if "flow" in parts:
-            flow_control.run(ctx, sizes, results)
-        if "peers" in parts:
-            peers.run(ctx, sizes, results, peer_names)
-        if "workflow" in parts:
-            workflow_side.run(ctx, sizes, results)
-        if churn_minutes:
-            churn.run(ctx, results, minutes=churn_minutes, rate=churn_rate)
+        for part in todo:
+            run_part(ctx, results, part, steps[part])
     finally:
         ctx.drop_databases()
     if ctx.log_dir.exists():

@@ -27,6 +27,9 @@ class Sizes:
     most_jobs: int
     # flow control (bench/flow_control.py): items leased in process per variant, the rate limit (N, period in
     # seconds) held by four workers over three whole windows, the fair queue's (big key, small key) items
+    # peers: enqueue-to-start side by side, jobsite's and each peer's at this load (items/s), or at half the
+    # slowest throughput of the run when that is lower (peers.common_load); latency_samples probes each
+    peer_latency_load: float = 500.0
     flow_lease_items: int = 20_000
     flow_rate: tuple[int, int] = (20, 2)
     flow_fair: tuple[int, int] = (10_000, 100)

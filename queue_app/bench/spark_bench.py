@@ -78,7 +78,7 @@ def seed(n: int, start: dt.datetime, span: dt.timedelta, *, worker: str = HISTOR
     with connection.cursor() as cur:
         for first in range(1, n + 1, SEED_CHUNK):
             last = min(n, first + SEED_CHUNK - 1)
-            cur.execute("SELECT coalesce(max(id), 0) FROM queue_app_queueitem")
+            cur.execute("SELECT coalesce(max(id), 0) FROM queue_app_item_all")  # a worker may archive the seed
             after = cur.fetchone()[0]
             with transaction.atomic():
                 params = {"queue": QUEUE, "start": start, "step": step, "first": first, "last": last}
@@ -94,8 +94,8 @@ def seeded_history() -> int:
     """Reservations of history QUEUE holds (a --keep run's), or -1 when it also holds other rows."""
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT count(*) FILTER (WHERE r.worker_id = %s), count(*) FROM queue_app_reservation r "
-            "JOIN queue_app_queueitem i ON i.id = r.item_id WHERE i.queue_id = %s",
+            "SELECT count(*) FILTER (WHERE r.worker_id = %s), count(*) FROM queue_app_reservation_all r "
+            "JOIN queue_app_item_all i ON i.id = r.item_id WHERE i.queue_id = %s",
             [HISTORY, QUEUE],
         )
         history, every = cur.fetchone()
@@ -103,18 +103,21 @@ def seeded_history() -> int:
 
 
 def cleanup(*, keep_history: bool = False) -> None:
-    """Delete what the bench wrote: its items and reservations (only the new ones with `keep_history`), its
-    published rows and its watermark."""
+    """Delete what the bench wrote: its items and reservations (only the new ones with `keep_history`), hot and
+    archived (a worker on this database archives the seeded items, all finished), its published rows and its
+    watermark."""
     from queue_app.spark.pipelines.queue_analytics import TABLE, watermark_name
 
     with transaction.atomic(), connection.cursor() as cur:
-        items = "SELECT id FROM queue_app_queueitem WHERE queue_id = %s"
+        items = "SELECT id FROM queue_app_item_all WHERE queue_id = %s"
         if keep_history:
-            new_items = f"SELECT item_id AS id FROM queue_app_reservation WHERE worker_id = '{NEW}'"
+            new_items = f"SELECT item_id AS id FROM queue_app_reservation_all WHERE worker_id = '{NEW}'"
             items = f"{new_items} AND item_id IN ({items})"
         cur.execute(f"CREATE TEMP TABLE bench_gone ON COMMIT DROP AS {items}", [QUEUE])
-        cur.execute("DELETE FROM queue_app_reservation WHERE item_id IN (SELECT id FROM bench_gone)")
-        cur.execute("DELETE FROM queue_app_queueitem WHERE id IN (SELECT id FROM bench_gone)")
+        for table in ("queue_app_reservation", "queue_app_reservationhistory"):
+            cur.execute(f"DELETE FROM {table} WHERE item_id IN (SELECT id FROM bench_gone)")
+        for table in ("queue_app_queueitem", "queue_app_itemhistory"):
+            cur.execute(f"DELETE FROM {table} WHERE id IN (SELECT id FROM bench_gone)")
         cur.execute(f"DELETE FROM {TABLE} WHERE queue = %s", [QUEUE])
         cur.execute("DELETE FROM queue_app_sparkwatermark WHERE name = %s", [watermark_name([QUEUE])])
 

@@ -20,7 +20,7 @@ from django.test.utils import override_settings
 from ..webhooks import publish_event
 from ..webhooks import services as webhooks
 from .context import BenchContext, django_child_env, manage_args, spawn, stop
-from .jobsite_side import _percentile
+from .report import percentile
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ def run(ctx: BenchContext, sizes: WebhookSizes, write) -> dict[str, float]:
                 raise RuntimeError(f"delivery {delivery.webhook_id} did not arrive within 30 s")
             latencies.append((receiver.arrivals[delivery.webhook_id] - sent) * 1000)
             time.sleep(0.05)
-        p50, p99 = _percentile(latencies, 0.5), _percentile(latencies, 0.99)
+        p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
         write(f"latency event -> delivery (idle queue, {len(latencies)} samples): p50 {p50:.1f} ms, p99 {p99:.1f} ms")
         return {"deliveries_per_s": per_s, "latency_p50_ms": p50, "latency_p99_ms": p99}
     finally:

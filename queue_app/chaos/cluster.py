@@ -1,8 +1,9 @@
 """A private PostgreSQL cluster owned by one chaos run, so the run may restart it.
 
 Never the shared server: other people's tests run on it. The binaries are the `pgserver` wheel's (PostgreSQL 16)
-or the machine's (`/usr/lib/postgresql/*/bin`, `pg_ctl` on PATH), as jobsite/embedded_pg/ finds them. As
-root, the server runs as the `postgres` OS user (PostgreSQL refuses root).
+or the machine's (`/usr/lib/postgresql/*/bin`, `pg_ctl` on PATH), as jobsite/embedded_pg/ finds them
+(server_bindirs). As root, the server runs as the `postgres` OS user, else the `pgserver` one (PostgreSQL refuses
+root; embedded_pg.server_os_user).
 """
 
 import contextlib
@@ -17,31 +18,17 @@ from pathlib import Path
 
 import psycopg
 
-from jobsite.embedded_pg import run_pg_tool
+from jobsite.embedded_pg import run_pg_tool, server_bindirs, server_os_user
 
-OS_USER = "postgres"
 DB_USER = "postgres"
 
 
 def find_bindir() -> Path:
     """initdb + pg_ctl: the pgserver wheel's first, then the machine's, newest major first."""
-    candidates: list[Path] = []
-    try:
-        from pgserver._commands import POSTGRES_BIN_PATH
-
-        candidates.append(Path(POSTGRES_BIN_PATH))
-    except Exception:  # not installed (Python 3.13+), or broken: fall back to the machine's binaries
-        pass
-    on_path = shutil.which("pg_ctl")
-    if on_path:
-        candidates.append(Path(os.path.realpath(on_path)).parent)
-    base = Path("/usr/lib/postgresql")
-    if base.is_dir():
-        candidates += sorted(base.glob("*/bin"), key=lambda p: int(p.parent.name or 0), reverse=True)
-    for path in candidates:
-        if (path / "pg_ctl").is_file() and (path / "initdb").is_file():
-            return path
-    raise RuntimeError("no PostgreSQL server binaries (initdb, pg_ctl): install pgserver or postgresql")
+    bindirs = server_bindirs()
+    if not bindirs:
+        raise RuntimeError("no PostgreSQL server binaries (initdb, pg_ctl): install pgserver or postgresql")
+    return bindirs[0]
 
 
 def free_port() -> int:
@@ -60,16 +47,17 @@ class Cluster:
         self.bindir = find_bindir()
         self.port = free_port()
         self.as_root = os.geteuid() == 0
+        self.os_user = server_os_user() if self.as_root else None
+        if self.as_root and self.os_user is None:
+            raise RuntimeError("running as root with no `postgres` or `pgserver` OS user to run PostgreSQL as")
         self.restarts: list[float] = []  # seconds each restart took
 
     # -- running PostgreSQL's tools -------------------------------------------------------------------------
 
     def _run(self, *args: str, timeout: float = 120) -> str:
-        """Run a PostgreSQL tool (as the postgres user when we are root), as the embedded database does."""
+        """Run a PostgreSQL tool (as `os_user` when we are root), as the embedded database does."""
         try:
-            return run_pg_tool(
-                [str(self.bindir / args[0]), *args[1:]], as_user=OS_USER if self.as_root else None, timeout=timeout
-            )
+            return run_pg_tool([str(self.bindir / args[0]), *args[1:]], as_user=self.os_user, timeout=timeout)
         except subprocess.CalledProcessError as exc:
             failed = f"{' '.join(args)} failed ({exc.returncode})"
             raise RuntimeError(f"{failed}:\n{exc.output}\n{self.log_tail()}") from None
@@ -88,7 +76,7 @@ class Cluster:
     def start(self, dbname: str) -> None:
         """Create the cluster, start it and create `dbname`."""
         if self.as_root:
-            entry = pwd.getpwnam(OS_USER)
+            entry = pwd.getpwnam(self.os_user)
             os.chown(self.root, entry.pw_uid, entry.pw_gid)
             os.chmod(self.root, 0o700)
             for parent in self.root.parents:  # the postgres user must reach the data dir

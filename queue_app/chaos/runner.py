@@ -381,7 +381,10 @@ class ChaosRun:
         )
         deliveries = dict(WebhookDelivery.objects.using(ALIAS).values_list("webhook_id", "body"))
         evented = Counter(json.loads(body)["data"]["item_id"] for body in deliveries.values())
-        states = Counter(QueueItem.objects.using(ALIAS).filter(queue_id=WEBHOOK_QUEUE).values_list("state", flat=True))
+        with connections[ALIAS].cursor() as cur:  # hot and archived alike: the archiver moves the done ones
+            query = "SELECT state, count(*) FROM queue_app_item_all WHERE queue_id = %s GROUP BY 1"
+            cur.execute(query, [WEBHOOK_QUEUE])
+            states = Counter(dict(cur.fetchall()))
         problems = [f"the dead letter of item {i} raised no event" for i in sorted(letters - set(evented))]
         problems += [f"item {i} raised {n} events" for i, n in sorted(evented.items()) if n != 1]
         problems += [f"item {i} raised an event but has no dead letter" for i in sorted(set(evented) - letters)]

@@ -5,20 +5,45 @@ API, worker processes started as real subprocesses, then `drain()` samples the p
 until it reaches zero. Each peer lists a few settings (`Variant`: processes x concurrency, connection reuse,
 deleting finished jobs where the peer offers it); the bench tries them and keeps the best.
 
+Then enqueue-to-start at one load every peer sustains (`common_load`: the sizes' `peer_latency_load`, lower if
+half of a peer's or jobsite's throughput is less), p50 and p99 for each peer and for jobsite in the same run
+(driver.py says how), printed side by side.
+
 Peers are an optional extra (`pip install -e .[bench]`); a peer that is not installed is reported as n/a.
 """
 
 import importlib
 import importlib.metadata
+import json
+import os
 import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import psycopg
 
 from ..context import BenchContext, Drain, drain, log_tail, stop, tune
-from ..report import PEER_LABELS, Figure, Results
+from ..report import PEER_LABELS, Figure, Results, percentile
 from ..sizes import Sizes
+from .probe import PROBE_FILE_ENV
+
+DSN_ENV = "JOBSITE_BENCH_PEER_DSN"  # the peer's scratch database, for its workers and its clients
+LOAD_SHARE = 0.5  # the common load is at most this share of any measured throughput
+STEADY = 1.0  # seconds of feeding before the first counted probe
+
+
+class Client(Protocol):
+    """A peer's producer in the feeder and prober processes (driver.py), connected once."""
+
+    def noops(self, n: int) -> None: ...
+
+    def probe(self, n: int) -> None: ...
+
+    def close(self) -> None: ...
+
 
 # name -> "module:class", imported only when the peer runs (its package may not be installed).
 PEERS = {
@@ -75,8 +100,19 @@ class Peer:
     def enqueue(self, n: int) -> None:
         raise NotImplementedError
 
-    def start(self, variant: Variant, log: str) -> list[subprocess.Popen]:
+    def start(self, variant: Variant, log: str, *, probe_file: Path | None = None) -> list[subprocess.Popen]:
+        """The variant's workers. For a throughput try they exit once the queue is empty; with `probe_file`
+        (the latency measure) they keep running until stopped and run `probe` jobs too, their starts written
+        there (probe.record_start)."""
         raise NotImplementedError
+
+    @classmethod
+    def open_client(cls) -> Client:
+        """In a feeder or prober process (driver.py), whose environment is `client_env()`."""
+        raise NotImplementedError
+
+    def client_env(self) -> dict[str, str]:
+        return {**os.environ, DSN_ENV: self.dsn, "PYTHONUNBUFFERED": "1"}
 
     def remaining(self) -> int:
         """Jobs queued or running (not finished)."""
@@ -117,6 +153,57 @@ class Peer:
             say("peers", f"{self.name} [{variant.label}]: workers exited, {result.done}/{jobs} done\n{tail}")
         return result
 
+    def measure_latency(self, variant: Variant, per_s: float, samples: int) -> list[Figure]:
+        """Enqueue-to-start p50 and p99 over `samples` probes while `per_s` no-ops a second flow through the
+        variant's workers (driver.py)."""
+        log = f"peer-{self.name}-latency"
+        probe_file = self.ctx.log_path(f"{log}-starts")
+        probe_file.write_text("")
+        self.reset()
+        env = {**self.client_env(), PROBE_FILE_ENV: str(probe_file)}
+        driver = [sys.executable, "-m", "queue_app.bench.peers.driver"]
+        children: list[subprocess.Popen] = []
+
+        def child(*args: str, name: str) -> subprocess.Popen:
+            with self.ctx.log_path(f"{log}-{name}").open("w") as err:
+                proc = subprocess.Popen(
+                    [*driver, *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+                    start_new_session=True,
+                )  # fmt: skip
+            children.append(proc)
+            return proc
+
+        def expect(proc: subprocess.Popen, word: str, name: str) -> str:
+            line = proc.stdout.readline() or ""
+            if word not in line:
+                raise RuntimeError(f"the {name} failed:\n{log_tail(self.ctx.log_path(f'{log}-{name}'))}")
+            return line
+
+        procs = self.start(variant, log, probe_file=probe_file)
+        try:
+            prober = child("probe", self.name, str(samples), str(probe_file), name="prober")
+            expect(prober, "warm", "prober")  # a first probe ran: the workers are up
+            feeder = child("feed", self.name, str(per_s), name="feeder")
+            expect(feeder, "started", "feeder")
+            time.sleep(STEADY)
+            prober.stdin.write("go\n")
+            prober.stdin.flush()
+            ms = json.loads(expect(prober, '"ms"', "prober"))["ms"]
+            feeder.terminate()
+            fed = json.loads(expect(feeder, '"fed"', "feeder"))["fed"]
+        finally:
+            stop(children, grace=5.0)
+            stop(procs, grace=self.stop_grace)
+        p50, p99 = percentile(ms, 0.5), percentile(ms, 0.99)
+        where = f"{self.name} [{variant.label}] enqueue-to-start at {per_s:,.0f}/s"
+        self.ctx.progress("peers", f"{where}: p50 {p50:.2f} ms, p99 {p99:.2f} ms over {len(ms)} probes, fed {fed:,}")
+        detail = {"samples": len(ms), "load_per_s": per_s, "fed": fed, "max_ms": round(max(ms), 3)}
+        label = f"{PEER_LABELS[self.name]} {self.version()}"
+        return [
+            Figure(f"latency.{self.name}_p50", f"{label} p50", p50, "ms", note=variant.label, detail=detail),
+            Figure(f"latency.{self.name}_p99", f"{label} p99", p99, "ms", note=variant.label, detail=detail),
+        ]
+
     def measure(self, sizes: Sizes) -> Figure:
         key, label = f"peer.{self.name}", f"peer: {PEER_LABELS[self.name]} {self.version()}"
         self.setup()
@@ -132,7 +219,19 @@ def load(name: str) -> type[Peer]:
     return getattr(importlib.import_module(module), cls)
 
 
+def common_load(sizes: Sizes, rates: list[float | None]) -> float:
+    """The load of the side-by-side latency: the sizes' target, or LOAD_SHARE of the slowest measured
+    throughput (jobsite's and every peer's) when that is lower, in whole tens of items a second."""
+    measured = [LOAD_SHARE * rate for rate in rates if rate]
+    return max(10.0, (min([sizes.peer_latency_load, *measured]) // 10) * 10)
+
+
 def run(ctx: BenchContext, sizes: Sizes, results: Results, names: list[str] | tuple[str, ...]) -> None:
+    # Here, not at the top: jobsite_side imports jobsite's engine, which a peer's own processes (run under its
+    # settings: driver.py's feeder and prober) cannot import.
+    from ..jobsite_side import measure_common_latency
+
+    winners: dict[str, Variant] = {}
     for name in names:
         key, label = f"peer.{name}", f"peer: {PEER_LABELS[name]}"
         try:
@@ -143,9 +242,27 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results, names: list[str] | tu
             continue
         ctx.progress("peers", f"{name} {peer.version()}: from {sizes.peer_jobs:,} no-op jobs per try")
         try:
-            results.add(peer.measure(sizes))
+            figure = results.add(peer.measure(sizes))
+            if figure.value:
+                winners[name] = next(v for v in peer.variants() if v.label == figure.note)
         except Exception as exc:  # one broken peer must not lose the others' figures
             ctx.progress("peers", f"{name} failed: {exc!r}")
             results.add(Figure(key, label, None, "jobs/s", note=f"n/a (error: {str(exc)[:80]})"))
+        finally:
+            peer.teardown()
+    rates = [results.value(f"peer.{name}") for name in winners] + [results.value("jobsite.e2e")]
+    per_s = common_load(sizes, rates)
+    ctx.progress("peers", f"enqueue-to-start side by side at {per_s:,.0f} items/s, {sizes.latency_samples} probes each")
+    for figure in measure_common_latency(ctx, sizes, results, per_s):
+        results.add(figure)
+    for name, variant in winners.items():
+        peer = load(name)(ctx)
+        try:
+            for figure in peer.measure_latency(variant, per_s, sizes.latency_samples):
+                results.add(figure)
+        except Exception as exc:  # reported beside the others as n/a
+            ctx.progress("peers", f"{name} latency failed: {exc!r}")
+            note = f"n/a (error: {str(exc)[:80]})"
+            results.add(Figure(f"latency.{name}_p50", f"{PEER_LABELS[name]} p50", None, "ms", note=note))
         finally:
             peer.teardown()

@@ -10,12 +10,14 @@ Only this bench's keys are deleted afterwards; the Redis database is never flush
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import redis
 from celery import Celery
 
 from ..context import spawn
-from . import Peer, Variant
+from . import Client, Peer, Variant
+from .probe import PROBE_FILE_ENV, record_start
 
 REDIS_URL = os.environ.get("JOBSITE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
 QUEUE = "jobsite_bench"
@@ -43,6 +45,28 @@ def noop() -> None:
     if _counter is None:
         _counter = redis.Redis.from_url(REDIS_URL)
     _counter.incr(DONE_KEY)
+
+
+@app.task(name="probe")
+def probe(n: int) -> None:
+    record_start(n)
+
+
+class _Client:
+    """Celery's apply_async through one producer (the feeder's and the prober's)."""
+
+    def __init__(self) -> None:
+        self._producer = app.producer_pool.acquire(block=True)
+
+    def noops(self, n: int) -> None:
+        for _ in range(n):
+            noop.apply_async(producer=self._producer)
+
+    def probe(self, n: int) -> None:
+        probe.apply_async((n,), producer=self._producer)
+
+    def close(self) -> None:
+        self._producer.release()
 
 
 class CeleryRedisPeer(Peer):
@@ -76,14 +100,26 @@ class CeleryRedisPeer(Peer):
                 noop.apply_async(producer=producer)
         self.queued = n
 
-    def start(self, variant: Variant, log: str) -> list[subprocess.Popen]:
-        env = {**os.environ, "JOBSITE_BENCH_PREFETCH": str(variant.options["prefetch"])}
+    def start(self, variant: Variant, log: str, *, probe_file: Path | None = None) -> list[subprocess.Popen]:
+        # A Celery worker keeps running when the queue is empty: the bench stops it once the backlog is done.
+        env = {**self.client_env(), "JOBSITE_BENCH_PREFETCH": str(variant.options["prefetch"])}
+        if probe_file is not None:
+            env[PROBE_FILE_ENV] = str(probe_file)
         args = [sys.executable, "-m", "celery", "-A", __name__, "worker", "-Q", QUEUE, "-l", "WARNING"]
         args += ["--pool", variant.options["pool"], "--concurrency", str(variant.options["concurrency"])]
         args += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
         return [
             spawn([*args, "-n", f"bench{i}@%h"], env=env, log=self.ctx.log_path(log)) for i in range(variant.processes)
         ]
+
+    def client_env(self) -> dict[str, str]:
+        # Without DJANGO_SETTINGS_MODULE: Celery's Django fixup would set up jobsite's settings in its processes
+        # and check jobsite's database, which they do not use (a worker hangs at start when that check fails).
+        return {k: v for k, v in super().client_env().items() if k != "DJANGO_SETTINGS_MODULE"}
+
+    @classmethod
+    def open_client(cls) -> Client:
+        return _Client()
 
     def remaining(self) -> int:
         return self.queued - int(self.redis.get(DONE_KEY) or 0)

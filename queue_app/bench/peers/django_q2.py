@@ -11,6 +11,7 @@ cluster's in-memory queue for two bulks per worker (`queue_limit`). Finished job
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import django_q  # noqa: F401  (not installed: the bench reports this peer as n/a)
 
@@ -40,9 +41,10 @@ class DjangoQ2Peer(DjangoAppPeer):
     def reset(self) -> None:
         self.scalar(f"TRUNCATE {TABLE}")
 
-    def start(self, variant: Variant, log: str) -> list[subprocess.Popen]:
+    def start(self, variant: Variant, log: str, *, probe_file: Path | None = None) -> list[subprocess.Popen]:
+        # A cluster keeps running when the queue is empty: the bench stops it once the backlog is done.
         cluster = {**variant.options, "queue_limit": variant.options["workers"] * variant.options["bulk"] * 2}
-        env = self.env(JOBSITE_BENCH_Q_CLUSTER=json.dumps(cluster))
+        env = self.env(probe_file, JOBSITE_BENCH_Q_CLUSTER=json.dumps(cluster))
         return [
             spawn([sys.executable, "-m", "django", "qcluster"], env=env, log=self.ctx.log_path(log))
             for _ in range(variant.processes)

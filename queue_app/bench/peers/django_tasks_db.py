@@ -8,6 +8,7 @@ queue is empty. It has no option to delete finished jobs (pruning is a separate 
 
 import subprocess
 import sys
+from pathlib import Path
 
 import django_tasks_db  # noqa: F401  (not installed: the bench reports this peer as n/a)
 
@@ -35,11 +36,12 @@ class DjangoTasksDbPeer(DjangoAppPeer):
     def reset(self) -> None:
         self.scalar(f"TRUNCATE {TABLE}")
 
-    def start(self, variant: Variant, log: str) -> list[subprocess.Popen]:
-        env = self.env(JOBSITE_BENCH_CONN_MAX_AGE=variant.options["conn_max_age"])
+    def start(self, variant: Variant, log: str, *, probe_file: Path | None = None) -> list[subprocess.Popen]:
+        env = self.env(probe_file, JOBSITE_BENCH_CONN_MAX_AGE=variant.options["conn_max_age"])
+        until_empty = ["--batch"] if probe_file is None else []  # --batch: exit once the queue is empty
         return [
             spawn(
-                [sys.executable, "-m", "django", "db_worker", "--batch", "--no-startup-delay", "--no-reload"]
+                [sys.executable, "-m", "django", "db_worker", *until_empty, "--no-startup-delay", "--no-reload"]
                 + ["--interval", "0.1", "--verbosity", "0", "--worker-id", f"bench-{i}"],
                 env=env,
                 log=self.ctx.log_path(log),

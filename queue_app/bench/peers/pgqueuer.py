@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from pathlib import Path
 
 import pgqueuer
 import psycopg
@@ -21,9 +22,8 @@ from pgqueuer.models import Job
 from pgqueuer.types import QueueExecutionMode
 
 from ..context import spawn
-from . import Peer, Variant
-
-DSN_ENV = "JOBSITE_BENCH_PEER_DSN"
+from . import DSN_ENV, Client, Peer, Variant
+from .probe import PROBE_FILE_ENV, record_start
 
 
 @asynccontextmanager
@@ -35,19 +35,45 @@ async def factory() -> AsyncIterator[QueueManager]:
         async def noop(job: Job) -> None:
             return None
 
+        @qm.entrypoint("probe")
+        async def probe(job: Job) -> None:
+            record_start(int(job.payload))
+
         yield qm
 
 
-def work(batch_size: int) -> None:
-    """One worker process until the queue is empty: what `pgq run --mode drain` does (its CLI's --log-level
-    handling is broken in 1.6.0, so the bench calls the library's own `pgqueuer.run`)."""
+def work(batch_size: int, drain: bool = True) -> None:
+    """One worker process until the queue is empty (`drain`), or until stopped: what `pgq run --mode drain`
+    does (its CLI's --log-level handling is broken in 1.6.0, so the bench calls the library's own
+    `pgqueuer.run`)."""
     run = pgqueuer.run(
         factory,
         batch_size=batch_size,
-        mode=QueueExecutionMode.drain,
+        mode=QueueExecutionMode.drain if drain else QueueExecutionMode.continuous,
         dequeue_timeout=timedelta(seconds=1),
     )
     asyncio.run(run)
+
+
+class _Client:
+    """PgQueuer's enqueue on one connection, driven by an event loop of its own (the feeder's and the prober's)."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._conn = self._loop.run_until_complete(
+            psycopg.AsyncConnection.connect(os.environ[DSN_ENV], autocommit=True)
+        )
+        self._queries = Queries(PsycopgDriver(self._conn))
+
+    def noops(self, n: int) -> None:
+        self._loop.run_until_complete(self._queries.enqueue(["noop"] * n, [None] * n, [0] * n))
+
+    def probe(self, n: int) -> None:
+        self._loop.run_until_complete(self._queries.enqueue("probe", str(n).encode()))
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._conn.close())
+        self._loop.close()
 
 
 class PgQueuerPeer(Peer):
@@ -86,10 +112,15 @@ class PgQueuerPeer(Peer):
 
         asyncio.run(go())
 
-    def start(self, variant: Variant, log: str) -> list[subprocess.Popen]:
-        args = [sys.executable, "-c", f"from {__name__} import work; work({int(variant.options['batch'])})"]
-        env = {**os.environ, DSN_ENV: self.dsn}
+    def start(self, variant: Variant, log: str, *, probe_file: Path | None = None) -> list[subprocess.Popen]:
+        call = f"work({int(variant.options['batch'])}, drain={probe_file is None})"
+        args = [sys.executable, "-c", f"from {__name__} import work; {call}"]
+        env = {**os.environ, DSN_ENV: self.dsn, **({PROBE_FILE_ENV: str(probe_file)} if probe_file else {})}
         return [spawn(args, env=env, log=self.ctx.log_path(log)) for _ in range(variant.processes)]
+
+    @classmethod
+    def open_client(cls) -> Client:
+        return _Client()
 
     def remaining(self) -> int:
         return self.scalar("SELECT count(*) FROM pgqueuer")

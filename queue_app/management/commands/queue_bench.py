@@ -5,6 +5,9 @@ hour of steady churn that measures table and index growth.
     python manage.py queue_bench --quick --only ceiling
     python manage.py queue_bench --peers procrastinate,celery_redis
     python manage.py queue_bench --churn --churn-minutes 60
+
+A part that fails is reported (name, error and the end of its traceback, in the table and the JSON's
+`failures`), the other parts still run, and the command exits 1 at the end.
 """
 
 from pathlib import Path
@@ -59,7 +62,7 @@ class Command(BaseCommand):
             self.stdout.write(line)
             self.stdout.flush()
 
-        run_bench(
+        results, _ = run_bench(
             sizes=sizes,
             parts=parts,
             peer_names=_names(options["peers"], tuple(PEERS), "peer"),
@@ -70,3 +73,6 @@ class Command(BaseCommand):
             keep_databases=options["keep_dbs"],
             write=write,
         )
+        if results.failures:
+            failed = ", ".join(f"{f['part']} ({f['error']})" for f in results.failures)
+            raise CommandError(f"{len(results.failures)} part(s) failed: {failed}; the others ran (table above)")

@@ -1,7 +1,9 @@
 """``manage.py test [pytest args...]``: run the test suite with pytest (replaces Django's test runner).
 
 Everything after ``test`` goes to pytest untouched (``-x``, ``-k expr``, ``-m "not spark"``, paths, node ids).
-pytest's exit code becomes the command's; "no tests collected" (pytest's 5) counts as a failure.
+pytest's exit code becomes the command's; "no tests collected" (pytest's 5) counts as a failure. Under
+``CI=true`` a system package that is missing after the install attempt fails the run at once (exit 1, naming it):
+the tests that need it would only skip, and no test may skip in CI (tests/skip_guard.py).
 """
 
 import argparse
@@ -13,6 +15,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from jobsite import system_packages
+from jobsite.ci import in_ci
 
 NO_TESTS_COLLECTED = 5
 
@@ -46,7 +49,15 @@ class Command(BaseCommand):
 
     def run_pytest(self, args):
         # Spark tests need Java and the JDBC jar, browser tests Chromium: installed here where missing.
-        system_packages.ensure(["java", "jdbc", "chromium", "graphviz"])
+        absent = system_packages.ensure(["java", "jdbc", "chromium", "graphviz"])
+        if absent and in_ci():
+            self.stderr.write(
+                self.style.ERROR(
+                    f"CI=true: missing system packages {system_packages.describe(absent)} (see above why); "
+                    "the Spark, browser and workflow-graph tests would skip, and nothing may skip in CI"
+                )
+            )
+            return 1
         cmd = [sys.executable, "-m", "pytest", *args]
         proc = subprocess.Popen(cmd, cwd=settings.BASE_DIR, env=os.environ.copy())
         while True:
