@@ -56,7 +56,8 @@ END $$;"""
 
 
 def create_sql() -> list[str]:
-    """The functions and the fixed triggers (migration 0013_webhooks runs these; the NOTIFY channel is the setting's)."""
+    """The functions and the fixed triggers (migration 0013_webhooks runs these; the NOTIFY channel is the
+    setting's)."""
     dead_letters = _function(
         "queue_app_webhook_dead_letters",
         "'item.dead_lettered'",
