@@ -153,6 +153,8 @@ JOBSITE = {
         ("WEBHOOKS_READ_TIMEOUT", float),
         ("WEBHOOKS_HARD_TIMEOUT", float),
         ("SPARK_EVENT_LOG_KEEP_DAYS", float),
+        ("AUTOSCALE_TARGET_DRAIN_SECONDS", float),
+        ("AUTOSCALE_MAX_WORKERS", int),
     )
     if f"JOBSITE_{key}" in env
 }

@@ -53,6 +53,10 @@ DEFAULTS: dict[str, Any] = {
     # Days a finished run's Spark event log is kept when its job's policy sets no keep_days (then the run's own
     # retention applies to both); the run row stays. None or 0: kept until the run is deleted.
     "SPARK_EVENT_LOG_KEEP_DAYS": 14,
+    # Autoscaling signals (queue_app/autoscaling.py): the suggested worker count drains a queue's ready and
+    # in-flight items within this many seconds at the recent throughput per worker, and never exceeds the cap.
+    "AUTOSCALE_TARGET_DRAIN_SECONDS": 60.0,
+    "AUTOSCALE_MAX_WORKERS": 20,
 }
 
 
