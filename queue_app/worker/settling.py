@@ -18,6 +18,7 @@ from django.db.utils import DatabaseError
 
 from .. import engine
 from ..engine import Lease, StaleReservation
+from ..logcontext import attempt_ids
 from ..registry import Delivery, Task
 from .execute import Outcome
 from .options import DATABASE_DOWN, DEADLINE_RECHECK, Pending
@@ -51,7 +52,11 @@ class Settling:
 
     def _stale(self, lease: Lease, why: str) -> None:
         self.stats.stale += 1
-        logger.info("stale %s", fields(item=lease.item_id, reservation=lease.reservation_id, why=repr(why)))
+        logger.info(
+            "stale %s",
+            fields(item=lease.item_id, reservation=lease.reservation_id, why=repr(why)),
+            extra=attempt_ids(lease),
+        )
 
     def _failed(
         self,
@@ -68,6 +73,7 @@ class Settling:
         logger.info(
             "attempt failed %s",
             fields(item=lease.item_id, task=lease.task, attempt=lease.attempt, error=repr(error[:200])),
+            extra=attempt_ids(lease),
         )
         if task.delivery is Delivery.AT_MOST_ONCE:
             self._settle_later(
@@ -101,7 +107,9 @@ class Settling:
         self.pending.append(Pending(lease, what, apply))
 
     def _poison(self, lease: Lease, reason: str) -> None:
-        logger.warning("poison %s", fields(item=lease.item_id, task=lease.task, reason=repr(reason)))
+        logger.warning(
+            "poison %s", fields(item=lease.item_id, task=lease.task, reason=repr(reason)), extra=attempt_ids(lease)
+        )
         self._settle_later(lease, "dead letter (poison)", lambda: self._dead(lease, reason[:200], reason))
 
     def _enforce_deadlines(self) -> None:
@@ -137,7 +145,11 @@ class Settling:
             elif now >= deadline:
                 how = "its child process was killed" if self.pool.kind == "process" else "its thread was abandoned"
                 error = f"hard timeout: the handler ran longer than {task.hard_timeout:g}s and was stopped ({how})"
-                logger.warning("timed out %s", fields(item=lease.item_id, task=lease.task, attempt=lease.attempt))
+                logger.warning(
+                    "timed out %s",
+                    fields(item=lease.item_id, task=lease.task, attempt=lease.attempt),
+                    extra=attempt_ids(lease),
+                )
                 self._failed(lease, task, error, "", retryable=True, timed_out=True)
             elif task.delivery is Delivery.AT_MOST_ONCE:
                 self._failed(lease, task, "the worker shut down before the handler finished", "", retryable=False)
@@ -186,7 +198,11 @@ class Settling:
             except DATABASE_DOWN:
                 raise
             except DatabaseError:  # the server refused this one settle: log it, never spin on it
-                logger.exception("settle refused %s", fields(item=settle.lease.item_id, what=repr(settle.what)))
+                logger.exception(
+                    "settle refused %s",
+                    fields(item=settle.lease.item_id, what=repr(settle.what)),
+                    extra=attempt_ids(settle.lease),
+                )
                 fate = "refused"
             self.pending.pop(0)
             if fate == "retry" and settle.retry_in is not None:

@@ -42,6 +42,7 @@ from django.db import connections
 from .. import engine
 from ..conf import queue_settings
 from ..engine import ALL_QUEUES, Lease, LeaseTerms
+from ..logcontext import bind_process
 from ..registry import Delivery, Task, find_task, registered_tasks, warm_ups_for
 from .execute import Job
 from .leasing import LeaseCall
@@ -82,6 +83,7 @@ class Supervisor(Settling):
         self.pool = pool
         self.stats = Stats()
         self.worker_id = opts.worker_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        bind_process(worker_id=self.worker_id)  # every log line of the process names its worker (logcontext.py)
         self.queues = None if opts.queues is None or tuple(opts.queues) == ALL_QUEUES else list(opts.queues)
         # Running plus leased-not-started items: a short handler finds its next item in hand, not a round trip
         # away. Held items' leases are renewed like running ones, so waiting in hand never lets a lease lapse.
