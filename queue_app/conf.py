@@ -59,6 +59,10 @@ DEFAULTS: dict[str, Any] = {
     "DATASET_MODULES": (),
     "DATASETS": {},
     "DATASET_ROOTS": (),
+    # Autoscaling signals (queue_app/autoscaling.py): the suggested worker count drains a queue's ready and
+    # in-flight items within this many seconds at the recent throughput per worker, and never exceeds the cap.
+    "AUTOSCALE_TARGET_DRAIN_SECONDS": 60.0,
+    "AUTOSCALE_MAX_WORKERS": 20,
 }
 
 

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .autoscaling import Signals, signals
 from .conf import queue_settings
 from .flow import HeldBack, limited_queues
 from .models import HISTORY_STATES, HISTORY_STATES_SQL, ItemHistory, ItemState, Outcome, Worker, WorkerState
@@ -239,6 +240,7 @@ class QueueStats:
     failed: int  # attempts failed (retry, dead, timed out) within the window
     lease_expirations: int  # attempts whose lease ran out within the window
     workers: int  # live workers serving this queue
+    autoscale: Signals  # throughput per worker and a suggested worker count (queue_app/autoscaling.py)
 
     @property
     def dead_letters(self) -> Count:
@@ -321,20 +323,31 @@ def snapshot(window_minutes: int = 15, cap: int = EXACT_UP_TO) -> Snapshot:
         elif outcome in FAILED_OUTCOMES:
             failed_per_minute[slot] += n
     workers = live_workers()
-    queues = [
-        QueueStats(
-            name=name,
-            paused=paused,
-            depth={state: depth.get((name, state), Count(0)) for state in SHOWN_STATES},
-            oldest_ready_age=None if oldest.get(name) is None else max(0.0, float(oldest[name])),
-            in_flight=Count(in_flight) if in_flight <= cap else Count(cap + 1, exact=False),
-            processed=outcomes[name, Outcome.DONE],
-            failed=sum(outcomes[name, o] for o in FAILED_OUTCOMES),
-            lease_expirations=outcomes[name, Outcome.EXPIRED],
-            workers=sum(serves(w, name) for w in workers),
+    queues = []
+    for name, paused, in_flight in heads:
+        serving = sum(serves(w, name) for w in workers)
+        ready = depth.get((name, ItemState.READY.value), Count(0))
+        queues.append(
+            QueueStats(
+                name=name,
+                paused=paused,
+                depth={state: depth.get((name, state), Count(0)) for state in SHOWN_STATES},
+                oldest_ready_age=None if oldest.get(name) is None else max(0.0, float(oldest[name])),
+                in_flight=Count(in_flight) if in_flight <= cap else Count(cap + 1, exact=False),
+                processed=outcomes[name, Outcome.DONE],
+                failed=sum(outcomes[name, o] for o in FAILED_OUTCOMES),
+                lease_expirations=outcomes[name, Outcome.EXPIRED],
+                workers=serving,
+                autoscale=signals(
+                    ready=ready.value,
+                    in_flight=in_flight,
+                    paused=paused,
+                    completed=outcomes[name, Outcome.DONE],
+                    window_seconds=window_minutes * 60,
+                    workers=serving,
+                ),
+            )
         )
-        for name, paused, in_flight in heads
-    ]
     return Snapshot(
         taken_at=timezone.now(),
         window_minutes=window_minutes,
@@ -380,20 +393,35 @@ class SnapshotCollector:
             "failed_recent": (f"Attempts failed (retry, dead, timed out) in {window}.", lambda q: q.failed),
             "lease_expirations_recent": (f"Leases that ran out in {window}.", lambda q: q.lease_expirations),
             "workers_alive": ("Live workers serving the queue.", lambda q: q.workers),
+            "suggested_workers": (
+                "Workers that would drain the queue's ready and in-flight items within AUTOSCALE_TARGET_DRAIN_SECONDS "
+                f"at the throughput per worker of {window} (at least 1 while there is work, at most "
+                "AUTOSCALE_MAX_WORKERS; 0 when there is none). For an autoscaler: docs/how-to/autoscaling.md.",
+                lambda q: q.autoscale.suggested_workers,
+            ),
         }
         families = {
             name: GaugeMetricFamily(f"jobsite_queue_{name}", help_text, labels=["queue"])
             for name, (help_text, _) in gauges.items()
         }
+        per_worker = GaugeMetricFamily(
+            "jobsite_queue_throughput_per_worker",
+            f"Items per second each live worker serving the queue completed in {window} (no sample while unknown: "
+            "nothing completed, or no live worker).",
+            labels=["queue"],
+        )
         for q in snap.queues:
             for state, count in q.depth.items():
                 depth.add_metric([q.name, state], count.value)
             oldest.add_metric([q.name], q.oldest_ready_age or 0.0)
             for name, (_, value) in gauges.items():
                 families[name].add_metric([q.name], value(q))
+            if q.autoscale.throughput_per_worker is not None:
+                per_worker.add_metric([q.name], q.autoscale.throughput_per_worker)
         yield depth
         yield oldest
         yield from families.values()
+        yield per_worker
         yield from self.held_back()
         yield GaugeMetricFamily("jobsite_workers_alive", "Workers with a recent heartbeat.", value=len(snap.workers))
         # Counters need a monotonic source: each worker keeps its own in its row's stats while it lives.

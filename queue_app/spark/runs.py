@@ -38,6 +38,7 @@ from django.utils import timezone
 
 from .. import engine, services
 from ..conf import queue_settings
+from ..logcontext import log_context
 from ..models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
 from ..registry import Context, Retry, job
 from . import eventlog
@@ -387,26 +388,32 @@ def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Con
 def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
     """Run one SparkRun (payload {"run_id": id}) as its own spark-submit child."""
     run_id = int(payload["run_id"])
-    run = _claim(run_id, ctx)
-    if run is None:
-        return {"run_id": run_id, "state": "skipped"}
-    reporter = RunReporter(run.id, ctx.attempt)
-    timeout = min(run.timeout or MAX_RUN_TIMEOUT, MAX_RUN_TIMEOUT)
-    result = launch(
-        run.job,
-        run.params,
-        run.id,
-        on_start=reporter.on_start,
-        on_progress=reporter.on_progress,
-        on_log=reporter.on_log,
-        should_cancel=reporter.should_cancel,
-        timeout=timeout,
-        grace=STOP_GRACE,
-    )
-    state = _finish(run, result, reporter, ctx)
-    logger.info(
-        "spark run %s attempt %s ended %s (%s) in %.1fs", run.id, ctx.attempt, state, result.outcome, result.duration
-    )
+    with log_context(spark_run_id=run_id):  # the launcher's log lines name the run (queue_app/logcontext.py)
+        run = _claim(run_id, ctx)
+        if run is None:
+            return {"run_id": run_id, "state": "skipped"}
+        reporter = RunReporter(run.id, ctx.attempt)
+        timeout = min(run.timeout or MAX_RUN_TIMEOUT, MAX_RUN_TIMEOUT)
+        result = launch(
+            run.job,
+            run.params,
+            run.id,
+            on_start=reporter.on_start,
+            on_progress=reporter.on_progress,
+            on_log=reporter.on_log,
+            should_cancel=reporter.should_cancel,
+            timeout=timeout,
+            grace=STOP_GRACE,
+        )
+        state = _finish(run, result, reporter, ctx)
+        logger.info(
+            "spark run %s attempt %s ended %s (%s) in %.1fs",
+            run.id,
+            ctx.attempt,
+            state,
+            result.outcome,
+            result.duration,
+        )
     if state == SparkRunState.FAILED and result.returncode is None:
         raise RunNotStartable(result.error)
     if state == SparkRunState.FAILED and not ctx.is_last_attempt:

@@ -15,6 +15,7 @@ from django.db import connections, transaction
 from .. import engine
 from ..engine.errors import InvalidEnqueue, StaleReservation
 from ..engine.payload import encode_json
+from ..logcontext import attempt_context
 from ..registry import Context, Delivery, Task, get_task
 
 
@@ -133,7 +134,8 @@ def _run_transactional(task: Task, payload: Any, ctx: Context) -> Outcome:
         with transaction.atomic():
             if not engine.lock_reserved(ctx):
                 return Outcome(ctx.reservation_id, "stale")
-            result = task.func(payload, ctx)
+            with attempt_context(ctx):  # the handler's log lines carry the attempt's ids (logcontext.py)
+                result = task.func(payload, ctx)
             _check_result(result)
             engine.complete(ctx, result)
     except StaleReservation:
@@ -162,7 +164,8 @@ def run_job(job: Job) -> Outcome:
         )
         if task.delivery is Delivery.TRANSACTIONAL:
             return _run_transactional(task, payload, ctx)
-        result = task.func(payload, ctx)
+        with attempt_context(ctx):  # the handler's log lines carry the attempt's ids (logcontext.py)
+            result = task.func(payload, ctx)
         _check_result(result)
         return Outcome(job.reservation_id, "ok", result)
     except Exception as exc:

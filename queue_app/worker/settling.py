@@ -19,6 +19,7 @@ from django.db.utils import DatabaseError
 
 from .. import engine
 from ..engine import Lease, StaleReservation
+from ..logcontext import attempt_ids
 from ..registry import Delivery, Task
 from .execute import Outcome
 from .options import DATABASE_DOWN, Pending, Running
@@ -59,7 +60,11 @@ class Settler:
 
     def stale(self, lease: Lease, why: str) -> None:
         self.stats.stale += 1
-        logger.info("stale %s", fields(item=lease.item_id, reservation=lease.reservation_id, why=repr(why)))
+        logger.info(
+            "stale %s",
+            fields(item=lease.item_id, reservation=lease.reservation_id, why=repr(why)),
+            extra=attempt_ids(lease),
+        )
 
     def failed(
         self,
@@ -107,7 +112,9 @@ class Settler:
         self.stats.timed_out += timed_out
 
     def poison(self, lease: Lease, reason: str) -> None:
-        logger.warning("poison %s", fields(item=lease.item_id, task=lease.task, reason=repr(reason)))
+        logger.warning(
+            "poison %s", fields(item=lease.item_id, task=lease.task, reason=repr(reason)), extra=attempt_ids(lease)
+        )
         self._later(lease, "dead letter (poison)", lambda: self._dead(lease, reason[:200], reason))
 
     def release(self, lease: Lease) -> None:
@@ -159,7 +166,11 @@ class Settler:
             except DATABASE_DOWN:
                 raise
             except DatabaseError:  # the server refused this one settle: log it, never spin on it
-                logger.exception("settle refused %s", fields(item=settle.lease.item_id, what=repr(settle.what)))
+                logger.exception(
+                    "settle refused %s",
+                    fields(item=settle.lease.item_id, what=repr(settle.what)),
+                    extra=attempt_ids(settle.lease),
+                )
                 fate = "refused"
             self.pending.pop(0)
             if fate == "retry" and settle.retry_in is not None:

@@ -43,6 +43,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .. import engine
 from ..conf import queue_settings
 from ..engine import ALL_QUEUES, Lease, LeaseTerms
+from ..logcontext import attempt_ids, bind_process
 from ..registry import Delivery, Task, find_task, registered_tasks, warm_ups_for
 from .execute import Job, Outcome
 from .leasing import LeaseCall
@@ -77,6 +78,7 @@ class Supervisor:
         self.options = opts = options
         self.pool = pool
         self.worker_id = opts.worker_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        bind_process(worker_id=self.worker_id)  # every log line of the process names its worker (logcontext.py)
         self.queues = None if opts.queues is None or tuple(opts.queues) == ALL_QUEUES else list(opts.queues)
         self.pacing = Pacing(opts.concurrency, opts.prefetch, opts.hold)
         self.batch = opts.batch or self.pacing.capacity
@@ -641,7 +643,11 @@ class Supervisor:
             elif now >= deadline:
                 how = "its child process was killed" if self.pool.kind == "process" else "its thread was abandoned"
                 error = f"hard timeout: the handler ran longer than {task.hard_timeout:g}s and was stopped ({how})"
-                logger.warning("timed out %s", fields(item=lease.item_id, task=lease.task, attempt=lease.attempt))
+                logger.warning(
+                    "timed out %s",
+                    fields(item=lease.item_id, task=lease.task, attempt=lease.attempt),
+                    extra=attempt_ids(lease),
+                )
                 self.settler.failed(lease, task, error, "", retryable=True, timed_out=True)
             elif task.delivery is Delivery.AT_MOST_ONCE:
                 self.settler.failed(lease, task, "the worker shut down before the handler finished", "", False)

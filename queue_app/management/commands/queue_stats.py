@@ -3,7 +3,11 @@ but due later: delay or backoff; the admin's vocabulary, monitoring.SHOWN_STATES
 ready item, and open dead letters. Exact counts (one grouped scan of the item table): meant for operators and
 scripts, not for a dashboard refreshed every second on a huge table. With --groups, each queue also gets `groups`:
 group key -> counts by state (keyed items only); and each queue says what flow control it has and what holds it
-back now (flow.held_back)."""
+back now (flow.held_back).
+
+The autoscaling fields (`in_flight`, `workers_alive`, `throughput_per_worker`, `suggested_workers`) are /metrics'
+figures (monitoring.snapshot over its window, queue_app/autoscaling.py), so a script and a scraper see the same
+suggestion."""
 
 import json
 
@@ -14,7 +18,7 @@ from django.utils import timezone
 
 from queue_app.flow import format_rate, group_counts, held_back
 from queue_app.models import DeadLetter, ItemHistory, ItemState, Queue, QueueItem
-from queue_app.monitoring import SHOWN_STATES
+from queue_app.monitoring import METRICS_WINDOW_MINUTES, SHOWN_STATES, QueueStats, snapshot
 
 STATES = [state.value for state in ItemState]
 
@@ -50,6 +54,7 @@ def queue_stats(groups: bool = False) -> list[dict]:
     stats = []
     by_group = group_counts() if groups else {}
     holding = held_back()
+    flow = {q.name: q for q in snapshot(window_minutes=METRICS_WINDOW_MINUTES).queues}
     for queue in Queue.objects.order_by("name"):
         by_state = {state: counts.get(queue.name, {}).get(state, 0) for state in STATES}
         by_state[ItemState.READY] -= scheduled.get(queue.name, 0)  # "ready" counts due items only
@@ -66,6 +71,7 @@ def queue_stats(groups: bool = False) -> list[dict]:
                 "rate_limit": format_rate(queue.rate_limit, queue.rate_period),
                 "group_concurrency": queue.group_concurrency,
                 "held_back": holding[queue.name].reasons if queue.name in holding else [],
+                **_autoscaling(flow.get(queue.name)),
             }
         )
         if groups:
@@ -74,6 +80,20 @@ def queue_stats(groups: bool = False) -> list[dict]:
                 for key, counts in sorted(by_group.get(queue.name, {}).items())
             }
     return stats
+
+
+def _autoscaling(q: QueueStats | None) -> dict:
+    """The autoscaling fields: in flight (live leases), live workers serving the queue, items/s per worker over the
+    last METRICS_WINDOW_MINUTES (None: unknown) and the suggested worker count."""
+    if q is None:  # created after the snapshot was taken
+        return {"in_flight": 0, "workers_alive": 0, "throughput_per_worker": None, "suggested_workers": 0}
+    per_worker = q.autoscale.throughput_per_worker
+    return {
+        "in_flight": q.in_flight.value,
+        "workers_alive": q.workers,
+        "throughput_per_worker": None if per_worker is None else round(per_worker, 4),
+        "suggested_workers": q.autoscale.suggested_workers,
+    }
 
 
 class Command(BaseCommand):
