@@ -81,6 +81,7 @@ class Settler:
         logger.info(
             "attempt failed %s",
             fields(item=lease.item_id, task=lease.task, attempt=lease.attempt, error=repr(error[:200])),
+            extra=attempt_ids(lease),
         )
         if task.delivery is Delivery.AT_MOST_ONCE:
             self._later(
