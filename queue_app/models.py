@@ -518,11 +518,11 @@ SPARK_OPEN_STATES = tuple(s for s in SparkRunState if s not in SPARK_FINAL_STATE
 
 
 class SparkTrigger(models.TextChoices):
-    DASHBOARD = "dashboard"
-    SCHEDULE = "schedule"
-    ORM = "orm"
-    CLI = "cli"
-    WORKFLOW = "workflow"
+    DASHBOARD = "dashboard", "Dashboard"
+    SCHEDULE = "schedule", "Schedule"
+    ORM = "orm", "ORM"
+    CLI = "cli", "CLI"
+    WORKFLOW = "workflow", "Workflow"
 
 
 class SparkConnectServer(models.Model):

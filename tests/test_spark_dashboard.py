@@ -102,6 +102,7 @@ def test_run_page_shows_progress_log_metrics_and_the_spark_ui_while_running(spar
     client = spark_client("cancel_sparkrun")
     html = client.get(url("change", run.id)).content.decode()
     assert 'href="http://driver:4040"' in html
+    assert "triggered from code (ORM)</td>" in html
     assert "&lt;b&gt;line two&lt;/b&gt;" in html  # log lines are shown, not run
     assert '<progress max="8" value="2">' in html
     assert 'id="cancel-run"' in html and 'id="rerun"' not in html  # no trigger permission, and not final

@@ -153,6 +153,25 @@ def rerun(run_id: int, *, actor: str) -> SparkRun:
     return trigger_run(run.job, run.params, trigger=SparkTrigger.DASHBOARD, requested_by=actor, timeout=run.timeout)
 
 
+_TRIGGERED = {
+    SparkTrigger.DASHBOARD: "from the dashboard",
+    SparkTrigger.SCHEDULE: "by a schedule",
+    SparkTrigger.ORM: "from code (ORM)",
+    SparkTrigger.CLI: "from the CLI",
+    SparkTrigger.WORKFLOW: "by a workflow",
+}
+
+
+def triggered(run: SparkRun) -> str:
+    """How the run came to be, as its page says it: "triggered from the CLI by ana", "triggered by schedule
+    nightly" (a schedule's requested_by names it)."""
+    who = run.requested_by
+    if run.trigger == SparkTrigger.SCHEDULE and who.startswith("schedule "):
+        return f"triggered by {who}"
+    how = _TRIGGERED.get(run.trigger, f"by {run.get_trigger_display()}")
+    return f"triggered {how}" + (f" by {who}" if who else "")
+
+
 def waiting_for(run: SparkRun) -> SparkRun | None:
     """The started run of the same job ahead of a queued `run` in its concurrency lane (policy.py), if any: the
     reason it waits."""

@@ -5,13 +5,20 @@ same trigger_run() as the dashboard and the schedules); a worker serving the `sp
     python manage.py spark_run demo_sleep --param tasks=4 --param seconds=0.5 --wait
     python manage.py spark_run file_rollup --param input_dir=/data/in --param output_dir=/data/out --timeout 600
     python manage.py spark_run --script /srv/jobs/pi.py --arg 4 --arg 100000 --wait --json
+    python manage.py spark_run --cancel 12 [--wait] [--json]
 
-Prints the run id (with --json: one JSON object at the end, {id, state, app_id, error, metrics, progress}). With
---wait, follows the run until it is final, printing its state and progress (on stderr with --json), and exits
-non-zero unless it succeeded. Bad parameters, or a script outside JOBSITE_SPARK_SCRIPT_ROOTS, are reported per
-field and nothing is queued.
+Prints "run ID queued" (with --json: one JSON object at the end, {id, state, app_id, error, metrics, progress}).
+With --wait, follows the run until it is final, printing its state and progress (on stderr with --json), and
+exits non-zero unless it succeeded. Bad parameters, or a script outside JOBSITE_SPARK_SCRIPT_ROOTS, are reported
+per field and nothing is queued.
+
+--cancel ID asks a run to stop as the admin's cancel button does (runs.cancel_run): a queued run is cancelled at
+once, a started one moves to `cancelling` and its worker stops it. Exit 0 when the cancel was asked, or the run
+had ended (or was being cancelled) already; 1 for an unknown id. With --json the object also says
+"cancel_requested" (whether this call asked for it); with --wait it follows the run to its end.
 """
 
+import getpass
 import json
 import sys
 import time
@@ -21,7 +28,7 @@ from django.core.management.base import BaseCommand, CommandError
 from queue_app.models import SparkRun
 from queue_app.spark import SparkParamError, UnknownSparkJob, all_jobs
 from queue_app.spark.protocol import COUNTED
-from queue_app.spark.runs import trigger_run, waiting_for
+from queue_app.spark.runs import cancel_run, trigger_run, waiting_for
 from queue_app.spark.scripts import ADHOC_JOB
 
 
@@ -33,6 +40,14 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
             raise CommandError(f"--param takes NAME=VALUE, not {pair!r}")
         params[name.strip()] = value
     return params
+
+
+def os_user() -> str:
+    """Who runs this command, for the run's `requested_by` ('' when the system cannot say)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""
 
 
 def run_summary(run: SparkRun) -> dict:
@@ -75,10 +90,16 @@ class Command(BaseCommand):
         parser.add_argument("--json", dest="as_json", action="store_true", help="print one JSON object at the end")
         parser.add_argument("--poll", type=float, default=1.0, help="seconds between looks at the run (--wait)")
         parser.add_argument("--list", dest="list_only", action="store_true", help="list the jobs and their parameters")
+        parser.add_argument("--cancel", type=int, metavar="ID", help="ask run ID to stop (as the admin's cancel)")
 
-    def handle(self, *args, job, param, script, arg, timeout, wait, as_json, poll, list_only, **options):
+    def handle(self, *args, job, param, script, arg, timeout, wait, as_json, poll, list_only, cancel, **options):
         if list_only:
             self.list_jobs()
+            return
+        if cancel is not None:
+            if job or param or script is not None or arg or timeout is not None:
+                raise CommandError("--cancel ID takes no job, --param, --script, --arg or --timeout")
+            self.cancel(cancel, wait=wait, as_json=as_json, poll=poll)
             return
         if script is not None:
             if job or param:
@@ -93,23 +114,40 @@ class Command(BaseCommand):
         else:
             params = parse_params(param)
         try:
-            run = trigger_run(job, params, trigger="cli", requested_by="cli", timeout=timeout)
+            run = trigger_run(job, params, trigger="cli", requested_by=os_user(), timeout=timeout)
         except UnknownSparkJob as exc:
             raise CommandError(str(exc)) from None
         except SparkParamError as exc:
             lines = "\n".join(f"  {name}: {message}" for name, message in exc.errors.items())
             what = f"script {script}" if script is not None else job
             raise CommandError(f"invalid parameters for {what}; nothing was queued:\n{lines}") from None
-        if not as_json:
-            self.stdout.write(str(run.id))
-        if wait:
+        if wait:  # the first line it prints says the run is queued
             run = self.follow(run.id, poll, self.stderr if as_json else self.stdout)
+        elif not as_json:
+            self.stdout.write(progress_line(run))
         if as_json:
             self.stdout.write(json.dumps(run_summary(run), default=str))
         if wait and run.state != "succeeded":
             if as_json:
                 sys.exit(1)
             raise CommandError(f"run {run.id} ended {run.state}" + (f": {run.error}" if run.error else ""))
+
+    def cancel(self, run_id: int, *, wait: bool, as_json: bool, poll: float) -> None:
+        user = os_user()
+        asked = cancel_run(run_id, actor=f"{user} from the CLI" if user else "the CLI")
+        run = SparkRun.objects.filter(id=run_id).first()
+        if run is None:
+            if as_json:
+                self.stdout.write(json.dumps({"id": run_id, "error": f"no Spark run {run_id}"}))
+                sys.exit(1)
+            raise CommandError(f"no Spark run {run_id}")
+        if wait:
+            run = self.follow(run.id, poll, self.stderr if as_json else self.stdout)
+        elif not as_json:
+            said = "cancel requested" if asked else "nothing to cancel"
+            self.stdout.write(f"{progress_line(run)}  ({said})")
+        if as_json:
+            self.stdout.write(json.dumps({**run_summary(run), "cancel_requested": asked}, default=str))
 
     def list_jobs(self) -> None:
         for spark_job in all_jobs():
