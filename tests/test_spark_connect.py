@@ -202,11 +202,11 @@ def test_the_next_warm_run_takes_the_spare_light_child_and_cancel_still_stops_it
         assert starts[1]["pid"] == spare.pid and "standby" in starts[1]["setup_seconds"]
         assert second.outcome == "cancelled" and second.path == "connect", second.log_tail
         assert group_members(spare.pid) == []  # the spare was the run's child; its group is gone with it
-        assert launcher._spare["proc"].pid != spare.pid  # the next one is ready
+        next_spare = launcher._spare["proc"]
+        assert next_spare.pid != spare.pid and next_spare.poll() is None  # the next one is ready
     finally:
-        next_spare = launcher._spare.get("proc")
         launcher._drop_spare()
-    assert next_spare is None or group_members(next_spare.pid) == []
+    assert next_spare.poll() is not None and group_members(next_spare.pid) == []  # dropped: nothing left of it
 
 
 def test_a_restart_that_finds_the_port_taken_is_recorded_and_tried_again_not_given_up():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from queue_app import services
-from queue_app.models import ItemState, QueueItem, SparkRun
+from queue_app.models import ItemState, QueueItem, SparkRun, Worker
 from queue_app.spark.launcher import group_members
 from queue_app.spark.pipelines.file_rollup import write_sample_input
 from queue_app.spark.runs import cancel_run, trigger_run
@@ -135,8 +135,14 @@ def test_cancel_stops_the_run_and_its_process_group(spark_worker):
     # Cancelled is an end, not a failure: the item is settled cancelled (not done), never retried.
     item = QueueItem.objects.get(id=run.item_id)
     assert item.state == ItemState.CANCELLED and item.reservation.outcome == "cancelled"
-    time.sleep(1.5)  # the worker's own settle of that reservation came after, and changed nothing
-    assert QueueItem.objects.get(id=run.item_id).state == ItemState.CANCELLED
+    # The worker's own settle of that reservation comes after the handler returned: it finds the reservation no
+    # longer current (its row counts it stale) and changes nothing.
+    wait_for(
+        lambda: Worker.objects.filter(stats__stale__gte=1).exists(), 60, what="the worker to find its settle stale"
+    )
+    item = QueueItem.objects.get(id=run.item_id)
+    assert item.state == ItemState.CANCELLED and item.reservation.outcome == "cancelled"
+    assert row(run.id).state == "cancelled"
 
 
 def test_cancelling_the_runs_queue_item_stops_the_run_like_the_dashboard(spark_worker):
