@@ -572,6 +572,9 @@ class SparkRun(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # When each step of the last attempt happened, epoch seconds (spark/runs.py, TIMING_STEPS): leased, launched,
+    # driver_up, first_task, last_task, ended, recorded.
+    timings = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]

@@ -18,7 +18,6 @@ from queue_app.models import ItemState, QueueItem, SparkRun
 from queue_app.registry import Context, Delivery, get_task
 from queue_app.spark import SparkParamError, UnknownSparkJob
 from queue_app.spark.checks import java_runtime
-from queue_app.spark.launcher import group_members
 from queue_app.spark.runs import (
     HARD_TIMEOUT,
     MAX_RUN_TIMEOUT,
@@ -26,9 +25,11 @@ from queue_app.spark.runs import (
     cancel_run,
     kill_orphan,
     rerun,
+    timing_split,
     trigger_run,
     triggered,
 )
+from queue_app.spark.watch import group_members
 
 pytestmark = pytest.mark.django_db
 
@@ -247,3 +248,32 @@ def test_the_trigger_reads_as_a_phrase_on_the_run_page():
     assert phrase("dashboard", "admin") == "triggered from the dashboard by admin"
     assert phrase("schedule", "schedule nightly") == "triggered by schedule nightly"
     assert phrase("workflow") == "triggered by a workflow"
+
+
+def test_the_timing_split_counts_from_queued_and_skips_what_did_not_happen(capsys):
+    run = trigger_run("demo_sleep", {}, trigger="orm")
+    run.refresh_from_db()
+    assert timing_split(run) == []  # no attempt ended yet
+    q = run.queued_at.timestamp()
+    SparkRun.objects.filter(id=run.id).update(
+        state="failed",
+        timings={"leased": q + 0.5, "launched": q + 0.75, "driver_up": q + 4.0, "ended": q + 5.0, "recorded": q + 5.25},
+    )
+    run.refresh_from_db()
+    assert [(s["step"], s["after"], s["took"]) for s in timing_split(run)] == [
+        ("queued", 0.0, None),
+        ("leased", 0.5, 0.5),
+        ("launched", 0.75, 0.25),
+        ("driver_up", 4.0, 3.25),  # no task ever ran: first and last task are left out
+        ("ended", 5.0, 1.0),
+        ("recorded", 5.25, 0.25),
+    ]
+    call_command("spark_run", "--cancel", str(run.id), "--json")
+    assert json.loads(capsys.readouterr().out)["timings"] == {
+        "queued": 0.0,
+        "leased": 0.5,
+        "launched": 0.75,
+        "driver_up": 4.0,
+        "ended": 5.0,
+        "recorded": 5.25,
+    }

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from queue_app.models import ItemState, QueueItem, SparkRun
-from queue_app.spark import eventlog, launch
-from queue_app.spark.launcher import group_members
+from queue_app.spark import eventlog
+from queue_app.spark.launcher import launch
 from queue_app.spark.runs import cancel_run, trigger_run
 from queue_app.spark.scripts import ROOTS_ENV, register_script
+from queue_app.spark.watch import group_members
 from tests.spark_fixtures import require_spark
 from tests.waiting import wait_for
 
@@ -155,6 +156,12 @@ def test_cli_runs_a_script_through_a_worker_and_prints_one_json_object(script_wo
     assert out["progress"]["tasks"] == {"done": 3, "total": 3}
     assert out["progress"]["jobs"] == {"done": 1, "total": 1} and out["progress"]["stages"]["done"] == 1
     assert out["metrics"]["tasks"] == 3
+    # The split of the run: every step, in order (seconds after queued; the task times are the driver's own,
+    # from its event log).
+    steps = ["queued", "leased", "launched", "driver_up", "first_task", "last_task", "ended", "recorded"]
+    assert list(out["timings"]) == steps, out["timings"]
+    at = [out["timings"][step] for step in steps]
+    assert at[0] == 0 and at == sorted(at), out["timings"]
     run = SparkRun.objects.get(id=out["id"])
     assert run.job == "script" and "Pi is roughly 3.1" in run.log_tail
     assert QueueItem.objects.get(id=run.item_id).state == ItemState.DONE

@@ -1,4 +1,7 @@
-"""Spark runs: the trigger's labels read "CLI" and "ORM" (were "Cli", "Orm"); no change to the stored values."""
+"""Spark runs: when each step of a run's last attempt happened (`timings`, JSON, null until an attempt ends: the
+run page and `spark_run --json` show the split), and the trigger's labels read "CLI" and "ORM" (were "Cli",
+"Orm"; the stored values do not change). Nullable without a default: the workflow functions' INSERT of a run
+names its columns and needs no change."""
 
 from django.db import migrations, models
 
@@ -9,6 +12,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AddField(
+            model_name="sparkrun",
+            name="timings",
+            field=models.JSONField(blank=True, null=True),
+        ),
         migrations.AlterField(
             model_name="sparkrun",
             name="trigger",

@@ -1,6 +1,6 @@
 """The service functions that write and read a Spark Connect server's health row (SparkConnectServer).
 
-Only the supervisor (connect.Supervisor) writes; the launcher reads `is_healthy` before sending a run there and
+Only the supervisor (connect_server.Supervisor) writes; the launcher reads `is_healthy` before sending a run there and
 the admin shows the rows.
 """
 

@@ -7,10 +7,11 @@ same trigger_run() as the dashboard and the schedules); a worker serving the `sp
     python manage.py spark_run --script /srv/jobs/pi.py --arg 4 --arg 100000 --wait --json
     python manage.py spark_run --cancel 12 [--wait] [--json]
 
-Prints "run ID queued" (with --json: one JSON object at the end, {id, state, app_id, error, metrics, progress}).
-With --wait, follows the run until it is final, printing its state and progress (on stderr with --json), and
-exits non-zero unless it succeeded. Bad parameters, or a script outside JOBSITE_SPARK_SCRIPT_ROOTS, are reported
-per field and nothing is queued.
+Prints "run ID queued" (with --json: one JSON object at the end, {id, job, state, app_id, error, metrics, progress,
+timings}; timings: seconds after queued of each step of the last attempt, see runs.TIMING_STEPS). With --wait,
+follows the run until it is final, printing its state and progress (on stderr with --json) and then its
+timings, and exits non-zero unless it succeeded. Bad parameters, or a script outside JOBSITE_SPARK_SCRIPT_ROOTS,
+are reported per field and nothing is queued.
 
 --cancel ID asks a run to stop as the admin's cancel button does (runs.cancel_run): a queued run is cancelled at
 once, a started one moves to `cancelling` and its worker stops it. Exit 0 when the cancel was asked, or the run
@@ -28,7 +29,7 @@ from django.core.management.base import BaseCommand, CommandError
 from queue_app.models import SparkRun
 from queue_app.spark import SparkParamError, UnknownSparkJob, all_jobs
 from queue_app.spark.protocol import COUNTED
-from queue_app.spark.runs import cancel_run, trigger_run, waiting_for
+from queue_app.spark.runs import cancel_run, timing_split, trigger_run, waiting_for
 from queue_app.spark.scripts import ADHOC_JOB
 
 
@@ -61,7 +62,15 @@ def run_summary(run: SparkRun) -> dict:
         "error": run.error or None,
         "metrics": run.metrics or {},
         "progress": {kind: {"done": p.get(f"{kind}_done", 0), "total": p.get(f"{kind}_total", 0)} for kind in COUNTED},
+        # Seconds after the run was queued at which each step of its last attempt happened (runs.TIMING_STEPS).
+        "timings": {step["step"]: step["after"] for step in timing_split(run)},
     }
+
+
+def timing_line(run: SparkRun) -> str:
+    """`timings: leased +0.31 s, child launched +0.52 s, ...` (seconds after queued), '' before an attempt ended."""
+    steps = timing_split(run)[1:]
+    return ("timings: " + ", ".join(f"{s['label']} +{s['after']:.2f} s" for s in steps)) if steps else ""
 
 
 def progress_line(run: SparkRun) -> str:
@@ -78,7 +87,10 @@ def progress_line(run: SparkRun) -> str:
 
 
 class Command(BaseCommand):
-    help = "Trigger a Spark run (prints its id); --wait follows it to the end; --list shows the jobs."
+    help = "Trigger a Spark run; --wait follows it to the end; --cancel ID stops one; --list shows the jobs."
+    # A client of the queue: the system checks (among them a `java -version`, a JVM start) are the worker's and the
+    # web server's to run, not a cost of every trigger.
+    requires_system_checks = []
 
     def add_arguments(self, parser):
         parser.add_argument("job", nargs="?", help="registered Spark job, e.g. demo_sleep")
@@ -88,7 +100,7 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=None, help="seconds before the run is stopped")
         parser.add_argument("--wait", action="store_true", help="follow the run until it ends")
         parser.add_argument("--json", dest="as_json", action="store_true", help="print one JSON object at the end")
-        parser.add_argument("--poll", type=float, default=1.0, help="seconds between looks at the run (--wait)")
+        parser.add_argument("--poll", type=float, default=0.2, help="seconds between looks at the run (--wait)")
         parser.add_argument("--list", dest="list_only", action="store_true", help="list the jobs and their parameters")
         parser.add_argument("--cancel", type=int, metavar="ID", help="ask run ID to stop (as the admin's cancel)")
 
@@ -173,4 +185,6 @@ class Command(BaseCommand):
             time.sleep(poll)
         if run.metrics and out is self.stdout:
             out.write(json.dumps(run.metrics, default=str))
+        if (line := timing_line(run)) and out is self.stdout:
+            out.write(line)
         return run
