@@ -26,15 +26,6 @@ TOOLING_COMMANDS = {
 }
 
 
-# Circles inside queue_app/spark being taken apart (issue 36: the launcher split by responsibility). Each entry is
-# the set of modules of one circle; the test fails when one is gone, so the entry is removed with the fix. Empty
-# this once the launcher split is merged.
-KNOWN_SPARK_CYCLES = (
-    frozenset({"queue_app.spark.child", "queue_app.spark.connect_child"}),
-    frozenset({"queue_app.spark.connect", "queue_app.spark.connect_health", "queue_app.spark.launcher"}),
-)
-
-
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(APP.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -210,15 +201,7 @@ def chain(graph: dict[str, set[str]], circle: frozenset[str]) -> str:
 def test_no_import_circles():
     graph = import_graph()
     assert "queue_app.engine.sql" in graph and "jobsite.settings" in graph
-    circles = [c for c in import_circles(graph) if c not in KNOWN_SPARK_CYCLES]
-    assert [chain(graph, circle) for circle in circles] == []
-
-
-def test_the_known_spark_cycles_are_still_there():
-    """KNOWN_SPARK_CYCLES names only circles that exist: a fixed one is removed from the list (and with it, the
-    exception it makes)."""
-    circles = import_circles(import_graph())
-    assert [sorted(known) for known in KNOWN_SPARK_CYCLES if known not in circles] == []
+    assert [chain(graph, circle) for circle in import_circles(graph)] == []
 
 
 def test_the_circle_finder_counts_function_level_imports():

@@ -16,9 +16,11 @@ import time
 import pytest
 
 from queue_app.models import ItemState, QueueItem, SparkConnectServer
-from queue_app.spark import connect
-from queue_app.spark.launcher import group_members, launch
+from queue_app.spark import connect, warm_pool
+from queue_app.spark.connect_server import Supervisor
+from queue_app.spark.launcher import launch
 from queue_app.spark.runs import cancel_run, trigger_run
+from queue_app.spark.watch import group_members
 from tests import test_spark_runs
 from tests.conftest import ROOT, child_env
 from tests.test_spark_runs import final, row, tasks_running, worker_env
@@ -176,8 +178,6 @@ def test_an_unreachable_server_sends_runs_to_spark_submit_and_a_bad_url_fails_be
 def test_the_next_warm_run_takes_the_spare_light_child_and_cancel_still_stops_it(connect_server, monkeypatch):
     from django.db import connection
 
-    from queue_app.spark import launcher
-
     healthy(connect_server)
     monkeypatch.setenv("JOBSITE_SPARK_CONNECT", str(connect_server))
     env = child_env(connection.settings_dict["NAME"])
@@ -185,7 +185,7 @@ def test_the_next_warm_run_takes_the_spare_light_child_and_cancel_still_stops_it
     first = launch("demo_sleep", {"tasks": 2, "seconds": 0}, "spare-1", env=env, on_start=starts.append)
     assert first.outcome == "succeeded" and first.path == "connect", first.log_tail
     assert "standby" not in starts[0]["setup_seconds"]  # this process's first warm run starts its own child
-    spare = launcher._spare["proc"]
+    spare = warm_pool._spare["proc"]
     assert spare.poll() is None  # started for the next run, waiting on its stdin
 
     running: list[dict] = []
@@ -202,11 +202,11 @@ def test_the_next_warm_run_takes_the_spare_light_child_and_cancel_still_stops_it
         assert starts[1]["pid"] == spare.pid and "standby" in starts[1]["setup_seconds"]
         assert second.outcome == "cancelled" and second.path == "connect", second.log_tail
         assert group_members(spare.pid) == []  # the spare was the run's child; its group is gone with it
-        assert launcher._spare["proc"].pid != spare.pid  # the next one is ready
+        next_spare = warm_pool._spare["proc"]
+        assert next_spare.pid != spare.pid and next_spare.poll() is None  # the next one is ready
     finally:
-        next_spare = launcher._spare.get("proc")
-        launcher._drop_spare()
-    assert next_spare is None or group_members(next_spare.pid) == []
+        warm_pool.drop_spare()
+    assert next_spare.poll() is not None and group_members(next_spare.pid) == []  # dropped: nothing left of it
 
 
 def test_a_restart_that_finds_the_port_taken_is_recorded_and_tried_again_not_given_up():
@@ -218,7 +218,7 @@ def test_a_restart_that_finds_the_port_taken_is_recorded_and_tried_again_not_giv
         taken.listen()
         url = connect.parse_url(f"sc://127.0.0.1:{taken.getsockname()[1]}")
         said: list[str] = []
-        supervisor = connect.Supervisor(url, master="local[1]", interval=0.1, log=said.append)
+        supervisor = Supervisor(url, master="local[1]", interval=0.1, log=said.append)
         supervisor.proc = subprocess.Popen(["true"])  # a server that has exited
         supervisor.proc.wait()
         supervisor.step()

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from queue_app.models import SparkConnectServer
-from queue_app.spark import connect, launch, launcher
+from queue_app.spark import connect, warm_pool
+from queue_app.spark.launcher import launch
 from tests import test_spark_launcher
 from tests.conftest import ROOT, child_env
 from tests.spark_fixtures import require_spark
@@ -45,7 +46,7 @@ def cluster_connect_server(standalone_cluster, tmp_path, test_db_name):
         try:
             yield url
         finally:
-            launcher._drop_spare()  # the light child prepared after the run
+            warm_pool.drop_spare()  # the light child prepared after the run
             stop_group(proc)  # the supervisor and the server it started
 
 
@@ -62,15 +63,17 @@ def test_a_warm_run_on_the_standalone_cluster_runs_in_the_clusters_executor(
 
     monkeypatch.setenv("JOBSITE_SPARK_CONNECT", str(url))
     result = launch("demo_sleep", {"tasks": 2, "seconds": 0}, "cluster-warm", env=child_env(test_db_name))
-    assert result.outcome == "succeeded", result.log_tail
+    assert result.outcome == "succeeded", (
+        f"{result.outcome}: {result.error}\n{result.log_tail}" + standalone_cluster.said()
+    )
     assert result.path == "connect" and result.metrics == {"tasks": 2, "sum": 1}
     assert result.progress["tasks_done"] == result.progress["tasks_total"] >= 2
 
     # The server is the cluster's application, and its executor runs on the cluster's worker: with a standalone
     # master the driver runs no tasks itself, so the run's tasks ran there.
-    apps = [
-        app for app in ui_json(standalone_cluster.master_ui)["activeapps"] if app["name"] == "jobsite-spark-connect"
-    ]
+    # (Each web UI is asked until it answers: a daemon on a loaded machine may take seconds to.)
+    master = wait_for(lambda: ui_json(standalone_cluster.master_ui), 60, what="the master's web UI")
+    apps = [app for app in master["activeapps"] if app["name"] == "jobsite-spark-connect"]
     assert len(apps) == 1 and apps[0]["id"].startswith("app-")
-    executors = ui_json(standalone_cluster.worker_ui)["executors"]
+    executors = wait_for(lambda: ui_json(standalone_cluster.worker_ui), 60, what="the worker's web UI")["executors"]
     assert [e["appid"] for e in executors] == [apps[0]["id"]]

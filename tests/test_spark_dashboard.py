@@ -102,6 +102,7 @@ def test_run_page_shows_progress_log_metrics_and_the_spark_ui_while_running(spar
     client = spark_client("cancel_sparkrun")
     html = client.get(url("change", run.id)).content.decode()
     assert 'href="http://driver:4040"' in html
+    assert "triggered from code (ORM)</td>" in html
     assert "&lt;b&gt;line two&lt;/b&gt;" in html  # log lines are shown, not run
     assert '<progress max="8" value="2">' in html
     assert 'id="cancel-run"' in html and 'id="rerun"' not in html  # no trigger permission, and not final
@@ -109,9 +110,15 @@ def test_run_page_shows_progress_log_metrics_and_the_spark_ui_while_running(spar
     fragment = client.get(url("live", run.id)).content.decode()
     assert 'data-final="0"' in fragment and "<html" not in fragment
 
+    assert 'id="run-timings"' not in html  # no attempt has ended: no split yet
     done = finished_run(metrics={"tasks": 8, "sum": 28}, error="", ui_url="http://driver:4040")
+    q = done.queued_at.timestamp()
+    SparkRun.objects.filter(id=done.id).update(timings={"leased": q + 0.5, "driver_up": q + 6.5, "recorded": q + 9})
     html = client.get(url("change", done.id)).content.decode()
     assert 'data-final="1"' in html and "sum" in html and "28" in html
+    assert 'id="run-timings"' in html
+    assert '<tr class="timing-driver_up"><th scope="row">driver up</th><td class="count">6.50 s</td>' in html
+    assert '<td class="count">6.00 s</td>' in html  # leased -> driver up
     assert "driver:4040" not in html and 'id="cancel-run"' not in html
 
 

@@ -5,10 +5,11 @@ No JVM here: these run with `-m "not spark"` too.
 
 import datetime as dt
 import json
+import subprocess
 
 import pytest
 
-from queue_app.spark import launcher
+from queue_app.spark import commandline, launcher
 from queue_app.spark.db import PostgresSource, resolve_reader
 from queue_app.spark.registry import Param, SparkParamError, UnknownSparkJob, all_jobs, get_job, validate
 
@@ -95,7 +96,7 @@ def test_param_declarations_are_checked():
 
 
 def test_launch_with_bad_params_starts_nothing(monkeypatch):
-    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: pytest.fail("spark-submit was started"))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("spark-submit was started"))
     result = launcher.launch("demo_sleep", {"tasks": "many"}, run_id=1)
     assert result.outcome == "failed"
     assert result.error == "invalid parameters for Spark job 'demo_sleep': tasks: must be an integer, got 'many'"
@@ -105,7 +106,7 @@ def test_missing_java_is_reported_clearly(monkeypatch, tmp_path):
     from queue_app.spark import java
 
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
-    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: pytest.fail("spark-submit was started"))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("spark-submit was started"))
     result = launcher.launch("demo_sleep", {}, run_id=1)
     assert result.outcome == "failed"
     assert result.error.startswith(f"Java not found (JAVA_HOME={tmp_path} has no bin/java).")
@@ -131,11 +132,11 @@ def test_tcp_database_is_read_over_jdbc_and_a_socket_one_over_psycopg():
 def test_submit_command_runs_the_child_with_the_run_conf(monkeypatch):
     pytest.importorskip("pyspark")
     monkeypatch.setenv("SPARK_MASTER", "spark://127.0.0.1:7077")
-    cmd = launcher.submit_command("demo_sleep", {"tasks": 2}, 7, "/tmp/out.json", conf={"spark.driver.memory": "2g"})
+    cmd = commandline.submit_command("demo_sleep", {"tasks": 2}, 7, "/tmp/out.json", conf={"spark.driver.memory": "2g"})
     assert cmd[0].endswith("/pyspark/bin/spark-submit")
     assert cmd[1:5] == ["--master", "spark://127.0.0.1:7077", "--name", "jobsite-run-7"]
     assert "spark.driver.memory=2g" in cmd and "spark.sql.session.timeZone=UTC" in cmd
-    assert cmd[cmd.index(launcher.CHILD_SCRIPT) + 1 :] == [
+    assert cmd[cmd.index(commandline.CHILD_SCRIPT) + 1 :] == [
         "--job",
         "demo_sleep",
         "--params-json",
@@ -162,7 +163,7 @@ def test_a_jdbc_run_without_the_driver_jar_fails_before_its_jvm_starts(monkeypat
         validate("queue_analytics", {"reader": "jdbc"})
     assert f"the PostgreSQL JDBC driver jar {tmp_path}/postgresql.jar is missing" in refused.value.errors["reader"]
     assert validate("queue_analytics", {"reader": "auto"})["reader"] == "auto"  # auto falls back instead
-    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: pytest.fail("spark-submit was started"))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("spark-submit was started"))
     result = launcher.launch("queue_analytics", {"reader": "jdbc"}, run_id=1)
     assert result.outcome == "failed" and result.returncode is None  # returncode None: the run is not retried
     assert "apt-get install libpostgresql-jdbc-java" in result.error

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from queue_app import services
-from queue_app.models import ItemState, QueueItem, SparkRun
-from queue_app.spark.launcher import group_members
+from queue_app.models import ItemState, QueueItem, SparkRun, Worker
 from queue_app.spark.pipelines.file_rollup import write_sample_input
-from queue_app.spark.runs import cancel_run, trigger_run
+from queue_app.spark.runs import TIMING_STEPS, cancel_run, timing_split, trigger_run
+from queue_app.spark.watch import group_members
 from tests.spark_fixtures import TEST_CONF, require_spark
 from tests.waiting import wait_for
 
@@ -112,6 +112,10 @@ def test_run_through_a_worker_reports_progress_while_running_and_metrics_at_the_
     assert run.driver_host == socket.gethostname() and run.driver_pgid
     assert run.log_tail and len(run.log_tail) <= 20_000
     assert run.started_at and run.finished_at > run.started_at
+    # Its split, as the launcher saw the child (a registered function prints its own STARTED and progress).
+    split = timing_split(run)
+    assert [s["step"] for s in split] == [step for step, _ in TIMING_STEPS], split
+    assert [s["after"] for s in split] == sorted(s["after"] for s in split), split
     # The worker settles the item after the handler that finished the run returns: a moment later.
     wait_for(lambda: QueueItem.objects.get(id=run.item_id).state == ItemState.DONE, 60, what="the item settled done")
     assert group_members(run.driver_pgid) == []
@@ -135,8 +139,14 @@ def test_cancel_stops_the_run_and_its_process_group(spark_worker):
     # Cancelled is an end, not a failure: the item is settled cancelled (not done), never retried.
     item = QueueItem.objects.get(id=run.item_id)
     assert item.state == ItemState.CANCELLED and item.reservation.outcome == "cancelled"
-    time.sleep(1.5)  # the worker's own settle of that reservation came after, and changed nothing
-    assert QueueItem.objects.get(id=run.item_id).state == ItemState.CANCELLED
+    # The worker's own settle of that reservation comes after the handler returned: it finds the reservation no
+    # longer current (its row counts it stale) and changes nothing.
+    wait_for(
+        lambda: Worker.objects.filter(stats__stale__gte=1).exists(), 60, what="the worker to find its settle stale"
+    )
+    item = QueueItem.objects.get(id=run.item_id)
+    assert item.state == ItemState.CANCELLED and item.reservation.outcome == "cancelled"
+    assert row(run.id).state == "cancelled"
 
 
 def test_cancelling_the_runs_queue_item_stops_the_run_like_the_dashboard(spark_worker):

@@ -2,6 +2,8 @@
 of a run not started yet, re-run, the handler's refusal to start a cancelled run, orphan groups of an earlier
 attempt, the CLI, and the Java system check."""
 
+import getpass
+import json
 import socket
 import subprocess
 import sys
@@ -16,8 +18,18 @@ from queue_app.models import ItemState, QueueItem, SparkRun
 from queue_app.registry import Context, Delivery, get_task
 from queue_app.spark import SparkParamError, UnknownSparkJob
 from queue_app.spark.checks import java_runtime
-from queue_app.spark.launcher import group_members
-from queue_app.spark.runs import HARD_TIMEOUT, MAX_RUN_TIMEOUT, TASK, cancel_run, kill_orphan, rerun, trigger_run
+from queue_app.spark.runs import (
+    HARD_TIMEOUT,
+    MAX_RUN_TIMEOUT,
+    TASK,
+    cancel_run,
+    kill_orphan,
+    rerun,
+    timing_split,
+    trigger_run,
+    triggered,
+)
+from queue_app.spark.watch import group_members
 
 pytestmark = pytest.mark.django_db
 
@@ -160,8 +172,9 @@ def test_cli_rejects_bad_parameters_and_queues_nothing():
 def test_cli_triggers_a_run_and_lists_jobs(capsys):
     call_command("spark_run", "demo_sleep", "--param", "tasks=2", "--timeout", "90")
     run = SparkRun.objects.get()
-    assert capsys.readouterr().out.strip() == str(run.id)
+    assert capsys.readouterr().out.strip() == f"run {run.id} queued"  # one line, no bare id before it
     assert (run.trigger, run.params["tasks"], run.timeout) == ("cli", 2, 90.0)
+    assert run.get_trigger_display() == "CLI" and triggered(run) == f"triggered from the CLI by {getpass.getuser()}"
     call_command("spark_run", "--list")
     listing = capsys.readouterr().out
     assert "demo_sleep" in listing and "--param tasks=" in listing and "file_rollup" in listing
@@ -185,3 +198,82 @@ def test_java_present_passes_the_check():
     except JavaNotFound:
         pytest.skip("no Java here")
     assert java_runtime() == []
+
+
+def test_cli_cancel_cancels_a_queued_run_with_its_item_as_the_admin_does(capsys):
+    run = trigger_run("demo_sleep", {}, trigger="orm")
+    call_command("spark_run", "--cancel", str(run.id), "--json")
+    out = json.loads(capsys.readouterr().out)
+    assert (out["id"], out["state"], out["cancel_requested"]) == (run.id, "cancelled", True)
+    assert SparkRun.objects.get(id=run.id).state == "cancelled"
+    assert QueueItem.objects.get(id=run.item_id).state == ItemState.CANCELLED
+
+
+def test_cli_cancel_of_an_ended_run_exits_0_and_says_there_was_nothing_to_cancel(capsys):
+    run = trigger_run("demo_sleep", {}, trigger="orm")
+    SparkRun.objects.filter(id=run.id).update(state="succeeded")
+    call_command("spark_run", "--cancel", str(run.id))
+    assert capsys.readouterr().out.strip() == f"run {run.id} succeeded  (nothing to cancel)"
+    call_command("spark_run", "--cancel", str(run.id), "--json")
+    out = json.loads(capsys.readouterr().out)
+    assert (out["state"], out["cancel_requested"]) == ("succeeded", False)
+    assert SparkRun.objects.get(id=run.id).state == "succeeded"
+
+
+def test_cli_cancel_of_a_started_run_moves_it_to_cancelling(capsys):
+    run = trigger_run("demo_sleep", {}, trigger="orm")
+    QueueItem.objects.filter(id=run.item_id).update(state=ItemState.RESERVED)
+    SparkRun.objects.filter(id=run.id).update(state="running")
+    call_command("spark_run", "--cancel", str(run.id))
+    assert capsys.readouterr().out.strip() == f"run {run.id} cancelling  (cancel requested)"
+
+
+def test_cli_cancel_of_an_unknown_run_exits_1(capsys):
+    with pytest.raises(CommandError, match="no Spark run 4242"):
+        call_command("spark_run", "--cancel", "4242")
+    with pytest.raises(SystemExit) as exit_:
+        call_command("spark_run", "--cancel", "4242", "--json")
+    assert exit_.value.code == 1
+    assert json.loads(capsys.readouterr().out) == {"id": 4242, "error": "no Spark run 4242"}
+    with pytest.raises(CommandError, match="--cancel ID takes no job"):
+        call_command("spark_run", "demo_sleep", "--cancel", "1")
+
+
+def test_the_trigger_reads_as_a_phrase_on_the_run_page():
+    def phrase(trigger: str, who: str = "") -> str:
+        return triggered(SparkRun(job="demo_sleep", trigger=trigger, requested_by=who))
+
+    assert phrase("cli") == "triggered from the CLI"
+    assert phrase("orm", "ana") == "triggered from code (ORM) by ana"
+    assert phrase("dashboard", "admin") == "triggered from the dashboard by admin"
+    assert phrase("schedule", "schedule nightly") == "triggered by schedule nightly"
+    assert phrase("workflow") == "triggered by a workflow"
+
+
+def test_the_timing_split_counts_from_queued_and_skips_what_did_not_happen(capsys):
+    run = trigger_run("demo_sleep", {}, trigger="orm")
+    run.refresh_from_db()
+    assert timing_split(run) == []  # no attempt ended yet
+    q = run.queued_at.timestamp()
+    SparkRun.objects.filter(id=run.id).update(
+        state="failed",
+        timings={"leased": q + 0.5, "launched": q + 0.75, "driver_up": q + 4.0, "ended": q + 5.0, "recorded": q + 5.25},
+    )
+    run.refresh_from_db()
+    assert [(s["step"], s["after"], s["took"]) for s in timing_split(run)] == [
+        ("queued", 0.0, None),
+        ("leased", 0.5, 0.5),
+        ("launched", 0.75, 0.25),
+        ("driver_up", 4.0, 3.25),  # no task ever ran: first and last task are left out
+        ("ended", 5.0, 1.0),
+        ("recorded", 5.25, 0.25),
+    ]
+    call_command("spark_run", "--cancel", str(run.id), "--json")
+    assert json.loads(capsys.readouterr().out)["timings"] == {
+        "queued": 0.0,
+        "leased": 0.5,
+        "launched": 0.75,
+        "driver_up": 4.0,
+        "ended": 5.0,
+        "recorded": 5.25,
+    }

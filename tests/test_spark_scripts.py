@@ -11,12 +11,15 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 
 from queue_app.models import ItemState, QueueItem, SparkRun
-from queue_app.spark import eventlog, launch
-from queue_app.spark.launcher import group_members
+from queue_app.spark import eventlog
+from queue_app.spark.launcher import launch
 from queue_app.spark.runs import cancel_run, trigger_run
 from queue_app.spark.scripts import ROOTS_ENV, register_script
+from queue_app.spark.watch import group_members
+from tests.conftest import child_env
 from tests.spark_fixtures import require_spark
 from tests.waiting import wait_for
 
@@ -155,6 +158,12 @@ def test_cli_runs_a_script_through_a_worker_and_prints_one_json_object(script_wo
     assert out["progress"]["tasks"] == {"done": 3, "total": 3}
     assert out["progress"]["jobs"] == {"done": 1, "total": 1} and out["progress"]["stages"]["done"] == 1
     assert out["metrics"]["tasks"] == 3
+    # The split of the run: every step, in order (seconds after queued; the task times are the driver's own,
+    # from its event log).
+    steps = ["queued", "leased", "launched", "driver_up", "first_task", "last_task", "ended", "recorded"]
+    assert list(out["timings"]) == steps, out["timings"]
+    at = [out["timings"][step] for step in steps]
+    assert at[0] == 0 and at == sorted(at), out["timings"]
     run = SparkRun.objects.get(id=out["id"])
     assert run.job == "script" and "Pi is roughly 3.1" in run.log_tail
     assert QueueItem.objects.get(id=run.item_id).state == ItemState.DONE
@@ -175,3 +184,22 @@ def test_cancel_of_a_running_script_stops_its_process_group(script_worker):
     assert ended.state == "cancelled"
     assert group_members(running.driver_pgid) == []
     assert QueueItem.objects.get(id=run.item_id).state == ItemState.CANCELLED
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_bench_times_a_script_bare_and_through_jobsite_with_the_split(test_db_name, monkeypatch, capsys):
+    """`spark_bench --vs-submit 1`: one bare spark-submit and one `spark_run --script --wait` of the same word
+    count (its own worker), both times, their difference, and the jobsite run's split."""
+    for key, value in child_env(test_db_name).items():
+        monkeypatch.setenv(key, value)  # the bench's worker and CLI use the test database
+    call_command("spark_bench", "--vs-submit", "1", "--json")
+    figures = json.loads(capsys.readouterr().out)
+    (pair,) = figures["pairs"]
+    assert pair["bare_s"] > 0 and pair["jobsite_s"] > 0
+    assert pair["diff_s"] == figures["diff_median_s"] == round(pair["jobsite_s"] - pair["bare_s"], 2)
+    steps = ["queued", "leased", "launched", "driver_up", "first_task", "last_task", "ended", "recorded"]
+    assert list(pair["split"]) == [*steps, "cli_start", "cli_end"], pair["split"]
+    assert pair["split"]["recorded"] < pair["jobsite_s"]  # the run itself is inside the CLI's time
+    run = SparkRun.objects.get()
+    assert run.state == "succeeded" and run.trigger == "cli" and "spark: " in run.log_tail  # the words counted

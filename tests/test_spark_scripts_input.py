@@ -180,7 +180,7 @@ def test_cli_refuses_a_script_outside_the_roots_and_makes_no_run(manage, tmp_pat
 
 
 def test_failure_reason_is_the_python_exception_or_the_spark_error():
-    from queue_app.spark.launcher import failure_reason
+    from queue_app.spark.watch import failure_reason
 
     tail = [
         "Pi is roughly 3.14",

@@ -31,7 +31,7 @@ from ..models import QueueStatsHourly, SparkConnectServer, SparkRun, SparkRunSta
 from ..spark import all_jobs, eventlog, get_job
 from ..spark.forms import SparkRunForm
 from ..spark.registry import SparkParamError, UnknownSparkJob
-from ..spark.runs import cancel_run, rerun, trigger_run, waiting_for
+from ..spark.runs import cancel_run, rerun, timing_split, trigger_run, triggered, waiting_for
 from . import charts
 from .actions import Operation, ReadOnlyAdmin
 from .display import cut, shorten, time_column
@@ -302,6 +302,8 @@ class SparkRunAdmin(ReadOnlyAdmin):
             "refresh_seconds": LIVE_SECONDS,
             "event_log": eventlog.log_for(run.id, run.app_id) if run.app_id else None,
             "waiting_for": waiting_for(run),
+            "triggered": triggered(run),
+            "timings": timing_split(run),
         }
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):

@@ -235,7 +235,7 @@ def analytics(
 
 def startup(out: Callable[[str], None]) -> dict[str, Any]:
     """Bare spark-submit of a script vs the same script by path through jobsite's launcher."""
-    from queue_app.spark import launch
+    from queue_app.spark.launcher import launch
     from queue_app.spark.scripts import ROOTS_ENV
     from queue_app.spark.session import spark_home
 
@@ -279,7 +279,7 @@ def startup(out: Callable[[str], None]) -> dict[str, Any]:
 
 
 def _first_task_and_total(job: str, params: dict[str, Any], run_id: str) -> dict[str, Any]:
-    from queue_app.spark import launch
+    from queue_app.spark.launcher import launch
 
     first: list[float] = []
     setup: dict[str, Any] = {}
@@ -309,6 +309,7 @@ def warm(out: Callable[[str], None], runs: int = 3, pause: float = 5.0) -> dict[
     import socket
 
     from queue_app.spark import connect, connect_health
+    from queue_app.spark.connect_server import Supervisor
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -317,7 +318,7 @@ def warm(out: Callable[[str], None], runs: int = 3, pause: float = 5.0) -> dict[
     os.environ.pop(connect.ENV, None)
     out("a registered function, cold (spark-submit) ...")
     cold = _first_task_and_total("demo_sleep", params, "bench-cold")
-    supervisor = connect.Supervisor(url, master="local[2]", log=out)
+    supervisor = Supervisor(url, master="local[2]", log=out)
     out(f"starting a Spark Connect server on {url} ...")
     supervisor.start()
     try:

@@ -1,10 +1,11 @@
 """The Spark control plane: registered jobs (`@spark_job`), their parameters, and runs launched as their own
 `spark-submit` child process with progress, cancel and timeout (see launcher.py and DESIGN.md).
 
-Importing this package does not import pyspark; only the child process and the pipelines' job bodies do.
+The package itself holds only what a job's author imports (the registry's API): importing it imports neither
+pyspark nor the launcher (so no module of the package imports itself back through it).
+Launching is `queue_app.spark.launcher.launch`; runs as queue work are `queue_app.spark.runs`.
 """
 
-from queue_app.spark.launcher import LaunchResult, launch
 from queue_app.spark.registry import (
     JobResult,
     Param,
@@ -20,7 +21,6 @@ from queue_app.spark.registry import (
 
 __all__ = [
     "JobResult",
-    "LaunchResult",
     "Param",
     "SparkJob",
     "SparkJobError",
@@ -28,7 +28,6 @@ __all__ = [
     "UnknownSparkJob",
     "all_jobs",
     "get_job",
-    "launch",
     "spark_job",
     "validate",
 ]

@@ -12,10 +12,10 @@ goes through a session of jobsite's Spark Connect server instead (connect_child.
 URL` it is the launcher's spare light child: it sets Django up, imports the Connect client and prepares a session
 (connect_child.Prepared), then reads the next warm run's arguments as one JSON list on stdin and runs it.
 
-Both paths share run_job(): argument parsing, the SIGTERM-as-cancel handling and the result files are one code.
-Cancel: on SIGTERM the progress thread calls `cancelJobGroup` (on its own py4j connection: the main thread may
-be blocked inside a py4j call, so the handler itself never talks to the JVM), the main thread stops with
-`RunCancelled`, and the process exits with protocol.EXIT_CANCELLED.
+Both paths share argument parsing here and child_run.run_job(): the SIGTERM-as-cancel handling and the result
+files are one code. Cancel: on SIGTERM the progress thread calls `cancelJobGroup` (on its own py4j connection:
+the main thread may be blocked inside a py4j call, so the handler itself never talks to the JVM), the main
+thread stops with `RunCancelled`, and the process exits with protocol.EXIT_CANCELLED.
 """
 
 from __future__ import annotations
@@ -36,36 +36,15 @@ if __name__ == "__main__":
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-import signal  # noqa: E402
-import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
-import traceback  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from typing import TYPE_CHECKING, Any  # noqa: E402
+from typing import Any  # noqa: E402
 
 from queue_app.spark import protocol  # noqa: E402
-
-if TYPE_CHECKING:
-    from queue_app.spark.registry import SparkJob
+from queue_app.spark.child_run import run_job, write_failure  # noqa: E402
+from queue_app.spark.protocol import PROGRESS_INTERVAL, emit  # noqa: E402
 
 log = logging.getLogger("queue_app.spark.child")
-PROGRESS_INTERVAL = float(os.environ.get("JOBSITE_SPARK_PROGRESS_INTERVAL", "1.0"))
-_stdout_lock = threading.Lock()
-
-
-class RunCancelled(BaseException):
-    """Raised in the main thread by the SIGTERM handler; a BaseException so no `except Exception` eats it."""
-
-
-def emit(kind: str, payload: dict[str, Any]) -> None:
-    line = protocol.encode(kind, payload)
-    with _stdout_lock:
-        try:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-        except (OSError, ValueError):  # the JVM relaying our stdout is gone; nobody is listening
-            pass
 
 
 class ProgressMonitor(threading.Thread):
@@ -180,92 +159,6 @@ class ProgressMonitor(threading.Thread):
                     {"id": stage_id, "name": stage.name, "tasks_done": done, "tasks_total": stage.numTasks}
                 )
         return counts
-
-
-def write_output(path: str, result: dict[str, Any]) -> None:
-    """Write the result atomically: the launcher sees all of it or nothing."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".result-")
-    with os.fdopen(fd, "w") as out:
-        json.dump(result, out, default=str)
-    os.replace(tmp, path)
-
-
-def write_failure(path: str, error: str, base: dict[str, Any] | None = None, exc: BaseException | None = None) -> None:
-    """The failed result: what went wrong, and the traceback of `exc` when there is one."""
-    result = {**(base or {}), "status": "failed", "error": error[:4000]}
-    if exc is not None:
-        result["traceback"] = "".join(traceback.format_exception(exc))[-20000:]
-    write_output(path, result)
-
-
-def run_job(
-    job: SparkJob,
-    spark,
-    params: dict[str, Any],
-    output_file: str,
-    base: dict[str, Any],
-    *,
-    on_cancel: Callable[[], Any],
-    final_progress: Callable[[], dict[str, Any]],
-    on_cancelled: Callable[[], Any] = lambda: None,
-    divert: Callable[[BaseException], int | None] = lambda exc: None,
-) -> int:
-    """Run the job in this (main) thread and write its result; the exit code.
-
-    The first SIGTERM calls `on_cancel` (which must not talk to Spark: the main thread may be inside a call) and
-    stops the job with RunCancelled; the child then writes a cancelled result and leaves at once with
-    EXIT_CANCELLED (`on_cancelled` first). `divert(exc)` may name another exit code for a failure that is not
-    the job's (it leaves at once too, writing nothing).
-    """
-    cancel = threading.Event()
-    in_job = threading.Event()
-
-    def on_sigterm(signum, frame):
-        if not cancel.is_set():
-            cancel.set()
-            on_cancel()
-        if in_job.is_set():
-            in_job.clear()
-            raise RunCancelled()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        in_job.set()
-        if cancel.is_set():  # SIGTERM came while the session was starting
-            raise RunCancelled()
-        try:
-            result = job.func(spark, params)
-        finally:
-            in_job.clear()
-    except BaseException as exc:
-        if cancel.is_set():
-            on_cancelled()
-            write_output(output_file, {**base, "status": "cancelled", "error": "cancelled (SIGTERM)"})
-            _leave(protocol.EXIT_CANCELLED)  # connections may be mid-call and Spark going down: no teardown
-        code = divert(exc)
-        if code is not None:
-            _leave(code)
-        log.error("Spark job %s failed", job.name, exc_info=True)
-        write_failure(output_file, "".join(traceback.format_exception_only(type(exc), exc)).strip(), base, exc)
-        return protocol.EXIT_FAILED
-    from queue_app.spark import registry
-
-    if isinstance(result, registry.JobResult):
-        metrics, outputs = dict(result.metrics), result.outputs
-    else:
-        metrics, outputs = dict(result or {}), None
-    progress = final_progress()
-    write_output(
-        output_file, {**base, "status": "succeeded", "metrics": metrics, "outputs": outputs, "progress": progress}
-    )
-    return 0
-
-
-def _leave(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

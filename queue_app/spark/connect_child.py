@@ -26,7 +26,8 @@ import time
 from typing import Any
 
 from queue_app.spark import connect, protocol, registry, session
-from queue_app.spark.child import PROGRESS_INTERVAL, emit, run_job
+from queue_app.spark.child_run import run_job
+from queue_app.spark.protocol import PROGRESS_INTERVAL, emit
 
 log = logging.getLogger("queue_app.spark.connect_child")
 LOST_MARKERS = ("SESSION_NOT_FOUND", "SESSION_CHANGED", "SESSION_CLOSED", "UNAVAILABLE", "Connection refused")

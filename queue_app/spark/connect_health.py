@@ -1,6 +1,6 @@
 """The service functions that write and read a Spark Connect server's health row (SparkConnectServer).
 
-Only the supervisor (connect.Supervisor) writes; the launcher reads `is_healthy` before sending a run there and
+Only the supervisor (connect_server.Supervisor) writes; the launcher reads `is_healthy` before sending a run there and
 the admin shows the rows.
 """
 
@@ -12,8 +12,8 @@ from datetime import timedelta
 from django.db.models import F
 from django.utils import timezone
 
-from ..models import SparkConnectServer
 from .connect import ConnectUrl
+from .models import SparkConnectServer
 
 STALE_AFTER = timedelta(seconds=30)  # a supervisor probes every few seconds: older health is not believed
 

@@ -86,12 +86,15 @@ _METRICS = {
 }
 
 
-def summarize(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(progress, metrics) of the application whose event log is at `path`.
+def summarize(path: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
+    """(progress, metrics, times) of the application whose event log is at `path`.
 
     Progress counts like the child's status-tracker poll: a stage skipped because its shuffle output existed
-    counts as done. Metrics sum the successful tasks' metrics (input, output, shuffle, run time).
+    counts as done. Metrics sum the successful tasks' metrics (input, output, shuffle, run time). Times are the
+    driver's own clock, epoch seconds: `driver_up` (the application started), `first_task` (the first task
+    launched), `last_task` (the last task finished), as far as the log got.
     """
+    times: dict[str, float] = {}
     stages: dict[int, int] = {}  # stage id -> number of tasks
     stage_done: set[int] = set()
     submitted: set[int] = set()
@@ -111,7 +114,13 @@ def summarize(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
             except ValueError:
                 continue  # the last line of a log whose driver was killed mid-write
             kind = event.get("Event")
-            if kind == "SparkListenerJobStart":
+            if kind == "SparkListenerApplicationStart" and event.get("Timestamp"):
+                times["driver_up"] = event["Timestamp"] / 1000
+            elif kind == "SparkListenerTaskStart":
+                launched = (event.get("Task Info") or {}).get("Launch Time")
+                if launched:
+                    times["first_task"] = min(times.get("first_task", launched / 1000), launched / 1000)
+            elif kind == "SparkListenerJobStart":
                 infos = event.get("Stage Infos") or []
                 jobs[event["Job ID"]] = [s["Stage ID"] for s in infos]
                 for s in infos:
@@ -126,6 +135,9 @@ def summarize(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
                 if not info.get("Failure Reason"):
                     stage_done.add(info["Stage ID"])
             elif kind == "SparkListenerTaskEnd":
+                finished = (event.get("Task Info") or {}).get("Finish Time")
+                if finished:
+                    times["last_task"] = max(times.get("last_task", 0.0), finished / 1000)
                 if (event.get("Task End Reason") or {}).get("Reason") != "Success":
                     tasks_failed += 1
                     continue
@@ -145,7 +157,7 @@ def summarize(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     }
     metrics["tasks"] = tasks_done
     metrics["jobs"] = len(jobs)
-    return progress, metrics
+    return progress, metrics, times
 
 
 def _add_task_metrics(metrics: dict[str, Any], tm: dict[str, Any]) -> None:

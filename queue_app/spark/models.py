@@ -26,11 +26,11 @@ SPARK_OPEN_STATES = tuple(s for s in SparkRunState if s not in SPARK_FINAL_STATE
 
 
 class SparkTrigger(models.TextChoices):
-    DASHBOARD = "dashboard"
-    SCHEDULE = "schedule"
-    ORM = "orm"
-    CLI = "cli"
-    WORKFLOW = "workflow"
+    DASHBOARD = "dashboard", "Dashboard"
+    SCHEDULE = "schedule", "Schedule"
+    ORM = "orm", "ORM"
+    CLI = "cli", "CLI"
+    WORKFLOW = "workflow", "Workflow"
 
 
 class SparkConnectServer(models.Model):
@@ -80,6 +80,9 @@ class SparkRun(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # When each step of the last attempt happened, epoch seconds (spark/runs.py, TIMING_STEPS): leased, launched,
+    # driver_up, first_task, last_task, ended, recorded.
+    timings = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]

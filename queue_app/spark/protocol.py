@@ -4,11 +4,17 @@ The child writes one event per line on stdout as `JOBSITE-<KIND> <json>`; every 
 (Python logging, Spark's log4j on stderr) is a log line. Each event line goes out in a single write(), so lines
 from several threads never interleave. The final result does not travel on stdout: the child writes it to the
 `--output-file`, where a large payload cannot be cut by a dying pipe.
+
+Both kinds of child (child.py with its own JVM, connect_child.py through the Connect server) write their events
+with `emit()` and report progress about every PROGRESS_INTERVAL seconds.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
+import threading
 from typing import Any
 
 PREFIX = "JOBSITE-"
@@ -26,6 +32,9 @@ EXIT_BAD_PARAMS = 64  # sysexits EX_USAGE
 EXIT_CANCELLED = 75  # sysexits EX_TEMPFAIL: SIGTERM received, job group cancelled
 EXIT_CONNECT_LOST = 69  # sysexits EX_UNAVAILABLE: the Spark Connect server did not answer or went away
 
+
+# Seconds between a child's looks at its progress (JOBSITE_SPARK_PROGRESS_INTERVAL).
+PROGRESS_INTERVAL = float(os.environ.get("JOBSITE_SPARK_PROGRESS_INTERVAL", "1.0"))
 
 COUNTED = ("jobs", "stages", "tasks")
 # Every count a PROGRESS event carries, whichever side measures it (statusTracker in child.py, the driver's REST
@@ -62,6 +71,20 @@ def monotonic(previous: dict[str, Any] | None, current: dict[str, Any] | None) -
 
 def encode(kind: str, payload: dict[str, Any]) -> str:
     return f"{PREFIX}{kind} {json.dumps(payload, separators=(',', ':'), default=str)}\n"
+
+
+_stdout_lock = threading.Lock()
+
+
+def emit(kind: str, payload: dict[str, Any]) -> None:
+    """Write one event on the child's stdout, in one write under a lock (threads never interleave their lines)."""
+    line = encode(kind, payload)
+    with _stdout_lock:
+        try:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        except (OSError, ValueError):  # the JVM relaying our stdout is gone; nobody is listening
+            pass
 
 
 def decode(line: str) -> tuple[str, dict[str, Any]] | None:

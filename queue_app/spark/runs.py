@@ -39,13 +39,16 @@ from django.utils import timezone
 from .. import engine, services
 from ..conf import queue_settings
 from ..logcontext import log_context
-from ..models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
 from ..registry import Context, Retry, job
 from . import eventlog
-from .launcher import LaunchResult, group_members, launch, prepare_warm_runs
+from .java import JavaNotFound, check_java
+from .launcher import LaunchResult, launch
+from .models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
 from .policy import SparkPolicy, policy_for
 from .registry import SparkParamError, UnknownSparkJob, all_jobs, get_job
 from .session import job_group
+from .warm_pool import prepare_warm_runs
+from .watch import group_members
 
 logger = logging.getLogger("jobsite.spark")
 
@@ -152,6 +155,25 @@ def rerun(run_id: int, *, actor: str) -> SparkRun:
     """A new run of the same job with the same parameters and timeout (triggered from the dashboard)."""
     run = SparkRun.objects.get(id=run_id)
     return trigger_run(run.job, run.params, trigger=SparkTrigger.DASHBOARD, requested_by=actor, timeout=run.timeout)
+
+
+_TRIGGERED = {
+    SparkTrigger.DASHBOARD: "from the dashboard",
+    SparkTrigger.SCHEDULE: "by a schedule",
+    SparkTrigger.ORM: "from code (ORM)",
+    SparkTrigger.CLI: "from the CLI",
+    SparkTrigger.WORKFLOW: "by a workflow",
+}
+
+
+def triggered(run: SparkRun) -> str:
+    """How the run came to be, as its page says it: "triggered from the CLI by ana", "triggered by schedule
+    nightly" (a schedule's requested_by names it)."""
+    who = run.requested_by
+    if run.trigger == SparkTrigger.SCHEDULE and who.startswith("schedule "):
+        return f"triggered by {who}"
+    how = _TRIGGERED.get(run.trigger, f"by {run.get_trigger_display()}")
+    return f"triggered {how}" + (f" by {who}" if who else "")
 
 
 def waiting_for(run: SparkRun) -> SparkRun | None:
@@ -333,6 +355,7 @@ def _claim(run_id: int, ctx: Context) -> SparkRun | None:
         run.driver_pgid = None
         run.progress = {}
         run.metrics = None
+        run.timings = None
         run.save()
         return run
 
@@ -379,12 +402,62 @@ def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Con
         row.log_tail = reporter.log_tail() or result.log_tail[-LOG_TAIL_CHARS:]
         row.error = result.error or ""
         row.app_id = row.app_id or (result.app_id or "")[:100]
-        row.finished_at = timezone.now() if state in SPARK_FINAL_STATES else None
-        row.save(update_fields=["state", "metrics", "progress", "log_tail", "error", "app_id", "finished_at"])
+        now = timezone.now()
+        row.finished_at = now if state in SPARK_FINAL_STATES else None
+        leased = row.started_at.timestamp() if row.started_at else None
+        row.timings = {"leased": leased, **result.timings, "recorded": round(now.timestamp(), 3)}
+        row.save(
+            update_fields=["state", "metrics", "progress", "log_tail", "error", "app_id", "finished_at", "timings"]
+        )
     return state
 
 
-@job(TASK, queue=QUEUE, hard_timeout=HARD_TIMEOUT, retry=Retry(ignore=(RunNotRetried,)), warm_up=prepare_warm_runs)
+# The steps of a run as its page and `spark_run --json` show them, in order: (key in SparkRun.timings, label).
+TIMING_STEPS = (
+    ("queued", "queued"),
+    ("leased", "leased by a worker"),
+    ("launched", "child launched"),
+    ("driver_up", "driver up"),
+    ("first_task", "first task"),
+    ("last_task", "last task"),
+    ("ended", "child ended"),
+    ("recorded", "recorded"),
+)
+
+
+def timing_split(run: SparkRun) -> list[dict[str, Any]]:
+    """Each step of the run's last attempt that happened: its key, label, seconds after the run was queued, and
+    seconds since the step before. Empty until an attempt has ended."""
+    if not run.timings or run.queued_at is None:
+        return []
+    at = {"queued": run.queued_at.timestamp(), **run.timings}
+    steps, previous = [], None
+    for key, label in TIMING_STEPS:
+        if at.get(key) is None:
+            continue
+        after = round(at[key] - at["queued"], 2)
+        steps.append(
+            {
+                "step": key,
+                "label": label,
+                "after": after,
+                "took": None if previous is None else round(after - previous, 2),
+            }
+        )
+        previous = after
+    return steps
+
+
+def warm_up() -> None:
+    """The Spark run task's warm-up, once in each worker process serving the spark queue (registry.job): the Java
+    check runs now (a `java -version`, a JVM start, cached for the process) rather than in the first run's time,
+    and the spare light child of warm runs starts (warm_pool.prepare_warm_runs)."""
+    with contextlib.suppress(JavaNotFound):  # said by the run that needs it, and by the system check
+        check_java()
+    prepare_warm_runs()
+
+
+@job(TASK, queue=QUEUE, hard_timeout=HARD_TIMEOUT, retry=Retry(ignore=(RunNotRetried,)), warm_up=warm_up)
 def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
     """Run one SparkRun (payload {"run_id": id}) as its own spark-submit child."""
     run_id = int(payload["run_id"])

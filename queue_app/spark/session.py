@@ -7,6 +7,7 @@ package directory is a complete SPARK_HOME (bin/spark-submit, jars/), so nothing
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Mapping
 
@@ -17,10 +18,12 @@ DEFAULT_LOG_LEVEL = "WARN"  # Spark's INFO chatter would bury the pipeline's own
 
 
 def spark_home() -> str:
-    """The installed pyspark package directory, which is a complete SPARK_HOME."""
-    import pyspark
-
-    return os.path.abspath(pyspark.__path__[0])
+    """The installed pyspark package directory, which is a complete SPARK_HOME. Found without importing pyspark
+    (a second of a worker's first run under load): ModuleNotFoundError when it is not installed."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("No module named 'pyspark'", name="pyspark")
+    return os.path.abspath(spec.submodule_search_locations[0])
 
 
 def spark_master() -> str:

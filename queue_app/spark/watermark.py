@@ -20,7 +20,7 @@ SET value = GREATEST(queue_app_sparkwatermark.value, EXCLUDED.value),
 
 
 def read(name: str) -> int | None:
-    from queue_app.models import SparkWatermark
+    from .models import SparkWatermark
 
     return SparkWatermark.objects.filter(name=name).values_list("value", flat=True).first()
 

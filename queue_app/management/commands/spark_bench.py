@@ -6,13 +6,15 @@
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/mine_bench python manage.py spark_bench --skip-startup \\
         --history 10000000 --new 100000 --partitions 2 --keep      # the issue's sizes; --keep reuses the history
     python manage.py spark_bench --skip-analytics     # start-up only: cold spark-submit vs the warm Connect server
+    python manage.py spark_bench --vs-submit 4        # only: a word count, bare spark-submit vs spark_run --script
+                                                      # --wait, 4 pairs (queue_app/bench/spark_vs_submit.py)
 """
 
 import json
 
 from django.core.management.base import BaseCommand
 
-from queue_app.bench import spark_bench
+from queue_app.bench import spark_bench, spark_vs_submit
 
 QUICK = {"history": 100_000, "new": 10_000}
 DEFAULT = {"history": 1_000_000, "new": 100_000}
@@ -34,8 +36,19 @@ class Command(BaseCommand):
         parser.add_argument("--skip-startup", action="store_true", help="only the analytics part")
         parser.add_argument("--skip-analytics", action="store_true", help="only start-up (cold and warm)")
         parser.add_argument("--json", dest="as_json", action="store_true", help="print the figures as JSON")
+        parser.add_argument(
+            "--vs-submit",
+            type=int,
+            metavar="PAIRS",
+            help="only this: a script by `spark_run --script --wait` vs bare spark-submit, PAIRS alternating pairs",
+        )
 
-    def handle(self, *args, quick, history, new, partitions, keep, skip_startup, skip_analytics, as_json, **options):
+    def handle(
+        self, *args, quick, history, new, partitions, keep, skip_startup, skip_analytics, as_json, vs_submit, **options
+    ):
+        if vs_submit is not None:
+            self.vs_submit(vs_submit, as_json)
+            return
         sizes = QUICK if quick else DEFAULT
         history, new = history or sizes["history"], new or sizes["new"]
         for name, value in (("--history", history), ("--new", new), ("--partitions", partitions)):
@@ -82,3 +95,26 @@ class Command(BaseCommand):
                     f"{', spare light child' if run.get('spare_child') else ''})"
                 )
             self.stdout.write(f"  trigger -> first task, cold / best warm: {w['first_task_ratio']}x")
+
+    def vs_submit(self, pairs: int, as_json: bool) -> None:
+        if pairs < 1:
+            self.stderr.write("--vs-submit must be at least 1")
+            raise SystemExit(2)
+        figures = spark_vs_submit.run(pairs, self.stderr.write if as_json else self.stdout.write)
+        if as_json:
+            self.stdout.write(json.dumps(figures))
+            return
+        self.stdout.write(
+            f"median of {pairs} pairs (load {', '.join(str(load) for load in figures['load'])}): bare spark-submit "
+            f"{figures['bare_median_s']} s, jobsite {figures['jobsite_median_s']} s, "
+            f"difference {figures['diff_median_s']:+.2f} s"
+        )
+        split = figures["split_median_s"]
+        self.stdout.write(
+            "jobsite's split (median seconds after queued): "
+            + ", ".join(f"{step} {at}" for step, at in split.items() if step not in ("cli_start", "cli_end"))
+        )
+        self.stdout.write(
+            f"outside the run: the CLI's start (process -> queued) {split.get('cli_start')} s, "
+            f"its end (recorded -> exit) {split.get('cli_end')} s"
+        )

@@ -12,7 +12,8 @@ import signal
 
 from django.core.management.base import BaseCommand, CommandError
 
-from queue_app.spark.connect import DEFAULT_PORT, ConnectConfigError, Supervisor, configured, parse_url
+from queue_app.spark.connect import DEFAULT_PORT, ConnectConfigError, configured, parse_url
+from queue_app.spark.connect_server import Supervisor
 
 
 class Command(BaseCommand):

@@ -5,13 +5,21 @@ same trigger_run() as the dashboard and the schedules); a worker serving the `sp
     python manage.py spark_run demo_sleep --param tasks=4 --param seconds=0.5 --wait
     python manage.py spark_run file_rollup --param input_dir=/data/in --param output_dir=/data/out --timeout 600
     python manage.py spark_run --script /srv/jobs/pi.py --arg 4 --arg 100000 --wait --json
+    python manage.py spark_run --cancel 12 [--wait] [--json]
 
-Prints the run id (with --json: one JSON object at the end, {id, state, app_id, error, metrics, progress}). With
---wait, follows the run until it is final, printing its state and progress (on stderr with --json), and exits
-non-zero unless it succeeded. Bad parameters, or a script outside JOBSITE_SPARK_SCRIPT_ROOTS, are reported per
-field and nothing is queued.
+Prints "run ID queued" (with --json: one JSON object at the end, {id, job, state, app_id, error, metrics, progress,
+timings}; timings: seconds after queued of each step of the last attempt, see runs.TIMING_STEPS). With --wait,
+follows the run until it is final, printing its state and progress (on stderr with --json) and then its
+timings, and exits non-zero unless it succeeded. Bad parameters, or a script outside JOBSITE_SPARK_SCRIPT_ROOTS,
+are reported per field and nothing is queued.
+
+--cancel ID asks a run to stop as the admin's cancel button does (runs.cancel_run): a queued run is cancelled at
+once, a started one moves to `cancelling` and its worker stops it. Exit 0 when the cancel was asked, or the run
+had ended (or was being cancelled) already; 1 for an unknown id. With --json the object also says
+"cancel_requested" (whether this call asked for it); with --wait it follows the run to its end.
 """
 
+import getpass
 import json
 import sys
 import time
@@ -21,7 +29,7 @@ from django.core.management.base import BaseCommand, CommandError
 from queue_app.models import SparkRun
 from queue_app.spark import SparkParamError, UnknownSparkJob, all_jobs
 from queue_app.spark.protocol import COUNTED
-from queue_app.spark.runs import trigger_run, waiting_for
+from queue_app.spark.runs import cancel_run, timing_split, trigger_run, waiting_for
 from queue_app.spark.scripts import ADHOC_JOB
 
 
@@ -35,6 +43,14 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
     return params
 
 
+def os_user() -> str:
+    """Who runs this command, for the run's `requested_by` ('' when the system cannot say)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""
+
+
 def run_summary(run: SparkRun) -> dict:
     """The run as `--json` prints it."""
     p = run.progress or {}
@@ -46,7 +62,15 @@ def run_summary(run: SparkRun) -> dict:
         "error": run.error or None,
         "metrics": run.metrics or {},
         "progress": {kind: {"done": p.get(f"{kind}_done", 0), "total": p.get(f"{kind}_total", 0)} for kind in COUNTED},
+        # Seconds after the run was queued at which each step of its last attempt happened (runs.TIMING_STEPS).
+        "timings": {step["step"]: step["after"] for step in timing_split(run)},
     }
+
+
+def timing_line(run: SparkRun) -> str:
+    """`timings: leased +0.31 s, child launched +0.52 s, ...` (seconds after queued), '' before an attempt ended."""
+    steps = timing_split(run)[1:]
+    return ("timings: " + ", ".join(f"{s['label']} +{s['after']:.2f} s" for s in steps)) if steps else ""
 
 
 def progress_line(run: SparkRun) -> str:
@@ -63,7 +87,10 @@ def progress_line(run: SparkRun) -> str:
 
 
 class Command(BaseCommand):
-    help = "Trigger a Spark run (prints its id); --wait follows it to the end; --list shows the jobs."
+    help = "Trigger a Spark run; --wait follows it to the end; --cancel ID stops one; --list shows the jobs."
+    # A client of the queue: the system checks (among them a `java -version`, a JVM start) are the worker's and the
+    # web server's to run, not a cost of every trigger.
+    requires_system_checks = []
 
     def add_arguments(self, parser):
         parser.add_argument("job", nargs="?", help="registered Spark job, e.g. demo_sleep")
@@ -73,12 +100,18 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=None, help="seconds before the run is stopped")
         parser.add_argument("--wait", action="store_true", help="follow the run until it ends")
         parser.add_argument("--json", dest="as_json", action="store_true", help="print one JSON object at the end")
-        parser.add_argument("--poll", type=float, default=1.0, help="seconds between looks at the run (--wait)")
+        parser.add_argument("--poll", type=float, default=0.2, help="seconds between looks at the run (--wait)")
         parser.add_argument("--list", dest="list_only", action="store_true", help="list the jobs and their parameters")
+        parser.add_argument("--cancel", type=int, metavar="ID", help="ask run ID to stop (as the admin's cancel)")
 
-    def handle(self, *args, job, param, script, arg, timeout, wait, as_json, poll, list_only, **options):
+    def handle(self, *args, job, param, script, arg, timeout, wait, as_json, poll, list_only, cancel, **options):
         if list_only:
             self.list_jobs()
+            return
+        if cancel is not None:
+            if job or param or script is not None or arg or timeout is not None:
+                raise CommandError("--cancel ID takes no job, --param, --script, --arg or --timeout")
+            self.cancel(cancel, wait=wait, as_json=as_json, poll=poll)
             return
         if script is not None:
             if job or param:
@@ -93,23 +126,40 @@ class Command(BaseCommand):
         else:
             params = parse_params(param)
         try:
-            run = trigger_run(job, params, trigger="cli", requested_by="cli", timeout=timeout)
+            run = trigger_run(job, params, trigger="cli", requested_by=os_user(), timeout=timeout)
         except UnknownSparkJob as exc:
             raise CommandError(str(exc)) from None
         except SparkParamError as exc:
             lines = "\n".join(f"  {name}: {message}" for name, message in exc.errors.items())
             what = f"script {script}" if script is not None else job
             raise CommandError(f"invalid parameters for {what}; nothing was queued:\n{lines}") from None
-        if not as_json:
-            self.stdout.write(str(run.id))
-        if wait:
+        if wait:  # the first line it prints says the run is queued
             run = self.follow(run.id, poll, self.stderr if as_json else self.stdout)
+        elif not as_json:
+            self.stdout.write(progress_line(run))
         if as_json:
             self.stdout.write(json.dumps(run_summary(run), default=str))
         if wait and run.state != "succeeded":
             if as_json:
                 sys.exit(1)
             raise CommandError(f"run {run.id} ended {run.state}" + (f": {run.error}" if run.error else ""))
+
+    def cancel(self, run_id: int, *, wait: bool, as_json: bool, poll: float) -> None:
+        user = os_user()
+        asked = cancel_run(run_id, actor=f"{user} from the CLI" if user else "the CLI")
+        run = SparkRun.objects.filter(id=run_id).first()
+        if run is None:
+            if as_json:
+                self.stdout.write(json.dumps({"id": run_id, "error": f"no Spark run {run_id}"}))
+                sys.exit(1)
+            raise CommandError(f"no Spark run {run_id}")
+        if wait:
+            run = self.follow(run.id, poll, self.stderr if as_json else self.stdout)
+        elif not as_json:
+            said = "cancel requested" if asked else "nothing to cancel"
+            self.stdout.write(f"{progress_line(run)}  ({said})")
+        if as_json:
+            self.stdout.write(json.dumps({**run_summary(run), "cancel_requested": asked}, default=str))
 
     def list_jobs(self) -> None:
         for spark_job in all_jobs():
@@ -135,4 +185,6 @@ class Command(BaseCommand):
             time.sleep(poll)
         if run.metrics and out is self.stdout:
             out.write(json.dumps(run.metrics, default=str))
+        if (line := timing_line(run)) and out is self.stdout:
+            out.write(line)
         return run
