@@ -1,7 +1,7 @@
 """The datasets' tables: one row per known dataset (a snapshot of its declaration) and one per materialization.
 
 Part of the queue_app app (app_label queue_app, tables queue_app_dataset and queue_app_materialization, migration
-0021); queue_app.models imports this module so Django registers them. Imports only Django.
+0022_datasets); queue_app.models imports this module so Django registers them. Imports only Django.
 
 A materialization names its dataset, run, step and item by plain value, not by foreign key (like the history
 tables and ExecutionLog): it is written in the transaction that settles a run or step, where a foreign key would
