@@ -83,6 +83,27 @@ class Workflow(models.Model):
         return self.state in WORKFLOW_FINAL_STATES
 
 
+class WorkflowStartKey(models.Model):
+    """The idempotency key of a start (`services.start(name, key=...)`): its primary key (name, key) is the claim,
+    taken by one INSERT .. ON CONFLICT in the transaction that writes the workflow (workflows/sql.py,
+    WORKFLOW_CLAIM_KEY), so of concurrent starters with one key exactly one writes a workflow and the others get
+    it. The key is held for the workflow's lifetime (while its row exists), or until `expires_at` when the start
+    named a window; then the next start with it takes it over."""
+
+    pk = models.CompositePrimaryKey("name", "key")
+    name = models.CharField(max_length=200)
+    key = models.CharField(max_length=200)
+    workflow_id = models.BigIntegerField()
+    created_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index("workflow_id", name="workflowstartkey_workflow")]  # freed with its workflow
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.key!r} -> {self.workflow_id}"
+
+
 class StepKind(models.TextChoices):
     TASK = "task"
     SPARK = "spark"

@@ -422,13 +422,14 @@ $$;
 
 # Steps and edges have no foreign key constraints (each was checked on every row at commit, and every such row is
 # written under its workflow's row lock): a deleted workflow takes its steps and their edges (every edge joins two
-# steps of one workflow) with it, as the constraints' cascade did.
+# steps of one workflow) with it, as the constraints' cascade did, and frees its start key (WORKFLOW_CLAIM_KEY).
 WORKFLOW_DELETED_FUNCTION = """
 CREATE OR REPLACE FUNCTION queue_app_workflow_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM queue_app_stepdependency d USING queue_app_workflowstep s, gone g
     WHERE s.workflow_id = g.id AND d.downstream_id = s.id;
     DELETE FROM queue_app_workflowstep s USING gone g WHERE s.workflow_id = g.id;
+    DELETE FROM queue_app_workflowstartkey k USING gone g WHERE k.workflow_id = g.id;
     RETURN NULL;
 END
 $$;
@@ -507,3 +508,20 @@ SELECT coalesce(array_agg(id ORDER BY id), '{{}}'),
        (SELECT count(pg_notify(%(channel)s, spec.spec->>'queue')) FROM spec WHERE EXISTS (SELECT FROM v))
 FROM v
 """
+
+# The claim of a start's idempotency key (models.WorkflowStartKey), before the workflow is written: the key row
+# names the id the workflow will have (drawn from its sequence here). A key whose window (if any) has not passed
+# is left alone and nothing is returned: the caller reads whose it is (a deleted workflow's key went with it,
+# queue_app_workflow_deleted). A concurrent starter with the same key waits here for the first one's transaction;
+# once that commits, the conflict leaves the key with it, once it rolls back the second one inserts. The WHERE
+# reads only the key row: the conflicting row is read as committed, any other table as of the statement's start.
+WORKFLOW_CLAIM_KEY = f"""
+INSERT INTO queue_app_workflowstartkey AS k (name, key, workflow_id, created_at, expires_at)
+VALUES (%(name)s, %(key)s, nextval(pg_get_serial_sequence('{WORKFLOW}', 'id')), now(),
+        now() + make_interval(secs => %(window)s::float8))
+ON CONFLICT (name, key) DO UPDATE
+SET workflow_id = EXCLUDED.workflow_id, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
+WHERE k.expires_at <= now()
+RETURNING workflow_id
+"""
+WORKFLOW_KEY_HOLDER = "SELECT workflow_id FROM queue_app_workflowstartkey WHERE name = %(name)s AND key = %(key)s"

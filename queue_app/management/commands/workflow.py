@@ -1,14 +1,15 @@
 """`manage.py workflow`: list, start, follow, repair and backfill workflows (the same services as the admin).
 
     python manage.py workflow list [--json]
-    python manage.py workflow start demo_pipeline [--param day=2026-11-24] [--wait] [--json]
+    python manage.py workflow start demo_pipeline [--param day=2026-11-24] [--key K [--key-window S]] [--wait] [--json]
     python manage.py workflow status 42 [--json]
     python manage.py workflow repair 42 [--wait] [--json]
     python manage.py workflow cancel 42 [--json]
     python manage.py workflow backfill file_rollup --from 2026-11-01 --to 2026-11-07 [--param k=v] \
         [--concurrency 2] [--force] [--wait] [--json]
 
-`--json` prints {"id", "name", "state", "attempt", "steps": [{"name", "state", ...}]}. With --wait the command
+`--json` prints {"id", "name", "state", "attempt", "steps": [{"name", "state", ...}]}; `start` adds "created"
+(false when --key named a workflow already started, which is then what it prints and follows). With --wait the command
 follows the workflow to its end and exits 0 only when it succeeded (1 otherwise). Bad input (unknown workflow
 or job, bad parameters, a bad range) is an error message, exit status 1, and nothing is written.
 
@@ -52,6 +53,10 @@ class Command(BaseCommand):
         start = sub.add_parser("start", help="start a registered workflow")
         start.add_argument("name")
         start.add_argument("--param", action="append", default=[], metavar="K=V")
+        start.add_argument("--key", help="idempotency key: a second start with it prints the first workflow")
+        start.add_argument(
+            "--key-window", type=float, metavar="SECONDS", help="hold the key this long (default: the workflow's life)"
+        )
         start.add_argument("--wait", action="store_true")
         start.add_argument("--json", action="store_true")
         status = sub.add_parser("status", help="a workflow's state and its steps")
@@ -112,9 +117,11 @@ class Command(BaseCommand):
                 need = "required" if p.required else f"default {_dumps(_default(p.default))}"
                 self.stdout.write(f"  --param {p.name}=…  {p.type}, {need}" + (f"  {p.help}" if p.help else ""))
 
-    def do_start(self, *, name, param, wait, json, poll, **_):
-        workflow = workflows.start(name, parse_params(param), started_by="cli")
-        self.report(workflow.id, wait=wait, as_json=json, poll=poll)
+    def do_start(self, *, name, param, key, key_window, wait, json, poll, **_):
+        workflow = workflows.start(name, parse_params(param), started_by="cli", key=key, key_window=key_window)
+        if not workflow.created and not json:
+            self.stdout.write(f"workflow {workflow.id} was already started with key {key!r}: not started again")
+        self.report(workflow.id, wait=wait, as_json=json, poll=poll, extra={"created": workflow.created})
 
     def do_status(self, *, id, json, **_):
         self.report(id, wait=False, as_json=json, poll=0)
@@ -139,7 +146,7 @@ class Command(BaseCommand):
         )
         self.report(workflow.id, wait=wait, as_json=json, poll=poll)
 
-    def report(self, workflow_id: int, *, wait: bool, as_json: bool, poll: float) -> None:
+    def report(self, workflow_id: int, *, wait: bool, as_json: bool, poll: float, extra: dict | None = None) -> None:
         if wait:
             last = None
             while True:
@@ -154,7 +161,7 @@ class Command(BaseCommand):
                 time.sleep(poll)
         status = workflows.status(workflow_id)
         if as_json:
-            self.stdout.write(_dumps(status))
+            self.stdout.write(_dumps({**status, **(extra or {})}))
         elif not wait:
             self.stdout.write(
                 f"workflow {status['id']} {status['name']} {status['state']} (attempt {status['attempt']})"
