@@ -2,6 +2,9 @@
 
 - Idempotent starts: a start's key is claimed in the table queue_app_workflowstartkey (primary key (name, key))
   in the transaction that writes the workflow; a deleted workflow frees its key (queue_app_workflow_deleted).
+- Durable sleep: an item a workflow makes from a spec with "delay" (seconds) or "until" (a time) is due then
+  (queue_app_wf_enqueue, queue_app_wf_callback: the one item fragment); a sleep step's item is such a delayed
+  no-op item. Steps get the kinds "sleep" and "event".
 """
 
 import django.db.models.functions.datetime
@@ -9,6 +12,72 @@ from django.db import migrations, models
 
 # queue_app/workflows/sql.py's texts that changed, as of this migration (frozen: never import them from there).
 INSTALL = r"""
+CREATE OR REPLACE FUNCTION queue_app_wf_enqueue(ids bigint[], channel text) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+    item_seq regclass := pg_get_serial_sequence('queue_app_queueitem', 'id')::regclass;
+    run_seq regclass := pg_get_serial_sequence('queue_app_sparkrun', 'id')::regclass;
+BEGIN
+    WITH s AS MATERIALIZED (
+        SELECT st.id, st.kind, st.spec, nextval(item_seq) AS item_id,
+               CASE WHEN st.kind = 'spark' THEN nextval(run_seq) END AS run_id, w.default_max_attempts
+        FROM queue_app_workflowstep st JOIN queue_app_workflow w ON w.id = st.workflow_id
+        WHERE st.id = ANY(ids) AND st.state = 'waiting'
+        ORDER BY st.id
+    ), runs AS (
+        INSERT INTO queue_app_sparkrun (id, job, params, state, trigger, requested_by, item_id, attempt, app_id,
+                                        ui_url, driver_host, progress, log_tail, error, timeout, queued_at)
+        SELECT run_id, spec->>'job', spec->'params', 'queued', 'workflow', COALESCE(spec->>'requested_by', ''),
+               item_id, 0, '', '', '', '{}'::jsonb, '', '', (spec->>'timeout')::float8, now()
+        FROM s WHERE run_id IS NOT NULL
+    ), items AS (
+        INSERT INTO queue_app_queueitem (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
+            max_attempts, lease_timeout, error, created_at, updated_at, workflow_step_id)
+        SELECT s.item_id, s.spec->>'queue', s.spec->>'task',
+               CASE WHEN s.run_id IS NULL THEN COALESCE(s.spec->'payload', 'null'::jsonb)
+                    ELSE jsonb_build_object('run_id', s.run_id) END,
+               'ready', COALESCE((s.spec->>'priority')::smallint, 0), due.at, due.at, 0,
+               COALESCE((s.spec->>'max_attempts')::int, q.max_attempts, s.default_max_attempts),
+               (s.spec->>'lease_timeout')::float8, '', now(), now(), s.id
+        FROM s
+        LEFT JOIN queue_app_queue q ON q.name = s.spec->>'queue'
+        CROSS JOIN LATERAL (SELECT GREATEST(now(), COALESCE((s.spec->>'until')::timestamptz,
+                   now() + make_interval(secs => COALESCE((s.spec->>'delay')::float8, 0)))) AS at) AS due
+        RETURNING queue_id
+    ), marked AS (
+        UPDATE queue_app_workflowstep st
+        SET state = 'queued', item_id = s.item_id, spark_run_id = s.run_id, ready_at = clock_timestamp()
+        FROM s WHERE st.id = s.id
+        RETURNING st.id
+    )
+    SELECT (SELECT count(*) FROM marked) INTO n
+    FROM (SELECT count(pg_notify(channel, queue_id)::text) FROM (SELECT DISTINCT queue_id FROM items) AS q) AS woken;
+    RETURN n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION queue_app_wf_callback(wf_id bigint, spec jsonb, state text, channel text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF spec IS NULL THEN
+        RETURN;
+    END IF;
+    INSERT INTO queue_app_queueitem (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
+        max_attempts, lease_timeout, error, created_at, updated_at, workflow_step_id)
+    SELECT nextval('queue_app_queueitem_id_seq'), spec->>'queue', spec->>'task',
+           CASE WHEN jsonb_typeof(spec->'payload') = 'object' THEN spec->'payload' ELSE '{}'::jsonb END
+           || jsonb_build_object('workflow_id', wf_id, 'state', state),
+           'ready', COALESCE((spec->>'priority')::smallint, 0), due.at, due.at, 0,
+           COALESCE((spec->>'max_attempts')::int, q.max_attempts, w.default_max_attempts),
+           (spec->>'lease_timeout')::float8, '', now(), now(), NULL
+    FROM (SELECT default_max_attempts FROM queue_app_workflow WHERE id = wf_id) AS w
+    LEFT JOIN queue_app_queue q ON q.name = spec->>'queue'
+    CROSS JOIN LATERAL (SELECT GREATEST(now(), COALESCE((spec->>'until')::timestamptz,
+               now() + make_interval(secs => COALESCE((spec->>'delay')::float8, 0)))) AS at) AS due;
+    PERFORM pg_notify(channel, spec->>'queue');
+END
+$$;
+
 CREATE OR REPLACE FUNCTION queue_app_workflow_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM queue_app_stepdependency d USING queue_app_workflowstep s, gone g
@@ -22,6 +91,68 @@ $$;
 
 # The same functions as migration 0021 installed them.
 PREVIOUS = r"""
+CREATE OR REPLACE FUNCTION queue_app_wf_enqueue(ids bigint[], channel text) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+    item_seq regclass := pg_get_serial_sequence('queue_app_queueitem', 'id')::regclass;
+    run_seq regclass := pg_get_serial_sequence('queue_app_sparkrun', 'id')::regclass;
+BEGIN
+    WITH s AS MATERIALIZED (
+        SELECT st.id, st.kind, st.spec, nextval(item_seq) AS item_id,
+               CASE WHEN st.kind = 'spark' THEN nextval(run_seq) END AS run_id, w.default_max_attempts
+        FROM queue_app_workflowstep st JOIN queue_app_workflow w ON w.id = st.workflow_id
+        WHERE st.id = ANY(ids) AND st.state = 'waiting'
+        ORDER BY st.id
+    ), runs AS (
+        INSERT INTO queue_app_sparkrun (id, job, params, state, trigger, requested_by, item_id, attempt, app_id,
+                                        ui_url, driver_host, progress, log_tail, error, timeout, queued_at)
+        SELECT run_id, spec->>'job', spec->'params', 'queued', 'workflow', COALESCE(spec->>'requested_by', ''),
+               item_id, 0, '', '', '', '{}'::jsonb, '', '', (spec->>'timeout')::float8, now()
+        FROM s WHERE run_id IS NOT NULL
+    ), items AS (
+        INSERT INTO queue_app_queueitem (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
+            max_attempts, lease_timeout, error, created_at, updated_at, workflow_step_id)
+        SELECT s.item_id, s.spec->>'queue', s.spec->>'task',
+               CASE WHEN s.run_id IS NULL THEN COALESCE(s.spec->'payload', 'null'::jsonb)
+                    ELSE jsonb_build_object('run_id', s.run_id) END,
+               'ready', COALESCE((s.spec->>'priority')::smallint, 0), now(), now(), 0,
+               COALESCE((s.spec->>'max_attempts')::int, q.max_attempts, s.default_max_attempts),
+               (s.spec->>'lease_timeout')::float8, '', now(), now(), s.id
+        FROM s
+        LEFT JOIN queue_app_queue q ON q.name = s.spec->>'queue'
+        RETURNING queue_id
+    ), marked AS (
+        UPDATE queue_app_workflowstep st
+        SET state = 'queued', item_id = s.item_id, spark_run_id = s.run_id, ready_at = clock_timestamp()
+        FROM s WHERE st.id = s.id
+        RETURNING st.id
+    )
+    SELECT (SELECT count(*) FROM marked) INTO n
+    FROM (SELECT count(pg_notify(channel, queue_id)::text) FROM (SELECT DISTINCT queue_id FROM items) AS q) AS woken;
+    RETURN n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION queue_app_wf_callback(wf_id bigint, spec jsonb, state text, channel text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF spec IS NULL THEN
+        RETURN;
+    END IF;
+    INSERT INTO queue_app_queueitem (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
+        max_attempts, lease_timeout, error, created_at, updated_at, workflow_step_id)
+    SELECT nextval('queue_app_queueitem_id_seq'), spec->>'queue', spec->>'task',
+           CASE WHEN jsonb_typeof(spec->'payload') = 'object' THEN spec->'payload' ELSE '{}'::jsonb END
+           || jsonb_build_object('workflow_id', wf_id, 'state', state),
+           'ready', COALESCE((spec->>'priority')::smallint, 0), now(), now(), 0,
+           COALESCE((spec->>'max_attempts')::int, q.max_attempts, w.default_max_attempts),
+           (spec->>'lease_timeout')::float8, '', now(), now(), NULL
+    FROM (SELECT default_max_attempts FROM queue_app_workflow WHERE id = wf_id) AS w
+    LEFT JOIN queue_app_queue q ON q.name = spec->>'queue';
+    PERFORM pg_notify(channel, spec->>'queue');
+END
+$$;
+
 CREATE OR REPLACE FUNCTION queue_app_workflow_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM queue_app_stepdependency d USING queue_app_workflowstep s, gone g
@@ -57,6 +188,20 @@ class Migration(migrations.Migration):
             options={
                 "indexes": [models.Index(models.F("workflow_id"), name="workflowstartkey_workflow")],
             },
+        ),
+        migrations.AlterField(
+            model_name="workflowstep",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("task", "Task"),
+                    ("spark", "Spark"),
+                    ("compensation", "Compensation"),
+                    ("sleep", "Sleep"),
+                    ("event", "Event"),
+                ],
+                max_length=12,
+            ),
         ),
         migrations.RunSQL(INSTALL, PREVIOUS),
     ]

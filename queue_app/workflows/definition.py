@@ -53,6 +53,9 @@ class WorkflowParamError(WorkflowError, ParamError):
 
 
 STEP_NAME = re.compile(r"^[^\x00-\x1f]{1,200}$")
+# The built-in tasks of the waiting steps (workflows/tasks.py): a sleep's no-op item and an event wait's timeout.
+SLEEP_TASK = "queue_app.workflow_sleep"
+EVENT_TIMEOUT_TASK = "queue_app.workflow_event_timeout"
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,33 @@ class Graph:
                 compensate=self._compensation(compensate, what),
                 group=group or name,
             )
+        )
+
+    def sleep(
+        self,
+        name: str,
+        *,
+        seconds: float | None = None,
+        until: dt.datetime | None = None,
+        after: Iterable[StepRef | str] | StepRef | str = (),
+    ) -> StepRef:
+        """A step that waits `seconds` from when it becomes ready, or `until` a time (timezone-aware), holding no
+        worker and no connection: its item is a delayed no-op item, and the step ends when a worker leases it."""
+        what = f"step {name!r}"
+        if (seconds is None) == (until is None):
+            raise WorkflowDefinitionError(f"{what}: sleep takes seconds= or until=, one of them")
+        if seconds is not None:
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < 10**9:
+                raise WorkflowDefinitionError(f"{what}: seconds must be a number above 0, not {seconds!r}")
+            args = {"seconds": float(seconds)}
+            extra = {"delay": float(seconds)}
+        else:
+            if not isinstance(until, dt.datetime) or until.tzinfo is None:
+                raise WorkflowDefinitionError(f"{what}: until must be a timezone-aware datetime, not {until!r}")
+            args = extra = {"until": until.isoformat()}
+        spec = task_item_spec(SLEEP_TASK, args, what=what) | extra
+        return self._add(
+            StepSpec(name, StepKind.SLEEP, SLEEP_TASK, args, self._refs(after, what), spec, OnFailure.FAIL, None, name)
         )
 
     def order(self) -> list[str]:

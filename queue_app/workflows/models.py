@@ -108,6 +108,8 @@ class StepKind(models.TextChoices):
     TASK = "task"
     SPARK = "spark"
     COMPENSATION = "compensation"
+    SLEEP = "sleep"  # its item is a delayed no-op item: the step ends when a worker leases it, once due
+    EVENT = "event"  # waits for an event (workflows/waits.py); its item is the delayed timeout
 
 
 class StepState(models.TextChoices):

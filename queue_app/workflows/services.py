@@ -189,9 +189,7 @@ def start(
     claim = _start_key(key, key_window)
     values = definition.validate(params)
     graph, order = definition.graph(values)
-    return _create(
-        definition.name, WorkflowKind.WORKFLOW, definition.dump(values), graph, order, started_by, key=claim
-    )
+    return _create(definition.name, WorkflowKind.WORKFLOW, definition.dump(values), graph, order, started_by, key=claim)
 
 
 # -- from inside a running step -------------------------------------------------------------------------------
@@ -540,8 +538,14 @@ def backfill(
 # -- reading --------------------------------------------------------------------------------------------------
 
 
+# What status shows for a waiting step whose item is not running: a sleep's, an event wait's (its timeout).
+WAITING_STATES = {(StepKind.SLEEP, StepState.QUEUED): "sleeping", (StepKind.EVENT, StepState.QUEUED): "waiting_event"}
+
+
 def status(workflow_id: int) -> dict[str, Any]:
-    """id, name, state, attempt and every step of the current attempt (name, state, kind, item, run)."""
+    """id, name, state, attempt and every step of the current attempt (name, state, kind, item, run). A queued
+    step is "running" while its item is leased; a sleep step is "sleeping" before, an event wait
+    "waiting_event"."""
     workflow = Workflow.objects.filter(id=workflow_id).first()
     if workflow is None:
         raise WorkflowError(f"no workflow {workflow_id}")
@@ -553,7 +557,7 @@ def status(workflow_id: int) -> dict[str, Any]:
     steps = [
         {
             "name": s.name,
-            "state": "running" if s.id in running else s.state,
+            "state": "running" if s.id in running else WAITING_STATES.get((s.kind, s.state), s.state),
             "kind": s.kind,
             "item_id": s.item_id,
             "spark_run_id": s.spark_run_id,

@@ -33,17 +33,24 @@ def _items_from_specs(rows: str, *, spec: str, payload: str, item_id: str, step_
     default_max_attempts, which its start (and each repair) copies from the JOBSITE DEFAULT_MAX_ATTEMPTS setting,
     as it copies the NOTIFY channel. The settle trigger that enqueues most steps runs in whatever connection
     settles an item, with no Python to ask; a value written into this text would freeze the setting as it was
-    when the migration ran, and a session setting would be missing on connections the project did not open."""
+    when the migration ran, and a session setting would be missing on connections the project did not open.
+    A spec with "delay" (seconds) or "until" (a time) makes a delayed item, due that long after now or then (a
+    sleep step's, an event wait's timeout): it holds no worker and no connection until it is due."""
+    due = (
+        f"GREATEST(now(), COALESCE(({spec}->>'until')::timestamptz,\n"
+        f"           now() + make_interval(secs => COALESCE(({spec}->>'delay')::float8, 0))))"
+    )
     return f"""\
 INSERT INTO {ITEM} (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
     max_attempts, lease_timeout, error, created_at, updated_at, workflow_step_id)
 SELECT {item_id}, {spec}->>'queue', {spec}->>'task',
        {payload},
-       'ready', COALESCE(({spec}->>'priority')::smallint, 0), now(), now(), 0,
+       'ready', COALESCE(({spec}->>'priority')::smallint, 0), due.at, due.at, 0,
        COALESCE(({spec}->>'max_attempts')::int, q.max_attempts, {attempts}),
        ({spec}->>'lease_timeout')::float8, '', now(), now(), {step_id}
 FROM {rows}
-LEFT JOIN {QUEUE} q ON q.name = {spec}->>'queue'"""
+LEFT JOIN {QUEUE} q ON q.name = {spec}->>'queue'
+CROSS JOIN LATERAL (SELECT {due} AS at) AS due"""
 
 
 def _at(indent: int, text: str) -> str:

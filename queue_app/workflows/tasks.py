@@ -3,6 +3,7 @@
 from typing import Any
 
 from ..registry import Context, Delivery, job
+from .definition import SLEEP_TASK
 from .models import Workflow
 from .signals import workflow_finished
 
@@ -14,6 +15,11 @@ def finished(payload: Any, ctx: Context) -> dict[str, Any]:
     workflow = Workflow.objects.get(id=payload["workflow_id"])
     workflow_finished.send(sender=Workflow, workflow=workflow, state=payload["state"])
     return {"workflow_id": workflow.id, "state": payload["state"]}
+
+
+@job(SLEEP_TASK)
+def sleep(payload: Any, ctx: Context) -> None:
+    """A sleep step's item (delayed until the sleep is over): leased once due, it ends the step."""
 
 
 from . import demo as _demo  # noqa: E402, F401  registers the demo's tasks and demo_pipeline
