@@ -53,6 +53,8 @@ DEFAULTS: dict[str, Any] = {
     # Days a finished run's Spark event log is kept when its job's policy sets no keep_days (then the run's own
     # retention applies to both); the run row stays. None or 0: kept until the run is deleted.
     "SPARK_EVENT_LOG_KEEP_DAYS": 14,
+    # Seconds a workflow event sent while no step waits for it is kept, to be matched by a wait created later.
+    "WORKFLOW_EVENT_LOOKBACK": 86400.0,
 }
 
 

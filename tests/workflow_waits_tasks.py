@@ -18,3 +18,24 @@ def nap(wf, params):
     first = wf.task("wf.add", {"x": 1}, name="first")
     sleep = wf.sleep("nap", seconds=params["seconds"], after=[first])
     wf.task("wf.upstream", name="after", after=[sleep])
+
+
+@workflow(
+    "wf_paid",
+    params=[
+        Param("order", "str", required=True),
+        Param("timeout", "float", default=3600.0),
+        Param("policy", "str", default="fail"),
+    ],
+)
+def paid(wf, params):
+    first = wf.task("wf.add", {"x": 1}, name="first")
+    wait = wf.wait_event(
+        "paid",
+        event="partner.callback",
+        key="{order}",
+        timeout=params["timeout"],
+        on_timeout=params["policy"],
+        after=[first],
+    )
+    wf.task("wf.upstream", name="use", after=[wait])

@@ -5,8 +5,14 @@
 - Durable sleep: an item a workflow makes from a spec with "delay" (seconds) or "until" (a time) is due then
   (queue_app_wf_enqueue, queue_app_wf_callback: the one item fragment); a sleep step's item is such a delayed
   no-op item. Steps get the kinds "sleep" and "event".
+- Events: queue_app_workflowevent holds the events sent (workflows/waits.py, send_event); an event wait (a step
+  of kind "event") is a queued step whose item is its delayed timeout. An event ends the oldest open wait for
+  its name and key by settling that item done with its payload, in the statement that stores it; an event kept
+  from before is claimed when the wait opens (queue_app_wf_enqueue). Both sides take an advisory lock on the
+  name and key first. The index workflowstep_event finds the open waits by name and key.
 """
 
+import django.db.models.fields.json
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
@@ -17,6 +23,8 @@ DECLARE
     n integer;
     item_seq regclass := pg_get_serial_sequence('queue_app_queueitem', 'id')::regclass;
     run_seq regclass := pg_get_serial_sequence('queue_app_sparkrun', 'id')::regclass;
+    opened record;
+    kept jsonb;
 BEGIN
     WITH s AS MATERIALIZED (
         SELECT st.id, st.kind, st.spec, nextval(item_seq) AS item_id,
@@ -52,6 +60,25 @@ BEGIN
     )
     SELECT (SELECT count(*) FROM marked) INTO n
     FROM (SELECT count(pg_notify(channel, queue_id)::text) FROM (SELECT DISTINCT queue_id FROM items) AS q) AS woken;
+    -- An event wait now open whose event came first: the oldest kept event with its name and key claims it.
+    FOR opened IN
+        SELECT s.id, s.item_id, s.spec->>'event' AS event, s.spec->>'key' AS key,
+               hashtextextended(concat_ws(chr(31), 'jobsite.wf_event', s.spec->>'event', s.spec->>'key'), 0) AS lock_key
+        FROM queue_app_workflowstep s
+        WHERE s.id = ANY(ids) AND s.kind = 'event' AND s.state = 'queued'
+        ORDER BY lock_key, s.id
+    LOOP
+        PERFORM pg_advisory_xact_lock(opened.lock_key);
+        UPDATE queue_app_workflowevent e SET step_id = opened.id, claimed_at = now()
+        WHERE e.id = (SELECT o.id FROM queue_app_workflowevent o
+                      WHERE o.name = opened.event AND o.key = opened.key AND o.step_id IS NULL AND o.expires_at > now()
+                      ORDER BY o.id LIMIT 1 FOR UPDATE)
+        RETURNING e.payload INTO kept;
+        IF FOUND THEN
+            UPDATE queue_app_queueitem SET state = 'done', result = kept, finished_at = now(), updated_at = now()
+            WHERE id = opened.item_id AND state = 'ready';
+        END IF;
+    END LOOP;
     RETURN n;
 END
 $$;
@@ -201,6 +228,48 @@ class Migration(migrations.Migration):
                     ("event", "Event"),
                 ],
                 max_length=12,
+            ),
+        ),
+        migrations.CreateModel(
+            name="WorkflowEvent",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("name", models.CharField(max_length=200)),
+                ("key", models.CharField(max_length=200)),
+                ("payload", models.JSONField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                (
+                    "expires_at",
+                    models.DateTimeField(help_text="End of its lookback: not matched to a wait created after it."),
+                ),
+                ("step_id", models.BigIntegerField(blank=True, help_text="The event wait it ended.", null=True)),
+                ("claimed_at", models.DateTimeField(blank=True, null=True)),
+            ],
+            options={
+                "ordering": ["-id"],
+                "indexes": [
+                    models.Index(
+                        models.F("name"),
+                        models.F("key"),
+                        models.F("id"),
+                        condition=models.Q(("step_id__isnull", True)),
+                        name="workflowevent_open",
+                    )
+                ],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("step_id__isnull", False)), fields=("step_id",), name="workflowevent_step"
+                    )
+                ],
+            },
+        ),
+        migrations.AddIndex(
+            model_name="workflowstep",
+            index=models.Index(
+                django.db.models.fields.json.KeyTextTransform("event", "spec"),
+                django.db.models.fields.json.KeyTextTransform("key", "spec"),
+                condition=models.Q(("kind", "event"), ("state", "queued")),
+                name="workflowstep_event",
             ),
         ),
         migrations.RunSQL(INSTALL, PREVIOUS),

@@ -9,6 +9,7 @@ new attempt: new step rows, the earlier attempt's rows are left as they were.
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.fields.json import KT
 from django.db.models.functions import Now
 
 from ..conf import queue_settings
@@ -183,6 +184,10 @@ class WorkflowStep(models.Model):
         ]
         indexes = [
             models.Index(fields=["item_id"], name="workflowstep_item", condition=Q(item_id__isnull=False)),
+            # The event waits open now, by event name and key: what an event sent looks up (workflows/sql.py).
+            models.Index(
+                KT("spec__event"), KT("spec__key"), name="workflowstep_event", condition=Q(kind="event", state="queued")
+            ),
         ]
 
     def __str__(self) -> str:
@@ -211,3 +216,28 @@ class StepDependency(models.Model):
 
     def __str__(self) -> str:
         return f"{self.upstream_id} -> {self.downstream_id}"
+
+
+class WorkflowEvent(models.Model):
+    """An event sent to workflows (workflows/waits.py, send_event): matched to at most one event wait, in the
+    statement that stores it (a step waiting for its name and key now) or in the one that creates the wait (an
+    event kept from before, until `expires_at`: its lookback). `step_id` is the claim: unique, set once."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200)
+    key = models.CharField(max_length=200)
+    payload = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField(help_text="End of its lookback: not matched to a wait created after it.")
+    step_id = models.BigIntegerField(null=True, blank=True, help_text="The event wait it ended.")
+    claimed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["step_id"], name="workflowevent_step", condition=Q(step_id__isnull=False))
+        ]
+        indexes = [models.Index("name", "key", "id", name="workflowevent_open", condition=Q(step_id__isnull=True))]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.key!r} #{self.id}"

@@ -87,6 +87,38 @@ _FAN_OUT_ITEMS = _items_from_specs(
 )
 
 
+# An event and an event wait (workflows/waits.py) are matched under a transaction-level advisory lock on their
+# name and key, taken by the sender before its statement and by the wait's creation before it looks for a kept
+# event: each then reads (in a statement after the lock, under a new snapshot) what the other committed, so an
+# event is never stored unmatched while a wait for it is being created, nor the reverse. Several waits opening
+# together take their locks in the order of the lock keys, so two such transactions never wait in a cycle.
+EVENT_LOCK_KEY = "hashtextextended(concat_ws(chr(31), 'jobsite.wf_event', {name}, {key}), 0)"
+
+# The oldest kept event of its name and key not claimed and not past its lookback, claimed by the wait (the
+# event's unique step_id), ends it at once: its timeout item settles done with the event's payload, and the
+# settle trigger ends the step (its result that payload) and moves the workflow on, as any settle does.
+_CLAIM_KEPT_EVENT = f"""\
+the oldest kept event with its name and key claims it.
+FOR opened IN
+    SELECT s.id, s.item_id, s.spec->>'event' AS event, s.spec->>'key' AS key,
+           {EVENT_LOCK_KEY.format(name="s.spec->>'event'", key="s.spec->>'key'")} AS lock_key
+    FROM queue_app_workflowstep s
+    WHERE s.id = ANY(ids) AND s.kind = 'event' AND s.state = 'queued'
+    ORDER BY lock_key, s.id
+LOOP
+    PERFORM pg_advisory_xact_lock(opened.lock_key);
+    UPDATE queue_app_workflowevent e SET step_id = opened.id, claimed_at = now()
+    WHERE e.id = (SELECT o.id FROM queue_app_workflowevent o
+                  WHERE o.name = opened.event AND o.key = opened.key AND o.step_id IS NULL AND o.expires_at > now()
+                  ORDER BY o.id LIMIT 1 FOR UPDATE)
+    RETURNING e.payload INTO kept;
+    IF FOUND THEN
+        UPDATE {ITEM} SET state = 'done', result = kept, finished_at = now(), updated_at = now()
+        WHERE id = opened.item_id AND state = 'ready';
+    END IF;
+END LOOP;
+"""
+
 # Enqueue the items of the steps named (those still waiting): a Spark step gets its SparkRun and the run's item on
 # the spark queue, any other step an item of its task. Ids come from the tables' sequences first, so one statement
 # writes runs, items and steps. Returns how many steps it enqueued. A step's ready_at is the clock, read under the
@@ -99,6 +131,8 @@ DECLARE
     n integer;
     item_seq regclass := pg_get_serial_sequence('queue_app_queueitem', 'id')::regclass;
     run_seq regclass := pg_get_serial_sequence('queue_app_sparkrun', 'id')::regclass;
+    opened record;
+    kept jsonb;
 BEGIN
     WITH s AS MATERIALIZED (
         SELECT st.id, st.kind, st.spec, nextval(item_seq) AS item_id,
@@ -123,6 +157,7 @@ BEGIN
     )
     SELECT (SELECT count(*) FROM marked) INTO n
     FROM (SELECT count(pg_notify(channel, queue_id)::text) FROM (SELECT DISTINCT queue_id FROM items) AS q) AS woken;
+    -- An event wait now open whose event came first: {_at(4, _CLAIM_KEPT_EVENT).rstrip()}
     RETURN n;
 END
 $$;
@@ -532,3 +567,33 @@ WHERE k.expires_at <= now()
 RETURNING workflow_id
 """
 WORKFLOW_KEY_HOLDER = "SELECT workflow_id FROM queue_app_workflowstartkey WHERE name = %(name)s AND key = %(key)s"
+
+# An event sent (workflows/waits.py, send_event), after WORKFLOW_EVENT_LOCK: stored, and matched in the same
+# statement to the oldest event wait open for its name and key whose timeout item is still ready (locked: a
+# worker leasing it now skips it, or has leased it and the wait is timing out). That item settles done with the
+# payload: the settle trigger ends the step with it as its result. Returns the event's id, the step it woke (or
+# NULL: kept for the lookback) and that step's workflow.
+WORKFLOW_SEND_EVENT = f"""
+WITH target AS (
+    SELECT s.id AS step_id, s.workflow_id, s.item_id
+    FROM queue_app_workflowstep s JOIN {ITEM} i ON i.id = s.item_id
+    WHERE s.kind = 'event' AND s.state = 'queued' AND s.spec->>'event' = %(name)s AND s.spec->>'key' = %(key)s
+      AND i.state = 'ready'
+    ORDER BY s.id LIMIT 1
+    FOR UPDATE OF i
+), ev AS (
+    INSERT INTO queue_app_workflowevent (name, key, payload, created_at, expires_at, step_id, claimed_at)
+    SELECT %(name)s, %(key)s, %(payload)s::jsonb, now(), now() + make_interval(secs => %(lookback)s::float8),
+           t.step_id, CASE WHEN t.step_id IS NOT NULL THEN now() END
+    FROM (SELECT) AS one LEFT JOIN target t ON true
+    RETURNING id, step_id
+), woken AS (
+    UPDATE {ITEM} i SET state = 'done', result = %(payload)s::jsonb, finished_at = now(), updated_at = now()
+    FROM target t WHERE i.id = t.item_id AND i.state = 'ready'
+    RETURNING i.id
+)
+SELECT ev.id, ev.step_id, (SELECT t.workflow_id FROM target t), (SELECT count(*) FROM woken) FROM ev
+"""
+WORKFLOW_EVENT_LOCK = (
+    f"SELECT pg_advisory_xact_lock({EVENT_LOCK_KEY.format(name='%(name)s::text', key='%(key)s::text')})"
+)

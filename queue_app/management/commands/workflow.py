@@ -5,6 +5,7 @@
     python manage.py workflow status 42 [--json]
     python manage.py workflow repair 42 [--wait] [--json]
     python manage.py workflow cancel 42 [--json]
+    python manage.py workflow send-event partner.callback --key order-7 [--payload '{"amount": 120}'] [--json]
     python manage.py workflow backfill file_rollup --from 2026-11-01 --to 2026-11-07 [--param k=v] \
         [--concurrency 2] [--force] [--wait] [--json]
 
@@ -16,6 +17,11 @@ or job, bad parameters, a bad range) is an error message, exit status 1, and not
 `cancel` cancels as the admin does (the same service): steps not started are cancelled, running ones asked to
 stop. It exits 0 when the workflow was cancelled now or had already ended (its `--json` adds "cancelled": true
 or false), 1 for an unknown id.
+
+`send-event` sends an event (the same service as code's `waits.send_event`): it ends the oldest step waiting for
+its name and key, or is kept for the lookback (JOBSITE WORKFLOW_EVENT_LOOKBACK) for a wait created later. Its
+`--json` prints {"id", "name", "key", "matched", "step_id", "workflow_id"}; exit 0 whether or not a step was
+waiting, 1 for bad input (a name or key too long, a payload that is not JSON), with nothing written.
 """
 
 import importlib
@@ -26,7 +32,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from queue_app.management.commands.spark_run import parse_params
-from queue_app.workflows import WorkflowError, registered_workflows
+from queue_app.workflows import WorkflowError, registered_workflows, waits
 from queue_app.workflows import services as workflows
 from queue_app.workflows.models import Workflow
 
@@ -69,6 +75,11 @@ class Command(BaseCommand):
         cancel = sub.add_parser("cancel", help="cancel a workflow: what has not started never runs (as the admin)")
         cancel.add_argument("id", type=int)
         cancel.add_argument("--json", action="store_true")
+        send = sub.add_parser("send-event", help="send an event to the step waiting for its name and key")
+        send.add_argument("name")
+        send.add_argument("--key", required=True)
+        send.add_argument("--payload", metavar="JSON", help="the event's payload: the waiting step's result")
+        send.add_argument("--json", action="store_true")
         backfill = sub.add_parser("backfill", help="run a Spark job, task or workflow once per day of a range")
         backfill.add_argument("job")
         backfill.add_argument("--from", dest="start", required=True, metavar="DATE")
@@ -88,7 +99,7 @@ class Command(BaseCommand):
             except ImportError as exc:
                 raise CommandError(f"--import {module}: {exc}") from None
         try:
-            getattr(self, f"do_{action}")(**options)
+            getattr(self, f"do_{action.replace('-', '_')}")(**options)
         except WorkflowError as exc:
             raise CommandError(f"{exc}; nothing was written" if action != "status" else str(exc)) from None
 
@@ -140,6 +151,30 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"workflow {id} {status['name']} was not cancelled: it is {status['state']} already")
 
+    def do_send_event(self, *, name, key, payload, json, **_):
+        try:
+            value = None if payload is None else _loads(payload)
+        except ValueError as exc:
+            raise CommandError(f"--payload is not JSON: {exc}; nothing was written") from None
+        sent = waits.send_event(name, key, value)
+        if json:
+            self.stdout.write(
+                _dumps(
+                    {
+                        "id": sent.id,
+                        "name": sent.name,
+                        "key": sent.key,
+                        "matched": sent.matched,
+                        "step_id": sent.step_id,
+                        "workflow_id": sent.workflow_id,
+                    }
+                )
+            )
+        elif sent.matched:
+            self.stdout.write(f"event {sent.id} {name} {key!r} woke step {sent.step_id} of workflow {sent.workflow_id}")
+        else:
+            self.stdout.write(f"event {sent.id} {name} {key!r}: no step waits for it now; kept for the lookback")
+
     def do_backfill(self, *, job, start, end, param, concurrency, force, wait, json, poll, **_):
         workflow = workflows.backfill(
             job, start, end, params=parse_params(param), concurrency=concurrency, force=force, started_by="cli"
@@ -171,6 +206,10 @@ class Command(BaseCommand):
         if wait and status["state"] != "succeeded":
             sys.stdout.flush()
             raise SystemExit(1)
+
+
+def _loads(text: str):
+    return json.loads(text)
 
 
 def _dumps(value) -> str:
