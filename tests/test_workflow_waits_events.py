@@ -105,13 +105,18 @@ def test_an_event_sent_twice_wakes_one_wait_once_and_the_second_is_kept_for_the_
 
 
 @pytest.mark.slow
-def test_a_timeout_fails_the_wait_and_the_workflow_then_a_late_event_matches_nothing(worker):
+def test_a_timeout_fails_the_wait_then_a_late_event_is_kept_and_a_repair_takes_it(worker):
     w = services.start("wf_paid", {"order": "o-4", "timeout": 0.5, "policy": "fail"})
     assert finished(w).state == "failed"
     paid = step(w, "paid")
     assert paid.state == "failed" and "no event 'partner.callback' with key 'o-4' came within 0.5 s" in paid.error
     assert step(w, "use").state == "cancelled"
-    assert not waits.send_event(EVENT, "o-4").matched
+    late = waits.send_event(EVENT, "o-4", {"late": True})
+    assert not late.matched
+    assert services.repair(w.id).attempt == 2  # the wait opens again and takes the kept event at once
+    assert finished(w).state == "succeeded"
+    assert step(w, "use").result == {"paid": {"late": True}}
+    assert WorkflowEvent.objects.get(id=late.id).step_id == step(w, "paid").id
 
 
 @pytest.mark.slow
