@@ -54,6 +54,8 @@ def waiting(w: Workflow, name: str = "paid") -> None:
 def test_an_event_sent_from_another_process_wakes_the_wait_and_its_payload_reaches_the_next_step(worker, manage):
     w = services.start("wf_paid", {"order": "o-1"})
     waiting(w)
+    shown = manage("workflow", "status", str(w.id), "--json")
+    assert {s["name"]: s["state"] for s in json.loads(shown.stdout)["steps"]}["paid"] == "waiting_event"
     out = manage("workflow", "send-event", EVENT, "--key", "o-1", "--payload", '{"amount": 120}', "--json")
     assert out.returncode == 0, out.stderr
     sent = json.loads(out.stdout)
