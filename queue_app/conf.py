@@ -63,6 +63,8 @@ DEFAULTS: dict[str, Any] = {
     # in-flight items within this many seconds at the recent throughput per worker, and never exceeds the cap.
     "AUTOSCALE_TARGET_DRAIN_SECONDS": 60.0,
     "AUTOSCALE_MAX_WORKERS": 20,
+    # Seconds a workflow event sent while no step waits for it is kept, to be matched by a wait created later.
+    "WORKFLOW_EVENT_LOOKBACK": 86400.0,
 }
 
 

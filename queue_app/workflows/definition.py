@@ -53,6 +53,10 @@ class WorkflowParamError(WorkflowError, ParamError):
 
 
 STEP_NAME = re.compile(r"^[^\x00-\x1f]{1,200}$")
+# The built-in tasks of the waiting steps (workflows/tasks.py): a sleep's no-op item and an event wait's timeout.
+SLEEP_TASK = "queue_app.workflow_sleep"
+EVENT_TIMEOUT_TASK = "queue_app.workflow_event_timeout"
+ON_TIMEOUT = ("fail", "continue")
 
 
 @dataclass(frozen=True)
@@ -103,8 +107,9 @@ def task_item_spec(task_name: str, payload: Any = None, *, what: str, priority: 
 class Graph:
     """The builder a workflow's function receives as `wf`."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, params: Mapping[str, Any] | None = None) -> None:
         self.name = name
+        self.params = dict(params or {})  # what an event wait's key template is filled from
         self.steps: dict[str, StepSpec] = {}
 
     def _refs(self, after: Iterable[StepRef | str] | StepRef | str, what: str) -> list[str]:
@@ -215,6 +220,73 @@ class Graph:
             )
         )
 
+    def sleep(
+        self,
+        name: str,
+        *,
+        seconds: float | None = None,
+        until: dt.datetime | None = None,
+        after: Iterable[StepRef | str] | StepRef | str = (),
+    ) -> StepRef:
+        """A step that waits `seconds` from when it becomes ready, or `until` a time (timezone-aware), holding no
+        worker and no connection: its item is a delayed no-op item, and the step ends when a worker leases it."""
+        what = f"step {name!r}"
+        if (seconds is None) == (until is None):
+            raise WorkflowDefinitionError(f"{what}: sleep takes seconds= or until=, one of them")
+        if seconds is not None:
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < 10**9:
+                raise WorkflowDefinitionError(f"{what}: seconds must be a number above 0, not {seconds!r}")
+            args = {"seconds": float(seconds)}
+            extra = {"delay": float(seconds)}
+        else:
+            if not isinstance(until, dt.datetime) or until.tzinfo is None:
+                raise WorkflowDefinitionError(f"{what}: until must be a timezone-aware datetime, not {until!r}")
+            args = extra = {"until": until.isoformat()}
+        spec = task_item_spec(SLEEP_TASK, args, what=what) | extra
+        return self._add(
+            StepSpec(name, StepKind.SLEEP, SLEEP_TASK, args, self._refs(after, what), spec, OnFailure.FAIL, None, name)
+        )
+
+    def wait_event(
+        self,
+        name: str,
+        *,
+        event: str,
+        key: str,
+        timeout: float,
+        on_timeout: str = "fail",
+        after: Iterable[StepRef | str] | StepRef | str = (),
+    ) -> StepRef:
+        """A step that waits for the event `event` with key `key` (a template over the workflow's parameters:
+        "{order}"), sent by workflows.waits.send_event or `workflow send-event`, at most `timeout` seconds; its
+        result is the event's payload. Past the timeout it fails (on_timeout="fail") or succeeds with no payload
+        ("continue"). An event sent before the step waits is matched when it starts waiting, within the lookback
+        (JOBSITE WORKFLOW_EVENT_LOOKBACK)."""
+        what = f"step {name!r}"
+        if not isinstance(event, str) or not STEP_NAME.match(event):
+            raise WorkflowDefinitionError(f"{what}: bad event name {event!r}: 1-200 characters, no control characters")
+        try:
+            filled = key.format_map(self.params) if isinstance(key, str) else key
+        except (KeyError, IndexError, ValueError) as exc:
+            raise WorkflowDefinitionError(f"{what}: key template {key!r}: no parameter {exc}") from None
+        if not isinstance(filled, str) or not STEP_NAME.match(filled):
+            raise WorkflowDefinitionError(f"{what}: bad event key {filled!r}: 1-200 characters, no control characters")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 10**9:
+            raise WorkflowDefinitionError(f"{what}: timeout must be a number of seconds above 0, not {timeout!r}")
+        if on_timeout not in ON_TIMEOUT:
+            raise WorkflowDefinitionError(
+                f"{what}: on_timeout must be one of {', '.join(ON_TIMEOUT)}, not {on_timeout!r}"
+            )
+        args = {"event": event, "key": filled, "timeout": float(timeout), "on_timeout": on_timeout}
+        spec = task_item_spec(EVENT_TIMEOUT_TASK, args, what=what) | {
+            "delay": float(timeout),
+            "event": event,
+            "key": filled,
+        }
+        return self._add(
+            StepSpec(name, StepKind.EVENT, event, args, self._refs(after, what), spec, OnFailure.FAIL, None, name)
+        )
+
     def order(self) -> list[str]:
         """The steps in dependency order; WorkflowDefinitionError for a cycle, an unknown name, no steps."""
         if not self.steps:
@@ -256,7 +328,7 @@ class WorkflowDefinition:
         return {k: v.isoformat() if isinstance(v, dt.date) else v for k, v in values.items()}
 
     def graph(self, values: dict[str, Any]) -> tuple[Graph, list[str]]:
-        graph = Graph(self.name)
+        graph = Graph(self.name, self.dump(values))
         self.build(graph, values)
         return graph, graph.order()
 

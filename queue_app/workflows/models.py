@@ -9,6 +9,7 @@ new attempt: new step rows, the earlier attempt's rows are left as they were.
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.fields.json import KT
 from django.db.models.functions import Now
 
 from ..conf import queue_settings
@@ -83,10 +84,33 @@ class Workflow(models.Model):
         return self.state in WORKFLOW_FINAL_STATES
 
 
+class WorkflowStartKey(models.Model):
+    """The idempotency key of a start (`services.start(name, key=...)`): its primary key (name, key) is the claim,
+    taken by one INSERT .. ON CONFLICT in the transaction that writes the workflow (workflows/sql.py,
+    WORKFLOW_CLAIM_KEY), so of concurrent starters with one key exactly one writes a workflow and the others get
+    it. The key is held for the workflow's lifetime (while its row exists), or until `expires_at` when the start
+    named a window; then the next start with it takes it over."""
+
+    pk = models.CompositePrimaryKey("name", "key")
+    name = models.CharField(max_length=200)
+    key = models.CharField(max_length=200)
+    workflow_id = models.BigIntegerField()
+    created_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index("workflow_id", name="workflowstartkey_workflow")]  # freed with its workflow
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.key!r} -> {self.workflow_id}"
+
+
 class StepKind(models.TextChoices):
     TASK = "task"
     SPARK = "spark"
     COMPENSATION = "compensation"
+    SLEEP = "sleep"  # its item is a delayed no-op item: the step ends when a worker leases it, once due
+    EVENT = "event"  # waits for an event (workflows/waits.py); its item is the delayed timeout
 
 
 class StepState(models.TextChoices):
@@ -160,6 +184,10 @@ class WorkflowStep(models.Model):
         ]
         indexes = [
             models.Index(fields=["item_id"], name="workflowstep_item", condition=Q(item_id__isnull=False)),
+            # The event waits open now, by event name and key: what an event sent looks up (workflows/sql.py).
+            models.Index(
+                KT("spec__event"), KT("spec__key"), name="workflowstep_event", condition=Q(kind="event", state="queued")
+            ),
         ]
 
     def __str__(self) -> str:
@@ -188,3 +216,28 @@ class StepDependency(models.Model):
 
     def __str__(self) -> str:
         return f"{self.upstream_id} -> {self.downstream_id}"
+
+
+class WorkflowEvent(models.Model):
+    """An event sent to workflows (workflows/waits.py, send_event): matched to at most one event wait, in the
+    statement that stores it (a step waiting for its name and key now) or in the one that creates the wait (an
+    event kept from before, until `expires_at`: its lookback). `step_id` is the claim: unique, set once."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200)
+    key = models.CharField(max_length=200)
+    payload = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField(help_text="End of its lookback: not matched to a wait created after it.")
+    step_id = models.BigIntegerField(null=True, blank=True, help_text="The event wait it ended.")
+    claimed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["step_id"], name="workflowevent_step", condition=Q(step_id__isnull=False))
+        ]
+        indexes = [models.Index("name", "key", "id", name="workflowevent_open", condition=Q(step_id__isnull=True))]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.key!r} #{self.id}"

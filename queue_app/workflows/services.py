@@ -26,6 +26,7 @@ from ..registry import Context
 from ..spark.registry import SparkJobError, get_job
 from . import sql
 from .definition import (
+    STEP_NAME,
     Graph,
     UnknownWorkflow,
     WorkflowDefinitionError,
@@ -91,10 +92,12 @@ def _create(
     *,
     callbacks: dict[str, Any] | None = None,
     order_edges: Iterable[tuple[str, str]] = (),
+    key: tuple[str, float | None] | None = None,
     using: str = "default",
 ) -> Workflow:
     """Write a checked graph: the workflow, its steps and edges, and the items of the steps with nothing to wait
-    for, in one transaction."""
+    for, in one transaction. With `key` (key, window in seconds or None), the key is claimed first: held by
+    another workflow, that one is returned and nothing is written. The returned row's `created` says which."""
     steps = [graph.steps[n] for n in order]
     order_edges = list(order_edges)
     waits = {s.name: len(s.after) for s in steps}
@@ -106,7 +109,20 @@ def _create(
         [s.spec for s in steps] + [s.compensate for s in steps if s.compensate] + list(callbacks.values()), using
     )
     with transaction.atomic(using=using):
+        workflow_id = None
+        if key is not None:
+            with cursor(using) as cur:
+                claim = {"name": name, "key": key[0], "window": key[1]}
+                cur.execute(sql.WORKFLOW_CLAIM_KEY, claim)
+                row = cur.fetchone()
+                if row is None:
+                    cur.execute(sql.WORKFLOW_KEY_HOLDER, claim)
+                    first = Workflow.objects.using(using).get(id=cur.fetchone()[0])
+                    first.created = False
+                    return first
+                workflow_id = row[0]
         workflow = Workflow.objects.using(using).create(
+            id=workflow_id,
             name=name,
             kind=kind,
             params=params,
@@ -130,6 +146,7 @@ def _create(
             batch_size=5000,
         )
         _enqueue([ids[n] for n in order if waits[n] == 0], channel, using)
+    workflow.created = True
     return workflow
 
 
@@ -139,13 +156,40 @@ def start_graph(graph: Graph, *, started_by: str = "", using: str = "default") -
     return _create(graph.name, WorkflowKind.WORKFLOW, {}, graph, graph.order(), started_by, using=using)
 
 
-def start(name: str, params: Mapping[str, Any] | None = None, *, started_by: str = "") -> Workflow:
-    """Start registered workflow `name`. Raises UnknownWorkflow, WorkflowError (bad parameters) or
-    WorkflowDefinitionError (the graph its builder made cannot run) before anything is written."""
+def _start_key(key: Any, window: Any) -> tuple[str, float | None] | None:
+    if key is None:
+        if window is not None:
+            raise WorkflowError("a key window needs a key")
+        return None
+    if not isinstance(key, str) or not STEP_NAME.match(key):
+        raise WorkflowError(f"bad key {key!r}: 1-200 characters, no control characters")
+    if isinstance(window, dt.timedelta):
+        window = window.total_seconds()
+    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, float)) or not window > 0):
+        raise WorkflowError(f"key window must be a number of seconds above 0, not {window!r}")
+    return key, None if window is None else float(window)
+
+
+def start(
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    started_by: str = "",
+    key: str | None = None,
+    key_window: float | dt.timedelta | None = None,
+) -> Workflow:
+    """Start registered workflow `name`. Raises UnknownWorkflow, WorkflowError (bad parameters, a bad key) or
+    WorkflowDefinitionError (the graph its builder made cannot run) before anything is written.
+
+    With `key`, idempotent: while a workflow of this name started with the same key exists (or, with
+    `key_window` seconds, until that long after it started), another start returns it and writes nothing, also
+    under concurrent starters (a unique claim, WorkflowStartKey). The returned row's `created` is True for a new
+    workflow, False for the one the key already named."""
     definition = get_workflow(name)
+    claim = _start_key(key, key_window)
     values = definition.validate(params)
     graph, order = definition.graph(values)
-    return _create(definition.name, WorkflowKind.WORKFLOW, definition.dump(values), graph, order, started_by)
+    return _create(definition.name, WorkflowKind.WORKFLOW, definition.dump(values), graph, order, started_by, key=claim)
 
 
 # -- from inside a running step -------------------------------------------------------------------------------
@@ -494,8 +538,14 @@ def backfill(
 # -- reading --------------------------------------------------------------------------------------------------
 
 
+# What status shows for a waiting step whose item is not running: a sleep's, an event wait's (its timeout).
+WAITING_STATES = {(StepKind.SLEEP, StepState.QUEUED): "sleeping", (StepKind.EVENT, StepState.QUEUED): "waiting_event"}
+
+
 def status(workflow_id: int) -> dict[str, Any]:
-    """id, name, state, attempt and every step of the current attempt (name, state, kind, item, run)."""
+    """id, name, state, attempt and every step of the current attempt (name, state, kind, item, run). A queued
+    step is "running" while its item is leased; a sleep step is "sleeping" before, an event wait
+    "waiting_event"."""
     workflow = Workflow.objects.filter(id=workflow_id).first()
     if workflow is None:
         raise WorkflowError(f"no workflow {workflow_id}")
@@ -507,7 +557,7 @@ def status(workflow_id: int) -> dict[str, Any]:
     steps = [
         {
             "name": s.name,
-            "state": "running" if s.id in running else s.state,
+            "state": "running" if s.id in running else WAITING_STATES.get((s.kind, s.state), s.state),
             "kind": s.kind,
             "item_id": s.item_id,
             "spark_run_id": s.spark_run_id,

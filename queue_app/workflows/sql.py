@@ -3,10 +3,11 @@ forward inside the transaction that settles a step's item, and the statements th
 cancel, repair).
 
 The database runs what migrations installed, and a migration is frozen: each holds a literal copy of the texts
-it installs (never importing them from here or from another migration). The latest copy of every text below is
-migration 0021_workflow_sql_one_home. tests/test_workflow_sql_source.py compares every `queue_app_wf_*` function
-and workflow trigger of a migrated database with this module, so a change here needs a new migration holding a
-copy of the changed texts (CREATE OR REPLACE), and a migration cannot change them without this module following.
+it installs (never importing them from here or from another migration). The latest copies are in migrations
+0021_workflow_sql_one_home and 0024_workflow_waits. tests/test_workflow_sql_source.py compares every
+`queue_app_wf_*` function and workflow trigger of a migrated database with this module, so a change here needs a
+new migration holding a copy of the changed texts (CREATE OR REPLACE), and a migration cannot change them without
+this module following.
 
 Every function runs inside the transaction that settles an item (or starts, fans out, cancels or repairs a
 workflow) and takes the workflow's row lock first: one workflow's counters change one transaction at a time, so
@@ -33,17 +34,24 @@ def _items_from_specs(rows: str, *, spec: str, payload: str, item_id: str, step_
     default_max_attempts, which its start (and each repair) copies from the JOBSITE DEFAULT_MAX_ATTEMPTS setting,
     as it copies the NOTIFY channel. The settle trigger that enqueues most steps runs in whatever connection
     settles an item, with no Python to ask; a value written into this text would freeze the setting as it was
-    when the migration ran, and a session setting would be missing on connections the project did not open."""
+    when the migration ran, and a session setting would be missing on connections the project did not open.
+    A spec with "delay" (seconds) or "until" (a time) makes a delayed item, due that long after now or then (a
+    sleep step's, an event wait's timeout): it holds no worker and no connection until it is due."""
+    due = (
+        f"GREATEST(now(), COALESCE(({spec}->>'until')::timestamptz,\n"
+        f"           now() + make_interval(secs => COALESCE(({spec}->>'delay')::float8, 0))))"
+    )
     return f"""\
 INSERT INTO {ITEM} (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
     max_attempts, lease_timeout, error, created_at, updated_at, workflow_step_id)
 SELECT {item_id}, {spec}->>'queue', {spec}->>'task',
        {payload},
-       'ready', COALESCE(({spec}->>'priority')::smallint, 0), now(), now(), 0,
+       'ready', COALESCE(({spec}->>'priority')::smallint, 0), due.at, due.at, 0,
        COALESCE(({spec}->>'max_attempts')::int, q.max_attempts, {attempts}),
        ({spec}->>'lease_timeout')::float8, '', now(), now(), {step_id}
 FROM {rows}
-LEFT JOIN {QUEUE} q ON q.name = {spec}->>'queue'"""
+LEFT JOIN {QUEUE} q ON q.name = {spec}->>'queue'
+CROSS JOIN LATERAL (SELECT {due} AS at) AS due"""
 
 
 def _at(indent: int, text: str) -> str:
@@ -80,6 +88,38 @@ _FAN_OUT_ITEMS = _items_from_specs(
 )
 
 
+# An event and an event wait (workflows/waits.py) are matched under a transaction-level advisory lock on their
+# name and key, taken by the sender before its statement and by the wait's creation before it looks for a kept
+# event: each then reads (in a statement after the lock, under a new snapshot) what the other committed, so an
+# event is never stored unmatched while a wait for it is being created, nor the reverse. Several waits opening
+# together take their locks in the order of the lock keys, so two such transactions never wait in a cycle.
+EVENT_LOCK_KEY = "hashtextextended(concat_ws(chr(31), 'jobsite.wf_event', {name}, {key}), 0)"
+
+# The oldest kept event of its name and key not claimed and not past its lookback, claimed by the wait (the
+# event's unique step_id), ends it at once: its timeout item settles done with the event's payload, and the
+# settle trigger ends the step (its result that payload) and moves the workflow on, as any settle does.
+_CLAIM_KEPT_EVENT = f"""\
+the oldest kept event with its name and key claims it.
+FOR opened IN
+    SELECT s.id, s.item_id, s.spec->>'event' AS event, s.spec->>'key' AS key,
+           {EVENT_LOCK_KEY.format(name="s.spec->>'event'", key="s.spec->>'key'")} AS lock_key
+    FROM queue_app_workflowstep s
+    WHERE s.id = ANY(ids) AND s.kind = 'event' AND s.state = 'queued'
+    ORDER BY lock_key, s.id
+LOOP
+    PERFORM pg_advisory_xact_lock(opened.lock_key);
+    UPDATE queue_app_workflowevent e SET step_id = opened.id, claimed_at = now()
+    WHERE e.id = (SELECT o.id FROM queue_app_workflowevent o
+                  WHERE o.name = opened.event AND o.key = opened.key AND o.step_id IS NULL AND o.expires_at > now()
+                  ORDER BY o.id LIMIT 1 FOR UPDATE)
+    RETURNING e.payload INTO kept;
+    IF FOUND THEN
+        UPDATE {ITEM} SET state = 'done', result = kept, finished_at = now(), updated_at = now()
+        WHERE id = opened.item_id AND state = 'ready';
+    END IF;
+END LOOP;
+"""
+
 # Enqueue the items of the steps named (those still waiting): a Spark step gets its SparkRun and the run's item on
 # the spark queue, any other step an item of its task. Ids come from the tables' sequences first, so one statement
 # writes runs, items and steps. Returns how many steps it enqueued. A step's ready_at is the clock, read under the
@@ -92,6 +132,8 @@ DECLARE
     n integer;
     item_seq regclass := pg_get_serial_sequence('queue_app_queueitem', 'id')::regclass;
     run_seq regclass := pg_get_serial_sequence('queue_app_sparkrun', 'id')::regclass;
+    opened record;
+    kept jsonb;
 BEGIN
     WITH s AS MATERIALIZED (
         SELECT st.id, st.kind, st.spec, nextval(item_seq) AS item_id,
@@ -116,6 +158,7 @@ BEGIN
     )
     SELECT (SELECT count(*) FROM marked) INTO n
     FROM (SELECT count(pg_notify(channel, queue_id)::text) FROM (SELECT DISTINCT queue_id FROM items) AS q) AS woken;
+    -- An event wait now open whose event came first: {_at(4, _CLAIM_KEPT_EVENT).rstrip()}
     RETURN n;
 END
 $$;
@@ -422,13 +465,14 @@ $$;
 
 # Steps and edges have no foreign key constraints (each was checked on every row at commit, and every such row is
 # written under its workflow's row lock): a deleted workflow takes its steps and their edges (every edge joins two
-# steps of one workflow) with it, as the constraints' cascade did.
+# steps of one workflow) with it, as the constraints' cascade did, and frees its start key (WORKFLOW_CLAIM_KEY).
 WORKFLOW_DELETED_FUNCTION = """
 CREATE OR REPLACE FUNCTION queue_app_workflow_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM queue_app_stepdependency d USING queue_app_workflowstep s, gone g
     WHERE s.workflow_id = g.id AND d.downstream_id = s.id;
     DELETE FROM queue_app_workflowstep s USING gone g WHERE s.workflow_id = g.id;
+    DELETE FROM queue_app_workflowstartkey k USING gone g WHERE k.workflow_id = g.id;
     RETURN NULL;
 END
 $$;
@@ -507,3 +551,50 @@ SELECT coalesce(array_agg(id ORDER BY id), '{{}}'),
        (SELECT count(pg_notify(%(channel)s, spec.spec->>'queue')) FROM spec WHERE EXISTS (SELECT FROM v))
 FROM v
 """
+
+# The claim of a start's idempotency key (models.WorkflowStartKey), before the workflow is written: the key row
+# names the id the workflow will have (drawn from its sequence here). A key whose window (if any) has not passed
+# is left alone and nothing is returned: the caller reads whose it is (a deleted workflow's key went with it,
+# queue_app_workflow_deleted). A concurrent starter with the same key waits here for the first one's transaction;
+# once that commits, the conflict leaves the key with it, once it rolls back the second one inserts. The WHERE
+# reads only the key row: the conflicting row is read as committed, any other table as of the statement's start.
+WORKFLOW_CLAIM_KEY = f"""
+INSERT INTO queue_app_workflowstartkey AS k (name, key, workflow_id, created_at, expires_at)
+VALUES (%(name)s, %(key)s, nextval(pg_get_serial_sequence('{WORKFLOW}', 'id')), now(),
+        now() + make_interval(secs => %(window)s::float8))
+ON CONFLICT (name, key) DO UPDATE
+SET workflow_id = EXCLUDED.workflow_id, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
+WHERE k.expires_at <= now()
+RETURNING workflow_id
+"""
+WORKFLOW_KEY_HOLDER = "SELECT workflow_id FROM queue_app_workflowstartkey WHERE name = %(name)s AND key = %(key)s"
+
+# An event sent (workflows/waits.py, send_event), after WORKFLOW_EVENT_LOCK: stored, and matched in the same
+# statement to the oldest event wait open for its name and key whose timeout item is still ready (locked: a
+# worker leasing it now skips it, or has leased it and the wait is timing out). That item settles done with the
+# payload: the settle trigger ends the step with it as its result. Returns the event's id, the step it woke (or
+# NULL: kept for the lookback) and that step's workflow.
+WORKFLOW_SEND_EVENT = f"""
+WITH target AS (
+    SELECT s.id AS step_id, s.workflow_id, s.item_id
+    FROM queue_app_workflowstep s JOIN {ITEM} i ON i.id = s.item_id
+    WHERE s.kind = 'event' AND s.state = 'queued' AND s.spec->>'event' = %(name)s AND s.spec->>'key' = %(key)s
+      AND i.state = 'ready'
+    ORDER BY s.id LIMIT 1
+    FOR UPDATE OF i
+), ev AS (
+    INSERT INTO queue_app_workflowevent (name, key, payload, created_at, expires_at, step_id, claimed_at)
+    SELECT %(name)s, %(key)s, %(payload)s::jsonb, now(), now() + make_interval(secs => %(lookback)s::float8),
+           t.step_id, CASE WHEN t.step_id IS NOT NULL THEN now() END
+    FROM (SELECT) AS one LEFT JOIN target t ON true
+    RETURNING id, step_id
+), woken AS (
+    UPDATE {ITEM} i SET state = 'done', result = %(payload)s::jsonb, finished_at = now(), updated_at = now()
+    FROM target t WHERE i.id = t.item_id AND i.state = 'ready'
+    RETURNING i.id
+)
+SELECT ev.id, ev.step_id, (SELECT t.workflow_id FROM target t), (SELECT count(*) FROM woken) FROM ev
+"""
+WORKFLOW_EVENT_LOCK = (
+    f"SELECT pg_advisory_xact_lock({EVENT_LOCK_KEY.format(name='%(name)s::text', key='%(key)s::text')})"
+)

@@ -2,7 +2,8 @@
 
 from typing import Any
 
-from ..registry import Context, Delivery, job
+from ..registry import Context, Delivery, Retry, job
+from .definition import EVENT_TIMEOUT_TASK, SLEEP_TASK
 from .models import Workflow
 from .signals import workflow_finished
 
@@ -14,6 +15,26 @@ def finished(payload: Any, ctx: Context) -> dict[str, Any]:
     workflow = Workflow.objects.get(id=payload["workflow_id"])
     workflow_finished.send(sender=Workflow, workflow=workflow, state=payload["state"])
     return {"workflow_id": workflow.id, "state": payload["state"]}
+
+
+@job(SLEEP_TASK)
+def sleep(payload: Any, ctx: Context) -> None:
+    """A sleep step's item (delayed until the sleep is over): leased once due, it ends the step."""
+
+
+class EventTimeout(Exception):
+    pass
+
+
+@job(EVENT_TIMEOUT_TASK, retry=Retry(times=1))
+def event_timeout(payload: Any, ctx: Context) -> None:
+    """An event wait's timeout (delayed until then): leased while the wait is still open (an event ends the wait
+    by settling this item while it is ready), it ends the step: failed (on_timeout "fail": this raises, once) or
+    succeeded with no payload ("continue")."""
+    if payload["on_timeout"] == "fail":
+        raise EventTimeout(
+            f"no event {payload['event']!r} with key {payload['key']!r} came within {payload['timeout']:g} s"
+        )
 
 
 from . import demo as _demo  # noqa: E402, F401  registers the demo's tasks and demo_pipeline

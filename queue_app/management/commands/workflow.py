@@ -1,20 +1,27 @@
 """`manage.py workflow`: list, start, follow, repair and backfill workflows (the same services as the admin).
 
     python manage.py workflow list [--json]
-    python manage.py workflow start demo_pipeline [--param day=2026-11-24] [--wait] [--json]
+    python manage.py workflow start demo_pipeline [--param day=2026-11-24] [--key K [--key-window S]] [--wait] [--json]
     python manage.py workflow status 42 [--json]
     python manage.py workflow repair 42 [--wait] [--json]
     python manage.py workflow cancel 42 [--json]
+    python manage.py workflow send-event partner.callback --key order-7 [--payload '{"amount": 120}'] [--json]
     python manage.py workflow backfill file_rollup --from 2026-11-01 --to 2026-11-07 [--param k=v] \
         [--concurrency 2] [--force] [--wait] [--json]
 
-`--json` prints {"id", "name", "state", "attempt", "steps": [{"name", "state", ...}]}. With --wait the command
+`--json` prints {"id", "name", "state", "attempt", "steps": [{"name", "state", ...}]}; `start` adds "created"
+(false when --key named a workflow already started, which is then what it prints and follows). With --wait the command
 follows the workflow to its end and exits 0 only when it succeeded (1 otherwise). Bad input (unknown workflow
 or job, bad parameters, a bad range) is an error message, exit status 1, and nothing is written.
 
 `cancel` cancels as the admin does (the same service): steps not started are cancelled, running ones asked to
 stop. It exits 0 when the workflow was cancelled now or had already ended (its `--json` adds "cancelled": true
 or false), 1 for an unknown id.
+
+`send-event` sends an event (the same service as code's `waits.send_event`): it ends the oldest step waiting for
+its name and key, or is kept for the lookback (JOBSITE WORKFLOW_EVENT_LOOKBACK) for a wait created later. Its
+`--json` prints {"id", "name", "key", "matched", "step_id", "workflow_id"}; exit 0 whether or not a step was
+waiting, 1 for bad input (a name or key too long, a payload that is not JSON), with nothing written.
 """
 
 import importlib
@@ -25,7 +32,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from queue_app.management.commands.spark_run import parse_params
-from queue_app.workflows import WorkflowError, registered_workflows
+from queue_app.workflows import WorkflowError, registered_workflows, waits
 from queue_app.workflows import services as workflows
 from queue_app.workflows.models import Workflow
 
@@ -52,6 +59,10 @@ class Command(BaseCommand):
         start = sub.add_parser("start", help="start a registered workflow")
         start.add_argument("name")
         start.add_argument("--param", action="append", default=[], metavar="K=V")
+        start.add_argument("--key", help="idempotency key: a second start with it prints the first workflow")
+        start.add_argument(
+            "--key-window", type=float, metavar="SECONDS", help="hold the key this long (default: the workflow's life)"
+        )
         start.add_argument("--wait", action="store_true")
         start.add_argument("--json", action="store_true")
         status = sub.add_parser("status", help="a workflow's state and its steps")
@@ -64,6 +75,11 @@ class Command(BaseCommand):
         cancel = sub.add_parser("cancel", help="cancel a workflow: what has not started never runs (as the admin)")
         cancel.add_argument("id", type=int)
         cancel.add_argument("--json", action="store_true")
+        send = sub.add_parser("send-event", help="send an event to the step waiting for its name and key")
+        send.add_argument("name")
+        send.add_argument("--key", required=True)
+        send.add_argument("--payload", metavar="JSON", help="the event's payload: the waiting step's result")
+        send.add_argument("--json", action="store_true")
         backfill = sub.add_parser("backfill", help="run a Spark job, task or workflow once per day of a range")
         backfill.add_argument("job")
         backfill.add_argument("--from", dest="start", required=True, metavar="DATE")
@@ -83,7 +99,7 @@ class Command(BaseCommand):
             except ImportError as exc:
                 raise CommandError(f"--import {module}: {exc}") from None
         try:
-            getattr(self, f"do_{action}")(**options)
+            getattr(self, f"do_{action.replace('-', '_')}")(**options)
         except WorkflowError as exc:
             raise CommandError(f"{exc}; nothing was written" if action != "status" else str(exc)) from None
 
@@ -112,9 +128,11 @@ class Command(BaseCommand):
                 need = "required" if p.required else f"default {_dumps(_default(p.default))}"
                 self.stdout.write(f"  --param {p.name}=…  {p.type}, {need}" + (f"  {p.help}" if p.help else ""))
 
-    def do_start(self, *, name, param, wait, json, poll, **_):
-        workflow = workflows.start(name, parse_params(param), started_by="cli")
-        self.report(workflow.id, wait=wait, as_json=json, poll=poll)
+    def do_start(self, *, name, param, key, key_window, wait, json, poll, **_):
+        workflow = workflows.start(name, parse_params(param), started_by="cli", key=key, key_window=key_window)
+        if not workflow.created and not json:
+            self.stdout.write(f"workflow {workflow.id} was already started with key {key!r}: not started again")
+        self.report(workflow.id, wait=wait, as_json=json, poll=poll, extra={"created": workflow.created})
 
     def do_status(self, *, id, json, **_):
         self.report(id, wait=False, as_json=json, poll=0)
@@ -133,13 +151,37 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"workflow {id} {status['name']} was not cancelled: it is {status['state']} already")
 
+    def do_send_event(self, *, name, key, payload, json, **_):
+        try:
+            value = None if payload is None else _loads(payload)
+        except ValueError as exc:
+            raise CommandError(f"--payload is not JSON: {exc}; nothing was written") from None
+        sent = waits.send_event(name, key, value)
+        if json:
+            self.stdout.write(
+                _dumps(
+                    {
+                        "id": sent.id,
+                        "name": sent.name,
+                        "key": sent.key,
+                        "matched": sent.matched,
+                        "step_id": sent.step_id,
+                        "workflow_id": sent.workflow_id,
+                    }
+                )
+            )
+        elif sent.matched:
+            self.stdout.write(f"event {sent.id} {name} {key!r} woke step {sent.step_id} of workflow {sent.workflow_id}")
+        else:
+            self.stdout.write(f"event {sent.id} {name} {key!r}: no step waits for it now; kept for the lookback")
+
     def do_backfill(self, *, job, start, end, param, concurrency, force, wait, json, poll, **_):
         workflow = workflows.backfill(
             job, start, end, params=parse_params(param), concurrency=concurrency, force=force, started_by="cli"
         )
         self.report(workflow.id, wait=wait, as_json=json, poll=poll)
 
-    def report(self, workflow_id: int, *, wait: bool, as_json: bool, poll: float) -> None:
+    def report(self, workflow_id: int, *, wait: bool, as_json: bool, poll: float, extra: dict | None = None) -> None:
         if wait:
             last = None
             while True:
@@ -154,7 +196,7 @@ class Command(BaseCommand):
                 time.sleep(poll)
         status = workflows.status(workflow_id)
         if as_json:
-            self.stdout.write(_dumps(status))
+            self.stdout.write(_dumps({**status, **(extra or {})}))
         elif not wait:
             self.stdout.write(
                 f"workflow {status['id']} {status['name']} {status['state']} (attempt {status['attempt']})"
@@ -164,6 +206,10 @@ class Command(BaseCommand):
         if wait and status["state"] != "succeeded":
             sys.stdout.flush()
             raise SystemExit(1)
+
+
+def _loads(text: str):
+    return json.loads(text)
 
 
 def _dumps(value) -> str:

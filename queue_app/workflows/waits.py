@@ -1,0 +1,57 @@
+"""Events for workflows that wait (issue 39): `send_event` stores an event and ends the event wait open for its
+name and key, in one statement of the caller's transaction (rolled back with it). Waits are steps
+(`wf.wait_event`, workflows/definition.py); their SQL, and the claim of a kept event when a wait opens, are in
+workflows/sql.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from ..conf import queue_settings
+from ..engine.db import cursor
+from ..engine.errors import InvalidEnqueue
+from ..engine.payload import encode_json
+from . import sql
+from .definition import STEP_NAME, WorkflowError
+
+
+@dataclass(frozen=True)
+class SentEvent:
+    id: int
+    name: str
+    key: str
+    step_id: int | None  # the event wait it ended now, or None: kept for the lookback
+    workflow_id: int | None
+
+    @property
+    def matched(self) -> bool:
+        return self.step_id is not None
+
+
+def send_event(name: str, key: str, payload: Any = None) -> SentEvent:
+    """Send the event `name` with `key`: the oldest step waiting for it ends now with `payload` as its result;
+    with none waiting it is kept for JOBSITE WORKFLOW_EVENT_LOOKBACK seconds and ends the first wait for it
+    created meanwhile. Each event ends at most one wait, each wait takes one event. Runs in the caller's
+    transaction. WorkflowError for a bad name or key (1-200 characters, no control characters) or a payload that
+    is not JSON, before anything is written."""
+    for what, value in (("event name", name), ("event key", key)):
+        if not isinstance(value, str) or not STEP_NAME.match(value):
+            raise WorkflowError(f"bad {what} {value!r}: 1-200 characters, no control characters")
+    try:
+        encoded = encode_json(payload, "payload")
+    except InvalidEnqueue as exc:
+        raise WorkflowError(f"event {name!r}: {exc}") from None
+    params = {
+        "name": name,
+        "key": key,
+        "payload": encoded,
+        "lookback": float(queue_settings.WORKFLOW_EVENT_LOOKBACK),
+    }
+    with transaction.atomic(), cursor() as cur:
+        cur.execute(sql.WORKFLOW_EVENT_LOCK, params)
+        cur.execute(sql.WORKFLOW_SEND_EVENT, params)
+        event_id, step_id, workflow_id, _ = cur.fetchone()
+    return SentEvent(event_id, name, key, step_id, workflow_id)
