@@ -10,7 +10,7 @@ class QueueAppConfig(AppConfig):
         from django.db.backends.signals import connection_created
         from django.db.models.signals import post_migrate
 
-        from . import registry  # noqa: F401  installs the tasks' item defaults in the engine
+        from . import registry  # installs the tasks' item defaults in the engine
         from .datasets import checks as dataset_checks  # noqa: F401  registers jobsite.E101-E105
         from .datasets.sync import sync_after_migrate
         from .engine.db import tune_connection
@@ -18,3 +18,4 @@ class QueueAppConfig(AppConfig):
 
         connection_created.connect(tune_connection, dispatch_uid="jobsite-engine-session")
         post_migrate.connect(sync_after_migrate, sender=self, dispatch_uid="jobsite-datasets-sync")
+        post_migrate.connect(registry.publish_declarations, sender=self, dispatch_uid="jobsite-sql-api-publish")

@@ -25,6 +25,7 @@ from django.utils.module_loading import import_string
 
 from . import engine
 from .conf import queue_settings
+from .engine import sql_api
 from .engine.errors import QueueError
 from .registries import Registry, origin_of
 
@@ -316,3 +317,10 @@ engine.use_task_defaults(item_defaults)
 
 def registered_tasks() -> dict[str, Task]:
     return _tasks.entries()
+
+
+def publish_declarations(using: str = "default", **_: Any) -> None:
+    """Publish the registered tasks' item defaults (and jobsite's settings) where the SQL API's jobsite_enqueue
+    reads them: the database cannot read the @job declarations, so each process that declares tasks writes them
+    (after `migrate`: post_migrate; a worker or a deploy step may call it too)."""
+    sql_api.publish({name: task.item_defaults() for name, task in _tasks.entries().items()}, using=using)

@@ -1,0 +1,172 @@
+"""The SQL API from a plain psycopg connection (no Django on the calling side): jobsite_enqueue joins the
+caller's transaction with the Python enqueue's validation, defaults, dedup and NOTIFY; the example consumer
+(docs/examples/sql_consumer.py) leases and settles with fencing by reservation id."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.db import connection
+
+import tests.worker_tasks  # noqa: F401  registers the tasks whose declarations the tests publish
+from queue_app import engine, registry
+from queue_app.engine import sql_api
+from queue_app.models import Queue, QueueItem
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("sql_consumer", ROOT / "docs" / "examples" / "sql_consumer.py")
+sql_consumer = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sql_consumer)
+
+
+@pytest.fixture
+def dsn() -> str:
+    """The test database's address, for connections that are not Django's."""
+    registry.publish_declarations()
+    s = connection.settings_dict
+    params = {"dbname": s["NAME"], "user": s["USER"], "password": s["PASSWORD"], "host": s["HOST"], "port": s["PORT"]}
+    return psycopg.conninfo.make_conninfo(**{k: v for k, v in params.items() if v})
+
+
+@pytest.fixture
+def pg(dsn):
+    with psycopg.connect(dsn) as conn:
+        yield conn
+
+
+def enqueue(conn: psycopg.Connection, task: str, payload: str = "{}", **options) -> int:
+    named = "".join(f", {name} => %({name})s" for name in options)
+    return conn.execute(
+        f"SELECT jobsite_enqueue(%(task)s, %(payload)s::jsonb{named})", {"task": task, "payload": payload, **options}
+    ).fetchone()[0]
+
+
+def test_an_enqueue_in_a_transaction_that_rolls_back_leaves_nothing(pg):
+    item_id = enqueue(pg, "queue_app.echo", '{"n": 1}', queue="sqlapi-rollback")
+    assert pg.execute("SELECT state FROM queue_app_queueitem WHERE id = %s", (item_id,)).fetchone() == ("ready",)
+    pg.rollback()
+    assert not QueueItem.objects.filter(id=item_id).exists()
+    assert not Queue.objects.filter(name="sqlapi-rollback").exists()
+
+
+def test_the_items_defaults_are_the_python_enqueues(pg):
+    """tests.flaky declares 3 attempts (Retry(times=3)): both paths give the item the same queue, attempts,
+    priority and due time rules."""
+    from_sql = enqueue(pg, "tests.flaky")
+    pg.commit()
+    from_python = engine.enqueue("tests.flaky").id
+    fields = ("queue_id", "task", "max_attempts", "priority", "lease_timeout", "group_key", "state", "payload")
+    rows = {
+        i["id"]: {f: i[f] for f in fields}
+        for i in QueueItem.objects.filter(id__in=[from_sql, from_python]).values("id", *fields)
+    }
+    assert rows[from_sql] == rows[from_python]
+    assert rows[from_sql]["max_attempts"] == 3
+
+
+def test_a_duplicate_inside_the_dedup_window_returns_the_first_id(pg):
+    first = enqueue(pg, "queue_app.echo", '{"v": 1}', dedup_key="order-7")
+    pg.commit()
+    second = enqueue(pg, "queue_app.echo", '{"v": 2}', dedup_key="order-7")
+    pg.commit()
+    assert second == first
+    assert engine.enqueue("queue_app.echo", {"v": 3}, dedup_key="order-7").id == first
+    items = QueueItem.objects.filter(task="queue_app.echo")
+    assert [(i.id, i.payload) for i in items] == [(first, {"v": 1})]
+
+
+def test_the_enqueue_notifies_the_queue_at_commit(dsn, pg):
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN jobsite_queue")
+        enqueue(pg, "queue_app.echo", queue="sqlapi-notify")
+        pg.commit()
+        got = [(n.channel, n.payload) for n in listener.notifies(timeout=60, stop_after=1)]
+    assert got == [("jobsite_queue", "sqlapi-notify")]
+
+
+DEEP = "[" * 64 + "1" + "]" * 64  # 65 levels with the scalar: one more than MAX_PAYLOAD_DEPTH (64) allows
+
+
+@pytest.mark.parametrize(
+    ("task", "payload", "options", "message"),
+    [
+        ("no.such.task", "{}", {}, "unknown task: no.such.task"),
+        ("", "{}", {}, "task must be a non-empty name"),
+        ("x" * 201, "{}", {}, "task must be a non-empty name"),
+        ("queue_app.echo", DEEP, {}, "payload nested deeper than 64 levels"),
+        ("queue_app.echo", "{}", {"priority": 101}, "priority must be an integer from -100 to 100, not 101"),
+        ("queue_app.echo", "{}", {"priority": -101}, "priority must be an integer from -100 to 100, not -101"),
+        ("queue_app.echo", "{}", {"queue": "bad queue"}, "queue name must match"),
+        ("queue_app.echo", "{}", {"delay": -1.0}, "delay must be a finite number >= 0"),
+        ("queue_app.echo", "{}", {"max_attempts": 0}, "max_attempts must be an integer >= 1"),
+        ("queue_app.echo", "{}", {"lease_timeout": 0.0}, "lease_timeout must be a finite number >= 0.001"),
+        ("queue_app.echo", "{}", {"dedup_key": "k", "dedup_window": 0.0}, "dedup_window must be a finite number"),
+        ("queue_app.echo", "{}", {"ordering_key": ""}, "must be non-empty strings of at most 200 characters"),
+        ("tests.sqlapi_once", "{}", {"max_attempts": 3}, "is an at-most-once task, never retried"),
+    ],
+)
+def test_bad_input_is_a_clear_error_and_writes_nothing(pg, task, payload, options, message):
+    sql_api.publish({"tests.sqlapi_once": {"at_most_once": True, "max_attempts": 1}})
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+        enqueue(pg, task, payload, queue=options.pop("queue", "sqlapi-bad"), **options)
+    pg.rollback()
+    pg.execute("SELECT 1")  # the connection is usable again
+    assert not QueueItem.objects.exists()
+    assert not Queue.objects.filter(name__in=["sqlapi-bad", "bad queue"]).exists()
+
+
+def test_run_at_and_delay_together_are_refused(pg):
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="give run_at or delay, not both"):
+        pg.execute("SELECT jobsite_enqueue('queue_app.echo', run_at => now(), delay => 1)")
+
+
+def test_the_example_consumer_leases_completes_and_a_stale_reservation_changes_nothing(dsn, pg):
+    done_id = enqueue(pg, "queue_app.echo", '{"hello": "sql"}', queue="sqlapi-consumer")
+    lost_id = enqueue(pg, "queue_app.echo", '{"n": 2}', queue="sqlapi-consumer", priority=-1)
+    pg.commit()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert sql_consumer.run_once(conn, "sqlapi-consumer", {"queue_app.echo": lambda t, p: p}, n=1) == 1
+        done = QueueItem.objects.get(id=done_id)
+        assert (done.state, done.result) == ("done", {"hello": "sql"})
+        # A lease that lapses: another consumer takes the item under a new reservation; the first one's
+        # settles then change nothing and say so.
+        [(stale, item_id, task, payload, attempt)] = sql_consumer.lease(conn, "sqlapi-consumer", 1, 0.001)
+        assert (item_id, task, payload, attempt) == (lost_id, "queue_app.echo", {"n": 2}, 1)
+        [(current, item_id, *_, attempt)] = wait_for(
+            lambda: sql_consumer.lease(conn, "sqlapi-consumer", 1, 60), 60, what="the lapsed lease taken again"
+        )
+        assert (item_id, attempt) == (lost_id, 2)
+        assert sql_consumer.complete(conn, stale, {"late": True}) is False
+        assert sql_consumer.fail(conn, stale, "late") is False
+        assert QueueItem.objects.get(id=lost_id).state == "reserved"
+        assert sql_consumer.fail(conn, current, "boom", retry_in=0) is True
+        failed = QueueItem.objects.get(id=lost_id)
+        assert (failed.state, failed.error) == ("ready", "boom")
+        [(again, *_)] = wait_for(lambda: sql_consumer.lease(conn, "sqlapi-consumer", 1), 60, what="the retry")
+        assert sql_consumer.complete(conn, again, [1, 2]) is True
+        assert sql_consumer.complete(conn, current, None) is False
+    assert QueueItem.objects.get(id=lost_id).result == [1, 2]
+
+
+def test_a_flow_controlled_queue_is_refused_by_the_sql_lease(pg):
+    engine.ensure_queue("sqlapi-limited")
+    Queue.objects.filter(name="sqlapi-limited").update(concurrency_limit=1)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="under flow control"):
+        pg.execute("SELECT * FROM jobsite_lease('sqlapi-limited', 1, 30)")
+
+
+@pytest.mark.slow
+def test_a_committed_sql_enqueue_is_run_by_a_worker(pg, worker):
+    item_id = enqueue(pg, "queue_app.echo", json.dumps({"from": "psql"}), queue="sqlapi-worker")
+    pg.commit()
+    proc = worker("sqlapi-w1", "--queues", "sqlapi-worker")
+    done = wait_for(
+        lambda: QueueItem.objects.filter(id=item_id, state="done").first(), 120, what=f"item {item_id} done"
+    )
+    assert done.result == {"from": "psql"}
+    assert proc.poll() is None
