@@ -170,3 +170,22 @@ def test_a_committed_sql_enqueue_is_run_by_a_worker(pg, worker):
     )
     assert done.result == {"from": "psql"}
     assert proc.poll() is None
+
+
+@pytest.mark.slow
+def test_a_worker_publishes_the_tasks_it_imports_for_sql(pg, worker):
+    """tests.worker_tasks is loaded by the worker's --import only: its start publishes the declarations."""
+    pg.execute("DELETE FROM queue_app_sqltask WHERE name = 'tests.flaky'")
+    pg.commit()
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="unknown task: tests.flaky"):
+        enqueue(pg, "tests.flaky")
+    pg.rollback()
+    worker("sqlapi-w2", "--queues", "sqlapi-none")
+    published = wait_for(
+        lambda: pg.execute("SELECT max_attempts FROM queue_app_sqltask WHERE name = 'tests.flaky'").fetchone(),
+        120,
+        what="tests.flaky published by the worker",
+    )
+    pg.rollback()
+    assert published == (3,)
+    assert enqueue(pg, "tests.flaky") > 0

@@ -15,11 +15,14 @@ code 75 if that exec fails.
 """
 
 import importlib
+import logging
 import os
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
+from queue_app.registry import publish_declarations
 from queue_app.worker import Supervisor, WorkerOptions
 from queue_app.worker.replace import REPLACE, replace_process
 
@@ -98,6 +101,10 @@ class Command(BaseCommand):
                 importlib.import_module(module)
             except ImportError as exc:
                 raise CommandError(f"--import {module}: {exc}") from exc
+        try:  # the tasks this worker declares (its --import too), for the SQL API's jobsite_enqueue
+            publish_declarations()
+        except DatabaseError:  # the database not reachable yet: the worker still starts, and waits for it
+            logging.getLogger(__name__).warning("could not publish the task declarations for SQL", exc_info=True)
         worker_options = WorkerOptions(
             queues=_queues(options["queues"]),
             concurrency=options["concurrency"],
