@@ -69,6 +69,16 @@ def test_the_items_defaults_are_the_python_enqueues(pg):
     assert rows[from_sql]["max_attempts"] == 3
 
 
+def test_a_payload_is_any_json_value_as_in_python_and_null_is_an_empty_object(pg):
+    """engine.enqueue() takes any JSON value (None: {}); so does jobsite_enqueue."""
+    as_list = enqueue(pg, "queue_app.echo", "[1, 2]")
+    as_null = pg.execute("SELECT jobsite_enqueue('queue_app.echo', NULL)").fetchone()[0]
+    pg.commit()
+    from_python = [engine.enqueue("queue_app.echo", p).id for p in ([1, 2], None)]
+    payloads = dict(QueueItem.objects.values_list("id", "payload"))
+    assert [payloads[as_list], payloads[as_null]] == [payloads[i] for i in from_python] == [[1, 2], {}]
+
+
 def test_a_duplicate_inside_the_dedup_window_returns_the_first_id(pg):
     first = enqueue(pg, "queue_app.echo", '{"v": 1}', dedup_key="order-7")
     pg.commit()
