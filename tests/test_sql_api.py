@@ -28,9 +28,10 @@ spec.loader.exec_module(sql_consumer)
 def dsn() -> str:
     """The test database's address, for connections that are not Django's."""
     registry.publish_declarations()
-    s = connection.settings_dict
-    params = {"dbname": s["NAME"], "user": s["USER"], "password": s["PASSWORD"], "host": s["HOST"], "port": s["PORT"]}
-    return psycopg.conninfo.make_conninfo(**{k: v for k, v in params.items() if v})
+    params = connection.get_connection_params()  # only where the database is: no Django adapters or cursors
+    return psycopg.conninfo.make_conninfo(
+        **{k: params[k] for k in ("dbname", "user", "password", "host", "port") if params.get(k)}
+    )
 
 
 @pytest.fixture
