@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queue_app.conf import queue_settings
+from queue_app.datasets.declarations import DatasetError
+from queue_app.datasets.refs import DatasetRef, dataset_refs
 from queue_app.spark.policy import PolicyError, SparkPolicy
 from queue_app.spark.registry import JobSource, Param, SparkJob, SparkJobError, SparkParamError, add_source, register
 
@@ -276,6 +278,8 @@ def script_job(
     description: str = "",
     source: str = "code",
     policy: SparkPolicy | Mapping[str, Any] | None = None,
+    produces: Any = None,
+    consumes: Any = None,
 ) -> SparkJob:
     """A SparkJob that runs the script at `path`; ScriptError (a ValueError) on any bad part of the declaration.
     The paths are checked against the roots when a run is triggered (its validation) and again at launch, not
@@ -318,7 +322,16 @@ def script_job(
         script=spec,
         source=source,
         policy=policy if isinstance(policy, SparkPolicy) or policy is None else _policy(policy),
+        produces=_refs(produces, "produces"),
+        consumes=_refs(consumes, "consumes"),
     )
+
+
+def _refs(value: Any, what: str) -> tuple[DatasetRef, ...]:
+    try:
+        return dataset_refs(value, what=what)
+    except DatasetError as exc:
+        raise ScriptError(str(exc)) from None
 
 
 def _policy(raw: Any) -> SparkPolicy:
