@@ -7,7 +7,8 @@
 - output_figures() and record_outputs(): when a run succeeds, one materialization per produced partition,
   written by runs._finish in the transaction that marks the run succeeded. Rows and bytes come from the run's
   event log (its tasks' output metrics) when the run produces one dataset; files (and bytes, when it produces
-  several) are counted at the partition's location. A figure that cannot be known is null.
+  several) are counted at the partition's location (data files only: not Spark's _SUCCESS or .crc files). A
+  figure that cannot be known is null.
 - users(): the jobs producing and consuming each dataset (`dataset show`).
 """
 
@@ -68,7 +69,7 @@ def output_figures(spark_job: SparkJob, params: Mapping[str, Any], run_id: int, 
             except LocationError:
                 path = None
             if path and os.path.exists(path):
-                files, on_disk = services.stat_files(path, dataset_roots())
+                files, on_disk = services.stat_files(path, dataset_roots(), data_only=True)
                 size = size if size is not None else on_disk
         found.append({"dataset": name, "partition": key, "rows": rows, "bytes": size, "files": files})
     return found
