@@ -1,6 +1,7 @@
 """Spark jobs and scripts declaring the datasets they produce and consume, without a JVM: the declaration shapes,
-the system check jobsite.E106, a trigger whose partition does not fit (refused, nothing queued), and `dataset
-show` naming the producers and consumers. The runs themselves: tests/test_datasets_spark_runs.py."""
+the system check jobsite.E106, a stored (admin) script's declarations checked when saved, a trigger whose
+partition does not fit (refused, nothing queued), and `dataset show` naming the producers and consumers. The
+runs themselves: tests/test_datasets_spark_runs.py."""
 
 import json
 
@@ -16,9 +17,11 @@ from queue_app.models import QueueItem, SparkRun
 from queue_app.params import Param
 from queue_app.spark import SparkParamError
 from queue_app.spark.datasets import job_datasets
+from queue_app.spark.models import SparkScript
 from queue_app.spark.registry import _jobs, spark_job
 from queue_app.spark.runs import trigger_run
-from queue_app.spark.scripts import ScriptError, script_job
+from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
+from queue_app.spark.scripts import ScriptError, save_script, script_job
 
 
 def noop(spark, params):
@@ -127,3 +130,25 @@ def test_dataset_show_names_the_jobs_that_produce_and_consume_it(declared, capsy
     call_command("dataset", "show", "dsx_events", "--json")
     shown = json.loads(capsys.readouterr().out)
     assert (shown["producers"], shown["consumers"]) == ([], ["dsx_make"])
+
+
+@pytest.mark.django_db
+def test_a_stored_script_declares_its_datasets_checked_when_saved(declared, monkeypatch, capsys):
+    (declared / "job.py").write_text("print('hi')\n")
+    monkeypatch.setenv(SCRIPT_ROOTS_ENV, str(declared))
+    row = SparkScript(
+        name="dsx_stored",
+        path=str(declared / "job.py"),
+        params=[{"name": "day", "type": "date", "required": True}],
+        produces={"dsx_revenue": "date"},
+        consumes=["dsx_nowhere"],
+    )
+    with pytest.raises(SparkParamError) as refused:
+        save_script(row, actor="ana")
+    assert "the partition parameter 'date' is not a declared parameter" in refused.value.errors["produces"]
+    assert "unknown dataset 'dsx_nowhere'" in refused.value.errors["consumes"]
+    assert not SparkScript.objects.exists()
+    row.produces, row.consumes = {"dsx_revenue": "day"}, ["dsx_events"]
+    save_script(row, actor="ana")
+    call_command("dataset", "show", "dsx_revenue", "--json")
+    assert json.loads(capsys.readouterr().out)["producers"] == ["dsx_stored"]

@@ -28,7 +28,7 @@ from typing import Any
 
 from queue_app.conf import queue_settings
 from queue_app.datasets.declarations import DatasetError
-from queue_app.datasets.refs import DatasetRef, dataset_refs
+from queue_app.datasets.refs import DatasetRef, dataset_refs, ref_problems
 from queue_app.spark.policy import PolicyError, SparkPolicy
 from queue_app.spark.registry import JobSource, Param, SparkJob, SparkJobError, SparkParamError, add_source, register
 
@@ -403,6 +403,8 @@ def stored_job(row: Any) -> SparkJob:
         description=row.description,
         source="admin",
         policy=row.policy or None,
+        produces=row.produces or None,
+        consumes=row.consumes or None,
     )
 
 
@@ -452,6 +454,8 @@ def check_stored(row: Any) -> dict[str, str]:
         "params": lambda: [param_from_dict(p) for p in _list(row.params, "params")],
         "args": lambda: check_args(_list(row.args, "args")),
         "policy": lambda: _policy(row.policy or {}),
+        "produces": lambda: _check_refs(row, "produces"),
+        "consumes": lambda: _check_refs(row, "consumes"),
     }
     for name, check in checks.items():
         try:
@@ -464,6 +468,15 @@ def check_stored(row: Any) -> dict[str, str]:
         except ScriptError as exc:  # across fields: a placeholder naming no declared param
             errors["args"] = str(exc)
     return errors
+
+
+def _check_refs(row: Any, what: str) -> None:
+    """A stored script's produces/consumes: their shape, and the datasets and params they name (what the system
+    check jobsite.E106 says of jobs in code, said here when the row is saved)."""
+    refs = _refs(getattr(row, what) or None, what)
+    params = [p.get("name") for p in row.params if isinstance(p, Mapping)] if isinstance(row.params, list) else []
+    if problems := ref_problems(refs, params, produced=what == "produces"):
+        raise ScriptError("; ".join(problems))
 
 
 def _list(value: Any, what: str) -> list:
