@@ -113,6 +113,9 @@ def test_a_trigger_whose_partition_does_not_fit_is_refused_and_queues_nothing(de
         trigger_run("dsx_by_day", {"day": "yesterday"}, trigger="orm")
     with pytest.raises(SparkParamError, match="day: no value, and it names the partition of dataset 'dsx_revenue'"):
         trigger_run("dsx_by_day", {}, trigger="orm")
+    spark_job("dsx_ghost", produces=["dsx_undeclared"])(noop)  # E106 says so; a trigger is refused too
+    with pytest.raises(SparkParamError, match="unknown dataset 'dsx_undeclared'"):
+        trigger_run("dsx_ghost", {}, trigger="orm")
     assert not SparkRun.objects.exists() and not QueueItem.objects.exists()
     run = trigger_run("dsx_regional", {"region": "eu"}, trigger="orm")
     assert run.item_id and SparkRun.objects.count() == 1

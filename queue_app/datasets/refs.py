@@ -21,6 +21,15 @@ from .declarations import DatasetError, get_dataset
 from .partitions import PartitionError
 
 
+class PartitionParamError(DatasetError):
+    """A run's parameter that does not name a partition of a dataset it produces; `param` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        self.param = param
+        super().__init__(f"{param}: {message}")
+        self.message = message
+
+
 @dataclass(frozen=True)
 class DatasetRef:
     name: str
@@ -83,7 +92,8 @@ def ref_problems(refs: Iterable[DatasetRef], params: Iterable[str], *, produced:
 
 def partition_keys(refs: Iterable[DatasetRef], params: Mapping[str, Any]) -> dict[str, str]:
     """{dataset: canonical partition key} of the partitions `refs` name with the run's (dumped) `params`;
-    DatasetError saying which parameter does not fit. A consumed dataset without a parameter is left out."""
+    PartitionParamError naming the parameter that does not fit (DatasetError for an unknown dataset). A consumed
+    dataset without a parameter is left out."""
     keys = {}
     for ref in refs:
         ds = get_dataset(ref.name)
@@ -93,9 +103,11 @@ def partition_keys(refs: Iterable[DatasetRef], params: Mapping[str, Any]) -> dic
             continue
         value = params.get(ref.param)
         if value is None:
-            raise DatasetError(f"{ref.param}: no value, and it names the partition of dataset {ref.name!r}")
+            raise PartitionParamError(ref.param, f"no value, and it names the partition of dataset {ref.name!r}")
         try:
             keys[ref.name] = ds.partitioning.key(value)
         except PartitionError as exc:
-            raise DatasetError(f"{ref.param}: {value!r} is not a partition of dataset {ref.name!r}: {exc}") from None
+            raise PartitionParamError(
+                ref.param, f"{value!r} is not a partition of dataset {ref.name!r}: {exc}"
+            ) from None
     return keys

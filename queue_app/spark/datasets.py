@@ -23,7 +23,7 @@ from django.core import checks
 from queue_app.datasets import services
 from queue_app.datasets.declarations import DatasetError, get_dataset
 from queue_app.datasets.locations import LocationError, dataset_roots
-from queue_app.datasets.refs import partition_keys, ref_problems
+from queue_app.datasets.refs import PartitionParamError, partition_keys, ref_problems
 
 from . import eventlog
 from .registry import SparkJob, SparkParamError, all_jobs, code_jobs
@@ -46,10 +46,10 @@ def run_partitions(spark_job: SparkJob, params: Mapping[str, Any]) -> dict[str, 
     the parameter whose value does not fit (or the unknown dataset)."""
     try:
         return partition_keys(spark_job.produces, params)
-    except DatasetError as exc:
-        field, _, message = str(exc).partition(": ")
-        known = {p.name for p in spark_job.params}
-        raise SparkParamError(spark_job.name, {field: message} if field in known else {"__all__": str(exc)}) from None
+    except PartitionParamError as exc:
+        raise SparkParamError(spark_job.name, {exc.param: exc.message}) from None
+    except DatasetError as exc:  # a dataset no longer declared
+        raise SparkParamError(spark_job.name, {"__all__": str(exc)}) from None
 
 
 def output_figures(spark_job: SparkJob, params: Mapping[str, Any], run_id: int, app_id: str | None) -> list[dict]:
