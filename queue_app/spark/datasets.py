@@ -80,7 +80,10 @@ def _event_log_output(run_id: int, app_id: str | None) -> tuple[int, int] | None
     log = eventlog.log_for(run_id, app_id) if app_id else None
     if log is None:
         return None
-    _progress, metrics, _times = eventlog.summarize(log)
+    try:
+        _progress, metrics, _times = eventlog.summarize(log)
+    except OSError:  # deleted since (a prune): the figures are unknown
+        return None
     return metrics["output_records"], metrics["output_bytes"]
 
 
