@@ -1,5 +1,6 @@
 """Existing PySpark scripts registered from the admin (SparkScript): a user with the model's add/change
-permission declares the path (under the allowed roots), arguments, params, conf, env and resources; every field
+permission declares the path (under the allowed roots), arguments, params, conf, env, resources and the datasets
+it produces and consumes; every field
 is checked (queue_app/spark/scripts.py check_stored) and the row is written by scripts.save_script, never here.
 Django's add/change/delete permissions and the admin log apply as for any model."""
 
@@ -15,6 +16,9 @@ from django.utils.html import format_html
 
 from ..models import SparkScript
 from ..spark.scripts import allowed_roots, check_stored, delete_script, save_script
+
+# What a blank JSON field of the form stands for.
+BLANK = {"py_files": [], "args": [], "params": [], "conf": {}, "env": {}, "policy": {}, "produces": {}, "consumes": {}}
 
 
 class SparkScriptForm(forms.ModelForm):
@@ -35,13 +39,15 @@ class SparkScriptForm(forms.ModelForm):
             "driver_cores",
             "executor_cores",
             "policy",
+            "produces",
+            "consumes",
         )
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
         if self.errors:
             return cleaned
-        for name, empty in (("py_files", []), ("args", []), ("params", []), ("conf", {}), ("env", {}), ("policy", {})):
+        for name, empty in BLANK.items():
             if cleaned.get(name) is None:  # a blank JSON field
                 cleaned[name] = empty
         row = self.instance
@@ -77,6 +83,7 @@ class SparkScriptAdmin(admin.ModelAdmin):
             },
         ),
         ("Policy", {"fields": ("policy",)}),
+        ("Datasets", {"fields": ("produces", "consumes")}),
         ("Changes", {"fields": ("updated_at", "updated_by")}),
     )
 

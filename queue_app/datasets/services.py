@@ -118,14 +118,17 @@ def record_materialization(
     return Materialization.from_db(connection.alias, names, [written[n] for n in names])
 
 
-def stat_files(path: str, roots: list[str]) -> tuple[int, int]:
+def stat_files(path: str, roots: list[str], *, data_only: bool = False) -> tuple[int, int]:
     """(files, bytes) of the regular files at or under `path`; directory links are not followed and a file link
-    that resolves outside `roots` is not counted (its size would tell what lies outside)."""
+    that resolves outside `roots` is not counted (its size would tell what lies outside). `data_only` leaves out
+    the files Spark and Hadoop treat as hidden (names starting with "_" or ".": _SUCCESS, .crc checksums)."""
     if os.path.isfile(path):
         return 1, os.stat(path).st_size
     files = size = 0
     for folder, _dirs, names in os.walk(path, followlinks=False):
         for name in names:
+            if data_only and name.startswith(("_", ".")):
+                continue
             full = os.path.join(folder, name)
             if os.path.islink(full) and not within_roots(os.path.realpath(full), roots):
                 continue

@@ -3,13 +3,15 @@ JSON shapes `dataset list --json` and `dataset show --json` print (issue 38). Ev
 queue_app_materialization (materialization_latest, materialization_partition), one statement for any number
 of datasets.
 
-Producers, consumers and checks are empty ("none") until jobs declare what they produce and consume and checks
-exist; the shapes already carry them so the CLI contract does not change when they arrive.
+Checks are "none" until checks exist; the shapes already carry them so the CLI contract does not change when
+they arrive. Producers and consumers are the jobs' declarations, which the caller passes in (the jobs build on
+datasets, not the other way round).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,8 +59,17 @@ def summaries(datasets: list[Dataset], now: dt.datetime) -> list[dict[str, Any]]
     ]
 
 
-def detail(ds: Dataset, now: dt.datetime, *, partition: str | None = None, limit: int = 100) -> dict[str, Any]:
-    """The dataset and its newest `limit` materializations (of one canonical `partition` when given)."""
+def detail(
+    ds: Dataset,
+    now: dt.datetime,
+    *,
+    partition: str | None = None,
+    limit: int = 100,
+    producers: Iterable[str] = (),
+    consumers: Iterable[str] = (),
+) -> dict[str, Any]:
+    """The dataset and its newest `limit` materializations (of one canonical `partition` when given), with the
+    jobs that produce and consume it (their declarations, given by the caller: spark/datasets.users())."""
     rows = Materialization.objects.filter(dataset=ds.name)
     if partition is not None:
         rows = rows.filter(partition=partition)
@@ -67,8 +78,8 @@ def detail(ds: Dataset, now: dt.datetime, *, partition: str | None = None, limit
         "name": ds.name,
         "location": ds.location.text,
         "partitioning": ds.partitioning.describe(),
-        "producers": [],
-        "consumers": [],
+        "producers": sorted(producers),
+        "consumers": sorted(consumers),
         "freshness": freshness_state(ds, newest([ds.name])[ds.name], now),
         "materializations": [
             {

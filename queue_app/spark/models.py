@@ -162,6 +162,14 @@ class SparkScript(models.Model):
         help_text='Run policy: {"max_concurrent": 1, "attempts": 3, "retry_on": ["failed"], "timeout": 600, '
         '"resource_profile": "small", "priority": 0, "keep_days": 30}.',
     )
+    produces = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Datasets it writes: {"daily_revenue": "day"} (the param naming the partition) or ["rollup"].',
+    )
+    consumes = models.JSONField(
+        default=dict, blank=True, help_text='Datasets it reads: ["events"] or {"events": "day"}.'
+    )
     updated_at = models.DateTimeField(auto_now=True)
     updated_by = models.CharField(max_length=150, blank=True, default="")
 

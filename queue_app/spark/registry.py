@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from queue_app.datasets.refs import DatasetRef, dataset_refs
 from queue_app.params import Param, ParamError, validate_params
 from queue_app.registries import Registry, origin_of
 
@@ -68,6 +69,10 @@ class SparkJob:
     # Called by trigger_run() on the validated values before they are stored: fills what is fixed when the run
     # is triggered (an incremental pipeline's window), so a re-run of the run computes exactly the same.
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # The datasets its runs write and read (datasets/refs.py); a succeeded run records a materialization of
+    # each produced partition in the transaction that marks it succeeded (spark/datasets.py).
+    produces: tuple[DatasetRef, ...] = ()
+    consumes: tuple[DatasetRef, ...] = ()
 
     def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         values, errors = validate_params(self.params, raw, owner="job")
@@ -103,9 +108,14 @@ def spark_job(
     check: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None,
     policy: Any = None,
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    produces: Any = None,
+    consumes: Any = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register `func(spark, params) -> dict | JobResult` as the Spark job `name`."""
+    """Register `func(spark, params) -> dict | JobResult` as the Spark job `name`. `produces` and `consumes`
+    name datasets: a list of names, or {name: the parameter naming the partition} (datasets/refs.py)."""
     params = tuple(params)
+    outputs = dataset_refs(produces, what=f"Spark job {name!r}: produces")
+    inputs = dataset_refs(consumes, what=f"Spark job {name!r}: consumes")
     names = [p.name for p in params]
     if len(names) != len(set(names)):
         raise ValueError(f"Spark job {name!r} declares a parameter twice: {names}")
@@ -122,6 +132,8 @@ def spark_job(
                 check=check,
                 policy=policy,
                 prepare=prepare,
+                produces=outputs,
+                consumes=inputs,
             )
         )
         return func
@@ -165,6 +177,11 @@ def get_job(name: str) -> SparkJob:
 def code_job(name: str) -> SparkJob | None:
     """The job registered under `name` in code or settings (not a stored one)."""
     return _jobs.get(name)
+
+
+def code_jobs() -> list[SparkJob]:
+    """The jobs registered in code or settings (not the stored ones: no database read)."""
+    return sorted(_jobs.entries().values(), key=lambda job: job.name)
 
 
 def all_jobs() -> list[SparkJob]:

@@ -41,6 +41,7 @@ from ..conf import queue_settings
 from ..logcontext import log_context
 from ..registry import Context, Retry, job
 from . import eventlog
+from .datasets import output_figures, record_outputs, run_partitions
 from .java import JavaNotFound, check_java
 from .launcher import LaunchResult, launch
 from .models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
@@ -107,12 +108,14 @@ def trigger_run(
 ) -> SparkRun:
     """Validate `params` for the job, then create its SparkRun and enqueue the run's item in one transaction.
 
-    Raises UnknownSparkJob or SparkParamError (every bad field at once) before anything is written.
+    Raises UnknownSparkJob or SparkParamError (every bad field at once; a partition that does not fit a
+    dataset the job produces) before anything is written.
     """
     spark_job = get_job(job)
     values = spark_job.validate(params or {})
     if spark_job.prepare is not None:
         values = spark_job.validate(spark_job.dump_params(spark_job.prepare(values)))
+    run_partitions(spark_job, spark_job.dump_params(values))
     policy = policy_for(spark_job)
     seconds = check_timeout(job, timeout if timeout not in (None, "") else policy.timeout)
     trigger = SparkTrigger(trigger).value
@@ -367,8 +370,15 @@ def retried(result: LaunchResult, policy: SparkPolicy, ctx: Context) -> bool:
 
 
 def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Context) -> str:
-    """Write the attempt's end in one transaction (with the job's publish when it succeeded); returns the state."""
+    """Write the attempt's end in one transaction (with the job's publish and the materializations of the
+    datasets it produces when it succeeded); returns the state."""
     spark_job = get_job(run.job)
+    outputs = []  # read before the transaction: the event log and the partitions' files
+    if result.outcome == "succeeded":
+        try:
+            outputs = output_figures(spark_job, run.params, run.id, result.app_id)
+        except SparkParamError as exc:  # its datasets' declarations changed since it was triggered
+            logger.error("spark run %s succeeded but its materializations cannot be recorded: %s", run.id, exc)
     with transaction.atomic():
         row = SparkRun.objects.select_for_update().filter(id=run.id, attempt=ctx.attempt).first()
         if row is None or row.state in SPARK_FINAL_STATES:
@@ -381,6 +391,7 @@ def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Con
         if outcome == "succeeded":
             if spark_job.publish is not None and result.outputs is not None:
                 spark_job.publish(result.outputs, run.id)
+            record_outputs(outputs, run.id, run.job)
             state = SparkRunState.SUCCEEDED
         elif (
             outcome in ("failed", "timed_out")

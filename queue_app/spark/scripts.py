@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queue_app.conf import queue_settings
+from queue_app.datasets.declarations import DatasetError
+from queue_app.datasets.refs import DatasetRef, dataset_refs, ref_problems
 from queue_app.spark.policy import PolicyError, SparkPolicy
 from queue_app.spark.registry import JobSource, Param, SparkJob, SparkJobError, SparkParamError, add_source, register
 
@@ -276,6 +278,8 @@ def script_job(
     description: str = "",
     source: str = "code",
     policy: SparkPolicy | Mapping[str, Any] | None = None,
+    produces: Any = None,
+    consumes: Any = None,
 ) -> SparkJob:
     """A SparkJob that runs the script at `path`; ScriptError (a ValueError) on any bad part of the declaration.
     The paths are checked against the roots when a run is triggered (its validation) and again at launch, not
@@ -318,7 +322,16 @@ def script_job(
         script=spec,
         source=source,
         policy=policy if isinstance(policy, SparkPolicy) or policy is None else _policy(policy),
+        produces=_refs(produces, "produces"),
+        consumes=_refs(consumes, "consumes"),
     )
+
+
+def _refs(value: Any, what: str) -> tuple[DatasetRef, ...]:
+    try:
+        return dataset_refs(value, what=what)
+    except DatasetError as exc:
+        raise ScriptError(str(exc)) from None
 
 
 def _policy(raw: Any) -> SparkPolicy:
@@ -390,6 +403,8 @@ def stored_job(row: Any) -> SparkJob:
         description=row.description,
         source="admin",
         policy=row.policy or None,
+        produces=row.produces or None,
+        consumes=row.consumes or None,
     )
 
 
@@ -439,6 +454,8 @@ def check_stored(row: Any) -> dict[str, str]:
         "params": lambda: [param_from_dict(p) for p in _list(row.params, "params")],
         "args": lambda: check_args(_list(row.args, "args")),
         "policy": lambda: _policy(row.policy or {}),
+        "produces": lambda: _check_refs(row, "produces"),
+        "consumes": lambda: _check_refs(row, "consumes"),
     }
     for name, check in checks.items():
         try:
@@ -451,6 +468,15 @@ def check_stored(row: Any) -> dict[str, str]:
         except ScriptError as exc:  # across fields: a placeholder naming no declared param
             errors["args"] = str(exc)
     return errors
+
+
+def _check_refs(row: Any, what: str) -> None:
+    """A stored script's produces/consumes: their shape, and the datasets and params they name (what the system
+    check jobsite.E106 says of jobs in code, said here when the row is saved)."""
+    refs = _refs(getattr(row, what) or None, what)
+    params = [p.get("name") for p in row.params if isinstance(p, Mapping)] if isinstance(row.params, list) else []
+    if problems := ref_problems(refs, params, produced=what == "produces"):
+        raise ScriptError("; ".join(problems))
 
 
 def _list(value: Any, what: str) -> list:

@@ -21,6 +21,7 @@ from queue_app.datasets import DatasetError, declared_datasets, get_dataset
 from queue_app.datasets import services as datasets
 from queue_app.datasets.status import detail, summaries
 from queue_app.datasets.sync import sync_datasets
+from queue_app.spark.datasets import users
 
 
 class Command(BaseCommand):
@@ -77,7 +78,15 @@ class Command(BaseCommand):
         ds = get_dataset(name)
         key = ds.partition_key(partition) if partition is not None else None
         sync_datasets()
-        shown = detail(ds, timezone.now(), partition=key, limit=limit)
+        jobs = users().get(ds.name, {})
+        shown = detail(
+            ds,
+            timezone.now(),
+            partition=key,
+            limit=limit,
+            producers=jobs.get("producers", []),
+            consumers=jobs.get("consumers", []),
+        )
         if json:
             self.stdout.write(_dumps(shown))
             return
@@ -85,6 +94,9 @@ class Command(BaseCommand):
         self.stdout.write(
             f"  location {shown['location']}, {_partitioning(shown['partitioning'])}, {shown['freshness']}"
         )
+        for what in ("producers", "consumers"):
+            if shown[what]:
+                self.stdout.write(f"  {what}: {', '.join(shown[what])}")
         for m in shown["materializations"]:
             figures = ", ".join(f"{k} {m[k]}" for k in ("rows", "bytes", "files") if m[k] is not None)
             self.stdout.write(f"  [{m['partition'] or '-'}] {m['at']}  {figures}")

@@ -1,0 +1,111 @@
+"""Spark jobs and the datasets they produce and consume (declared with `produces=`/`consumes=`, datasets/refs.py):
+
+- jobsite.E106 (a system check): a job naming an unknown dataset, or a partition parameter it does not declare
+  (or one an unpartitioned dataset cannot take, or none for a partitioned dataset it produces);
+- run_partitions(): the partitions a run will produce, when it is triggered (a partition that does not fit its
+  dataset: SparkParamError, nothing queued);
+- output_figures() and record_outputs(): when a run succeeds, one materialization per produced partition,
+  written by runs._finish in the transaction that marks the run succeeded. Rows and bytes come from the run's
+  event log (its tasks' output metrics) when the run produces one dataset; files (and bytes, when it produces
+  several) are counted at the partition's location (data files only: not Spark's _SUCCESS or .crc files). A
+  figure that cannot be known is null.
+- users(): the jobs producing and consuming each dataset (`dataset show`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from django.core import checks
+
+from queue_app.datasets import services
+from queue_app.datasets.declarations import DatasetError, get_dataset
+from queue_app.datasets.locations import LocationError, dataset_roots
+from queue_app.datasets.refs import PartitionParamError, partition_keys, ref_problems
+
+from . import eventlog
+from .registry import SparkJob, SparkParamError, all_jobs, code_jobs
+
+
+@checks.register("jobsite")
+def job_datasets(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobsite.E106 for the jobs in code and settings."""
+    errors = []
+    for spark_job in code_jobs():
+        names = [p.name for p in spark_job.params]
+        for what, refs in (("produces", spark_job.produces), ("consumes", spark_job.consumes)):
+            for problem in ref_problems(refs, names, produced=what == "produces"):
+                errors.append(checks.Error(f"Spark job {spark_job.name!r} {what}: {problem}", id="jobsite.E106"))
+    return errors
+
+
+def run_partitions(spark_job: SparkJob, params: Mapping[str, Any]) -> dict[str, str]:
+    """{dataset: partition key} a run of `spark_job` with the dumped `params` produces; SparkParamError naming
+    the parameter whose value does not fit (or the unknown dataset)."""
+    try:
+        return partition_keys(spark_job.produces, params)
+    except PartitionParamError as exc:
+        raise SparkParamError(spark_job.name, {exc.param: exc.message}) from None
+    except DatasetError as exc:  # a dataset no longer declared
+        raise SparkParamError(spark_job.name, {"__all__": str(exc)}) from None
+
+
+def output_figures(spark_job: SparkJob, params: Mapping[str, Any], run_id: int, app_id: str | None) -> list[dict]:
+    """What a succeeded run of `spark_job` wrote: one entry per produced partition, with its figures (read
+    outside the transaction that records them: the event log and the partition's files)."""
+    if not spark_job.produces:
+        return []
+    keys = run_partitions(spark_job, params)
+    written = _event_log_output(run_id, app_id) if len(keys) == 1 else None
+    found = []
+    for name, key in keys.items():
+        (rows, size), files = written or (None, None), None
+        ds = get_dataset(name)
+        if ds.location.path:
+            try:
+                path = ds.location.resolve(key)
+            except LocationError:
+                path = None
+            if path and os.path.exists(path):
+                files, on_disk = services.stat_files(path, dataset_roots(), data_only=True)
+                size = size if size is not None else on_disk
+        found.append({"dataset": name, "partition": key, "rows": rows, "bytes": size, "files": files})
+    return found
+
+
+def _event_log_output(run_id: int, app_id: str | None) -> tuple[int, int] | None:
+    """(records written, bytes written) over the run's successful tasks, from its event log."""
+    log = eventlog.log_for(run_id, app_id) if app_id else None
+    if log is None:
+        return None
+    try:
+        _progress, metrics, _times = eventlog.summarize(log)
+    except OSError:  # deleted since (a prune): the figures are unknown
+        return None
+    return metrics["output_records"], metrics["output_bytes"]
+
+
+def record_outputs(outputs: list[dict], run_id: int, job: str) -> None:
+    """Record each produced partition; called inside the transaction that marks run `run_id` succeeded."""
+    for out in outputs:
+        services.record_materialization(
+            out["dataset"],
+            out["partition"],
+            rows=out["rows"],
+            bytes=out["bytes"],
+            files=out["files"],
+            metadata={"job": job},
+            spark_run_id=run_id,
+        )
+
+
+def users() -> dict[str, dict[str, list[str]]]:
+    """{dataset: {"producers": [job names], "consumers": [job names]}} from the jobs' declarations."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for spark_job in all_jobs():
+        for what, refs in (("producers", spark_job.produces), ("consumers", spark_job.consumes)):
+            for ref in refs:
+                found.setdefault(ref.name, {"producers": [], "consumers": []})[what].append(spark_job.name)
+    return found

@@ -1,0 +1,126 @@
+"""A Spark run that produces a dataset partition records its materialization in the transaction that marks it
+succeeded: real spark-submit children of an unmodified PySpark script (tests/spark_scripts/), the run's handler
+executed in this process under a real reservation of its queue item (as a worker would), figures from the run's
+event log. A failing run records nothing.
+
+Two JVM runs in all (two cores shared with other suites): local[2], a start-up tuned JVM, small data.
+"""
+
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from queue_app.datasets import dataset
+from queue_app.datasets.declarations import _code
+from queue_app.datasets.locations import ROOTS_ENV
+from queue_app.datasets.models import Materialization
+from queue_app.models import SparkRun
+from queue_app.registry import Context, Delivery, get_task
+from queue_app.reservations import reserve
+from queue_app.spark.registry import _jobs
+from queue_app.spark.runs import QUEUE, TASK, RunFailed, timing_split, trigger_run
+from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
+from queue_app.spark.scripts import register_script
+from tests.spark_fixtures import require_spark
+
+pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+SCRIPTS = Path(__file__).parent / "spark_scripts"
+DAY = {"name": "day", "type": "date", "required": True}
+
+
+@pytest.fixture
+def data(tmp_path, monkeypatch):
+    """The dataset root; the run's Spark children get local[2] and a start-up tuned JVM."""
+    require_spark()
+    root = tmp_path / "data"
+    root.mkdir()
+    monkeypatch.setenv(ROOTS_ENV, str(root))
+    monkeypatch.setenv(SCRIPT_ROOTS_ENV, str(SCRIPTS))
+    monkeypatch.setenv("JOBSITE_SPARK_EVENT_LOG_DIR", str(tmp_path / "events"))
+    monkeypatch.setenv("SPARK_MASTER", "local[2]")
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+    datasets_before, jobs_before = set(_code.entries()), set(_jobs.entries())
+    dataset("dsr_revenue", location="revenue/day={partition}", partitioning="daily")
+    yield root
+    for name in set(_jobs.entries()) - jobs_before:
+        _jobs.unregister(name)
+    for name in set(_code.entries()) - datasets_before:
+        _code.unregister(name)
+
+
+def run_handler(run_id: int):
+    """Reserve the run's item and run the Spark task's handler on it here, as a worker would; the item is
+    settled when the handler returns (or raises)."""
+    held = reserve(QUEUE, timeout=30, lease=120)
+    assert held is not None and held.payload == {"run_id": run_id}
+    ctx = Context(
+        item_id=held.item_id,
+        reservation_id=held.reservation_id,
+        attempt=held.attempt,
+        max_attempts=held.max_attempts,
+        task=TASK,
+        queue=QUEUE,
+        delivery=Delivery.AT_LEAST_ONCE,
+        worker_id="test",
+    )
+    with held:
+        held.result = get_task(TASK)(held.payload, ctx)
+    return held.result
+
+
+def xmin(table: str, row_id: int) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT xmin::text FROM {table} WHERE id = %s", [row_id])
+        return cursor.fetchone()[0]
+
+
+def test_a_script_writing_a_daily_parquet_partition_materializes_it_with_the_run_that_succeeded(
+    data, tmp_path, record_property
+):
+    source = tmp_path / "sales.csv"
+    source.write_text("region,amount\n" + "".join(f"{r},{a}\n" for r in ("north", "south", "east") for a in (1, 2)))
+    register_script(
+        "dsr_sales",
+        path=str(SCRIPTS / "sales_report.py"),
+        args=[str(source), f"{data}/revenue/day={{day}}"],  # the script knows nothing of jobsite or datasets
+        params=[DAY],
+        conf={"spark.sql.shuffle.partitions": "2"},
+        produces={"dsr_revenue": "day"},
+    )
+    run = trigger_run("dsr_sales", {"day": "2026-11-26"}, trigger="orm")
+    assert not Materialization.objects.exists()  # nothing before the run succeeds
+    assert run_handler(run.id)["state"] == "succeeded"
+
+    run = SparkRun.objects.get(id=run.id)
+    assert run.state == "succeeded", (run.error, run.log_tail[-2000:])
+    [m] = Materialization.objects.all()
+    assert (m.dataset, m.partition, m.source, m.spark_run_id) == ("dsr_revenue", "2026-11-26", "spark_run", run.id)
+    assert m.rows == 3 == run.metrics["output_records"]  # one row per region, from the event log
+    parquet = list((data / "revenue" / "day=2026-11-26").glob("part-*.parquet"))
+    assert parquet and m.files == len(parquet) and m.bytes > 0  # data files: not _SUCCESS or .crc
+    assert m.metadata == {"job": "dsr_sales"}
+    # Written by the transaction that marked the run succeeded: both rows carry its transaction id.
+    assert xmin(Materialization._meta.db_table, m.id) == xmin(SparkRun._meta.db_table, run.id)
+    # A figure, not a bound: child ended -> end recorded (the event log read, the files counted, the transaction)
+    # against the whole run.
+    steps = {s["step"]: s for s in timing_split(run)}
+    record_property("ended_to_recorded_seconds", steps["recorded"]["took"])
+    record_property("queued_to_recorded_seconds", steps["recorded"]["after"])
+    print(f"ended -> recorded {steps['recorded']['took']}s of {steps['recorded']['after']}s queued -> recorded")
+
+
+def test_a_failing_run_of_a_producer_records_nothing(data):
+    register_script(
+        "dsr_failing",
+        path=str(SCRIPTS / "failing.py"),  # runs a Spark job, then raises
+        params=[DAY],
+        produces={"dsr_revenue": "day"},
+        policy={"attempts": 1},
+    )
+    run = trigger_run("dsr_failing", {"day": "2026-11-26"}, trigger="orm")
+    with pytest.raises(RunFailed, match="bad input"):
+        run_handler(run.id)
+    run = SparkRun.objects.get(id=run.id)
+    assert run.state == "failed" and run.finished_at is not None  # its end is written: nothing more will come
+    assert not Materialization.objects.exists()
