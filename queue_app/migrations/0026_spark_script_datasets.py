@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("queue_app", "0024_workflow_waits"),
+        ("queue_app", "0025_sql_api"),
     ]
 
     operations = [
