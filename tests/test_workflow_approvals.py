@@ -2,6 +2,7 @@
 a user holding the step's permission), with `workflow approve|reject`, or `approvals.decide`; each decision is a
 LogEntry, fenced by the step's timeout item (one decision wins; one after the timeout changes nothing)."""
 
+import getpass
 import json
 
 import pytest
@@ -225,3 +226,18 @@ def test_bad_approval_definitions_are_refused():
         with pytest.raises(WorkflowDefinitionError, match=said):
             g.approval("ok", **kwargs)
     assert not g.steps
+
+
+@pytest.mark.slow
+def test_the_cli_decides_as_the_django_user_named_like_the_os_login_when_no_user_is_given(worker, manage):
+    w = services.start("wf_approve")
+    waiting(w)
+    login = getpass.getuser()
+    out = manage("workflow", "reject", str(w.id), "--step", "approve")
+    assert out.returncode == 1 and f"no Django user {login!r}" in out.stderr  # none yet: refused
+    assert states(w)["approve"] == "waiting_approval"
+    User.objects.create_superuser(login, password="password")
+    out = manage("workflow", "reject", str(w.id), "--step", "approve", "--comment", "no")
+    assert out.returncode == 0, out.stderr
+    assert finished(w).state == "failed"
+    assert logged(w) == [(login, "Rejected step 'approve': no")]
