@@ -4,10 +4,12 @@ LogEntry, fenced by the step's timeout item (one decision wins; one after the ti
 
 import getpass
 import json
+import threading
 
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
+from django.db import connection
 from django.urls import reverse
 
 from queue_app.models import QueueItem, WebhookEndpoint
@@ -241,3 +243,34 @@ def test_the_cli_decides_as_the_django_user_named_like_the_os_login_when_no_user
     assert out.returncode == 0, out.stderr
     assert finished(w).state == "failed"
     assert logged(w) == [(login, "Rejected step 'approve': no")]
+
+
+def test_two_decisions_at_once_one_wins_and_the_other_is_told():
+    g = Graph("race")
+    g.approval("ok", permission="queue_app.repair_workflow")
+    w = services.start_graph(g)
+    ok = WorkflowStep.objects.get(workflow_id=w.id, name="ok")
+    deciders = [staff("alice", "queue_app.repair_workflow"), staff("bob", "queue_app.repair_workflow")]
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, str] = {}
+
+    def decide(user: User, approve: bool) -> None:
+        try:
+            barrier.wait(30)
+            approvals.decide(ok.id, user, approve)
+            outcomes[user.username] = "decided"
+        except approvals.NotWaiting as exc:
+            outcomes[user.username] = str(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=decide, args=(u, u.username == "alice")) for u in deciders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    winner = next(name for name, said in outcomes.items() if said == "decided")
+    loser = next(name for name in outcomes if name != winner)
+    assert f"already {'approved' if winner == 'alice' else 'rejected'} by {winner}" in outcomes[loser]
+    assert logged(w) == [(winner, f"{'Approved' if winner == 'alice' else 'Rejected'} step 'ok'")]
+    assert Workflow.objects.get(id=w.id).state == ("succeeded" if winner == "alice" else "failed")
