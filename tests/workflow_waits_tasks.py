@@ -39,3 +39,20 @@ def paid(wf, params):
         after=[first],
     )
     wf.task("wf.upstream", name="use", after=[wait])
+
+
+@workflow(
+    "wf_approve",
+    params=[Param("timeout", "float", default=0.0), Param("policy", "str", default="fail")],
+)
+def approve(wf, params):
+    """first (compensated by wf.undo) -> approve (a human step: queue_app.repair_workflow) -> use."""
+    first = wf.task("wf.add", {"x": 1}, name="first", compensate="wf.undo")
+    ok = wf.approval(
+        "approve",
+        permission="queue_app.repair_workflow",
+        timeout=params["timeout"] or None,
+        on_timeout=params["policy"],
+        after=[first],
+    )
+    wf.task("wf.upstream", name="use", after=[ok])

@@ -2,7 +2,8 @@
 workflow's page (its graph drawn by Graphviz, a backfill's partitions as a grid, the steps table), and the
 permissioned actions: start (a form per registered workflow, from its declared parameters), backfill (job, range,
 concurrency, parameters; a confirmation page says how many partitions), cancel and repair (a confirmation page
-each, and bulk from the list). Every change goes through queue_app/workflows/services.py and writes a LogEntry.
+each, and bulk from the list), and the pending approvals (admin/approvals.py). Every change goes through
+queue_app/workflows/services.py (approvals.py for a decision) and writes a LogEntry.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..workflows import WorkflowError, registered_workflows
 from ..workflows import services as workflows
 from ..workflows.graph import COLOURS, SEVERITY, step_states, svg
 from ..workflows.models import WORKFLOW_FINAL_STATES, Workflow, WorkflowState, WorkflowStep
+from . import approvals
 from .actions import Operation, ReadOnlyAdmin
 from .overview import age
 
@@ -179,6 +181,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
         return [
             path("start/", view(self.start_view), name=self.url_name("start")),
             path("backfill/", view(self.backfill_view), name=self.url_name("backfill")),
+            path("approvals/", view(self.approvals_view), name=self.url_name("approvals")),
             *(
                 path(f"<int:workflow_id>/{action}/", view(self._confirm_view(action)), name=self.url_name(action))
                 for action in DETAIL_ACTIONS
@@ -193,7 +196,12 @@ class WorkflowAdmin(ReadOnlyAdmin):
         links = []
         if self.has_start_permission(request):
             links = [("Start a workflow", self.reverse("start")), ("Backfill", self.reverse("backfill"))]
+        links.append(("Pending approvals", self.reverse("approvals")))
         return [*links, *super().object_tool_links(request)]
+
+    def approvals_view(self, request: HttpRequest) -> HttpResponse:
+        """Any staff user: the page lists only the approvals whose permission they hold (admin/approvals.py)."""
+        return approvals.pending_view(self, request)
 
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
         return {

@@ -31,6 +31,7 @@ EVENT_TYPES: dict[str, str] = {
     "spark_run.finished": "A Spark run ended: succeeded, failed, cancelled or timed_out (data.outcome).",
     "workflow.finished": "A workflow ended succeeded or cancelled (data.state says which).",
     "workflow.failed": "A workflow failed: a step failed for good.",
+    "workflow.approval_requested": "A workflow's approval step started waiting for a decision (data.step).",
     "schedule.fire_missed": "A schedule skipped a fire time it was too late for (catch-up 'skip').",
     "queue.paused": "A queue was paused.",
     "queue.resumed": "A queue was resumed.",

@@ -30,6 +30,7 @@ from ..params import Param, ParamError, validate_params
 from ..registries import Registry, origin_of
 from ..registry import find_task
 from ..spark.registry import SparkJobError, get_job
+from ..webhooks.events import PUBLISH_TASK
 from .models import OnFailure, StepKind
 
 
@@ -56,7 +57,11 @@ STEP_NAME = re.compile(r"^[^\x00-\x1f]{1,200}$")
 # The built-in tasks of the waiting steps (workflows/tasks.py): a sleep's no-op item and an event wait's timeout.
 SLEEP_TASK = "queue_app.workflow_sleep"
 EVENT_TIMEOUT_TASK = "queue_app.workflow_event_timeout"
+APPROVAL_TIMEOUT_TASK = "queue_app.workflow_approval_timeout"
 ON_TIMEOUT = ("fail", "continue")
+# An approval without a timeout: its item (its timeout) is due in a century, a time no real wait reaches.
+NO_TIMEOUT = 100 * 365.25 * 86400
+PERMISSION = re.compile(r"^[A-Za-z_]\w*\.[\w-]{1,100}$")
 
 
 @dataclass(frozen=True)
@@ -285,6 +290,58 @@ class Graph:
         }
         return self._add(
             StepSpec(name, StepKind.EVENT, event, args, self._refs(after, what), spec, OnFailure.FAIL, None, name)
+        )
+
+    def approval(
+        self,
+        name: str,
+        *,
+        permission: str,
+        timeout: float | None = None,
+        on_timeout: str = "fail",
+        after: Iterable[StepRef | str] | StepRef | str = (),
+    ) -> StepRef:
+        """A human step (workflows/approvals.py): it waits for a user holding `permission` ("app_label.codename";
+        superusers hold all) to approve it (it succeeds, result {"approved": true, "by", "comment"}) or reject it
+        (it fails, and the workflow per its failure policy, compensations included), in the admin's "Pending
+        approvals" or with `workflow approve|reject`. With `timeout` seconds and nobody deciding, it fails
+        (on_timeout="fail") or succeeds with {"approved": null, "timed_out": true} ("continue"). Its item is its
+        timeout, a delayed item; a decision settles it while it is still ready. When it starts waiting the
+        `workflow.approval_requested` webhook event is published (its item is queued in that transaction)."""
+        from django.contrib.auth.models import Permission
+
+        what = f"step {name!r}"
+        if not isinstance(permission, str) or not PERMISSION.match(permission):
+            raise WorkflowDefinitionError(f"{what}: permission must be 'app_label.codename', not {permission!r}")
+        app_label, codename = permission.split(".", 1)
+        if not Permission.objects.filter(content_type__app_label=app_label, codename=codename).exists():
+            raise WorkflowDefinitionError(f"{what}: no permission {permission!r} exists")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 10**9
+        ):
+            raise WorkflowDefinitionError(
+                f"{what}: timeout must be None or a number of seconds above 0, not {timeout!r}"
+            )
+        if on_timeout not in ON_TIMEOUT:
+            raise WorkflowDefinitionError(
+                f"{what}: on_timeout must be one of {', '.join(ON_TIMEOUT)}, not {on_timeout!r}"
+            )
+        args = {
+            "permission": permission,
+            "timeout": None if timeout is None else float(timeout),
+            "on_timeout": on_timeout,
+        }
+        requested = task_item_spec(PUBLISH_TASK, None, what=f"{what}: approval_requested")
+        requested.pop("payload")
+        spec = task_item_spec(APPROVAL_TIMEOUT_TASK, args, what=what) | {
+            "delay": NO_TIMEOUT if timeout is None else float(timeout),
+            "permission": permission,
+            "requested": requested,
+        }
+        return self._add(
+            StepSpec(
+                name, StepKind.APPROVAL, permission, args, self._refs(after, what), spec, OnFailure.FAIL, None, name
+            )
         )
 
     def order(self) -> list[str]:

@@ -111,6 +111,7 @@ class StepKind(models.TextChoices):
     COMPENSATION = "compensation"
     SLEEP = "sleep"  # its item is a delayed no-op item: the step ends when a worker leases it, once due
     EVENT = "event"  # waits for an event (workflows/waits.py); its item is the delayed timeout
+    APPROVAL = "approval"  # waits for a human decision (workflows/approvals.py); its item is the delayed timeout
 
 
 class StepState(models.TextChoices):

@@ -106,7 +106,11 @@ def _create(
     channel = queue_settings.NOTIFY_CHANNEL
     callbacks = _callbacks(callbacks)
     _ensure_queues(
-        [s.spec for s in steps] + [s.compensate for s in steps if s.compensate] + list(callbacks.values()), using
+        [s.spec for s in steps]
+        + [s.compensate for s in steps if s.compensate]
+        + [s.spec["requested"] for s in steps if "requested" in s.spec]  # an approval's webhook event item
+        + list(callbacks.values()),
+        using,
     )
     with transaction.atomic(using=using):
         workflow_id = None
@@ -539,13 +543,17 @@ def backfill(
 
 
 # What status shows for a waiting step whose item is not running: a sleep's, an event wait's (its timeout).
-WAITING_STATES = {(StepKind.SLEEP, StepState.QUEUED): "sleeping", (StepKind.EVENT, StepState.QUEUED): "waiting_event"}
+WAITING_STATES = {
+    (StepKind.SLEEP, StepState.QUEUED): "sleeping",
+    (StepKind.EVENT, StepState.QUEUED): "waiting_event",
+    (StepKind.APPROVAL, StepState.QUEUED): "waiting_approval",
+}
 
 
 def status(workflow_id: int) -> dict[str, Any]:
     """id, name, state, attempt and every step of the current attempt (name, state, kind, item, run). A queued
     step is "running" while its item is leased; a sleep step is "sleeping" before, an event wait
-    "waiting_event"."""
+    "waiting_event", an approval "waiting_approval"."""
     workflow = Workflow.objects.filter(id=workflow_id).first()
     if workflow is None:
         raise WorkflowError(f"no workflow {workflow_id}")

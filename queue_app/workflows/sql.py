@@ -4,10 +4,10 @@ cancel, repair).
 
 The database runs what migrations installed, and a migration is frozen: each holds a literal copy of the texts
 it installs (never importing them from here or from another migration). The latest copies are in migrations
-0021_workflow_sql_one_home and 0024_workflow_waits. tests/test_workflow_sql_source.py compares every
-`queue_app_wf_*` function and workflow trigger of a migrated database with this module, so a change here needs a
-new migration holding a copy of the changed texts (CREATE OR REPLACE), and a migration cannot change them without
-this module following.
+0021_workflow_sql_one_home, 0024_workflow_waits and 0025_workflow_approvals. tests/test_workflow_sql_source.py
+compares every `queue_app_wf_*` function and workflow trigger of a migrated database with this module, so a
+change here needs a new migration holding a copy of the changed texts (CREATE OR REPLACE), and a migration
+cannot change them without this module following.
 
 Every function runs inside the transaction that settles an item (or starts, fans out, cancels or repairs a
 workflow) and takes the workflow's row lock first: one workflow's counters change one transaction at a time, so
@@ -478,6 +478,40 @@ END
 $$;
 """
 
+# An approval step that starts waiting (queue_app_wf_enqueue marked it queued, its timeout item written in the same
+# statement) publishes the `workflow.approval_requested` webhook event in that transaction: when an enabled
+# endpoint subscribes, one item of the webhooks' publish task (the step's spec "requested", its queue ensured at
+# start) carrying the event, which that task's transactional handler fans out to the subscribers. No endpoint:
+# nothing is written. A repair's new wait publishes again.
+_APPROVAL_REQUESTED_ITEM = _items_from_specs(
+    f"(SELECT default_max_attempts FROM {WORKFLOW} WHERE id = NEW.workflow_id) AS w",
+    spec="NEW.spec->'requested'",
+    payload="jsonb_build_object('type', 'workflow.approval_requested', 'data', jsonb_build_object(\n"
+    "           'workflow_id', NEW.workflow_id,\n"
+    "           'workflow', (SELECT name FROM queue_app_workflow WHERE id = NEW.workflow_id),\n"
+    "           'attempt', NEW.attempt, 'step', NEW.name, 'step_id', NEW.id, 'permission', NEW.spec->>'permission',\n"
+    "           'timeout', NEW.args->'timeout', 'on_timeout', NEW.args->>'on_timeout',\n"
+    "           'expires_at', CASE WHEN NEW.args->>'timeout' IS NOT NULL\n"
+    f"                              THEN (SELECT run_at FROM {ITEM} WHERE id = NEW.item_id) END))",
+    item_id=f"nextval('{ITEM_SEQUENCE}')",
+    step_id="NULL",
+    attempts="w.default_max_attempts",
+)
+APPROVAL_REQUESTED_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION queue_app_wf_approval_requested() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.spec->'requested' IS NULL OR NOT EXISTS (
+        SELECT 1 FROM queue_app_webhookendpoint WHERE enabled AND event_types ? 'workflow.approval_requested'
+    ) THEN
+        RETURN NULL;
+    END IF;
+    {_at(4, _APPROVAL_REQUESTED_ITEM)};
+    PERFORM pg_notify(channel, NEW.spec->'requested'->>'queue') FROM {WORKFLOW} WHERE id = NEW.workflow_id;
+    RETURN NULL;
+END
+$$;
+"""
+
 TRIGGERS = """
 CREATE OR REPLACE TRIGGER workflow_step_settled AFTER UPDATE OF state ON queue_app_queueitem FOR EACH ROW
     WHEN (NEW.workflow_step_id IS NOT NULL AND NEW.state IN ('done', 'dead', 'cancelled')
@@ -487,6 +521,9 @@ CREATE OR REPLACE TRIGGER workflow_steps_settled AFTER UPDATE OF state ON queue_
     EXECUTE FUNCTION queue_app_wf_statement_settled();
 CREATE OR REPLACE TRIGGER workflow_deleted AFTER DELETE ON queue_app_workflow REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION queue_app_workflow_deleted();
+CREATE OR REPLACE TRIGGER workflow_approval_requested AFTER UPDATE OF state ON queue_app_workflowstep FOR EACH ROW
+    WHEN (NEW.kind = 'approval' AND NEW.state = 'queued' AND OLD.state = 'waiting')
+    EXECUTE FUNCTION queue_app_wf_approval_requested();
 """
 
 FUNCTIONS = (
@@ -498,6 +535,7 @@ FUNCTIONS = (
     STATEMENT_SETTLED_FUNCTION,
     STEPS_ENDED_FUNCTION,
     WORKFLOW_DELETED_FUNCTION,
+    APPROVAL_REQUESTED_FUNCTION,
 )
 # Every function and trigger as they are now, idempotent (CREATE OR REPLACE): what a migration's frozen copy is
 # taken from, and what the source test installs to compare with a migrated database.
@@ -598,3 +636,18 @@ SELECT ev.id, ev.step_id, (SELECT t.workflow_id FROM target t), (SELECT count(*)
 WORKFLOW_EVENT_LOCK = (
     f"SELECT pg_advisory_xact_lock({EVENT_LOCK_KEY.format(name='%(name)s::text', key='%(key)s::text')})"
 )
+
+# A decision on an approval (workflows/approvals.py, decide): its timeout item, still ready (locked: a worker
+# leasing it now skips it; one that leased it first has the timeout win and this changes nothing), settles done
+# (approved) or dead (rejected, no dead letter: nothing failed to run) with the decision as its result; the
+# settle trigger ends the step succeeded or failed and moves the workflow on (a failure per its policy,
+# compensations included), as any settle does. Only the current attempt's open step qualifies. Returns the
+# workflow's id, or nothing when the step was not waiting for a decision.
+WORKFLOW_DECIDE_APPROVAL = f"""
+UPDATE {ITEM} i
+SET state = CASE WHEN %(approve)s THEN 'done' ELSE 'dead' END, result = %(result)s::jsonb,
+    error = %(error)s, finished_at = now(), updated_at = now()
+FROM queue_app_workflowstep s JOIN {WORKFLOW} w ON w.id = s.workflow_id AND w.attempt = s.attempt
+WHERE s.id = %(step_id)s AND s.kind = 'approval' AND s.state = 'queued' AND i.id = s.item_id AND i.state = 'ready'
+RETURNING s.workflow_id
+"""

@@ -3,7 +3,7 @@
 from typing import Any
 
 from ..registry import Context, Delivery, Retry, job
-from .definition import EVENT_TIMEOUT_TASK, SLEEP_TASK
+from .definition import APPROVAL_TIMEOUT_TASK, EVENT_TIMEOUT_TASK, SLEEP_TASK
 from .models import Workflow
 from .signals import workflow_finished
 
@@ -35,6 +35,20 @@ def event_timeout(payload: Any, ctx: Context) -> None:
         raise EventTimeout(
             f"no event {payload['event']!r} with key {payload['key']!r} came within {payload['timeout']:g} s"
         )
+
+
+class ApprovalTimeout(Exception):
+    pass
+
+
+@job(APPROVAL_TIMEOUT_TASK, retry=Retry(times=1))
+def approval_timeout(payload: Any, ctx: Context) -> dict[str, Any] | None:
+    """An approval's timeout (delayed until then): leased while nobody has decided (a decision settles this item
+    while it is ready, workflows/approvals.py), it ends the step: failed (on_timeout "fail": this raises, once)
+    or succeeded with {"approved": None, "timed_out": True} ("continue")."""
+    if payload["on_timeout"] == "fail":
+        raise ApprovalTimeout(f"nobody approved or rejected within {payload['timeout']:g} s")
+    return {"approved": None, "timed_out": True}
 
 
 from . import demo as _demo  # noqa: E402, F401  registers the demo's tasks and demo_pipeline

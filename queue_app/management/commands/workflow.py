@@ -6,6 +6,8 @@
     python manage.py workflow repair 42 [--wait] [--json]
     python manage.py workflow cancel 42 [--json]
     python manage.py workflow send-event partner.callback --key order-7 [--payload '{"amount": 120}'] [--json]
+    python manage.py workflow approve 42 --step approve [--comment TEXT] [--user NAME] [--json]
+    python manage.py workflow reject 42 --step approve [--comment TEXT] [--user NAME] [--json]
     python manage.py workflow backfill file_rollup --from 2026-11-01 --to 2026-11-07 [--param k=v] \
         [--concurrency 2] [--force] [--wait] [--json]
 
@@ -22,8 +24,17 @@ or false), 1 for an unknown id.
 its name and key, or is kept for the lookback (JOBSITE WORKFLOW_EVENT_LOOKBACK) for a wait created later. Its
 `--json` prints {"id", "name", "key", "matched", "step_id", "workflow_id"}; exit 0 whether or not a step was
 waiting, 1 for bad input (a name or key too long, a payload that is not JSON), with nothing written.
+
+`approve` / `reject` decide an approval step (the same service as the admin's "Pending approvals",
+workflows.approvals.decide) as a Django user: `--user NAME`, else the one whose username is the OS login name;
+with neither it refuses. That user must hold the step's permission (superusers hold all), and the decision is an
+admin LogEntry by them. Exit 0 when decided now; 1 for an unknown workflow or step, a step that is not an
+approval or not waiting for a decision (already decided, timed out), no such user, or a user without the
+permission, with nothing written. `--json` prints {"workflow_id", "step", "step_id", "approved", "by",
+"comment"}.
 """
 
+import getpass
 import importlib
 import json
 import sys
@@ -32,7 +43,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from queue_app.management.commands.spark_run import parse_params
-from queue_app.workflows import WorkflowError, registered_workflows, waits
+from queue_app.workflows import WorkflowError, approvals, registered_workflows, waits
 from queue_app.workflows import services as workflows
 from queue_app.workflows.models import Workflow
 
@@ -42,7 +53,7 @@ def _default(value):
 
 
 class Command(BaseCommand):
-    help = "Workflows: list, start, status, repair, cancel, backfill."
+    help = "Workflows: list, start, status, repair, cancel, send-event, approve, reject, backfill."
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -80,6 +91,13 @@ class Command(BaseCommand):
         send.add_argument("--key", required=True)
         send.add_argument("--payload", metavar="JSON", help="the event's payload: the waiting step's result")
         send.add_argument("--json", action="store_true")
+        for verb, what in (("approve", "approve (the step succeeds)"), ("reject", "reject (the step fails)")):
+            decide = sub.add_parser(verb, help=f"{what} an approval step waiting for a decision")
+            decide.add_argument("id", type=int, help="the workflow")
+            decide.add_argument("--step", required=True, help="the approval step's name")
+            decide.add_argument("--comment", default="", help="why (kept in the step's result and the LogEntry)")
+            decide.add_argument("--user", help="the Django user deciding (default: the one named as the OS login)")
+            decide.add_argument("--json", action="store_true")
         backfill = sub.add_parser("backfill", help="run a Spark job, task or workflow once per day of a range")
         backfill.add_argument("job")
         backfill.add_argument("--from", dest="start", required=True, metavar="DATE")
@@ -174,6 +192,39 @@ class Command(BaseCommand):
             self.stdout.write(f"event {sent.id} {name} {key!r} woke step {sent.step_id} of workflow {sent.workflow_id}")
         else:
             self.stdout.write(f"event {sent.id} {name} {key!r}: no step waits for it now; kept for the lookback")
+
+    def do_approve(self, **options):
+        self._decide(approve=True, **options)
+
+    def do_reject(self, **options):
+        self._decide(approve=False, **options)
+
+    def _decide(self, *, id, step, comment, user, json, approve, **_):
+        from django.contrib.auth import get_user_model
+
+        found = approvals.find(id, step)
+        username = user or getpass.getuser()
+        deciding = get_user_model()._default_manager.filter(**{get_user_model().USERNAME_FIELD: username}).first()
+        if deciding is None:
+            how = "--user" if user else f"the OS login name {username!r} (pass --user NAME)"
+            raise CommandError(f"no Django user {username!r} (from {how}); nothing was written")
+        decision = approvals.decide(found.id, deciding, approve, comment)
+        if json:
+            self.stdout.write(
+                _dumps(
+                    {
+                        "workflow_id": decision.workflow_id,
+                        "step": decision.step,
+                        "step_id": decision.step_id,
+                        "approved": decision.approved,
+                        "by": decision.by,
+                        "comment": decision.comment,
+                    }
+                )
+            )
+        else:
+            verb = "approved" if approve else "rejected"
+            self.stdout.write(f"step {decision.step!r} of workflow {decision.workflow_id} {verb} by {decision.by}")
 
     def do_backfill(self, *, job, start, end, param, concurrency, force, wait, json, poll, **_):
         workflow = workflows.backfill(
