@@ -48,7 +48,7 @@ DROP FUNCTION IF EXISTS queue_app_wf_approval_requested();
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("queue_app", "0024_workflow_waits"),
+        ("queue_app", "0026_spark_script_datasets"),
     ]
 
     operations = [
