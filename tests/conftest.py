@@ -111,6 +111,26 @@ def worker(spawn, tmp_path):
     return start
 
 
+@pytest.fixture
+def waits_worker(spawn):
+    """Start `run_worker` with the workflow-waits test tasks (tests/workflow_waits_tasks.py) on threads."""
+
+    def start(concurrency: int = 2) -> subprocess.Popen:
+        return spawn(
+            "run_worker",
+            "--concurrency",
+            str(concurrency),
+            "--pool",
+            "thread",
+            "--import",
+            "tests.workflow_waits_tasks",
+            "--poll-interval",
+            "0.2",
+        )
+
+    return start
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):
     """The test database without the shipped schedules (migration 0004): every worker a test starts runs the

@@ -24,18 +24,8 @@ PENDING = "admin:queue_app_workflow_approvals"
 
 
 @pytest.fixture
-def worker(spawn):
-    return spawn(
-        "run_worker",
-        "--concurrency",
-        "2",
-        "--pool",
-        "thread",
-        "--import",
-        "tests.workflow_waits_tasks",
-        "--poll-interval",
-        "0.2",
-    )
+def worker(waits_worker):
+    return waits_worker()
 
 
 def staff(name: str, *perms: str) -> User:

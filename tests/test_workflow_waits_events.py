@@ -20,18 +20,8 @@ EVENT = "partner.callback"
 
 
 @pytest.fixture
-def worker(spawn):
-    return spawn(
-        "run_worker",
-        "--concurrency",
-        "2",
-        "--pool",
-        "thread",
-        "--import",
-        "tests.workflow_waits_tasks",
-        "--poll-interval",
-        "0.2",
-    )
+def worker(waits_worker):
+    return waits_worker()
 
 
 def step(w: Workflow, name: str) -> WorkflowStep:

@@ -24,27 +24,13 @@ def states(w: Workflow) -> dict[str, str]:
     return {s["name"]: s["state"] for s in services.status(w.id)["steps"]}
 
 
-def start_worker(spawn, concurrency: int = 2):
-    return spawn(
-        "run_worker",
-        "--concurrency",
-        str(concurrency),
-        "--pool",
-        "thread",
-        "--import",
-        "tests.workflow_waits_tasks",
-        "--poll-interval",
-        "0.2",
-    )
-
-
 def finished(w: Workflow, timeout: float = 90) -> Workflow:
     return wait_for(lambda: (x := Workflow.objects.get(id=w.id)).is_final and x, timeout, what=f"workflow {w.id}")
 
 
 @pytest.mark.slow
-def test_a_workflow_sleeps_then_continues_and_nothing_wakes_early(spawn):
-    start_worker(spawn)
+def test_a_workflow_sleeps_then_continues_and_nothing_wakes_early(waits_worker):
+    waits_worker()
     w = services.start("wf_nap", {"seconds": 1.5})
     assert finished(w).state == "succeeded"
     nap, after = step(w, "nap"), step(w, "after")
@@ -55,8 +41,8 @@ def test_a_workflow_sleeps_then_continues_and_nothing_wakes_early(spawn):
 
 
 @pytest.mark.slow
-def test_a_sleeping_workflow_holds_no_worker_slot_and_shows_sleeping(spawn):
-    start_worker(spawn, concurrency=1)
+def test_a_sleeping_workflow_holds_no_worker_slot_and_shows_sleeping(waits_worker):
+    waits_worker(concurrency=1)
     w = services.start("wf_nap", {"seconds": 3600})
     wait_for(lambda: states(w)["nap"] == "sleeping", 60, what="the nap to start")
     plain = engine.enqueue("queue_app.noop")  # the one slot is free: it runs while the workflow sleeps
