@@ -65,6 +65,10 @@ DEFAULTS: dict[str, Any] = {
     "AUTOSCALE_MAX_WORKERS": 20,
     # Seconds a workflow event sent while no step waits for it is kept, to be matched by a wait created later.
     "WORKFLOW_EVENT_LOOKBACK": 86400.0,
+    # Sources that may POST workflow events to /events/<source>/ (workflows/inbound.py), each with its Standard
+    # Webhooks secrets (old and new while rotating) and optionally a timestamp tolerance in seconds (at most 300):
+    # {"partner": {"secrets": ["whsec_..."], "tolerance": 300}}.
+    "WORKFLOW_EVENT_SOURCES": {},
 }
 
 

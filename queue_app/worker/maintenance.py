@@ -1,8 +1,9 @@
 """Maintenance duties, each a small unit with one job and its own interval (River's maintenance services):
 rescue expired leases, prune done items and dedup claims, archive finished items into the partitioned history
 and drop its expired days, vacuum the hot tables when dead rows pile up, analyze them when they outgrow their
-statistics, mark where the id sequences stand (engine/marks.py), sweep the Worker rows of dead workers, and
-fire the cron schedules that are due (the scheduler; off with `run_worker --no-scheduler`).
+statistics, mark where the id sequences stand (engine/marks.py), sweep the Worker rows of dead workers, drop the
+workflow events no wait claimed within their lookback, and fire the cron schedules that are due (the scheduler;
+off with `run_worker --no-scheduler`).
 
 Every worker carries the units; a unit runs inside a transaction holding its advisory lock
 (pg_try_advisory_xact_lock), so one worker at a time does each duty and the others skip it. The units whose work
@@ -20,12 +21,14 @@ from django.db import connection, transaction
 
 from .. import engine, scheduling
 from ..conf import queue_settings
+from ..workflows.waits import drop_expired_events
 
 logger = logging.getLogger("jobsite.worker")
 
 RESCUE_BATCH = 1000
 ARCHIVE_BATCH = 5_000
 SCHEDULE_BATCH = 100  # due schedules claimed per round
+EVENT_DROP_BATCH = 1000  # unclaimed workflow events past their lookback deleted per round
 WORKER_FORGET_AFTER = 600.0  # seconds without a heartbeat before a Worker row is deleted
 
 
@@ -199,6 +202,12 @@ def _sweep_workers() -> tuple[dict[str, int], bool]:
     return {"marked_stopped": lost, "deleted": forgotten}, False
 
 
+def drop_events() -> tuple[dict[str, int], bool]:
+    """Drop the workflow events no wait claimed by the end of their lookback (logged: dropped=N)."""
+    dropped = drop_expired_events(EVENT_DROP_BATCH)
+    return {"dropped": dropped}, dropped >= EVENT_DROP_BATCH
+
+
 def _fire_schedules() -> tuple[dict[str, int], bool]:
     # The advisory lock keeps schedulers from working in parallel; the unique fire row is the guarantee.
     fired = scheduling.tick(limit=SCHEDULE_BATCH)
@@ -228,6 +237,8 @@ def default_units(*, scheduler: bool = True) -> list[Unit]:
         Unit("sweep_workers", 60.0, _sweep_workers),
         # Where the id sequences stand: the admin's time filters start their walk there (engine/marks.py).
         Unit("id_marks", queue_settings.ID_MARK_EVERY, _id_marks),
+        # A batch of at most 1,000 small rows through a partial index: a short statement, in the loop.
+        Unit("drop_events", 60.0, drop_events),
     ]
     if scheduler:
         units.append(Unit("scheduler", 1.0, _fire_schedules))

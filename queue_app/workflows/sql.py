@@ -637,6 +637,20 @@ WORKFLOW_EVENT_LOCK = (
     f"SELECT pg_advisory_xact_lock({EVENT_LOCK_KEY.format(name='%(name)s::text', key='%(key)s::text')})"
 )
 
+# Events no wait claimed by the end of their lookback are dropped (workflows/waits.py, drop_expired_events; the
+# worker's drop_events unit), a batch at a time: a wait no longer claims them (its claim reads expires_at > now()),
+# and a claimed event is kept with its step. Returns how many were dropped.
+WORKFLOW_DROP_EXPIRED_EVENTS = """
+WITH gone AS (
+    DELETE FROM queue_app_workflowevent WHERE id IN (
+        SELECT id FROM queue_app_workflowevent WHERE step_id IS NULL AND expires_at <= now()
+        ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+"""
+
 # A decision on an approval (workflows/approvals.py, decide): its timeout item, still ready (locked: a worker
 # leasing it now skips it; one that leased it first has the timeout win and this changes nothing), settles done
 # (approved) or dead (rejected, no dead letter: nothing failed to run) with the decision as its result; the

@@ -1,7 +1,8 @@
 """Events for workflows that wait (issue 39): `send_event` stores an event and ends the event wait open for its
 name and key, in one statement of the caller's transaction (rolled back with it). Waits are steps
 (`wf.wait_event`, workflows/definition.py); their SQL, and the claim of a kept event when a wait opens, are in
-workflows/sql.py."""
+workflows/sql.py. Events no wait claimed are dropped when their lookback ends (`drop_expired_events`, the
+worker's drop_events maintenance unit)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,11 @@ def send_event(name: str, key: str, payload: Any = None) -> SentEvent:
         cur.execute(sql.WORKFLOW_SEND_EVENT, params)
         event_id, step_id, workflow_id, _ = cur.fetchone()
     return SentEvent(event_id, name, key, step_id, workflow_id)
+
+
+def drop_expired_events(limit: int) -> int:
+    """Delete up to `limit` events that no wait claimed and whose lookback has ended; how many were deleted.
+    Claimed events are kept (their step's record)."""
+    with transaction.atomic(), cursor() as cur:
+        cur.execute(sql.WORKFLOW_DROP_EXPIRED_EVENTS, {"limit": limit})
+        return cur.fetchone()[0]
