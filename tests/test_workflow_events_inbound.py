@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from queue_app.webhooks.models import ReceivedWebhook
 from queue_app.webhooks.sender import headers
-from queue_app.worker.maintenance import Maintenance, Unit, drop_events
+from queue_app.worker.maintenance import Maintenance, default_units, drop_events
 from queue_app.workflows import services, waits
 from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import Workflow, WorkflowEvent, WorkflowStep
@@ -136,10 +136,10 @@ def test_the_drop_unit_drops_unclaimed_events_past_their_lookback_and_keeps_the_
     assert set(WorkflowEvent.objects.values_list("id", flat=True)) == {claimed.id, fresh.id}
     assert WorkflowEvent.objects.get(id=claimed.id).step_id == WorkflowStep.objects.get(workflow_id=w.id).id
     assert drop_events() == ({"dropped": 0}, False)
-    # Through the worker's maintenance: its log line says how many were dropped.
+    # Through the worker's maintenance (the unit every worker carries): its log line says how many were dropped.
     gone = waits.send_event(EVENT, "gone")
     WorkflowEvent.objects.filter(id=gone.id).update(expires_at=past)
     with caplog.at_level(logging.INFO, logger="jobsite.worker"):
-        Maintenance([Unit("drop_events", 60.0, drop_events)]).run_due()
+        Maintenance([next(u for u in default_units(scheduler=False) if u.name == "drop_events")]).run_due()
     assert "maintenance unit=drop_events dropped=1" in caplog.text
     assert not WorkflowEvent.objects.filter(id=gone.id).exists()
