@@ -425,7 +425,11 @@ class SnapshotCollector:
         yield from self.held_back()
         yield GaugeMetricFamily("jobsite_workers_alive", "Workers with a recent heartbeat.", value=len(snap.workers))
         # Counters need a monotonic source: each worker keeps its own in its row's stats while it lives.
-        for key, help_text in (("processed", "Items the worker completed."), ("failed", "Attempts that failed.")):
+        for key, help_text in (
+            ("processed", "Items the worker completed."),
+            ("failed", "Attempts that failed."),
+            ("events_dropped", "Workflow events no wait claimed, dropped by the worker past their lookback."),
+        ):
             counter = CounterMetricFamily(f"jobsite_worker_{key}", help_text, labels=["worker"])
             for worker in snap.workers:
                 value = (worker.stats or {}).get(key)

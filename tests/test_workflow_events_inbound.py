@@ -13,9 +13,11 @@ from django.utils import timezone
 from queue_app.webhooks.models import ReceivedWebhook
 from queue_app.webhooks.sender import headers
 from queue_app.worker.maintenance import Maintenance, default_units, drop_events
+from queue_app.worker.status import Stats
 from queue_app.workflows import services, waits
 from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import Workflow, WorkflowEvent, WorkflowStep
+from tests.admin_fixtures import live_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -136,10 +138,20 @@ def test_the_drop_unit_drops_unclaimed_events_past_their_lookback_and_keeps_the_
     assert set(WorkflowEvent.objects.values_list("id", flat=True)) == {claimed.id, fresh.id}
     assert WorkflowEvent.objects.get(id=claimed.id).step_id == WorkflowStep.objects.get(workflow_id=w.id).id
     assert drop_events() == ({"dropped": 0}, False)
-    # Through the worker's maintenance (the unit every worker carries): its log line says how many were dropped.
-    gone = waits.send_event(EVENT, "gone")
-    WorkflowEvent.objects.filter(id=gone.id).update(expires_at=past)
+    # Through the worker's maintenance (the unit every worker carries): its log line says how many were dropped,
+    # and the worker's stats count them.
+    gone = [waits.send_event(EVENT, f"gone-{i}") for i in range(2)]
+    WorkflowEvent.objects.filter(id__in=[e.id for e in gone]).update(expires_at=past)
+    stats = Stats()
+    unit = next(u for u in default_units(scheduler=False, stats=stats) if u.name == "drop_events")
     with caplog.at_level(logging.INFO, logger="jobsite.worker"):
-        Maintenance([next(u for u in default_units(scheduler=False) if u.name == "drop_events")]).run_due()
-    assert "maintenance unit=drop_events dropped=1" in caplog.text
-    assert not WorkflowEvent.objects.filter(id=gone.id).exists()
+        Maintenance([unit]).run_due()
+    assert "maintenance unit=drop_events dropped=2" in caplog.text
+    assert stats.events_dropped == 2
+    assert set(WorkflowEvent.objects.values_list("id", flat=True)) == {claimed.id, fresh.id}
+
+
+def test_metrics_show_each_workers_dropped_events(client):
+    live_worker("worker-1", queues=["mail"], stats={"processed": 7, "events_dropped": 4})
+    text = client.get("/metrics").content.decode()
+    assert 'jobsite_worker_events_dropped_total{worker="worker-1"} 4.0' in text

@@ -11,6 +11,7 @@ may take long (moving or deleting rows in bulk, VACUUM, ANALYZE) do it in the wo
 in the supervisor's loop (_Background).
 """
 
+import functools
 import logging
 import threading
 import time
@@ -22,6 +23,7 @@ from django.db import connection, transaction
 from .. import engine, scheduling
 from ..conf import queue_settings
 from ..workflows.waits import drop_expired_events
+from .status import Stats
 
 logger = logging.getLogger("jobsite.worker")
 
@@ -202,9 +204,12 @@ def _sweep_workers() -> tuple[dict[str, int], bool]:
     return {"marked_stopped": lost, "deleted": forgotten}, False
 
 
-def drop_events() -> tuple[dict[str, int], bool]:
-    """Drop the workflow events no wait claimed by the end of their lookback (logged: dropped=N)."""
+def drop_events(stats: Stats | None = None) -> tuple[dict[str, int], bool]:
+    """Drop the workflow events no wait claimed by the end of their lookback (logged: dropped=N), counted in the
+    worker's stats (its Worker row, /metrics: jobsite_worker_events_dropped_total)."""
     dropped = drop_expired_events(EVENT_DROP_BATCH)
+    if stats is not None:
+        stats.events_dropped += dropped
     return {"dropped": dropped}, dropped >= EVENT_DROP_BATCH
 
 
@@ -214,7 +219,7 @@ def _fire_schedules() -> tuple[dict[str, int], bool]:
     return {"fired": sum(not f.duplicate for f in fired), "dedup_skipped": sum(f.duplicate for f in fired)}, False
 
 
-def default_units(*, scheduler: bool = True) -> list[Unit]:
+def default_units(*, scheduler: bool = True, stats: Stats | None = None) -> list[Unit]:
     # The maintenance thread: the units that move rows, VACUUM and ANALYZE take turns in it (one connection).
     background: list[threading.Thread | None] = [None]
     units = [
@@ -238,7 +243,7 @@ def default_units(*, scheduler: bool = True) -> list[Unit]:
         # Where the id sequences stand: the admin's time filters start their walk there (engine/marks.py).
         Unit("id_marks", queue_settings.ID_MARK_EVERY, _id_marks),
         # A batch of at most 1,000 small rows through a partial index: a short statement, in the loop.
-        Unit("drop_events", 60.0, drop_events),
+        Unit("drop_events", 60.0, functools.partial(drop_events, stats)),
     ]
     if scheduler:
         units.append(Unit("scheduler", 1.0, _fire_schedules))
@@ -246,8 +251,8 @@ def default_units(*, scheduler: bool = True) -> list[Unit]:
 
 
 class Maintenance:
-    def __init__(self, units: list[Unit] | None = None, *, scheduler: bool = True) -> None:
-        self.units = default_units(scheduler=scheduler) if units is None else units
+    def __init__(self, units: list[Unit] | None = None, *, scheduler: bool = True, stats: Stats | None = None) -> None:
+        self.units = default_units(scheduler=scheduler, stats=stats) if units is None else units
 
     def next_due(self) -> float:
         return min((u.due_at for u in self.units), default=float("inf"))

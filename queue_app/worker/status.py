@@ -24,6 +24,7 @@ class Stats:
     timed_out: int = 0
     dead: int = 0  # items this worker sent to the dead letters (poison, last attempt, at-most-once failures)
     stale: int = 0  # attempts whose reservation was lost or cancelled under them
+    events_dropped: int = 0  # workflow events no wait claimed, dropped past their lookback (the drop_events unit)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -92,9 +92,9 @@ class Supervisor:
             started_at=datetime.now(UTC),
         )
         self.listener = Listener(self.queues)
-        self.maintenance = Maintenance(scheduler=opts.scheduler)
-        self.status = StatusReporter()
         self.settler = Settler(self._unblocked)
+        self.maintenance = Maintenance(scheduler=opts.scheduler, stats=self.settler.stats)
+        self.status = StatusReporter()
         self.running: dict[int, Running] = {}
         self.next_deadline = float("inf")  # no running item's hard timeout is earlier (may be early: then rechecked)
         self.leased: list[tuple[Lease, Task]] = []  # leased, not started yet
