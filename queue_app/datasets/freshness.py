@@ -7,6 +7,9 @@
 materializations (anything with `.partition` and `.at`): "missing" when there is none, "unknown" when the dataset
 declares no policy. Boundaries are inclusive on the fresh side: an age of exactly max_age is fresh; at exactly
 06:00 the previous day's partition is due. Plain Python: no Django, no clock of its own (the caller passes now).
+
+`staleness_seconds(dataset, latest, now)` -> how long it has been past its policy (0 while fresh; None when that
+cannot be said: missing, unknown), what /metrics exports as jobsite_dataset_staleness_seconds.
 """
 
 from __future__ import annotations
@@ -91,3 +94,25 @@ def freshness_state(dataset: Any, latest: Iterable[Materialized], now: dt.dateti
         newest = max(m.at for m in latest)
         return "fresh" if now - newest <= policy.max_age else "stale"
     return "fresh" if max(m.partition for m in latest) >= policy.due_partition(now) else "stale"
+
+
+def staleness_seconds(dataset: Any, latest: Iterable[Materialized], now: dt.datetime) -> float | None:
+    """Seconds `dataset` has been past its policy at `now`: 0 while fresh; for max_age, how much older than
+    max_age its newest materialization is; for partition_by, the time since the first partition after its newest
+    one fell due (newest day N: day N+1 is due at N+2 partition_by). None when freshness_state is "missing"
+    (nothing to measure from) or "unknown", and for a newest partition that is not a day (a key written under
+    another partitioning)."""
+    latest = list(latest)
+    state = freshness_state(dataset, latest, now)
+    if state != "stale":
+        return 0.0 if state == "fresh" else None
+    policy = dataset.freshness
+    if policy.max_age is not None:
+        return (now - max(m.at for m in latest) - policy.max_age).total_seconds()
+    try:
+        newest_day = dt.date.fromisoformat(max(m.partition for m in latest))
+    except ValueError:
+        return None
+    hour, minute = map(int, policy.partition_by.split(":"))
+    overdue_since = dt.datetime.combine(newest_day + dt.timedelta(days=2), dt.time(hour, minute), dt.UTC)
+    return max(0.0, (now - overdue_since).total_seconds())

@@ -1,0 +1,121 @@
+"""How far past its freshness policy a dataset is: the pure staleness_seconds() at its boundaries, and the
+jobsite_dataset_staleness_seconds / jobsite_dataset_fresh gauges scraped from a real /metrics response for fresh,
+stale (max_age and partition_by), missing and policy-less datasets, read in one statement."""
+
+import datetime as dt
+from dataclasses import dataclass
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from queue_app.datasets import Freshness, dataset
+from queue_app.datasets.declarations import _code
+from queue_app.datasets.freshness import staleness_seconds
+from queue_app.datasets.locations import ROOTS_ENV
+from queue_app.datasets.models import Materialization
+from queue_app.datasets.services import record_materialization
+
+UTC = dt.UTC
+
+
+@dataclass(frozen=True)
+class Seen:
+    partition: str
+    at: dt.datetime
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    """The one allowed dataset root, and no datasets but the ones a test declares."""
+    monkeypatch.setenv(ROOTS_ENV, str(tmp_path))
+    declared_before = set(_code.entries())
+    yield tmp_path
+    for name in set(_code.entries()) - declared_before:
+        _code.unregister(name)
+
+
+def test_staleness_is_zero_while_fresh_and_counts_from_where_the_policy_was_missed(root):
+    now = dt.datetime(2026, 11, 27, 9, 0, tzinfo=UTC)
+    aged = dataset("st_aged", location="aged", freshness=Freshness(max_age=dt.timedelta(hours=26)))
+    assert staleness_seconds(aged, [Seen("", now - dt.timedelta(hours=26))], now) == 0.0  # exactly max_age: fresh
+    assert staleness_seconds(aged, [Seen("", now - dt.timedelta(hours=26, seconds=1))], now) == 1.0
+    assert staleness_seconds(aged, [Seen("", now - dt.timedelta(hours=30))], now) == 4 * 3600.0
+    assert staleness_seconds(aged, [], now) is None  # missing: nothing to measure from
+
+    daily = dataset(
+        "st_daily", location="d/{partition}", partitioning="daily", freshness=Freshness(partition_by="06:00")
+    )
+    # At 09:00 on the 27th the 26th is due (since 06:00): the 26th is fresh, the 25th is 3 h late.
+    assert staleness_seconds(daily, [Seen("2026-11-26", now)], now) == 0.0
+    assert staleness_seconds(daily, [Seen("2026-11-25", now)], now) == 3 * 3600.0
+    # Newest the 23rd: the 24th fell due on the 25th at 06:00, two days and three hours ago.
+    assert staleness_seconds(daily, [Seen("2026-11-23", now)], now) == (2 * 24 + 3) * 3600.0
+    # At 05:59 the 25th is still the one due: the 25th is fresh; the 24th is late since yesterday 06:00.
+    early = dt.datetime(2026, 11, 27, 5, 59, tzinfo=UTC)
+    assert staleness_seconds(daily, [Seen("2026-11-25", early)], early) == 0.0
+    assert staleness_seconds(daily, [Seen("2026-11-24", early)], early) == (23 * 3600 + 59 * 60.0)
+    # The newest partition wins whatever the order given; a key that is not a day gives no figure.
+    assert staleness_seconds(daily, [Seen("2026-11-25", now), Seen("2026-11-26", now)], now) == 0.0
+    assert staleness_seconds(daily, [Seen("", now)], now) is None
+
+    assert staleness_seconds(dataset("st_none", location="n"), [Seen("", now)], now) is None  # no policy
+
+
+def scrape(client) -> dict[tuple[str, str], float]:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    return {
+        (sample.name, sample.labels["dataset"]): sample.value
+        for family in text_string_to_metric_families(response.content.decode())
+        if family.name.startswith("jobsite_dataset_")
+        for sample in family.samples
+    }
+
+
+@pytest.mark.django_db
+def test_metrics_export_each_datasets_staleness_and_freshness_from_one_statement(root, client):
+    dataset("st_fresh", location="fresh", freshness=Freshness(max_age=dt.timedelta(hours=1)))
+    dataset("st_old", location="old", freshness=Freshness(max_age=dt.timedelta(hours=1)))
+    dataset("st_late", location="late/{partition}", partitioning="daily", freshness=Freshness(partition_by="06:00"))
+    dataset("st_missing", location="missing", freshness=Freshness(max_age=dt.timedelta(hours=1)))
+    dataset("st_nopolicy", location="nopolicy")
+    record_materialization("st_fresh")
+    old = record_materialization("st_old")
+    old_at = timezone.now() - dt.timedelta(hours=3)
+    Materialization.objects.filter(id=old.id).update(at=old_at)
+    record_materialization("st_late", dt.date(2026, 1, 1))  # day 2026-01-02 fell due on 2026-01-03 at 06:00
+    record_materialization("st_nopolicy")
+
+    before = timezone.now()
+    with CaptureQueriesContext(connection) as queries:
+        values = scrape(client)
+    after = timezone.now()
+
+    assert values["jobsite_dataset_fresh", "st_fresh"] == 1
+    assert values["jobsite_dataset_staleness_seconds", "st_fresh"] == 0
+    assert values["jobsite_dataset_fresh", "st_old"] == 0
+    # An hour allowed, three old: two hours past the policy, as of the scrape.
+    lo, hi = (t - old_at - dt.timedelta(hours=1) for t in (before, after))
+    assert lo.total_seconds() <= values["jobsite_dataset_staleness_seconds", "st_old"] <= hi.total_seconds()
+    assert values["jobsite_dataset_fresh", "st_late"] == 0
+    overdue = dt.datetime(2026, 1, 3, 6, 0, tzinfo=UTC)
+    lo, hi = ((t - overdue).total_seconds() for t in (before, after))
+    assert lo <= values["jobsite_dataset_staleness_seconds", "st_late"] <= hi
+    # Never materialized: not fresh, and no staleness figure (nothing to count from).
+    assert values["jobsite_dataset_fresh", "st_missing"] == 0
+    assert ("jobsite_dataset_staleness_seconds", "st_missing") not in values
+    # No policy: neither gauge.
+    assert not {key for key in values if key[1] == "st_nopolicy"}
+    # Every dataset's newest materializations in one statement.
+    assert sum("queue_app_materialization" in q["sql"] for q in queries.captured_queries) == 1
+
+    # Materialized again: fresh, zero.
+    record_materialization("st_old")
+    record_materialization("st_missing")
+    values = scrape(client)
+    assert values["jobsite_dataset_fresh", "st_old"] == values["jobsite_dataset_fresh", "st_missing"] == 1
+    assert values["jobsite_dataset_staleness_seconds", "st_old"] == 0
+    assert values["jobsite_dataset_staleness_seconds", "st_missing"] == 0
