@@ -8,8 +8,9 @@ materializations (anything with `.partition` and `.at`): "missing" when there is
 declares no policy. Boundaries are inclusive on the fresh side: an age of exactly max_age is fresh; at exactly
 06:00 the previous day's partition is due. Plain Python: no Django, no clock of its own (the caller passes now).
 
-`staleness_seconds(dataset, latest, now)` -> how long it has been past its policy (0 while fresh; None when that
-cannot be said: missing, unknown), what /metrics exports as jobsite_dataset_staleness_seconds.
+`overdue_since(dataset, latest, now)` -> when a stale dataset went past its policy, and `staleness_seconds` -> how
+long ago that is (0 while fresh; None when it cannot be said: missing, unknown), what /metrics exports as
+jobsite_dataset_staleness_seconds.
 """
 
 from __future__ import annotations
@@ -96,23 +97,31 @@ def freshness_state(dataset: Any, latest: Iterable[Materialized], now: dt.dateti
     return "fresh" if max(m.partition for m in latest) >= policy.due_partition(now) else "stale"
 
 
-def staleness_seconds(dataset: Any, latest: Iterable[Materialized], now: dt.datetime) -> float | None:
-    """Seconds `dataset` has been past its policy at `now`: 0 while fresh; for max_age, how much older than
-    max_age its newest materialization is; for partition_by, the time since the first partition after its newest
-    one fell due (newest day N: day N+1 is due at N+2 partition_by). None when freshness_state is "missing"
-    (nothing to measure from) or "unknown", and for a newest partition that is not a day (a key written under
-    another partitioning)."""
+def overdue_since(dataset: Any, latest: Iterable[Materialized], now: dt.datetime) -> dt.datetime | None:
+    """When a stale `dataset` went past its policy: for max_age, its newest materialization's time plus max_age;
+    for partition_by, when the first partition after its newest one fell due (newest day N: day N+1 is due at
+    N+2 partition_by). The same instant for as long as the episode lasts (it names the episode: stale.py). None
+    unless freshness_state is "stale", and for a newest partition that is not a day (a key written under another
+    partitioning)."""
     latest = list(latest)
-    state = freshness_state(dataset, latest, now)
-    if state != "stale":
-        return 0.0 if state == "fresh" else None
+    if freshness_state(dataset, latest, now) != "stale":
+        return None
     policy = dataset.freshness
     if policy.max_age is not None:
-        return (now - max(m.at for m in latest) - policy.max_age).total_seconds()
+        return max(m.at for m in latest) + policy.max_age
     try:
         newest_day = dt.date.fromisoformat(max(m.partition for m in latest))
     except ValueError:
         return None
     hour, minute = map(int, policy.partition_by.split(":"))
-    overdue_since = dt.datetime.combine(newest_day + dt.timedelta(days=2), dt.time(hour, minute), dt.UTC)
-    return max(0.0, (now - overdue_since).total_seconds())
+    return dt.datetime.combine(newest_day + dt.timedelta(days=2), dt.time(hour, minute), dt.UTC)
+
+
+def staleness_seconds(dataset: Any, latest: Iterable[Materialized], now: dt.datetime) -> float | None:
+    """Seconds `dataset` has been past its policy at `now` (since overdue_since): 0 while fresh; None when that
+    cannot be said ("missing": nothing to measure from; "unknown"; a newest partition that is not a day)."""
+    latest = list(latest)
+    if freshness_state(dataset, latest, now) == "fresh":
+        return 0.0
+    since = overdue_since(dataset, latest, now)
+    return None if since is None else max(0.0, (now - since).total_seconds())
