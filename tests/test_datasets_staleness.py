@@ -1,12 +1,16 @@
-"""How far past its freshness policy a dataset is: the pure staleness_seconds() at its boundaries, and the
+"""How far past its freshness policy a dataset is: the pure staleness_seconds() at its boundaries; the
 jobsite_dataset_staleness_seconds / jobsite_dataset_fresh gauges scraped from a real /metrics response for fresh,
-stale (max_age and partition_by), missing and policy-less datasets, read in one statement."""
+stale (max_age and partition_by), missing and policy-less datasets, read in one statement; and the dataset.stale
+webhook event, sent once per staleness episode even by two checks at once (two threads, two connections)."""
 
 import datetime as dt
+import json
+import queue
+import threading
 from dataclasses import dataclass
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,8 +19,11 @@ from queue_app.datasets import Freshness, dataset
 from queue_app.datasets.declarations import _code
 from queue_app.datasets.freshness import staleness_seconds
 from queue_app.datasets.locations import ROOTS_ENV
-from queue_app.datasets.models import Materialization
+from queue_app.datasets.models import Materialization, StaleEpisode
 from queue_app.datasets.services import record_materialization
+from queue_app.datasets.stale import publish_stale
+from queue_app.webhooks.models import WebhookDelivery, WebhookEndpoint
+from tests.waiting import wait_for
 
 UTC = dt.UTC
 
@@ -119,3 +126,97 @@ def test_metrics_export_each_datasets_staleness_and_freshness_from_one_statement
     assert values["jobsite_dataset_fresh", "st_old"] == values["jobsite_dataset_fresh", "st_missing"] == 1
     assert values["jobsite_dataset_staleness_seconds", "st_old"] == 0
     assert values["jobsite_dataset_staleness_seconds", "st_missing"] == 0
+
+
+def stale_events() -> list[dict]:
+    bodies = WebhookDelivery.objects.filter(event_type="dataset.stale").order_by("id").values_list("body", flat=True)
+    return [json.loads(body)["data"] for body in bodies]
+
+
+def waiting_on_a_lock(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+        return cursor.fetchone() == ("Lock",)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_stale_event_is_sent_once_per_episode_even_by_two_checks_at_once(root):
+    WebhookEndpoint.objects.create(url="https://example.com/hook", secret="whsec_test", event_types=["dataset.stale"])
+    dataset("st_episode", location="episode", freshness=Freshness(max_age=dt.timedelta(hours=1)))
+    dataset("st_never", location="never", freshness=Freshness(max_age=dt.timedelta(hours=1)))
+    first = record_materialization("st_episode")
+    first_at = timezone.now() - dt.timedelta(hours=3)
+    Materialization.objects.filter(id=first.id).update(at=first_at)
+
+    # Check A records the episode and holds its transaction open; check B, on its own connection, waits on A's
+    # row, and once A commits finds the episode recorded and sends nothing.
+    published, release, b_pid, results = threading.Event(), threading.Event(), queue.Queue(), {}
+
+    def check_a():
+        try:
+            with transaction.atomic():
+                results["a"] = publish_stale()
+                published.set()
+                assert release.wait(120)
+        finally:
+            published.set()
+            connection.close()
+
+    def check_b():
+        try:
+            assert published.wait(120)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                b_pid.put(cursor.fetchone()[0])
+            results["b"] = publish_stale()
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=check_a), threading.Thread(target=check_b)]
+    for thread in threads:
+        thread.start()
+    pid = b_pid.get(timeout=120)
+    wait_for(lambda: waiting_on_a_lock(pid), 120, what="check B waiting on check A's episode row")
+    release.set()
+    for thread in threads:
+        thread.join(120)
+    assert results == {"a": ["st_episode"], "b": []}
+    (event,) = stale_events()
+    assert event["dataset"] == "st_episode" and event["freshness_policy"] == {"max_age_seconds": 3600.0}
+    assert dt.datetime.fromisoformat(event["overdue_since"]) == first_at + dt.timedelta(hours=1)
+    assert dt.datetime.fromisoformat(event["last_materialized"]) == first_at
+    assert event["staleness_seconds"] >= 7200
+    # Still stale: the same episode, nothing sent; never materialized: no episode to send.
+    assert publish_stale() == []
+    assert StaleEpisode.objects.filter(dataset="st_episode").count() == 1
+    assert not StaleEpisode.objects.filter(dataset="st_never").exists()
+
+    # Fresh again: nothing; stale again: a new episode, a second event.
+    second = record_materialization("st_episode")
+    assert publish_stale() == []
+    second_at = timezone.now() - dt.timedelta(hours=2)
+    Materialization.objects.filter(id=second.id).update(at=second_at)
+    assert publish_stale() == ["st_episode"]
+    assert publish_stale() == []
+    assert [dt.datetime.fromisoformat(e["overdue_since"]) for e in stale_events()] == [
+        first_at + dt.timedelta(hours=1),
+        second_at + dt.timedelta(hours=1),
+    ]
+
+
+@pytest.mark.django_db
+def test_a_check_that_rolls_back_sends_nothing_and_leaves_the_episode_to_the_next(root):
+    WebhookEndpoint.objects.create(url="https://example.com/hook", secret="whsec_test", event_types=["dataset.stale"])
+    dataset("st_rollback", location="rollback", freshness=Freshness(max_age=dt.timedelta(hours=1)))
+    row = record_materialization("st_rollback")
+    Materialization.objects.filter(id=row.id).update(at=timezone.now() - dt.timedelta(hours=3))
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), transaction.atomic():
+        assert publish_stale() == ["st_rollback"]
+        raise Boom
+    assert stale_events() == [] and not StaleEpisode.objects.exists()
+    assert publish_stale() == ["st_rollback"]
+    assert [e["dataset"] for e in stale_events()] == ["st_rollback"]
