@@ -22,6 +22,8 @@ from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import Materialization, StaleEpisode
 from queue_app.datasets.services import record_materialization
 from queue_app.datasets.stale import publish_stale
+from queue_app.models import QueueItem
+from queue_app.registry import get_task
 from queue_app.webhooks.models import WebhookDelivery, WebhookEndpoint
 from tests.waiting import wait_for
 
@@ -220,3 +222,28 @@ def test_a_check_that_rolls_back_sends_nothing_and_leaves_the_episode_to_the_nex
     assert stale_events() == [] and not StaleEpisode.objects.exists()
     assert publish_stale() == ["st_rollback"]
     assert [e["dataset"] for e in stale_events()] == ["st_rollback"]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_running_the_shipped_task_sends_the_event(root, worker):
+    # The schedule's target run by a real worker (enqueued here rather than waiting for a minute's fire).
+    WebhookEndpoint.objects.create(url="http://127.0.0.1:9/hook", secret="whsec_test", event_types=["dataset.stale"])
+    # tests.datasets_declared, which the worker imports, declares "rollup" fresh for 26 h: 30 h old is stale.
+    Materialization.objects.create(dataset="rollup", source="code", at=timezone.now() - dt.timedelta(hours=30))
+    item = get_task("queue_app.dataset_staleness").enqueue({})
+    proc = worker(
+        "stale-check",
+        "--queues",
+        QueueItem.objects.get(id=item.id).queue_id,
+        "--import",
+        "tests.datasets_declared",
+        env={ROOTS_ENV: str(root)},
+    )
+    try:
+        wait_for(lambda: QueueItem.objects.get(id=item.id).state == "done", 120, what="the check to finish")
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    assert [e["dataset"] for e in stale_events()] == ["rollup"]
+    assert QueueItem.objects.get(id=item.id).result == {"stale": ["rollup"]}
