@@ -1,4 +1,5 @@
-"""Built-in maintenance tasks a schedule can name: `queue_app.prune` (the shipped "prune-done" schedule).
+"""Built-in maintenance tasks a schedule can name: `queue_app.prune` (the shipped "prune-done" schedule) and
+`queue_app.dataset_staleness` (the shipped "dataset-staleness" schedule).
 
 The worker's own maintenance units prune too, with the same rounds (engine/pruning.py); the task lets an operator
 see, time and trigger pruning from the admin like any other schedule, and run it on a cluster whose workers run
@@ -21,3 +22,12 @@ def prune(payload: Any, ctx: Context) -> dict[str, int]:
     from .spark.runs import prune_event_logs, prune_runs
 
     return {**engine.prune_rounds(PRUNE_ROUNDS), "spark_runs": prune_runs(), "spark_event_logs": prune_event_logs()}
+
+
+@job("queue_app.dataset_staleness", hard_timeout=60.0)
+def dataset_staleness(payload: Any, ctx: Context) -> dict[str, list[str]]:
+    """Send `dataset.stale` for each dataset that went past its freshness policy since the last check (once per
+    staleness episode: datasets/stale.py). The shipped "dataset-staleness" schedule runs it every minute."""
+    from .datasets.stale import publish_stale
+
+    return {"stale": publish_stale()}

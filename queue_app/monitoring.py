@@ -25,6 +25,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .autoscaling import Signals, signals
 from .conf import queue_settings
+from .datasets import declared_datasets
+from .datasets.status import Staleness, staleness
 from .flow import HeldBack, limited_queues
 from .models import HISTORY_STATES, HISTORY_STATES_SQL, ItemHistory, ItemState, Outcome, Worker, WorkerState
 
@@ -466,16 +468,44 @@ class SnapshotCollector:
         yield from (held, keys, spent)
 
 
+class DatasetFreshnessCollector:
+    """Per declared dataset with a freshness policy (docs/how-to/datasets.md): 1/0 fresh, and the seconds it is
+    past its policy (no staleness sample for a missing dataset: nothing to measure from; it reads fresh 0)."""
+
+    def __init__(self, datasets: Iterable[Staleness]) -> None:
+        self.datasets = list(datasets)
+
+    def collect(self) -> Iterable[Any]:
+        fresh = GaugeMetricFamily(
+            "jobsite_dataset_fresh",
+            "1 while the dataset meets its freshness policy, 0 when it is stale or has never been materialized.",
+            labels=["dataset"],
+        )
+        seconds = GaugeMetricFamily(
+            "jobsite_dataset_staleness_seconds",
+            "Seconds the dataset is past its freshness policy (0 while fresh; no sample while it has never been "
+            "materialized).",
+            labels=["dataset"],
+        )
+        for ds in self.datasets:
+            fresh.add_metric([ds.name], int(ds.freshness == "fresh"))
+            if ds.seconds is not None:
+                seconds.add_metric([ds.name], ds.seconds)
+        yield from (fresh, seconds)
+
+
 @require_GET
 @never_cache
 def metrics(request: HttpRequest) -> HttpResponse:
     try:
         snap = snapshot(window_minutes=METRICS_WINDOW_MINUTES)
         limited = limited_queues()
+        datasets = staleness(list(declared_datasets().values()), timezone.now())
     except DatabaseError as exc:
         return HttpResponse(f"database unavailable: {exc}\n", status=503, content_type="text/plain")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(snap, limited))
+    registry.register(DatasetFreshnessCollector(datasets))
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 

@@ -7,6 +7,10 @@
 materializations (anything with `.partition` and `.at`): "missing" when there is none, "unknown" when the dataset
 declares no policy. Boundaries are inclusive on the fresh side: an age of exactly max_age is fresh; at exactly
 06:00 the previous day's partition is due. Plain Python: no Django, no clock of its own (the caller passes now).
+
+`overdue_since(dataset, latest, now)` -> when a stale dataset went past its policy, and `staleness_seconds` -> how
+long ago that is (0 while fresh; None when it cannot be said: missing, unknown), what /metrics exports as
+jobsite_dataset_staleness_seconds.
 """
 
 from __future__ import annotations
@@ -91,3 +95,33 @@ def freshness_state(dataset: Any, latest: Iterable[Materialized], now: dt.dateti
         newest = max(m.at for m in latest)
         return "fresh" if now - newest <= policy.max_age else "stale"
     return "fresh" if max(m.partition for m in latest) >= policy.due_partition(now) else "stale"
+
+
+def overdue_since(dataset: Any, latest: Iterable[Materialized], now: dt.datetime) -> dt.datetime | None:
+    """When a stale `dataset` went past its policy: for max_age, its newest materialization's time plus max_age;
+    for partition_by, when the first partition after its newest one fell due (newest day N: day N+1 is due at
+    N+2 partition_by). The same instant for as long as the episode lasts (it names the episode: stale.py). None
+    unless freshness_state is "stale", and for a newest partition that is not a day (a key written under another
+    partitioning)."""
+    latest = list(latest)
+    if freshness_state(dataset, latest, now) != "stale":
+        return None
+    policy = dataset.freshness
+    if policy.max_age is not None:
+        return max(m.at for m in latest) + policy.max_age
+    try:
+        newest_day = dt.date.fromisoformat(max(m.partition for m in latest))
+    except ValueError:
+        return None
+    hour, minute = map(int, policy.partition_by.split(":"))
+    return dt.datetime.combine(newest_day + dt.timedelta(days=2), dt.time(hour, minute), dt.UTC)
+
+
+def staleness_seconds(dataset: Any, latest: Iterable[Materialized], now: dt.datetime) -> float | None:
+    """Seconds `dataset` has been past its policy at `now` (since overdue_since): 0 while fresh; None when that
+    cannot be said ("missing": nothing to measure from; "unknown"; a newest partition that is not a day)."""
+    latest = list(latest)
+    if freshness_state(dataset, latest, now) == "fresh":
+        return 0.0
+    since = overdue_since(dataset, latest, now)
+    return None if since is None else max(0.0, (now - since).total_seconds())

@@ -73,3 +73,20 @@ class Materialization(models.Model):
 
     def __str__(self) -> str:
         return f"{self.dataset}[{self.partition}] at {self.at}"
+
+
+class StaleEpisode(models.Model):
+    """One staleness episode of a dataset: it went past its freshness policy at `overdue_since` (freshness.py's
+    overdue_since, the same instant for as long as the episode lasts). Written once, by the check that publishes
+    the `dataset.stale` event in the same transaction (stale.py): the unique key makes it once per episode."""
+
+    id = models.BigAutoField(primary_key=True)
+    dataset = models.CharField(max_length=200)
+    overdue_since = models.DateTimeField()
+    detected_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["dataset", "overdue_since"], name="stale_episode_once")]
+
+    def __str__(self) -> str:
+        return f"{self.dataset} stale since {self.overdue_since}"

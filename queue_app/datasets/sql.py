@@ -39,3 +39,13 @@ ON CONFLICT (name) DO UPDATE SET config = EXCLUDED.config, declared_in = EXCLUDE
     synced_at = EXCLUDED.synced_at
 WHERE (queue_app_dataset.config, queue_app_dataset.declared_in) IS DISTINCT FROM (EXCLUDED.config, EXCLUDED.declared_in)
 """
+
+
+# The stale check's episodes, all in one statement: each (dataset, overdue_since) not yet recorded is inserted and
+# returned. A concurrent check inserting the same key waits for the first to commit, then inserts nothing.
+STALE_EPISODES = """
+INSERT INTO queue_app_staleepisode (dataset, overdue_since, detected_at)
+SELECT dataset, overdue_since, now() FROM unnest(%s::text[], %s::timestamptz[]) AS e(dataset, overdue_since)
+ON CONFLICT (dataset, overdue_since) DO NOTHING
+RETURNING dataset
+"""

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import connection
 
 from .declarations import Dataset
-from .freshness import freshness_state
+from .freshness import freshness_state, overdue_since, staleness_seconds
 from .models import Materialization
 from .sql import NEWEST
 
@@ -56,6 +56,34 @@ def summaries(datasets: list[Dataset], now: dt.datetime) -> list[dict[str, Any]]
             "checks": "none",
         }
         for ds in datasets
+    ]
+
+
+@dataclass(frozen=True)
+class Staleness:
+    name: str
+    freshness: str  # fresh, stale or missing
+    seconds: float | None  # past its policy (freshness.staleness_seconds); None: cannot be said (missing)
+    overdue_since: dt.datetime | None  # when a stale one went past its policy (freshness.overdue_since)
+    last_materialized: dt.datetime | None
+
+
+def staleness(datasets: list[Dataset], now: dt.datetime) -> list[Staleness]:
+    """Per dataset with a freshness policy (others are left out), what /metrics exports and the stale check
+    publishes, from one statement."""
+    with_policy = [ds for ds in datasets if ds.freshness is not None and not ds.freshness.problems(ds.partitioning)]
+    if not with_policy:
+        return []
+    latest = newest([ds.name for ds in with_policy])
+    return [
+        Staleness(
+            ds.name,
+            freshness_state(ds, latest[ds.name], now),
+            staleness_seconds(ds, latest[ds.name], now),
+            overdue_since(ds, latest[ds.name], now),
+            max((m.at for m in latest[ds.name]), default=None),
+        )
+        for ds in with_policy
     ]
 
 

@@ -32,6 +32,7 @@ EVENT_TYPES: dict[str, str] = {
     "workflow.finished": "A workflow ended succeeded or cancelled (data.state says which).",
     "workflow.failed": "A workflow failed: a step failed for good.",
     "workflow.approval_requested": "A workflow's approval step started waiting for a decision (data.step).",
+    "dataset.stale": "A dataset went past its freshness policy (once per episode: data.overdue_since).",
     "schedule.fire_missed": "A schedule skipped a fire time it was too late for (catch-up 'skip').",
     "queue.paused": "A queue was paused.",
     "queue.resumed": "A queue was resumed.",
