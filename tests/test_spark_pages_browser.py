@@ -65,6 +65,14 @@ def test_the_charts_have_units_hover_values_a_time_range_and_click_through_to_a_
     page = browser_page()
     base = live_server.url
     log_in(page, base, admin_user, "/admin/queue_app/sparkrun/charts/")
+    page.wait_for_selector("#chart-durations .cartesianlayer .scatterlayer .point")
+    # The chart redraws when its box changes size (the admin's sidebar opens after the first draw): hover the
+    # point only once the drawing has followed its box, or the point moves under the mouse (a miss under load).
+    page.wait_for_function(
+        """() => { const f = document.querySelector('#chart-durations');
+                   const svg = f && f.querySelector('.main-svg');
+                   return svg && Math.abs(svg.getBoundingClientRect().right - f.getBoundingClientRect().right) < 2; }"""
+    )
     point = page.wait_for_selector("#chart-durations .cartesianlayer .scatterlayer .point")
     assert "duration (s)" in page.locator("#chart-durations .ytitle").text_content()
     assert "time (UTC)" in page.locator("#chart-durations .xtitle").text_content()
