@@ -152,6 +152,30 @@ class ChaosRun:
             connections[ALIAS].close()
             return default
 
+    def _db_now(self) -> datetime:
+        with connections[ALIAS].cursor() as cur:
+            cur.execute("SELECT clock_timestamp()")
+            return cur.fetchone()[0]
+
+    def _wait_for_statements_before(self, moment: datetime | None, timeout: float = 30.0) -> None:
+        """Until no other session of the run's database is still running a statement begun before `moment`
+        (the server's clock), or `timeout` seconds."""
+        if moment is None:
+            return
+
+        def running() -> int:
+            with connections[ALIAS].cursor() as cur:
+                cur.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid() AND state = 'active' AND query_start < %s",
+                    [moment],
+                )
+                return cur.fetchone()[0]
+
+        deadline = time.monotonic() + timeout
+        while self._q(running, 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def _open(self) -> int | None:
         return self._q(lambda: QueueItem.objects.using(ALIAS).filter(state__in=["ready", "reserved"]).count())
 
@@ -284,8 +308,12 @@ class ChaosRun:
             return False
         worker_id = self.rng.choice(sorted(candidates))
         victim = running[worker_id]
+        killed_at = self._q(self._db_now)
         self.fleet.kill(victim)
-        # What it ran at the moment it died (a handler that finished between the query and the kill settled).
+        # What it ran at the moment it died (a handler that finished between the query and the kill settled). A
+        # statement the worker sent before it died still runs to its end in the server (a settle it had sent
+        # commits after the kill): read the reservations once every statement begun before the kill has ended.
+        self._wait_for_statements_before(killed_at)
         fired.worker_id, fired.pid = victim.worker_id, victim.pid
         fired.amo_running = sorted(self._q(started, {}).get(worker_id, []))
         self.say(f"FAULT kill -9 {worker_id} (pid {victim.pid}) mid at-most-once run of items {fired.amo_running}")
