@@ -31,7 +31,7 @@ from .models import StepState, Workflow, WorkflowState, WorkflowStep
 ACTING_STATES = (WorkflowState.RUNNING, WorkflowState.FAILING)
 
 
-def parse(value: Any, *, what: str = "deadline") -> dict[str, Any] | None:
+def parse(value: Any, *, what: str = "workflow deadline") -> dict[str, Any] | None:
     """A deadline given to a start: seconds (a number or timedelta) or a time -> its spec; None -> None."""
     if value is None:
         return None

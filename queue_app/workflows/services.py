@@ -653,6 +653,11 @@ def status(workflow_id: int) -> dict[str, Any]:
         "state": workflow.state,
         "attempt": workflow.attempt,
         "steps": steps,
+        # versions, forks, deadlines (issue 39)
+        "version": workflow.version,
+        "forked_from": workflow.forked_from,
+        "fork_step": workflow.fork_step or None,
+        "deadline_at": workflow.deadline_at.isoformat() if workflow.deadline_at else None,
     }
 
 
