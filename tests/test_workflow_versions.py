@@ -290,3 +290,21 @@ def test_admin_versions_page_and_fork_behind_the_start_permission(django_user_mo
     assert client.post(page, {"step": "nope"}).status_code == 400
     detail = client.get(reverse("admin:queue_app_workflow_change", args=[forked.id])).content.decode()
     assert f"#{w.id}</a> at step <code>b</code>" in detail and forked.version in detail
+
+
+def test_admin_repair_onto_the_current_definition_is_its_own_confirmed_action(django_user_model):
+    w = cancelled("wfv_versioned")
+    ProbeEffect.objects.create(key="wfv-v2")
+    user = django_user_model.objects.create_user(username="r", password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=["view_workflow"]))
+    client = Client()
+    client.force_login(user)
+    page = reverse("admin:queue_app_workflow_repair-current", args=[w.id])
+    assert client.post(page).status_code == 403 and Workflow.objects.get(id=w.id).attempt == 1
+    user.user_permissions.add(Permission.objects.get(codename="repair_workflow"))
+    client.force_login(django_user_model.objects.get(id=user.id))
+    assert "onto the definition as the code has it now" in client.get(page).content.decode()
+    assert client.post(page).status_code == 302
+    repaired = Workflow.objects.get(id=w.id)
+    assert repaired.attempt == 2 and repaired.version != w.version and "d" in steps(repaired)
+    assert LogEntry.objects.get(object_id=str(w.id)).change_message.startswith("Repaired onto the current definition")
