@@ -29,7 +29,7 @@ from ..workflows import WorkflowError, registered_workflows
 from ..workflows import services as workflows
 from ..workflows.graph import COLOURS, SEVERITY, step_states, svg
 from ..workflows.models import WORKFLOW_FINAL_STATES, Workflow, WorkflowState, WorkflowStep
-from . import approvals
+from . import approvals, workflow_versions
 from .actions import Operation, ReadOnlyAdmin
 from .overview import age
 
@@ -38,12 +38,18 @@ PERMISSIONS = {
     "start": "queue_app.start_workflow",
     "cancel": "queue_app.cancel_workflow",
     "repair": "queue_app.repair_workflow",
+    "repair-current": "queue_app.repair_workflow",
 }
 STEPS_PER_PAGE = 100
 # The detail page's actions, each confirmed on a page of its own: (what the page asks, service, what is done).
 DETAIL_ACTIONS = {
     "cancel": ("Cancel", workflows.cancel, "Cancelled"),
     "repair": ("Repair", workflows.repair, "Repaired (a new attempt)"),
+    "repair-current": (
+        "Repair onto the current definition",
+        lambda pk, actor: workflows.repair(pk, actor=actor, onto_current=True),
+        "Repaired onto the current definition (a new attempt)",
+    ),
 }
 
 
@@ -182,6 +188,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
             path("start/", view(self.start_view), name=self.url_name("start")),
             path("backfill/", view(self.backfill_view), name=self.url_name("backfill")),
             path("approvals/", view(self.approvals_view), name=self.url_name("approvals")),
+            path("<int:workflow_id>/versions/", view(self.versions_view), name=self.url_name("versions")),
+            path("<int:workflow_id>/fork/", view(self.fork_view), name=self.url_name("fork")),
             *(
                 path(f"<int:workflow_id>/{action}/", view(self._confirm_view(action)), name=self.url_name(action))
                 for action in DETAIL_ACTIONS
@@ -202,6 +210,12 @@ class WorkflowAdmin(ReadOnlyAdmin):
     def approvals_view(self, request: HttpRequest) -> HttpResponse:
         """Any staff user: the page lists only the approvals whose permission they hold (admin/approvals.py)."""
         return approvals.pending_view(self, request)
+
+    def versions_view(self, request: HttpRequest, workflow_id: int) -> HttpResponse:
+        return workflow_versions.versions_view(self, request, workflow_id)
+
+    def fork_view(self, request: HttpRequest, workflow_id: int) -> HttpResponse:
+        return workflow_versions.fork_view(self, request, workflow_id)
 
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
         return {
@@ -257,6 +271,11 @@ class WorkflowAdmin(ReadOnlyAdmin):
             attempts=list(range(1, workflow.attempt)),
             cancel_url=self.reverse("cancel", workflow.id),
             repair_url=self.reverse("repair", workflow.id),
+            repair_current_url=self.reverse("repair-current", workflow.id),
+            versions_url=self.reverse("versions", workflow.id),
+            fork_url=self.reverse("fork", workflow.id),
+            forked_from_url=self.reverse("change", workflow.forked_from) if workflow.forked_from else "",
+            can_fork=workflow.state in WORKFLOW_FINAL_STATES,
             can_cancel=workflow.state not in (*WORKFLOW_FINAL_STATES, WorkflowState.CANCELLING),
             can_repair=workflow.state in (WorkflowState.FAILED, WorkflowState.CANCELLED),
             colours=COLOURS,

@@ -58,6 +58,7 @@ STEP_NAME = re.compile(r"^[^\x00-\x1f]{1,200}$")
 SLEEP_TASK = "queue_app.workflow_sleep"
 EVENT_TIMEOUT_TASK = "queue_app.workflow_event_timeout"
 APPROVAL_TIMEOUT_TASK = "queue_app.workflow_approval_timeout"
+DEADLINE_TASK = "queue_app.workflow_deadline"  # a workflow's or a step's deadline (workflows/deadlines.py)
 ON_TIMEOUT = ("fail", "continue")
 # An approval without a timeout: its item (its timeout) is due in a century, a time no real wait reaches.
 NO_TIMEOUT = 100 * 365.25 * 86400
@@ -116,6 +117,7 @@ class Graph:
         self.name = name
         self.params = dict(params or {})  # what an event wait's key template is filled from
         self.steps: dict[str, StepSpec] = {}
+        self.deadline_spec: dict[str, Any] | None = None  # the workflow's deadline (wf.deadline without a step)
 
     def _refs(self, after: Iterable[StepRef | str] | StepRef | str, what: str) -> list[str]:
         if isinstance(after, (StepRef, str)):
@@ -344,6 +346,31 @@ class Graph:
             )
         )
 
+    def deadline(
+        self,
+        step: StepRef | str | None = None,
+        *,
+        seconds: float | dt.timedelta | None = None,
+        at: dt.datetime | None = None,
+    ) -> None:
+        """A deadline for the workflow (no `step`) or for one step: `seconds` from its start (the workflow's
+        start; the step's: when it becomes ready), or `at` a time (timezone-aware, in the future). Past it, what
+        of it is waiting or running is cancelled and the workflow fails (compensations run). Its mark is a delayed
+        item (workflows/deadlines.py), which changes nothing when the workflow or step has ended."""
+        what = "workflow deadline" if step is None else f"deadline of step {getattr(step, 'name', step)!r}"
+        spec = deadline_spec(seconds, at, what=what)
+        if step is None:
+            self.deadline_spec = spec
+            return
+        name = self._refs(step, what)[0]
+        if name not in self.steps:
+            raise WorkflowDefinitionError(f"{what}: no such step (define the step first)")
+        item = task_item_spec(DEADLINE_TASK, None, what=what)
+        item.pop("payload")
+        self.steps[name].spec["deadline"] = item | (
+            {"delay": spec["seconds"]} if "seconds" in spec else {"until": spec["at"]}
+        )
+
     def order(self) -> list[str]:
         """The steps in dependency order; WorkflowDefinitionError for a cycle, an unknown name, no steps."""
         if not self.steps:
@@ -363,6 +390,23 @@ class Graph:
             raise WorkflowDefinitionError(f"workflow {self.name!r} has a cycle: {cycle}") from None
 
 
+def deadline_spec(seconds: Any, at: Any, *, what: str) -> dict[str, Any]:
+    """{"seconds": S} or {"at": ISO time}, checked: a number above 0, or a timezone-aware time not yet past."""
+    if (seconds is None) == (at is None):
+        raise WorkflowDefinitionError(f"{what}: takes seconds= or at=, one of them")
+    if seconds is not None:
+        if isinstance(seconds, dt.timedelta):
+            seconds = seconds.total_seconds()
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < 10**9:
+            raise WorkflowDefinitionError(f"{what}: seconds must be a number above 0, not {seconds!r}")
+        return {"seconds": float(seconds)}
+    if not isinstance(at, dt.datetime) or at.tzinfo is None:
+        raise WorkflowDefinitionError(f"{what}: at must be a timezone-aware datetime, not {at!r}")
+    if at <= dt.datetime.now(dt.UTC):
+        raise WorkflowDefinitionError(f"{what}: {at.isoformat()} is in the past")
+    return {"at": at.isoformat()}
+
+
 Builder = Callable[[Graph, dict[str, Any]], Any]
 
 
@@ -372,6 +416,7 @@ class WorkflowDefinition:
     build: Builder = field(repr=False)
     params: tuple[Param, ...] = ()
     description: str = ""
+    version: str = ""  # declared (workflow(version=...)); else each run records its graph's fingerprint
 
     def validate(self, raw: Mapping[str, Any] | None) -> dict[str, Any]:
         """Typed parameters; WorkflowParamError (a WorkflowError) naming every bad one (unknown, missing, wrong
@@ -397,12 +442,15 @@ _workflows: Registry[WorkflowDefinition] = Registry(
 
 
 def workflow(
-    name: str, *, params: Sequence[Param] = (), description: str = ""
+    name: str, *, params: Sequence[Param] = (), description: str = "", version: str = ""
 ) -> Callable[[Builder], WorkflowDefinition]:
-    """Register `build(wf, params)` as the workflow `name` (its parameters declared like a Spark job's)."""
+    """Register `build(wf, params)` as the workflow `name` (its parameters declared like a Spark job's). Each
+    run records `version` (1-100 characters), else a fingerprint of the graph it built (workflows/versions.py)."""
     names = [p.name for p in params]
     if len(names) != len(set(names)):
         raise ValueError(f"workflow {name!r} declares a parameter twice: {names}")
+    if not isinstance(version, str) or len(version) > 100 or not STEP_NAME.match(version or "-"):
+        raise ValueError(f"workflow {name!r}: version must be up to 100 characters, not {version!r}")
 
     def register(build: Builder) -> WorkflowDefinition:
         definition = WorkflowDefinition(
@@ -410,6 +458,7 @@ def workflow(
             build=build,
             params=tuple(params),
             description=description or (build.__doc__ or "").strip().split("\n")[0],
+            version=version,
         )
         return _workflows.register(name, definition)
 

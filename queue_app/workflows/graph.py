@@ -107,3 +107,41 @@ def svg(workflow: Workflow, steps: list[tuple[WorkflowStep, str]], link: Callabl
         dot.edge(up, down)
     out = dot.pipe(format="svg", encoding="utf-8")
     return out[out.index("<svg") :]
+
+
+# -- the difference between two versions of a definition (the admin's versions page) -------------------------
+
+DIFF_COLOURS = {
+    "added": ("#dff2dc", "#3c8a2e"),
+    "removed": ("#fbe3e1", "#ba2121"),
+    "changed": ("#fff4d6", "#c79a00"),
+    "same": ("#f8f8f8", "#999999"),
+}
+
+
+def diff_svg(changes: list[tuple[str, str, str]], edges: set[tuple[str, str]]) -> str:
+    """Both versions' steps as one graph, each (name, change, tooltip) coloured by its change (added, removed,
+    changed, same), with the dependencies of either version; SVG as `svg`'s."""
+    dot = graphviz.Digraph(
+        graph_attr={"rankdir": "LR", "bgcolor": "transparent", "fontname": "sans-serif", "nodesep": "0.3"},
+        node_attr={"shape": "box", "style": "rounded,filled", "fontname": "sans-serif", "fontsize": "11"},
+        edge_attr={"color": "#999999", "arrowsize": "0.7"},
+    )
+    keys = {name: f"n{i}" for i, (name, _, _) in enumerate(changes)}
+    for name, change, tooltip in changes:
+        fill, border = DIFF_COLOURS[change]
+        style = "rounded,filled,dashed" if change == "removed" else "rounded,filled"
+        dot.node(
+            keys[name],
+            f"{name}\n{change}",
+            fillcolor=fill,
+            color=border,
+            style=style,
+            tooltip=tooltip,
+            **{"class": f"wf-node change-{change}"},
+        )
+    for up, down in sorted(edges):
+        if up in keys and down in keys:
+            dot.edge(keys[up], keys[down])
+    out = dot.pipe(format="svg", encoding="utf-8")
+    return out[out.index("<svg") :]

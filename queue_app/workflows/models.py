@@ -63,6 +63,16 @@ class Workflow(models.Model):
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The version of its definition the current attempt runs (declared, else its graph's fingerprint: a
+    # WorkflowVersion row of this name holds that graph's shape). Empty for backfills and batches.
+    version = models.CharField(max_length=100, blank=True, default="")
+    # A fork (services.fork): the finished workflow it was forked from, and the step it re-ran from.
+    forked_from = models.BigIntegerField(null=True, blank=True)
+    fork_step = models.CharField(max_length=200, blank=True, default="")
+    # Its deadline as declared ({"seconds": S} from its start, or {"at": ISO time}) and as armed for the current
+    # attempt (workflows/deadlines.py): a delayed item of queue_app.workflow_deadline is due then.
+    deadline = models.JSONField(null=True, blank=True)
+    deadline_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -103,6 +113,25 @@ class WorkflowStartKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} {self.key!r} -> {self.workflow_id}"
+
+
+class WorkflowVersion(models.Model):
+    """The shape of one version of a definition (workflows/versions.py): per step its kind, target, dependencies,
+    failure policy and compensation, as the first run of that version built it. Written once per (name,
+    version) by INSERT .. ON CONFLICT DO NOTHING when a run starts; what the admin's version difference reads."""
+
+    pk = models.CompositePrimaryKey("name", "version")
+    name = models.CharField(max_length=200)
+    version = models.CharField(max_length=100)
+    fingerprint = models.CharField(max_length=64)
+    shape = models.JSONField(default=dict)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["name", "created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.version}"
 
 
 class StepKind(models.TextChoices):

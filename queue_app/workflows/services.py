@@ -24,7 +24,7 @@ from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
 from ..registry import Context
 from ..spark.registry import SparkJobError, get_job
-from . import sql
+from . import deadlines, rebuild, sql, versions
 from .definition import (
     STEP_NAME,
     Graph,
@@ -93,11 +93,22 @@ def _create(
     callbacks: dict[str, Any] | None = None,
     order_edges: Iterable[tuple[str, str]] = (),
     key: tuple[str, float | None] | None = None,
+    version: str | None = None,
+    deadline: dict[str, Any] | None = None,
     using: str = "default",
 ) -> Workflow:
     """Write a checked graph: the workflow, its steps and edges, and the items of the steps with nothing to wait
     for, in one transaction. With `key` (key, window in seconds or None), the key is claimed first: held by
-    another workflow, that one is returned and nothing is written. The returned row's `created` says which."""
+    another workflow, that one is returned and nothing is written. The returned row's `created` says which.
+    `version` (a declared one, "" for the graph's fingerprint; None: not recorded, a backfill's or a batch's)
+    is recorded with the graph's shape (workflows/versions.py); `deadline` (else the graph's, wf.deadline) is
+    armed (workflows/deadlines.py): a time already past is an error, nothing written."""
+    deadline = deadline or graph.deadline_spec
+    deadline_at = deadlines.due(deadline)
+    shape = fp = None
+    if version is not None:
+        shape = versions.shape(graph)
+        version, fp = versions.version_of(version, shape)
     steps = [graph.steps[n] for n in order]
     order_edges = list(order_edges)
     waits = {s.name: len(s.after) for s in steps}
@@ -109,6 +120,7 @@ def _create(
         [s.spec for s in steps]
         + [s.compensate for s in steps if s.compensate]
         + [s.spec["requested"] for s in steps if "requested" in s.spec]  # an approval's webhook event item
+        + [s.spec["deadline"] for s in steps if "deadline" in s.spec]  # a step's deadline item
         + list(callbacks.values()),
         using,
     )
@@ -136,7 +148,13 @@ def _create(
             callbacks=callbacks,
             channel=channel,
             default_max_attempts=default_max_attempts(),
+            version=version or "",
+            deadline=deadline,
+            deadline_at=deadline_at,
         )
+        if shape is not None:
+            versions.record(name, version, fp, shape, using)
+        deadlines.arm(workflow.id, 1, deadline_at, using)
         rows = WorkflowStep.objects.using(using).bulk_create(
             [_step_row(workflow.id, 1, s, pending=waits[s.name]) for s in steps], batch_size=2000
         )
@@ -154,10 +172,15 @@ def _create(
     return workflow
 
 
-def start_graph(graph: Graph, *, started_by: str = "", using: str = "default") -> Workflow:
+def start_graph(graph: Graph, *, started_by: str = "", deadline: Any = None, using: str = "default") -> Workflow:
     """Start a graph built in code (not a registered workflow): `Graph(name)`, `.task()`, `.spark()`, then this.
-    Checked like a registered one's graph before anything is written."""
-    return _create(graph.name, WorkflowKind.WORKFLOW, {}, graph, graph.order(), started_by, using=using)
+    Checked like a registered one's graph before anything is written. Its version is its graph's fingerprint.
+    `deadline`: as start's."""
+    spec = deadlines.parse(deadline)
+    order = graph.order()
+    return _create(
+        graph.name, WorkflowKind.WORKFLOW, {}, graph, order, started_by, version="", deadline=spec, using=using
+    )
 
 
 def _start_key(key: Any, window: Any) -> tuple[str, float | None] | None:
@@ -181,6 +204,7 @@ def start(
     started_by: str = "",
     key: str | None = None,
     key_window: float | dt.timedelta | None = None,
+    deadline: float | dt.timedelta | dt.datetime | None = None,
 ) -> Workflow:
     """Start registered workflow `name`. Raises UnknownWorkflow, WorkflowError (bad parameters, a bad key) or
     WorkflowDefinitionError (the graph its builder made cannot run) before anything is written.
@@ -188,12 +212,27 @@ def start(
     With `key`, idempotent: while a workflow of this name started with the same key exists (or, with
     `key_window` seconds, until that long after it started), another start returns it and writes nothing, also
     under concurrent starters (a unique claim, WorkflowStartKey). The returned row's `created` is True for a new
-    workflow, False for the one the key already named."""
+    workflow, False for the one the key already named.
+
+    `deadline` (seconds from now, or a timezone-aware time; else the definition's `wf.deadline`, if any): past
+    it, what is waiting or running is cancelled and the workflow fails (workflows/deadlines.py). A time already
+    past is a WorkflowDefinitionError, nothing written. Each run records its definition's version."""
     definition = get_workflow(name)
     claim = _start_key(key, key_window)
+    spec = deadlines.parse(deadline)
     values = definition.validate(params)
     graph, order = definition.graph(values)
-    return _create(definition.name, WorkflowKind.WORKFLOW, definition.dump(values), graph, order, started_by, key=claim)
+    return _create(
+        definition.name,
+        WorkflowKind.WORKFLOW,
+        definition.dump(values),
+        graph,
+        order,
+        started_by,
+        key=claim,
+        version=definition.version,
+        deadline=spec,
+    )
 
 
 # -- from inside a running step -------------------------------------------------------------------------------
@@ -322,10 +361,44 @@ def cancel(workflow_id: int, *, actor: str = "") -> bool:
     return True
 
 
-def repair(workflow_id: int, *, actor: str = "") -> Workflow:
+def _ended_attempt(workflow: Workflow) -> tuple[list[WorkflowStep], list[StepDependency]]:
+    rows = list(WorkflowStep.objects.filter(workflow_id=workflow.id, attempt=workflow.attempt).order_by("id"))
+    edges = list(StepDependency.objects.filter(downstream_id__in=[s.id for s in rows]))
+    return rows, edges
+
+
+def _onto_current(workflow: Workflow) -> tuple[Graph, list[str], str, dict[str, Any]]:
+    """The workflow's current definition, built with its parameters (versions.current), for a rebuild."""
+    if workflow.kind != WorkflowKind.WORKFLOW:
+        raise WorkflowError(
+            f"workflow {workflow.id} is a {workflow.kind}: only a registered workflow has a current definition"
+        )
+    graph, order, version, shape = versions.current(workflow)
+    _ensure_queues(
+        [s.spec for s in graph.steps.values()]
+        + [s.compensate for s in graph.steps.values() if s.compensate]
+        + [s.spec[k] for s in graph.steps.values() for k in ("requested", "deadline") if k in s.spec]
+    )
+    return graph, order, version, shape
+
+
+def _run(workflow: Workflow, attempt: int, rows: list[WorkflowStep]) -> None:
+    """Start attempt `attempt` just written: enqueue the steps with nothing to wait for (or end it at once)."""
+    waiting = [row for row in rows if row.state == StepState.WAITING]
+    _enqueue([row.id for row in waiting if row.pending == 0], workflow.channel)
+    if not waiting:
+        _finish(workflow.id)
+
+
+def repair(workflow_id: int, *, actor: str = "", onto_current: bool = False) -> Workflow:
     """A new attempt of a failed or cancelled workflow: the steps that failed or were cancelled (or whose work
     was compensated) run again with everything downstream of them; steps that succeeded keep their results and
-    are not run. The earlier attempts' rows stay as they were."""
+    are not run. The earlier attempts' rows stay as they were.
+
+    It re-runs the stored graph (the one the workflow started with), unless `onto_current`: then the new attempt
+    is the definition as the code has it now (built with the workflow's parameters), a step kept only when it
+    succeeded with the same definition, and the workflow records that version (workflows/rebuild.py). A
+    deadline is armed again: a duration from now, a time only when it has not passed."""
     with transaction.atomic():
         workflow = Workflow.objects.select_for_update().filter(id=workflow_id).first()
         if workflow is None:
@@ -334,80 +407,82 @@ def repair(workflow_id: int, *, actor: str = "") -> Workflow:
             raise WorkflowError(
                 f"workflow {workflow_id} is {workflow.state}: only a failed or cancelled one can be repaired"
             )
-        old = {
-            s.id: s
-            for s in WorkflowStep.objects.filter(workflow_id=workflow.id, attempt=workflow.attempt).order_by("id")
-        }
-        undone = {s.compensates_id for s in old.values() if s.kind == StepKind.COMPENSATION}
-        steps = {i: s for i, s in old.items() if s.kind != StepKind.COMPENSATION}
-        edges = list(StepDependency.objects.filter(downstream_id__in=list(steps)))
-        down: dict[int, list[int]] = {}
-        for e in edges:
-            if not e.order_only:
-                down.setdefault(e.upstream_id, []).append(e.downstream_id)
-        rerun = {i for i, s in steps.items() if s.state != StepState.SUCCEEDED or i in undone}
-        todo = list(rerun)
-        while todo:
-            for d in down.get(todo.pop(), []):
-                if d not in rerun:
-                    rerun.add(d)
-                    todo.append(d)
-        # A re-run step fans out again: what it added last time is not copied.
-        dropped = {i for i, s in steps.items() if s.parent_id in rerun}
+        version = workflow.version
+        rows, edges = _ended_attempt(workflow)
+        if onto_current:
+            graph, order, version, shape = _onto_current(workflow)
+            planned = rebuild.plan(rows, edges, graph=graph, order=order)
+            versions.record(workflow.name, version, versions.fingerprint(shape), shape)
+        else:
+            planned = rebuild.plan(rows, edges)
         attempt = workflow.attempt + 1
-        copies = {}
-        for i, s in steps.items():
-            if i in dropped:
-                continue
-            kept = i not in rerun
-            copies[i] = _step_row(
-                workflow.id,
-                attempt,
-                s,
-                kept=kept,
-                state=StepState.SUCCEEDED if kept else StepState.WAITING,
-                item_id=s.item_id if kept else None,
-                spark_run_id=s.spark_run_id if kept else None,
-                result=s.result if kept else None,
-                ready_at=s.ready_at if kept else None,
-                finished_at=s.finished_at if kept else None,
-            )
-        for e in edges:
-            if e.upstream_id in copies and e.downstream_id in copies and e.upstream_id not in rerun:
-                continue  # a kept upstream is done: nothing to wait for
-            if e.downstream_id in copies and e.upstream_id in copies:
-                copies[e.downstream_id].pending += 1
-        new_rows = WorkflowStep.objects.bulk_create(list(copies.values()), batch_size=2000)
-        new_id = {old_id: row.id for old_id, row in zip(copies, new_rows, strict=True)}
-        # parents of kept fan-out children point at the new copies
-        for old_id, row in zip(copies, new_rows, strict=True):
-            parent = steps[old_id].parent_id
-            if parent in new_id:
-                WorkflowStep.objects.filter(id=row.id).update(parent_id=new_id[parent])
-        StepDependency.objects.bulk_create(
-            [
-                StepDependency(
-                    upstream_id=new_id[e.upstream_id], downstream_id=new_id[e.downstream_id], order_only=e.order_only
-                )
-                for e in edges
-                if e.upstream_id in new_id and e.downstream_id in new_id
-            ],
-            batch_size=5000,
-        )
-        waiting = [row for row in new_rows if row.state == StepState.WAITING]
+        new_rows = rebuild.write(planned, workflow.id, attempt)
+        deadline_at = deadlines.due(workflow.deadline, strict=False)
         Workflow.objects.filter(id=workflow.id).update(
             attempt=attempt,
             default_max_attempts=default_max_attempts(),  # its new items are made now, under today's setting
             state=WorkflowState.RUNNING,
             steps_total=len(new_rows),
-            steps_open=len(waiting),
+            steps_open=planned.waiting,
             steps_failed=0,
             finished_at=None,
             error="",
+            version=version,
+            deadline_at=deadline_at,
         )
-        _enqueue([row.id for row in waiting if row.pending == 0], workflow.channel)
-        if not waiting:
-            _finish(workflow.id)
+        deadlines.arm(workflow.id, attempt, deadline_at)
+        _run(workflow, attempt, new_rows)
+    workflow.refresh_from_db()
+    return workflow
+
+
+def fork(workflow_id: int, from_step: str, *, onto_current: bool = False, actor: str = "") -> Workflow:
+    """A new workflow from a finished one, re-run from step `from_step`: that step and everything downstream of
+    it run again (and any step that did not succeed, with what is downstream of it); every other step is
+    copied succeeded with its result (and item), so the steps upstream of `from_step` keep their results. On
+    the stored graph (the one the finished workflow ran), or `onto_current`: the definition as the code has it
+    now, built with the same parameters (a step kept only when its definition is unchanged). The new workflow
+    names its source (`forked_from`, `fork_step`) and takes its parameters, callbacks and deadline (a duration
+    from now; a time only when it has not passed). WorkflowError, nothing written: an unknown workflow, one
+    not finished, a step it does not have."""
+    with transaction.atomic():
+        source = Workflow.objects.select_for_update().filter(id=workflow_id).first()
+        if source is None:
+            raise WorkflowError(f"no workflow {workflow_id}")
+        if source.state not in WORKFLOW_FINAL_STATES:
+            raise WorkflowError(f"workflow {workflow_id} is {source.state}: only a finished one can be forked")
+        if not isinstance(from_step, str) or not from_step:
+            raise WorkflowError("fork needs the step to re-run from (--from STEP)")
+        rows, edges = _ended_attempt(source)
+        where = f"workflow {source.id} ({source.name})"
+        version, shape = source.version, None
+        if onto_current:
+            graph, order, version, shape = _onto_current(source)
+            planned = rebuild.plan(rows, edges, graph=graph, order=order, from_step=from_step, where=where)
+        else:
+            planned = rebuild.plan(rows, edges, from_step=from_step, where=where)
+        deadline_at = deadlines.due(source.deadline, strict=False)
+        workflow = Workflow.objects.create(
+            name=source.name,
+            kind=source.kind,
+            params=source.params,
+            started_by=(actor or "")[:150],
+            steps_total=len(planned.rows),
+            steps_open=planned.waiting,
+            callbacks=source.callbacks,
+            channel=source.channel,
+            default_max_attempts=default_max_attempts(),
+            version=version,
+            forked_from=source.id,
+            fork_step=from_step,
+            deadline=source.deadline,
+            deadline_at=deadline_at,
+        )
+        if shape is not None:
+            versions.record(workflow.name, version, versions.fingerprint(shape), shape)
+        new_rows = rebuild.write(planned, workflow.id, 1)
+        deadlines.arm(workflow.id, 1, deadline_at)
+        _run(workflow, 1, new_rows)
     workflow.refresh_from_db()
     return workflow
 
@@ -578,6 +653,11 @@ def status(workflow_id: int) -> dict[str, Any]:
         "state": workflow.state,
         "attempt": workflow.attempt,
         "steps": steps,
+        # versions, forks, deadlines (issue 39)
+        "version": workflow.version,
+        "forked_from": workflow.forked_from,
+        "fork_step": workflow.fork_step or None,
+        "deadline_at": workflow.deadline_at.isoformat() if workflow.deadline_at else None,
     }
 
 

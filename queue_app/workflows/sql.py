@@ -4,10 +4,10 @@ cancel, repair).
 
 The database runs what migrations installed, and a migration is frozen: each holds a literal copy of the texts
 it installs (never importing them from here or from another migration). The latest copies are in migrations
-0021_workflow_sql_one_home, 0024_workflow_waits and 0027_workflow_approvals. tests/test_workflow_sql_source.py
-compares every `queue_app_wf_*` function and workflow trigger of a migrated database with this module, so a
-change here needs a new migration holding a copy of the changed texts (CREATE OR REPLACE), and a migration
-cannot change them without this module following.
+0021_workflow_sql_one_home, 0024_workflow_waits, 0027_workflow_approvals and 0033_workflow_versions.
+tests/test_workflow_sql_source.py compares every `queue_app_wf_*` function and workflow trigger of a migrated
+database with this module, so a change here needs a new migration holding a copy of the changed texts (CREATE OR
+REPLACE), and a migration cannot change them without this module following.
 
 Every function runs inside the transaction that settles an item (or starts, fans out, cancels or repairs a
 workflow) and takes the workflow's row lock first: one workflow's counters change one transaction at a time, so
@@ -512,6 +512,28 @@ END
 $$;
 """
 
+# A step with a deadline (spec "deadline": the item spec of queue_app.workflow_deadline with "delay" seconds or
+# "until" a time, workflows/definition.py Graph.deadline) that becomes ready (queue_app_wf_enqueue marked it
+# queued) arms it in that transaction: one delayed item naming the workflow, attempt and step, due that long
+# after now (its start) or then. workflows/deadlines.py acts on it only if the step is still open by then.
+_STEP_DEADLINE_ITEM = _items_from_specs(
+    f"(SELECT default_max_attempts FROM {WORKFLOW} WHERE id = NEW.workflow_id) AS w",
+    spec="NEW.spec->'deadline'",
+    payload="jsonb_build_object('workflow_id', NEW.workflow_id, 'attempt', NEW.attempt, 'step_id', NEW.id,\n"
+    "                          'step', NEW.name)",
+    item_id=f"nextval('{ITEM_SEQUENCE}')",
+    step_id="NULL",
+    attempts="w.default_max_attempts",
+)
+STEP_DEADLINE_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION queue_app_wf_step_deadline() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    {_at(4, _STEP_DEADLINE_ITEM)};
+    RETURN NULL;
+END
+$$;
+"""
+
 TRIGGERS = """
 CREATE OR REPLACE TRIGGER workflow_step_settled AFTER UPDATE OF state ON queue_app_queueitem FOR EACH ROW
     WHEN (NEW.workflow_step_id IS NOT NULL AND NEW.state IN ('done', 'dead', 'cancelled')
@@ -524,6 +546,9 @@ CREATE OR REPLACE TRIGGER workflow_deleted AFTER DELETE ON queue_app_workflow RE
 CREATE OR REPLACE TRIGGER workflow_approval_requested AFTER UPDATE OF state ON queue_app_workflowstep FOR EACH ROW
     WHEN (NEW.kind = 'approval' AND NEW.state = 'queued' AND OLD.state = 'waiting')
     EXECUTE FUNCTION queue_app_wf_approval_requested();
+CREATE OR REPLACE TRIGGER workflow_step_deadline AFTER UPDATE OF state ON queue_app_workflowstep FOR EACH ROW
+    WHEN (NEW.state = 'queued' AND OLD.state = 'waiting' AND NEW.spec ? 'deadline')
+    EXECUTE FUNCTION queue_app_wf_step_deadline();
 """
 
 FUNCTIONS = (
@@ -536,6 +561,7 @@ FUNCTIONS = (
     STEPS_ENDED_FUNCTION,
     WORKFLOW_DELETED_FUNCTION,
     APPROVAL_REQUESTED_FUNCTION,
+    STEP_DEADLINE_FUNCTION,
 )
 # Every function and trigger as they are now, idempotent (CREATE OR REPLACE): what a migration's frozen copy is
 # taken from, and what the source test installs to compare with a migrated database.

@@ -3,7 +3,8 @@
 from typing import Any
 
 from ..registry import Context, Delivery, Retry, job
-from .definition import APPROVAL_TIMEOUT_TASK, EVENT_TIMEOUT_TASK, SLEEP_TASK
+from . import deadlines
+from .definition import APPROVAL_TIMEOUT_TASK, DEADLINE_TASK, EVENT_TIMEOUT_TASK, SLEEP_TASK
 from .models import Workflow
 from .signals import workflow_finished
 
@@ -49,6 +50,13 @@ def approval_timeout(payload: Any, ctx: Context) -> dict[str, Any] | None:
     if payload["on_timeout"] == "fail":
         raise ApprovalTimeout(f"nobody approved or rejected within {payload['timeout']:g} s")
     return {"approved": None, "timed_out": True}
+
+
+@job(DEADLINE_TASK)
+def deadline(payload: Any, ctx: Context) -> dict[str, bool]:
+    """A workflow's or a step's deadline (delayed until then, workflows/deadlines.py): cancels what it covers
+    if that is still open, in one transaction; otherwise (ended, repaired, run twice) it changes nothing."""
+    return {"acted": deadlines.passed(payload["workflow_id"], payload["attempt"], payload.get("step_id"))}
 
 
 from . import demo as _demo  # noqa: E402, F401  registers the demo's tasks and demo_pipeline

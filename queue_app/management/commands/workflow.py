@@ -3,7 +3,8 @@
     python manage.py workflow list [--json]
     python manage.py workflow start demo_pipeline [--param day=2026-11-24] [--key K [--key-window S]] [--wait] [--json]
     python manage.py workflow status 42 [--json]
-    python manage.py workflow repair 42 [--wait] [--json]
+    python manage.py workflow repair 42 [--onto-current] [--wait] [--json]
+    python manage.py workflow fork 42 --from STEP [--onto-current] [--wait] [--json]
     python manage.py workflow cancel 42 [--json]
     python manage.py workflow send-event partner.callback --key order-7 [--payload '{"amount": 120}'] [--json]
     python manage.py workflow approve 42 --step approve [--comment TEXT] [--user NAME] [--json]
@@ -19,6 +20,12 @@ or job, bad parameters, a bad range) is an error message, exit status 1, and not
 `cancel` cancels as the admin does (the same service): steps not started are cancelled, running ones asked to
 stop. It exits 0 when the workflow was cancelled now or had already ended (its `--json` adds "cancelled": true
 or false), 1 for an unknown id.
+
+`repair` re-runs the graph the workflow started with; `--onto-current` rebuilds it onto the definition as the code
+has it now (a step kept only when unchanged). `fork` starts a new workflow from a finished one: the step named by
+`--from` and everything downstream of it run again, the other steps are copied with their results (the stored
+graph, or the current definition with `--onto-current`). Its output is the new workflow's, as `start`'s; exit 1
+for an unknown workflow, one not finished, or a step it does not have, with nothing written.
 
 `send-event` sends an event (the same service as code's `waits.send_event`): it ends the oldest step waiting for
 its name and key, or is kept for the lookback (JOBSITE WORKFLOW_EVENT_LOOKBACK) for a wait created later. Its
@@ -53,7 +60,7 @@ def _default(value):
 
 
 class Command(BaseCommand):
-    help = "Workflows: list, start, status, repair, cancel, send-event, approve, reject, backfill."
+    help = "Workflows: list, start, status, repair, fork, cancel, send-event, approve, reject, backfill."
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -81,8 +88,19 @@ class Command(BaseCommand):
         status.add_argument("--json", action="store_true")
         repair = sub.add_parser("repair", help="re-run the failed or cancelled steps and what depends on them")
         repair.add_argument("id", type=int)
+        repair.add_argument(
+            "--onto-current", action="store_true", help="rebuild onto the current definition (not the stored graph)"
+        )
         repair.add_argument("--wait", action="store_true")
         repair.add_argument("--json", action="store_true")
+        fork = sub.add_parser("fork", help="a new workflow from a finished one, re-run from a step")
+        fork.add_argument("id", type=int, help="the finished workflow")
+        fork.add_argument("--from", dest="step", required=True, metavar="STEP", help="the step to re-run from")
+        fork.add_argument(
+            "--onto-current", action="store_true", help="run the current definition (default: the stored graph)"
+        )
+        fork.add_argument("--wait", action="store_true")
+        fork.add_argument("--json", action="store_true")
         cancel = sub.add_parser("cancel", help="cancel a workflow: what has not started never runs (as the admin)")
         cancel.add_argument("id", type=int)
         cancel.add_argument("--json", action="store_true")
@@ -107,7 +125,7 @@ class Command(BaseCommand):
         backfill.add_argument("--force", action="store_true", help="allow more partitions than the limit")
         backfill.add_argument("--wait", action="store_true")
         backfill.add_argument("--json", action="store_true")
-        for p in (start, status, repair, backfill):
+        for p in (start, status, repair, fork, backfill):
             p.add_argument("--poll", type=float, default=0.5, help=__import__("argparse").SUPPRESS)
 
     def handle(self, *args, action, imports, **options):
@@ -155,8 +173,14 @@ class Command(BaseCommand):
     def do_status(self, *, id, json, **_):
         self.report(id, wait=False, as_json=json, poll=0)
 
-    def do_repair(self, *, id, wait, json, poll, **_):
-        workflow = workflows.repair(id, actor="cli")
+    def do_repair(self, *, id, onto_current, wait, json, poll, **_):
+        workflow = workflows.repair(id, actor="cli", onto_current=onto_current)
+        self.report(workflow.id, wait=wait, as_json=json, poll=poll)
+
+    def do_fork(self, *, id, step, onto_current, wait, json, poll, **_):
+        workflow = workflows.fork(id, step, onto_current=onto_current, actor="cli")
+        if not json:
+            self.stdout.write(f"workflow {workflow.id} forked from {id} at step {step!r}")
         self.report(workflow.id, wait=wait, as_json=json, poll=poll)
 
     def do_cancel(self, *, id, json, **_):
