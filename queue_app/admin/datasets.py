@@ -13,6 +13,7 @@ More actions (materialize selected partitions, override a failed check) plug in 
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from typing import Any
 
@@ -131,9 +132,8 @@ class DatasetAdmin(ReadOnlyAdmin):
         return f"{PARTITIONS_COUNTED_UP_TO:,}+" if n > PARTITIONS_COUNTED_UP_TO else f"{n:,}"
 
     @admin.display(description="last materialized")
-    def last_materialized(self, row: Dataset) -> str:
-        summary = getattr(row, "summary", None)
-        return (summary or {}).get("last_materialized") or "never"
+    def last_materialized(self, row: Dataset) -> Any:
+        return _when((getattr(row, "summary", None) or {}).get("last_materialized"))
 
     @admin.display(description="freshness")
     def freshness(self, row: Dataset) -> SafeString:
@@ -200,6 +200,7 @@ class DatasetAdmin(ReadOnlyAdmin):
             ds.name,
             ds=ds,
             summary=summary,
+            last_materialized=_when(summary["last_materialized"]),
             freshness=badge(summary["freshness"]),
             partitioning=_partitioning(ds.partitioning.describe()),
             producers=[(job, job_url(job)) for job in sorted(jobs.get("producers", []))],
@@ -280,6 +281,11 @@ class ObserveForm(forms.Form):
         super().__init__(*args, **kwargs)
         if not partitioned:
             del self.fields["partition"]
+
+
+def _when(iso: str | None) -> Any:
+    """A summary's ISO time as a datetime (the admin formats it like any other), or "never"."""
+    return dt.datetime.fromisoformat(iso) if iso else "never"
 
 
 def _partitioning(described: Any) -> str:
