@@ -59,6 +59,9 @@ DEFAULTS: dict[str, Any] = {
     "DATASET_MODULES": (),
     "DATASETS": {},
     "DATASET_ROOTS": (),
+    # OpenLineage (queue_app/datasets/openlineage.py): None (off) or {"transport": {"type": "http"|"file"|
+    # "console", ...}, "namespace": "jobsite", "dataset_namespace": "jobsite", "queue_size": 1000}.
+    "OPENLINEAGE": None,
     # Autoscaling signals (queue_app/autoscaling.py): the suggested worker count drains a queue's ready and
     # in-flight items within this many seconds at the recent throughput per worker, and never exceeds the cap.
     "AUTOSCALE_TARGET_DRAIN_SECONDS": 60.0,

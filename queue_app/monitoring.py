@@ -26,6 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from .autoscaling import Signals, signals
 from .conf import queue_settings
 from .datasets import declared_datasets
+from .datasets.openlineage import dropped_count
 from .datasets.status import Staleness, staleness
 from .flow import HeldBack, limited_queues
 from .models import HISTORY_STATES, HISTORY_STATES_SQL, ItemHistory, ItemState, Outcome, Worker, WorkerState
@@ -494,6 +495,20 @@ class DatasetFreshnessCollector:
         yield from (fresh, seconds)
 
 
+class OpenLineageCollector:
+    """The OpenLineage emitter's drops (datasets/openlineage.py), counted in one row shared by every process."""
+
+    def __init__(self, dropped: int) -> None:
+        self.dropped = dropped
+
+    def collect(self) -> Iterable[Any]:
+        yield CounterMetricFamily(
+            "jobsite_openlineage_events_dropped",
+            "OpenLineage events dropped: the transport failed or the emitter's queue was full.",
+            value=self.dropped,
+        )
+
+
 @require_GET
 @never_cache
 def metrics(request: HttpRequest) -> HttpResponse:
@@ -501,11 +516,13 @@ def metrics(request: HttpRequest) -> HttpResponse:
         snap = snapshot(window_minutes=METRICS_WINDOW_MINUTES)
         limited = limited_queues()
         datasets = staleness(list(declared_datasets().values()), timezone.now())
+        lineage_dropped = dropped_count()
     except DatabaseError as exc:
         return HttpResponse(f"database unavailable: {exc}\n", status=503, content_type="text/plain")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(snap, limited))
     registry.register(DatasetFreshnessCollector(datasets))
+    registry.register(OpenLineageCollector(lineage_dropped))
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 

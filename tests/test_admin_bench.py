@@ -1,6 +1,6 @@
 """`manage.py admin_bench` at a toy size: it loads hot items in the open mix and archived ones with their
-attempts, measures lease + settle before and after the history, times every change list, and a second
-history load adds rows after every id in use."""
+attempts, and datasets with their materializations, measures lease + settle before and after the history, times
+every change list and the dataset pages, and a second history load adds rows after every id in use."""
 
 import io
 from datetime import timedelta
@@ -9,6 +9,7 @@ import pytest
 from django.core.management import call_command
 
 from queue_app.bench.admin_bench import AdminBench
+from queue_app.datasets.models import Materialization
 from queue_app.models import DeadLetter, ItemHistory, QueueItem, ReservationHistory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -18,7 +19,7 @@ def test_a_small_run_loads_both_sides_and_times_every_list():
     out = io.StringIO()
     call_command(
         "admin_bench", "--reset", "--mix", "open", "--items", "2000", "--history", "3000", "--throughput", "500",
-        "--requests", "1", "--budget-ms", "60000", stdout=out,
+        "--datasets", "40", "--materializations", "400", "--requests", "1", "--budget-ms", "60000", stdout=out,
     )  # fmt: skip
     text = out.getvalue()
 
@@ -40,6 +41,9 @@ def test_a_small_run_loads_both_sides_and_times_every_list():
     assert ItemHistory.objects.count() == ReservationHistory.objects.count() == 3000
     assert "ratio" in text and "every change list under 60000 ms at p95" in text
     for label in ("items: created last hour", "dead letters: open, queue + task", "reservations: search item id"):
+        assert label in text
+    assert Materialization.objects.filter(dataset__startswith="bench_ds_").count() == 400  # 10 days x 40
+    for label in ("datasets: list", "dataset page", "dataset lineage (79 nodes)"):  # depth 8 of 40: 40 + 39
         assert label in text
 
     AdminBench(io.StringIO(), style=None).load_history(1000, 2)  # a second load: ids after every one in use

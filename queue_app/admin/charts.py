@@ -208,3 +208,34 @@ def throughput_figure(snap: Any, items_url: str) -> dict[str, Any]:
     layout["xaxis"]["range"] = [start - timedelta(seconds=45), start + timedelta(minutes=minutes)]
     layout["margin"] = {"l": 60, "r": 20, "t": 10, "b": 30}
     return _figure(traces, layout)
+
+
+def materializations_figure(history: Iterable[Any], dataset: str) -> dict[str, Any] | None:
+    """A dataset's materializations over time: rows (left axis) and bytes (right axis), one point each; a click
+    on a point written by a Spark run opens the run."""
+    import plotly.graph_objects as go
+
+    points = sorted(history, key=lambda m: (m.at, m.id))
+    if not points:
+        return None
+    links = [[run_url(m.spark_run_id) if m.spark_run_id else "", m.partition or "-", m.source] for m in points]
+    traces = [
+        go.Scatter(
+            name=what,
+            x=[m.at for m in points],
+            y=[getattr(m, what) for m in points],
+            yaxis=axis,
+            mode="lines+markers",
+            line={"width": 1},
+            marker={"size": 7, "color": color},
+            connectgaps=False,
+            customdata=links,
+            hovertemplate=f"partition %{{customdata[1]}} (%{{customdata[2]}}): %{{y:,}} {what}<br>"
+            "%{x|%Y-%m-%d %H:%M:%S} UTC<extra></extra>",
+        )
+        for what, axis, color in (("rows", "y", "#1565c0"), ("bytes", "y2", "#ef6c00"))
+    ]
+    layout = _layout(f"Materializations of {dataset}", "rows")
+    layout["yaxis2"] = {"title": {"text": "bytes"}, "overlaying": "y", "side": "right", "rangemode": "tozero"}
+    layout["margin"]["r"] = 70
+    return _figure(traces, layout)

@@ -13,6 +13,10 @@ SELECT generate_series into the day partitions), and times the history lists too
 lease + settle of K no-op items (settle_and_lease batches of 1,000, in this process) before the history is
 loaded and again after, in the same run, and prints the ratio: the hot path never reads the history tables.
 
+``--datasets N`` (``--quick``: 1,000; the issue's size: 10,000) also declares N datasets and the Spark jobs between
+them and loads ``--materializations M`` (default 100 per dataset) (bench/admin_datasets.py), and times the
+Datasets list, a dataset's page and the lineage page of a 1,000-node neighbourhood.
+
 Loading needs an empty queue (or ``--reset``, which deletes every queue row in the database: use a database of
 its own). ``--reuse`` times what is already loaded.
 """
@@ -28,6 +32,7 @@ from django.db import connection, transaction
 from django.test import Client
 
 from queue_app import engine
+from queue_app.bench import admin_datasets
 from queue_app.conf import queue_settings
 from queue_app.models import (
     DeadLetter,
@@ -181,13 +186,24 @@ class AdminBench:
         history_days,
         throughput,
         idle_minutes,
+        datasets=None,
+        materializations=None,
         **o,
     ) -> None:
         n = 50_000 if quick else items
+        self.datasets = (1_000 if quick else 0) if datasets is None else datasets
+        if self.datasets < 0 or (materializations is not None and materializations < 0):
+            raise CommandError("--datasets and --materializations must be >= 0")
         if min(n, history, throughput) < 0 or history_days < 1:
             raise CommandError("--items, --history and --throughput must be >= 0, --history-days >= 1")
         if not reuse:
             self.load(n, mix, reset=reset, idle=idle_minutes * 60.0)
+        if self.datasets:
+            took = admin_datasets.declare(self.datasets)
+            self.stdout.write(f"declared {self.datasets:,} datasets and their jobs in {took:.1f} s")
+            if not reuse:
+                m = 100 * self.datasets if materializations is None else materializations
+                admin_datasets.load(self.datasets, m, self.stdout)
         before = self.throughput(throughput) if throughput else None
         if history and not reuse:
             self.load_history(history, history_days)
@@ -329,6 +345,7 @@ class AdminBench:
             ("reservations: search worker id", f"{res}?q=bench-worker-3", True),
             ("dead letters: search dedup key", f"{dead}?q={dedup.dedup_key if dedup else 'none'}", True),
             *self.history_cases(),
+            *(admin_datasets.cases(self.datasets) if getattr(self, "datasets", 0) else []),
             ("item detail page", f"{items}{middle}/change/", False),
             ("overview (admin index)", "/admin/", False),
             ("overview fragment (refresh)", "/admin/queue_app/queue/overview/", False),

@@ -35,6 +35,9 @@ class Dataset(models.Model):
     declared_in = models.CharField(max_length=10, choices=DeclaredIn.choices)
     synced_at = models.DateTimeField(db_default=Now())
 
+    class Meta:
+        permissions = [("observe_dataset", "Can observe a dataset's partition (record files written elsewhere)")]
+
     def __str__(self) -> str:
         return self.name
 
@@ -90,3 +93,17 @@ class StaleEpisode(models.Model):
 
     def __str__(self) -> str:
         return f"{self.dataset} stale since {self.overdue_since}"
+
+
+class OpenLineageCounter(models.Model):
+    """A monotonic counter of the OpenLineage emitter (datasets/openlineage.py), shared by every process: the
+    events dropped because the transport failed or the emitter's queue was full. /metrics exports it
+    (jobsite_openlineage_events_dropped_total). Written only when an event is dropped."""
+
+    name = models.CharField(primary_key=True, max_length=50)
+    value = models.BigIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    updated_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.value}"

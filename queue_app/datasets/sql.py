@@ -49,3 +49,43 @@ SELECT dataset, overdue_since, now() FROM unnest(%s::text[], %s::timestamptz[]) 
 ON CONFLICT (dataset, overdue_since) DO NOTHING
 RETURNING dataset
 """
+
+
+# Per dataset, how many distinct partitions it has, up to a cap: a loose index scan of materialization_partition
+# (one probe per partition, however many materializations each has), every name in one statement. The admin's
+# list reads it for the page's datasets. Parameters: names, cap, cap.
+PARTITION_COUNTS = """
+SELECT d.name, c.n
+FROM unnest(%s::text[]) AS d(name)
+CROSS JOIN LATERAL (
+    WITH RECURSIVE keys(partition, n) AS (
+        (SELECT m.partition, 1 FROM queue_app_materialization m WHERE m.dataset = d.name ORDER BY m.partition LIMIT 1)
+        UNION ALL
+        SELECT (SELECT m.partition FROM queue_app_materialization m
+                WHERE m.dataset = d.name AND m.partition > keys.partition ORDER BY m.partition LIMIT 1), keys.n + 1
+        FROM keys WHERE keys.partition IS NOT NULL AND keys.n <= %s
+    )
+    SELECT count(partition) AS n FROM keys
+) c
+"""
+
+# One dataset's newest partitions (at most a limit, by key, newest first) each with its latest materialization:
+# a loose index scan down materialization_partition, then one probe per key. The dataset page's grid.
+# Parameters: dataset, dataset, limit, dataset.
+PARTITION_GRID = """
+WITH RECURSIVE keys(partition, n) AS (
+    (SELECT m.partition, 1 FROM queue_app_materialization m WHERE m.dataset = %s ORDER BY m.partition DESC LIMIT 1)
+    UNION ALL
+    SELECT (SELECT m.partition FROM queue_app_materialization m
+            WHERE m.dataset = %s AND m.partition < keys.partition ORDER BY m.partition DESC LIMIT 1), keys.n + 1
+    FROM keys WHERE keys.partition IS NOT NULL AND keys.n < %s
+)
+SELECT k.partition, l.id, l.at, l.source, l.rows, l.bytes, l.spark_run_id
+FROM keys k
+CROSS JOIN LATERAL (
+    SELECT m.id, m.at, m.source, m.rows, m.bytes, m.spark_run_id FROM queue_app_materialization m
+    WHERE m.dataset = %s AND m.partition = k.partition ORDER BY m.at DESC LIMIT 1
+) l
+WHERE k.partition IS NOT NULL
+ORDER BY k.partition DESC
+"""

@@ -20,7 +20,8 @@ from django.db import connection
 from .declarations import Dataset
 from .freshness import freshness_state, overdue_since, staleness_seconds
 from .models import Materialization
-from .sql import NEWEST
+from .partitions import PartitionError
+from .sql import NEWEST, PARTITION_COUNTS, PARTITION_GRID
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -123,3 +124,58 @@ def detail(
             for m in history
         ],
     }
+
+
+PARTITIONS_COUNTED_UP_TO = 10_000  # the admin's list says "10,000+" beyond (one index probe per partition)
+GRID_PARTITIONS = 200  # the dataset page's grid: this many of the newest partitions
+
+
+def partition_counts(names: list[str], cap: int = PARTITIONS_COUNTED_UP_TO) -> dict[str, int]:
+    """{name: how many distinct partitions it has materialized}, counted up to cap + 1."""
+    with connection.cursor() as cursor:
+        cursor.execute(PARTITION_COUNTS, [names, cap])
+        return dict(cursor.fetchall())
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One partition in the dataset page's grid: its key, its state and its latest materialization (None when
+    missing). States: "materialized" (by a run, step, item or code), "observed", "missing". The checks' states
+    ("failed checks", "warned") belong here too, from the latest materialization's checks."""
+
+    partition: str
+    state: str
+    id: int | None = None
+    at: dt.datetime | None = None
+    rows: int | None = None
+    bytes: int | None = None
+    spark_run_id: int | None = None
+
+
+def cell_state(source: str | None) -> str:
+    if source is None:
+        return "missing"
+    return "observed" if source == "observed" else "materialized"
+
+
+def partition_grid(ds: Dataset, limit: int = GRID_PARTITIONS) -> list[Cell]:
+    """The dataset's newest `limit` partitions, oldest first, each with its latest materialization; for a daily
+    or hourly dataset the gaps between them are shown as missing, and a static dataset shows every declared key."""
+    with connection.cursor() as cursor:
+        cursor.execute(PARTITION_GRID, [ds.name, ds.name, limit, ds.name])
+        found = {
+            row[0]: Cell(row[0], cell_state(row[3]), row[1], row[2], row[4], row[5], row[6])
+            for row in cursor.fetchall()
+        }
+    kind = ds.partitioning.kind
+    keys: list[str] = sorted(found)
+    if kind == "static":
+        keys = sorted(set(ds.partitioning.valid) | set(found))
+    elif kind in ("daily", "hourly") and found:
+        try:
+            keys = sorted(set(ds.partitioning.keys(min(found), max(found))[-limit:]) | set(found))[-limit:]
+        except PartitionError:  # keys written under another partitioning
+            keys = sorted(found)
+    elif kind == "none" and not found:
+        keys = [""]
+    return [found.get(key) or Cell(key, "missing") for key in keys]

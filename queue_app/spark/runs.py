@@ -45,6 +45,7 @@ from .datasets import output_figures, record_outputs, run_partitions
 from .java import JavaNotFound, check_java
 from .launcher import LaunchResult, launch
 from .models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
+from .openlineage import emit_run
 from .policy import SparkPolicy, policy_for
 from .registry import SparkParamError, UnknownSparkJob, all_jobs, get_job
 from .session import job_group
@@ -348,6 +349,7 @@ def _claim(run_id: int, ctx: Context) -> SparkRun | None:
         if run.state == SparkRunState.CANCELLING:  # cancel asked while an earlier attempt was lost
             run.state, run.finished_at = SparkRunState.CANCELLED, timezone.now()
             run.save(update_fields=["state", "finished_at"])
+            emit_run(run, SparkRunState.CANCELLED)  # OpenLineage ABORT, after commit
             return None
         kill_orphan(run)
         run.state = SparkRunState.STARTING
@@ -360,6 +362,7 @@ def _claim(run_id: int, ctx: Context) -> SparkRun | None:
         run.metrics = None
         run.timings = None
         run.save()
+        emit_run(run, SparkRunState.STARTING)  # OpenLineage START, after commit (spark/openlineage.py)
         return run
 
 
@@ -420,6 +423,7 @@ def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Con
         row.save(
             update_fields=["state", "metrics", "progress", "log_tail", "error", "app_id", "finished_at", "timings"]
         )
+        emit_run(row, state, outputs=outputs, error=row.error)  # COMPLETE, FAIL or ABORT, after commit
     return state
 
 

@@ -34,5 +34,19 @@ class Command(BaseCommand):
             "--throughput", type=int, default=0, help="lease+settle this many items before and after the history"
         )
 
+        parser.add_argument(
+            "--datasets",
+            type=int,
+            default=None,
+            help="declare this many datasets and their jobs and time the dataset pages (default 0; --quick: 1,000; "
+            "the issue's size: 10,000)",
+        )
+        parser.add_argument(
+            "--materializations",
+            type=int,
+            default=None,
+            help="materializations to load over the datasets (default 100 per dataset)",
+        )
+
     def handle(self, *args, **options):
         AdminBench(self.stdout, self.style).run(**options)

@@ -3,11 +3,13 @@
     python manage.py dataset list [--json]
     python manage.py dataset show NAME [--partition P] [--json]
     python manage.py dataset observe NAME [--partition P] [--json]
+    python manage.py dataset lineage NAME [--depth N] [--json]
 
 `list --json` prints [{"name", "partitioning", "last_materialized", "freshness", "checks"}]; `show --json` prints
 {"name", "location", "partitioning", "producers", "consumers", "freshness", "materializations": [{"partition",
 "at", "rows", "bytes", "files", "run_id", "step_id", "checks"}]} newest first; `observe --json` prints the
-recorded materialization. An unknown dataset, a partition that does not fit its partitioning or nothing to
+recorded materialization; `lineage --json` prints {"dataset", "upstream": [names], "downstream": [names],
+"jobs": [names]} (datasets/lineage.py). An unknown dataset, a partition that does not fit its partitioning or nothing to
 observe is an error message and exit status 1, and nothing is written.
 """
 
@@ -19,13 +21,14 @@ from django.utils import timezone
 
 from queue_app.datasets import DatasetError, declared_datasets, get_dataset
 from queue_app.datasets import services as datasets
+from queue_app.datasets.lineage import LineageGraph
 from queue_app.datasets.status import detail, summaries
 from queue_app.datasets.sync import sync_datasets
 from queue_app.spark.datasets import users
 
 
 class Command(BaseCommand):
-    help = "Datasets: list, show, observe."
+    help = "Datasets: list, show, observe, lineage."
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -48,6 +51,12 @@ class Command(BaseCommand):
         observe.add_argument("name")
         observe.add_argument("--partition", metavar="P", help="the partition (required for a partitioned dataset)")
         observe.add_argument("--json", action="store_true")
+        lineage = sub.add_parser("lineage", help="the datasets upstream and downstream and the jobs between them")
+        lineage.add_argument("name")
+        lineage.add_argument(
+            "--depth", type=int, default=None, metavar="N", help="at most N dataset hops each way (default: all)"
+        )
+        lineage.add_argument("--json", action="store_true")
 
     def handle(self, *args, action, imports, **options):
         for module in imports:
@@ -120,6 +129,18 @@ class Command(BaseCommand):
                 if recorded.files is not None
                 else f"observed {recorded.dataset}"
             )
+
+    def do_lineage(self, *, name, depth, json: bool, **_):
+        if depth is not None and depth < 1:
+            raise CommandError("--depth must be at least 1")
+        ds = get_dataset(name)
+        seen = LineageGraph(users()).neighbourhood(ds.name, depth)
+        if json:
+            self.stdout.write(_dumps(seen.as_json()))
+            return
+        self.stdout.write(self.style.MIGRATE_HEADING(ds.name))
+        for what in ("upstream", "downstream", "jobs"):
+            self.stdout.write(f"  {what}: {', '.join(getattr(seen, what)) or '-'}")
 
 
 def _partitioning(described) -> str:

@@ -1,0 +1,304 @@
+"""Datasets in the admin (issue 38): the list (partitioning, partitions, last materialized, freshness, checks), a
+dataset's page (its declaration, producers and consumers, the partition grid by state, the materialization
+history as a chart of rows and bytes over time and as a table, its lineage drawn by Graphviz), the full lineage
+page, and the permissioned observe action (datasets.services.observe, logged).
+
+Reads go through datasets/status.py (the same statements as `dataset list`/`show`), one statement per kind of
+figure for a whole page. The rows of queue_app_dataset are the declarations' snapshots (datasets/sync.py); the
+list syncs them at most once a minute per process.
+
+More actions (materialize selected partitions, override a failed check) plug in at DATASET_TOOLS: each is a
+(label, URL name suffix, permission) shown on the dataset page's object tools when the user holds it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.safestring import SafeString, mark_safe
+
+from ..datasets import DatasetError, declared_datasets, get_dataset
+from ..datasets import services as datasets
+from ..datasets.graph import FRESHNESS_COLOURS, svg
+from ..datasets.lineage import LineageGraph, Neighbourhood
+from ..datasets.models import Dataset, Materialization
+from ..datasets.status import PARTITIONS_COUNTED_UP_TO, partition_counts, partition_grid, summaries
+from ..datasets.sync import sync_datasets
+from ..spark.datasets import users
+from . import charts
+from .actions import ReadOnlyAdmin
+
+TEMPLATES = "admin/queue_app/dataset/"
+PERMISSIONS = {"observe": "queue_app.observe_dataset"}
+# The dataset page's actions: (label, URL name suffix, permission). The materialize and override actions are
+# added here by their helpers.
+DATASET_TOOLS: list[tuple[str, str, str]] = [("Observe", "observe", PERMISSIONS["observe"])]
+HISTORY_CHART_POINTS = 500  # the chart's newest materializations
+HISTORY_ROWS = 50  # the table's
+PAGE_LINEAGE_DEPTH = 2  # the dataset page draws this many hops each way; the lineage page all (up to MAX_NODES)
+SYNC_EVERY = 60.0
+CELL_COLOURS = {
+    "materialized": FRESHNESS_COLOURS["fresh"],
+    "observed": ("#e1effa", "#417690"),
+    "missing": FRESHNESS_COLOURS["missing"],
+}
+_synced_at = [0.0]
+
+
+def _sync() -> None:
+    if time.monotonic() - _synced_at[0] >= SYNC_EVERY:
+        sync_datasets()
+        _synced_at[0] = time.monotonic()
+
+
+def badge(state: str, colours: dict[str, tuple[str, str]] = FRESHNESS_COLOURS) -> SafeString:
+    fill, border = colours.get(state, FRESHNESS_COLOURS["unknown"])
+    return format_html(
+        '<span class="ds-state state-{}" style="background:{};border:1px solid {};padding:0 .4em;border-radius:3px">'
+        "{}</span>",
+        state,
+        fill,
+        border,
+        state,
+    )
+
+
+def dataset_url(name: str) -> str:
+    return reverse("admin:queue_app_dataset_change", args=[quote(name)])
+
+
+def job_url(job: str) -> str:
+    return reverse("admin:queue_app_sparkrun_changelist") + "?" + urlencode({"job": job})
+
+
+def _link_makers() -> tuple:
+    """dataset_url and job_url for a whole drawing: each URL reversed once, the name put in (a thousand
+    reverse() calls cost more than the rest of a 1,000-node page)."""
+    marker = "DATASET-NAME-MARKER"
+    datasets_at = dataset_url(marker)
+    runs_at = reverse("admin:queue_app_sparkrun_changelist") + "?"
+    return (lambda name: datasets_at.replace(marker, quote(name))), (lambda job: runs_at + urlencode({"job": job}))
+
+
+class DatasetChangeList(ChangeList):
+    """The page's datasets with what the list shows of each, read for the page at once (three statements)."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        rows = list(self.result_list)
+        declared = declared_datasets()
+        known = [declared[r.name] for r in rows if r.name in declared]
+        shown = {s["name"]: s for s in summaries(known, timezone.now())} if known else {}
+        counts = partition_counts([r.name for r in rows]) if rows else {}
+        for row in rows:
+            row.summary = shown.get(row.name)
+            row.partitions = counts.get(row.name, 0)
+        self.result_list = rows
+
+
+@admin.register(Dataset)
+class DatasetAdmin(ReadOnlyAdmin):
+    list_display = ("name", "partitioning", "partitions", "last_materialized", "freshness", "checks", "declared_in")
+    list_filter = ("declared_in",)
+    search_fields = ("name",)
+    search_help_text = "Dataset name (contains)."
+    ordering = ("name",)
+    list_per_page = 50
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return DatasetChangeList
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+        _sync()
+        return super().changelist_view(request, extra_context)
+
+    def has_observe_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(PERMISSIONS["observe"])
+
+    # -- list columns -----------------------------------------------------------------------------------------
+
+    @admin.display(description="partitioning")
+    def partitioning(self, row: Dataset) -> str:
+        return _partitioning(row.config.get("partitioning"))
+
+    @admin.display(description="partitions")
+    def partitions(self, row: Dataset) -> str:
+        n = getattr(row, "partitions", 0)
+        return f"{PARTITIONS_COUNTED_UP_TO:,}+" if n > PARTITIONS_COUNTED_UP_TO else f"{n:,}"
+
+    @admin.display(description="last materialized")
+    def last_materialized(self, row: Dataset) -> Any:
+        return _when((getattr(row, "summary", None) or {}).get("last_materialized"))
+
+    @admin.display(description="freshness")
+    def freshness(self, row: Dataset) -> SafeString:
+        summary = getattr(row, "summary", None)
+        return badge(summary["freshness"]) if summary else format_html('<span class="quiet">not declared</span>')
+
+    @admin.display(description="checks")
+    def checks(self, row: Dataset) -> str:
+        return (getattr(row, "summary", None) or {}).get("checks", "none")
+
+    # -- URLs and views ---------------------------------------------------------------------------------------
+
+    def get_urls(self) -> list:
+        view = self.admin_site.admin_view
+        return [
+            path("<str:name>/lineage/", view(self.lineage_view), name=self.url_name("lineage")),
+            path("<str:name>/observe/", view(self.observe_view), name=self.url_name("observe")),
+            *super().get_urls(),
+        ]
+
+    def reverse(self, suffix: str, *args: Any) -> str:
+        return reverse(f"{self.admin_site.name}:{self.url_name(suffix)}", args=args)
+
+    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": title,
+            "changelist_url": self.reverse("changelist"),
+            **extra,
+        }
+
+    def _declared(self, request: HttpRequest, name: str):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            return get_dataset(name)
+        except DatasetError:
+            raise Http404(f"no declared dataset {name!r}") from None
+
+    def _lineage(self, name: str, depth: int | None) -> tuple[Neighbourhood, SafeString]:
+        seen = LineageGraph(users()).neighbourhood(name, depth)
+        declared = declared_datasets()
+        known = [declared[n] for n in seen.datasets if n in declared]
+        shown = {s["name"]: s for s in summaries(known, timezone.now())}
+        to_dataset, to_job = _link_makers()
+        drawing = svg(seen, shown, dataset_url=to_dataset, job_url=to_job)
+        return seen, mark_safe(drawing)  # noqa: S308  dot's own SVG, labels escaped by it
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
+        if request.method == "POST":
+            raise PermissionDenied  # the page has no form of its own: its actions have their own pages
+        ds = self._declared(request, unquote(object_id))
+        partition = request.GET.get("partition")
+        history = Materialization.objects.filter(dataset=ds.name)
+        if partition is not None:
+            history = history.filter(partition=partition)
+        newest = list(history.order_by("-at", "-id")[:HISTORY_CHART_POINTS])
+        jobs = users().get(ds.name, {})
+        summary = summaries([ds], timezone.now())[0]
+        seen, drawing = self._lineage(ds.name, PAGE_LINEAGE_DEPTH)
+        figure = charts.materializations_figure(newest, ds.name)
+        context = self._context(
+            request,
+            ds.name,
+            ds=ds,
+            summary=summary,
+            last_materialized=_when(summary["last_materialized"]),
+            freshness=badge(summary["freshness"]),
+            partitioning=_partitioning(ds.partitioning.describe()),
+            producers=[(job, job_url(job)) for job in sorted(jobs.get("producers", []))],
+            consumers=[(job, job_url(job)) for job in sorted(jobs.get("consumers", []))],
+            cells=[
+                {"cell": c, "fill": CELL_COLOURS[c.state][0], "border": CELL_COLOURS[c.state][1]}
+                for c in partition_grid(ds)
+            ],
+            cell_states=[(state, badge(state, CELL_COLOURS)) for state in CELL_COLOURS],
+            freshness_states=[(state, badge(state)) for state in FRESHNESS_COLOURS],
+            partition=partition,
+            history=newest[:HISTORY_ROWS],
+            figure=figure,
+            lineage=drawing,
+            neighbourhood=seen,
+            lineage_depth=PAGE_LINEAGE_DEPTH,
+            lineage_url=self.reverse("lineage", ds.name),
+            tools=[
+                (label, self.reverse(suffix, ds.name))
+                for label, suffix, permission in DATASET_TOOLS
+                if request.user.has_perm(permission)
+            ],
+        )
+        return TemplateResponse(request, TEMPLATES + "detail.html", context)
+
+    def lineage_view(self, request: HttpRequest, name: str) -> HttpResponse:
+        ds = self._declared(request, name)
+        try:
+            depth = int(request.GET["depth"]) if request.GET.get("depth") else None
+        except ValueError:
+            depth = None
+        depth = depth if depth is None or depth >= 1 else 1
+        seen, drawing = self._lineage(ds.name, depth)
+        context = self._context(
+            request,
+            f"Lineage of {ds.name}",
+            ds=ds,
+            lineage=drawing,
+            neighbourhood=seen,
+            depth=depth,
+            depths=[1, 2, 3, 5, 10],
+            dataset_url=dataset_url(ds.name),
+        )
+        return TemplateResponse(request, TEMPLATES + "lineage.html", context)
+
+    def observe_view(self, request: HttpRequest, name: str) -> HttpResponse:
+        if not self.has_observe_permission(request):
+            raise PermissionDenied
+        ds = self._declared(request, name)
+        form = ObserveForm(request.POST or None, partitioned=ds.partitioning.kind != "none")
+        if request.method == "POST" and form.is_valid():
+            try:
+                recorded = datasets.observe(ds.name, form.cleaned_data.get("partition") or None)
+            except DatasetError as exc:
+                form.add_error("partition" if "partition" in form.fields else None, str(exc))
+            else:
+                what = f"Observed {ds.name}[{recorded.partition or '-'}]" + (
+                    f": {recorded.files} files, {recorded.bytes} bytes" if recorded.files is not None else ""
+                )
+                LogEntry.objects.log_actions(
+                    user_id=request.user.pk,
+                    queryset=Dataset.objects.filter(pk=ds.name),
+                    action_flag=CHANGE,
+                    change_message=what,
+                )
+                self.message_user(request, what, messages.SUCCESS)
+                return HttpResponseRedirect(dataset_url(ds.name))
+        context = self._context(request, f"Observe {ds.name}", ds=ds, form=form, dataset_url=dataset_url(ds.name))
+        return TemplateResponse(request, TEMPLATES + "observe.html", context)
+
+
+class ObserveForm(forms.Form):
+    partition = forms.CharField(
+        max_length=200, help_text="The partition's key (a day 2026-11-26, an hour 2026-11-26T05, a static key)."
+    )
+
+    def __init__(self, *args: Any, partitioned: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not partitioned:
+            del self.fields["partition"]
+
+
+def _when(iso: str | None) -> Any:
+    """A summary's ISO time as a datetime (the admin formats it like any other), or "never"."""
+    return dt.datetime.fromisoformat(iso) if iso else "never"
+
+
+def _partitioning(described: Any) -> str:
+    if isinstance(described, dict):
+        return "static " + ", ".join(map(str, described.get("static", [])))
+    return described or "unpartitioned"

@@ -1,0 +1,119 @@
+"""Datasets in the admin (issue 38): the list (partitions, last materialized, freshness), a dataset's page
+(partition grid by state, the materialization chart and table, the lineage drawn by Graphviz with freshness on
+its nodes), the full lineage page, and observe behind its permission, logged, refused without it."""
+
+import datetime as dt
+import json
+import re
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from queue_app.datasets.locations import ROOTS_ENV
+from queue_app.datasets.models import Materialization
+from queue_app.datasets.services import record_materialization
+from queue_app.datasets.sync import sync_datasets
+from tests import datasets_declared, datasets_lineage_declared  # noqa: F401  (declare the datasets and jobs)
+from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
+
+pytestmark = pytest.mark.django_db
+
+
+def url(view: str, *args) -> str:
+    return reverse(f"admin:queue_app_dataset_{view}", args=args)
+
+
+@pytest.fixture
+def ds_client(django_user_model, tmp_path, monkeypatch):
+    monkeypatch.setenv(ROOTS_ENV, str(tmp_path))
+    sync_datasets()
+
+    def make(*codenames: str, username: str = "data", csrf: bool = False) -> Client:
+        user = django_user_model.objects.create_user(username=username, password="pw", is_staff=True)
+        user.user_permissions.set(
+            Permission.objects.filter(content_type__app_label="queue_app", codename__in=["view_dataset", *codenames])
+        )
+        client = Client(enforce_csrf_checks=csrf)
+        client.force_login(user)
+        return client
+
+    return make
+
+
+def test_the_list_shows_partitions_last_materialized_and_freshness(ds_client):
+    now = timezone.now()
+    for day in ("2026-11-24", "2026-11-25", "2026-11-25"):
+        record_materialization("events", day, rows=5)
+    record_materialization("events", now, rows=1)  # today's partition: fresh
+    old = record_materialization("rollup", rows=3)
+    Materialization.objects.filter(id=old.id).update(at=now - dt.timedelta(hours=27))
+
+    page = ds_client().get(url("changelist")).content.decode()
+
+    rows = {
+        m[0]: m[1] for m in re.findall(r'<th class="field-name"><a href="[^"]+">([\w.-]+)</a></th>(.*?)</tr>', page)
+    }
+    assert 'class="field-partitions">3<' in rows["events"] and "state-fresh" in rows["events"]
+    assert 'class="field-partitions">1<' in rows["rollup"] and "state-stale" in rows["rollup"]
+    assert 'class="field-partitions">0<' in rows["regions"] and "state-missing" in rows["regions"]
+    assert "state-missing" in rows["ln_daily"] and "never" in rows["ln_daily"]
+
+
+def test_the_dataset_page_draws_the_grid_the_chart_and_the_lineage_with_freshness(ds_client):
+    run = record_materialization("ln_daily", rows=10, bytes=2048, spark_run_id=41)
+    record_materialization("ln_daily", rows=12, bytes=4096)
+    client = ds_client()
+
+    page = client.get(url("change", "ln_daily")).content.decode()
+
+    assert 'id="ds-partitions"' in page and "state-materialized" in page
+    figure = json.loads(re.search(r'<script id="ds-figure" type="application/json">(.*?)</script>', page).group(1))
+    assert [t["name"] for t in figure["data"]] == ["rows", "bytes"]
+    assert figure["data"][0]["y"] == [10, 12] and figure["data"][1]["y"] == [2048, 4096]
+    assert reverse("admin:queue_app_sparkrun_change", args=[run.spark_run_id]) in figure["data"][0]["customdata"][0][0]
+    assert reverse("admin:queue_app_queue_plotly_js") in page and "cdn" not in page.lower()
+    lineage = re.search(r'<div class="ds-graph" id="ds-lineage">(.*?)</div>', page, re.S).group(1)
+    assert lineage.startswith("<svg") and "ln_agg_job" in lineage and "ln_report" in lineage
+    assert "ln_raw" in lineage  # two hops up: ln_daily <- ln_agg_job <- ln_clean <- ln_clean_job <- ln_raw
+    assert "freshness&#45;unknown" in lineage and "Observe</a>" not in page  # no permission, no button
+
+    whole = client.get(url("lineage", "ln_raw")).content.decode()
+    assert "0 upstream, 4 downstream datasets, 4 jobs" in whole and "ln_report_job" in whole
+    assert client.get(url("change", "no_such")).status_code == 404
+    assert client.get(url("change", "ln_daily") + "?partition=").status_code == 200
+
+
+def test_observe_needs_its_permission_records_the_files_and_is_logged(ds_client, tmp_path):
+    day = tmp_path / "events" / "day=2026-11-26"
+    day.mkdir(parents=True)
+    (day / "part-0.parquet").write_bytes(b"x" * 300)
+    viewer = ds_client(username="viewer")
+    assert viewer.get(url("observe", "events")).status_code == 403
+    assert viewer.post(url("observe", "events"), {"partition": "2026-11-26"}).status_code == 403
+    assert not Materialization.objects.exists()
+
+    observer = ds_client("observe_dataset", csrf=True)
+    assert observer.post(url("observe", "events"), {"partition": "2026-11-26"}).status_code == 403  # no CSRF token
+    form = observer.get(url("observe", "events"))
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.content.decode()).group(1)
+    bad = observer.post(url("observe", "events"), {"partition": "2026-13-01", "csrfmiddlewaretoken": token})
+    assert bad.status_code == 200 and "is not a daily partition" in bad.content.decode()
+    assert not Materialization.objects.exists()
+
+    done = observer.post(url("observe", "events"), {"partition": "2026-11-26", "csrfmiddlewaretoken": token})
+
+    assert done.status_code == 302
+    row = Materialization.objects.get()
+    assert (row.dataset, row.partition, row.source, row.files, row.bytes) == (
+        "events",
+        "2026-11-26",
+        "observed",
+        1,
+        300,
+    )
+    assert LogEntry.objects.get().change_message == "Observed events[2026-11-26]: 1 files, 300 bytes"
+    assert "Observe</a>" in observer.get(url("change", "events")).content.decode()
