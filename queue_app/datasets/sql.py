@@ -49,3 +49,52 @@ SELECT dataset, overdue_since, now() FROM unnest(%s::text[], %s::timestamptz[]) 
 ON CONFLICT (dataset, overdue_since) DO NOTHING
 RETURNING dataset
 """
+
+
+# -- data-aware triggers (triggers.py) ---------------------------------------------------------------------------
+
+# The (consumer, partition)'s state row, made sure of and locked in one statement: a concurrent recorder of
+# another upstream of the pair waits here until this transaction ends, then (READ COMMITTED: the conflicting row's
+# newest version) reads what it committed. Parameters: consumer, partition.
+TRIGGER_LOCK = """
+INSERT INTO queue_app_triggerstate (consumer, partition, pending, seen, updated_at)
+VALUES (%s, %s, '{}'::jsonb, '{}'::jsonb, now())
+ON CONFLICT (consumer, partition) DO UPDATE SET updated_at = EXCLUDED.updated_at
+RETURNING id, pending, seen, due_at, timer_item_id, due_at > now()
+"""
+
+# The state row written back under its lock. Parameters: pending, seen, debounce seconds (None: no timer),
+# timer item id, id.
+TRIGGER_SAVE = """
+UPDATE queue_app_triggerstate
+SET pending = %s::jsonb, seen = %s::jsonb,
+    due_at = CASE WHEN %s::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => %s::float8) END,
+    timer_item_id = %s
+WHERE id = %s
+RETURNING due_at
+"""
+
+# A debounce timer's state row, locked; None when it is gone. Parameters: consumer, partition.
+TRIGGER_TIMER = """
+SELECT id, pending, due_at, timer_item_id, due_at > now() FROM queue_app_triggerstate
+WHERE consumer = %s AND partition = %s FOR UPDATE
+"""
+
+# Whether a debounce timer's queue item can still run (ready, or reserved by a worker).
+TIMER_ALIVE = "SELECT EXISTS (SELECT 1 FROM queue_app_queueitem WHERE id = %s AND state IN ('ready', 'reserved'))"
+
+# One fire per (consumer, partition, upstream set): a second recorder of the same set inserts nothing.
+TRIGGER_FIRE = """
+INSERT INTO queue_app_triggerfire (consumer, partition, fingerprint, upstream, started, error, at)
+VALUES (%s, %s, %s, %s::jsonb, '[]'::jsonb, '', now())
+ON CONFLICT (consumer, partition, fingerprint) DO NOTHING
+RETURNING id
+"""
+
+TRIGGER_FIRED = "UPDATE queue_app_triggerfire SET started = %s::jsonb, error = %s WHERE id = %s"
+
+# The partitions of `keys` a dataset has a materialization of (`dataset materialize --missing-only`).
+MATERIALIZED_KEYS = """
+SELECT DISTINCT m.partition FROM queue_app_materialization m
+WHERE m.dataset = %s AND m.partition = ANY(%s::text[])
+"""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queue_app.datasets.refs import DatasetRef, dataset_refs
+from queue_app.datasets.triggers import OnUpdate, on_update_of
 from queue_app.params import Param, ParamError, validate_params
 from queue_app.registries import Registry, origin_of
 
@@ -73,6 +74,9 @@ class SparkJob:
     # each produced partition in the transaction that marks it succeeded (spark/datasets.py).
     produces: tuple[DatasetRef, ...] = ()
     consumes: tuple[DatasetRef, ...] = ()
+    # A data-aware trigger (datasets/triggers.py): the job runs for a partition when these datasets' partition is
+    # materialized (spark/triggers.py starts it in the recorder's transaction).
+    on_update: OnUpdate | None = None
 
     def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         values, errors = validate_params(self.params, raw, owner="job")
@@ -110,12 +114,19 @@ def spark_job(
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     produces: Any = None,
     consumes: Any = None,
+    on_update: Any = None,
+    trigger_mode: str = "all",
+    debounce: float = 0,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register `func(spark, params) -> dict | JobResult` as the Spark job `name`. `produces` and `consumes`
-    name datasets: a list of names, or {name: the parameter naming the partition} (datasets/refs.py)."""
+    name datasets: a list of names, or {name: the parameter naming the partition} (datasets/refs.py).
+    `on_update` (same shape) makes it run for a partition when those datasets' partition is materialized, with
+    `trigger_mode` "all" (every one updated since its last run) or "any", and `debounce` seconds
+    (datasets/triggers.py)."""
     params = tuple(params)
     outputs = dataset_refs(produces, what=f"Spark job {name!r}: produces")
     inputs = dataset_refs(consumes, what=f"Spark job {name!r}: consumes")
+    trigger = on_update_of(on_update, mode=trigger_mode, debounce=debounce, what=f"Spark job {name!r}")
     names = [p.name for p in params]
     if len(names) != len(set(names)):
         raise ValueError(f"Spark job {name!r} declares a parameter twice: {names}")
@@ -134,6 +145,7 @@ def spark_job(
                 prepare=prepare,
                 produces=outputs,
                 consumes=inputs,
+                on_update=trigger,
             )
         )
         return func
