@@ -60,7 +60,7 @@ TRIGGER_LOCK = """
 INSERT INTO queue_app_triggerstate (consumer, partition, pending, seen, updated_at)
 VALUES (%s, %s, '{}'::jsonb, '{}'::jsonb, now())
 ON CONFLICT (consumer, partition) DO UPDATE SET updated_at = EXCLUDED.updated_at
-RETURNING id, pending, seen, due_at, timer_item_id, due_at > now()
+RETURNING id, pending, seen, timer_item_id
 """
 
 # The state row written back under its lock. Parameters: pending, seen, debounce seconds (None: no timer),

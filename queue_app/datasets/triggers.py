@@ -142,6 +142,11 @@ def forget_task(task: str) -> None:
     _tasks.pop(f"task:{task}", None)
 
 
+def _loads(value: Any) -> dict[str, int]:
+    """A jsonb column as Django's cursor returns it (text: Django leaves JSON undecoded)."""
+    return json.loads(value) if isinstance(value, str | bytes) else dict(value or {})
+
+
 def fingerprint(upstream: Mapping[str, int]) -> str:
     return hashlib.sha256(json.dumps(sorted(upstream.items()), separators=(",", ":")).encode()).hexdigest()
 
@@ -171,7 +176,8 @@ def _update(consumer: Consumer, dataset: str, partition: str, materialization_id
     trigger = consumer.trigger
     with connection.cursor() as cursor:
         cursor.execute(TRIGGER_LOCK, [consumer.key, partition])
-        state_id, pending, seen, _due_at, timer_item_id, _later = cursor.fetchone()
+        state_id, pending, seen, timer_item_id = cursor.fetchone()
+        pending, seen = _loads(pending), _loads(seen)
         if seen.get(dataset, 0) >= materialization_id:
             return None  # counted already (reported twice, or an older one reported late)
         seen[dataset] = pending[dataset] = materialization_id
@@ -225,6 +231,7 @@ def due_timer(consumer_key: str, partition: str, item_id: int) -> Fired | str | 
         if row is None or row[3] != item_id:
             return "stale"
         state_id, pending, due_at, _timer, later = row
+        pending = _loads(pending)
         if later:
             item = engine.enqueue(TIMER_TASK, {"consumer": consumer_key, "partition": partition}, run_at=due_at)
             cursor.execute("UPDATE queue_app_triggerstate SET timer_item_id = %s WHERE id = %s", [item.id, state_id])

@@ -1,0 +1,182 @@
+"""Data-aware triggers in process (datasets/triggers.py, spark/triggers.py): Spark jobs declared with on_update
+are queued (a SparkRun and its item, trigger "dataset") in the transaction that records the last upstream;
+all/any, a materialization counted once, a consumer that cannot start, the debounce timer, the system checks.
+The guarantees under concurrency are proved with real workers in tests/test_datasets_triggers_workers.py."""
+
+import threading
+
+import pytest
+from django.db import connection, connections, transaction
+
+from queue_app.datasets import DatasetError, StaticPartitions, dataset
+from queue_app.datasets.declarations import _code
+from queue_app.datasets.models import Materialization, TriggerFire, TriggerState
+from queue_app.datasets.refs import DatasetRef
+from queue_app.datasets.services import record_materialization
+from queue_app.datasets.triggers import (
+    TIMER_TASK,
+    Consumer,
+    OnUpdate,
+    due_timer,
+    materialization_usable,
+    trigger_problems,
+)
+from queue_app.models import QueueItem, SparkRun
+from queue_app.params import Param
+from queue_app.spark.registry import _jobs, spark_job
+from tests import trigger_tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def declared():
+    datasets_before, jobs_before = set(_code.entries()), set(_jobs.entries())
+    for name in ("dtr_a", "dtr_b", "dtr_out"):
+        dataset(name, location=f"table:t.{name}", partitioning="daily")
+    day = [Param("day", "date", required=True)]
+
+    @spark_job("dtr_all", params=day, on_update={"dtr_a": "day", "dtr_b": "day"}, produces={"dtr_out": "day"})
+    def all_job(spark, params):
+        return {}
+
+    @spark_job("dtr_any", params=day, on_update=["dtr_a", "dtr_b"], trigger_mode="any", consumes={"dtr_a": "day"})
+    def any_job(spark, params):
+        return {}
+
+    yield
+    for name in set(_jobs.entries()) - jobs_before:
+        _jobs.unregister(name)
+    for name in set(_code.entries()) - datasets_before:
+        _code.unregister(name)
+
+
+def runs(job):
+    return list(SparkRun.objects.filter(job=job).order_by("id").values_list("params", "trigger"))
+
+
+def test_all_runs_once_every_upstream_is_new_and_any_runs_on_each_update(declared):
+    with transaction.atomic():
+        record_materialization("dtr_a", "2026-11-26")
+    assert runs("dtr_all") == []
+    assert runs("dtr_any") == [({"day": "2026-11-26"}, "dataset")]
+    with transaction.atomic():
+        b = record_materialization("dtr_b", "2026-11-26")
+        assert runs("dtr_all") == [({"day": "2026-11-26"}, "dataset")]  # in the recorder's transaction
+    record_materialization("dtr_a", "2026-11-26")  # a newer a: dtr_all waits for a newer b too
+    assert len(runs("dtr_all")) == 1
+    materialization_usable(b)  # reported again (a check override): counted once
+    assert len(runs("dtr_all")) == 1 and len(runs("dtr_any")) == 3
+    record_materialization("dtr_b", "2026-11-26")
+    assert len(runs("dtr_all")) == 2 and len(runs("dtr_any")) == 4
+    record_materialization("dtr_b", "2026-11-27")  # another partition has its own state
+    assert len(runs("dtr_all")) == 2
+    fire = TriggerFire.objects.filter(consumer="spark:dtr_all").order_by("id").first()
+    run = SparkRun.objects.filter(job="dtr_all").order_by("id").first()
+    assert fire.started == [f"spark_run:{run.id}"] and set(fire.upstream) == {"dtr_a", "dtr_b"}
+    assert run.requested_by.startswith("update of dtr_a #") and run.item_id is not None
+
+
+def test_a_rolled_back_record_triggers_nothing_and_a_consumer_that_cannot_start_keeps_its_error(declared):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        record_materialization("dtr_a", "2026-11-26")
+        raise RuntimeError("the producer failed after writing")
+    assert runs("dtr_any") == [] and not TriggerState.objects.exists()
+
+    @spark_job(
+        "dtr_broken",
+        params=[Param("day", "date", required=True), Param("n", "int", required=True)],
+        on_update={"dtr_b": "day"},
+    )
+    def broken(spark, params):
+        return {}
+
+    m = record_materialization("dtr_b", "2026-11-26")  # the producer's record commits all the same
+    assert Materialization.objects.filter(id=m.id).exists()
+    fire = TriggerFire.objects.get(consumer="spark:dtr_broken")
+    assert "n" in fire.error and fire.started == [] and runs("dtr_broken") == []
+
+
+def test_two_upstreams_recorded_in_overlapping_transactions_start_the_consumer_once(declared):
+    """The first recorder holds its transaction open; the second waits on the state row's lock, then sees the
+    first's pending upstream and fires: exactly one run, whichever commits last."""
+    first_recorded, release = threading.Event(), threading.Event()
+
+    def first():
+        try:
+            with transaction.atomic():
+                record_materialization("dtr_a", "2026-11-26")
+                first_recorded.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert first_recorded.wait(10)
+    second = threading.Thread(target=lambda: (record_materialization("dtr_b", "2026-11-26"), connections.close_all()))
+    second.start()
+    with connection.cursor() as cursor:  # the second recorder is waiting on the first's row lock
+        for _ in range(200):
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+            if cursor.fetchone()[0]:
+                break
+            threading.Event().wait(0.05)
+        else:
+            pytest.fail("the second recorder never waited for the first")
+    release.set()
+    thread.join(10)
+    second.join(10)
+    assert len(runs("dtr_all")) == 1
+
+
+def test_a_debounced_trigger_keeps_one_timer_that_later_updates_push_back(declared):
+    trigger_tasks.declare()
+    try:
+        for _ in range(3):
+            record_materialization("tt_c", "2026-11-26")
+        state = TriggerState.objects.get(consumer="task:tests.trig_debounced")
+        timers = QueueItem.objects.filter(task=TIMER_TASK)
+        assert timers.count() == 1 and state.timer_item_id == timers.get().id and len(state.pending) == 1
+        assert due_timer(state.consumer, state.partition, state.timer_item_id + 999) == "stale"
+        assert due_timer(state.consumer, state.partition, state.timer_item_id) == "pushed back"  # not due yet
+        state.refresh_from_db()
+        TriggerState.objects.filter(id=state.id).update(due_at=state.due_at.replace(year=2000))
+        fired = due_timer(state.consumer, state.partition, state.timer_item_id)
+        assert fired.started and QueueItem.objects.filter(task="tests.trig_debounced").count() == 1
+        assert due_timer(state.consumer, state.partition, state.timer_item_id) == "stale"  # a re-delivery
+    finally:
+        trigger_tasks.undeclare()
+
+
+def test_declarations_and_checks_refuse_bad_triggers(declared):
+    with pytest.raises(DatasetError, match="'all' or 'any'"):
+        spark_job("dtr_bad", on_update=["dtr_a"], trigger_mode="some")
+    with pytest.raises(DatasetError, match="debounce"):
+        spark_job("dtr_bad", on_update=["dtr_a"], debounce=-1)
+    with pytest.raises(DatasetError, match="not a string"):
+        spark_job("dtr_bad", on_update="dtr_a")
+
+    def consumer(key, names, produces=(), param="day"):
+        refs = tuple(DatasetRef(n) for n in names)
+        return Consumer(key, OnUpdate(refs), lambda p, u: [], param=param, params=("day",), produces=produces)
+
+    dataset("dtr_static", location="table:t.static", partitioning=StaticPartitions(["eu"]))
+    problems = trigger_problems(
+        {
+            "spark:x": consumer("spark:x", ["dtr_missing"]),
+            "spark:y": consumer("spark:y", ["dtr_a", "dtr_static"]),
+            "spark:z": consumer("spark:z", ["dtr_a"], param=None),
+            "spark:c1": consumer("spark:c1", ["dtr_out"], produces=("dtr_b",)),
+            "spark:c2": consumer("spark:c2", ["dtr_b"], produces=("dtr_out",)),
+        }
+    )
+    by_id = {}
+    for check_id, message in problems:
+        by_id.setdefault(check_id, []).append(message)
+    assert "unknown dataset 'dtr_missing'" in by_id["jobsite.E107"][0]
+    assert any("partitioned differently" in m for m in by_id["jobsite.E108"])
+    assert any("no parameter to take the partition" in m for m in by_id["jobsite.E108"])
+    assert "cycle" in by_id["jobsite.E109"][0] and "dtr_out" in by_id["jobsite.E109"][0]
