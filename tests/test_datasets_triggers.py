@@ -3,6 +3,7 @@ are queued (a SparkRun and its item, trigger "dataset") in the transaction that 
 all/any, a materialization counted once, a consumer that cannot start, the debounce timer, the system checks.
 The guarantees under concurrency are proved with real workers in tests/test_datasets_triggers_workers.py."""
 
+import json
 import threading
 
 import pytest
@@ -23,6 +24,7 @@ from queue_app.datasets.triggers import (
 )
 from queue_app.models import QueueItem, SparkRun
 from queue_app.params import Param
+from queue_app.spark.materialize import materialize
 from queue_app.spark.registry import _jobs, spark_job
 from tests import trigger_tasks
 
@@ -180,3 +182,41 @@ def test_declarations_and_checks_refuse_bad_triggers(declared):
     assert any("partitioned differently" in m for m in by_id["jobsite.E108"])
     assert any("no parameter to take the partition" in m for m in by_id["jobsite.E108"])
     assert "cycle" in by_id["jobsite.E109"][0] and "dtr_out" in by_id["jobsite.E109"][0]
+
+
+@pytest.fixture
+def materialize_cli(manage):
+    trigger_tasks.declare()
+    yield lambda *args: manage("dataset", "--import", "tests.trigger_declared", "materialize", *args)
+    trigger_tasks.undeclare()
+
+
+def test_materialize_queues_one_run_per_partition_missing_only_and_refuses_bad_input(materialize_cli):
+    record_materialization("tt_days", "2026-11-02")
+    done = materialize_cli("tt_days", "--from", "2026-11-01", "--to", "2026-11-03", "--missing-only", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert set(result) == {"dataset", "partitions", "runs", "state"}
+    assert result["partitions"] == ["2026-11-01", "2026-11-03"] and result["state"] == "queued"
+    queued = SparkRun.objects.filter(id__in=result["runs"]).order_by("id")
+    assert [r.params for r in queued] == [{"day": "2026-11-01"}, {"day": "2026-11-03"}]
+    assert all(r.trigger == "cli" and r.item_id for r in queued)
+    waited = materialize_cli("tt_days", "--partition", "2026-11-02", "--missing-only", "--wait", "--json")
+    assert waited.returncode == 0 and json.loads(waited.stdout)["state"] == "nothing to do"
+    # no worker runs them: --wait gives up at its timeout and exits 1
+    late = materialize_cli("tt_days", "--partition", "2026-11-05", "--wait", "--timeout", "0.5", "--json")
+    assert late.returncode == 1 and json.loads(late.stdout)["state"] == "timed out"
+    bad = materialize_cli("tt_a", "--partition", "2026-11-01")
+    assert bad.returncode == 1 and "no Spark job or script produces it" in bad.stderr
+    before = SparkRun.objects.count()
+    for kwargs, message in [  # the service the command calls, in process
+        ({"partition": "yesterday"}, "tt_days"),
+        ({"partition": "2026-11-01", "start": "2026-11-01", "end": "2026-11-02"}, "not both"),
+        ({}, "is partitioned"),
+        ({"start": "2026-11-03", "end": "2026-11-01"}, "tt_days"),
+    ]:
+        with pytest.raises(DatasetError, match=message):
+            materialize("tt_days", **kwargs)
+    with pytest.raises(DatasetError, match="unknown dataset"):
+        materialize("nope")
+    assert SparkRun.objects.count() == before
