@@ -7,6 +7,7 @@ import json
 import threading
 
 import pytest
+from django.core.checks import run_checks
 from django.db import connection, connections, transaction
 
 from queue_app.datasets import DatasetError, StaticPartitions, dataset
@@ -26,9 +27,11 @@ from queue_app.models import QueueItem, SparkRun
 from queue_app.params import Param
 from queue_app.spark.materialize import materialize
 from queue_app.spark.registry import _jobs, spark_job
+from queue_app.spark.runs import triggered
 from tests import trigger_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
+TRIGGER_IDS = {"jobsite.E107", "jobsite.E108", "jobsite.E109"}
 
 
 @pytest.fixture
@@ -76,7 +79,8 @@ def test_all_runs_once_every_upstream_is_new_and_any_runs_on_each_update(declare
     fire = TriggerFire.objects.filter(consumer="spark:dtr_all").order_by("id").first()
     run = SparkRun.objects.filter(job="dtr_all").order_by("id").first()
     assert fire.started == [f"spark_run:{run.id}"] and set(fire.upstream) == {"dtr_a", "dtr_b"}
-    assert run.requested_by.startswith("update of dtr_a #") and run.item_id is not None
+    assert run.requested_by.startswith("dtr_a #") and run.item_id is not None
+    assert triggered(run).startswith("triggered by the update of dtr_a #")
 
 
 def test_a_rolled_back_record_triggers_nothing_and_a_consumer_that_cannot_start_keeps_its_error(declared):
@@ -220,3 +224,18 @@ def test_materialize_queues_one_run_per_partition_missing_only_and_refuses_bad_i
     with pytest.raises(DatasetError, match="unknown dataset"):
         materialize("nope")
     assert SparkRun.objects.count() == before
+
+
+def test_manage_py_check_reports_a_trigger_on_an_unknown_dataset_and_a_cycle(declared):
+    @spark_job("dtr_loop", params=[Param("day", "date", required=True)], on_update={"dtr_out": "day"},
+               produces={"dtr_a": "day"})  # fmt: skip
+    def loop(spark, params):  # dtr_a -> dtr_all -> dtr_out -> dtr_loop -> dtr_a
+        return {}
+
+    @spark_job("dtr_lost", on_update=["dtr_nowhere"])
+    def lost(spark, params):
+        return {}
+
+    found = [(m.id, m.msg) for m in run_checks(tags=["jobsite"]) if m.id in TRIGGER_IDS]
+    assert any(i == "jobsite.E107" and m.startswith("spark:dtr_lost on_update: unknown dataset") for i, m in found)
+    assert any(i == "jobsite.E109" and "dtr_loop" not in m and "dtr_out" in m for i, m in found), found

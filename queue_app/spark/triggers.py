@@ -38,7 +38,7 @@ def partition_param(job: SparkJob) -> str | None:
 def start_run(job_name: str, param: str | None, partition: str, upstream: Mapping[str, int]) -> list[str]:
     """One run of `job_name` for `partition`, queued in the caller's transaction."""
     params = {param: partition} if param and partition else {}
-    requested_by = "update of " + ", ".join(f"{name} #{mid}" for name, mid in sorted(upstream.items()))
+    requested_by = ", ".join(f"{name} #{mid}" for name, mid in sorted(upstream.items()))  # "events #12, ..."
     run = trigger_run(job_name, params, trigger=SparkTrigger.DATASET, requested_by=requested_by)
     return [f"spark_run:{run.id}"]
 
