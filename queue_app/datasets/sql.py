@@ -76,15 +76,28 @@ RETURNING due_at
 
 # A debounce timer's state row, locked; None when it is gone. Parameters: consumer, partition.
 TRIGGER_TIMER = """
-SELECT id, pending, due_at, timer_item_id, due_at > now() FROM queue_app_triggerstate
+SELECT id, pending, seen, due_at, timer_item_id, due_at > now() FROM queue_app_triggerstate
 WHERE consumer = %s AND partition = %s FOR UPDATE
+"""
+
+TRIGGER_TIMER_SET = "UPDATE queue_app_triggerstate SET timer_item_id = %s WHERE id = %s"
+
+# A pending set dropped (its consumer is no longer declared).
+TRIGGER_CLEAR = """
+UPDATE queue_app_triggerstate SET pending = '{}'::jsonb, due_at = NULL, timer_item_id = NULL WHERE id = %s
 """
 
 # Whether a debounce timer's queue item can still run (ready, or reserved by a worker).
 TIMER_ALIVE = "SELECT EXISTS (SELECT 1 FROM queue_app_queueitem WHERE id = %s AND state IN ('ready', 'reserved'))"
 
-# One fire per (consumer, partition, upstream set): a second recorder of the same set inserts nothing.
-TRIGGER_FIRE = """
+# The state row written back with its pending set cleared and the fire inserted, in one round trip: one fire per
+# (consumer, partition, upstream set), so a second recorder of the same set inserts nothing (and starts nothing).
+# Parameters: seen, state id, then consumer, partition, fingerprint, upstream.
+TRIGGER_SAVE_AND_FIRE = """
+WITH saved AS (
+    UPDATE queue_app_triggerstate SET pending = '{}'::jsonb, seen = %s::jsonb, due_at = NULL, timer_item_id = NULL
+    WHERE id = %s
+)
 INSERT INTO queue_app_triggerfire (consumer, partition, fingerprint, upstream, started, error, at)
 VALUES (%s, %s, %s, %s::jsonb, '[]'::jsonb, '', now())
 ON CONFLICT (consumer, partition, fingerprint) DO NOTHING

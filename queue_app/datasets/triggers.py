@@ -45,7 +45,16 @@ from queue_app import engine
 
 from .declarations import DatasetError, get_dataset
 from .refs import DatasetRef, dataset_refs
-from .sql import TIMER_ALIVE, TRIGGER_FIRE, TRIGGER_FIRED, TRIGGER_LOCK, TRIGGER_SAVE, TRIGGER_TIMER
+from .sql import (
+    TIMER_ALIVE,
+    TRIGGER_CLEAR,
+    TRIGGER_FIRED,
+    TRIGGER_LOCK,
+    TRIGGER_SAVE,
+    TRIGGER_SAVE_AND_FIRE,
+    TRIGGER_TIMER,
+    TRIGGER_TIMER_SET,
+)
 
 logger = logging.getLogger("jobsite.datasets")
 
@@ -96,6 +105,7 @@ class Consumer:
     params: tuple[str, ...] = ()  # its declared parameters (for the checks)
     produces: tuple[str, ...] = ()
     origin: str = ""
+    atomic_start: bool = False  # start() keeps its writes all-or-nothing itself (else it runs in a savepoint)
 
 
 _sources: list[Callable[[], Iterable[Consumer]]] = []
@@ -193,26 +203,31 @@ def _update(consumer: Consumer, dataset: str, partition: str, materialization_id
             (due_at,) = cursor.fetchone()
             if timer_item_id is None:  # the one delayed item of the pair; later updates only push due_at back
                 item = engine.enqueue(TIMER_TASK, {"consumer": consumer.key, "partition": partition}, run_at=due_at)
-                cursor.execute(
-                    "UPDATE queue_app_triggerstate SET timer_item_id = %s WHERE id = %s", [item.id, state_id]
-                )
+                cursor.execute(TRIGGER_TIMER_SET, [item.id, state_id])
             return None
-        upstream, pending = (dict(pending), {}) if ready else ({}, pending)
-        cursor.execute(TRIGGER_SAVE, [json.dumps(pending), json.dumps(seen), None, None, None, state_id])
-    return _fire(consumer, partition, upstream) if ready else None
+        if not ready:
+            cursor.execute(TRIGGER_SAVE, [json.dumps(pending), json.dumps(seen), None, None, None, state_id])
+            return None
+    return _fire(consumer, partition, dict(pending), saving=(json.dumps(seen), state_id))
 
 
-def _fire(consumer: Consumer, partition: str, upstream: dict[str, int]) -> Fired | None:
-    """Insert the fire of this upstream set and, when it is new, start the consumer (in a savepoint)."""
+def _fire(consumer: Consumer, partition: str, upstream: dict[str, int], saving: tuple[str, int]) -> Fired | None:
+    """Clear the state row's pending set (`saving`: its seen ids and id), insert the fire of this upstream set
+    and, when it is new, start the consumer (in a savepoint unless it keeps its own writes atomic)."""
     with connection.cursor() as cursor:
-        cursor.execute(TRIGGER_FIRE, [consumer.key, partition, fingerprint(upstream), json.dumps(upstream)])
+        cursor.execute(
+            TRIGGER_SAVE_AND_FIRE, [*saving, consumer.key, partition, fingerprint(upstream), json.dumps(upstream)]
+        )
         row = cursor.fetchone()
         if row is None:
             return None  # this set started it already
         fired = Fired(consumer.key, partition, upstream)
         try:
-            with transaction.atomic():
+            if consumer.atomic_start:
                 fired.started = list(consumer.start(partition, upstream))
+            else:
+                with transaction.atomic():
+                    fired.started = list(consumer.start(partition, upstream))
         except Exception as exc:  # noqa: BLE001 - the producer's success must commit; the fire keeps the error
             fired.error = f"{type(exc).__name__}: {exc}"[:2000]
             logger.error("dataset trigger %s[%s] could not start: %s", consumer.key, partition, fired.error)
@@ -228,24 +243,20 @@ def due_timer(consumer_key: str, partition: str, item_id: int) -> Fired | str | 
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(TRIGGER_TIMER, [consumer_key, partition])
         row = cursor.fetchone()
-        if row is None or row[3] != item_id:
+        if row is None or row[4] != item_id:
             return "stale"
-        state_id, pending, due_at, _timer, later = row
-        pending = _loads(pending)
+        state_id, pending, seen, due_at, _timer, later = row
+        pending, seen = _loads(pending), json.dumps(_loads(seen))
         if later:
             item = engine.enqueue(TIMER_TASK, {"consumer": consumer_key, "partition": partition}, run_at=due_at)
-            cursor.execute("UPDATE queue_app_triggerstate SET timer_item_id = %s WHERE id = %s", [item.id, state_id])
+            cursor.execute(TRIGGER_TIMER_SET, [item.id, state_id])
             return "pushed back"
-        cursor.execute(
-            "UPDATE queue_app_triggerstate SET pending = '{}'::jsonb, due_at = NULL, timer_item_id = NULL "
-            "WHERE id = %s",
-            [state_id],
-        )
         consumer = get_consumer(consumer_key)
         if consumer is None or not pending:
+            cursor.execute(TRIGGER_CLEAR, [state_id])
             logger.warning("dataset trigger %s is no longer declared: pending %s dropped", consumer_key, pending)
             return None
-        return _fire(consumer, partition, dict(pending))
+        return _fire(consumer, partition, dict(pending), saving=(seen, state_id))
 
 
 # -- system checks ---------------------------------------------------------------------------------------------

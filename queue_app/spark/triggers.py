@@ -61,6 +61,7 @@ def spark_consumers() -> Iterator[triggers.Consumer]:
             params=tuple(p.name for p in job.params),
             produces=tuple(ref.name for ref in job.produces),
             origin=f"Spark job {job.name!r}",
+            atomic_start=True,  # trigger_run validates first, then writes in its own atomic block
         )
 
 
