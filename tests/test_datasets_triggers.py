@@ -25,9 +25,10 @@ from queue_app.datasets.triggers import (
 )
 from queue_app.models import QueueItem, SparkRun
 from queue_app.params import Param
+from queue_app.spark.datasets import output_figures, record_outputs
 from queue_app.spark.materialize import materialize
-from queue_app.spark.registry import _jobs, spark_job
-from queue_app.spark.runs import triggered
+from queue_app.spark.registry import SparkParamError, _jobs, get_job, spark_job
+from queue_app.spark.runs import trigger_run, triggered
 from tests import trigger_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -239,3 +240,26 @@ def test_manage_py_check_reports_a_trigger_on_an_unknown_dataset_and_a_cycle(dec
     found = [(m.id, m.msg) for m in run_checks(tags=["jobsite"]) if m.id in TRIGGER_IDS]
     assert any(i == "jobsite.E107" and m.startswith("spark:dtr_lost on_update: unknown dataset") for i, m in found)
     assert any(i == "jobsite.E109" and "dtr_loop" not in m and "dtr_out" in m for i, m in found), found
+
+
+def test_a_batched_backfill_gives_one_run_several_partitions_and_records_each(declared):
+    params = [Param("day", "date", required=True), Param("days", "str")]
+
+    @spark_job("dtr_batch", params=params, produces={"dtr_b": "day"}, backfill_batch=2, partitions_param="days")
+    def batch(spark, params):
+        return {}
+
+    result = materialize("dtr_b", start="2026-11-01", end="2026-11-03")
+    queued = SparkRun.objects.filter(id__in=result["runs"]).order_by("id")
+    assert [r.params for r in queued] == [{"day": "2026-11-01", "days": "2026-11-01,2026-11-02"}, {"day": "2026-11-03"}]
+    first = queued[0]
+    with transaction.atomic():  # what the run's success records (runs._finish), without Spark
+        record_outputs(output_figures(get_job("dtr_batch"), first.params, first.id, None), first.id, "dtr_batch")
+    recorded = Materialization.objects.filter(dataset="dtr_b", spark_run_id=first.id)
+    assert sorted(recorded.values_list("partition", flat=True)) == ["2026-11-01", "2026-11-02"]
+    with pytest.raises(SparkParamError, match="days"):
+        trigger_run("dtr_batch", {"day": "2026-11-01", "days": "2026-11-01,someday"}, trigger="orm")
+    with pytest.raises(ValueError, match="needs partitions_param"):
+        spark_job("dtr_bad", params=params, backfill_batch=3)
+    with pytest.raises(ValueError, match="declared str parameter"):
+        spark_job("dtr_bad", params=params, backfill_batch=3, partitions_param="day")

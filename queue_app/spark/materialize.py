@@ -8,7 +8,8 @@ for the CLI (`dataset materialize`) and code.
 The partitions are one (`partition`), a range (`start`..`end`, both included, in the dataset's partitioning), or
 the only one of an unpartitioned dataset; `missing_only` keeps those never materialized. The producer is the one
 Spark job (code, settings or a stored script) that declares the dataset in `produces` with a partition parameter;
-each partition is one run (trigger_run, trigger "dataset"), all queued in one transaction or none (a bad
+each partition is one run (trigger_run), or up to N in one run for a job declared with backfill_batch=N (the
+list comma-separated in its `partitions_param`), all queued in one transaction or none (a bad
 partition, no producer, or a run refused: DatasetError, nothing queued). The job's concurrency policy (policy.py)
 spaces the runs; each succeeded run records its materialization, which moves the dataset's own consumers.
 """
@@ -86,10 +87,14 @@ def materialize(
             there = {row[0] for row in cursor.fetchall()}
         keys = [k for k in keys if k not in there]
     runs = []
+    batch = job.backfill_batch if param else 1
     try:
         with transaction.atomic():
-            for key in keys:
-                params = {param: key} if param and key else {}
+            for at in range(0, len(keys), batch):
+                chunk = keys[at : at + batch]
+                params = {param: chunk[0]} if param and chunk[0] else {}
+                if len(chunk) > 1:  # the job's backfill policy: several partitions in one run
+                    params[job.partitions_param] = ",".join(chunk)
                 run = trigger_run(job.name, params, trigger=trigger, requested_by=requested_by or f"materialize {name}")
                 runs.append(run.id)
     except SparkJobError as exc:
