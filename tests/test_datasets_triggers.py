@@ -5,6 +5,7 @@ The guarantees under concurrency are proved with real workers in tests/test_data
 
 import json
 import threading
+from pathlib import Path
 
 import pytest
 from django.core.checks import run_checks
@@ -29,9 +30,12 @@ from queue_app.spark.datasets import output_figures, record_outputs
 from queue_app.spark.materialize import materialize
 from queue_app.spark.registry import SparkParamError, _jobs, get_job, spark_job
 from queue_app.spark.runs import trigger_run, triggered
+from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
+from queue_app.spark.scripts import ScriptError, register_script
 from tests import trigger_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
+SCRIPTS = Path(__file__).parent / "spark_scripts"
 TRIGGER_IDS = {"jobsite.E107", "jobsite.E108", "jobsite.E109"}
 
 
@@ -263,3 +267,20 @@ def test_a_batched_backfill_gives_one_run_several_partitions_and_records_each(de
         spark_job("dtr_bad", params=params, backfill_batch=3)
     with pytest.raises(ValueError, match="declared str parameter"):
         spark_job("dtr_bad", params=params, backfill_batch=3, partitions_param="day")
+
+
+def test_a_registered_script_with_on_update_runs_for_the_partition(declared, monkeypatch):
+    monkeypatch.setenv(SCRIPT_ROOTS_ENV, str(SCRIPTS))
+    script = sorted(p.name for p in SCRIPTS.glob("*.py"))[0]
+    register_script(
+        "dtr_script",
+        path=str(SCRIPTS / script),
+        args=["{day}"],
+        params=[{"name": "day", "type": "date", "required": True}],
+        on_update={"dtr_b": "day"},
+        trigger_mode="any",
+    )
+    record_materialization("dtr_b", "2026-11-26")
+    assert runs("dtr_script") == [({"day": "2026-11-26"}, "dataset")]
+    with pytest.raises(ScriptError, match="'all' or 'any'"):
+        register_script("dtr_script2", path=str(SCRIPTS / script), on_update=["dtr_b"], trigger_mode="every")
