@@ -32,6 +32,8 @@ from queue_app.spark.registry import SparkParamError, _jobs, get_job, spark_job
 from queue_app.spark.runs import trigger_run, triggered
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
 from queue_app.spark.scripts import ScriptError, register_script
+from queue_app.workflows.definition import _workflows, workflow
+from queue_app.workflows.models import Workflow
 from tests import trigger_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -284,3 +286,20 @@ def test_a_registered_script_with_on_update_runs_for_the_partition(declared, mon
     assert runs("dtr_script") == [({"day": "2026-11-26"}, "dataset")]
     with pytest.raises(ScriptError, match="'all' or 'any'"):
         register_script("dtr_script2", path=str(SCRIPTS / script), on_update=["dtr_b"], trigger_mode="every")
+
+
+def test_a_workflow_with_on_update_starts_for_the_partition(declared):
+    @workflow("dtr_flow", params=[Param("day", "date", required=True)], on_update={"dtr_a": "day", "dtr_b": "day"})
+    def flow(wf, params):
+        wf.task("queue_app.noop", name="only")
+
+    try:
+        record_materialization("dtr_a", "2026-11-26")
+        assert not Workflow.objects.filter(name="dtr_flow").exists()
+        record_materialization("dtr_b", "2026-11-26")
+        [started] = Workflow.objects.filter(name="dtr_flow")
+        assert started.params == {"day": "2026-11-26"} and started.started_by.startswith("update of dtr_a #")
+        fire = TriggerFire.objects.get(consumer="workflow:dtr_flow")
+        assert fire.started == [f"workflow:{started.id}"]
+    finally:
+        _workflows.unregister("dtr_flow")

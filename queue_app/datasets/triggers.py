@@ -284,7 +284,7 @@ def trigger_problems(all_consumers: Mapping[str, Consumer]) -> list[tuple[str, s
                 )
             )
         elif partitionings and partitionings != {"None"}:
-            if consumer.param is None and consumer.key.startswith("spark:"):
+            if consumer.param is None and consumer.key.startswith(("spark:", "workflow:")):
                 problems.append(
                     (
                         "jobsite.E108",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..conf import queue_settings
+from ..datasets.triggers import OnUpdate, on_update_of
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
 from ..params import Param, ParamError, validate_params
@@ -372,6 +373,9 @@ class WorkflowDefinition:
     build: Builder = field(repr=False)
     params: tuple[Param, ...] = ()
     description: str = ""
+    # A data-aware trigger (datasets/triggers.py): started for a partition when these datasets' partition is
+    # materialized (workflows/triggers.py).
+    on_update: OnUpdate | None = None
 
     def validate(self, raw: Mapping[str, Any] | None) -> dict[str, Any]:
         """Typed parameters; WorkflowParamError (a WorkflowError) naming every bad one (unknown, missing, wrong
@@ -397,12 +401,21 @@ _workflows: Registry[WorkflowDefinition] = Registry(
 
 
 def workflow(
-    name: str, *, params: Sequence[Param] = (), description: str = ""
+    name: str,
+    *,
+    params: Sequence[Param] = (),
+    description: str = "",
+    on_update: Any = None,
+    trigger_mode: str = "all",
+    debounce: float = 0,
 ) -> Callable[[Builder], WorkflowDefinition]:
-    """Register `build(wf, params)` as the workflow `name` (its parameters declared like a Spark job's)."""
+    """Register `build(wf, params)` as the workflow `name` (its parameters declared like a Spark job's).
+    `on_update` ({dataset: the parameter taking the partition}), `trigger_mode` and `debounce` start it for a
+    partition when those datasets' partition is materialized, as for a Spark job (datasets/triggers.py)."""
     names = [p.name for p in params]
     if len(names) != len(set(names)):
         raise ValueError(f"workflow {name!r} declares a parameter twice: {names}")
+    trigger = on_update_of(on_update, mode=trigger_mode, debounce=debounce, what=f"workflow {name!r}")
 
     def register(build: Builder) -> WorkflowDefinition:
         definition = WorkflowDefinition(
@@ -410,6 +423,7 @@ def workflow(
             build=build,
             params=tuple(params),
             description=description or (build.__doc__ or "").strip().split("\n")[0],
+            on_update=trigger,
         )
         return _workflows.register(name, definition)
 
