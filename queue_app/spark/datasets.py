@@ -104,8 +104,10 @@ def _event_log_output(run_id: int, app_id: str | None) -> tuple[int, int] | None
 
 
 def record_outputs(outputs: list[dict], run_id: int, job: str) -> None:
-    """Record each produced partition; called inside the transaction that marks run `run_id` succeeded."""
-    for out in outputs:
+    """Record each produced partition; called inside the transaction that marks run `run_id` succeeded. In
+    (dataset, partition) order: each record locks its consumers' trigger state rows, and one order for every
+    recorder keeps two runs producing the same datasets from locking them in opposite orders."""
+    for out in sorted(outputs, key=lambda o: (o["dataset"], o["partition"])):
         services.record_materialization(
             out["dataset"],
             out["partition"],
