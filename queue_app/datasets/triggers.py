@@ -17,15 +17,16 @@ consumer of the materialization's dataset, in consumer order (so concurrent reco
 2. The materialization joins `pending` ({dataset: id} since the consumer's last run); one already counted
    (`seen`, the newest id per upstream) is ignored, so a materialization reported twice counts once.
 3. `all`: ready when every upstream is pending; `any`: ready at once. Ready and not debounced: `pending` is
-   cleared and the fire inserted (TRIGGER_FIRE, unique on consumer, partition and the SHA-256 of the upstream
-   ids): only a fire that inserts starts the consumer (in a savepoint: a consumer that cannot start is written on
-   the fire as its error, and the recorder's transaction still commits).
+   cleared and the fire inserted in one statement (TRIGGER_SAVE_AND_FIRE; the fire is unique on consumer,
+   partition and the SHA-256 of the upstream ids): only a fire that inserts starts the consumer (all or nothing:
+   a consumer that cannot start is written on the fire as its error, and the recorder's transaction commits).
 4. Debounced (`debounce=SECONDS`): `due_at` is set (pushed back by every later update) and one delayed item of
    `queue_app.dataset_trigger_due` (tasks.py) is kept per pair; when it runs (due_timer) it fires the pending set
    if `due_at` has passed, or queues itself again at `due_at`. So several updates inside the window make one run.
 
 A run that fails records no materialization and so triggers nothing. Consumers come from sources (add_source):
-the Spark jobs' (queue_app/spark/triggers.py) and the tasks registered here (trigger_task).
+the Spark jobs' (queue_app/spark/triggers.py), the workflows' (queue_app/workflows/triggers.py) and the tasks
+registered here (trigger_task).
 """
 
 from __future__ import annotations
