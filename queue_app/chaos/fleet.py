@@ -46,6 +46,7 @@ class Fleet:
     concurrency: int
     queues: tuple[str, ...]
     poll_interval: float = 0.5
+    imports: tuple[str, ...] = ()  # modules each worker imports (--import): a scenario's tasks
     procs: list[WorkerProc] = field(default_factory=list)
     _seq: int = 0
 
@@ -58,6 +59,8 @@ class Fleet:
             sys.executable, str(MANAGE), "run_worker", "--worker-id", worker_id, "--queues", ",".join(self.queues),
             "--pool", pool, "--concurrency", str(self.concurrency), "--poll-interval", str(self.poll_interval),
         ]  # fmt: skip
+        for module in self.imports:
+            args += ["--import", module]
         if burst:
             args.append("--burst")
         with log.open("w") as out:

@@ -107,3 +107,48 @@ class OpenLineageCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} {self.value}"
+
+
+class TriggerState(models.Model):
+    """Where a data-aware trigger stands for one (consumer, partition) (triggers.py): the upstream
+    materializations seen and those pending since its last run, and its debounce timer. Every recorder of an
+    upstream of the pair upserts this row first, so its row lock orders concurrent recorders: the second committer
+    waits for the first and then sees its pending upstreams."""
+
+    id = models.BigAutoField(primary_key=True)
+    consumer = models.CharField(max_length=250, help_text="kind:name, e.g. spark:daily_report")
+    partition = models.CharField(max_length=200, blank=True, default="")
+    pending = models.JSONField(default=dict, blank=True, help_text="{dataset: materialization id} since its last run")
+    seen = models.JSONField(default=dict, blank=True, help_text="{dataset: newest materialization id counted}")
+    due_at = models.DateTimeField(null=True, blank=True, help_text="debounced: when the pending run starts")
+    timer_item_id = models.BigIntegerField(null=True, blank=True, help_text="debounced: the delayed queue item")
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["consumer", "partition"], name="trigger_state_once")]
+
+    def __str__(self) -> str:
+        return f"{self.consumer}[{self.partition}]"
+
+
+class TriggerFire(models.Model):
+    """One run of a consumer started by its upstreams' materializations: unique per (consumer, partition, set of
+    upstream materialization ids), so a set starts its consumer once whoever records it."""
+
+    id = models.BigAutoField(primary_key=True)
+    consumer = models.CharField(max_length=250)
+    partition = models.CharField(max_length=200, blank=True, default="")
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the upstream materialization ids")
+    upstream = models.JSONField(default=dict, help_text="{dataset: materialization id}")
+    started = models.JSONField(default=list, blank=True, help_text='what it started: ["spark_run:12"]')
+    error = models.TextField(blank=True, default="")
+    at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["consumer", "partition", "fingerprint"], name="trigger_fire_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.consumer}[{self.partition}] at {self.at}"

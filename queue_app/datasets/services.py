@@ -7,7 +7,8 @@
 Both validate everything before writing (an unknown dataset, a partition that does not fit, bad figures: a
 DatasetError and nothing written) and write one statement (sql.RECORD: the dataset's row made sure of and the
 materialization inserted, atomic without a savepoint) in the caller's transaction, so a caller that rolls back
-leaves nothing.
+leaves nothing. A recorded materialization is usable at once: record_materialization hands it to the data-aware
+triggers (triggers.materialization_usable) in the same transaction.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .declarations import Dataset, DatasetError, get_dataset
 from .locations import LocationError, dataset_roots, within_roots
 from .models import Materialization, MaterializationSource
 from .sql import RECORD
+from .triggers import materialization_usable
 
 MAX_METADATA_BYTES = 65_536
 MAX_FIGURE = 2**63 - 1
@@ -115,7 +117,9 @@ def record_materialization(
         row_id, at = cursor.fetchone()
     written = {"id": row_id, "at": at, **values}
     names = [f.attname for f in Materialization._meta.concrete_fields]  # from_db takes them in the model's order
-    return Materialization.from_db(connection.alias, names, [written[n] for n in names])
+    recorded = Materialization.from_db(connection.alias, names, [written[n] for n in names])
+    materialization_usable(recorded)  # data-aware triggers, in this transaction (checks may hold it back later)
+    return recorded
 
 
 def stat_files(path: str, roots: list[str], *, data_only: bool = False) -> tuple[int, int]:

@@ -89,3 +89,65 @@ CROSS JOIN LATERAL (
 WHERE k.partition IS NOT NULL
 ORDER BY k.partition DESC
 """
+
+
+# -- data-aware triggers (triggers.py) ---------------------------------------------------------------------------
+
+# The (consumer, partition)'s state row, made sure of and locked in one statement: a concurrent recorder of
+# another upstream of the pair waits here until this transaction ends, then (READ COMMITTED: the conflicting row's
+# newest version) reads what it committed. Parameters: consumer, partition.
+TRIGGER_LOCK = """
+INSERT INTO queue_app_triggerstate (consumer, partition, pending, seen, updated_at)
+VALUES (%s, %s, '{}'::jsonb, '{}'::jsonb, now())
+ON CONFLICT (consumer, partition) DO UPDATE SET updated_at = EXCLUDED.updated_at
+RETURNING id, pending, seen, timer_item_id
+"""
+
+# The state row written back under its lock. Parameters: pending, seen, debounce seconds (None: no timer),
+# timer item id, id.
+TRIGGER_SAVE = """
+UPDATE queue_app_triggerstate
+SET pending = %s::jsonb, seen = %s::jsonb,
+    due_at = CASE WHEN %s::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => %s::float8) END,
+    timer_item_id = %s
+WHERE id = %s
+RETURNING due_at
+"""
+
+# A debounce timer's state row, locked; None when it is gone. Parameters: consumer, partition.
+TRIGGER_TIMER = """
+SELECT id, pending, seen, due_at, timer_item_id, due_at > now() FROM queue_app_triggerstate
+WHERE consumer = %s AND partition = %s FOR UPDATE
+"""
+
+TRIGGER_TIMER_SET = "UPDATE queue_app_triggerstate SET timer_item_id = %s WHERE id = %s"
+
+# A pending set dropped (its consumer is no longer declared).
+TRIGGER_CLEAR = """
+UPDATE queue_app_triggerstate SET pending = '{}'::jsonb, due_at = NULL, timer_item_id = NULL WHERE id = %s
+"""
+
+# Whether a debounce timer's queue item can still run (ready, or reserved by a worker).
+TIMER_ALIVE = "SELECT EXISTS (SELECT 1 FROM queue_app_queueitem WHERE id = %s AND state IN ('ready', 'reserved'))"
+
+# The state row written back with its pending set cleared and the fire inserted, in one round trip: one fire per
+# (consumer, partition, upstream set), so a second recorder of the same set inserts nothing (and starts nothing).
+# Parameters: seen, state id, then consumer, partition, fingerprint, upstream.
+TRIGGER_SAVE_AND_FIRE = """
+WITH saved AS (
+    UPDATE queue_app_triggerstate SET pending = '{}'::jsonb, seen = %s::jsonb, due_at = NULL, timer_item_id = NULL
+    WHERE id = %s
+)
+INSERT INTO queue_app_triggerfire (consumer, partition, fingerprint, upstream, started, error, at)
+VALUES (%s, %s, %s, %s::jsonb, '[]'::jsonb, '', now())
+ON CONFLICT (consumer, partition, fingerprint) DO NOTHING
+RETURNING id
+"""
+
+TRIGGER_FIRED = "UPDATE queue_app_triggerfire SET started = %s::jsonb, error = %s WHERE id = %s"
+
+# The partitions of `keys` a dataset has a materialization of (`dataset materialize --missing-only`).
+MATERIALIZED_KEYS = """
+SELECT DISTINCT m.partition FROM queue_app_materialization m
+WHERE m.dataset = %s AND m.partition = ANY(%s::text[])
+"""

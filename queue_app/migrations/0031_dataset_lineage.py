@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("queue_app", "0028_dataset_stale_episodes"),
+        ("queue_app", "0030_dataset_triggers"),
     ]
 
     operations = [

@@ -6,9 +6,9 @@
   dataset: SparkParamError, nothing queued);
 - output_figures() and record_outputs(): when a run succeeds, one materialization per produced partition,
   written by runs._finish in the transaction that marks the run succeeded. Rows and bytes come from the run's
-  event log (its tasks' output metrics) when the run produces one dataset; files (and bytes, when it produces
-  several) are counted at the partition's location (data files only: not Spark's _SUCCESS or .crc files). A
-  figure that cannot be known is null.
+  event log (its tasks' output metrics) when the run produces one partition of one dataset; files (and bytes,
+  when it produces several datasets, or several partitions in a batched backfill) are counted at the partition's
+  location (data files only: not Spark's _SUCCESS or .crc files). A figure that cannot be known is null.
 - users(): the jobs producing and consuming each dataset (`dataset show`).
 """
 
@@ -41,15 +41,31 @@ def job_datasets(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     return errors
 
 
-def run_partitions(spark_job: SparkJob, params: Mapping[str, Any]) -> dict[str, str]:
-    """{dataset: partition key} a run of `spark_job` with the dumped `params` produces; SparkParamError naming
-    the parameter whose value does not fit (or the unknown dataset)."""
-    try:
-        return partition_keys(spark_job.produces, params)
-    except PartitionParamError as exc:
-        raise SparkParamError(spark_job.name, {exc.param: exc.message}) from None
-    except DatasetError as exc:  # a dataset no longer declared
-        raise SparkParamError(spark_job.name, {"__all__": str(exc)}) from None
+def run_partitions(spark_job: SparkJob, params: Mapping[str, Any]) -> dict[str, list[str]]:
+    """{dataset: [partition keys]} a run of `spark_job` with the dumped `params` produces (several when the job
+    takes a list of partitions in its `partitions_param`: a batched backfill); SparkParamError naming the
+    parameter whose value does not fit (or the unknown dataset)."""
+    listed = params.get(spark_job.partitions_param) if spark_job.partitions_param else None
+    values = [v.strip() for v in str(listed).split(",") if v.strip()] if listed else [None]
+    found: dict[str, list[str]] = {}
+    for value in values:
+        run_params = dict(params) if value is None else _with_partition(spark_job, params, value)
+        try:
+            keys = partition_keys(spark_job.produces, run_params)
+        except PartitionParamError as exc:
+            param = spark_job.partitions_param if value is not None else exc.param
+            raise SparkParamError(spark_job.name, {param: exc.message}) from None
+        except DatasetError as exc:  # a dataset no longer declared
+            raise SparkParamError(spark_job.name, {"__all__": str(exc)}) from None
+        for name, key in keys.items():
+            if key not in found.setdefault(name, []):
+                found[name].append(key)
+    return found
+
+
+def _with_partition(spark_job: SparkJob, params: Mapping[str, Any], value: str) -> dict[str, Any]:
+    """`params` with each produced dataset's partition parameter set to `value` (one of a batch's list)."""
+    return {**params, **{ref.param: value for ref in spark_job.produces if ref.param}}
 
 
 def output_figures(spark_job: SparkJob, params: Mapping[str, Any], run_id: int, app_id: str | None) -> list[dict]:
@@ -57,10 +73,10 @@ def output_figures(spark_job: SparkJob, params: Mapping[str, Any], run_id: int, 
     outside the transaction that records them: the event log and the partition's files)."""
     if not spark_job.produces:
         return []
-    keys = run_partitions(spark_job, params)
+    keys = [(name, key) for name, listed in run_partitions(spark_job, params).items() for key in listed]
     written = _event_log_output(run_id, app_id) if len(keys) == 1 else None
     found = []
-    for name, key in keys.items():
+    for name, key in keys:
         (rows, size), files = written or (None, None), None
         ds = get_dataset(name)
         if ds.location.path:
@@ -88,8 +104,10 @@ def _event_log_output(run_id: int, app_id: str | None) -> tuple[int, int] | None
 
 
 def record_outputs(outputs: list[dict], run_id: int, job: str) -> None:
-    """Record each produced partition; called inside the transaction that marks run `run_id` succeeded."""
-    for out in outputs:
+    """Record each produced partition; called inside the transaction that marks run `run_id` succeeded. In
+    (dataset, partition) order: each record locks its consumers' trigger state rows, and one order for every
+    recorder keeps two runs producing the same datasets from locking them in opposite orders."""
+    for out in sorted(outputs, key=lambda o: (o["dataset"], o["partition"])):
         services.record_materialization(
             out["dataset"],
             out["partition"],

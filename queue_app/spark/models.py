@@ -31,6 +31,7 @@ class SparkTrigger(models.TextChoices):
     ORM = "orm", "ORM"
     CLI = "cli", "CLI"
     WORKFLOW = "workflow", "Workflow"
+    DATASET = "dataset", "Dataset update"  # a data-aware trigger (datasets/triggers.py) or `dataset materialize`
 
 
 class SparkConnectServer(models.Model):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queue_app.datasets.refs import DatasetRef, dataset_refs
+from queue_app.datasets.triggers import OnUpdate, on_update_of
 from queue_app.params import Param, ParamError, validate_params
 from queue_app.registries import Registry, origin_of
 
@@ -73,6 +74,13 @@ class SparkJob:
     # each produced partition in the transaction that marks it succeeded (spark/datasets.py).
     produces: tuple[DatasetRef, ...] = ()
     consumes: tuple[DatasetRef, ...] = ()
+    # A data-aware trigger (datasets/triggers.py): the job runs for a partition when these datasets' partition is
+    # materialized (spark/triggers.py starts it in the recorder's transaction).
+    on_update: OnUpdate | None = None
+    # Backfill by data (spark/materialize.py): up to `backfill_batch` partitions in one run, their keys given
+    # comma-separated in the str parameter `partitions_param` (the partition parameter gets the first).
+    backfill_batch: int = 1
+    partitions_param: str | None = None
 
     def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         values, errors = validate_params(self.params, raw, owner="job")
@@ -110,15 +118,26 @@ def spark_job(
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     produces: Any = None,
     consumes: Any = None,
+    on_update: Any = None,
+    trigger_mode: str = "all",
+    debounce: float = 0,
+    backfill_batch: int = 1,
+    partitions_param: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register `func(spark, params) -> dict | JobResult` as the Spark job `name`. `produces` and `consumes`
-    name datasets: a list of names, or {name: the parameter naming the partition} (datasets/refs.py)."""
+    name datasets: a list of names, or {name: the parameter naming the partition} (datasets/refs.py).
+    `on_update` (same shape) makes it run for a partition when those datasets' partition is materialized, with
+    `trigger_mode` "all" (every one updated since its last run) or "any", and `debounce` seconds
+    (datasets/triggers.py). `backfill_batch=N` lets a backfill by data give one run up to N partitions, listed
+    comma-separated in its str parameter `partitions_param`."""
     params = tuple(params)
     outputs = dataset_refs(produces, what=f"Spark job {name!r}: produces")
     inputs = dataset_refs(consumes, what=f"Spark job {name!r}: consumes")
+    trigger = on_update_of(on_update, mode=trigger_mode, debounce=debounce, what=f"Spark job {name!r}")
     names = [p.name for p in params]
     if len(names) != len(set(names)):
         raise ValueError(f"Spark job {name!r} declares a parameter twice: {names}")
+    check_backfill(name, params, backfill_batch, partitions_param)
 
     def register_func(func: Callable[..., Any]) -> Callable[..., Any]:
         register(
@@ -134,11 +153,26 @@ def spark_job(
                 prepare=prepare,
                 produces=outputs,
                 consumes=inputs,
+                on_update=trigger,
+                backfill_batch=backfill_batch,
+                partitions_param=partitions_param,
             )
         )
         return func
 
     return register_func
+
+
+def check_backfill(name: str, params: Iterable[Param], batch: Any, partitions_param: str | None) -> None:
+    """ValueError on a bad backfill policy: a batch that is not a whole number from 1 to 1,000, or a batch over
+    one without a declared str parameter to receive the list."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1000:
+        raise ValueError(f"Spark job {name!r}: backfill_batch is a whole number from 1 to 1000, got {batch!r}")
+    types = {p.name: p.type for p in params}
+    if partitions_param is not None and types.get(partitions_param) != "str":
+        raise ValueError(f"Spark job {name!r}: partitions_param {partitions_param!r} must be a declared str parameter")
+    if batch > 1 and partitions_param is None:
+        raise ValueError(f"Spark job {name!r}: backfill_batch > 1 needs partitions_param (the parameter with the list)")
 
 
 def register(job: SparkJob) -> SparkJob:

@@ -167,6 +167,7 @@ _TRIGGERED = {
     SparkTrigger.ORM: "from code (ORM)",
     SparkTrigger.CLI: "from the CLI",
     SparkTrigger.WORKFLOW: "by a workflow",
+    SparkTrigger.DATASET: "by a dataset update",
 }
 
 
@@ -176,6 +177,8 @@ def triggered(run: SparkRun) -> str:
     who = run.requested_by
     if run.trigger == SparkTrigger.SCHEDULE and who.startswith("schedule "):
         return f"triggered by {who}"
+    if run.trigger == SparkTrigger.DATASET and who:  # who: the upstream materializations (spark/triggers.py)
+        return f"triggered by the update of {who}"
     how = _TRIGGERED.get(run.trigger, f"by {run.get_trigger_display()}")
     return f"triggered {how}" + (f" by {who}" if who else "")
 

@@ -29,6 +29,7 @@ from typing import Any
 from queue_app.conf import queue_settings
 from queue_app.datasets.declarations import DatasetError
 from queue_app.datasets.refs import DatasetRef, dataset_refs, ref_problems
+from queue_app.datasets.triggers import OnUpdate, on_update_of
 from queue_app.spark.policy import PolicyError, SparkPolicy
 from queue_app.spark.registry import JobSource, Param, SparkJob, SparkJobError, SparkParamError, add_source, register
 
@@ -280,6 +281,9 @@ def script_job(
     policy: SparkPolicy | Mapping[str, Any] | None = None,
     produces: Any = None,
     consumes: Any = None,
+    on_update: Any = None,
+    trigger_mode: str = "all",
+    debounce: float = 0,
 ) -> SparkJob:
     """A SparkJob that runs the script at `path`; ScriptError (a ValueError) on any bad part of the declaration.
     The paths are checked against the roots when a run is triggered (its validation) and again at launch, not
@@ -324,7 +328,15 @@ def script_job(
         policy=policy if isinstance(policy, SparkPolicy) or policy is None else _policy(policy),
         produces=_refs(produces, "produces"),
         consumes=_refs(consumes, "consumes"),
+        on_update=_trigger(name, on_update, trigger_mode, debounce),
     )
+
+
+def _trigger(name: str, on_update: Any, mode: Any, debounce: Any) -> OnUpdate | None:
+    try:
+        return on_update_of(on_update, mode=mode, debounce=debounce, what=f"script {name!r}")
+    except DatasetError as exc:
+        raise ScriptError(str(exc)) from None
 
 
 def _refs(value: Any, what: str) -> tuple[DatasetRef, ...]:

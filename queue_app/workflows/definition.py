@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..conf import queue_settings
+from ..datasets.triggers import OnUpdate, on_update_of
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
 from ..params import Param, ParamError, validate_params
@@ -417,6 +418,9 @@ class WorkflowDefinition:
     params: tuple[Param, ...] = ()
     description: str = ""
     version: str = ""  # declared (workflow(version=...)); else each run records its graph's fingerprint
+    # A data-aware trigger (datasets/triggers.py): started for a partition when these datasets' partition is
+    # materialized (workflows/triggers.py).
+    on_update: OnUpdate | None = None
 
     def validate(self, raw: Mapping[str, Any] | None) -> dict[str, Any]:
         """Typed parameters; WorkflowParamError (a WorkflowError) naming every bad one (unknown, missing, wrong
@@ -442,15 +446,25 @@ _workflows: Registry[WorkflowDefinition] = Registry(
 
 
 def workflow(
-    name: str, *, params: Sequence[Param] = (), description: str = "", version: str = ""
+    name: str,
+    *,
+    params: Sequence[Param] = (),
+    description: str = "",
+    version: str = "",
+    on_update: Any = None,
+    trigger_mode: str = "all",
+    debounce: float = 0,
 ) -> Callable[[Builder], WorkflowDefinition]:
     """Register `build(wf, params)` as the workflow `name` (its parameters declared like a Spark job's). Each
-    run records `version` (1-100 characters), else a fingerprint of the graph it built (workflows/versions.py)."""
+    run records `version` (1-100 characters), else a fingerprint of the graph it built (workflows/versions.py).
+    `on_update` ({dataset: the parameter taking the partition}), `trigger_mode` and `debounce` start it for a
+    partition when those datasets' partition is materialized, as for a Spark job (datasets/triggers.py)."""
     names = [p.name for p in params]
     if len(names) != len(set(names)):
         raise ValueError(f"workflow {name!r} declares a parameter twice: {names}")
     if not isinstance(version, str) or len(version) > 100 or not STEP_NAME.match(version or "-"):
         raise ValueError(f"workflow {name!r}: version must be up to 100 characters, not {version!r}")
+    trigger = on_update_of(on_update, mode=trigger_mode, debounce=debounce, what=f"workflow {name!r}")
 
     def register(build: Builder) -> WorkflowDefinition:
         definition = WorkflowDefinition(
@@ -459,6 +473,7 @@ def workflow(
             params=tuple(params),
             description=description or (build.__doc__ or "").strip().split("\n")[0],
             version=version,
+            on_update=trigger,
         )
         return _workflows.register(name, definition)
 

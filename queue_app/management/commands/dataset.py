@@ -4,13 +4,15 @@
     python manage.py dataset show NAME [--partition P] [--json]
     python manage.py dataset observe NAME [--partition P] [--json]
     python manage.py dataset lineage NAME [--depth N] [--json]
+    python manage.py dataset materialize NAME [--partition P | --from D --to D] [--missing-only] [--wait] [--json]
 
 `list --json` prints [{"name", "partitioning", "last_materialized", "freshness", "checks"}]; `show --json` prints
 {"name", "location", "partitioning", "producers", "consumers", "freshness", "materializations": [{"partition",
 "at", "rows", "bytes", "files", "run_id", "step_id", "checks"}]} newest first; `observe --json` prints the
 recorded materialization; `lineage --json` prints {"dataset", "upstream": [names], "downstream": [names],
-"jobs": [names]} (datasets/lineage.py). An unknown dataset, a partition that does not fit its partitioning or nothing to
-observe is an error message and exit status 1, and nothing is written.
+"jobs": [names]} (datasets/lineage.py); `materialize --json` prints {"dataset", "partitions", "runs", "state"} (with
+--wait, exit status 0 only when every run succeeded). An unknown dataset, a partition that does not fit its
+partitioning, nothing to observe or no producer is an error message and exit status 1, and nothing is written.
 """
 
 import importlib
@@ -24,11 +26,13 @@ from queue_app.datasets import services as datasets
 from queue_app.datasets.lineage import LineageGraph
 from queue_app.datasets.status import detail, summaries
 from queue_app.datasets.sync import sync_datasets
+from queue_app.spark import materialize as backfill
 from queue_app.spark.datasets import users
+from queue_app.spark.models import SparkTrigger
 
 
 class Command(BaseCommand):
-    help = "Datasets: list, show, observe, lineage."
+    help = "Datasets: list, show, observe, materialize, lineage."
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -57,6 +61,15 @@ class Command(BaseCommand):
             "--depth", type=int, default=None, metavar="N", help="at most N dataset hops each way (default: all)"
         )
         lineage.add_argument("--json", action="store_true")
+        make = sub.add_parser("materialize", help="run the dataset's producer for partitions (a backfill by data)")
+        make.add_argument("name")
+        make.add_argument("--partition", metavar="P", help="one partition")
+        make.add_argument("--from", dest="start", metavar="D", help="the first partition of a range")
+        make.add_argument("--to", dest="end", metavar="D", help="the last partition of a range (included)")
+        make.add_argument("--missing-only", action="store_true", help="only the partitions never materialized")
+        make.add_argument("--wait", action="store_true", help="follow the runs; exit 0 only if every one succeeded")
+        make.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait: give up after S s")
+        make.add_argument("--json", action="store_true")
 
     def handle(self, *args, action, imports, **options):
         for module in imports:
@@ -141,6 +154,28 @@ class Command(BaseCommand):
         self.stdout.write(self.style.MIGRATE_HEADING(ds.name))
         for what in ("upstream", "downstream", "jobs"):
             self.stdout.write(f"  {what}: {', '.join(getattr(seen, what)) or '-'}")
+
+    def do_materialize(self, *, name, partition, start, end, missing_only, wait, timeout, json: bool, **_):
+        result = backfill.materialize(
+            name,
+            partition=partition,
+            start=start,
+            end=end,
+            missing_only=missing_only,
+            requested_by="manage.py dataset materialize",
+            trigger=SparkTrigger.CLI,
+        )
+        if wait:
+            result = backfill.wait(result, timeout=timeout)
+        if json:
+            self.stdout.write(_dumps(result))
+        else:
+            self.stdout.write(
+                f"{result['dataset']}: {len(result['partitions'])} partitions, runs "
+                f"{', '.join(map(str, result['runs'])) or '(none)'}: {result['state']}"
+            )
+        if wait and result["state"] not in ("succeeded", "nothing to do"):
+            raise SystemExit(1)
 
 
 def _partitioning(described) -> str:

@@ -4,6 +4,7 @@
     python manage.py queue_chaos                    # 100,000 items, 8 kills, 3 SIGTERMs, 1 restart, 2 cuts
     python manage.py queue_chaos --items 20000 --workers 4 --seed 7 --json-out var/chaos.json --keep
     python manage.py queue_chaos --workflow [--quick]   # kill -9 through ~2,000 workflow steps (quick ~250)
+    python manage.py queue_chaos --triggers [--quick]   # kill -9 through data-aware triggers (quick: 150 partitions)
 
 Runs on a private PostgreSQL cluster it creates (and restarts), never on DATABASE_URL's server. Exits 1 when
 any check fails.
@@ -16,6 +17,9 @@ from django.core.management.base import BaseCommand, CommandError
 
 from queue_app.chaos.plan import FULL, QUICK
 from queue_app.chaos.runner import ChaosRun, Options
+from queue_app.chaos.triggers import FULL as TRIGGERS_FULL
+from queue_app.chaos.triggers import QUICK as TRIGGERS_QUICK
+from queue_app.chaos.triggers import TriggerChaosRun
 from queue_app.chaos.workflow import FULL as WORKFLOW_FULL
 from queue_app.chaos.workflow import QUICK as WORKFLOW_QUICK
 from queue_app.chaos.workflow import WorkflowChaosRun
@@ -36,10 +40,18 @@ class Command(BaseCommand):
             action="store_true",
             help="the workflow scenario instead: kill -9 through ~2,000 workflow steps (quick: ~250)",
         )
+        parser.add_argument(
+            "--triggers",
+            action="store_true",
+            help="the data-aware trigger scenario: kill -9 while 1,500 partitions' upstreams fire consumers "
+            "(quick: 150)",
+        )
 
     def handle(self, *args, **options):
         if options["workflow"]:
             return self.workflow(options)
+        if options["triggers"]:
+            return self.triggers(options)
         sizes = (QUICK if options["quick"] else FULL).scaled(options["items"], options["workers"])
         if sizes.items < 100:
             raise CommandError("--items must be at least 100")
@@ -65,6 +77,19 @@ class Command(BaseCommand):
             self.stdout.flush()
 
         run = WorkflowChaosRun(Options(QUICK, seed, keep=options["keep"], json_out=options["json_out"]), write, sizes)
+        code = run.run()
+        if code:
+            raise SystemExit(code)
+
+    def triggers(self, options) -> None:
+        sizes = TRIGGERS_QUICK if options["quick"] else TRIGGERS_FULL
+        seed = options["seed"] if options["seed"] is not None else random.randrange(1_000_000)
+
+        def write(line: str) -> None:
+            self.stdout.write(line)
+            self.stdout.flush()
+
+        run = TriggerChaosRun(Options(QUICK, seed, keep=options["keep"], json_out=options["json_out"]), write, sizes)
         code = run.run()
         if code:
             raise SystemExit(code)

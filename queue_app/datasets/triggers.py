@@ -1,0 +1,315 @@
+"""Data-aware triggers: a consumer (a Spark job, a task) runs for a partition when its upstream datasets' partition
+is materialized, exactly once per set of upstream materializations, decided in the transaction that records the
+last of them. No polling coordinator: the decision rides on the recorder's transaction.
+
+    @spark_job("daily_report", params=[Param("day", "date", required=True)],
+               on_update=["events", "regions"], trigger_mode="all", debounce=60)
+
+    trigger_task("myapp.refresh", on_update={"events": None}, mode="any")   # a task item per update
+
+The entry point is materialization_usable(materialization): record_materialization (services.py) calls it in
+its transaction; the blocking checks call it when a materialization's checks pass or are overridden. For each
+consumer of the materialization's dataset, in consumer order (so concurrent recorders lock in one order):
+
+1. TRIGGER_LOCK upserts and locks the (consumer, partition) state row: a concurrent recorder of another upstream
+   of the same partition waits for this transaction, then reads what it committed (READ COMMITTED reads the
+   conflicting row's newest version), so of two upstreams recorded at once the second committer sees both.
+2. The materialization joins `pending` ({dataset: id} since the consumer's last run); one already counted
+   (`seen`, the newest id per upstream) is ignored, so a materialization reported twice counts once.
+3. `all`: ready when every upstream is pending; `any`: ready at once. Ready and not debounced: `pending` is
+   cleared and the fire inserted in one statement (TRIGGER_SAVE_AND_FIRE; the fire is unique on consumer,
+   partition and the SHA-256 of the upstream ids): only a fire that inserts starts the consumer (all or nothing:
+   a consumer that cannot start is written on the fire as its error, and the recorder's transaction commits).
+4. Debounced (`debounce=SECONDS`): `due_at` is set (pushed back by every later update) and one delayed item of
+   `queue_app.dataset_trigger_due` (tasks.py) is kept per pair; when it runs (due_timer) it fires the pending set
+   if `due_at` has passed, or queues itself again at `due_at`. So several updates inside the window make one run.
+
+A run that fails records no materialization and so triggers nothing. Consumers come from sources (add_source):
+the Spark jobs' (queue_app/spark/triggers.py), the workflows' (queue_app/workflows/triggers.py) and the tasks
+registered here (trigger_task).
+"""
+
+from __future__ import annotations
+
+import graphlib
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core import checks
+from django.db import connection, transaction
+
+from queue_app import engine
+
+from .declarations import DatasetError, get_dataset
+from .refs import DatasetRef, dataset_refs
+from .sql import (
+    TIMER_ALIVE,
+    TRIGGER_CLEAR,
+    TRIGGER_FIRED,
+    TRIGGER_LOCK,
+    TRIGGER_SAVE,
+    TRIGGER_SAVE_AND_FIRE,
+    TRIGGER_TIMER,
+    TRIGGER_TIMER_SET,
+)
+
+logger = logging.getLogger("jobsite.datasets")
+
+MODES = ("all", "any")
+MAX_DEBOUNCE = 7 * 86400.0
+TIMER_TASK = "queue_app.dataset_trigger_due"
+
+
+@dataclass(frozen=True)
+class OnUpdate:
+    """A consumer's trigger: the upstream datasets (each with the consumer's parameter taking the partition, or
+    None), `all` or `any` per partition, and a debounce window in seconds (0: none)."""
+
+    upstreams: tuple[DatasetRef, ...]
+    mode: str = "all"
+    debounce: float = 0.0
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(ref.name for ref in self.upstreams)
+
+
+def on_update_of(value: Any, *, mode: Any = "all", debounce: Any = 0, what: str) -> OnUpdate | None:
+    """An OnUpdate from `on_update=` (a list of names or (name, param) pairs, or {name: param}); None for none.
+    DatasetError on a bad shape, mode or debounce (when the consumer is declared)."""
+    refs = dataset_refs(value, what=f"{what}: on_update")
+    if not refs:
+        if value is not None:
+            raise DatasetError(f"{what}: on_update names no dataset")
+        return None
+    if mode not in MODES:
+        raise DatasetError(f"{what}: trigger mode is 'all' or 'any', got {mode!r}")
+    if isinstance(debounce, bool) or not isinstance(debounce, int | float) or not 0 <= debounce <= MAX_DEBOUNCE:
+        raise DatasetError(f"{what}: debounce is a number of seconds from 0 to {MAX_DEBOUNCE:g}, got {debounce!r}")
+    return OnUpdate(refs, mode, float(debounce))
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """Something a dataset update starts. `start(partition, upstream)` starts it for a partition inside the
+    recorder's transaction and returns what it started (["spark_run:12"]); `param` is its parameter taking the
+    partition (None: it takes none); `produces` the datasets it writes (for the cycle check)."""
+
+    key: str  # kind:name
+    trigger: OnUpdate
+    start: Callable[[str, Mapping[str, int]], list[str]]
+    param: str | None = None
+    params: tuple[str, ...] = ()  # its declared parameters (for the checks)
+    produces: tuple[str, ...] = ()
+    origin: str = ""
+    atomic_start: bool = False  # start() keeps its writes all-or-nothing itself (else it runs in a savepoint)
+
+
+_sources: list[Callable[[], Iterable[Consumer]]] = []
+_tasks: dict[str, Consumer] = {}
+
+
+def add_source(source: Callable[[], Iterable[Consumer]]) -> None:
+    """Register a function listing consumers (called on every lookup: keep it free of database reads)."""
+    if source not in _sources:
+        _sources.append(source)
+
+
+def consumers() -> dict[str, Consumer]:
+    found = dict(_tasks)
+    for source in _sources:
+        for consumer in source():
+            found.setdefault(consumer.key, consumer)
+    return dict(sorted(found.items()))
+
+
+def get_consumer(key: str) -> Consumer | None:
+    return consumers().get(key)
+
+
+def trigger_task(
+    task: str, *, on_update: Any, mode: str = "all", debounce: float = 0, produces: Iterable[str] = ()
+) -> Consumer:
+    """Make the task `task` a consumer: each fire enqueues one item with payload {"partition", "upstream":
+    {dataset: materialization id}}. Registering the same task again replaces it."""
+    trigger = on_update_of(on_update, mode=mode, debounce=debounce, what=f"task {task!r}")
+    if trigger is None:
+        raise DatasetError(f"task {task!r}: on_update names no dataset")
+
+    def start(partition: str, upstream: Mapping[str, int]) -> list[str]:
+        item = engine.enqueue(task, {"partition": partition, "upstream": dict(upstream)})
+        return [f"item:{item.id}"]
+
+    consumer = Consumer(f"task:{task}", trigger, start, produces=tuple(produces), origin=f"trigger_task({task!r})")
+    _tasks[consumer.key] = consumer
+    return consumer
+
+
+def forget_task(task: str) -> None:
+    _tasks.pop(f"task:{task}", None)
+
+
+def _loads(value: Any) -> dict[str, int]:
+    """A jsonb column as Django's cursor returns it (text: Django leaves JSON undecoded)."""
+    return json.loads(value) if isinstance(value, str | bytes) else dict(value or {})
+
+
+def fingerprint(upstream: Mapping[str, int]) -> str:
+    return hashlib.sha256(json.dumps(sorted(upstream.items()), separators=(",", ":")).encode()).hexdigest()
+
+
+@dataclass
+class Fired:
+    consumer: str
+    partition: str
+    upstream: dict[str, int]
+    started: list[str] = field(default_factory=list)
+    error: str = ""
+
+
+def materialization_usable(materialization: Any) -> list[Fired]:
+    """`materialization` (a Materialization: dataset, partition, id) is usable by its consumers: move their
+    triggers, in the caller's transaction. Returns the fires it made (debounced ones fire later)."""
+    wanting = [c for c in consumers().values() if materialization.dataset in c.trigger.names]
+    fired = []
+    for consumer in wanting:  # in key order: concurrent recorders lock state rows in one order
+        done = _update(consumer, materialization.dataset, materialization.partition, int(materialization.id))
+        if done is not None:
+            fired.append(done)
+    return fired
+
+
+def _update(consumer: Consumer, dataset: str, partition: str, materialization_id: int) -> Fired | None:
+    trigger = consumer.trigger
+    with connection.cursor() as cursor:
+        cursor.execute(TRIGGER_LOCK, [consumer.key, partition])
+        state_id, pending, seen, timer_item_id = cursor.fetchone()
+        pending, seen = _loads(pending), _loads(seen)
+        if seen.get(dataset, 0) >= materialization_id:
+            return None  # counted already (reported twice, or an older one reported late)
+        seen[dataset] = pending[dataset] = materialization_id
+        ready = trigger.mode == "any" or all(name in pending for name in trigger.names)
+        if ready and trigger.debounce > 0:
+            if timer_item_id is not None:
+                cursor.execute(TIMER_ALIVE, [timer_item_id])
+                timer_item_id = timer_item_id if cursor.fetchone()[0] else None
+            cursor.execute(
+                TRIGGER_SAVE,
+                [json.dumps(pending), json.dumps(seen), trigger.debounce, trigger.debounce, timer_item_id, state_id],
+            )
+            (due_at,) = cursor.fetchone()
+            if timer_item_id is None:  # the one delayed item of the pair; later updates only push due_at back
+                item = engine.enqueue(TIMER_TASK, {"consumer": consumer.key, "partition": partition}, run_at=due_at)
+                cursor.execute(TRIGGER_TIMER_SET, [item.id, state_id])
+            return None
+        if not ready:
+            cursor.execute(TRIGGER_SAVE, [json.dumps(pending), json.dumps(seen), None, None, None, state_id])
+            return None
+    return _fire(consumer, partition, dict(pending), saving=(json.dumps(seen), state_id))
+
+
+def _fire(consumer: Consumer, partition: str, upstream: dict[str, int], saving: tuple[str, int]) -> Fired | None:
+    """Clear the state row's pending set (`saving`: its seen ids and id), insert the fire of this upstream set
+    and, when it is new, start the consumer (in a savepoint unless it keeps its own writes atomic)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            TRIGGER_SAVE_AND_FIRE, [*saving, consumer.key, partition, fingerprint(upstream), json.dumps(upstream)]
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return None  # this set started it already
+        fired = Fired(consumer.key, partition, upstream)
+        try:
+            if consumer.atomic_start:
+                fired.started = list(consumer.start(partition, upstream))
+            else:
+                with transaction.atomic():
+                    fired.started = list(consumer.start(partition, upstream))
+        except Exception as exc:  # noqa: BLE001 - the producer's success must commit; the fire keeps the error
+            fired.error = f"{type(exc).__name__}: {exc}"[:2000]
+            logger.error("dataset trigger %s[%s] could not start: %s", consumer.key, partition, fired.error)
+        cursor.execute(TRIGGER_FIRED, [json.dumps(fired.started), fired.error, row[0]])
+    logger.info("dataset trigger %s[%s] fired by %s: %s", consumer.key, partition, upstream, fired.started)
+    return fired
+
+
+def due_timer(consumer_key: str, partition: str, item_id: int) -> Fired | str | None:
+    """A debounce timer's item `item_id` came due: in one transaction, fire the pending set if the window has
+    passed, queue the timer again at `due_at` if updates pushed it back, or do nothing if the item is not the
+    pair's current timer (a re-delivery, or one replaced)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(TRIGGER_TIMER, [consumer_key, partition])
+        row = cursor.fetchone()
+        if row is None or row[4] != item_id:
+            return "stale"
+        state_id, pending, seen, due_at, _timer, later = row
+        pending, seen = _loads(pending), json.dumps(_loads(seen))
+        if later:
+            item = engine.enqueue(TIMER_TASK, {"consumer": consumer_key, "partition": partition}, run_at=due_at)
+            cursor.execute(TRIGGER_TIMER_SET, [item.id, state_id])
+            return "pushed back"
+        consumer = get_consumer(consumer_key)
+        if consumer is None or not pending:
+            cursor.execute(TRIGGER_CLEAR, [state_id])
+            logger.warning("dataset trigger %s is no longer declared: pending %s dropped", consumer_key, pending)
+            return None
+        return _fire(consumer, partition, dict(pending), saving=(seen, state_id))
+
+
+# -- system checks ---------------------------------------------------------------------------------------------
+
+
+def trigger_problems(all_consumers: Mapping[str, Consumer]) -> list[tuple[str, str]]:
+    """[(check id, message)]: a consumer of an unknown dataset (E107), upstreams whose partitions do not fit the
+    consumer (E108: partitioned differently, or no parameter to take a partition), a trigger cycle (E109)."""
+    problems, graph = [], {}
+    for consumer in all_consumers.values():
+        partitionings = set()
+        for ref in consumer.trigger.upstreams:
+            try:
+                ds = get_dataset(ref.name)
+            except DatasetError as exc:
+                problems.append(("jobsite.E107", f"{consumer.key} on_update: {exc}"))
+                continue
+            partitionings.add(repr(ds.partitioning.describe()))
+        if len(partitionings) > 1:
+            problems.append(
+                (
+                    "jobsite.E108",
+                    f"{consumer.key} on_update: its upstreams are partitioned differently ({sorted(partitionings)}): "
+                    "a partition of one is not a partition of the others",
+                )
+            )
+        elif partitionings and partitionings != {"None"}:
+            if consumer.param is None and consumer.key.startswith(("spark:", "workflow:")):
+                problems.append(
+                    (
+                        "jobsite.E108",
+                        f"{consumer.key} on_update: its upstreams are partitioned but it has no parameter to take "
+                        "the partition (name it: on_update={'dataset': 'param'})",
+                    )
+                )
+            elif consumer.param is not None and consumer.params and consumer.param not in consumer.params:
+                problems.append(
+                    ("jobsite.E108", f"{consumer.key} on_update: {consumer.param!r} is not a declared parameter")
+                )
+        for upstream in consumer.trigger.names:
+            graph.setdefault(upstream, set())
+            for produced in consumer.produces:
+                graph.setdefault(produced, set()).add(upstream)
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        cycle = " -> ".join(reversed(exc.args[1]))
+        problems.append(("jobsite.E109", f"data-aware triggers form a cycle: {cycle}"))
+    return problems
+
+
+@checks.register("jobsite")
+def trigger_checks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobsite.E107-E109 over every consumer."""
+    return [checks.Error(message, id=check_id) for check_id, message in trigger_problems(consumers())]

@@ -1,0 +1,68 @@
+"""Spark jobs as consumers of data-aware triggers (datasets/triggers.py): a job declared with `on_update=` is
+started for a partition by trigger_run (one SparkRun and its item, trigger "dataset") inside the transaction
+that records its last upstream materialization. Registered as a consumer source when Django is ready
+(apps.py), so every process that records materializations knows the jobs' triggers.
+
+The partition goes to the job's parameter named by the on_update reference (on_update={"events": "day"}), else
+the one its `consumes` or `produces` names for a partitioned dataset; the system checks say when there is none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from queue_app.datasets import triggers
+from queue_app.datasets.declarations import DatasetError, get_dataset
+
+from .models import SparkTrigger
+from .registry import SparkJob, code_jobs
+from .runs import trigger_run
+
+
+def partition_param(job: SparkJob) -> str | None:
+    """The job's parameter taking the partition of its trigger's upstreams (None: it takes none)."""
+    assert job.on_update is not None
+    for ref in job.on_update.upstreams:
+        if ref.param:
+            return ref.param
+    for ref in (*job.consumes, *job.produces):
+        try:
+            partitioned = get_dataset(ref.name).partitioning.describe() is not None
+        except DatasetError:
+            continue
+        if ref.param and partitioned:
+            return ref.param
+    return None
+
+
+def start_run(job_name: str, param: str | None, partition: str, upstream: Mapping[str, int]) -> list[str]:
+    """One run of `job_name` for `partition`, queued in the caller's transaction."""
+    params = {param: partition} if param and partition else {}
+    requested_by = ", ".join(f"{name} #{mid}" for name, mid in sorted(upstream.items()))  # "events #12, ..."
+    run = trigger_run(job_name, params, trigger=SparkTrigger.DATASET, requested_by=requested_by)
+    return [f"spark_run:{run.id}"]
+
+
+def spark_consumers() -> Iterator[triggers.Consumer]:
+    """A consumer per Spark job in code or settings declared with on_update."""
+    for job in code_jobs():
+        if job.on_update is None:
+            continue
+        param = partition_param(job)
+
+        def start(partition: str, upstream: Mapping[str, int], name: str = job.name, p: str | None = param) -> list:
+            return start_run(name, p, partition, upstream)
+
+        yield triggers.Consumer(
+            key=f"spark:{job.name}",
+            trigger=job.on_update,
+            start=start,
+            param=param,
+            params=tuple(p.name for p in job.params),
+            produces=tuple(ref.name for ref in job.produces),
+            origin=f"Spark job {job.name!r}",
+            atomic_start=True,  # trigger_run validates first, then writes in its own atomic block
+        )
+
+
+triggers.add_source(spark_consumers)

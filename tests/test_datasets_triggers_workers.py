@@ -1,0 +1,88 @@
+"""Data-aware triggers with real worker processes (tests/trigger_tasks.py, loaded by `run_worker --import
+tests.trigger_declared`): three workers on threads record upstream partitions concurrently, each holding its
+transaction open a random while so the two upstreams of a partition overlap; the consumers record their own
+output dataset, so "ran once" is one output materialization per partition.
+
+- all (tt_a and tt_b): every partition's consumer runs exactly once, after both upstreams;
+- any: once per upstream materialization;
+- a run that wrote and then failed (its transaction rolled back) triggers nothing;
+- three updates of tt_c inside the 1.5 s debounce window: one run.
+
+The negatives wait on the event that would prove them: every queue drained (the consumers' items are queued in
+the upstreams' transactions and the debounce timers are items too), so no run can come later.
+"""
+
+import random
+import time
+
+import pytest
+from django.db import connection
+
+from queue_app import engine
+from queue_app.datasets.models import Materialization, TriggerFire
+from queue_app.models import QueueItem
+from tests import trigger_tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+PARTITIONS = [f"2026-10-{d:02d}" for d in range(1, 16)]
+FAILED = "2026-10-20"
+
+
+@pytest.fixture
+def declared():
+    trigger_tasks.declare()
+    yield
+    trigger_tasks.undeclare()
+
+
+def drained(timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not QueueItem.objects.filter(state__in=["ready", "reserved"]).exists():
+            return
+        time.sleep(0.1)
+    pytest.fail(f"items still open: {list(QueueItem.objects.filter(state__in=['ready', 'reserved']).values())}")
+
+
+def outputs(dataset):
+    found = {}
+    for m in Materialization.objects.filter(dataset=dataset):
+        found.setdefault(m.partition, []).append(m)
+    return found
+
+
+def test_real_workers_run_each_consumer_once_per_upstream_set(declared, worker):
+    rng = random.Random(38)
+    items = []
+    for day in PARTITIONS:
+        for name in ("tt_a", "tt_b"):
+            items.append({"dataset": name, "partition": day, "hold": rng.uniform(0, 0.15)})
+    items += [
+        {"dataset": "tt_a", "partition": FAILED, "fail": True},
+        {"dataset": "tt_b", "partition": FAILED},
+    ]
+    rng.shuffle(items)
+    engine.enqueue_many("tests.trig_upstream", items)
+    for delay in (0, 0.4, 0.8):  # three updates inside the debounce window
+        engine.enqueue("tests.trig_upstream", {"dataset": "tt_c", "partition": "2026-10-01"}, delay=delay)
+    for name in ("w1", "w2", "w3"):
+        worker(name, "--concurrency", "4", "--pool", "thread", "--import", "tests.trigger_declared")
+    drained(60)  # delayed items and the debounce timer are `ready` until they have run
+
+    ran = outputs("tt_all_out")
+    assert sorted(ran) == PARTITIONS  # not the failed partition: its tt_a was never recorded
+    upstream = {(m.dataset, m.partition): m for m in Materialization.objects.filter(dataset__in=["tt_a", "tt_b"])}
+    for day, runs in ran.items():
+        assert len(runs) == 1, (day, runs)
+        a, b = upstream["tt_a", day], upstream["tt_b", day]
+        assert runs[0].metadata["upstream"] == {"tt_a": a.id, "tt_b": b.id}
+        assert runs[0].at >= max(a.at, b.at)  # none before its upstreams
+    assert ("tt_a", FAILED) not in upstream
+    any_runs = outputs("tt_any_out")
+    assert {day: len(r) for day, r in any_runs.items()} == {**dict.fromkeys(PARTITIONS, 2), FAILED: 1}
+    assert len(outputs("tt_deb_out")["2026-10-01"]) == 1
+    assert Materialization.objects.filter(dataset="tt_c").count() == 3
+    assert TriggerFire.objects.filter(consumer="task:tests.trig_all").count() == len(PARTITIONS)
+    with connection.cursor() as cursor:  # the failed upstream's item ended dead, not retried into a record
+        cursor.execute("SELECT count(*) FROM queue_app_queueitem WHERE task = 'tests.trig_upstream' AND state = 'dead'")
+        assert cursor.fetchone()[0] == 1
