@@ -49,6 +49,7 @@ from .models import (
 )
 
 FINISHED_TASK = "queue_app.workflow_finished"
+KEPT_STATES = (StepState.SUCCEEDED, StepState.SKIPPED)  # what a repair keeps from the attempt it repairs
 MAX_BACKFILL_PARTITIONS = 366  # more only with force=True (--force)
 MAX_CONCURRENCY = 1000
 
@@ -345,7 +346,8 @@ def repair(workflow_id: int, *, actor: str = "") -> Workflow:
         for e in edges:
             if not e.order_only:
                 down.setdefault(e.upstream_id, []).append(e.downstream_id)
-        rerun = {i for i, s in steps.items() if s.state != StepState.SUCCEEDED or i in undone}
+        # A skipped step is kept skipped unless something upstream of it runs again (then it is decided again).
+        rerun = {i for i, s in steps.items() if s.state not in KEPT_STATES or i in undone}
         todo = list(rerun)
         while todo:
             for d in down.get(todo.pop(), []):
@@ -365,7 +367,7 @@ def repair(workflow_id: int, *, actor: str = "") -> Workflow:
                 attempt,
                 s,
                 kept=kept,
-                state=StepState.SUCCEEDED if kept else StepState.WAITING,
+                state=s.state if kept else StepState.WAITING,
                 item_id=s.item_id if kept else None,
                 spark_run_id=s.spark_run_id if kept else None,
                 result=s.result if kept else None,
@@ -405,9 +407,11 @@ def repair(workflow_id: int, *, actor: str = "") -> Workflow:
             finished_at=None,
             error="",
         )
-        _enqueue([row.id for row in waiting if row.pending == 0], workflow.channel)
-        if not waiting:
-            _finish(workflow.id)
+        roots = [row.id for row in waiting if row.pending == 0]
+        if roots:
+            with cursor() as cur:  # conditional roots decided first (workflows/sql.py, queue_app_wf_decide)
+                cur.execute(sql.WORKFLOW_DECIDE_AND_ENQUEUE, {"ids": roots, "channel": workflow.channel})
+        _finish(workflow.id)
     workflow.refresh_from_db()
     return workflow
 
