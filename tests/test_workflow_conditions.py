@@ -163,7 +163,12 @@ def test_a_cancelled_branch_downstream_is_decided_again_by_repair():
     assert (d.step("route").state, d.step("yes").state, d.step("no").state) == ("succeeded", "cancelled", "cancelled")
     services.repair(d.w.id, actor="test")  # route is kept: its choice decides yes and no again
     states = d.states()
-    assert (states["route"], states["yes"], states["no"], states["other"]) == ("succeeded", "queued", "skipped", "queued")
+    assert (states["route"], states["yes"], states["no"], states["other"]) == (
+        "succeeded",
+        "queued",
+        "skipped",
+        "queued",
+    )
 
 
 def test_choose_reads_a_path_and_compares():
