@@ -16,6 +16,7 @@ class QueueAppConfig(AppConfig):
         from .engine.db import tune_connection
         from .spark import checks  # noqa: F401  registers jobsite.W010 (Java for Spark runs)
         from .spark import datasets as spark_datasets  # noqa: F401  registers jobsite.E106 (jobs' datasets)
+        from .workflows import checks as workflow_checks  # noqa: F401  registers jobsite.E201 (conditions)
 
         connection_created.connect(tune_connection, dispatch_uid="jobsite-engine-session")
         post_migrate.connect(sync_after_migrate, sender=self, dispatch_uid="jobsite-datasets-sync")
