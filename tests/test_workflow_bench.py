@@ -19,7 +19,16 @@ def test_quick_workflow_bench_measures_per_step_cost_and_fan_in_delay(manage, tm
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
     figures = data["figures"]
-    for key in ("workflow.item_ms", "workflow.step_ms", "workflow.fan_in_p50", "workflow.fan_in_p99"):
+    for key in (
+        "workflow.item_ms",
+        "workflow.step_ms",
+        "workflow.fan_in_p50",
+        "workflow.fan_in_p99",
+        "workflow.ready_plain_ms",  # the settle cost of conditions (bench/workflow_conditions.py)
+        "workflow.ready_conditions_ms",
+        "workflow.ended_plain_ms",
+        "workflow.ended_conditions_ms",
+    ):
         assert figures[key]["value"] > 0, figures[key]
     assert figures["workflow.step_ms"]["detail"]["steps"] == 2_002
     assert figures["workflow.fan_in_p50"]["value"] <= figures["workflow.fan_in_p99"]["value"]

@@ -1,12 +1,14 @@
 """Stateful property test of workflows against the real database (hypothesis RuleBasedStateMachine).
 
-Hypothesis starts small workflows (a diamond a -> b, c -> d with a random failure policy per step), then leases
+Hypothesis starts small workflows (a diamond a -> b, c -> d with a random failure policy per step, a random run-if
+rule for b, c and d, and `a` sometimes a branch choosing among b and c), then leases
 their step items and settles them in random orders by every path the engine has: complete, fail (retried or
 dead on the last attempt), dead letter, a lapsed lease rescued, and a cancel of the workflow. No worker runs:
 the test is the worker. After every step the rows alone are checked (no model): each step's item was enqueued
-at most once, and only once every dependency had succeeded (or failed with `continue`); every step whose
-dependencies all ended is decided, never left waiting (liveness: enqueued when they all proceed, cancelled when
-one does not); a workflow's open-step count is the number of its open steps; a workflow that ended has no open
+at most once, and only once every dependency had succeeded, failed with `continue` or been skipped; every step
+whose dependencies all ended is decided, never left waiting (liveness: enqueued when they all proceed and its
+rule holds, skipped when its rule does not hold or its branch did not choose it, cancelled when one does not
+proceed); a workflow's open-step count is the number of its open steps; a workflow that ended has no open
 step and ended exactly once (one `workflow_finished` item), an open one not yet.
 
 Size: JOBSITE_HYPOTHESIS_EXAMPLES (default 50) and JOBSITE_HYPOTHESIS_STEPS (default 40) run it longer.
@@ -41,11 +43,33 @@ TABLES = (
 )
 LEASE = 60.0
 POLICIES = st.sampled_from(["fail", "continue"])
+RULES = st.sampled_from(["all_succeeded", "all_done", "any_failed", "none_failed"])
+RESULTS = st.sampled_from([1, "b", "c", ["b", "c"], [], {"chosen": ["c"]}])  # a branch's result names the chosen
 
 
 def _proceeds(step: WorkflowStep) -> bool:
-    """Whether a step that ended lets the steps waiting for it run."""
-    return step.state == "succeeded" or (step.state == "failed" and step.on_failure == "continue")
+    """Whether a step that ended lets the steps waiting for it be decided (run or skipped, per their rule)."""
+    return step.state in ("succeeded", "skipped") or (step.state == "failed" and step.on_failure == "continue")
+
+
+def _chosen(branch: WorkflowStep, name: str) -> bool:
+    result = branch.result
+    names = result if isinstance(result, list) else [result] if isinstance(result, str) else None
+    if isinstance(result, dict):
+        names = result.get("chosen")
+    return branch.state == "succeeded" and isinstance(names, list) and name in names
+
+
+def _skips(step: WorkflowStep, deps: list[WorkflowStep]) -> bool:
+    """The run-if decision of a step whose dependencies all proceeded (docs/how-to/workflows.md, Conditions)."""
+    rule = step.spec.get("run_if")
+    if rule is None:
+        return False
+    skipped = sum(d.state == "skipped" for d in deps)
+    failed = sum(d.state == "failed" for d in deps)
+    if any("branch" in d.spec and not _chosen(d, step.name) for d in deps) or (deps and skipped == len(deps)):
+        return True
+    return {"all_done": False, "any_failed": failed == 0, "none_failed": failed > 0}.get(rule, skipped > 0)
 
 
 class WorkflowMachine(RuleBasedStateMachine):
@@ -61,13 +85,17 @@ class WorkflowMachine(RuleBasedStateMachine):
         return self.held.pop(data.draw(st.sampled_from(sorted(self.held)), label="held item"))
 
     @precondition(lambda self: len(self.workflows) < 3)
-    @rule(policies=st.lists(POLICIES, min_size=4, max_size=4))
-    def start(self, policies):
+    @rule(
+        policies=st.lists(POLICIES, min_size=4, max_size=4),
+        rules=st.lists(RULES, min_size=3, max_size=3),
+        branch=st.booleans(),
+    )
+    def start(self, policies, rules, branch):
         g = Graph("diamond")
-        a = g.task("wf.add", {"x": 1}, name="a", on_failure=policies[0])
-        b = g.task("wf.add", {"x": 2}, name="b", after=[a], on_failure=policies[1])
-        c = g.task("wf.add", {"x": 3}, name="c", after=[a], on_failure=policies[2])
-        g.task("wf.add", {"x": 4}, name="d", after=[b, c], on_failure=policies[3])
+        a = g.task("wf.add", {"x": 1}, name="a", on_failure=policies[0], branch=["b", "c"] if branch else None)
+        b = g.task("wf.add", {"x": 2}, name="b", after=[a], on_failure=policies[1], run_if=rules[0])
+        c = g.task("wf.add", {"x": 3}, name="c", after=[a], on_failure=policies[2], run_if=rules[1])
+        g.task("wf.add", {"x": 4}, name="d", after=[b, c], on_failure=policies[3], run_if=rules[2])
         self.workflows.append(services.start_graph(g).id)
 
     @rule(data=st.data(), n=st.integers(1, 3))
@@ -81,7 +109,7 @@ class WorkflowMachine(RuleBasedStateMachine):
             outcome = data.draw(st.sampled_from(["complete", "complete", "complete", "fail", "dead", "hold"]))
             event(f"settle: {outcome}")
             if outcome == "complete":
-                engine.complete(lease, 1)
+                engine.complete(lease, data.draw(RESULTS))
             elif outcome == "fail":
                 engine.fail(lease, "boom", retry_in=0)
             elif outcome == "dead":
@@ -92,7 +120,7 @@ class WorkflowMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.held)
     @rule(data=st.data())
     def complete(self, data):
-        engine.complete(self.draw_held(data), 1)
+        engine.complete(self.draw_held(data), data.draw(RESULTS))
 
     @precondition(lambda self: self.held)
     @rule(data=st.data())
@@ -142,8 +170,9 @@ class WorkflowMachine(RuleBasedStateMachine):
     @invariant()
     def a_step_whose_dependencies_all_ended_is_decided(self):
         """Liveness: the settle that ends a step's last open dependency decides the step in the same transaction.
-        It is never left waiting: enqueued (or already run) when every dependency proceeds (succeeded, or failed
-        with `continue`), cancelled when one does not; a step with no dependency is enqueued at the start."""
+        It is never left waiting: when every dependency proceeds (succeeded, skipped, or failed with `continue`)
+        it is skipped exactly when its run-if rule (or a branch) says so, else enqueued (or already run); cancelled
+        when one does not proceed; a step with no dependency is enqueued at the start."""
         for w in Workflow.objects.all():
             current = {s.id: s for s in WorkflowStep.objects.filter(workflow=w, attempt=w.attempt)}
             ups: dict[int, list[WorkflowStep]] = {i: [] for i in current}
@@ -156,8 +185,11 @@ class WorkflowMachine(RuleBasedStateMachine):
                 assert step.state != "waiting", f"{step.name} waits though {[u.name for u in deps]} ended ({w.state})"
                 if not all(_proceeds(up) for up in deps):
                     assert step.state == "cancelled", f"{step.name} is {step.state} after a failed dependency"
-                else:
-                    assert step.item_id is not None or step.state == "cancelled", f"{step.name} {step.state}"
+                elif step.state != "cancelled":
+                    skips = _skips(step, deps)
+                    event(f"decided: {'skipped' if skips else 'run'}")
+                    assert (step.state == "skipped") == skips, f"{step.name} {step.state}, rule {step.spec}"
+                    assert skips or step.item_id is not None, f"{step.name} {step.state}"
 
     @invariant()
     def a_workflow_counts_its_open_steps_and_ends_exactly_once(self):

@@ -192,6 +192,25 @@ def test_each_run_records_its_version_declared_or_the_graphs_fingerprint():
     assert set(steps(w)) == {"a", "b", "side", "c"} and steps(w)["c"].spec["task"] == "wfv.stamp"
 
 
+def test_a_versions_shape_carries_its_conditions_so_a_changed_rule_is_a_new_version():
+    def graph(rule: str) -> Graph:
+        g = Graph("conditioned")
+        check = g.task("wfv.stamp", name="check")
+        route = g.branch("route", on=check, path="go", op="truthy", then=["yes"], otherwise=["no"])
+        g.task("wfv.stamp", name="yes", after=[route])
+        g.task("wfv.stamp", name="no", after=[route])
+        g.task("wfv.stamp", name="end", after=["yes", "no"], run_if=rule)
+        g.order()  # marks the conditional steps in their specs, as a start does
+        return g
+
+    before, after = versions.shape(graph("none_failed")), versions.shape(graph("all_done"))
+    assert before["route"]["branch"] == ["yes", "no"] and before["yes"]["run_if"] == "all_succeeded"
+    assert "run_if" not in before["check"]  # a step with no condition: the shape it had before conditions
+    assert versions.fingerprint(before) != versions.fingerprint(after)
+    changed = [c for c in versions.diff(before, after) if c.change != "same"]
+    assert [(c.name, c.fields) for c in changed] == [("end", (("run_if", "none_failed", "all_done"),))]
+
+
 def test_a_current_definition_naming_a_removed_task_is_refused_and_nothing_written():
     w = cancelled("wfv_versioned")
     ProbeEffect.objects.create(key="wfv-v3")  # the definition now names the task wfv.removed, which is not there

@@ -8,7 +8,8 @@
 - fan-in start delay: small fan-out/fan-in workflows run one after another; for each, the fan-in item's lease
   (its reservation's reserved_at) minus the settle of the last fan-out step (its finished_at), both the
   server's clock; p50 and p99 (goal: p99 under 50 ms on an idle machine). The reservation is read hot and archived
-  alike (queue_app_reservation_all): the workers' archiver may have moved the finished fan-in item.
+  alike (queue_app_reservation_all): the workers' archiver may have moved the finished fan-in item;
+- the settle cost of conditions (bench/workflow_conditions.py), before the worker starts.
 """
 
 import time
@@ -21,6 +22,7 @@ from .context import BenchContext, django_child_env, log_tail, manage_args, spaw
 from .jobsite_side import ALIAS, NOOP_TASK, _clear_queue, _scalar, bench_database
 from .report import Figure, Results, percentile
 from .sizes import Sizes
+from .workflow_conditions import run as _conditions
 from .workflow_tasks import fan_out as _fan_out  # noqa: F401  registers bench.fan_out here too
 
 WORKER = ("run_worker", "--pool", "thread", "--concurrency", "32", "--batch", "500", "--prefetch", "500")
@@ -65,6 +67,7 @@ ORDER BY r.id LIMIT 1
 
 def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
     with bench_database(ctx, "workflow") as db:
+        _conditions(ctx, sizes, results)  # settled in this process, before the worker starts
         env = django_child_env(db)
         procs = [
             spawn(

@@ -38,7 +38,7 @@ DROP FUNCTION IF EXISTS queue_app_wf_step_deadline();
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("queue_app", "0031_dataset_lineage"),
+        ("queue_app", "0032_workflow_conditions"),
     ]
 
     operations = [

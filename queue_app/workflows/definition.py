@@ -43,6 +43,11 @@ class WorkflowDefinitionError(WorkflowError, ValueError):
     """The graph a builder made (or was about to make) cannot run."""
 
 
+class WorkflowConditionError(WorkflowDefinitionError):
+    """A bad condition: an unknown run_if rule, or a branch that names a step not directly downstream of it (or
+    never names one that is). Reported at startup too, by the system check jobsite.E201."""
+
+
 class UnknownWorkflow(WorkflowError, LookupError):
     pass
 
@@ -64,6 +69,13 @@ ON_TIMEOUT = ("fail", "continue")
 # An approval without a timeout: its item (its timeout) is due in a century, a time no real wait reaches.
 NO_TIMEOUT = 100 * 365.25 * 86400
 PERMISSION = re.compile(r"^[A-Za-z_]\w*\.[\w-]{1,100}$")
+# Conditions (docs/how-to/workflows.md, Conditions): when a step whose dependencies all ended runs, and the
+# branch step's built-in task. The rule is stored in the step's spec ("run_if") and read by the settle trigger
+# (workflows/sql.py, queue_app_wf_decide): nothing but these names is evaluated inside the database.
+RUN_IF = ("all_succeeded", "all_done", "any_failed", "none_failed")
+DEFAULT_RUN_IF = "all_succeeded"
+BRANCH_TASK = "queue_app.workflow_branch"
+BRANCH_OPS = ("==", "!=", ">", ">=", "<", "<=", "in", "truthy")
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,8 @@ class StepSpec:
     on_failure: str
     compensate: dict[str, Any] | None
     group: str
+    run_if: str = DEFAULT_RUN_IF
+    branch: list[str] | None = None  # a branch step: the downstream steps it chooses from
 
 
 def task_item_spec(task_name: str, payload: Any = None, *, what: str, priority: int = 0) -> dict[str, Any]:
@@ -149,8 +163,18 @@ class Graph:
             raise WorkflowDefinitionError(
                 f"step {step.name!r}: on_failure must be one of {', '.join(OnFailure.values)}, not {step.on_failure!r}"
             )
+        if step.run_if not in RUN_IF:
+            raise WorkflowConditionError(
+                f"step {step.name!r}: run_if must be one of {', '.join(RUN_IF)}, not {step.run_if!r}"
+            )
         self.steps[step.name] = step
         return StepRef(self, step.name)
+
+    def _branch_targets(self, targets: Iterable[StepRef | str] | StepRef | str, what: str) -> list[str]:
+        names = self._refs(targets, f"{what}: branch")
+        if not names or len(set(names)) != len(names):
+            raise WorkflowConditionError(f"{what}: a branch names its downstream steps, each once, not {names!r}")
+        return names
 
     def _compensation(self, compensate: str | None, what: str) -> dict[str, Any] | None:
         if compensate is None:
@@ -170,8 +194,12 @@ class Graph:
         compensate: str | None = None,
         priority: int = 0,
         group: str | None = None,
+        run_if: str = DEFAULT_RUN_IF,
+        branch: Iterable[StepRef | str] | None = None,
     ) -> StepRef:
-        """A step that runs registered task `task` with `payload`, after the steps in `after`."""
+        """A step that runs registered task `task` with `payload`, after the steps in `after` (when they ended as
+        `run_if` asks). With `branch` (names of its direct downstream steps) it is a branch: its handler returns
+        the names of the ones to run (a name, a list, or {"chosen": [...]}); the others end skipped."""
         name = name or task
         what = f"step {name!r}"
         return self._add(
@@ -185,6 +213,8 @@ class Graph:
                 on_failure=str(on_failure),
                 compensate=self._compensation(compensate, what),
                 group=group or name,
+                run_if=run_if,
+                branch=None if branch is None else self._branch_targets(branch, what),
             )
         )
 
@@ -199,6 +229,7 @@ class Graph:
         compensate: str | None = None,
         timeout: float | None = None,
         group: str | None = None,
+        run_if: str = DEFAULT_RUN_IF,
     ) -> StepRef:
         """A step that runs registered Spark job `job` with `params` (validated now) as a SparkRun."""
         from ..spark import runs
@@ -225,6 +256,7 @@ class Graph:
                 on_failure=str(on_failure),
                 compensate=self._compensation(compensate, what),
                 group=group or name,
+                run_if=run_if,
             )
         )
 
@@ -235,6 +267,7 @@ class Graph:
         seconds: float | None = None,
         until: dt.datetime | None = None,
         after: Iterable[StepRef | str] | StepRef | str = (),
+        run_if: str = DEFAULT_RUN_IF,
     ) -> StepRef:
         """A step that waits `seconds` from when it becomes ready, or `until` a time (timezone-aware), holding no
         worker and no connection: its item is a delayed no-op item, and the step ends when a worker leases it."""
@@ -252,7 +285,18 @@ class Graph:
             args = extra = {"until": until.isoformat()}
         spec = task_item_spec(SLEEP_TASK, args, what=what) | extra
         return self._add(
-            StepSpec(name, StepKind.SLEEP, SLEEP_TASK, args, self._refs(after, what), spec, OnFailure.FAIL, None, name)
+            StepSpec(
+                name,
+                StepKind.SLEEP,
+                SLEEP_TASK,
+                args,
+                self._refs(after, what),
+                spec,
+                OnFailure.FAIL,
+                None,
+                name,
+                run_if,
+            )
         )
 
     def wait_event(
@@ -264,6 +308,7 @@ class Graph:
         timeout: float,
         on_timeout: str = "fail",
         after: Iterable[StepRef | str] | StepRef | str = (),
+        run_if: str = DEFAULT_RUN_IF,
     ) -> StepRef:
         """A step that waits for the event `event` with key `key` (a template over the workflow's parameters:
         "{order}"), sent by workflows.waits.send_event or `workflow send-event`, at most `timeout` seconds; its
@@ -292,7 +337,9 @@ class Graph:
             "key": filled,
         }
         return self._add(
-            StepSpec(name, StepKind.EVENT, event, args, self._refs(after, what), spec, OnFailure.FAIL, None, name)
+            StepSpec(
+                name, StepKind.EVENT, event, args, self._refs(after, what), spec, OnFailure.FAIL, None, name, run_if
+            )
         )
 
     def approval(
@@ -303,6 +350,7 @@ class Graph:
         timeout: float | None = None,
         on_timeout: str = "fail",
         after: Iterable[StepRef | str] | StepRef | str = (),
+        run_if: str = DEFAULT_RUN_IF,
     ) -> StepRef:
         """A human step (workflows/approvals.py): it waits for a user holding `permission` ("app_label.codename";
         superusers hold all) to approve it (it succeeds, result {"approved": true, "by", "comment"}) or reject it
@@ -343,7 +391,66 @@ class Graph:
         }
         return self._add(
             StepSpec(
-                name, StepKind.APPROVAL, permission, args, self._refs(after, what), spec, OnFailure.FAIL, None, name
+                name,
+                StepKind.APPROVAL,
+                permission,
+                args,
+                self._refs(after, what),
+                spec,
+                OnFailure.FAIL,
+                None,
+                name,
+                run_if,
+            )
+        )
+
+    def branch(
+        self,
+        name: str,
+        *,
+        on: StepRef | str,
+        path: str = "",
+        op: str = "==",
+        value: Any = None,
+        then: Iterable[StepRef | str] | StepRef | str,
+        otherwise: Iterable[StepRef | str] | StepRef | str = (),
+        after: Iterable[StepRef | str] | StepRef | str = (),
+        run_if: str = DEFAULT_RUN_IF,
+    ) -> StepRef:
+        """A branch step: after `on` (and `after`), it reads `on`'s result at `path` (keys and list indexes joined
+        by dots: "order.amount", "rows.0"; "" for the whole result), compares it with `value` by `op` (one of
+        BRANCH_OPS; "truthy" takes no value) and chooses the steps of `then` when it holds, else those of
+        `otherwise`. Every one of them must depend on this step (its direct downstream), and every step that
+        depends on it must be named in one of them. The steps not chosen end skipped, and what depends only on
+        skipped steps is skipped too (per each step's run_if). Its result is {"chosen", "value", "matched"}; a
+        path that is missing, or a comparison of unlike types, fails it."""
+        what = f"step {name!r}"
+        [source] = self._refs(on, f"{what}: on") if isinstance(on, (StepRef, str)) else [None]
+        if source is None:
+            raise WorkflowConditionError(f"{what}: on= takes one step or step name, not {on!r}")
+        if op not in BRANCH_OPS:
+            raise WorkflowConditionError(f"{what}: op must be one of {', '.join(BRANCH_OPS)}, not {op!r}")
+        if not isinstance(path, str):
+            raise WorkflowConditionError(f"{what}: path must be a dotted string, not {path!r}")
+        chosen = self._branch_targets(then, what)
+        other = self._refs(otherwise, f"{what}: otherwise")
+        if set(chosen) & set(other) or len(set(other)) != len(other):
+            raise WorkflowConditionError(f"{what}: then and otherwise name each step once: {chosen!r}, {other!r}")
+        args = {"on": source, "path": path, "op": op, "value": value, "then": chosen, "otherwise": other}
+        deps = self._refs(after, what)
+        return self._add(
+            StepSpec(
+                name=name,
+                kind=StepKind.TASK,
+                target=BRANCH_TASK,
+                args=args,
+                after=deps + [source] if source not in deps else deps,
+                spec=task_item_spec(BRANCH_TASK, args, what=what),
+                on_failure=OnFailure.FAIL,
+                compensate=None,
+                group=name,
+                run_if=run_if,
+                branch=chosen + other,
             )
         )
 
@@ -385,10 +492,48 @@ class Graph:
                     raise WorkflowDefinitionError(f"step {step.name!r} depends on itself")
             sorter.add(step.name, *step.after)
         try:
-            return list(sorter.static_order())
+            order = list(sorter.static_order())
         except graphlib.CycleError as exc:
             cycle = " -> ".join(exc.args[1])
             raise WorkflowDefinitionError(f"workflow {self.name!r} has a cycle: {cycle}") from None
+        self._conditions(order)
+        return order
+
+    def _conditions(self, order: list[str]) -> None:
+        """Check the branches (each names exactly its direct downstream steps) and mark, in its spec, every step
+        the settle trigger must decide when its dependencies have ended: one with a run_if other than the
+        default, or downstream of a branch or of such a step (it may find a dependency skipped). Steps of a graph
+        with no condition keep their spec as it was: their settle reads nothing more."""
+        down: dict[str, list[str]] = {n: [] for n in self.steps}
+        for step in self.steps.values():
+            for dep in step.after:
+                down[dep].append(step.name)
+        for step in self.steps.values():
+            if step.branch is None:
+                continue
+            for target in step.branch:
+                if target not in self.steps or step.name not in self.steps[target].after:
+                    raise WorkflowConditionError(
+                        f"step {step.name!r}: branch names {target!r}, which is not a step directly downstream of "
+                        f"it (its downstream steps: {', '.join(sorted(down[step.name])) or 'none'}); give "
+                        f"{target!r} after=[{step.name!r}]"
+                    )
+            unnamed = sorted(set(down[step.name]) - set(step.branch))
+            if unnamed:
+                raise WorkflowConditionError(
+                    f"step {step.name!r}: steps {', '.join(unnamed)} depend on the branch but it never chooses "
+                    "them; name them in the branch (or make them depend on a step after it)"
+                )
+        conditional: set[str] = set()
+        for name in order:
+            step = self.steps[name]
+            if step.run_if != DEFAULT_RUN_IF or any(
+                dep in conditional or self.steps[dep].branch is not None for dep in step.after
+            ):
+                conditional.add(name)
+                step.spec["run_if"] = step.run_if
+            if step.branch is not None:
+                step.spec["branch"] = list(step.branch)
 
 
 def deadline_spec(seconds: Any, at: Any, *, what: str) -> dict[str, Any]:

@@ -23,9 +23,10 @@ COLOURS = {  # fill, border: the admin's palette
     "succeeded": ("#dff2dc", "#3c8a2e"),
     "failed": ("#fbe3e1", "#ba2121"),
     "cancelled": ("#eeeeee", "#666666"),
+    "skipped": ("#fdf6e3", "#b58900"),  # its run_if was not met, or its branch chose another step
 }
 # A worse state wins the colour of a collapsed node.
-SEVERITY = ("failed", "running", "queued", "waiting", "cancelled", "succeeded")
+SEVERITY = ("failed", "running", "queued", "waiting", "cancelled", "skipped", "succeeded")
 
 
 @dataclass

@@ -149,6 +149,7 @@ class StepState(models.TextChoices):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    SKIPPED = "skipped"  # its run_if was not met, or a branch did not choose it (workflows/sql.py, decide)
 
 
 STEP_OPEN_STATES = (StepState.WAITING, StepState.QUEUED)

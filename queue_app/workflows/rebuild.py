@@ -3,12 +3,16 @@ new workflow, from a chosen step) write, planned here in one place.
 
 On the stored graph (the default) the new steps are copies of the ended attempt's rows: the graph the workflow
 started with, whatever the code says now. Onto the current definition, they are the steps of a graph built now
-(workflows/versions.py, current); a step is kept only when the ended attempt has it succeeded with the very same
-definition (task, payload, item spec, policy, compensation, dependencies).
+(workflows/versions.py, current); a step is kept only when the ended attempt has it succeeded (or skipped) with
+the very same definition (task, payload, item spec, policy, compensation, conditions, dependencies).
 
-Either way: steps that did not succeed (or whose work a compensation undid), the fork's step, and everything
-downstream of them run again; every other step is kept, succeeded, with its result, item and run. A re-run step
-fans out again (what it added last time is not copied); a kept step keeps what it fanned out.
+Either way: steps that neither succeeded nor were skipped (or whose work a compensation undid), the fork's step,
+and everything downstream of them run again; every other step is kept as it ended (KEPT_STATES: succeeded with
+its result, item and run, or skipped), so a skipped step stays skipped unless something upstream of it runs
+again (then its run_if is decided again). A kept branch keeps its result, so its choice: the steps it did not
+choose stay skipped, and a re-run step downstream of it with nothing left to wait for is decided by the caller
+before it is enqueued (services._run, queue_app_wf_decide), like every step whose dependencies all ended. A
+re-run step fans out again (what it added last time is not copied); a kept step keeps what it fanned out.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from .models import StepDependency, StepKind, StepState, WorkflowStep
 # What a step row takes from its definition: a checked StepSpec, or an earlier attempt's row.
 DEFINED = ("name", "group", "kind", "target", "args", "spec", "on_failure", "compensate")
 KEPT = ("item_id", "spark_run_id", "result", "ready_at", "finished_at")
+# The states a step is kept in (not run again) unless something upstream of it runs again.
+KEPT_STATES = (StepState.SUCCEEDED, StepState.SKIPPED)
 
 
 @dataclass
@@ -37,10 +43,11 @@ class Plan:
 
 
 def _row(source: Any, old: WorkflowStep | None, *, pending: int = 0) -> WorkflowStep:
-    """A new step from `source`'s definition: kept from `old` (succeeded, its result) or, without, waiting."""
+    """A new step from `source`'s definition: kept from `old` (as it ended: succeeded with its result, or
+    skipped) or, without, waiting."""
     row = WorkflowStep(**{f: getattr(source, f) for f in DEFINED}, pending=pending)
     if old is not None:
-        row.kept, row.state = True, StepState.SUCCEEDED
+        row.kept, row.state = True, old.state
         for f in KEPT:
             setattr(row, f, getattr(old, f))
     return row
@@ -92,7 +99,7 @@ def _on_stored(
     for e in edges:
         if not e.order_only:  # a backfill's lanes are ordering, not data: a later day is not downstream
             down.setdefault(e.upstream_id, []).append(e.downstream_id)
-    roots = {i for i, s in steps.items() if s.state != StepState.SUCCEEDED or i in undone}
+    roots = {i for i, s in steps.items() if s.state not in KEPT_STATES or i in undone}
     if from_step is not None:
         chosen = next((i for i, s in steps.items() if s.name == from_step), None)
         if chosen is None:
@@ -135,7 +142,7 @@ def _onto(
         old, new = by_name.get(name), graph.steps[name]
         return (
             old is not None
-            and old.state == StepState.SUCCEEDED
+            and old.state in KEPT_STATES
             and old.id not in undone
             and all(getattr(old, f) == getattr(new, f) for f in DEFINED)
             and defined_after.get(name, set()) == set(new.after)
@@ -144,7 +151,7 @@ def _onto(
     roots = {n for n in order if not same(n)}
     children = [s for s in steps.values() if s.parent_id in steps]
     for child in children:  # a fan-out child to re-run: its parent fans out again
-        if child.state != StepState.SUCCEEDED or child.id in undone:
+        if child.state not in KEPT_STATES or child.id in undone:
             roots.add(steps[child.parent_id].name)
     if from_step is not None:
         if from_step not in graph.steps:

@@ -383,17 +383,22 @@ def _onto_current(workflow: Workflow) -> tuple[Graph, list[str], str, dict[str, 
 
 
 def _run(workflow: Workflow, attempt: int, rows: list[WorkflowStep]) -> None:
-    """Start attempt `attempt` just written: enqueue the steps with nothing to wait for (or end it at once)."""
-    waiting = [row for row in rows if row.state == StepState.WAITING]
-    _enqueue([row.id for row in waiting if row.pending == 0], workflow.channel)
-    if not waiting:
-        _finish(workflow.id)
+    """Start attempt `attempt` just written (a repair's or a fork's, workflows/rebuild.py): the steps with nothing
+    to wait for are decided first (conditional ones, workflows/sql.py queue_app_wf_decide: a branch kept from the
+    earlier attempt still skips the steps it did not choose, and what a skip leaves with nothing to wait for is
+    decided in turn), the others enqueued; then the workflow ends at once if nothing is left open."""
+    roots = [row.id for row in rows if row.state == StepState.WAITING and row.pending == 0]
+    if roots:
+        with cursor() as cur:
+            cur.execute(sql.WORKFLOW_DECIDE_AND_ENQUEUE, {"ids": roots, "channel": workflow.channel})
+    _finish(workflow.id)
 
 
 def repair(workflow_id: int, *, actor: str = "", onto_current: bool = False) -> Workflow:
     """A new attempt of a failed or cancelled workflow: the steps that failed or were cancelled (or whose work
     was compensated) run again with everything downstream of them; steps that succeeded keep their results and
-    are not run. The earlier attempts' rows stay as they were.
+    are not run, skipped ones stay skipped (a branch keeps its choice) unless something upstream of them runs
+    again. The earlier attempts' rows stay as they were.
 
     It re-runs the stored graph (the one the workflow started with), unless `onto_current`: then the new attempt
     is the definition as the code has it now (built with the workflow's parameters), a step kept only when it

@@ -4,7 +4,8 @@ cancel, repair).
 
 The database runs what migrations installed, and a migration is frozen: each holds a literal copy of the texts
 it installs (never importing them from here or from another migration). The latest copies are in migrations
-0021_workflow_sql_one_home, 0024_workflow_waits, 0027_workflow_approvals and 0033_workflow_versions.
+0021_workflow_sql_one_home, 0024_workflow_waits, 0027_workflow_approvals, 0032_workflow_conditions and
+0033_workflow_versions.
 tests/test_workflow_sql_source.py compares every `queue_app_wf_*` function and workflow trigger of a migrated
 database with this module, so a change here needs a new migration holding a copy of the changed texts (CREATE OR
 REPLACE), and a migration cannot change them without this module following.
@@ -381,6 +382,76 @@ END
 $$;
 """
 
+# Conditions (docs/how-to/workflows.md, Conditions): of the steps whose dependencies all ended (`ready`, a
+# settle's, or a repair's), those marked conditional in their spec ("run_if": the definition marks a step with a
+# rule other than the default, or downstream of a branch or of another conditional step) are decided from
+# their dependencies' states (ordering-only edges aside) and their rule; every other step runs. A step is skipped
+# when every dependency was skipped, when a branch it depends on ended without choosing it (the branch's result
+# names the chosen: a name, a list, or {"chosen": [...]}), or when its rule is not met: all_succeeded (the
+# default) a skipped dependency, none_failed a failed one, any_failed none failed; all_done runs whatever ended
+# (a dependency that failed with on_failure 'fail' or was cancelled cancels what waits for it before any rule is
+# read, as always). A skipped step ends at once: its workflow's open count moves, and what waits for it is
+# counted down and decided the same way, until nothing more is skipped. Returns the steps to enqueue. The caller
+# holds the workflows' row locks; only the rules' names are read here, no user code.
+DECIDE_FUNCTION = """
+CREATE OR REPLACE FUNCTION queue_app_wf_decide(ready bigint[]) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+    run bigint[] := '{}';
+    todo bigint[] := ready;
+    skip bigint[];
+    go bigint[];
+BEGIN
+    WHILE todo IS NOT NULL LOOP
+        WITH s AS (
+            SELECT s.id, s.name, s.spec->>'run_if' AS rule FROM queue_app_workflowstep s
+            WHERE s.id = ANY(todo) AND s.state = 'waiting' AND s.spec ? 'run_if'
+        ), up AS (
+            SELECT s.id, s.rule, count(u.id) AS n, count(u.id) FILTER (WHERE u.state = 'skipped') AS skipped,
+                   count(u.id) FILTER (WHERE u.state = 'failed') AS failed,
+                   COALESCE(bool_or(u.spec ? 'branch' AND NOT (u.state = 'succeeded' AND COALESCE(
+                       CASE jsonb_typeof(u.result) WHEN 'array' THEN u.result
+                                                   WHEN 'string' THEN jsonb_build_array(u.result)
+                                                   WHEN 'object' THEN u.result->'chosen' END ? s.name, false))),
+                            false) AS unchosen
+            FROM s LEFT JOIN queue_app_stepdependency d ON d.downstream_id = s.id AND NOT d.order_only
+            LEFT JOIN queue_app_workflowstep u ON u.id = d.upstream_id
+            GROUP BY s.id, s.rule
+        )
+        SELECT array_agg(id) FILTER (WHERE skipping), array_agg(id) FILTER (WHERE NOT skipping) INTO skip, go
+        FROM (SELECT id, unchosen OR (n > 0 AND skipped = n) OR CASE rule
+                  WHEN 'all_done' THEN false
+                  WHEN 'any_failed' THEN failed = 0
+                  WHEN 'none_failed' THEN failed > 0
+                  ELSE skipped > 0 END AS skipping
+              FROM up) v;
+        run := run || COALESCE(go, '{}') || ARRAY(
+            SELECT x.id FROM unnest(todo) AS x(id) JOIN queue_app_workflowstep s ON s.id = x.id
+            WHERE s.state = 'waiting' AND NOT s.spec ? 'run_if');
+        todo := NULL;
+        IF skip IS NOT NULL THEN
+            WITH gone AS (
+                UPDATE queue_app_workflowstep s SET state = 'skipped', finished_at = now(),
+                    error = 'skipped: its run_if (' || COALESCE(s.spec->>'run_if', 'all_succeeded') || ') was not met'
+                WHERE s.id = ANY(skip) AND s.state = 'waiting'
+                RETURNING s.workflow_id
+            )
+            UPDATE queue_app_workflow w SET steps_open = w.steps_open - c.n
+            FROM (SELECT workflow_id, count(*) AS n FROM gone GROUP BY workflow_id) c WHERE w.id = c.workflow_id;
+            WITH d AS (
+                UPDATE queue_app_workflowstep t SET pending = t.pending - c.n
+                FROM (SELECT downstream_id, count(*)::int AS n FROM queue_app_stepdependency
+                      WHERE upstream_id = ANY(skip) GROUP BY downstream_id) c
+                WHERE t.id = c.downstream_id AND t.state = 'waiting'
+                RETURNING t.id, t.pending
+            )
+            SELECT array_agg(id) INTO todo FROM d WHERE pending = 0;
+        END IF;
+    END LOOP;
+    RETURN CASE WHEN cardinality(run) > 0 THEN run END;
+END
+$$;
+"""
+
 # The steps that just ended, as their ending UPDATE returned them: in one go per statement under each workflow's
 # row lock (taken in id order, so two settling transactions never wait for each other in a cycle). Only the steps
 # of each workflow's current attempt count (a late settle of an earlier attempt's step changes nothing more).
@@ -402,6 +473,7 @@ DECLARE
     ready bigint[];
     failed_id bigint;
     wf record;
+    decide boolean;
 BEGIN
     PERFORM 1 FROM queue_app_workflow WHERE id = ANY(a_workflow) ORDER BY id FOR UPDATE;
     SELECT array_agg(x.id ORDER BY x.id), array_agg(x.workflow_id ORDER BY x.id), array_agg(x.state ORDER BY x.id),
@@ -422,9 +494,9 @@ BEGIN
         WITH d AS (
             UPDATE queue_app_workflowstep t SET pending = t.pending - c.n
             FROM unnest(c_id, c_n) AS c(id, n) WHERE t.id = c.id AND t.state = 'waiting'
-            RETURNING t.id, t.pending
+            RETURNING t.id, t.pending, t.spec ? 'run_if' AS conditional
         )
-        SELECT array_agg(id) INTO ready FROM d WHERE pending = 0;
+        SELECT array_agg(id), bool_or(conditional) INTO ready, decide FROM d WHERE pending = 0;
     END IF;
     FOR wf IN
         WITH c AS (
@@ -450,6 +522,9 @@ BEGIN
     LOOP
         PERFORM queue_app_wf_step_failed(failed_id);
     END LOOP;
+    IF decide THEN
+        ready := queue_app_wf_decide(ready);
+    END IF;
     IF ready IS NOT NULL THEN
         PERFORM queue_app_wf_enqueue(ready, w.channel)
         FROM (SELECT DISTINCT s.workflow_id FROM unnest(ready) AS x(id) JOIN queue_app_workflowstep s ON s.id = x.id) r
@@ -559,6 +634,7 @@ FUNCTIONS = (
     ITEM_SETTLED_FUNCTION,
     STATEMENT_SETTLED_FUNCTION,
     STEPS_ENDED_FUNCTION,
+    DECIDE_FUNCTION,
     WORKFLOW_DELETED_FUNCTION,
     APPROVAL_REQUESTED_FUNCTION,
     STEP_DEADLINE_FUNCTION,
@@ -573,6 +649,10 @@ INSTALL = "".join(FUNCTIONS) + TRIGGERS
 # to run. Everything else happens inside the settling statement, through the triggers above.
 WORKFLOW_ENQUEUE = "SELECT queue_app_wf_enqueue(%(ids)s::bigint[], %(channel)s)"
 WORKFLOW_FINISH = "SELECT queue_app_wf_finish(%(workflow_id)s)"
+# A repair's steps with nothing left to wait for: conditional ones are decided first (a branch kept from the
+# earlier attempt still skips the steps it did not choose); the caller then ends the workflow (WORKFLOW_FINISH)
+# if nothing is left open.
+WORKFLOW_DECIDE_AND_ENQUEUE = "SELECT queue_app_wf_enqueue(queue_app_wf_decide(%(ids)s::bigint[]), %(channel)s)"
 
 # A running step adds steps (one per partition it found), each written once, already queued: its row, its item
 # (ready at once) and its edges to every step waiting for the parent (which now waits for the new ones too), in

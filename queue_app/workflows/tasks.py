@@ -4,7 +4,8 @@ from typing import Any
 
 from ..registry import Context, Delivery, Retry, job
 from . import deadlines
-from .definition import APPROVAL_TIMEOUT_TASK, DEADLINE_TASK, EVENT_TIMEOUT_TASK, SLEEP_TASK
+from .conditions import choose
+from .definition import APPROVAL_TIMEOUT_TASK, BRANCH_TASK, DEADLINE_TASK, EVENT_TIMEOUT_TASK, SLEEP_TASK
 from .models import Workflow
 from .signals import workflow_finished
 
@@ -59,7 +60,17 @@ def deadline(payload: Any, ctx: Context) -> dict[str, bool]:
     return {"acted": deadlines.passed(payload["workflow_id"], payload["attempt"], payload.get("step_id"))}
 
 
+@job(BRANCH_TASK, retry=Retry(times=1))
+def branch(payload: Any, ctx: Context) -> dict[str, Any]:
+    """A branch step (`wf.branch`): reads the result of the step it is on, returns {"chosen", "value",
+    "matched"}; the settle trigger skips the downstream steps not chosen. A missing path fails it (once)."""
+    from . import services
+
+    return choose(payload, services.upstream(ctx))
+
+
 from . import demo as _demo  # noqa: E402, F401  registers the demo's tasks and demo_pipeline
+from . import demo_waits as _demo_waits  # noqa: E402, F401  registers demo_waits
 
 
 @job("queue_app.workflow_probe_fan_out")

@@ -8,7 +8,10 @@ graph it built (the first 16 hex digits of the SHA-256 of its canonical shape, b
 is kept once (WorkflowVersion), so the admin can draw what changed between two versions.
 
 A shape is, per step: kind, target (task, Spark job, event, permission), the names it waits for, its failure
-policy, its compensation's task and its deadline, and not its payload (which the parameters fill).
+policy, its compensation's task, its deadline and its conditions (the run_if rule and a branch's choices, as the
+definition marked them in the step's spec: only a step that has them carries them, so a graph with no condition
+has the shape, and the fingerprint, it had before conditions existed), and not its payload (which the parameters
+fill).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Any
 from .definition import Graph, get_workflow
 from .models import Workflow, WorkflowVersion
 
-FIELDS = ("kind", "target", "after", "on_failure", "compensate", "deadline")
+FIELDS = ("kind", "target", "after", "on_failure", "compensate", "deadline", "run_if", "branch")
+CONDITIONS = ("run_if", "branch")  # in a step's shape only when its spec has them (workflows/definition.py)
 
 
 def shape(graph: Graph) -> dict[str, dict[str, Any]]:
@@ -37,6 +41,7 @@ def shape(graph: Graph) -> dict[str, dict[str, Any]]:
             "compensate": (step.compensate or {}).get("task"),
             "deadline": None if not deadline else deadline.get("delay", deadline.get("until")),
         }
+        out[name].update({f: step.spec[f] for f in CONDITIONS if f in step.spec})
     return out
 
 

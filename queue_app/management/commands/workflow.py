@@ -12,7 +12,8 @@
     python manage.py workflow backfill file_rollup --from 2026-11-01 --to 2026-11-07 [--param k=v] \
         [--concurrency 2] [--force] [--wait] [--json]
 
-`--json` prints {"id", "name", "state", "attempt", "steps": [{"name", "state", ...}]}; `start` adds "created"
+`--json` prints {"id", "name", "state", "attempt", "steps": [{"name", "state", ...}]} (a step `skipped` when its
+run_if was not met or a branch chose another, docs/how-to/workflows.md "Conditions"); `start` adds "created"
 (false when --key named a workflow already started, which is then what it prints and follows). With --wait the command
 follows the workflow to its end and exits 0 only when it succeeded (1 otherwise). Bad input (unknown workflow
 or job, bad parameters, a bad range) is an error message, exit status 1, and nothing is written.
@@ -83,7 +84,11 @@ class Command(BaseCommand):
         )
         start.add_argument("--wait", action="store_true")
         start.add_argument("--json", action="store_true")
-        status = sub.add_parser("status", help="a workflow's state and its steps")
+        status = sub.add_parser(
+            "status",
+            help="a workflow's state and its steps (each waiting, queued, running, sleeping, waiting_event, "
+            "waiting_approval, succeeded, failed, cancelled or skipped)",
+        )
         status.add_argument("id", type=int)
         status.add_argument("--json", action="store_true")
         repair = sub.add_parser("repair", help="re-run the failed or cancelled steps and what depends on them")
