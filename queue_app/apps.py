@@ -18,8 +18,8 @@ class QueueAppConfig(AppConfig):
         from .spark import checks  # noqa: F401  registers jobsite.W010 (Java for Spark runs)
         from .spark import datasets as spark_datasets  # noqa: F401  registers jobsite.E106 (jobs' datasets)
         from .spark import triggers as spark_triggers  # noqa: F401  the Spark jobs' data-aware triggers
-        from .workflows import triggers as workflow_triggers  # noqa: F401  the workflows' data-aware triggers
         from .workflows import checks as workflow_checks  # noqa: F401  registers jobsite.E201 (conditions)
+        from .workflows import triggers as workflow_triggers  # noqa: F401  the workflows' data-aware triggers
 
         connection_created.connect(tune_connection, dispatch_uid="jobsite-engine-session")
         post_migrate.connect(sync_after_migrate, sender=self, dispatch_uid="jobsite-datasets-sync")
