@@ -13,10 +13,13 @@ class QueueAppConfig(AppConfig):
         from . import registry  # installs the tasks' item defaults in the engine
         from .datasets import checks as dataset_checks  # noqa: F401  registers jobsite.E101-E105
         from .datasets.sync import sync_after_migrate
+        from .engine import tracing
         from .engine.db import tune_connection
         from .spark import checks  # noqa: F401  registers jobsite.W010 (Java for Spark runs)
         from .spark import datasets as spark_datasets  # noqa: F401  registers jobsite.E106 (jobs' datasets)
 
+        # OpenTelemetry traces, when OTEL_TRACES_EXPORTER=otlp says so: once per process (web, worker, commands).
+        tracing.configure()
         connection_created.connect(tune_connection, dispatch_uid="jobsite-engine-session")
         post_migrate.connect(sync_after_migrate, sender=self, dispatch_uid="jobsite-datasets-sync")
         post_migrate.connect(registry.publish_declarations, sender=self, dispatch_uid="jobsite-sql-api-publish")

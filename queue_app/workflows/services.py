@@ -19,6 +19,7 @@ from django.db.models import F
 
 from .. import engine, services
 from ..conf import queue_settings
+from ..engine import tracing
 from ..engine.db import cursor
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
@@ -97,7 +98,43 @@ def _create(
 ) -> Workflow:
     """Write a checked graph: the workflow, its steps and edges, and the items of the steps with nothing to wait
     for, in one transaction. With `key` (key, window in seconds or None), the key is claimed first: held by
-    another workflow, that one is returned and nothing is written. The returned row's `created` says which."""
+    another workflow, that one is returned and nothing is written. The returned row's `created` says which.
+    With tracing on, the start is a span the workflow's row keeps the context of: every step's item carries it, so
+    the workflow is one trace (engine/tracing.py)."""
+    if tracing.enabled:
+        with tracing.workflow_start(name, kind) as span:
+            workflow = _write(
+                name,
+                kind,
+                params,
+                graph,
+                order,
+                started_by,
+                callbacks,
+                order_edges,
+                key,
+                using,
+                tracing.traceparent(span),
+            )
+            span.set_attribute("jobsite.workflow_id", workflow.id)
+            span.set_attribute("jobsite.workflow.created", bool(workflow.created))
+            return workflow
+    return _write(name, kind, params, graph, order, started_by, callbacks, order_edges, key, using, None)
+
+
+def _write(
+    name: str,
+    kind: str,
+    params: dict[str, Any],
+    graph: Graph,
+    order: list[str],
+    started_by: str,
+    callbacks: dict[str, Any] | None,
+    order_edges: Iterable[tuple[str, str]],
+    key: tuple[str, float | None] | None,
+    using: str,
+    trace_context: str | None,
+) -> Workflow:
     steps = [graph.steps[n] for n in order]
     order_edges = list(order_edges)
     waits = {s.name: len(s.after) for s in steps}
@@ -136,6 +173,7 @@ def _create(
             callbacks=callbacks,
             channel=channel,
             default_max_attempts=default_max_attempts(),
+            trace_context=trace_context,
         )
         rows = WorkflowStep.objects.using(using).bulk_create(
             [_step_row(workflow.id, 1, s, pending=waits[s.name]) for s in steps], batch_size=2000
@@ -284,6 +322,8 @@ def fan_out(
                     "names": names,
                     "payloads": list(encoded.values()),
                     "channel": workflow.channel,
+                    # The new steps' items: children of this step's attempt (else the workflow's start span).
+                    "trace_context": tracing.traceparent() if tracing.enabled else None,
                 },
             )
             ids = list(cur.fetchone()[0])
