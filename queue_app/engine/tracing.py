@@ -274,3 +274,46 @@ def event_span(name: str, value: str | None, event: str, **attributes: Any) -> N
     span = tracer.start_span(name, context=context_of(value), attributes=attributes)
     span.add_event(event, attributes)
     span.end()
+
+
+def scalars(prefix: str, values: Any) -> dict[str, Any]:
+    """`values` (a mapping) as span attributes `prefix.key`: its numbers, strings and booleans only."""
+    if not isinstance(values, dict):
+        return {}
+    return {f"{prefix}.{k}": v for k, v in values.items() if isinstance(v, int | float | str | bool)}
+
+
+@contextmanager
+def spark_run(run_id: int, job: str, attempt: int) -> Iterator[trace.Span]:
+    """The span of one Spark run's attempt, under the current one (the spark_run item's attempt)."""
+    with tracer.start_as_current_span(
+        f"spark run {job}",
+        attributes={"jobsite.spark_run_id": run_id, "jobsite.spark_job": job, "jobsite.attempt": attempt},
+    ) as span:
+        yield span
+
+
+def spark_timeline(run_span: trace.Span, timeline: list[dict[str, Any]]) -> None:
+    """Child spans of a Spark run from its event log (eventlog.timeline): a span per Spark job under the run's,
+    and per stage under its job's (the run's when its job is unknown), at the driver's times."""
+    parent = trace.set_span_in_context(run_span)
+    job_spans: dict[int, trace.Span] = {}
+    for entry in sorted(timeline, key=lambda e: (e["kind"] != "job", e["start"])):
+        context = parent
+        if entry["kind"] == "stage" and entry.get("job") in job_spans:
+            context = trace.set_span_in_context(job_spans[entry["job"]])
+        attributes = {f"spark.{entry['kind']}_id": entry["id"]}
+        if entry.get("tasks") is not None:
+            attributes["spark.tasks"] = entry["tasks"]
+        span = tracer.start_span(
+            entry["name"], context=context, start_time=int(entry["start"] * 1e9), attributes=attributes
+        )
+        if not entry.get("ok", True):
+            span.set_status(trace.StatusCode.ERROR)
+        if entry["kind"] == "job":
+            job_spans[entry["id"]] = span
+        else:
+            span.end(end_time=int(entry["end"] * 1e9))
+    for entry in timeline:  # jobs end after their stages were started under them
+        if entry["kind"] == "job":
+            job_spans[entry["id"]].end(end_time=int(entry["end"] * 1e9))
