@@ -20,7 +20,6 @@ from django.http import JsonResponse
 from django.test import Client
 from django.urls import path
 from django.utils import timezone
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
 from queue_app import engine
 from queue_app.bench.otlp_receiver import Receiver
@@ -29,6 +28,8 @@ from queue_app.logcontext import current
 from queue_app.models import QueueItem, Worker
 from queue_app.workflows import services as workflows
 from queue_app.workflows.definition import Graph
+from tests import workflow_tasks  # noqa: F401  registers wf.fan, wf.add (the worker imports them too)
+from tests.tracing_fixtures import otel_env, receiver_fixture, traced_fixture  # noqa: F401  fixtures
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db
@@ -40,41 +41,6 @@ def enqueue_view(request):
 
 
 urlpatterns = [path("enqueue", enqueue_view)]
-
-
-@pytest.fixture(scope="module")
-def receiver():
-    rec = Receiver()
-    yield rec
-    rec.stop()
-
-
-@pytest.fixture
-def traced(receiver):
-    """Tracing on in this process, exporting to the receiver (once per process: the SDK's provider is global);
-    off again after the test, Django's instrumentation removed."""
-    was = tracing.enabled
-    if tracing._provider is None:
-        tracing.configure(OTLPSpanExporter(endpoint=f"{receiver.url}/v1/traces"), service_name="jobsite-test")
-    else:  # configured by an earlier test of this module: the same exporter, on again
-        tracing.enabled = True
-        tracing._instrument_django()
-    yield receiver
-    tracing.flush()
-    tracing.enabled = was
-    from opentelemetry.instrumentation.django import DjangoInstrumentor
-
-    DjangoInstrumentor().uninstrument()
-
-
-def otel_env(receiver: Receiver, **extra: str) -> dict[str, str]:
-    return {
-        "OTEL_TRACES_EXPORTER": "otlp",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
-        "OTEL_SERVICE_NAME": "jobsite-worker",
-        "OTEL_BSP_SCHEDULE_DELAY": "100",
-        **extra,
-    }
 
 
 def of_trace(receiver: Receiver, trace_id: str, consumers: int) -> list | None:
@@ -168,38 +134,43 @@ def test_a_request_that_enqueues_then_two_attempts_in_a_worker_are_one_trace(tra
 @pytest.mark.django_db(transaction=True)
 def test_a_workflow_is_one_trace_under_its_start_span(traced, worker):
     graph = Graph("otel-flow")
-    first = graph.task("queue_app.noop", {}, name="first")
+    first = graph.task("wf.fan", {"n": 2}, name="first")
     graph.task("queue_app.echo", {"x": 1}, name="second", after=[first])
     workflow = workflows.start_graph(graph)
     workflow.refresh_from_db()
     _, trace_id, start_span_id, _ = workflow.trace_context.split("-")
 
-    proc = worker("otel-flow-worker", "--burst", env=otel_env(traced))
+    proc = worker("otel-flow-worker", "--import", "tests.workflow_tasks", "--burst", env=otel_env(traced))
     assert proc.wait(timeout=120) == 0, proc.log.read_text()[-3000:]
     workflow.refresh_from_db()
     assert workflow.state == "succeeded"
     tracing.flush()
-    spans = wait_for(
-        lambda: of_trace(traced, trace_id, 2),
-        20,
-        what="the start span and both steps' attempts",
-    )
+    spans = wait_for(lambda: of_trace(traced, trace_id, 5), 20, what="the start span and the steps' attempts")
     (start,) = [s for s in spans if s.span_id == start_span_id]
     assert start.name == "workflow otel-flow" and start.attributes["jobsite.workflow_id"] == workflow.id
-    steps = {s.attributes["jobsite.task"]: s for s in spans if s.kind == "consumer"}
-    # The second step's item was written by the settle trigger of the first, in the worker, and the workflow's
-    # finished callback by the one of the second: all under the start span.
-    assert {t: s.parent_id for t, s in steps.items()} == {
-        "queue_app.noop": start_span_id,
-        "queue_app.echo": start_span_id,
-        "queue_app.workflow_finished": start_span_id,
+    attempts = [s for s in spans if s.kind == "consumer"]
+    by_task = {}
+    for span in attempts:
+        by_task.setdefault(span.attributes["jobsite.task"], []).append(span)
+    assert sorted((t, len(s)) for t, s in by_task.items()) == [
+        ("queue_app.echo", 1),
+        ("queue_app.workflow_finished", 1),
+        ("wf.add", 2),
+        ("wf.fan", 1),
+    ]
+    (fan,) = by_task["wf.fan"]
+    # The steps the start enqueued, the one the settle trigger enqueued in the worker and the finished callback
+    # are children of the start span; the fan-out's steps are children of the attempt that made them.
+    assert {s.parent_id for t in ("wf.fan", "queue_app.echo", "queue_app.workflow_finished") for s in by_task[t]} == {
+        start_span_id
     }
+    assert {s.parent_id for s in by_task["wf.add"]} == {fan.span_id}
 
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_collector_stopped_mid_run_loses_no_item_and_the_drops_are_counted(worker):
-    receiver = Receiver()
+    collector = Receiver()
     ids = engine.enqueue_many("queue_app.sleep", [{"seconds": 0.01}] * 300, queue="otel_drop")
     proc = worker(
         "otel-drop",
@@ -211,17 +182,17 @@ def test_the_collector_stopped_mid_run_loses_no_item_and_the_drops_are_counted(w
         # A small export queue (the default holds 2,048 spans), and a short export timeout so the exit's last
         # flush to the dead collector gives up quickly.
         env=otel_env(
-            receiver, OTEL_BSP_MAX_QUEUE_SIZE="16", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="8", OTEL_EXPORTER_OTLP_TIMEOUT="1"
+            collector, OTEL_BSP_MAX_QUEUE_SIZE="16", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="8", OTEL_EXPORTER_OTLP_TIMEOUT="1"
         ),
     )
-    wait_for(lambda: receiver.count() > 0, 60, what="the first spans at the receiver")
-    receiver.stop()  # the collector is gone: the worker goes on
+    wait_for(lambda: collector.count() > 0, 60, what="the first spans at the collector")
+    collector.stop()  # the collector is gone: the worker goes on
     assert proc.wait(timeout=180) == 0, proc.log.read_text()[-3000:]
     states = set(QueueItem.objects.filter(id__in=ids).values_list("state", flat=True))
     assert states == {"done"}
     stats = Worker.objects.get(id="otel-drop").stats
     assert stats["processed"] == 300 and stats["spans_dropped"] > 0
-    assert receiver.count() + stats["spans_dropped"] <= 300
+    assert collector.count() + stats["spans_dropped"] <= 300
 
 
 def test_the_metrics_show_the_workers_dropped_spans():
