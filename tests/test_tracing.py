@@ -21,7 +21,7 @@ from django.test import Client
 from django.urls import path
 from django.utils import timezone
 
-from queue_app import engine
+from queue_app import engine, services
 from queue_app.bench.otlp_receiver import Receiver
 from queue_app.engine import tracing
 from queue_app.logcontext import current
@@ -69,6 +69,21 @@ def test_bulk_enqueue_is_one_span_with_the_count_and_every_item_stores_its_conte
     assert span.kind == "producer" and span.trace_id == trace_id
     assert span.attributes["messaging.batch.message_count"] == 3
     assert span.attributes["messaging.destination.name"] == "otel_bulk"
+
+
+def test_a_requeue_is_an_event_under_the_items_enqueue(traced):
+    item = engine.enqueue("queue_app.noop", queue="otel_requeue")
+    _, trace_id, enqueue_span_id, _ = QueueItem.objects.get(id=item.id).trace_context.split("-")
+    assert services.cancel_items([item.id]) == 1
+    assert services.requeue_items([item.id], actor="ops") == 1
+    tracing.flush()
+    (span,) = wait_for(
+        lambda: [s for s in traced.spans() if s.name == "requeue queue_app.noop" and s.trace_id == trace_id],
+        10,
+        what="the requeue's span",
+    )
+    assert span.parent_id == enqueue_span_id and span.attributes["jobsite.item_id"] == item.id
+    assert [(name, attrs["jobsite.actor"]) for name, attrs in span.events] == [("requeue", "ops")]
 
 
 @pytest.mark.slow

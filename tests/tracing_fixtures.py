@@ -13,6 +13,7 @@ from queue_app.engine import tracing
 def receiver_fixture():
     rec = Receiver()
     yield rec
+    tracing.shutdown()  # the export thread ends with the session's receiver
     rec.stop()
 
 
