@@ -4,9 +4,17 @@ process, in one run, so the ratios compare like with like. Each variant drains t
 worker settings (the jobsite part's winner when it ran, else the quick grid's first); the variants take turns
 (`Sizes.tracing_rounds` rounds) and each keeps its best drain.
 
+Beside the throughput, each variant's CPU time per item of the worker host (its processes' user + system time,
+from the bench's RUSAGE_CHILDREN once they exited, less what a worker of the same variant spends starting and
+stopping with nothing to do; the server's is not in it): on a machine others load, a drain's rate moves with
+their load, the CPU an item costs much less.
+
 The items are enqueued untraced, so each attempt's span is a root the sampler decides on
 (`OTEL_TRACES_SAMPLER=traceidratio`): what the workers pay per item with tracing on is measured, not the enqueue.
 """
+
+import resource
+from collections.abc import Callable
 
 from .. import engine
 from ..conf import queue_settings
@@ -42,6 +50,19 @@ def _environment(receiver: Receiver, ratio: str | None) -> dict[str, str]:
     }
 
 
+def _cpu_of(start: Callable[[], list]) -> float:
+    """CPU seconds (user + system) the processes `start()` returns used, once they exited."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    procs = start()
+    try:
+        for proc in procs:
+            proc.wait(120)
+    finally:
+        stop(procs)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
     receiver = Receiver(keep=False)
     try:
@@ -50,7 +71,22 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
             queue = queue_settings.DEFAULT_QUEUE
             jobs = sizes.e2e_jobs
             best: dict[str, float] = {}
+            cpu: dict[str, float] = {}  # the least CPU microseconds an item of the worker host
             spans: dict[str, int] = {}
+            _clear_queue(queue)
+            fixed = {  # a worker of each variant started and stopped with nothing to do
+                key: _cpu_of(
+                    lambda ratio=ratio, key=key: [
+                        spawn(
+                            worker_args(settings, burst=True),
+                            env=django_child_env(db, **_environment(receiver, ratio)),
+                            log=ctx.log_path(f"tracing-{key}-idle"),
+                        )
+                        for _ in range(settings[0])
+                    ]
+                )
+                for key, _, ratio in VARIANTS
+            }
             for round_ in range(sizes.tracing_rounds):
                 for key, label, ratio in VARIANTS:
                     _clear_queue(queue)
@@ -58,6 +94,7 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
                     received = receiver.count()
                     log = ctx.log_path(f"tracing-{key}-{round_}")
                     env = django_child_env(db, **_environment(receiver, ratio))
+                    before = resource.getrusage(resource.RUSAGE_CHILDREN)
                     procs = [spawn(worker_args(settings, burst=True), env=env, log=log) for _ in range(settings[0])]
                     try:
                         result = drain(_Remaining(queue, jobs), jobs, procs, timeout=sizes.drain_timeout)
@@ -68,11 +105,15 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
                     if not result.complete:
                         ctx.progress("tracing", f"{label}: the drain did not finish\n{log_tail(log, 8)}")
                         continue
+                    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime) - fixed[key]
                     spans[key] = receiver.count() - received
                     best[key] = max(best.get(key, 0.0), result.steady_per_s)
+                    cpu[key] = min(cpu.get(key, float("inf")), used / jobs * 1e6)
                     ctx.progress(
                         "tracing",
-                        f"{label}: {jobs:,} jobs at {result.steady_per_s:,.0f} jobs/s, {spans[key]:,} spans received",
+                        f"{label}: {jobs:,} jobs at {result.steady_per_s:,.0f} jobs/s, {used / jobs * 1e6:,.0f} us"
+                        f" of worker CPU an item, {spans[key]:,} spans received",
                     )
     finally:
         receiver.stop()
@@ -80,3 +121,5 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
     for key, label, _ in VARIANTS:
         detail = {"spans_received_last_round": spans.get(key), "rounds": sizes.tracing_rounds}
         results.add(Figure(f"tracing.{key}", f"end-to-end no-op, {label}", best.get(key), "jobs/s", note, detail))
+        cpu_label = f"worker CPU an item, {label}"
+        results.add(Figure(f"tracing.cpu_{key}", cpu_label, cpu.get(key), "us", "worker host's user + system time"))

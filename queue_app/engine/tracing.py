@@ -23,6 +23,7 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -234,9 +235,13 @@ def workflow_start(name: str, kind: str) -> Iterator[trace.Span]:
         yield span
 
 
-def start_attempt(lease: Any, parent: str | None, worker_id: str, lease_wait: float | None) -> trace.Span:
+def start_attempt(lease: Any, parent: str | None, worker_id: str) -> trace.Span | None:
     """The consumer span of one attempt, a child of its item's stored context (retries are siblings under the
-    enqueue). Ended by end_attempt when the worker knows the outcome."""
+    enqueue), ended by end_attempt when the worker knows the outcome; None when the sampler dropped it. The
+    attributes are set only on a span that records: a dropped one costs the sampler's decision and no more."""
+    span = tracer.start_span(f"process {lease.task}", context=context_of(parent), kind=SpanKind.CONSUMER)
+    if not span.is_recording():
+        return None
     # As few attributes as say what is needed: each one costs the SDK's validation and the exporter's encoding,
     # per item (queue_bench's tracing part). The retry number is attempt - 1; the system is the span's scope.
     attributes: dict[str, Any] = {
@@ -246,11 +251,10 @@ def start_attempt(lease: Any, parent: str | None, worker_id: str, lease_wait: fl
         "jobsite.attempt": lease.attempt,
         "jobsite.worker_id": worker_id,
     }
-    if lease_wait is not None:
-        attributes["jobsite.lease_wait_s"] = lease_wait
-    return tracer.start_span(
-        f"process {lease.task}", context=context_of(parent), kind=SpanKind.CONSUMER, attributes=attributes
-    )
+    if lease.attempt == 1:  # from the item's due time to this start: the wait for a worker
+        attributes["jobsite.lease_wait_s"] = max(0.0, (datetime.now(UTC) - lease.run_at).total_seconds())
+    span.set_attributes(attributes)
+    return span
 
 
 def end_attempt(span: trace.Span, outcome: str, *, error: str = "", event: str | None = None, **fields: Any) -> None:

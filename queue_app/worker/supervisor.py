@@ -597,11 +597,11 @@ class Supervisor:
             )
 
     def _start_span(self, lease: Lease) -> str | None:
-        """Start the attempt's span (a child of the item's stored context); its traceparent for the handler."""
-        wait = None
-        if lease.attempt == 1:  # from the item's due time to this start: the wait for a worker
-            wait = max(0.0, (datetime.now(UTC) - lease.run_at).total_seconds())
-        span = tracing.start_attempt(lease, self.trace_contexts.pop(lease.item_id, None), self.worker_id, wait)
+        """Start the attempt's span (a child of the item's stored context); its traceparent for the handler. None
+        when the sampler dropped it: the handler then runs outside any trace (what it enqueues starts its own)."""
+        span = tracing.start_attempt(lease, self.trace_contexts.pop(lease.item_id, None), self.worker_id)
+        if span is None:
+            return None
         self.settler.spans[lease.reservation_id] = span
         return tracing.traceparent(span)
 
