@@ -10,15 +10,18 @@ handler's own, the engine's, the Spark launcher's) says which attempt it belongs
   context, forked pool children included.
 - `ContextFilter`: on the console handler; a record's own attribute (`extra=`) wins over the context's.
 
-Traces (issue 40, later): `trace_id` and `span_id` belong here too, as keys of FIELDS set from the current span.
+With tracing on (engine/tracing.py), a record also carries the current span's `trace_id` and `span_id` (a
+handler's lines: its attempt's span), read from OpenTelemetry's context only then.
 """
 
 import logging
 from contextvars import ContextVar
 from typing import Any, Protocol
 
-# Every id a line may carry, in the order the JSON shows them. Add "trace_id", "span_id" with traces.
-FIELDS = ("item_id", "task", "attempt", "queue", "worker_id", "workflow_id", "spark_run_id")
+from .engine import tracing
+
+# Every id a line may carry, in the order the JSON shows them.
+FIELDS = ("item_id", "task", "attempt", "queue", "worker_id", "workflow_id", "spark_run_id", "trace_id", "span_id")
 
 _context: ContextVar[dict[str, Any]] = ContextVar("jobsite_log_context", default={})  # noqa: B039 — never mutated
 _attempt: ContextVar[Any] = ContextVar("jobsite_log_attempt", default=None)  # the attempt a handler runs
@@ -88,9 +91,10 @@ def bind_process(**ids: Any) -> None:
 def current() -> dict[str, Any]:
     """The ids a record logged here and now would carry: log_context's over the attempt's over the process's."""
     attempt = _attempt.get()
-    if attempt is None:
-        return {**_process, **_context.get()}
-    return {**_process, **attempt_ids(attempt), **_context.get()}
+    ids = {**_process, **(attempt_ids(attempt) if attempt is not None else {}), **_context.get()}
+    if tracing.enabled:
+        ids.update(tracing.current_ids())
+    return ids
 
 
 class ContextFilter(logging.Filter):

@@ -28,6 +28,7 @@ from .conf import queue_settings
 from .datasets import declared_datasets
 from .datasets.openlineage import dropped_count
 from .datasets.status import Staleness, staleness
+from .engine import tracing
 from .flow import HeldBack, limited_queues
 from .models import HISTORY_STATES, HISTORY_STATES_SQL, ItemHistory, ItemState, Outcome, Worker, WorkerState
 
@@ -427,11 +428,18 @@ class SnapshotCollector:
         yield per_worker
         yield from self.held_back()
         yield GaugeMetricFamily("jobsite_workers_alive", "Workers with a recent heartbeat.", value=len(snap.workers))
+        if tracing.enabled:
+            yield CounterMetricFamily(
+                "jobsite_spans_dropped",
+                "Trace spans this process (the one serving /metrics) dropped: export queue full or collector failed.",
+                value=tracing.dropped(),
+            )
         # Counters need a monotonic source: each worker keeps its own in its row's stats while it lives.
         for key, help_text in (
             ("processed", "Items the worker completed."),
             ("failed", "Attempts that failed."),
             ("events_dropped", "Workflow events no wait claimed, dropped by the worker past their lookback."),
+            ("spans_dropped", "Trace spans the worker dropped: its export queue was full or the collector failed."),
         ):
             counter = CounterMetricFamily(f"jobsite_worker_{key}", help_text, labels=["worker"])
             for worker in snap.workers:

@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.utils.duration import duration_string
 
 from .conf import queue_settings
-from .engine import history
+from .engine import history, tracing
 from .engine.db import cursor
 from .engine.enqueue import QUEUE_NAME, ensure_queue, is_group_key
 from .engine.sql import NOTIFY
@@ -45,6 +45,9 @@ def _notify(queues: Iterable[str]) -> None:
     with cursor() as cur:
         for queue in set(queues):
             cur.execute(NOTIFY, {"channel": queue_settings.NOTIFY_CHANNEL, "queue": queue})
+
+
+REQUEUE_SPANS = 1_000  # with tracing on, the most requeue spans one requeue makes (the first items')
 
 
 @transaction.atomic
@@ -85,6 +88,12 @@ def requeue_items(item_ids: Iterable[int], *, actor: str = "") -> int:
     )
     _group_ungrouped_items(Queue.objects.filter(GROUPED, name__in={q for _, q, _ in locked}), ids)
     _notify(queue for _, queue, _ in locked)
+    if tracing.enabled:  # a `requeue` event under each item's enqueue, a sibling of its attempts
+        traced = QueueItem.objects.filter(id__in=ids, trace_context__isnull=False)
+        for item_id, task, context in traced.values_list("id", "task", "trace_context")[:REQUEUE_SPANS]:
+            tracing.event_span(
+                f"requeue {task}", context, "requeue", **{"jobsite.item_id": item_id, "jobsite.actor": actor[:150]}
+            )
     return len(ids)
 
 

@@ -130,6 +130,13 @@ def test_every_part_reads_finished_work_across_the_archive(manage, tmp_path):
     assert all(n > 0 for n in rate["detail"]["windows"]), rate
     big, small = figures["flow.fair_share"]["detail"]["big"], figures["flow.fair_share"]["detail"]["small"]
     assert small <= figures["flow.fair_share"]["detail"]["position"] <= big + small
+    # Tracing off, on at 100 % and at 1 % (a loopback receiver): spans arrived when on (at most one an attempt: the
+    # export queue may drop some at full speed, counted), none when off.
+    for key in ("tracing.off", "tracing.on_100", "tracing.on_1"):
+        assert (figures[key]["value"] or 0) > 0, (figures[key], proc.stdout[-5000:])
+    assert figures["tracing.off"]["detail"]["spans_received_last_round"] == 0
+    assert 0 < figures["tracing.on_100"]["detail"]["spans_received_last_round"] <= QUICK.e2e_jobs
+    assert "tracing on, 100% sampled >= 0.9x tracing off" in proc.stdout
 
 
 def _check_ceiling(data: dict, stdout: str, out: Path) -> None:

@@ -61,7 +61,9 @@ def test_every_item_a_workflow_makes_is_written_by_the_one_fragment_with_no_lite
     """The step-spec-to-item SQL is written once (_items_from_specs): a step's item, a callback's, an approval's
     webhook event, a step's deadline and a fan-out's are each that fragment, and no attempts are written as a
     number (they fall back to the workflow's copy of the DEFAULT_MAX_ATTEMPTS setting)."""
-    fragment = workflow_sql._items_from_specs("r", spec="s", payload="p", item_id="i", step_id="t", attempts="a")
+    fragment = workflow_sql._items_from_specs(
+        "r", spec="s", payload="p", item_id="i", step_id="t", attempts="a", trace="c"
+    )
     assert "COALESCE((s->>'max_attempts')::int, q.max_attempts, a)" in fragment
     insert = f"INSERT INTO {workflow_sql.ITEM} "
     assert (workflow_sql.INSTALL.count(insert), workflow_sql.WORKFLOW_FAN_OUT.count(insert)) == (4, 1)

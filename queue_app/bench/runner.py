@@ -8,12 +8,12 @@ from pathlib import Path
 
 from django.conf import settings
 
-from . import ceiling, churn, datasets_side, flow_control, jobsite_side, peers, workflow_side
+from . import ceiling, churn, datasets_side, flow_control, jobsite_side, peers, tracing_side, workflow_side
 from .context import BenchContext, Progress, server_from_django
 from .report import Results, default_json_path, machine_info, table, write_json
 from .sizes import Sizes
 
-PARTS = ("ceiling", "jobsite", "flow", "peers", "workflow", "datasets")
+PARTS = ("ceiling", "jobsite", "flow", "peers", "workflow", "datasets", "tracing")
 TRACEBACK_FRAMES = 4  # the innermost frames of a failed part's traceback kept in the report
 
 
@@ -69,6 +69,7 @@ def run_bench(
         "peers": lambda: peers.run(ctx, sizes, results, peer_names),
         "workflow": lambda: workflow_side.run(ctx, sizes, results),
         "datasets": lambda: datasets_side.run(ctx, sizes, results),
+        "tracing": lambda: tracing_side.run(ctx, sizes, results),
         "churn": lambda: churn.run(ctx, results, minutes=churn_minutes, rate=churn_rate),
     }
     todo = [part for part in PARTS if part in parts] + (["churn"] if churn_minutes else [])

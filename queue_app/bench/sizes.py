@@ -37,6 +37,8 @@ class Sizes:
     workflow_steps: int = 10_000
     workflow_delay_samples: int = 100
     workflow_delay_fan: int = 10
+    # tracing: rounds of the three variants (off, on 100 %, on 1 %), taking turns; each keeps its best drain
+    tracing_rounds: int = 2
 
 
 QUICK = Sizes(
@@ -57,6 +59,7 @@ QUICK = Sizes(
     flow_rate=(20, 2),
     flow_fair=(10_000, 100),
     workflow_steps=2_000,
+    tracing_rounds=1,
     workflow_delay_samples=20,
 )
 

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import transaction
 
 from ..conf import queue_settings
-from . import sql
+from . import sql, tracing
 from .db import cursor
 from .errors import InvalidEnqueue
 from .payload import encode_json
@@ -214,16 +214,27 @@ def enqueue(
             dedup_window = _declared(task).get("dedup_window")
         window = queue_settings.DEDUP_WINDOW if dedup_window is None else dedup_window
         params["dedup_window"] = float(_number("dedup_window", window, minimum=0.001))
+    if tracing.enabled:  # a producer span around the write; the item stores its context
+        with tracing.producer(task, params["queue"]) as span:
+            params["trace_context"] = tracing.traceparent(span)
+            found = _write_one(params, task, dedup_key, using)
+            span.set_attribute("jobsite.item_id", found.id)
+            span.set_attribute("jobsite.duplicate", found.duplicate)
+            return found
+    return _write_one(params, task, dedup_key, using)
+
+
+def _write_one(params: dict[str, Any], task: str, dedup_key: str | None, using: str) -> Enqueued:
     if dedup_key is None:
         # One statement (queue row, item, NOTIFY): atomic by itself, so no transaction block of its own — outside
         # the caller's transaction it commits in its own round trip; inside, it joins without a savepoint.
         with cursor(using) as cur:
-            cur.execute(sql.ENQUEUE, params)
+            cur.execute(sql.ENQUEUE if "trace_context" not in params else sql.ENQUEUE_TRACED, params)
             row = cur.fetchone()
         return Enqueued(row[0], params["queue"], task, row[1], duplicate=False, created_at=row[2])
     while True:
         with transaction.atomic(using=using), cursor(using) as cur:
-            cur.execute(sql.ENQUEUE_DEDUP, params)
+            cur.execute(sql.ENQUEUE_DEDUP if "trace_context" not in params else sql.ENQUEUE_DEDUP_TRACED, params)
             row = cur.fetchone()
             if row is not None:
                 return Enqueued(row[0], params["queue"], task, row[1], duplicate=False, created_at=row[2])
@@ -265,6 +276,15 @@ def enqueue_many(
     encoded = [encode_json({} if p is None else p) for p in payloads]
     if not encoded:
         return []
+    if tracing.enabled:  # one producer span for the batch; every item stores its context
+        with tracing.producer(task, params["queue"], len(encoded)) as span:
+            return _copy_many(params, task, priority, encoded, tracing.traceparent(span), using)
+    return _copy_many(params, task, priority, encoded, None, using)
+
+
+def _copy_many(
+    params: dict[str, Any], task: str, priority: int, encoded: list[str], trace_context: str | None, using: str
+) -> list[int]:
     with transaction.atomic(using=using), cursor(using) as cur:
         cur.execute(
             sql.ALLOCATE_IDS,
@@ -284,6 +304,7 @@ def enqueue_many(
             _COPY_NULL if params["ordering_key"] is None else _copy_text(params["ordering_key"]),
             _COPY_NULL if group_key is None else _copy_text(group_key),
             "",
+            _COPY_NULL if trace_context is None else trace_context,
         ]
         copy_items = sql.COPY_ITEMS
         if params["run_at"] is not None or params["delay"] > 0:

@@ -198,3 +198,13 @@ def ready_exists(queues: Sequence[str] | None, *, using: str = "default") -> boo
     with cursor(using) as cur:
         cur.execute(sql.READY_EXISTS, _queue_params(queues))
         return cur.fetchone()[0]
+
+
+def trace_contexts(item_ids: Sequence[int], *, using: str = "default") -> dict[int, str]:
+    """The stored trace contexts of leased items (engine/tracing.py), those that have one: read by a worker with
+    tracing on, once a lease batch (the lease statements do not return the column)."""
+    if not item_ids:
+        return {}
+    with cursor(using) as cur:
+        cur.execute(sql.TRACE_CONTEXTS, {"ids": list(item_ids)})
+        return dict(cur.fetchall())

@@ -79,7 +79,7 @@ WHERE name = %(queue)s
 # -- enqueue --------------------------------------------------------------------------------------------------
 
 _ITEM_COLUMNS = """(id, queue_id, task, payload, state, priority, run_at, visible_at, attempts, max_attempts,
-    lease_timeout, dedup_key, ordering_key, group_key, error, created_at, updated_at)"""
+    lease_timeout, dedup_key, ordering_key, group_key, error, created_at, updated_at{trace})"""
 
 _DUE = "COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s))"
 # An item without its own max_attempts takes its queue's; a queue created by this very statement (invisible to
@@ -94,19 +94,25 @@ _MAX_ATTEMPTS = f"""COALESCE(%(max_attempts)s, (SELECT max_attempts FROM {QUEUE}
 _GROUP_KEY = f"""COALESCE(%(group_key)s,
     (SELECT CASE WHEN {_GROUPED} THEN '' END FROM {QUEUE} WHERE name = %(queue)s FOR KEY SHARE))"""
 
-ENQUEUE = f"""
+_ENQUEUE = f"""
 WITH q AS ({ENSURE_QUEUE}), ins AS (
     INSERT INTO {ITEM} {_ITEM_COLUMNS}
     VALUES (DEFAULT, %(queue)s, %(task)s, %(payload)s::jsonb, 'ready', %(priority)s, {_DUE}, {_DUE}, 0,
-            {_MAX_ATTEMPTS}, %(lease_timeout)s, NULL, %(ordering_key)s, {_GROUP_KEY}, '', now(), now())
+            {_MAX_ATTEMPTS}, %(lease_timeout)s, NULL, %(ordering_key)s, {_GROUP_KEY}, '', now(), now(){{trace_value}})
     RETURNING id, run_at, created_at
 )
 SELECT id, run_at, created_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
 """
+# The item's trace context (engine/tracing.py) is a column only the traced variants name: with tracing off the
+# statements are the ones the SQL API (engine/sql_api.py) binds, unchanged.
+_UNTRACED = {"trace": "", "trace_value": ""}
+_TRACED = {"trace": ", trace_context", "trace_value": ", %(trace_context)s"}
+ENQUEUE = _ENQUEUE.format(**_UNTRACED)
+ENQUEUE_TRACED = _ENQUEUE.format(**_TRACED)
 
 # The claim row decides, under concurrency, which enqueue owns the key: the first inserts it; the others wait
 # on its row lock, then see an unexpired claim and get no row back (a duplicate). An expired claim is taken over.
-ENQUEUE_DEDUP = f"""
+_ENQUEUE_DEDUP = f"""
 WITH q AS ({ENSURE_QUEUE}), claim AS (
     INSERT INTO {DEDUP} AS c (queue_id, key, item_id, expires_at)
     VALUES (%(queue)s, %(dedup_key)s, nextval(pg_get_serial_sequence('{ITEM}', 'id')),
@@ -119,12 +125,14 @@ WITH q AS ({ENSURE_QUEUE}), claim AS (
     INSERT INTO {ITEM} {_ITEM_COLUMNS}
     SELECT claim.item_id, %(queue)s, %(task)s, %(payload)s::jsonb, 'ready', %(priority)s, {_DUE}, {_DUE}, 0,
            {_MAX_ATTEMPTS}, %(lease_timeout)s, %(dedup_key)s, %(ordering_key)s, {_GROUP_KEY}, '', now(),
-           now()
+           now(){{trace_value}}
     FROM claim
     RETURNING id, run_at, created_at
 )
 SELECT id, run_at, created_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
 """
+ENQUEUE_DEDUP = _ENQUEUE_DEDUP.format(**_UNTRACED)
+ENQUEUE_DEDUP_TRACED = _ENQUEUE_DEDUP.format(**_TRACED)
 
 # Runs as its own statement after ENQUEUE_DEDUP returned nothing, so its snapshot sees the winner's commit.
 DEDUP_OWNER = f"""
@@ -150,11 +158,14 @@ SELECT now(), array(SELECT nextval(s.seq) FROM s, generate_series(1, %(n)s)),
 """
 _COPY_COLUMNS = (
     "id, queue_id, task, payload, state, priority, attempts, max_attempts, lease_timeout, ordering_key, group_key,"
-    " error"
+    " error, trace_context"  # trace_context: \N with tracing off (engine/tracing.py)
 )
 COPY_ITEMS = f"COPY {ITEM} ({_COPY_COLUMNS}) FROM STDIN"
 COPY_DELAYED_ITEMS = f"COPY {ITEM} ({_COPY_COLUMNS}, run_at, visible_at) FROM STDIN"
 NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
+# With tracing on, the worker reads the leased items' trace contexts (the lease statements do not return them: one
+# statement a lease batch, only then, by primary key).
+TRACE_CONTEXTS = f"SELECT id, trace_context FROM {ITEM} WHERE id = ANY(%(ids)s::bigint[]) AND trace_context IS NOT NULL"
 
 # -- lease ----------------------------------------------------------------------------------------------------
 
@@ -576,7 +587,7 @@ DELETE FROM {ITEM} WHERE id IN (
 ITEM_FIELDS = (
     *("id", "queue_id", "task", "payload", "state", "priority", "run_at", "visible_at", "attempts", "max_attempts"),
     *("lease_timeout", "dedup_key", "ordering_key", "group_key", "reservation_id", "result", "error"),
-    *("workflow_step_id", "created_at", "updated_at", "finished_at"),
+    *("workflow_step_id", "created_at", "updated_at", "finished_at", "trace_context"),
 )
 RESERVATION_FIELDS = (
     *("id", "item_id", "attempt", "worker_id", "reserved_at", "lease_expires_at", "heartbeat_at", "finished_at"),

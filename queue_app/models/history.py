@@ -32,6 +32,7 @@ class ItemHistory(models.Model):
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     finished_at = models.DateTimeField()
+    trace_context = models.TextField(null=True, blank=True)  # as on the item (engine/tracing.py)
 
     class Meta:
         db_table = "queue_app_itemhistory"  # created by migration 0017 (partitioned), not from this model

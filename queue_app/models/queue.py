@@ -147,6 +147,9 @@ class QueueItem(models.Model):
     created_at = models.DateTimeField(db_default=TransactionNow())
     updated_at = models.DateTimeField(db_default=TransactionNow())
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The W3C trace context (a `traceparent`) of the span that enqueued the item, when tracing is on
+    # (engine/tracing.py): each attempt's consumer span is its child. NULL with tracing off (nothing written).
+    trace_context = models.TextField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]

@@ -170,3 +170,45 @@ def _add_task_metrics(metrics: dict[str, Any], tm: dict[str, Any]) -> None:
     read = tm.get("Shuffle Read Metrics") or {}
     metrics["shuffle_read_bytes"] += read.get("Remote Bytes Read", 0) + read.get("Local Bytes Read", 0)
     metrics["shuffle_write_bytes"] += (tm.get("Shuffle Write Metrics") or {}).get("Shuffle Bytes Written", 0)
+
+
+def timeline(path: str) -> list[dict[str, Any]]:
+    """The Spark jobs and stages of the application whose event log is at `path`, with their times (the driver's
+    clock, epoch seconds): what a run's trace shows as child spans (engine/tracing.py). Each is {"kind": "job" or
+    "stage", "id", "name", "start", "end", "ok", "tasks", "job" (a stage's job id)}; only those that ended."""
+    jobs: dict[int, dict[str, Any]] = {}
+    stage_job: dict[int, int] = {}
+    stages: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            kind = event.get("Event")
+            if kind == "SparkListenerJobStart" and event.get("Submission Time"):
+                job_id = event["Job ID"]
+                jobs[job_id] = {"kind": "job", "id": job_id, "name": f"spark job {job_id}"}
+                jobs[job_id]["start"] = event["Submission Time"] / 1000
+                for s in event.get("Stage Infos") or []:
+                    stage_job[s["Stage ID"]] = job_id
+            elif kind == "SparkListenerJobEnd" and event.get("Job ID") in jobs and event.get("Completion Time"):
+                job = jobs[event["Job ID"]]
+                job["end"] = event["Completion Time"] / 1000
+                job["ok"] = (event.get("Job Result") or {}).get("Result") == "JobSucceeded"
+            elif kind == "SparkListenerStageCompleted":
+                info = event.get("Stage Info") or {}
+                if info.get("Submission Time") and info.get("Completion Time"):
+                    stages.append(
+                        {
+                            "kind": "stage",
+                            "id": info["Stage ID"],
+                            "name": f"spark stage {info['Stage ID']}: {info.get('Stage Name', '')}"[:200],
+                            "start": info["Submission Time"] / 1000,
+                            "end": info["Completion Time"] / 1000,
+                            "ok": not info.get("Failure Reason"),
+                            "tasks": info.get("Number of Tasks", 0),
+                            "job": stage_job.get(info["Stage ID"]),
+                        }
+                    )
+    return [job for job in jobs.values() if "end" in job] + stages

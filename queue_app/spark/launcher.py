@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from queue_app.engine import tracing
 from queue_app.spark import connect, eventlog, protocol, session, statusapi
 from queue_app.spark.commandline import child_args, script_command, submit_command
 from queue_app.spark.java import JavaNotFound, check_java
@@ -90,6 +91,9 @@ def launch(
     master = master or session.spark_master()
     run_conf = {**policy_for(spark_job).conf(), **spark_job.conf, **(conf or {}), **eventlog.conf(run_id)}
     child_env = dict(env or {})
+    if tracing.enabled and (parent := tracing.traceparent()) is not None:
+        # W3C's environment carrier: a PySpark script that uses OpenTelemetry continues the run's trace.
+        child_env.setdefault("TRACEPARENT", parent)
     warm = warm_server(script, on_log)
     follow = _Follow(on_progress, on_log, on_start, should_cancel, timeout, grace, poll_interval, started)
     fallback = None

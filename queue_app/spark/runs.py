@@ -38,6 +38,7 @@ from django.utils import timezone
 
 from .. import engine, services
 from ..conf import queue_settings
+from ..engine import tracing
 from ..logcontext import log_context
 from ..registry import Context, Retry, job
 from . import eventlog
@@ -475,6 +476,40 @@ def warm_up() -> None:
     prepare_warm_runs()
 
 
+def _launch(run: SparkRun, reporter: RunReporter, timeout: float) -> LaunchResult:
+    return launch(
+        run.job,
+        run.params,
+        run.id,
+        on_start=reporter.on_start,
+        on_progress=reporter.on_progress,
+        on_log=reporter.on_log,
+        should_cancel=reporter.should_cancel,
+        timeout=timeout,
+        grace=STOP_GRACE,
+    )
+
+
+def _trace_result(span: Any, run_id: int, result: LaunchResult) -> None:
+    """The run's span: its outcome, progress figures and final metrics as attributes; its Spark jobs and stages
+    as child spans, read from its event log now that it ended."""
+    span.set_attribute("jobsite.spark.outcome", str(result.outcome))
+    span.set_attribute("jobsite.spark.duration_s", result.duration)
+    span.set_attribute("jobsite.spark.path", result.path)
+    if result.app_id:
+        span.set_attribute("spark.app_id", result.app_id)
+    span.set_attributes(tracing.scalars("jobsite.spark.progress", dict(result.progress or {})))
+    span.set_attributes(tracing.scalars("jobsite.spark.metrics", dict(result.metrics or {})))
+    if result.error:
+        span.set_status(tracing.trace.StatusCode.ERROR, result.error[:500])
+    log = eventlog.log_for(run_id, result.app_id) if result.app_id else None
+    if log:
+        try:
+            tracing.spark_timeline(span, eventlog.timeline(log))
+        except (OSError, KeyError, TypeError, ValueError):  # a log cut short: the run's span stands alone
+            logger.warning("spark run %s: no job and stage spans from its event log", run_id, exc_info=True)
+
+
 @job(TASK, queue=QUEUE, hard_timeout=HARD_TIMEOUT, retry=Retry(ignore=(RunNotRetried,)), warm_up=warm_up)
 def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
     """Run one SparkRun (payload {"run_id": id}) as its own spark-submit child."""
@@ -485,17 +520,12 @@ def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
             return {"run_id": run_id, "state": "skipped"}
         reporter = RunReporter(run.id, ctx.attempt)
         timeout = min(run.timeout or MAX_RUN_TIMEOUT, MAX_RUN_TIMEOUT)
-        result = launch(
-            run.job,
-            run.params,
-            run.id,
-            on_start=reporter.on_start,
-            on_progress=reporter.on_progress,
-            on_log=reporter.on_log,
-            should_cancel=reporter.should_cancel,
-            timeout=timeout,
-            grace=STOP_GRACE,
-        )
+        if tracing.enabled:  # a span for the run, its jobs and stages under it (engine/tracing.py)
+            with tracing.spark_run(run.id, run.job, ctx.attempt) as span:
+                result = _launch(run, reporter, timeout)
+                _trace_result(span, run.id, result)
+        else:
+            result = _launch(run, reporter, timeout)
         state = _finish(run, result, reporter, ctx)
         logger.info(
             "spark run %s attempt %s ended %s (%s) in %.1fs",

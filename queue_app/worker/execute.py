@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from django.db import connections, transaction
 
 from .. import engine
+from ..engine import tracing
 from ..engine.errors import InvalidEnqueue, StaleReservation
 from ..engine.payload import encode_json
 from ..logcontext import attempt_context
@@ -32,6 +33,9 @@ class Job(NamedTuple):
     attempt: int
     max_attempts: int
     worker_id: str
+    # The attempt's span (engine/tracing.py), as a traceparent: the handler runs under it, so its own spans and
+    # what it enqueues are the attempt's children. None with tracing off.
+    trace_parent: str | None = None
 
 
 class Outcome(NamedTuple):
@@ -144,6 +148,14 @@ def _run_transactional(task: Task, payload: Any, ctx: Context) -> Outcome:
 
 
 def run_job(job: Job) -> Outcome:
+    """run_job under the attempt's span when there is one (tracing on)."""
+    if job.trace_parent is None:
+        return _run_job(job)
+    with tracing.attached(job.trace_parent):
+        return _run_job(job)
+
+
+def _run_job(job: Job) -> Outcome:
     """Run `job`'s handler under its delivery mode. Exceptions become a failed Outcome, and so do the other
     BaseExceptions (SystemExit, KeyboardInterrupt): recorded with their class and traceback like any failure
     (retried only when the task's Retry names them), marked `fatal` so that a child process exits after

@@ -18,7 +18,7 @@ from typing import Any
 from django.db.utils import DatabaseError
 
 from .. import engine
-from ..engine import Lease, StaleReservation
+from ..engine import Lease, StaleReservation, tracing
 from ..logcontext import attempt_ids
 from ..registry import Delivery, Task
 from .execute import Outcome
@@ -38,6 +38,14 @@ class Settler:
         self.done: list[tuple[Lease, Any]] = []  # handler returned: complete_many these
         self.pending: list[Pending] = []
         self.due: list[float] = []  # heap: when items this worker sent back for a retry become due
+        # With tracing on: the consumer span of each attempt in flight, by reservation id, ended here with its
+        # outcome (engine/tracing.py). Empty with tracing off: each outcome checks an empty dict.
+        self.spans: dict[int, Any] = {}
+
+    def _end_span(self, lease: Lease, outcome: str, error: str = "", event: str | None = None, **fields: Any) -> None:
+        span = self.spans.pop(lease.reservation_id, None)
+        if span is not None:
+            tracing.end_attempt(span, outcome, error=error, event=event, **fields)
 
     def unsettled(self) -> int:
         return len(self.done) + len(self.pending)
@@ -49,8 +57,12 @@ class Settler:
         lease, task = running.lease, running.task
         if outcome.status == "ok":
             self.done.append((lease, outcome.result))
+            if self.spans:
+                self._end_span(lease, "done")
         elif outcome.status == "settled":
             self.stats.processed += 1
+            if self.spans:
+                self._end_span(lease, "done")
         elif outcome.status == "stale":
             self.stale(lease, "its transaction found the reservation no longer current; nothing was kept")
         else:
@@ -60,6 +72,8 @@ class Settler:
 
     def stale(self, lease: Lease, why: str) -> None:
         self.stats.stale += 1
+        if self.spans:
+            self._end_span(lease, "stale", event="stale", why=why)
         logger.info(
             "stale %s",
             fields(item=lease.item_id, reservation=lease.reservation_id, why=repr(why)),
@@ -83,6 +97,8 @@ class Settler:
             fields(item=lease.item_id, task=lease.task, attempt=lease.attempt, error=repr(error[:200])),
             extra=attempt_ids(lease),
         )
+        if self.spans:
+            self._end_failed_span(lease, task, error, retryable, timed_out, retry_in)
         if task.delivery is Delivery.AT_MOST_ONCE:
             self._later(
                 lease,
@@ -106,10 +122,29 @@ class Settler:
                 )
             )
 
+    def _end_failed_span(
+        self, lease: Lease, task: Task, error: str, retryable: bool, timed_out: bool, retry_in: float | None
+    ) -> None:
+        """The attempt's span: failed (or timed out), with what follows as an event: a dead letter or a retry."""
+        outcome = "timed_out" if timed_out else "failed"
+        dead = (
+            task.delivery is Delivery.AT_MOST_ONCE
+            or not retryable
+            or (task.retry.times is not None and task.retry.times <= lease.attempt < lease.max_attempts)
+            or lease.attempt >= lease.max_attempts
+        )
+        if dead:
+            self._end_span(lease, outcome, error, "dead_letter", error=error[:500])
+        else:
+            retry_in = task.retry.retry_in(lease.attempt) if retry_in is None else retry_in
+            self._end_span(lease, outcome, error, "retry", retry_in_s=retry_in, next_attempt=lease.attempt + 1)
+
     def abandoned(self, lease: Lease, timed_out: bool) -> None:
         """A transactional handler's thread overran and was left to its transaction (it settles the item, or
         rolls back and the lease expires): nothing to settle from here."""
         logger.warning("abandoned %s", fields(item=lease.item_id, task=lease.task, why="transactional thread overran"))
+        if self.spans:
+            self._end_span(lease, "abandoned")
         self.stats.timed_out += timed_out
 
     def poison(self, lease: Lease, reason: str) -> None:
@@ -120,6 +155,8 @@ class Settler:
 
     def release(self, lease: Lease) -> None:
         """Hand the item back unspent (its attempt not counted), when the database allows."""
+        if self.spans:
+            self._end_span(lease, "released", event="released")
 
         def release() -> str:
             engine.release(lease)

@@ -8,6 +8,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TextIO
 
+from ..engine import tracing
+
 logger = logging.getLogger("jobsite.worker")
 
 LINE_EVERY = 0.5  # seconds between refreshes of the terminal status line
@@ -27,7 +29,10 @@ class Stats:
     events_dropped: int = 0  # workflow events no wait claimed, dropped past their lookback (the drop_events unit)
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        values = asdict(self)
+        if tracing.enabled:  # spans this process dropped (collector down or slow): /metrics shows them
+            values["spans_dropped"] = tracing.dropped()
+        return values
 
 
 def fields(**values: object) -> str:

@@ -42,7 +42,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .. import engine
 from ..conf import queue_settings
-from ..engine import ALL_QUEUES, Lease, LeaseTerms
+from ..engine import ALL_QUEUES, Lease, LeaseTerms, tracing
 from ..logcontext import attempt_ids, bind_process
 from ..registry import Delivery, Task, find_task, registered_tasks, warm_ups_for
 from .execute import Job, Outcome
@@ -98,6 +98,7 @@ class Supervisor:
         self.running: dict[int, Running] = {}
         self.next_deadline = float("inf")  # no running item's hard timeout is earlier (may be early: then rechecked)
         self.leased: list[tuple[Lease, Task]] = []  # leased, not started yet
+        self.trace_contexts: dict[int, str] = {}  # tracing on: the held items' stored contexts, by item id
         # The settle-and-lease statement runs on a thread of its own while the loop goes on (worker/leasing.py).
         self.lease_call = LeaseCall(self._wake)
         handed = replaced()  # from the process this one replaced (worker/replace.py), if any
@@ -499,21 +500,33 @@ class Supervisor:
         self.idle_after_lease = False
         if self.options.burst and not leases and not (self.running or self.leased or self.settler.unsettled()):
             self.idle_after_lease = not self._held_back()
+        if tracing.enabled and leases:
+            self.trace_contexts.update(engine.trace_contexts([lease.item_id for lease in leases]))
         for lease in leases:
             task = find_task(lease.task)
             if task is None:
-                self.settler.poison(lease, f"unknown task: {lease.task}")
+                self._poison(lease, f"unknown task: {lease.task}")
                 continue
             if task.problems():  # a task found by a resolver, not checked at start-up
-                self.settler.poison(lease, f"task cannot run: {task.problems()[0]}")
+                self._poison(lease, f"task cannot run: {task.problems()[0]}")
                 continue
             if task.decode is not None:
                 try:
                     task.decode(lease.payload)
                 except Exception as exc:
-                    self.settler.poison(lease, f"undecodable payload: {type(exc).__name__}: {exc}")
+                    self._poison(lease, f"undecodable payload: {type(exc).__name__}: {exc}")
                     continue
             self.leased.append((lease, task))
+
+    def _poison(self, lease: Lease, reason: str) -> None:
+        self.settler.poison(lease, reason)
+        if tracing.enabled:  # never started: no attempt span, a short one with the dead letter under the enqueue
+            tracing.event_span(
+                f"poison {lease.task}",
+                self.trace_contexts.pop(lease.item_id, None),
+                "dead_letter",
+                **{"jobsite.item_id": lease.item_id, "jobsite.task": lease.task, "jobsite.reason": reason[:500]},
+            )
 
     def _held_back(self) -> bool:
         """--burst, a lease that found nothing with nothing in flight: whether items are ready all the same, held
@@ -560,6 +573,9 @@ class Supervisor:
             if lease.task not in self.terms and lease.reservation_id not in current:
                 self.settler.stale(lease, "the reservation was lost before the handler started; not run")
                 continue
+            parent = None
+            if tracing.enabled:  # the attempt's consumer span; the child runs the handler under it
+                parent = self._start_span(lease)
             running[lease.reservation_id] = Running(lease, task)
             if lease.task not in timed:
                 timed.add(lease.task)
@@ -576,8 +592,18 @@ class Supervisor:
                     lease.attempt,
                     lease.max_attempts,
                     worker_id,
+                    parent,
                 )
             )
+
+    def _start_span(self, lease: Lease) -> str | None:
+        """Start the attempt's span (a child of the item's stored context); its traceparent for the handler. None
+        when the sampler dropped it: the handler then runs outside any trace (what it enqueues starts its own)."""
+        span = tracing.start_attempt(lease, self.trace_contexts.pop(lease.item_id, None), self.worker_id)
+        if span is None:
+            return None
+        self.settler.spans[lease.reservation_id] = span
+        return tracing.traceparent(span)
 
     def _heartbeat(self) -> None:
         held = list(self.running.values())

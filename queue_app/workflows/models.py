@@ -60,6 +60,9 @@ class Workflow(models.Model):
     # setting as it was when the workflow started or was last repaired. The settle trigger, which enqueues most
     # steps, cannot read Django's settings; it reads this, as it reads `channel`.
     default_max_attempts = models.PositiveIntegerField(default=default_max_attempts)
+    # The traceparent of the workflow's start span when tracing is on (engine/tracing.py): every step item the
+    # workflow's SQL writes carries it, so a workflow is one trace. NULL with tracing off.
+    trace_context = models.TextField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -19,6 +19,7 @@ from django.db.models import F
 
 from .. import engine, services
 from ..conf import queue_settings
+from ..engine import tracing
 from ..engine.db import cursor
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
@@ -102,7 +103,39 @@ def _create(
     another workflow, that one is returned and nothing is written. The returned row's `created` says which.
     `version` (a declared one, "" for the graph's fingerprint; None: not recorded, a backfill's or a batch's)
     is recorded with the graph's shape (workflows/versions.py); `deadline` (else the graph's, wf.deadline) is
-    armed (workflows/deadlines.py): a time already past is an error, nothing written."""
+    armed (workflows/deadlines.py): a time already past is an error, nothing written. With tracing on, the start
+    is a span the workflow's row keeps the context of: every step's item carries it, so the workflow is one trace
+    (engine/tracing.py)."""
+    options = dict(
+        callbacks=callbacks, order_edges=order_edges, key=key, version=version, deadline=deadline, using=using
+    )
+    if tracing.enabled:
+        with tracing.workflow_start(name, kind) as span:
+            workflow = _write(
+                name, kind, params, graph, order, started_by, trace_context=tracing.traceparent(span), **options
+            )
+            span.set_attribute("jobsite.workflow_id", workflow.id)
+            span.set_attribute("jobsite.workflow.created", bool(workflow.created))
+            return workflow
+    return _write(name, kind, params, graph, order, started_by, trace_context=None, **options)
+
+
+def _write(
+    name: str,
+    kind: str,
+    params: dict[str, Any],
+    graph: Graph,
+    order: list[str],
+    started_by: str,
+    *,
+    callbacks: dict[str, Any] | None,
+    order_edges: Iterable[tuple[str, str]],
+    key: tuple[str, float | None] | None,
+    version: str | None,
+    deadline: dict[str, Any] | None,
+    using: str,
+    trace_context: str | None,
+) -> Workflow:
     deadline = deadline or graph.deadline_spec
     deadline_at = deadlines.due(deadline)
     shape = fp = None
@@ -151,6 +184,7 @@ def _create(
             version=version or "",
             deadline=deadline,
             deadline_at=deadline_at,
+            trace_context=trace_context,
         )
         if shape is not None:
             versions.record(name, version, fp, shape, using)
@@ -323,6 +357,8 @@ def fan_out(
                     "names": names,
                     "payloads": list(encoded.values()),
                     "channel": workflow.channel,
+                    # The new steps' items: children of this step's attempt (else the workflow's start span).
+                    "trace_context": tracing.traceparent() if tracing.enabled else None,
                 },
             )
             ids = list(cur.fetchone()[0])

@@ -28,7 +28,9 @@ WORKFLOW = "queue_app_workflow"
 STEP_SEQUENCE = "queue_app_workflowstep_id_seq"  # the id sequence of steps (checked by a test, as ITEM_SEQUENCE)
 
 
-def _items_from_specs(rows: str, *, spec: str, payload: str, item_id: str, step_id: str, attempts: str) -> str:
+def _items_from_specs(
+    rows: str, *, spec: str, payload: str, item_id: str, step_id: str, attempts: str, trace: str
+) -> str:
     """The step-spec-to-item SQL, written only here: an INSERT of one ready item per row of `rows` from an item
     spec {"task", "queue", "max_attempts", "priority", "lease_timeout"} (workflows.definition.task_item_spec).
     Its attempts are the spec's (the task's declaration), else its queue's, else `attempts`: the workflow's
@@ -37,19 +39,21 @@ def _items_from_specs(rows: str, *, spec: str, payload: str, item_id: str, step_
     settles an item, with no Python to ask; a value written into this text would freeze the setting as it was
     when the migration ran, and a session setting would be missing on connections the project did not open.
     A spec with "delay" (seconds) or "until" (a time) makes a delayed item, due that long after now or then (a
-    sleep step's, an event wait's timeout): it holds no worker and no connection until it is due."""
+    sleep step's, an event wait's timeout): it holds no worker and no connection until it is due.
+    `trace`: the item's trace context (engine/tracing.py), the workflow's (its start span's) or the fan-out's
+    caller's; NULL with tracing off."""
     due = (
         f"GREATEST(now(), COALESCE(({spec}->>'until')::timestamptz,\n"
         f"           now() + make_interval(secs => COALESCE(({spec}->>'delay')::float8, 0))))"
     )
     return f"""\
 INSERT INTO {ITEM} (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
-    max_attempts, lease_timeout, error, created_at, updated_at, workflow_step_id)
+    max_attempts, lease_timeout, error, created_at, updated_at, workflow_step_id, trace_context)
 SELECT {item_id}, {spec}->>'queue', {spec}->>'task',
        {payload},
        'ready', COALESCE(({spec}->>'priority')::smallint, 0), due.at, due.at, 0,
        COALESCE(({spec}->>'max_attempts')::int, q.max_attempts, {attempts}),
-       ({spec}->>'lease_timeout')::float8, '', now(), now(), {step_id}
+       ({spec}->>'lease_timeout')::float8, '', now(), now(), {step_id}, {trace}
 FROM {rows}
 LEFT JOIN {QUEUE} q ON q.name = {spec}->>'queue'
 CROSS JOIN LATERAL (SELECT {due} AS at) AS due"""
@@ -69,15 +73,17 @@ _STEP_ITEMS = _items_from_specs(
     item_id="s.item_id",
     step_id="s.id",
     attempts="s.default_max_attempts",
+    trace="s.trace_context",
 )
 _CALLBACK_ITEM = _items_from_specs(
-    f"(SELECT default_max_attempts FROM {WORKFLOW} WHERE id = wf_id) AS w",
+    f"(SELECT default_max_attempts, trace_context FROM {WORKFLOW} WHERE id = wf_id) AS w",
     spec="spec",
     payload="CASE WHEN jsonb_typeof(spec->'payload') = 'object' THEN spec->'payload' ELSE '{}'::jsonb END\n"
     "       || jsonb_build_object('workflow_id', wf_id, 'state', state)",
     item_id=f"nextval('{ITEM_SEQUENCE}')",
     step_id="NULL",
     attempts="w.default_max_attempts",
+    trace="w.trace_context",
 )
 _FAN_OUT_ITEMS = _items_from_specs(
     "v CROSS JOIN spec",
@@ -86,6 +92,7 @@ _FAN_OUT_ITEMS = _items_from_specs(
     item_id="v.item_id",
     step_id="v.id",
     attempts="spec.default_max_attempts",
+    trace="spec.trace_context",
 )
 
 
@@ -138,7 +145,8 @@ DECLARE
 BEGIN
     WITH s AS MATERIALIZED (
         SELECT st.id, st.kind, st.spec, nextval(item_seq) AS item_id,
-               CASE WHEN st.kind = 'spark' THEN nextval(run_seq) END AS run_id, w.default_max_attempts
+               CASE WHEN st.kind = 'spark' THEN nextval(run_seq) END AS run_id, w.default_max_attempts,
+               w.trace_context
         FROM queue_app_workflowstep st JOIN {WORKFLOW} w ON w.id = st.workflow_id
         WHERE st.id = ANY(ids) AND st.state = 'waiting'
         ORDER BY st.id
@@ -559,7 +567,7 @@ $$;
 # start) carrying the event, which that task's transactional handler fans out to the subscribers. No endpoint:
 # nothing is written. A repair's new wait publishes again.
 _APPROVAL_REQUESTED_ITEM = _items_from_specs(
-    f"(SELECT default_max_attempts FROM {WORKFLOW} WHERE id = NEW.workflow_id) AS w",
+    f"(SELECT default_max_attempts, trace_context FROM {WORKFLOW} WHERE id = NEW.workflow_id) AS w",
     spec="NEW.spec->'requested'",
     payload="jsonb_build_object('type', 'workflow.approval_requested', 'data', jsonb_build_object(\n"
     "           'workflow_id', NEW.workflow_id,\n"
@@ -571,6 +579,7 @@ _APPROVAL_REQUESTED_ITEM = _items_from_specs(
     item_id=f"nextval('{ITEM_SEQUENCE}')",
     step_id="NULL",
     attempts="w.default_max_attempts",
+    trace="w.trace_context",
 )
 APPROVAL_REQUESTED_FUNCTION = f"""
 CREATE OR REPLACE FUNCTION queue_app_wf_approval_requested() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -592,13 +601,14 @@ $$;
 # queued) arms it in that transaction: one delayed item naming the workflow, attempt and step, due that long
 # after now (its start) or then. workflows/deadlines.py acts on it only if the step is still open by then.
 _STEP_DEADLINE_ITEM = _items_from_specs(
-    f"(SELECT default_max_attempts FROM {WORKFLOW} WHERE id = NEW.workflow_id) AS w",
+    f"(SELECT default_max_attempts, trace_context FROM {WORKFLOW} WHERE id = NEW.workflow_id) AS w",
     spec="NEW.spec->'deadline'",
     payload="jsonb_build_object('workflow_id', NEW.workflow_id, 'attempt', NEW.attempt, 'step_id', NEW.id,\n"
     "                          'step', NEW.name)",
     item_id=f"nextval('{ITEM_SEQUENCE}')",
     step_id="NULL",
     attempts="w.default_max_attempts",
+    trace="w.trace_context",
 )
 STEP_DEADLINE_FUNCTION = f"""
 CREATE OR REPLACE FUNCTION queue_app_wf_step_deadline() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -667,7 +677,9 @@ WITH v AS MATERIALIZED (
     WHERE NOT EXISTS (SELECT FROM queue_app_workflowstep s
                       WHERE s.workflow_id = %(workflow_id)s AND s.attempt = %(attempt)s AND s.name = v.name)
 ), spec AS (
-    SELECT %(spec)s::jsonb AS spec, w.default_max_attempts FROM {WORKFLOW} w WHERE w.id = %(workflow_id)s
+    SELECT %(spec)s::jsonb AS spec, w.default_max_attempts,
+           COALESCE(%(trace_context)s, w.trace_context) AS trace_context
+    FROM {WORKFLOW} w WHERE w.id = %(workflow_id)s
 ), new AS (
     INSERT INTO queue_app_workflowstep (id, workflow_id, attempt, name, "group", kind, target, args, spec,
                                         on_failure, compensate, parent_id, kept, state, pending, item_id, error,

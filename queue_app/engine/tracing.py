@@ -1,0 +1,319 @@
+"""OpenTelemetry traces (issue 40): one home for the tracer, set up once per process, and the few helpers the
+engine, the worker, the workflows and the Spark launcher call.
+
+Off by default. On when the SDK's standard environment says so: `OTEL_TRACES_EXPORTER=otlp` (and
+`OTEL_SDK_DISABLED` not true); the rest is the SDK's own variables, read by the SDK (`OTEL_SERVICE_NAME`,
+`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` / `_ARG`, `OTEL_EXPORTER_OTLP_ENDPOINT` / `_TRACES_ENDPOINT`,
+`_HEADERS`, `_TIMEOUT`, `OTEL_BSP_*`). Spans go out over OTLP/HTTP (protobuf) from a BatchSpanProcessor: a bounded
+queue (OTEL_BSP_MAX_QUEUE_SIZE, 2048) emptied by its own thread, so a collector that is down or slow never blocks
+the caller; what the queue cannot hold and what an export fails to deliver is counted (`dropped()`: the worker's
+row stats and /metrics, `jobsite_worker_spans_dropped_total` and `jobsite_spans_dropped_total`).
+
+With tracing off every call site pays one module attribute read (`tracing.enabled`): no span, no context, no
+column value (the items' `trace_context` stays NULL).
+
+The W3C trace context travels as a `traceparent` string (`00-<trace id>-<span id>-<flags>`): stored with an item
+(its `trace_context` column, the workflow's row), handed to a pool's child in the worker's Job and to a Spark
+driver as `TRACEPARENT`.
+"""
+
+import atexit
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+
+logger = logging.getLogger("jobsite.tracing")
+
+# The flag every hot-path call site reads first. Set once, by configure().
+enabled = False
+tracer: trace.Tracer = trace.NoOpTracer()
+_provider: TracerProvider | None = None
+_processor: "CountingBatchSpanProcessor | None" = None
+_lock = threading.Lock()
+_dropped = 0  # spans this process lost: the queue was full, or their export failed
+
+
+def wanted() -> bool:
+    """Whether the environment turns tracing on: OTEL_TRACES_EXPORTER names otlp (the SDK's own default is otlp;
+    jobsite's is off, so the variable must be set)."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    names = {name.strip().lower() for name in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",")}
+    return "otlp" in names
+
+
+def dropped() -> int:
+    """Spans this process dropped so far (queue full or export failed)."""
+    return _dropped
+
+
+def _count_dropped(n: int) -> None:
+    global _dropped
+    with _lock:
+        _dropped += n
+
+
+class CountingExporter(SpanExporter):
+    """The OTLP exporter, counting the spans of every export that did not succeed (collector down, refused,
+    timed out) as dropped."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception:  # an exporter must not take the export thread down
+            logger.debug("span export raised", exc_info=True)
+            result = SpanExportResult.FAILURE
+        if result is not SpanExportResult.SUCCESS:
+            _count_dropped(len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+class CountingBatchSpanProcessor(BatchSpanProcessor):
+    """The SDK's BatchSpanProcessor (bounded queue, export on its own thread), counting the spans it drops when
+    its queue is full (the SDK drops the oldest one then, and only logs it)."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context is not None and span.context.trace_flags.sampled:
+            queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
+            if queue is not None and queue.maxlen is not None and len(queue) >= queue.maxlen:
+                _count_dropped(1)
+        super().on_end(span)
+
+
+def configure(exporter: SpanExporter | None = None, *, service_name: str = "jobsite") -> bool:
+    """Set tracing up for this process, once (later calls change nothing), when the environment asks for it or
+    an `exporter` is given (the tests'). Also instruments Django (opentelemetry-instrumentation-django), so a
+    request that enqueues is the parent of the enqueue's span. Returns whether tracing is on."""
+    global enabled, tracer, _provider, _processor
+    with _lock:
+        if _provider is not None:
+            return enabled
+        if exporter is None and not wanted():
+            return False
+        if exporter is None:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            exporter = OTLPSpanExporter()
+        attributes = {}
+        if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get(
+            "OTEL_RESOURCE_ATTRIBUTES", ""
+        ):
+            attributes[SERVICE_NAME] = service_name
+        # The sampler comes from OTEL_TRACES_SAMPLER (the SDK's default: parentbased_always_on).
+        _provider = TracerProvider(resource=Resource.create(attributes))
+        _processor = CountingBatchSpanProcessor(CountingExporter(exporter))
+        _provider.add_span_processor(_processor)
+        trace.set_tracer_provider(_provider)  # global: Django's instrumentation and the handlers' own spans
+        tracer = _provider.get_tracer("jobsite")
+        enabled = True
+    _instrument_django()
+    atexit.register(shutdown)
+    return True
+
+
+def _instrument_django() -> None:
+    try:
+        from opentelemetry.instrumentation.django import DjangoInstrumentor
+    except ImportError:  # the instrumentation is optional: without it, enqueue spans have no request parent
+        return
+    instrumentor = DjangoInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument(tracer_provider=_provider)
+
+
+def flush(timeout_millis: int = 5_000) -> bool:
+    """Export what is queued now (tests, the end of a CLI command)."""
+    return _provider.force_flush(timeout_millis) if _provider is not None else True
+
+
+def shutdown() -> None:
+    """Flush and stop the export thread (at exit). Bounded by the exporter's timeout: a dead collector delays the
+    exit by at most that, and loses the spans (counted)."""
+    if _provider is not None:
+        _provider.shutdown()
+
+
+# -- trace context ----------------------------------------------------------------------------------------------
+
+
+def traceparent(span: trace.Span | None = None) -> str | None:
+    """The W3C traceparent of `span` (default: the current one), or None when there is none valid."""
+    ctx = (span or trace.get_current_span()).get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def current_ids() -> dict[str, str]:
+    """The current span's trace and span ids (hex), for log lines; empty when there is none."""
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return {}
+    return {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
+
+
+def context_of(value: str | None) -> otel_context.Context | None:
+    """An OpenTelemetry context whose parent is the span a stored traceparent names (None: no parent, a new
+    trace)."""
+    if not value:
+        return None
+    parts = value.split("-")
+    try:
+        if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+            return None
+        span_context = SpanContext(
+            int(parts[1], 16), int(parts[2], 16), is_remote=True, trace_flags=TraceFlags(int(parts[3], 16) & 1)
+        )
+    except ValueError:
+        return None
+    if not span_context.is_valid:
+        return None
+    return trace.set_span_in_context(NonRecordingSpan(span_context))
+
+
+@contextmanager
+def attached(value: str | None) -> Iterator[None]:
+    """Within the block the stored context `value` is the current one (a pool child running a handler)."""
+    ctx = context_of(value)
+    if ctx is None:
+        yield
+        return
+    token = otel_context.attach(ctx)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+# -- the spans jobsite makes -----------------------------------------------------------------------------------
+
+
+@contextmanager
+def producer(task: str, queue: str, count: int = 1) -> Iterator[trace.Span]:
+    """The span of one enqueue (or one bulk enqueue of `count` items), a child of the current span (a request's,
+    a handler's): its traceparent is what the items store."""
+    with tracer.start_as_current_span(
+        f"enqueue {task}",
+        kind=SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": "jobsite",
+            "messaging.operation.type": "send",
+            "messaging.destination.name": queue,
+            "jobsite.task": task,
+            "messaging.batch.message_count": count,
+        },
+    ) as span:
+        yield span
+
+
+@contextmanager
+def workflow_start(name: str, kind: str) -> Iterator[trace.Span]:
+    """The span of a workflow's start: the parent of every step's item (a workflow is one trace)."""
+    with tracer.start_as_current_span(
+        f"workflow {name}", kind=SpanKind.PRODUCER, attributes={"jobsite.workflow": name, "jobsite.workflow.kind": kind}
+    ) as span:
+        yield span
+
+
+def start_attempt(lease: Any, parent: str | None, worker_id: str) -> trace.Span | None:
+    """The consumer span of one attempt, a child of its item's stored context (retries are siblings under the
+    enqueue), ended by end_attempt when the worker knows the outcome; None when the sampler dropped it. The
+    attributes are set only on a span that records: a dropped one costs the sampler's decision and no more."""
+    span = tracer.start_span(f"process {lease.task}", context=context_of(parent), kind=SpanKind.CONSUMER)
+    if not span.is_recording():
+        return None
+    # As few attributes as say what is needed: each one costs the SDK's validation and the exporter's encoding,
+    # per item (queue_bench's tracing part). The retry number is attempt - 1; the system is the span's scope.
+    attributes: dict[str, Any] = {
+        "jobsite.task": lease.task,
+        "messaging.destination.name": lease.queue,
+        "jobsite.item_id": lease.item_id,
+        "jobsite.attempt": lease.attempt,
+        "jobsite.worker_id": worker_id,
+    }
+    if lease.attempt == 1:  # from the item's due time to this start: the wait for a worker
+        attributes["jobsite.lease_wait_s"] = max(0.0, (datetime.now(UTC) - lease.run_at).total_seconds())
+    span.set_attributes(attributes)
+    return span
+
+
+def end_attempt(span: trace.Span, outcome: str, *, error: str = "", event: str | None = None, **fields: Any) -> None:
+    """End an attempt's span with its outcome ("done", "failed", "stale", "timed_out", "released"); `event` (a
+    "retry", a "dead_letter") is recorded on it first, with `fields` as its attributes."""
+    span.set_attribute("jobsite.outcome", outcome)
+    if event is not None:
+        span.add_event(event, {k: v for k, v in fields.items() if v is not None})
+    if error:
+        span.set_status(trace.StatusCode.ERROR, error[:500])
+    span.end()
+
+
+def event_span(name: str, value: str | None, event: str, **attributes: Any) -> None:
+    """A short span, child of a stored context, carrying one event: what happens to an item outside its
+    attempts (a requeue, a poison dead letter)."""
+    span = tracer.start_span(name, context=context_of(value), attributes=attributes)
+    span.add_event(event, attributes)
+    span.end()
+
+
+def scalars(prefix: str, values: Any) -> dict[str, Any]:
+    """`values` (a mapping) as span attributes `prefix.key`: its numbers, strings and booleans only."""
+    if not isinstance(values, dict):
+        return {}
+    return {f"{prefix}.{k}": v for k, v in values.items() if isinstance(v, int | float | str | bool)}
+
+
+@contextmanager
+def spark_run(run_id: int, job: str, attempt: int) -> Iterator[trace.Span]:
+    """The span of one Spark run's attempt, under the current one (the spark_run item's attempt)."""
+    with tracer.start_as_current_span(
+        f"spark run {job}",
+        attributes={"jobsite.spark_run_id": run_id, "jobsite.spark_job": job, "jobsite.attempt": attempt},
+    ) as span:
+        yield span
+
+
+def spark_timeline(run_span: trace.Span, timeline: list[dict[str, Any]]) -> None:
+    """Child spans of a Spark run from its event log (eventlog.timeline): a span per Spark job under the run's,
+    and per stage under its job's (the run's when its job is unknown), at the driver's times."""
+    parent = trace.set_span_in_context(run_span)
+    job_spans: dict[int, trace.Span] = {}
+    for entry in sorted(timeline, key=lambda e: (e["kind"] != "job", e["start"])):
+        context = parent
+        if entry["kind"] == "stage" and entry.get("job") in job_spans:
+            context = trace.set_span_in_context(job_spans[entry["job"]])
+        attributes = {f"spark.{entry['kind']}_id": entry["id"]}
+        if entry.get("tasks") is not None:
+            attributes["spark.tasks"] = entry["tasks"]
+        span = tracer.start_span(
+            entry["name"], context=context, start_time=int(entry["start"] * 1e9), attributes=attributes
+        )
+        if not entry.get("ok", True):
+            span.set_status(trace.StatusCode.ERROR)
+        if entry["kind"] == "job":
+            job_spans[entry["id"]] = span
+        else:
+            span.end(end_time=int(entry["end"] * 1e9))
+    for entry in timeline:  # jobs end after their stages were started under them
+        if entry["kind"] == "job":
+            job_spans[entry["id"]].end(end_time=int(entry["end"] * 1e9))

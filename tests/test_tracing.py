@@ -1,0 +1,219 @@
+"""OpenTelemetry traces (issue 40, queue_app/engine/tracing.py), received by a real OTLP/HTTP receiver on loopback
+(queue_app/bench/otlp_receiver.py: the protobuf decoded with opentelemetry-proto):
+
+- an item enqueued inside a Django request, failed once then done by a real worker process, is one trace: the
+  request's server span -> the enqueue's producer span -> one consumer span per attempt (siblings), with their
+  attributes and the retry event; the item (and its archived row) stores the enqueue's context;
+- a workflow is one trace: its start span parents every step's attempt, a step enqueued by the settle trigger too;
+- the receiver stopped mid-run: every item still settles, the worker counts the spans it dropped (/metrics);
+- with tracing off nothing is stored and no span is made.
+
+This process's own spans (the request, the enqueue, the workflow start) go through the same module, configured with
+an exporter to the receiver; the workers are configured by the SDK's standard environment variables.
+"""
+
+import json
+
+import pytest
+from django.db import connection, transaction
+from django.http import JsonResponse
+from django.test import Client
+from django.urls import path
+from django.utils import timezone
+
+from queue_app import engine, services
+from queue_app.bench.otlp_receiver import Receiver
+from queue_app.engine import tracing
+from queue_app.logcontext import current
+from queue_app.models import QueueItem, Worker
+from queue_app.workflows import services as workflows
+from queue_app.workflows.definition import Graph
+from tests import workflow_tasks  # noqa: F401  registers wf.fan, wf.add (the worker imports them too)
+from tests.tracing_fixtures import otel_env, receiver_fixture, traced_fixture  # noqa: F401  fixtures
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.django_db
+
+
+def enqueue_view(request):
+    item = engine.enqueue("tests.logs_then_fails_once", {"n": 1}, queue="otel")
+    return JsonResponse({"id": item.id})
+
+
+urlpatterns = [path("enqueue", enqueue_view)]
+
+
+def of_trace(receiver: Receiver, trace_id: str, consumers: int) -> list | None:
+    """The trace's spans once `consumers` attempts' spans of it have arrived."""
+    spans = [s for s in receiver.spans() if s.trace_id == trace_id]
+    return spans if sum(s.kind == "consumer" for s in spans) >= consumers else None
+
+
+def test_tracing_off_writes_no_context_and_makes_no_span():
+    assert not tracing.enabled  # the environment of the test run does not ask for it
+    one = engine.enqueue("queue_app.noop", queue="otel_off")
+    many = engine.enqueue_many("queue_app.noop", [{}, {}], queue="otel_off")
+    stored = QueueItem.objects.filter(id__in=[one.id, *many]).values_list("trace_context", flat=True)
+    assert list(stored) == [None, None, None]
+    assert tracing.traceparent() is None and "trace_id" not in current()
+
+
+def test_bulk_enqueue_is_one_span_with_the_count_and_every_item_stores_its_context(traced):
+    ids = engine.enqueue_many("queue_app.noop", [{}, {}, {}], queue="otel_bulk")
+    stored = set(QueueItem.objects.filter(id__in=ids).values_list("trace_context", flat=True))
+    assert len(stored) == 1 and stored != {None}
+    (value,) = stored
+    _, trace_id, span_id, _ = value.split("-")
+    tracing.flush()
+    (span,) = wait_for(lambda: [s for s in traced.spans() if s.span_id == span_id], 10, what="the bulk span")
+    assert span.kind == "producer" and span.trace_id == trace_id
+    assert span.attributes["messaging.batch.message_count"] == 3
+    assert span.attributes["messaging.destination.name"] == "otel_bulk"
+
+
+def test_a_requeue_is_an_event_under_the_items_enqueue(traced):
+    item = engine.enqueue("queue_app.noop", queue="otel_requeue")
+    _, trace_id, enqueue_span_id, _ = QueueItem.objects.get(id=item.id).trace_context.split("-")
+    assert services.cancel_items([item.id]) == 1
+    assert services.requeue_items([item.id], actor="ops") == 1
+    tracing.flush()
+    (span,) = wait_for(
+        lambda: [s for s in traced.spans() if s.name == "requeue queue_app.noop" and s.trace_id == trace_id],
+        10,
+        what="the requeue's span",
+    )
+    assert span.parent_id == enqueue_span_id and span.attributes["jobsite.item_id"] == item.id
+    assert [(name, attrs["jobsite.actor"]) for name, attrs in span.events] == [("requeue", "ops")]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_request_that_enqueues_then_two_attempts_in_a_worker_are_one_trace(traced, worker, settings):
+    settings.ROOT_URLCONF = __name__
+    response = Client().get("/enqueue")
+    assert response.status_code == 200
+    item_id = json.loads(response.content)["id"]
+    stored = QueueItem.objects.get(id=item_id).trace_context
+    _, trace_id, enqueue_span_id, _ = stored.split("-")
+
+    proc = worker(
+        "otel-worker",
+        "--import",
+        "tests.json_log_tasks",
+        "--queues",
+        "otel",
+        "--burst",
+        env=otel_env(traced, LOG_FORMAT="json", LOG_LEVEL="INFO"),
+    )
+    assert proc.wait(timeout=120) == 0, proc.log.read_text()[-3000:]
+    tracing.flush()
+    spans = wait_for(
+        lambda: of_trace(traced, trace_id, 2),
+        20,
+        what="the request's, the enqueue's and both attempts' spans",
+    )
+    by_kind = {kind: [s for s in spans if s.kind == kind] for kind in ("server", "producer", "consumer")}
+    (server,) = by_kind["server"]
+    (producer,) = by_kind["producer"]
+    assert producer.span_id == enqueue_span_id and producer.parent_id == server.span_id
+    assert producer.name == "enqueue tests.logs_then_fails_once" and producer.attributes["jobsite.item_id"] == item_id
+    first, second = sorted(by_kind["consumer"], key=lambda s: s.attributes["jobsite.attempt"])
+    for span, attempt in ((first, 1), (second, 2)):  # retries are siblings under the enqueue
+        assert span.parent_id == producer.span_id and span.service == "jobsite-worker"
+        assert span.attributes["jobsite.item_id"] == item_id
+        assert span.attributes["jobsite.attempt"] == attempt
+        assert span.attributes["jobsite.task"] == "tests.logs_then_fails_once"
+        assert span.attributes["messaging.destination.name"] == "otel"
+        assert span.attributes["jobsite.worker_id"] == "otel-worker"
+    assert first.attributes["jobsite.outcome"] == "failed" and first.status_code == 2  # STATUS_CODE_ERROR
+    assert [name for name, _ in first.events] == ["retry"] and first.events[0][1]["next_attempt"] == 2
+    assert "jobsite.lease_wait_s" in first.attributes
+    assert second.attributes["jobsite.outcome"] == "done" and second.events == []
+
+    # The handler's log lines carry the attempt's trace and span ids (logcontext.py).
+    records = [json.loads(line) for line in proc.log.read_text().splitlines()]
+    handled = [r for r in records if r["message"].startswith("handling")]
+    assert {(r["trace_id"], r["span_id"]) for r in handled} == {(trace_id, first.span_id), (trace_id, second.span_id)}
+
+    # The archived row keeps the context (the history tables and queue_app_item_all carry the column).
+    with transaction.atomic():
+        assert engine.archive(grace=0) >= 1
+    with connection.cursor() as cur:
+        cur.execute("SELECT trace_context FROM queue_app_item_all WHERE id = %s", [item_id])
+        assert cur.fetchone() == (stored,)
+        cur.execute("SELECT trace_context FROM queue_app_itemhistory WHERE id = %s", [item_id])
+        assert cur.fetchone() == (stored,)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_workflow_is_one_trace_under_its_start_span(traced, worker):
+    graph = Graph("otel-flow")
+    first = graph.task("wf.fan", {"n": 2}, name="first")
+    graph.task("queue_app.echo", {"x": 1}, name="second", after=[first])
+    workflow = workflows.start_graph(graph)
+    workflow.refresh_from_db()
+    _, trace_id, start_span_id, _ = workflow.trace_context.split("-")
+
+    proc = worker("otel-flow-worker", "--import", "tests.workflow_tasks", "--burst", env=otel_env(traced))
+    assert proc.wait(timeout=120) == 0, proc.log.read_text()[-3000:]
+    workflow.refresh_from_db()
+    assert workflow.state == "succeeded"
+    tracing.flush()
+    spans = wait_for(lambda: of_trace(traced, trace_id, 5), 20, what="the start span and the steps' attempts")
+    (start,) = [s for s in spans if s.span_id == start_span_id]
+    assert start.name == "workflow otel-flow" and start.attributes["jobsite.workflow_id"] == workflow.id
+    attempts = [s for s in spans if s.kind == "consumer"]
+    by_task = {}
+    for span in attempts:
+        by_task.setdefault(span.attributes["jobsite.task"], []).append(span)
+    assert sorted((t, len(s)) for t, s in by_task.items()) == [
+        ("queue_app.echo", 1),
+        ("queue_app.workflow_finished", 1),
+        ("wf.add", 2),
+        ("wf.fan", 1),
+    ]
+    (fan,) = by_task["wf.fan"]
+    # The steps the start enqueued, the one the settle trigger enqueued in the worker and the finished callback
+    # are children of the start span; the fan-out's steps are children of the attempt that made them.
+    assert {s.parent_id for t in ("wf.fan", "queue_app.echo", "queue_app.workflow_finished") for s in by_task[t]} == {
+        start_span_id
+    }
+    assert {s.parent_id for s in by_task["wf.add"]} == {fan.span_id}
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_collector_stopped_mid_run_loses_no_item_and_the_drops_are_counted(worker):
+    collector = Receiver()
+    ids = engine.enqueue_many("queue_app.sleep", [{"seconds": 0.01}] * 300, queue="otel_drop")
+    proc = worker(
+        "otel-drop",
+        "--queues",
+        "otel_drop",
+        "--concurrency",
+        "4",
+        "--burst",
+        # A small export queue (the default holds 2,048 spans), and a short export timeout so the exit's last
+        # flush to the dead collector gives up quickly.
+        env=otel_env(
+            collector, OTEL_BSP_MAX_QUEUE_SIZE="16", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="8", OTEL_EXPORTER_OTLP_TIMEOUT="1"
+        ),
+    )
+    wait_for(lambda: collector.count() > 0, 60, what="the first spans at the collector")
+    collector.stop()  # the collector is gone: the worker goes on
+    assert proc.wait(timeout=180) == 0, proc.log.read_text()[-3000:]
+    states = set(QueueItem.objects.filter(id__in=ids).values_list("state", flat=True))
+    assert states == {"done"}
+    stats = Worker.objects.get(id="otel-drop").stats
+    assert stats["processed"] == 300 and stats["spans_dropped"] > 0
+    assert collector.count() + stats["spans_dropped"] <= 300
+
+
+def test_the_metrics_show_the_workers_dropped_spans():
+    now = timezone.now()
+    Worker.objects.create(
+        id="otel-metrics", host="h", pid=1, started_at=now, last_heartbeat=now, stats={"spans_dropped": 7}
+    )
+    body = Client().get("/metrics").content.decode()
+    assert 'jobsite_worker_spans_dropped_total{worker="otel-metrics"} 7.0' in body

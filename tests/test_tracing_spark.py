@@ -1,0 +1,61 @@
+"""A workflow with a task step and a Spark step, run by a real worker with tracing on, is one trace down to the
+Spark run's stages (issue 40; the one JVM test of tracing): the start span -> each step's attempt -> the run's span
+(its metrics as attributes) -> a span per Spark job -> a span per stage, read from the run's event log."""
+
+import pytest
+
+from queue_app.workflows import services as workflows
+from queue_app.workflows.definition import Graph
+from tests.spark_fixtures import TEST_CONF, require_spark
+from tests.tracing_fixtures import otel_env, receiver_fixture, traced_fixture  # noqa: F401  fixtures
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def test_a_workflow_with_a_spark_step_is_one_trace_down_to_its_stages(traced, worker, tmp_path):
+    require_spark()
+    conf_dir = tmp_path / "spark-conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        "".join(f"{key} {value}\n" for key, value in TEST_CONF.items() if key != "spark.ui.enabled")
+    )
+    graph = Graph("otel-spark-flow")
+    first = graph.task("queue_app.noop", {}, name="prepare")
+    graph.spark("demo_sleep", {"tasks": 2, "seconds": 0.1}, name="crunch", after=[first])
+    workflow = workflows.start_graph(graph)
+    workflow.refresh_from_db()
+    _, trace_id, start_span_id, _ = workflow.trace_context.split("-")
+    env = otel_env(
+        traced,
+        SPARK_MASTER="local[2]",
+        JAVA_TOOL_OPTIONS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        SPARK_CONF_DIR=str(conf_dir),
+    )
+    proc = worker("otel-spark", "--burst", env=env)
+    assert proc.wait(timeout=240) == 0, proc.log.read_text()[-3000:]
+    workflow.refresh_from_db()
+    assert workflow.state == "succeeded", workflow.error
+    trace = wait_for(
+        lambda: (
+            (spans := [s for s in traced.spans() if s.trace_id == trace_id])
+            and any(s.name.startswith("spark stage") for s in spans)
+            and spans
+        ),
+        30,
+        what="the run's stage spans in the workflow's trace",
+    )
+    by_id = {s.span_id: s for s in trace}
+    attempts = {s.attributes["jobsite.task"]: s for s in trace if s.kind == "consumer"}
+    assert attempts["queue_app.noop"].parent_id == start_span_id
+    assert attempts["queue_app.spark_run"].parent_id == start_span_id
+    (run_span,) = [s for s in trace if s.name == "spark run demo_sleep"]
+    assert run_span.parent_id == attempts["queue_app.spark_run"].span_id
+    assert run_span.attributes["jobsite.spark.outcome"] == "succeeded"
+    assert run_span.attributes["jobsite.spark.metrics.tasks"] == 2
+    assert run_span.attributes["jobsite.spark.progress.tasks_done"] == 2
+    jobs = [s for s in trace if s.name.startswith("spark job")]
+    stages = [s for s in trace if s.name.startswith("spark stage")]
+    assert jobs and stages
+    assert {s.parent_id for s in jobs} == {run_span.span_id}
+    assert {by_id[s.parent_id].name for s in stages} <= {s.name for s in jobs}
