@@ -73,6 +73,7 @@ def requeue_items(item_ids: Iterable[int], *, actor: str = "") -> int:
             QueueItem.objects.filter(id__in=task_ids).exclude(max_attempts=declared).update(max_attempts=declared)
     QueueItem.objects.filter(id__in=ids).update(
         state=ItemState.READY,
+        debounce_key=None,  # runs as itself: a cancelled item's key may have a newer ready item (item_debounce_ready)
         attempts=0,
         run_at=Now(),
         visible_at=Now(),

@@ -61,6 +61,15 @@ def test_enqueues_of_a_key_collapse_into_one_ready_item_with_the_latest_payload(
     assert leased.item_id == first.id and leased.payload == {"n": 3}
     after = debounced({"n": 4})
     assert after.id != first.id and after.absorbed == 0
+    # The leased item failing back to ready beside the key's new item: both ready, the new one still absorbs.
+    engine.fail(leased, "try again", retry_in=0)
+    assert debounced({"n": 5}).id == after.id
+    assert QueueItem.objects.get(id=first.id).payload == {"n": 3}
+    # A cancelled item requeued beside the key's new ready item runs as itself.
+    services.cancel_items([after.id])
+    newest = debounced({"n": 6})
+    assert services.requeue_items([after.id]) == 1
+    assert QueueItem.objects.get(id=after.id).debounce_key is None and debounced({"n": 7}).id == newest.id
 
 
 def test_the_maximum_wait_caps_the_due_time():

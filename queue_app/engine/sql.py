@@ -127,7 +127,8 @@ WITH q AS ({ENSURE_QUEUE}), claim AS (
 SELECT id, run_at, created_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
 """
 
-# Debounce: the enqueues of one key collapse into its one ready item (unique index item_debounce_ready), which
+# Debounce: the enqueues of one key collapse into its one ready item never leased yet (unique index
+# item_debounce_ready; an item once leased, running or retrying, keeps its reservation id and absorbs no more), which
 # runs once the key has been quiet for `debounce` seconds, or at `debounce_max` seconds after the first of them
 # (debounce_until), with the latest payload. Decided by the upsert itself: the first enqueue inserts; each later
 # one finds the ready item by the index, waits for its row lock if another enqueuer holds it (two enqueuers at
@@ -144,7 +145,7 @@ WITH q AS ({ENSURE_QUEUE}), up AS (
     VALUES (DEFAULT, %(queue)s, %(task)s, %(payload)s::jsonb, 'ready', %(priority)s, {_DEBOUNCED_DUE},
             {_DEBOUNCED_DUE}, 0, {_MAX_ATTEMPTS}, %(lease_timeout)s, NULL, %(ordering_key)s, {_GROUP_KEY}, '',
             now(), now(), %(debounce_key)s, now() + make_interval(secs => %(debounce_max)s))
-    ON CONFLICT (queue_id, debounce_key) WHERE state = 'ready' AND debounce_key IS NOT NULL
+    ON CONFLICT (queue_id, debounce_key) WHERE state = 'ready' AND debounce_key IS NOT NULL AND reservation_id IS NULL
     DO UPDATE SET payload = EXCLUDED.payload, absorbed = i.absorbed + 1, updated_at = now(),
         run_at = LEAST(now() + make_interval(secs => %(debounce)s), i.debounce_until),
         visible_at = LEAST(now() + make_interval(secs => %(debounce)s), i.debounce_until)

@@ -217,13 +217,14 @@ class QueueItem(models.Model):
         ]
         constraints = [
             models.CheckConstraint(condition=Q(priority__gte=-100, priority__lte=100), name="item_priority_range"),
-            # The one ready item of a debounce key per queue: the enqueue's upsert (ON CONFLICT) finds it by this
-            # index, and two enqueuers of a key at once meet on it.
+            # The one ready, never leased item of a debounce key per queue: the enqueue's upsert (ON CONFLICT) finds
+            # it by this index, and two enqueuers of a key at once meet on it. An item once leased keeps its
+            # reservation id (a retry or a release puts it back to ready, never into this index again).
             models.UniqueConstraint(
                 "queue",
                 "debounce_key",
                 name="item_debounce_ready",
-                condition=Q(state="ready", debounce_key__isnull=False),
+                condition=Q(state="ready", debounce_key__isnull=False, reservation__isnull=True),
             ),
             models.CheckConstraint(condition=Q(state__in=[s.value for s in ItemState]), name="item_state_valid"),
         ]
