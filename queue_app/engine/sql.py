@@ -362,9 +362,12 @@ _FAIR_PICKED = f"""keys(group_key) AS (
 # `age` seconds counts as priority + aging_rate * age, which orders the items as their due time less
 # priority / aging_rate does (the same for every item at any moment, so a key fixed per item: no item's place
 # changes while it waits). Candidates: the queue's priority levels, found by skipping through item_fetch (one
-# probe each, at most 201), and each level's first `n` due rows in its index order (due time, id); the best `n`
-# of those by the aged key are then locked by primary key (SKIP LOCKED, the conditions checked again). Ordering
-# keys hold as in every lease; concurrency and rate limits hold through the row lock and the room it gives.
+# probe each, at most 201), and each level's first `n` due rows in its index order (due time, id), cut at a
+# bound: the top level's `n`-th aged key (`bound`; when it has `n` due rows, no row of any level with a larger
+# key can be among the best `n`), so a lower level is read only as far as its rows can compete (a level 5
+# points down at 1 point/s: rows due 5 s before that key). The best `n` candidates by the aged key are then locked
+# by primary key (SKIP LOCKED, the conditions checked again). Ordering keys hold as in every lease; concurrency
+# and rate limits hold through the row lock and the room it gives.
 _AGED_PICKED = f"""levels(priority) AS (
     (SELECT i.priority FROM {ITEM} i
      WHERE i.queue_id = %(queue)s AND i.state IN ('ready', 'reserved')
@@ -374,13 +377,25 @@ _AGED_PICKED = f"""levels(priority) AS (
             WHERE i.queue_id = %(queue)s AND i.state IN ('ready', 'reserved') AND i.priority < l.priority
             ORDER BY i.priority DESC LIMIT 1)
     FROM levels l WHERE l.priority IS NOT NULL
+), top AS MATERIALIZED (
+    SELECT i.visible_at - make_interval(secs => i.priority / %(aging_rate)s::float8) AS aged
+    FROM {ITEM} i
+    WHERE i.queue_id = %(queue)s
+      AND i.priority = (SELECT max(l.priority) FROM levels l)
+      AND {_FAIR_DUE}
+    ORDER BY i.priority DESC, i.visible_at, i.id
+    LIMIT %(n)s
+), bound AS MATERIALIZED (
+    SELECT CASE WHEN count(*) >= %(n)s THEN max(aged) END AS aged FROM top
 ), candidates AS (
     SELECT c.* FROM levels l
+    CROSS JOIN bound b
     CROSS JOIN LATERAL (
         SELECT i.id, i.priority, i.visible_at
         FROM {ITEM} i
         WHERE i.queue_id = %(queue)s AND i.priority = l.priority
           AND {_FAIR_DUE}
+          AND (b.aged IS NULL OR i.visible_at <= b.aged + make_interval(secs => l.priority / %(aging_rate)s::float8))
         ORDER BY i.priority DESC, i.visible_at, i.id
         LIMIT %(n)s
     ) c
