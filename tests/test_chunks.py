@@ -56,8 +56,8 @@ def _states(*groups: list[int]) -> list:
     return [list(QueueItem.objects.filter(id__in=ids).values_list("state", "attempts", "error")) for ids in groups]
 
 
-def chunk_worker(worker, name: str, *args: str):
-    return worker(name, "--import", "tests.chunk_tasks", "--queues", "chunks", "--pool", "thread", *args)
+def chunk_worker(worker, name: str, *args: str, pool: str = "thread"):
+    return worker(name, "--import", "tests.chunk_tasks", "--queues", "chunks", "--pool", pool, *args)
 
 
 @pytest.mark.slow
@@ -65,7 +65,8 @@ def chunk_worker(worker, name: str, *args: str):
 def test_one_item_of_a_hundred_failing_leaves_99_done_and_1_retried(worker):
     payloads = [{"retry_once": n == 37} for n in range(100)]
     ids = engine.enqueue_many("tests.chunked", payloads, queue="chunks")
-    proc = chunk_worker(worker, "chunk1", "--concurrency", "1", "--prefetch", "200", "--batch", "200")
+    # Child processes: the chunk and its outcomes cross the pool's pipe.
+    proc = chunk_worker(worker, "chunk1", "--concurrency", "1", "--prefetch", "200", "--batch", "200", pool="process")
     wait_for(
         lambda: QueueItem.objects.filter(id__in=ids, state="done").count() == 100, timeout=60, what="100 items done"
     )

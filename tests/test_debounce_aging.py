@@ -211,7 +211,8 @@ def test_bad_aging_is_refused_and_changes_nothing():
         command("queue_config", "aged", "--aging", "fast")
     assert Queue.objects.get(name="aged").aging_rate == 2.0
     assert json.loads(command("queue_config", "aged", "--aging", "30/1m", "--json"))["aging_rate"] == 0.5
-    assert "aging off" in command("queue_config", "aged", "--aging", "none")
+    assert "aging 0.5/s" in command("queue_config", "aged")
+    assert "aging" not in command("queue_config", "aged", "--aging", "none")
     assert Queue.objects.get(name="aged").aging_rate is None
 
 

@@ -551,7 +551,8 @@ class Supervisor:
     def _chunk_due(self) -> float:
         """When the first partial chunk held has waited its task's chunk timeout."""
         timeouts = {task.name: task.chunk.timeout for _, task in self.leased if task.chunk is not None}
-        return min((since + timeouts[name] for name, since in self.chunk_since.items() if name in timeouts), default=0)
+        due = (since + timeouts[name] for name, since in self.chunk_since.items() if name in timeouts)
+        return min(due, default=float("inf"))
 
     def _units(self, now: float) -> list[list[tuple[Lease, Task]]]:
         """The held items as the pool runs them, in the order held: one item each, or a chunked task's items in
@@ -569,6 +570,8 @@ class Supervisor:
                 chunk = chunks[task.name] = []
                 units.append(chunk)
             chunk.append(held)
+        for name in [name for name in self.chunk_since if name not in chunks]:
+            del self.chunk_since[name]  # its held items left otherwise (lost leases, released at shutdown)
         can_wait = not self.shutdown.stopping and self._free() > 0
         for name, last in chunks.items():
             task = last[0][1]
@@ -584,6 +587,8 @@ class Supervisor:
         now = time.monotonic()
         units: list[list[tuple[Lease, Task]]] = []
         room, free_threads = self.pool.idle(), self.pool.idle_threads()
+        if not self.leased:
+            self.chunk_since.clear()
         for unit in self._units(now) if self.leased else ():
             task = unit[0][1]
             # An at-most-once item is recorded as started before it runs: hand it over only to a thread that

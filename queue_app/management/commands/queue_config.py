@@ -195,7 +195,7 @@ def _summary(settings: dict) -> list[str]:
         f"group concurrency {settings['group_concurrency'] or 'unlimited'}",
         f"fair {'yes' if settings['fair'] else 'no'}",
         *([f"group weights {_shown_weights(settings['group_weights'])}"] if settings["group_weights"] else []),
-        f"aging {f'{settings["aging_rate"]:g}/s' if settings['aging_rate'] else 'off'}",
+        *([f"aging {settings['aging_rate']:g}/s"] if settings["aging_rate"] else []),
         *(["paused"] if settings["paused"] else []),
     ]
 
