@@ -12,6 +12,7 @@ through services.set_queue_options / configure_queue. Nothing here writes a row.
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import connection
 from django.db.models import Count
@@ -36,6 +37,15 @@ def parse_rate(text: str) -> tuple[int | None, int | None]:
         raise ValueError(f"a rate limit is N/PERIOD such as 100/1m, 10/30s or 5000/1h (units s, m, h, d), not {text!r}")
     count = int(match["count"]) if match["count"] else 1
     return int(match["limit"]), count * PERIOD_UNITS[match["unit"]]
+
+
+def effective_priority(priority: int, aging_rate: float | None, state: str, due_at: datetime, now: datetime) -> float:
+    """An item's priority as an aging lease ranks it (sql.LEASE_AGED): its own plus `aging_rate` points per second
+    it has waited due (ready, or a lease that expired). The lease orders by due time less priority / rate, which
+    ranks the items as this does at any moment."""
+    if aging_rate is None or state not in ("ready", "reserved") or due_at > now:
+        return float(priority)
+    return priority + aging_rate * (now - due_at).total_seconds()
 
 
 def format_rate(limit: int | None, period: int | None) -> str | None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
@@ -136,6 +136,45 @@ Handler = Callable[[Any, Context], Any]
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkPolicy:
+    """A chunked task (`@job(chunk=ChunkPolicy(size=100, timeout=1.0))`): its handler is called once with a list
+    of up to `size` items, `handler(items: list[ChunkItem]) -> list | None`. The worker hands it the task's items
+    it holds, waiting up to `timeout` seconds for a partial chunk to fill while its lease may bring more. Each
+    item is leased, counted against rate and group limits, and settled on its own (own attempts, dead letters,
+    fencing): the handler returns one outcome per item, in order: a result (done), ItemRetry(error) (a failed
+    attempt, retried while attempts are left) or ItemDead(error) (straight to the dead letters); None: all done.
+    A handler that raises fails every item of the chunk."""
+
+    size: int = 100
+    timeout: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"ChunkPolicy.size must be an integer >= 1, not {self.size!r}")
+        _check_seconds("ChunkPolicy.timeout", self.timeout, allow_zero=True)
+
+
+class ChunkItem(NamedTuple):
+    """One item of a chunk: its payload (decoded) and the context of its attempt."""
+
+    payload: Any
+    ctx: Context
+
+
+class ItemRetry(NamedTuple):
+    """A chunk handler's outcome for one item: this attempt failed with `error`; retried while attempts are left
+    (the task's Retry decides when)."""
+
+    error: str
+
+
+class ItemDead(NamedTuple):
+    """A chunk handler's outcome for one item: it can never succeed; to the dead letters with `error`."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
 class Task:
     """A registered handler and its options. Build it with `@job(...)`.
 
@@ -155,6 +194,7 @@ class Task:
     decode: Callable[[Any], Any] | None = field(default=None, repr=False)
     # Called once in each worker process that serves this task's queue, before its first item (see job()).
     warm_up: Callable[[], None] | None = field(default=None, repr=False)
+    chunk: ChunkPolicy | None = None  # None: one item per handler call
 
     @property
     def min_lease(self) -> float:
@@ -222,6 +262,7 @@ def job(
     dedup_window: float | None = None,
     decode: Callable[[Any], Any] | None = None,
     warm_up: Callable[[], None] | None = None,
+    chunk: ChunkPolicy | None = None,
 ) -> Callable[[Handler], Task]:
     """Register the decorated `handler(payload, ctx)` as a task named `name` (default: module.qualname).
 
@@ -233,6 +274,9 @@ def job(
     child of the process pool, the thread pool's process), before its first item: it may start what the
     first item would otherwise wait for (the Spark run task starts its waiting light child). It must be quick
     and may not fail the worker: an exception is logged and the worker goes on.
+
+    `chunk=ChunkPolicy(size, timeout)`: the handler takes a list of items at once (see ChunkPolicy); at-least-once
+    or at-most-once delivery only.
     """
     delivery = Delivery(delivery)
     _check_seconds("hard_timeout", hard_timeout)
@@ -243,6 +287,11 @@ def job(
         raise TypeError(f"retry must be a Retry, not {retry!r}")
     if delivery is Delivery.AT_MOST_ONCE and retry.times not in (None, 1):
         raise ImproperlyConfigured(f"an at-most-once task is never retried: Retry(times={retry.times}) contradicts it")
+
+    if chunk is not None and not isinstance(chunk, ChunkPolicy):
+        raise TypeError(f"chunk must be a ChunkPolicy, not {chunk!r}")
+    if chunk is not None and delivery is Delivery.TRANSACTIONAL:
+        raise ImproperlyConfigured("a chunked task runs at least once or at most once, not transactionally")
 
     def register(func: Handler) -> Task:
         task_name = name or f"{func.__module__}.{func.__qualname__}"
@@ -257,6 +306,7 @@ def job(
             dedup_window=dedup_window,
             decode=decode,
             warm_up=warm_up,
+            chunk=chunk,
         )
         return _tasks.register(task_name, task)
 

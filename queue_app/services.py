@@ -76,6 +76,7 @@ def requeue_items(item_ids: Iterable[int], *, actor: str = "") -> int:
             QueueItem.objects.filter(id__in=task_ids).exclude(max_attempts=declared).update(max_attempts=declared)
     QueueItem.objects.filter(id__in=ids).update(
         state=ItemState.READY,
+        debounce_key=None,  # runs as itself: a cancelled item's key may have a newer ready item (item_debounce_ready)
         attempts=0,
         run_at=Now(),
         visible_at=Now(),
@@ -234,6 +235,9 @@ def _are_weights(value: object) -> bool:
     )
 
 
+# Priority aging: at most this many priority points per second (the whole range, -100..100, in 0.2 ms).
+MAX_AGING_RATE = 1_000_000
+
 QUEUE_OPTION_RULES = {
     # option: (is the value acceptable?, what it must be)
     "concurrency_limit": (_is_limit, "an integer >= 1, or empty for no limit (pause the queue to stop it)"),
@@ -254,6 +258,10 @@ QUEUE_OPTION_RULES = {
         _are_weights,
         f"an object of at most {MAX_GROUP_WEIGHTS} group keys (each a group key) to weights from 0 (excluded) to"
         f" {MAX_GROUP_WEIGHT}, or empty",
+    ),
+    "aging_rate": (
+        lambda v: v is None or (_is_number(v) and 0 < v <= MAX_AGING_RATE),
+        f"a number of priority points per second above 0 and at most {MAX_AGING_RATE}, or empty for no aging",
     ),
 }
 
@@ -287,8 +295,8 @@ def queue_option_errors(**options: object) -> dict[str, str]:
 @transaction.atomic
 def set_queue_options(name: str, **options: object) -> int:
     """Change a queue's settings (concurrency_limit, lease_timeout, max_attempts, retention, and flow control:
-    rate_limit with rate_period, group_concurrency, fair, group_weights); ValueError naming every bad option
-    (nothing changed) if any is unknown or out of range.
+    rate_limit with rate_period, group_concurrency, fair, group_weights; priority aging: aging_rate); ValueError
+    naming every bad option (nothing changed) if any is unknown or out of range.
 
     A queue that starts leasing by group key (fair, or a group limit) puts its open items queued without a key
     into the group '' (engine enqueues do the same from then on): the fair lease reads groups only."""
@@ -306,6 +314,18 @@ def set_queue_options(name: str, **options: object) -> int:
         # commit: sql._GROUP_KEY) and hold later ones back until this commits, so no item is left without a group.
         list(Queue.objects.select_for_update().filter(name=name).values_list("name"))
     changed = Queue.objects.filter(name=name).update(**options)
+    # The fair lease orders each group key's lane by priority (sql.LEASE_FAIR); an aging rate there would be a
+    # setting with no effect. Raised inside the transaction: nothing is changed.
+    aging_options = {"fair", "group_concurrency", "aging_rate"}
+    if (
+        changed
+        and options.keys() & aging_options
+        and Queue.objects.filter(GROUPED, name=name, aging_rate__isnull=False).exists()
+    ):
+        raise ValueError(
+            "aging_rate cannot be combined with fair leasing or a group limit (group_concurrency): the fair "
+            "lease takes each group key's items by priority"
+        )
     if changed and options.keys() & {"fair", "group_concurrency"}:
         _group_ungrouped_items(Queue.objects.filter(GROUPED, name=name))
     return changed

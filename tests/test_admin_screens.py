@@ -175,7 +175,7 @@ def test_queue_options_are_the_only_editable_fields(admin_client, items):
 
     assert set(form.fields) == {
         *("concurrency_limit", "lease_timeout", "max_attempts", "retention"),
-        *("rate_limit", "rate_period", "group_concurrency", "fair", "group_weights"),
+        *("rate_limit", "rate_period", "group_concurrency", "fair", "group_weights", "aging_rate"),
     }
 
 

@@ -38,6 +38,7 @@ from queue_app import engine, services
 GRAIN = 60  # seconds; every duration below is a multiple, see the module docstring
 QUEUES = ("qa", "qb")
 DEDUP_KEYS = ("d1", "d2", "d3")
+DEBOUNCE_KEYS = ("b1", "b2")
 ORDERING_KEYS = ("k1", "k2")
 WORKERS = ("w1", "w2", "w3")
 OPEN = ("ready", "reserved")
@@ -81,6 +82,10 @@ class MItem:
     dead_letters: int = 0
     open_dead_letters: int = 0
     requeue_mark: int = 0  # reservations before this index belong to attempts before the last requeue
+    debounce_key: str | None = None
+    until: int | None = None  # virtual debounce_until: the latest due time a debounce may push it to
+    until_seq: int = 0  # the operation that set it (its real time is that operation's)
+    absorbed: int = 0
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,7 @@ def advance_database_clock(seconds: int) -> None:
         cur.execute(
             f"UPDATE queue_app_queueitem SET visible_at = visible_at - {shift}, run_at = run_at - {shift},"
             f" created_at = created_at - {shift}, updated_at = updated_at - {shift},"
-            f" finished_at = finished_at - {shift}"
+            f" finished_at = finished_at - {shift}, debounce_until = debounce_until - {shift}"
         )
         cur.execute(
             f"UPDATE queue_app_reservation SET reserved_at = reserved_at - {shift},"
@@ -300,6 +305,61 @@ class EngineMachine(RuleBasedStateMachine):
         if dedup_key:
             window = int(DEFAULTS["DEDUP_WINDOW"]) if dedup_window is None else dedup_window
             self.claims[(queue, dedup_key)] = [got.id, self.now + window]
+
+    @rule(
+        queue=st.sampled_from(QUEUES),
+        key=st.sampled_from(DEBOUNCE_KEYS),
+        debounce=st.sampled_from([GRAIN, 2 * GRAIN]),
+        debounce_max=st.sampled_from([None, 2 * GRAIN, 3 * GRAIN]),
+    )
+    def enqueue_debounced(self, queue, key, debounce, debounce_max):
+        """Debounce (issue 41): the key's ready, never leased item takes the enqueue (its due time pushed to
+        now + debounce, never past its maximum wait), else a new item."""
+        if debounce_max is not None and debounce_max < debounce:
+            debounce_max = None
+        got = engine.enqueue(
+            "t", {"n": self.seq}, queue=queue, debounce_key=key, debounce=debounce, debounce_max=debounce_max
+        )
+        seq = self.tick()
+        target = next(
+            (
+                it
+                for it in self.items.values()
+                if it.queue == queue and it.debounce_key == key and it.state == "ready" and it.reservation_id is None
+            ),
+            None,
+        )
+        if target is not None:
+            target.absorbed += 1
+            assert got.id == target.id and got.absorbed == target.absorbed, f"expected {target.id} to absorb: {got}"
+            # LEAST(now + debounce, debounce_until): on equal virtual times the stored until is the earlier one.
+            if target.until is not None and target.until <= self.now + debounce:
+                at, at_seq = target.until, target.until_seq
+            else:
+                at, at_seq = self.now + debounce, seq
+            self.set_visible(target, at, at_seq)
+            target.due, target.due_seq = at, at_seq
+            event("enqueue: debounced into the key's item")
+            return
+        assert got.absorbed == 0 and got.id not in self.items, f"expected a new debounced item, got {got}"
+        self.items[got.id] = MItem(
+            id=got.id,
+            queue=queue,
+            priority=0,
+            max_attempts=self.queue_max_attempts[queue],
+            lease_timeout=None,
+            dedup_key=None,
+            ordering_key=None,
+            created=self.now,
+            visible=self.now + debounce,
+            seq=seq,
+            due=self.now + debounce,
+            due_seq=seq,
+            debounce_key=key,
+            until=None if debounce_max is None else self.now + debounce_max,
+            until_seq=seq,
+        )
+        self.enqueued += 1
 
     @rule(
         queue=st.sampled_from(QUEUES),
@@ -630,6 +690,7 @@ class EngineMachine(RuleBasedStateMachine):
             if item.state in ("dead", "cancelled"):
                 expect += 1
                 item.state, item.attempts, item.open_dead_letters = "ready", 0, 0
+                item.debounce_key = None  # a requeued item runs as itself
                 item.requeue_mark = len(item.reservations)
                 self.set_visible(item, self.now, seq)
                 item.due, item.due_seq = self.now, seq

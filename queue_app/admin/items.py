@@ -16,7 +16,8 @@ from django.utils.safestring import SafeString
 
 from .. import services
 from ..conf import queue_settings
-from ..models import HISTORY_STATES, ItemHistory, ItemState, QueueItem
+from ..flow import effective_priority
+from ..models import HISTORY_STATES, ItemHistory, ItemState, Queue, QueueItem
 from ..monitoring import history_count, shown_state
 from .actions import Operation, ReadOnlyAdmin
 from .display import (
@@ -186,8 +187,11 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
                     "task",
                     "state_shown",
                     "priority",
+                    "effective_priority",
                     "attempts_of",
                     "dedup_key",
+                    "debounce_key",
+                    "absorbed_shown",
                     "ordering_key",
                     "group_key",
                 )
@@ -203,6 +207,8 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
     )
     readonly_fields = (
         "state_shown",
+        "effective_priority",
+        "absorbed_shown",
         "run_at_s",
         "visible_at_s",
         "created_at_s",
@@ -262,3 +268,19 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
     @admin.display(description="attempt timeline")
     def timeline(self, obj: QueueItem) -> SafeString:
         return attempt_timeline(obj)
+
+    @admin.display(description="effective priority")
+    def effective_priority(self, obj: QueueItem) -> str:
+        """Its priority with the queue's aging (flow.effective_priority), while it waits due."""
+        rate = Queue.objects.filter(name=obj.queue_id).values_list("aging_rate", flat=True).first()
+        shown = effective_priority(obj.priority, rate, obj.state, obj.visible_at, timezone.now())
+        if rate is None:
+            return f"{shown:g} (the queue has no aging)"
+        return f"{shown:.2f} (aging {rate:g} points/s while due)"
+
+    @admin.display(description="absorbed enqueues")
+    def absorbed_shown(self, obj: QueueItem) -> str:
+        if obj.debounce_key is None:
+            return "-"
+        until = f"; runs at the latest at {obj.debounce_until:%Y-%m-%d %H:%M:%S}" if obj.debounce_until else ""
+        return f"{obj.absorbed} enqueues of its debounce key absorbed (the latest payload kept){until}"

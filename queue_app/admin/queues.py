@@ -18,7 +18,7 @@ from .charts import plotly_js
 from .overview import changelist_link, overview_fragment
 
 OPTIONS = ("concurrency_limit", "lease_timeout", "max_attempts", "retention")
-FLOW_OPTIONS = ("rate_limit", "rate_period", "group_concurrency", "fair", "group_weights")
+FLOW_OPTIONS = ("rate_limit", "rate_period", "group_concurrency", "fair", "group_weights", "aging_rate")
 RATE = ("rate_limit", "rate_period")  # set together: a rate limit is N leases per period
 
 PAUSE = Operation(
@@ -92,7 +92,9 @@ class QueueAdmin(OperationsAdmin):
                 "fields": FLOW_OPTIONS,
                 "description": "Rate limit: at most N leases (starts) per period of seconds across all workers. "
                 "Group concurrency: at most K items of one group key in flight. Fair: group keys take turns "
-                "(implied by a group concurrency); weights give some keys more turns. Priority comes first.",
+                "(implied by a group concurrency); weights give some keys more turns. Priority comes first. "
+                "Aging rate: priority points per second a due item gains while it waits, so low priorities "
+                "are not starved (not with fair leasing).",
             },
         ),
     )
@@ -118,6 +120,8 @@ class QueueAdmin(OperationsAdmin):
             parts.append(f"{obj.group_concurrency} per group key")
         if obj.fair or obj.group_concurrency is not None:
             parts.append("fair")
+        if obj.aging_rate is not None:
+            parts.append(f"aging {obj.aging_rate:g}/s")
         return ", ".join(parts) or "-"
 
     @admin.display(description="rows")

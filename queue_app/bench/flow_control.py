@@ -4,6 +4,12 @@
   the next lease, until the queue is empty) on an unlimited queue, a fair queue (its items over ten group keys)
   and a queue with a rate limit too high to bind; best of two interleaved rounds each. The unlimited queue is
   leased by the many-queue statement; the others by the flow-controlled path (queue row lock, LEASE_FAIR).
+- priority aging (issue 41): the same lease throughput on a queue whose items spread over AGING_LEVELS priorities,
+  without aging (the many-queue statement) and with an aging rate (LEASE_AGED under the queue's row lock).
+- debounce (issue 41): single enqueues per second, plain against debounced into DEBOUNCE_KEYS keys (each one an
+  upsert on its key's ready item), in this process.
+- chunked handlers (issue 41): end-to-end items/s of one `run_worker --burst` (threads) through no-op items,
+  single (`queue_app.noop`) against chunks of 100 (`bench.chunk_noop`), from the first lease to the last finish.
 - rate-limit accuracy: four `run_worker` processes on a queue limited to N leases per period; the leases per
   window over the three whole windows of the run, and their largest distance from N.
 - fairness: a big and a small group key in a fair queue, two `run_worker --burst` processes; how many leases went
@@ -27,6 +33,9 @@ LEASE_ROUNDS = 2
 FAIR_KEYS = 10
 RATE_WORKERS = 4
 FAIR_WORKERS, FAIR_BATCH = 2, 50
+AGING_LEVELS = 5
+DEBOUNCE_KEYS, DEBOUNCE_ENQUEUES = 100, 1_000
+CHUNK_ITEMS, CHUNK_WORKER = 10_000, ("--concurrency", "4", "--prefetch", "200", "--batch", "200")
 
 
 def _set_queue(queue: str, **columns: object) -> None:
@@ -48,9 +57,10 @@ def _drain_in_process(queue: str) -> int:
             return leased
 
 
-def _lease_rate(queue: str, items: int, keys: int | None) -> float:
+def _lease_rate(queue: str, items: int, keys: int | None, levels: int = 1) -> float:
     if keys is None:
-        engine.enqueue_many(NOOP_TASK, [{}] * items, queue=queue, using=ALIAS)
+        for level in range(levels):
+            engine.enqueue_many(NOOP_TASK, [{}] * (items // levels), queue=queue, priority=level, using=ALIAS)
     else:
         for key in range(keys):
             engine.enqueue_many(NOOP_TASK, [{}] * (items // keys), queue=queue, group_key=f"k{key}", using=ALIAS)
@@ -62,29 +72,54 @@ def _lease_rate(queue: str, items: int, keys: int | None) -> float:
 
 
 def measure_lease(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
-    variants: dict[str, tuple[str, Callable[[], None], int | None]] = {
-        "unlimited": ("flow_plain", lambda: engine.ensure_queue("flow_plain", using=ALIAS), None),
-        "fair": ("flow_fair", lambda: _set_queue("flow_fair", fair=True), FAIR_KEYS),
-        "rate": ("flow_rate_open", lambda: _set_queue("flow_rate_open", rate_limit=10**9, rate_period=1), None),
+    variants: dict[str, tuple[str, Callable[[], None], int | None, int]] = {
+        "unlimited": ("flow_plain", lambda: engine.ensure_queue("flow_plain", using=ALIAS), None, 1),
+        "fair": ("flow_fair", lambda: _set_queue("flow_fair", fair=True), FAIR_KEYS, 1),
+        "rate": ("flow_rate_open", lambda: _set_queue("flow_rate_open", rate_limit=10**9, rate_period=1), None, 1),
+        "priorities": ("flow_levels", lambda: engine.ensure_queue("flow_levels", using=ALIAS), None, AGING_LEVELS),
+        "aging": ("flow_aging", lambda: _set_queue("flow_aging", aging_rate=1.0), None, AGING_LEVELS),
     }
     best: dict[str, float] = {}
     for _ in range(LEASE_ROUNDS):
-        for name, (queue, prepare, keys) in variants.items():
+        for name, (queue, prepare, keys, levels) in variants.items():
             prepare()
-            rate = _lease_rate(queue, sizes.flow_lease_items, keys)
+            rate = _lease_rate(queue, sizes.flow_lease_items, keys, levels)
             best[name] = max(best.get(name, 0.0), rate)
             ctx.progress("flow", f"lease+settle in process, {name} queue: {rate:,.0f} items/s")
     labels = {
         "unlimited": "flow: lease+settle, unlimited queue",
         "fair": f"flow: lease+settle, fair queue ({FAIR_KEYS} keys)",
         "rate": "flow: lease+settle, rate-limited queue (not binding)",
+        "priorities": f"flow: lease+settle, {AGING_LEVELS} priorities, no aging",
+        "aging": f"flow: lease+settle, {AGING_LEVELS} priorities, aging 1 point/s",
     }
     for name, label in labels.items():
-        ratio = best[name] / best["unlimited"]
+        base = "priorities" if name == "aging" else "unlimited"
+        ratio = best[name] / best[base]
         note = f"batch {LEASE_BATCH}, {sizes.flow_lease_items:,} items, one process"
-        if name != "unlimited":
-            note += f"; {ratio:.2f}x the unlimited queue"
+        if name != base:
+            note += f"; {ratio:.2f}x the {base} queue"
         results.add(Figure(f"flow.lease_{name}", label, best[name], "items/s", note=note))
+
+
+def measure_debounce(ctx: BenchContext, results: Results) -> None:
+    """Single enqueues per second in this process: plain, then debounced over DEBOUNCE_KEYS keys (the first of
+    each key inserts, the others update its ready item); best of two interleaved rounds."""
+    best: dict[str, float] = {}
+    for round_ in range(LEASE_ROUNDS):
+        for name in ("plain", "debounced"):
+            t0 = time.perf_counter()
+            for n in range(DEBOUNCE_ENQUEUES):
+                options = {"debounce_key": f"k{n % DEBOUNCE_KEYS}", "debounce": 600.0} if name == "debounced" else {}
+                engine.enqueue(NOOP_TASK, {"n": n}, queue=f"debounce_{name}_{round_}", using=ALIAS, **options)
+            rate = DEBOUNCE_ENQUEUES / (time.perf_counter() - t0)
+            best[name] = max(best.get(name, 0.0), rate)
+            ctx.progress("flow", f"single enqueues, {name}: {rate:,.0f}/s")
+    for name in ("plain", "debounced"):
+        note = f"{DEBOUNCE_ENQUEUES:,} enqueues, one process, autocommit each"
+        if name == "debounced":
+            note += f", {DEBOUNCE_KEYS} keys; {best[name] / best['plain']:.2f}x plain"
+        results.add(Figure(f"flow.enqueue_{name}", f"flow: single enqueues, {name}", best[name], "items/s", note=note))
 
 
 def _leases_per_window(queue: str, period: int) -> dict[int, int]:
@@ -178,10 +213,46 @@ def measure_fairness(ctx: BenchContext, sizes: Sizes, db: str, results: Results)
     )
 
 
+def _e2e_rate(queue: str) -> float:
+    """Items/s of the queue from its first lease to its last finish (hot and archived alike)."""
+    seconds = _scalar(
+        """SELECT extract(epoch FROM max(i.finished_at) - min(r.reserved_at)) FROM queue_app_item_all i
+           JOIN queue_app_reservation_all r ON r.item_id = i.id WHERE i.queue_id = %(q)s""",
+        {"q": queue},
+    )
+    return CHUNK_ITEMS / float(seconds)
+
+
+def measure_chunks(ctx: BenchContext, db: str, results: Results) -> None:
+    best: dict[str, float] = {}
+    for round_ in range(LEASE_ROUNDS):
+        for name, task in (("single", NOOP_TASK), ("chunked", "bench.chunk_noop")):
+            queue = f"chunk_{name}_{round_}"
+            engine.enqueue_many(task, [{}] * CHUNK_ITEMS, queue=queue, using=ALIAS)
+            args = ("--burst", "--import", "queue_app.bench.chunk_tasks", "--queues", queue, *CHUNK_WORKER)
+            (proc,) = _workers(ctx, db, 1, f"chunk-{name}-{round_}", *args)
+            try:
+                proc.wait(timeout=600)
+            finally:
+                stop([proc])
+            rate = _e2e_rate(queue)
+            best[name] = max(best.get(name, 0.0), rate)
+            ctx.progress("flow", f"no-op items end to end, {name}: {rate:,.0f} items/s")
+    for name in ("single", "chunked"):
+        note = f"{CHUNK_ITEMS:,} items, one burst worker ({' '.join(CHUNK_WORKER)}, threads)"
+        if name == "chunked":
+            note += f", chunks of 100; {best[name] / best['single']:.2f}x single"
+        results.add(
+            Figure(f"flow.chunk_{name}", f"flow: no-op items end to end, {name}", best[name], "items/s", note=note)
+        )
+
+
 def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
     with bench_database(ctx, "flow") as db:
         measure_lease(ctx, sizes, results)
+        measure_debounce(ctx, results)
         if not run_worker_available():
             return
+        measure_chunks(ctx, db, results)
         measure_fairness(ctx, sizes, db, results)
         measure_rate(ctx, sizes, db, results)

@@ -40,6 +40,8 @@ class Enqueued:
     # As stored (the enqueuing transaction's start time, PostgreSQL's now()), not the client's clock: what a
     # later read of the item returns.
     created_at: datetime | None = None
+    # Debounce: how many enqueues of its key the item has absorbed so far (0: this enqueue created it).
+    absorbed: int = 0
 
 
 def _number(name: str, value: Any, *, minimum: float, integer: bool = False) -> Any:
@@ -188,12 +190,17 @@ def enqueue(
     group_key: str | None = None,
     max_attempts: int | None = None,
     lease_timeout: float | None = None,
+    debounce_key: str | None = None,
+    debounce: float | timedelta | None = None,
+    debounce_max: float | timedelta | None = None,
     using: str = "default",
 ) -> Enqueued:
     """Queue one item. Joins the caller's transaction. With `dedup_key`, a second enqueue of the same key in
     the same queue within the window returns the first item with `duplicate=True` and writes nothing.
     `group_key` (a tenant or customer id): a fair queue leases its keys in turn, and a queue's group limit caps
-    the items of one key in flight (see flow.py)."""
+    the items of one key in flight (see flow.py). With `debounce_key` and `debounce` (seconds), the enqueues of
+    one key collapse into one ready item that runs once the key has been quiet for `debounce` seconds, or
+    `debounce_max` seconds after the first of them, with the latest payload (see _debounce)."""
     params = _params(
         task,
         queue=queue,
@@ -206,6 +213,10 @@ def enqueue(
         lease_timeout=lease_timeout,
     )
     params["payload"] = encode_json({} if payload is None else payload)
+    if debounce_key is not None or debounce is not None or debounce_max is not None:
+        if dedup_key is not None:
+            raise InvalidEnqueue("give dedup_key (keep the first) or debounce_key (keep the latest), not both")
+        return _debounce(params, debounce_key, debounce, debounce_max, using)
     if dedup_key is not None:
         params["dedup_key"] = _key("dedup_key", dedup_key)
         if isinstance(dedup_window, timedelta):
@@ -244,6 +255,45 @@ def _write_one(params: dict[str, Any], task: str, dedup_key: str | None, using: 
             break
         # The claim vanished between the two statements (its window ended and it was pruned): claim again.
     return Enqueued(owner[0], params["queue"], task, owner[1], duplicate=True, created_at=owner[2])
+
+
+def _seconds(name: str, value: float | timedelta | None, *, minimum: float) -> float | None:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    value = _number(name, value, minimum=minimum)
+    return None if value is None else float(value)
+
+
+def _debounce(
+    params: dict[str, Any],
+    debounce_key: str | None,
+    debounce: float | timedelta | None,
+    debounce_max: float | timedelta | None,
+    using: str,
+) -> Enqueued:
+    """The debounced enqueue (sql.ENQUEUE_DEBOUNCE): a new ready item for the key, or the key's ready item with
+    this payload, due `debounce` seconds from now (never later than its maximum wait), one more absorbed."""
+    if debounce_key is None or debounce is None:
+        raise InvalidEnqueue("a debounced enqueue takes both debounce_key and debounce (seconds)")
+    params["debounce_key"] = _key("debounce_key", debounce_key)
+    params["debounce"] = _seconds("debounce", debounce, minimum=0.001)
+    params["debounce_max"] = _seconds("debounce_max", debounce_max, minimum=0.001)
+    if params["debounce_max"] is not None and params["debounce_max"] < params["debounce"]:
+        raise InvalidEnqueue(
+            f"debounce_max ({params['debounce_max']} s) must be at least debounce ({params['debounce']} s)"
+        )
+    if params["run_at"] is not None or params["delay"]:
+        raise InvalidEnqueue("a debounced item is due when its key goes quiet: give debounce, not run_at or delay")
+    with cursor(using) as cur:
+        cur.execute(sql.ENQUEUE_DEBOUNCE, params)
+        row = cur.fetchone()
+    if row is None:
+        raise InvalidEnqueue(
+            f"debounce key {debounce_key!r} is held by a ready item of another task in queue {params['queue']!r}"
+        )
+    return Enqueued(
+        row[0], params["queue"], params["task"], row[1], duplicate=False, created_at=row[2], absorbed=row[3]
+    )
 
 
 def enqueue_many(

@@ -75,8 +75,8 @@ def _lease_named(cur: Any, queues: list[str], n: int, params: dict[str, Any]) ->
 def _lease_flow_controlled(cur: Any, queues: Iterable[str], n: int, params: dict[str, Any], using: str) -> list[Lease]:
     """Lease from queues under flow control, each under its row lock so that concurrent workers keep its limits
     together: lock the queue row (which says the rate window's room), count what is in flight against a
-    concurrency limit, lease the room left (group keys in turn when the queue leases by group), and count the
-    leases against the rate window, all in one transaction."""
+    concurrency limit, lease the room left (group keys in turn when the queue leases by group; by aged priority
+    when it has an aging rate), and count the leases against the rate window, all in one transaction."""
     leases: list[Lease] = []
     for name in queues:
         if len(leases) >= n:
@@ -86,7 +86,7 @@ def _lease_flow_controlled(cur: Any, queues: Iterable[str], n: int, params: dict
             locked = cur.fetchone()
             if locked is None:  # paused, or no flow control any more, since we looked
                 continue
-            concurrency_limit, rate_limit, rate_room, window, grouped, group_limit, weights = locked
+            concurrency_limit, rate_limit, rate_room, window, grouped, group_limit, weights, aging_rate = locked
             room = n - len(leases)
             if rate_limit is not None:
                 room = min(room, rate_room)
@@ -108,6 +108,9 @@ def _lease_flow_controlled(cur: Any, queues: Iterable[str], n: int, params: dict
                         "weight_values": [float(w) for w in weights.values()],
                     },
                 )
+                got = [_lease(r) for r in cur.fetchall()]
+            elif aging_rate is not None:
+                cur.execute(sql.LEASE_AGED, {**params, "queue": name, "n": room, "aging_rate": aging_rate})
                 got = [_lease(r) for r in cur.fetchall()]
             else:
                 got = _lease_named(cur, [name], room, params)

@@ -42,9 +42,10 @@ ON CONFLICT (name) DO NOTHING
 
 # A queue that leases by group key: fair, or a group limit.
 _GROUPED = "(fair OR group_concurrency IS NOT NULL)"
-# A queue under flow control (a concurrency limit, a rate limit, a group limit or fair leasing) is leased one
-# queue at a time under its row lock (engine/lease.py), never by the many-queue statements.
-_FLOW_CONTROLLED = f"(concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL OR {_GROUPED})"
+# A queue under flow control (a concurrency limit, a rate limit, a group limit or fair leasing) or with priority
+# aging is leased one queue at a time under its row lock (engine/lease.py), never by the many-queue statements:
+# so a queue without them keeps the many-queue lease's plan and cost as they were.
+_FLOW_CONTROLLED = f"(concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL OR {_GROUPED} OR aging_rate IS NOT NULL)"
 
 # Serializes leasers of one flow-controlled queue and says what room it has. NO KEY UPDATE, not UPDATE: leasers
 # still exclude each other, but the FOR KEY SHARE lock an enqueue takes on its queue row (trigger
@@ -57,7 +58,7 @@ LOCK_FLOW_QUEUE = f"""
 SELECT q.concurrency_limit, q.rate_limit,
        q.rate_limit - CASE WHEN q.rate_window_start = w.start THEN q.rate_window_count
                            WHEN q.rate_window_start > w.start THEN q.rate_limit ELSE 0 END AS rate_room,
-       w.start, {_GROUPED}, q.group_concurrency, q.group_weights
+       w.start, {_GROUPED}, q.group_concurrency, q.group_weights, q.aging_rate
 FROM {QUEUE} q
 CROSS JOIN LATERAL (SELECT to_timestamp(floor(extract(epoch FROM now()) / q.rate_period) * q.rate_period)) w(start)
 WHERE q.name = %(queue)s AND NOT q.paused AND {_FLOW_CONTROLLED}
@@ -133,6 +134,35 @@ SELECT id, run_at, created_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
 """
 ENQUEUE_DEDUP = _ENQUEUE_DEDUP.format(**_UNTRACED)
 ENQUEUE_DEDUP_TRACED = _ENQUEUE_DEDUP.format(**_TRACED)
+
+# Debounce: the enqueues of one key collapse into its one ready item never leased yet (unique index
+# item_debounce_ready; an item once leased, running or retrying, keeps its reservation id and absorbs no more), which
+# runs once the key has been quiet for `debounce` seconds, or at `debounce_max` seconds after the first of them
+# (debounce_until), with the latest payload. Decided by the upsert itself: the first enqueue inserts; each later
+# one finds the ready item by the index, waits for its row lock if another enqueuer holds it (two enqueuers at
+# once: the second sees the first's row and updates it), replaces its payload, pushes its due time back (never
+# past debounce_until) and counts itself in `absorbed`. An item already leased is no longer ready: the next
+# enqueue of the key starts a new item (a lease that locked the row first is waited for, then not matched). An
+# item of another task holding the key is left alone and nothing is returned (the caller refuses the enqueue).
+# NOTIFY on the first enqueue only: the later ones only move a due time back.
+_DEBOUNCED_DUE = """LEAST(now() + make_interval(secs => %(debounce)s),
+           now() + make_interval(secs => %(debounce_max)s))"""
+ENQUEUE_DEBOUNCE = f"""
+WITH q AS ({ENSURE_QUEUE}), up AS (
+    INSERT INTO {ITEM} AS i {_ITEM_COLUMNS.format(**_UNTRACED)[:-1]}, debounce_key, debounce_until)
+    VALUES (DEFAULT, %(queue)s, %(task)s, %(payload)s::jsonb, 'ready', %(priority)s, {_DEBOUNCED_DUE},
+            {_DEBOUNCED_DUE}, 0, {_MAX_ATTEMPTS}, %(lease_timeout)s, NULL, %(ordering_key)s, {_GROUP_KEY}, '',
+            now(), now(), %(debounce_key)s, now() + make_interval(secs => %(debounce_max)s))
+    ON CONFLICT (queue_id, debounce_key) WHERE state = 'ready' AND debounce_key IS NOT NULL AND reservation_id IS NULL
+    DO UPDATE SET payload = EXCLUDED.payload, absorbed = i.absorbed + 1, updated_at = now(),
+        run_at = LEAST(now() + make_interval(secs => %(debounce)s), i.debounce_until),
+        visible_at = LEAST(now() + make_interval(secs => %(debounce)s), i.debounce_until)
+    WHERE i.task = EXCLUDED.task
+    RETURNING i.id, i.run_at, i.created_at, i.absorbed
+)
+SELECT id, run_at, created_at, absorbed, CASE WHEN absorbed = 0 THEN pg_notify(%(channel)s, %(queue)s)::text END
+FROM up
+"""
 
 # Runs as its own statement after ENQUEUE_DEDUP returned nothing, so its snapshot sees the winner's commit.
 DEDUP_OWNER = f"""
@@ -338,6 +368,68 @@ _FAIR_PICKED = f"""keys(group_key) AS (
       AND (i.state = 'ready' OR i.attempts < i.max_attempts)
     FOR UPDATE OF i SKIP LOCKED
 )"""
+
+# Priority aging (a queue's aging_rate, run under its row lock like the flow-controlled leases): an item due for
+# `age` seconds counts as priority + aging_rate * age, which orders the items as their due time less
+# priority / aging_rate does (the same for every item at any moment, so a key fixed per item: no item's place
+# changes while it waits). Candidates: the queue's priority levels, found by skipping through item_fetch (one
+# probe each, at most 201), and each level's first `n` due rows in its index order (due time, id), cut at a
+# bound: the top level's `n`-th aged key (`bound`; when it has `n` due rows, no row of any level with a larger
+# key can be among the best `n`), so a lower level is read only as far as its rows can compete (a level 5
+# points down at 1 point/s: rows due 5 s before that key). The best `n` candidates by the aged key are then locked
+# by primary key (SKIP LOCKED, the conditions checked again). Ordering keys hold as in every lease; concurrency
+# and rate limits hold through the row lock and the room it gives.
+_AGED_PICKED = f"""levels(priority) AS (
+    (SELECT i.priority FROM {ITEM} i
+     WHERE i.queue_id = %(queue)s AND i.state IN ('ready', 'reserved')
+     ORDER BY i.priority DESC LIMIT 1)
+    UNION ALL
+    SELECT (SELECT i.priority FROM {ITEM} i
+            WHERE i.queue_id = %(queue)s AND i.state IN ('ready', 'reserved') AND i.priority < l.priority
+            ORDER BY i.priority DESC LIMIT 1)
+    FROM levels l WHERE l.priority IS NOT NULL
+), top AS MATERIALIZED (
+    SELECT i.visible_at - make_interval(secs => i.priority / %(aging_rate)s::float8) AS aged
+    FROM {ITEM} i
+    WHERE i.queue_id = %(queue)s
+      AND i.priority = (SELECT max(l.priority) FROM levels l)
+      AND {_FAIR_DUE}
+    ORDER BY i.priority DESC, i.visible_at, i.id
+    LIMIT %(n)s
+), bound AS MATERIALIZED (
+    SELECT CASE WHEN count(*) >= %(n)s THEN max(aged) END AS aged FROM top
+), candidates AS (
+    SELECT c.* FROM levels l
+    CROSS JOIN bound b
+    CROSS JOIN LATERAL (
+        SELECT i.id, i.priority, i.visible_at
+        FROM {ITEM} i
+        WHERE i.queue_id = %(queue)s AND i.priority = l.priority
+          AND {_FAIR_DUE}
+          AND (b.aged IS NULL OR i.visible_at <= b.aged + make_interval(secs => l.priority / %(aging_rate)s::float8))
+        ORDER BY i.priority DESC, i.visible_at, i.id
+        LIMIT %(n)s
+    ) c
+    WHERE l.priority IS NOT NULL
+), chosen AS (
+    SELECT id FROM candidates
+    ORDER BY visible_at - make_interval(secs => priority / %(aging_rate)s::float8), id
+    LIMIT %(n)s
+), picked AS (
+    SELECT i.id, i.queue_id, i.task, i.state AS prev_state, i.reservation_id AS prev_reservation, i.attempts,
+           i.lease_timeout, i.priority, i.visible_at
+    FROM {ITEM} i
+    WHERE i.id = ANY(ARRAY(SELECT id FROM chosen))
+      AND (i.state || '') IN ('ready', 'reserved')  -- an expression: see _state_is
+      AND i.visible_at <= now()
+      AND (i.state = 'ready' OR i.attempts < i.max_attempts)
+    FOR UPDATE OF i SKIP LOCKED
+)"""
+
+LEASE_AGED = f"""
+WITH RECURSIVE {_lease_ctes("", picked=_AGED_PICKED)}
+SELECT {_LEASED_COLUMNS} FROM leased
+"""
 
 LEASE_FAIR = f"""
 WITH RECURSIVE {_lease_ctes("", picked=_FAIR_PICKED)}
@@ -587,7 +679,8 @@ DELETE FROM {ITEM} WHERE id IN (
 ITEM_FIELDS = (
     *("id", "queue_id", "task", "payload", "state", "priority", "run_at", "visible_at", "attempts", "max_attempts"),
     *("lease_timeout", "dedup_key", "ordering_key", "group_key", "reservation_id", "result", "error"),
-    *("workflow_step_id", "created_at", "updated_at", "finished_at", "trace_context"),
+    *("workflow_step_id", "created_at", "updated_at", "finished_at", "trace_context", "debounce_key", "debounce_until"),
+    *("absorbed",),
 )
 RESERVATION_FIELDS = (
     *("id", "item_id", "attempt", "worker_id", "reserved_at", "lease_expires_at", "heartbeat_at", "finished_at"),

@@ -58,6 +58,13 @@ class Queue(models.Model):
     # queue's row lock (sql.SPEND_RATE).
     rate_window_start = models.DateTimeField(null=True, blank=True, editable=False)
     rate_window_count = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    # Priority aging (docs/how-to/flow-control.md): a ready item's effective priority rises by this many points per
+    # second it has been due, so the lease orders by due time less priority / rate (sql.LEASE_AGED). Empty = off.
+    aging_rate = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Priority points per second a due item gains while it waits; empty = no aging.",
+    )
     lease_timeout = models.FloatField(default=60.0, help_text="Default visibility timeout in seconds.")
     max_attempts = models.PositiveIntegerField(default=5)
     retention = models.DurationField(
@@ -77,6 +84,9 @@ class Queue(models.Model):
             models.CheckConstraint(
                 condition=Q(group_concurrency__isnull=True) | Q(group_concurrency__gte=1),
                 name="queue_group_concurrency_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(aging_rate__isnull=True) | Q(aging_rate__gt=0), name="queue_aging_rate_positive"
             ),
         ]
 
@@ -144,6 +154,13 @@ class QueueItem(models.Model):
     # The workflow step this item carries (queue_app.workflows); NULL for every other item. The settle trigger's
     # WHEN tests it, so a plain item's settle never calls the trigger's function. Not indexed (steps name items).
     workflow_step_id = models.BigIntegerField(null=True, blank=True)
+    # Debounce (sql.ENQUEUE_DEBOUNCE): the key whose enqueues collapse into this item while it is ready, the latest
+    # due time they may push it to (the maximum wait; NULL: none), and how many enqueues it absorbed.
+    debounce_key = models.CharField(max_length=200, null=True, blank=True)
+    debounce_until = models.DateTimeField(null=True, blank=True)
+    absorbed = models.PositiveIntegerField(
+        db_default=0, help_text="Enqueues of its debounce key this item absorbed (their payloads replaced its own)."
+    )
     created_at = models.DateTimeField(db_default=TransactionNow())
     updated_at = models.DateTimeField(db_default=TransactionNow())
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -203,6 +220,15 @@ class QueueItem(models.Model):
         ]
         constraints = [
             models.CheckConstraint(condition=Q(priority__gte=-100, priority__lte=100), name="item_priority_range"),
+            # The one ready, never leased item of a debounce key per queue: the enqueue's upsert (ON CONFLICT) finds
+            # it by this index, and two enqueuers of a key at once meet on it. An item once leased keeps its
+            # reservation id (a retry or a release puts it back to ready, never into this index again).
+            models.UniqueConstraint(
+                "queue",
+                "debounce_key",
+                name="item_debounce_ready",
+                condition=Q(state="ready", debounce_key__isnull=False, reservation__isnull=True),
+            ),
             models.CheckConstraint(condition=Q(state__in=[s.value for s in ItemState]), name="item_state_valid"),
         ]
 

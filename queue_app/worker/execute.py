@@ -17,7 +17,7 @@ from ..engine import tracing
 from ..engine.errors import InvalidEnqueue, StaleReservation
 from ..engine.payload import encode_json
 from ..logcontext import attempt_context
-from ..registry import Context, Delivery, Task, get_task
+from ..registry import ChunkItem, Context, Delivery, ItemDead, ItemRetry, Task, get_task
 
 
 # Job and Outcome are named tuples, not frozen dataclasses: the worker makes one of each per item, and a frozen
@@ -147,6 +147,57 @@ def _run_transactional(task: Task, payload: Any, ctx: Context) -> Outcome:
     return Outcome(ctx.reservation_id, "settled", result)
 
 
+# A chunk's member as a Job carries it (Job.payload of a chunk: one of these per item, the first the Job's own).
+class Member(NamedTuple):
+    reservation_id: int
+    item_id: int
+    payload: Any
+    attempt: int
+    max_attempts: int
+
+
+def _member_outcome(member: Member, value: Any) -> Outcome:
+    """One item's outcome from what a chunk handler returned for it."""
+    if isinstance(value, ItemRetry):
+        return failed(member.reservation_id, str(value.error))
+    if isinstance(value, ItemDead):
+        return failed(member.reservation_id, str(value.error), retryable=False)
+    try:
+        _check_result(value)
+    except ResultNotJSON as exc:
+        return failed(member.reservation_id, f"{type(exc).__name__}: {exc}", retryable=False)
+    return Outcome(member.reservation_id, "ok", value)
+
+
+def _run_chunk(task: Task, job: Job) -> Outcome:
+    """A chunked task's handler over its items: status "chunk", `result` one Outcome per item, in order."""
+    members = [Member(*m) for m in job.payload]
+    items = [
+        ChunkItem(
+            task.decode(m.payload) if task.decode else m.payload,
+            Context(
+                m.item_id,
+                m.reservation_id,
+                m.attempt,
+                m.max_attempts,
+                job.task,
+                job.queue,
+                task.delivery,
+                job.worker_id,
+            ),
+        )
+        for m in members
+    ]
+    with attempt_context(items[0].ctx):
+        returned = task.func(items)
+    if returned is None:
+        returned = [None] * len(members)
+    if not isinstance(returned, list | tuple) or len(returned) != len(members):
+        count = len(returned) if isinstance(returned, list | tuple) else type(returned).__name__
+        raise TypeError(f"a chunk handler returns one outcome per item: {len(members)} items, got {count}")
+    return Outcome(job.reservation_id, "chunk", [_member_outcome(m, v) for m, v in zip(members, returned, strict=True)])
+
+
 def run_job(job: Job) -> Outcome:
     """run_job under the attempt's span when there is one (tracing on)."""
     if job.trace_parent is None:
@@ -163,6 +214,8 @@ def _run_job(job: Job) -> Outcome:
     task: Task | None = None
     try:
         task = get_task(job.task)
+        if task.chunk is not None:
+            return _run_chunk(task, job)
         payload = task.decode(job.payload) if task.decode else job.payload
         ctx = Context(  # positional (item_id, reservation_id, ...): one per item, keywords cost more
             job.item_id,

@@ -62,6 +62,12 @@ class Running(NamedTuple):
 
     lease: Lease
     task: Task
+    # A chunk (Task.chunk): every item of the handler call, `lease` (the pool's key) the first of them.
+    members: tuple[Lease, ...] = ()
+
+    @property
+    def leases(self) -> tuple[Lease, ...]:
+        return self.members or (self.lease,)
 
 
 @dataclass

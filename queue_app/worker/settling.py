@@ -53,7 +53,14 @@ class Settler:
     # -- outcomes -------------------------------------------------------------------------------------------
 
     def finish(self, running: Running, outcome: Outcome) -> None:
-        """What the pool reported for an item the supervisor has just taken out of its running ones."""
+        """What the pool reported for an item the supervisor has just taken out of its running ones. A chunk's
+        items are settled each on its own: by the outcome its handler returned for it, or all by the chunk's
+        failure when the handler raised."""
+        if running.members:
+            outcomes = outcome.result if outcome.status == "chunk" else [outcome] * len(running.members)
+            for lease, own in zip(running.members, outcomes, strict=True):
+                self.finish(Running(lease, running.task), own)
+            return
         lease, task = running.lease, running.task
         if outcome.status == "ok":
             self.done.append((lease, outcome.result))

@@ -99,6 +99,8 @@ class Supervisor:
         self.next_deadline = float("inf")  # no running item's hard timeout is earlier (may be early: then rechecked)
         self.leased: list[tuple[Lease, Task]] = []  # leased, not started yet
         self.trace_contexts: dict[int, str] = {}  # tracing on: the held items' stored contexts, by item id
+        # Chunked tasks (Task.chunk): when the oldest held item of each began waiting for its chunk to fill.
+        self.chunk_since: dict[str, float] = {}
         # The settle-and-lease statement runs on a thread of its own while the loop goes on (worker/leasing.py).
         self.lease_call = LeaseCall(self._wake)
         handed = replaced()  # from the process this one replaced (worker/replace.py), if any
@@ -315,10 +317,24 @@ class Supervisor:
         return self.pacing.held_most() - len(self.running) - len(self.leased)
 
     def _free(self) -> int:
-        free = self._room()
+        free, batch = self._room(), self.batch
+        if self.chunk_since and self.leased:
+            # A partial chunk waiting to fill may lease up to what it lacks, whatever the pacing holds.
+            lacking = self._chunk_lacking()
+            free, batch = max(free, lacking), max(batch, lacking)
         if self.options.max_items is not None:
             free = min(free, self.options.max_items - self.taken)
-        return max(0, min(free, self.batch))
+        return max(0, min(free, batch))
+
+    def _chunk_lacking(self) -> int:
+        """The most items a held chunked task lacks to fill its chunk."""
+        held: dict[str, int] = {}
+        sizes: dict[str, int] = {}
+        for _, task in self.leased:
+            if task.chunk is not None:
+                held[task.name] = held.get(task.name, 0) + 1
+                sizes[task.name] = task.chunk.size
+        return max((sizes[name] - held[name] % sizes[name]) % sizes[name] for name in held) if held else 0
 
     def _gathered(self, now: float) -> bool:
         """Time to settle and lease: nothing else runs, or half the room is free, or the first freed slot
@@ -364,6 +380,8 @@ class Supervisor:
             deadlines.append(self.shutdown.grace_deadline)
         if self.gather_since is not None and self.running and not leasing:
             deadlines.append(self.gather_since + GATHER)
+        if self.chunk_since and self.leased:
+            deadlines.append(self._chunk_due())
         if self.outage.down:
             deadlines.append(self.outage.retry_at)
         if not self.listener.connected and not self.shutdown.stopping:
@@ -441,7 +459,8 @@ class Supervisor:
             # run. It stays with its thread (one was idle when it was handed over, if maybe still connecting).
             started = frozenset(r for r, run in self.running.items() if run.task.delivery is Delivery.AT_MOST_ONCE)
             for reservation_id in self.pool.take_back(keep=started):  # queued in the pool, never started
-                self.settler.release(self.running.pop(reservation_id).lease)
+                for lease in self.running.pop(reservation_id).leases:
+                    self.settler.release(lease)
         if self.shutdown.release_held and self.leased:
             for lease, _ in self.leased:
                 self.settler.release(lease)
@@ -517,6 +536,8 @@ class Supervisor:
                     self._poison(lease, f"undecodable payload: {type(exc).__name__}: {exc}")
                     continue
             self.leased.append((lease, task))
+            if task.chunk is not None:
+                self.chunk_since.setdefault(task.name, now)
 
     def _poison(self, lease: Lease, reason: str) -> None:
         self.settler.poison(lease, reason)
@@ -540,20 +561,58 @@ class Supervisor:
         self.said_held_back = ready
         return ready
 
+    def _chunk_due(self) -> float:
+        """When the first partial chunk held has waited its task's chunk timeout."""
+        timeouts = {task.name: task.chunk.timeout for _, task in self.leased if task.chunk is not None}
+        due = (since + timeouts[name] for name, since in self.chunk_since.items() if name in timeouts)
+        return min(due, default=float("inf"))
+
+    def _units(self, now: float) -> list[list[tuple[Lease, Task]]]:
+        """The held items as the pool runs them, in the order held: one item each, or a chunked task's items in
+        chunks of its size. A partial chunk waits for more while its timeout runs and the worker may lease more
+        (not when it is full or stopping)."""
+        units: list[list[tuple[Lease, Task]]] = []
+        chunks: dict[str, list[tuple[Lease, Task]]] = {}
+        for held in self.leased:
+            task = held[1]
+            if task.chunk is None:
+                units.append([held])
+                continue
+            chunk = chunks.get(task.name)
+            if chunk is None or len(chunk) >= task.chunk.size:
+                chunk = chunks[task.name] = []
+                units.append(chunk)
+            chunk.append(held)
+        for name in [name for name in self.chunk_since if name not in chunks]:
+            del self.chunk_since[name]  # its held items left otherwise (lost leases, released at shutdown)
+        can_wait = not self.shutdown.stopping and self._free() > 0
+        for name, last in chunks.items():
+            task = last[0][1]
+            waited = now - self.chunk_since.get(name, now)
+            if len(last) < task.chunk.size and can_wait and waited < task.chunk.timeout:
+                units.remove(last)  # the newest, partial chunk of the task: not yet
+        return units
+
     def _start_leased(self) -> None:
-        """Start as many held items as there are idle slots: give an item whose task the lease statement did not
-        know (found by a resolver) its task's lease, record the at-most-once ones as started, then run them."""
-        starting: list[tuple[Lease, Task]] = []
+        """Start as many held items (or chunks of a chunked task's items: _units) as there are idle slots: give
+        an item whose task the lease statement did not know (found by a resolver) its task's lease, record the
+        at-most-once ones as started, then run them."""
+        now = time.monotonic()
+        units: list[list[tuple[Lease, Task]]] = []
         room, free_threads = self.pool.idle(), self.pool.idle_threads()
-        for lease, task in self.leased:
+        if not self.leased:
+            self.chunk_since.clear()
+        for unit in self._units(now) if self.leased else ():
+            task = unit[0][1]
             # An at-most-once item is recorded as started before it runs: hand it over only to a thread that
             # starts it at once, never to a queue where a shutdown could take it back and never run it.
-            if len(starting) >= room or (task.delivery is Delivery.AT_MOST_ONCE and free_threads <= 0):
+            if len(units) >= room or (task.delivery is Delivery.AT_MOST_ONCE and free_threads <= 0):
                 break
-            starting.append((lease, task))
+            units.append(unit)
             free_threads -= 1
-        if not starting:
+        if not units:
             return
+        starting = [held for unit in units for held in unit]
         renew = [
             LeaseTerms(lease, task.lease_timeout, task.min_lease)
             for lease, task in starting
@@ -562,25 +621,52 @@ class Supervisor:
         current = engine.renew_leases(renew, keep_longer=False, tolerance=0.5)
         at_most_once = [lease for lease, task in starting if task.delivery is Delivery.AT_MOST_ONCE]
         stale = {lease.reservation_id for lease in engine.start_at_most_once(at_most_once)}
-        self.leased = self.leased[len(starting) :]
-        now = time.monotonic()
+        started_ids = {lease.reservation_id for lease, _ in starting}
+        self.leased = [held for held in self.leased if held[0].reservation_id not in started_ids]
+        for name in {task.name for _, task in starting if task.chunk is not None}:
+            if any(task.name == name for _, task in self.leased):
+                self.chunk_since[name] = now  # the items left wait for the next chunk from now
+            else:
+                self.chunk_since.pop(name, None)
         timed: set[str] = set()  # tasks whose hard timeout and lease this batch has counted (once a task)
         running, submit, worker_id = self.running, self.pool.submit, self.worker_id
-        for lease, task in starting:
-            if lease.reservation_id in stale:
-                self.settler.stale(lease, "recording the at-most-once start found the reservation gone; not run")
+        for unit in units:
+            good: list[Lease] = []
+            for lease, _ in unit:
+                if lease.reservation_id in stale:
+                    self.settler.stale(lease, "recording the at-most-once start found the reservation gone; not run")
+                elif lease.task not in self.terms and lease.reservation_id not in current:
+                    self.settler.stale(lease, "the reservation was lost before the handler started; not run")
+                else:
+                    good.append(lease)
+            if not good:
                 continue
-            if lease.task not in self.terms and lease.reservation_id not in current:
-                self.settler.stale(lease, "the reservation was lost before the handler started; not run")
-                continue
+            lease, task = good[0], unit[0][1]
             parent = None
-            if tracing.enabled:  # the attempt's consumer span; the child runs the handler under it
+            if tracing.enabled:  # the attempt's consumer span (a chunk's: its first item's); the handler runs under it
                 parent = self._start_span(lease)
-            running[lease.reservation_id] = Running(lease, task)
             if lease.task not in timed:
                 timed.add(lease.task)
                 self.next_deadline = min(self.next_deadline, now + min(task.hard_timeout, DEADLINE_RECHECK))
                 self.heartbeat_every = min(self.heartbeat_every, (task.lease_timeout or task.min_lease) / 3)
+            if task.chunk is not None:
+                running[lease.reservation_id] = Running(lease, task, tuple(good))
+                members = [(m.reservation_id, m.item_id, m.payload, m.attempt, m.max_attempts) for m in good]
+                submit(
+                    Job(
+                        lease.reservation_id,
+                        lease.item_id,
+                        lease.queue,
+                        lease.task,
+                        members,
+                        lease.attempt,
+                        lease.max_attempts,
+                        worker_id,
+                        parent,
+                    )
+                )
+                continue
+            running[lease.reservation_id] = Running(lease, task)
             # Positional: a named tuple built from keywords costs twice as much (one per item).
             submit(
                 Job(
@@ -607,7 +693,7 @@ class Supervisor:
 
     def _heartbeat(self) -> None:
         held = list(self.running.values())
-        terms = [LeaseTerms(r.lease, r.task.lease_timeout, r.task.min_lease) for r in held]
+        terms = [LeaseTerms(lease, r.task.lease_timeout, r.task.min_lease) for r in held for lease in r.leases]
         terms += [LeaseTerms(lease, task.lease_timeout, task.min_lease) for lease, task in self.leased]
         current = engine.renew_leases(terms, keep_longer=True)
         lost = [(lease, task) for lease, task in self.leased if lease.reservation_id not in current]
@@ -618,6 +704,8 @@ class Supervisor:
             # A transactional handler that looks stale has committed already (its settle is in its
             # transaction) or will find out itself under its row lock: never kill it for that.
             if running.lease.reservation_id in current or running.task.delivery is Delivery.TRANSACTIONAL:
+                continue
+            if running.members:  # a chunk runs on for its other items; the lost ones' settles change nothing
                 continue
             self.pool.stop(running.lease.reservation_id)
             del self.running[running.lease.reservation_id]
@@ -660,24 +748,28 @@ class Supervisor:
             self.pool.stop(reservation_id)
             del self.running[reservation_id]
             self._slot_freed()
-            lease, task = running.lease, running.task
-            if self.pool.kind == "thread" and task.delivery is Delivery.TRANSACTIONAL:
-                # An abandoned thread keeps its transaction and the item's row lock: a settle from here would
-                # wait on that lock. Its transaction settles the item, or rolls back (at the latest when the
-                # process is replaced); then the lease expires.
-                self.settler.abandoned(lease, timed_out=now >= deadline)
-            elif now >= deadline:
-                how = "its child process was killed" if self.pool.kind == "process" else "its thread was abandoned"
-                error = f"hard timeout: the handler ran longer than {task.hard_timeout:g}s and was stopped ({how})"
-                logger.warning(
-                    "timed out %s",
-                    fields(item=lease.item_id, task=lease.task, attempt=lease.attempt),
-                    extra=attempt_ids(lease),
-                )
-                self.settler.failed(lease, task, error, "", retryable=True, timed_out=True)
-            elif task.delivery is Delivery.AT_MOST_ONCE:
-                self.settler.failed(lease, task, "the worker shut down before the handler finished", "", False)
-            else:
-                self.settler.release(lease)
+            for lease in running.leases:
+                self._stopped(lease, running.task, now, deadline)
             if self.pool.kind == "thread" and now >= deadline:
                 self._replace_when_settled()  # the abandoned thread runs on: only a new process ends it
+
+    def _stopped(self, lease: Lease, task: Task, now: float, deadline: float) -> None:
+        """Settle an item whose handler was stopped: past its hard timeout, or at the end of the grace period."""
+        if self.pool.kind == "thread" and task.delivery is Delivery.TRANSACTIONAL:
+            # An abandoned thread keeps its transaction and the item's row lock: a settle from here would
+            # wait on that lock. Its transaction settles the item, or rolls back (at the latest when the
+            # process is replaced); then the lease expires.
+            self.settler.abandoned(lease, timed_out=now >= deadline)
+        elif now >= deadline:
+            how = "its child process was killed" if self.pool.kind == "process" else "its thread was abandoned"
+            error = f"hard timeout: the handler ran longer than {task.hard_timeout:g}s and was stopped ({how})"
+            logger.warning(
+                "timed out %s",
+                fields(item=lease.item_id, task=lease.task, attempt=lease.attempt),
+                extra=attempt_ids(lease),
+            )
+            self.settler.failed(lease, task, error, "", retryable=True, timed_out=True)
+        elif task.delivery is Delivery.AT_MOST_ONCE:
+            self.settler.failed(lease, task, "the worker shut down before the handler finished", "", False)
+        else:
+            self.settler.release(lease)

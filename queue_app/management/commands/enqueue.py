@@ -5,6 +5,7 @@
     python manage.py enqueue queue_app.sleep --payload '{"seconds": 2}' --delay 10 --dedup-key nap
     python manage.py enqueue queue_app.echo --payload-file big.json                 # or - for standard input
     python manage.py enqueue queue_app.noop --count 1000 --group-key customer-42    # fair queues: keys in turn
+    python manage.py enqueue search.reindex --payload '{"doc": 7}' --debounce-key doc-7 --debounce 5
     python manage.py enqueue billing.charge --allow-unknown-task   # for workers that run other code than this one
 
 A registered task brings its own queue, attempts and dedup window. A name no task is registered under here is
@@ -65,6 +66,21 @@ class Command(BaseCommand):
         parser.add_argument("--priority", type=int, default=0, help="-100..100, higher first")
         parser.add_argument("--delay", type=float, default=None, help="seconds before the item is due")
         parser.add_argument("--dedup-key", default=None, help="enqueue at most once per key within the window")
+        parser.add_argument(
+            "--debounce-key",
+            default=None,
+            help="collapse the enqueues of this key into one item, run once the key is quiet (with --debounce)",
+        )
+        parser.add_argument(
+            "--debounce", type=float, default=None, metavar="SECONDS", help="how long the key must be quiet"
+        )
+        parser.add_argument(
+            "--debounce-max",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="run at the latest this long after the key's first enqueue, however busy it stays",
+        )
         parser.add_argument("--ordering-key", default=None, help="items of one key run one at a time, in order")
         parser.add_argument(
             "--group-key",
@@ -89,6 +105,9 @@ class Command(BaseCommand):
         priority,
         delay,
         dedup_key,
+        debounce_key,
+        debounce,
+        debounce_max,
         ordering_key,
         group_key,
         allow_unknown_task,
@@ -110,6 +129,13 @@ class Command(BaseCommand):
             raise CommandError(f"--count must be at least 1, not {count}")
         if count > 1 and dedup_key is not None:
             raise CommandError("--dedup-key enqueues one item; it cannot be combined with --count")
+        debounced = {
+            name: value
+            for name, value in (("debounce_key", debounce_key), ("debounce", debounce), ("debounce_max", debounce_max))
+            if value is not None
+        }
+        if count > 1 and debounced:
+            raise CommandError("--debounce-key enqueues one item; it cannot be combined with --count")
         registered = find_task(task)
         # A malformed name is left to the engine, which refuses it with its own reason.
         if registered is None and not allow_unknown_task and engine.is_task_name(task):
@@ -127,11 +153,16 @@ class Command(BaseCommand):
                 ids = many([data] * count, **options)
             else:
                 one = registered.enqueue if registered else partial(engine.enqueue, task)
-                item = one(data, dedup_key=dedup_key, **options)
+                item = one(data, dedup_key=dedup_key, **debounced, **options)
         except engine.InvalidEnqueue as exc:
             raise CommandError(str(exc)) from None
         if count > 1:
             self.stdout.write(f"enqueued {len(ids)} items of {task} (ids {ids[0]}..{ids[-1]})")
+        elif item.absorbed:
+            self.stdout.write(
+                f"debounced: item {item.id} of {task} took this payload ({item.absorbed} enqueues of key "
+                f"{debounce_key!r} absorbed), due {item.run_at.isoformat()}"
+            )
         elif item.duplicate:
             self.stdout.write(f"duplicate: item {item.id} of {task} already holds dedup key {dedup_key!r}")
         else:

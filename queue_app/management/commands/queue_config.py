@@ -7,6 +7,8 @@ as the admin's queue form (services.configure_queue -> set_queue_options).
     python manage.py queue_config partner-api --rate-limit none         # lift the limit
     python manage.py queue_config tenants --fair --group-weight big-customer=3 --group-weight trial=0.5
     python manage.py queue_config tenants --group-weight trial=none --no-fair   # weight 1 again; keys not in turn
+    python manage.py queue_config reports --aging 0.5        # a due item gains half a priority point a second
+    python manage.py queue_config reports --aging none       # no aging
 
 Without options it shows the queue (creating it with the defaults if it does not exist). `--group-weight KEY=W`
 (repeatable) sets one key's turns per round and keeps the other keys' weights; `KEY=none` drops it (weight 1).
@@ -74,6 +76,7 @@ def queue_config(queue: Queue) -> dict:
         "group_weights": queue.group_weights or {},
         "lease_timeout": queue.lease_timeout,
         "max_attempts": queue.max_attempts,
+        "aging_rate": queue.aging_rate,
     }
 
 
@@ -105,12 +108,30 @@ class Command(BaseCommand):
             metavar="KEY=W",
             help="turns per round for one group key (repeatable; others keep theirs, unnamed keys 1; W none drops)",
         )
+        parser.add_argument(
+            "--aging",
+            metavar="RATE",
+            help="priority aging: points per second a due item's priority rises while it waits, or N/PERIOD "
+            "(e.g. 10/1m); none: off",
+        )
         parser.add_argument("--json", action="store_true", help="print the queue's settings as JSON")
 
     def handle(
-        self, *args, queue, concurrency, rate_limit, group_concurrency, fair, group_weights, json: bool, **options
+        self,
+        *args,
+        queue,
+        concurrency,
+        rate_limit,
+        group_concurrency,
+        fair,
+        group_weights,
+        aging,
+        json: bool,
+        **options,
     ):
         changes: dict = {}
+        if aging is not None:
+            changes["aging_rate"] = _aging(aging)
         if concurrency is not None:
             changes["concurrency_limit"] = _limit("--concurrency", concurrency)
         if rate_limit is not None:
@@ -136,6 +157,23 @@ class Command(BaseCommand):
         self.stdout.write(f"{'created' if created else 'queue'} {queue}: " + ", ".join(_summary(settings)))
 
 
+def _aging(value: str) -> float | None:
+    """Priority points per second from `--aging`: a number (per second), N/PERIOD (10/1m), or none/off."""
+    text = value.strip().lower()
+    if text in NO_LIMIT:
+        return None
+    try:
+        if "/" in text:
+            points, _, period = text.partition("/")
+            _, seconds = parse_rate(f"1/{period}")
+            return float(points) / seconds
+        return float(text)
+    except ValueError:
+        raise CommandError(
+            f"--aging must be priority points per second (0.5), or N/PERIOD (10/1m), or none; not {value!r}"
+        ) from None
+
+
 def _flags(message: str) -> str:
     """A service's message in the command's own words (its flags, not the model's option names)."""
     for option, flag in (
@@ -144,6 +182,7 @@ def _flags(message: str) -> str:
         ("rate_limit", "--rate-limit N"),
         ("rate_period", "--rate-limit PERIOD (in seconds)"),
         ("group_weights", "--group-weight"),
+        ("aging_rate", "--aging"),
     ):
         message = message.replace(option, flag)
     return message
@@ -156,6 +195,7 @@ def _summary(settings: dict) -> list[str]:
         f"group concurrency {settings['group_concurrency'] or 'unlimited'}",
         f"fair {'yes' if settings['fair'] else 'no'}",
         *([f"group weights {_shown_weights(settings['group_weights'])}"] if settings["group_weights"] else []),
+        *([f"aging {settings['aging_rate']:g}/s"] if settings["aging_rate"] else []),
         *(["paused"] if settings["paused"] else []),
     ]
 

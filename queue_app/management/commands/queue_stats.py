@@ -1,9 +1,9 @@
-"""`manage.py queue_stats [--json] [--groups]`: per queue, items by state ("ready" = due now, "scheduled" = ready
-but due later: delay or backoff; the admin's vocabulary, monitoring.SHOWN_STATES), the age of the oldest due
-ready item, and open dead letters. Exact counts (one grouped scan of the item table): meant for operators and
-scripts, not for a dashboard refreshed every second on a huge table. With --groups, each queue also gets `groups`:
-group key -> counts by state (keyed items only); and each queue says what flow control it has and what holds it
-back now (flow.held_back).
+"""`manage.py queue_stats [--json] [--groups]`: per queue, items by state ("ready" = due now, "scheduled" = ready but
+due later: delay or backoff; the admin's vocabulary, monitoring.SHOWN_STATES), the age of the oldest due ready item,
+open dead letters, and `absorbed`: the debounced enqueues collapsed into an item of their key. Exact counts (one
+grouped scan of the item table): meant for operators and scripts, not for a dashboard refreshed every second on a
+huge table. With --groups, each queue also gets `groups`: group key -> counts by state (keyed items only); and each
+queue says what flow control it has and what holds it back now (flow.held_back).
 
 The autoscaling fields (`in_flight`, `workers_alive`, `throughput_per_worker`, `suggested_workers`) are /metrics'
 figures (monitoring.snapshot over its window, queue_app/autoscaling.py), so a script and a scraper see the same
@@ -12,7 +12,7 @@ suggestion."""
 import json
 
 from django.core.management.base import BaseCommand
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Min, Q, Sum
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -26,10 +26,13 @@ STATES = [state.value for state in ItemState]
 def queue_stats(groups: bool = False) -> list[dict]:
     now = timezone.now()
     counts: dict[str, dict[str, int]] = {}
+    absorbed: dict[str, int] = {}  # debounced enqueues collapsed into another item of their key, in the same scan
     for model in (QueueItem, ItemHistory):  # finished items the archiver moved count with the hot ones
-        for row in model.objects.order_by().values("queue_id", "state").annotate(n=Count("id")):
+        rows = model.objects.order_by().values("queue_id", "state").annotate(n=Count("id"), absorbed=Sum("absorbed"))
+        for row in rows:
             by_state = counts.setdefault(row["queue_id"], {})
             by_state[row["state"]] = by_state.get(row["state"], 0) + row["n"]
+            absorbed[row["queue_id"]] = absorbed.get(row["queue_id"], 0) + (row["absorbed"] or 0)
     due = dict(
         QueueItem.objects.order_by()
         .filter(state=ItemState.READY, visible_at__lte=Now())
@@ -68,6 +71,8 @@ def queue_stats(groups: bool = False) -> list[dict]:
                 "scheduled": scheduled.get(queue.name, 0),  # ready, not due yet (delay or backoff)
                 "oldest_ready_age": None if oldest is None else round((now - oldest).total_seconds(), 3),
                 "dead_letters": letters.get(queue.name, 0),
+                "absorbed": absorbed.get(queue.name, 0),  # debounced enqueues that updated a ready item of their key
+                "aging_rate": queue.aging_rate,
                 "rate_limit": format_rate(queue.rate_limit, queue.rate_period),
                 "group_concurrency": queue.group_concurrency,
                 "held_back": holding[queue.name].reasons if queue.name in holding else [],
