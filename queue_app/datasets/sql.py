@@ -3,15 +3,16 @@ read of every dataset's newest materializations, and the sync of declarations to
 
 # One statement, so it is atomic without a savepoint of its own: the dataset's row made sure of (ON CONFLICT DO
 # NOTHING takes no lock on an existing row: concurrent records of one dataset never wait on each other) and the
-# materialization inserted. Parameters: name, config, declared_in, then the materialization's columns.
+# materialization inserted. Parameters: name, config, declared_in, then the materialization's columns
+# (the checks state last: checks_run.initial_state).
 RECORD = """
 WITH dataset AS (
     INSERT INTO queue_app_dataset (name, config, declared_in, synced_at) VALUES (%s, %s::jsonb, %s, now())
     ON CONFLICT (name) DO NOTHING
 )
 INSERT INTO queue_app_materialization (dataset, partition, at, rows, bytes, files, schema_fingerprint, metadata,
-    source, spark_run_id, workflow_step_id, item_id)
-VALUES (%s, %s, now(), %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s)
+    source, spark_run_id, workflow_step_id, item_id, checks)
+VALUES (%s, %s, now(), %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s)
 RETURNING id, at
 """
 
@@ -48,4 +49,30 @@ INSERT INTO queue_app_staleepisode (dataset, overdue_since, detected_at)
 SELECT dataset, overdue_since, now() FROM unnest(%s::text[], %s::timestamptz[]) AS e(dataset, overdue_since)
 ON CONFLICT (dataset, overdue_since) DO NOTHING
 RETURNING dataset
+"""
+
+
+# The checks' pending results of a materialization just recorded, one row per check, in one statement.
+CHECKS_PENDING = """
+INSERT INTO queue_app_datasetcheckresult (materialization_id, dataset, partition, check_name, severity, blocking,
+    figures, message)
+SELECT %s, %s, %s, c.name, c.severity, c.blocking, '{}'::jsonb, ''
+FROM unnest(%s::text[], %s::text[], %s::boolean[]) AS c(name, severity, blocking)
+"""
+
+# What holds a consumer back: of the (dataset, partition) pairs it reads (partition NULL: every partition), the
+# latest materialization of each partition whose checks are pending or failed. The latest per partition comes
+# from the materialization_partition index (dataset, partition, at DESC); a NULL partition reads the dataset's
+# every partition (DISTINCT ON, one pass over that dataset's rows of the index).
+UNUSABLE = """
+SELECT q.dataset, l.partition, l.id, l.checks
+FROM unnest(%s::text[], %s::text[]) AS q(dataset, partition)
+CROSS JOIN LATERAL (
+    SELECT DISTINCT ON (m.partition) m.partition, m.id, m.checks
+    FROM queue_app_materialization m
+    WHERE m.dataset = q.dataset AND (q.partition IS NULL OR m.partition = q.partition)
+    ORDER BY m.partition, m.at DESC, m.id DESC
+) l
+WHERE l.checks IN ('pending', 'failed')
+ORDER BY q.dataset, l.partition
 """

@@ -3,9 +3,11 @@ JSON shapes `dataset list --json` and `dataset show --json` print (issue 38). Ev
 queue_app_materialization (materialization_latest, materialization_partition), one statement for any number
 of datasets.
 
-Checks are "none" until checks exist; the shapes already carry them so the CLI contract does not change when
-they arrive. Producers and consumers are the jobs' declarations, which the caller passes in (the jobs build on
-datasets, not the other way round).
+`checks` is a materialization's checks state (datasets/checks_run.py: none, pending, passed, warned, failed,
+overridden) with its results; a dataset's, in the list, is its newest materialization's as the list's contract
+has it: passed, warned (an override too: usable, but a check failed), failed, or none (no checks, not yet run,
+or never materialized). Producers and consumers are the jobs' declarations, which the caller passes in (the jobs
+build on datasets, not the other way round).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from django.db import connection
 
 from .declarations import Dataset
 from .freshness import freshness_state, overdue_since, staleness_seconds
-from .models import Materialization
+from .models import CheckState, DatasetCheckResult, Materialization
 from .sql import NEWEST
 
 
@@ -44,16 +46,50 @@ def newest(names: list[str]) -> dict[str, list[Newest]]:
         }
 
 
+LIST_CHECKS = {CheckState.PASSED: "passed", CheckState.WARNED: "warned", CheckState.OVERRIDDEN: "warned"}
+LIST_CHECKS |= {CheckState.FAILED: "failed"}
+
+
+def newest_checks(names: list[str]) -> dict[str, str]:
+    """{dataset: the list's checks value} of each dataset's newest materialization (materialization_latest)."""
+    rows = (
+        Materialization.objects.filter(dataset__in=names)
+        .order_by("dataset", "-at", "-id")
+        .distinct("dataset")
+        .values_list("dataset", "checks")
+    )
+    return {name: LIST_CHECKS.get(state, "none") for name, state in rows}
+
+
+def check_results(materialization_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """Each materialization's check results, by check name."""
+    found: dict[int, list[dict[str, Any]]] = {m: [] for m in materialization_ids}
+    for r in DatasetCheckResult.objects.filter(materialization_id__in=materialization_ids).order_by("check_name"):
+        found[r.materialization_id].append(
+            {
+                "check": r.check_name,
+                "severity": r.severity,
+                "blocking": r.blocking,
+                "passed": r.passed,
+                "figures": r.figures,
+                "message": r.message,
+                "at": _iso(r.at),
+            }
+        )
+    return found
+
+
 def summaries(datasets: list[Dataset], now: dt.datetime) -> list[dict[str, Any]]:
     """`dataset list --json`: one entry per dataset, in the order given."""
     latest = newest([ds.name for ds in datasets])
+    checked = newest_checks([ds.name for ds in datasets])
     return [
         {
             "name": ds.name,
             "partitioning": ds.partitioning.describe(),
             "last_materialized": _iso(max((m.at for m in latest[ds.name]), default=None)),
             "freshness": freshness_state(ds, latest[ds.name], now),
-            "checks": "none",
+            "checks": checked.get(ds.name, "none"),
         }
         for ds in datasets
     ]
@@ -102,6 +138,7 @@ def detail(
     if partition is not None:
         rows = rows.filter(partition=partition)
     history = list(rows.order_by("-at", "-id")[:limit])
+    results = check_results([m.id for m in history])
     return {
         "name": ds.name,
         "location": ds.location.text,
@@ -118,7 +155,8 @@ def detail(
                 "files": m.files,
                 "run_id": m.spark_run_id,
                 "step_id": m.workflow_step_id,
-                "checks": "none",
+                "checks": m.checks,
+                "check_results": results[m.id],
             }
             for m in history
         ],

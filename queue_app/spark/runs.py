@@ -41,7 +41,7 @@ from ..conf import queue_settings
 from ..logcontext import log_context
 from ..registry import Context, Retry, job
 from . import eventlog
-from .datasets import output_figures, record_outputs, run_partitions
+from .datasets import check_consumed, consumed_unusable, output_figures, record_outputs, run_partitions
 from .java import JavaNotFound, check_java
 from .launcher import LaunchResult, launch
 from .models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
@@ -64,6 +64,10 @@ WRITE_EVERY = 1.0  # seconds between writes of progress and log lines to the run
 CANCEL_POLL = 0.5  # seconds between reads of the row's state while the child runs
 LOG_TAIL_LINES = 200
 LOG_TAIL_CHARS = 20_000
+# A run whose input's blocking checks still run is handed back to the queue (its attempt not spent) every
+# HOLD_DELAY seconds, for at most HOLD_LIMIT seconds after it was queued; then it fails as blocked.
+HOLD_DELAY = 2.0
+HOLD_LIMIT = 600.0
 
 
 class RunNotRetried(Exception):
@@ -109,13 +113,15 @@ def trigger_run(
     """Validate `params` for the job, then create its SparkRun and enqueue the run's item in one transaction.
 
     Raises UnknownSparkJob or SparkParamError (every bad field at once; a partition that does not fit a
-    dataset the job produces) before anything is written.
+    dataset the job produces; DatasetBlocked: a partition it consumes failed its blocking checks, or they
+    still run) before anything is written.
     """
     spark_job = get_job(job)
     values = spark_job.validate(params or {})
     if spark_job.prepare is not None:
         values = spark_job.validate(spark_job.dump_params(spark_job.prepare(values)))
     run_partitions(spark_job, spark_job.dump_params(values))
+    check_consumed(spark_job, spark_job.dump_params(values))
     policy = policy_for(spark_job)
     seconds = check_timeout(job, timeout if timeout not in (None, "") else policy.timeout)
     trigger = SparkTrigger(trigger).value
@@ -363,6 +369,33 @@ def _claim(run_id: int, ctx: Context) -> SparkRun | None:
         return run
 
 
+def _blocked(run_id: int, ctx: Context) -> dict[str, Any] | None:
+    """None when a queued run may start. A run reading a partition whose blocking checks still run is held: its
+    item is handed back (the attempt not spent) for HOLD_DELAY seconds, at most HOLD_LIMIT after it was queued.
+    One reading a partition that failed its blocking checks (or held too long) fails, not retried, saying why
+    (RunNotStartable): a workflow step running it fails with that reason."""
+    run = SparkRun.objects.filter(id=run_id, state=SparkRunState.QUEUED).first()
+    if run is None:
+        return None
+    try:
+        found = consumed_unusable(get_job(run.job), run.params)
+    except UnknownSparkJob:
+        return None  # the claim and the launcher say so
+    if not found:
+        return None
+    reasons = "; ".join(u.reason() for u in found)
+    waited = (timezone.now() - run.queued_at).total_seconds() if run.queued_at else 0.0
+    if all(u.checks == "pending" for u in found) and waited < HOLD_LIMIT:
+        engine.release(ctx, delay=HOLD_DELAY)
+        logger.info("spark run %s held: %s", run.id, reasons)
+        return {"run_id": run.id, "state": "held", "reason": reasons}
+    error = f"blocked: {reasons}"
+    SparkRun.objects.filter(id=run.id, state=SparkRunState.QUEUED).update(
+        state=SparkRunState.FAILED, error=error[:LOG_TAIL_CHARS], finished_at=timezone.now()
+    )
+    raise RunNotStartable(error)
+
+
 def retried(result: LaunchResult, policy: SparkPolicy, ctx: Context) -> bool:
     """Whether this attempt's end is retried: its policy retries such an end, attempts remain, and the run got
     as far as starting (a run that could not start would fail the same way again)."""
@@ -473,6 +506,9 @@ def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
     """Run one SparkRun (payload {"run_id": id}) as its own spark-submit child."""
     run_id = int(payload["run_id"])
     with log_context(spark_run_id=run_id):  # the launcher's log lines name the run (queue_app/logcontext.py)
+        held = _blocked(run_id, ctx)  # an input not usable: held while its checks run, else failed
+        if held is not None:
+            return held
         run = _claim(run_id, ctx)
         if run is None:
             return {"run_id": run_id, "state": "skipped"}

@@ -3,29 +3,38 @@
     python manage.py dataset list [--json]
     python manage.py dataset show NAME [--partition P] [--json]
     python manage.py dataset observe NAME [--partition P] [--json]
+    python manage.py dataset override NAME [--partition P] --comment TEXT [--user NAME] [--json]
 
 `list --json` prints [{"name", "partitioning", "last_materialized", "freshness", "checks"}]; `show --json` prints
 {"name", "location", "partitioning", "producers", "consumers", "freshness", "materializations": [{"partition",
 "at", "rows", "bytes", "files", "run_id", "step_id", "checks"}]} newest first; `observe --json` prints the
-recorded materialization. An unknown dataset, a partition that does not fit its partitioning or nothing to
+recorded materialization. `override` makes the partition's latest materialization, whose blocking checks
+failed, usable (datasets/checks_run.override_failed_checks), as the Django user `--user NAME` or else the one
+named as the OS login, who must hold queue_app.override_dataset_check; `--json` prints {"dataset", "partition",
+"id", "checks"}. A user without the permission, no such user, or nothing failed to override: exit status 1 and
+nothing written. An unknown dataset, a partition that does not fit its partitioning or nothing to
 observe is an error message and exit status 1, and nothing is written.
 """
 
+import getpass
 import importlib
 import json
 
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from queue_app.datasets import DatasetError, declared_datasets, get_dataset
 from queue_app.datasets import services as datasets
+from queue_app.datasets.checks_run import latest, override_failed_checks
 from queue_app.datasets.status import detail, summaries
 from queue_app.datasets.sync import sync_datasets
 from queue_app.spark.datasets import users
 
 
 class Command(BaseCommand):
-    help = "Datasets: list, show, observe."
+    help = "Datasets: list, show, observe, override."
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -48,6 +57,12 @@ class Command(BaseCommand):
         observe.add_argument("name")
         observe.add_argument("--partition", metavar="P", help="the partition (required for a partitioned dataset)")
         observe.add_argument("--json", action="store_true")
+        override = sub.add_parser("override", help="make a partition whose blocking checks failed usable (logged)")
+        override.add_argument("name")
+        override.add_argument("--partition", metavar="P", help="the partition (required for a partitioned dataset)")
+        override.add_argument("--comment", required=True, help="why: kept in the admin's log with the override")
+        override.add_argument("--user", help="the Django user overriding (default: the one named as the OS login)")
+        override.add_argument("--json", action="store_true")
 
     def handle(self, *args, action, imports, **options):
         for module in imports:
@@ -57,7 +72,7 @@ class Command(BaseCommand):
                 raise CommandError(f"--import {module}: {exc}") from None
         try:
             getattr(self, f"do_{action}")(**options)
-        except DatasetError as exc:
+        except (DatasetError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
 
     def do_list(self, *, json: bool, **_):
@@ -120,6 +135,22 @@ class Command(BaseCommand):
                 if recorded.files is not None
                 else f"observed {recorded.dataset}"
             )
+
+    def do_override(self, *, name, partition, comment, user, json: bool, **_):
+        ds = get_dataset(name)
+        key = ds.partition_key(partition)
+        username = user or getpass.getuser()
+        model = get_user_model()
+        by = model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()
+        if by is None:
+            how = "--user" if user else f"the OS login name {username!r} (pass --user NAME)"
+            raise CommandError(f"no Django user {username!r} (from {how}); nothing was written")
+        done = override_failed_checks(by, latest(ds.name, key), comment)
+        fields = {"dataset": done.dataset, "partition": done.partition, "id": done.id, "checks": done.checks}
+        if json:
+            self.stdout.write(_dumps(fields))
+        else:
+            self.stdout.write(f"{done.dataset}[{done.partition or '-'}] materialization {done.id}: checks overridden")
 
 
 def _partitioning(described) -> str:
