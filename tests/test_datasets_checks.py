@@ -297,3 +297,35 @@ def wait_for(condition, proc, timeout=60.0):
     while not condition():
         assert proc.poll() is None and time.monotonic() < deadline, proc.log.read_text()[-3000:]
         time.sleep(0.1)
+
+
+@pytest.mark.django_db
+def test_the_admin_lists_results_and_overrides_only_with_the_permission(root, client):
+    datasets_checked.declare()
+    m = record_materialization(datasets_checked.DATASET, "2026-11-26", rows=50)
+    record_check_result(m.id, "enough_rows", passed=True)
+    record_check_result(m.id, "no_bad_marker", passed=False, message="a BAD marker")
+    failed = DatasetCheckResult.objects.get(check_name="no_bad_marker")
+    url = "/admin/queue_app/datasetcheckresult/"
+    viewer = user("viewer", may_override=False)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_datasetcheckresult"))
+    client.force_login(viewer)
+    page = client.get(url)
+    assert page.status_code == 200
+    assert b"failed: a BAD marker" in page.content and b"override_checks" not in page.content
+    client.post(url, {"action": "override_checks", "_selected_action": [failed.pk], "post": "yes", "comment": "x"})
+    assert Materialization.objects.get(id=m.id).checks == "failed" and not LogEntry.objects.exists()
+
+    ana = user("ana", may_override=True)
+    ana.user_permissions.add(Permission.objects.get(codename="view_datasetcheckresult"))
+    client.force_login(ana)
+    confirm = client.post(url, {"action": "override_checks", "_selected_action": [failed.pk]})
+    assert confirm.status_code == 200 and b"dsc_daily[2026-11-26]" in confirm.content
+    assert Materialization.objects.get(id=m.id).checks == "failed"  # the confirmation page changes nothing
+    done = client.post(
+        url, {"action": "override_checks", "_selected_action": [failed.pk], "post": "yes", "comment": "known issue"}
+    )
+    assert done.status_code == 302
+    assert Materialization.objects.get(id=m.id).checks == "overridden"
+    assert LogEntry.objects.get().change_message.endswith("known issue")
+    assert b"overridden" in client.get(url).content
