@@ -6,6 +6,8 @@ the blocking of a Spark run that consumes a partition whose blocking checks fail
 The proof with a real worker running the check items and a real Spark run of the consumer is the last test (one
 JVM run)."""
 
+import io
+import json
 import time
 from pathlib import Path
 
@@ -34,7 +36,7 @@ from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import DatasetCheckResult, Materialization
 from queue_app.datasets.quality import _checks, check, schema_check
 from queue_app.datasets.services import record_materialization
-from queue_app.datasets.status import detail, summaries
+from queue_app.datasets.status import check_results, detail, summaries
 from queue_app.models import QueueItem, SparkRun
 from queue_app.spark.datasets import DatasetBlocked
 from queue_app.spark.registry import _jobs
@@ -157,7 +159,7 @@ def test_a_pandera_schema_on_a_real_dataframe_fails_with_its_figures_and_blocks_
     assert unusable([("dsc_sales", "2026-11-26")]) == []  # the new materialization releases the partition
     shown = detail(get_dataset("dsc_sales"), timezone.now())
     assert [m["checks"] for m in shown["materializations"]] == ["passed", "failed"]
-    assert shown["materializations"][1]["check_results"][0]["figures"]["null_count"] == {"amount": 1}
+    assert check_results([bad.id])[bad.id][0]["figures"]["null_count"] == {"amount": 1}
     assert summaries([get_dataset("dsc_sales")], timezone.now())[0]["checks"] == "passed"
 
 
@@ -229,6 +231,14 @@ def test_an_override_needs_the_permission_and_a_comment_and_is_logged(root, usab
     assert entry.user == ana and entry.object_id == str(m.id) and "known bad row" in entry.change_message
     with pytest.raises(CommandError, match="not failed"):
         call_command("dataset", "override", "dsc_daily", "--partition", "2026-11-26", "--comment", "x", "--user", "ana")
+    out = io.StringIO()
+    call_command("dataset", "show", "dsc_daily", stdout=out)
+    assert "checks overridden" in out.getvalue() and "no_bad_marker (error): FAILED a BAD marker" in out.getvalue()
+    out = io.StringIO()
+    call_command("dataset", "list", "--json", stdout=out)
+    assert {"name": "dsc_daily", "checks": "warned"}.items() <= next(
+        d for d in json.loads(out.getvalue()) if d["name"] == "dsc_daily"
+    ).items()
 
 
 @pytest.mark.django_db

@@ -4,10 +4,12 @@ queue_app_materialization (materialization_latest, materialization_partition), o
 of datasets.
 
 `checks` is a materialization's checks state (datasets/checks_run.py: none, pending, passed, warned, failed,
-overridden) with its results; a dataset's, in the list, is its newest materialization's as the list's contract
-has it: passed, warned (an override too: usable, but a check failed), failed, or none (no checks, not yet run,
-or never materialized). Producers and consumers are the jobs' declarations, which the caller passes in (the jobs
-build on datasets, not the other way round).
+overridden; check_results() gives each check's result, for the text output); a dataset's, in the list, is its
+newest materialization's as the list's contract has it: passed, warned (an override too: usable, but a check
+failed), failed, or none (no checks, not yet run, or never materialized).
+
+Producers and consumers are the jobs' declarations, which the caller passes in (the jobs build on datasets, not
+the other way round).
 """
 
 from __future__ import annotations
@@ -123,6 +125,14 @@ def staleness(datasets: list[Dataset], now: dt.datetime) -> list[Staleness]:
     ]
 
 
+def history(ds: Dataset, *, partition: str | None = None, limit: int = 100) -> list[Materialization]:
+    """The dataset's newest `limit` materializations (of one canonical `partition` when given)."""
+    rows = Materialization.objects.filter(dataset=ds.name)
+    if partition is not None:
+        rows = rows.filter(partition=partition)
+    return list(rows.order_by("-at", "-id")[:limit])
+
+
 def detail(
     ds: Dataset,
     now: dt.datetime,
@@ -134,11 +144,7 @@ def detail(
 ) -> dict[str, Any]:
     """The dataset and its newest `limit` materializations (of one canonical `partition` when given), with the
     jobs that produce and consume it (their declarations, given by the caller: spark/datasets.users())."""
-    rows = Materialization.objects.filter(dataset=ds.name)
-    if partition is not None:
-        rows = rows.filter(partition=partition)
-    history = list(rows.order_by("-at", "-id")[:limit])
-    results = check_results([m.id for m in history])
+    newest_first = history(ds, partition=partition, limit=limit)
     return {
         "name": ds.name,
         "location": ds.location.text,
@@ -156,8 +162,7 @@ def detail(
                 "run_id": m.spark_run_id,
                 "step_id": m.workflow_step_id,
                 "checks": m.checks,
-                "check_results": results[m.id],
             }
-            for m in history
+            for m in newest_first
         ],
     }

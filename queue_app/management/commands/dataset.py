@@ -28,7 +28,7 @@ from django.utils import timezone
 from queue_app.datasets import DatasetError, declared_datasets, get_dataset
 from queue_app.datasets import services as datasets
 from queue_app.datasets.checks_run import latest, override_failed_checks
-from queue_app.datasets.status import detail, summaries
+from queue_app.datasets.status import check_results, detail, history, summaries
 from queue_app.datasets.sync import sync_datasets
 from queue_app.spark.datasets import users
 
@@ -112,9 +112,15 @@ class Command(BaseCommand):
         for what in ("producers", "consumers"):
             if shown[what]:
                 self.stdout.write(f"  {what}: {', '.join(shown[what])}")
-        for m in shown["materializations"]:
+        rows = history(ds, partition=key, limit=limit)  # the text also shows each check's result
+        results = check_results([m.id for m in rows])
+        for m, row in zip(shown["materializations"], rows, strict=False):
             figures = ", ".join(f"{k} {m[k]}" for k in ("rows", "bytes", "files") if m[k] is not None)
-            self.stdout.write(f"  [{m['partition'] or '-'}] {m['at']}  {figures}")
+            self.stdout.write(f"  [{m['partition'] or '-'}] {m['at']}  {figures}  checks {m['checks']}")
+            for r in results[row.id]:
+                verdict = "pending" if r["passed"] is None else ("passed" if r["passed"] else "FAILED")
+                said = " ".join(str(x) for x in (r["message"], r["figures"] or "") if x)
+                self.stdout.write(f"      {r['check']} ({r['severity']}): {verdict} {said}".rstrip())
 
     def do_observe(self, *, name, partition, json: bool, **_):
         recorded = datasets.observe(name, partition)
