@@ -33,16 +33,20 @@ from queue_app.datasets.checks_run import (
 )
 from queue_app.datasets.declarations import _code
 from queue_app.datasets.locations import ROOTS_ENV
-from queue_app.datasets.models import DatasetCheckResult, Materialization
+from queue_app.datasets.models import DatasetBlock, DatasetCheckResult, Materialization
 from queue_app.datasets.quality import _checks, check, schema_check
 from queue_app.datasets.services import record_materialization
 from queue_app.datasets.status import check_results, detail, summaries
 from queue_app.models import QueueItem, SparkRun
+from queue_app.registry import Context, Delivery
+from queue_app.reservations import reserve
 from queue_app.spark.datasets import DatasetBlocked
 from queue_app.spark.registry import _jobs
-from queue_app.spark.runs import RunNotStartable, _blocked, trigger_run
+from queue_app.spark.runs import QUEUE, _blocked, trigger_run
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
 from queue_app.spark.scripts import register_script
+from queue_app.workflows import Graph
+from queue_app.workflows import services as workflows
 from tests import datasets_checked
 from tests.datasets_checked import CONSUMER
 from tests.spark_fixtures import require_spark
@@ -241,23 +245,51 @@ def test_an_override_needs_the_permission_and_a_comment_and_is_logged(root, usab
     ).items()
 
 
-@pytest.mark.django_db
-def test_a_queued_consumer_meeting_a_failed_check_fails_as_blocked(root, monkeypatch):
+def spark_ctx(run_id):
+    """A real reservation of the Spark run's item, as a worker's lease gives it (not settled here)."""
+    held = reserve(QUEUE, timeout=5, lease=60)
+    assert held is not None and held.payload == {"run_id": run_id}
+    return Context(
+        item_id=held.item_id,
+        reservation_id=held.reservation_id,
+        attempt=held.attempt,
+        max_attempts=held.max_attempts,
+        task="queue_app.spark_run",
+        queue=QUEUE,
+        delivery=Delivery.AT_LEAST_ONCE,
+        worker_id="test",
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workflow_step_meeting_a_failed_check_is_parked_blocked_and_released_by_the_override(root, monkeypatch):
     monkeypatch.setenv(SCRIPT_ROOTS_ENV, str(SCRIPTS))
     datasets_checked.declare()
     register_script("dsc_reader", path=str(SCRIPTS / "pi.py"), params=[DAY], consumes={"dsc_daily": "day"})
-    with transaction.atomic():
-        run = SparkRun.objects.create(job="dsc_reader", params={"day": "2026-11-26"}, trigger="orm")
+    graph = Graph("dsc_flow")
+    graph.spark("dsc_reader", {"day": "2026-11-26"}, name="read")
+    flow = workflows.start_graph(graph)  # queued before the bad day is recorded
     m = record_materialization(datasets_checked.DATASET, "2026-11-26", rows=50)
     record_check_result(m.id, "enough_rows", passed=True)
     record_check_result(m.id, "no_bad_marker", passed=False)
     with pytest.raises(DatasetBlocked, match=r"dsc_daily\[2026-11-26\].*failed a blocking check"):
         trigger_run("dsc_reader", {"day": "2026-11-26"}, trigger="orm")
-    trigger_run("dsc_reader", {"day": "2026-11-25"}, trigger="orm")  # another day is not held back
-    with pytest.raises(RunNotStartable, match="blocked: dataset dsc_daily"):
-        _blocked(run.id, ctx=None)
-    run.refresh_from_db()
-    assert run.state == "failed" and run.error.startswith("blocked: ") and run.finished_at is not None
+    [step] = workflows.status(flow.id)["steps"]
+    ctx = spark_ctx(step["spark_run_id"])
+    parked = _blocked(step["spark_run_id"], ctx)
+    assert parked["state"] == "blocked" and "failed a blocking check" in parked["reason"]
+    item = QueueItem.objects.get(id=ctx.item_id)
+    assert item.state == "ready" and item.attempts == 0 and item.visible_at > timezone.now()  # parked, not spent
+    [step] = workflows.status(flow.id)["steps"]
+    assert step["state"] == "blocked" and step["blocked_by"].startswith("dataset dsc_daily[2026-11-26]")
+    assert SparkRun.objects.get(id=step["spark_run_id"]).state == "queued"
+
+    override_failed_checks(user("ana", may_override=True), m, "known")
+    item.refresh_from_db()
+    assert item.visible_at <= timezone.now() and not DatasetBlock.objects.exists()  # due now, in that transaction
+    assert workflows.status(flow.id)["steps"][0]["state"] == "queued"
+    assert _blocked(step["spark_run_id"], spark_ctx(step["spark_run_id"])) is None  # it may start now
+    assert unusable([("dsc_daily", "2026-11-26"), ("dsc_daily", "2026-11-25")]) == []
 
 
 @pytest.mark.slow
@@ -267,8 +299,8 @@ def test_a_failed_blocking_check_run_by_a_worker_holds_its_consumer_until_an_ove
     root, tmp_path, monkeypatch, worker
 ):
     """A real worker runs the check items and the Spark runs. A run queued before the bad day was recorded does
-    not start: held while the checks run, then failed as blocked; a trigger is refused; after an override
-    (logged) the consumer runs (one JVM run)."""
+    not start: parked (blocked) while the checks run and after one failed; a trigger is refused; the override
+    (logged) releases the parked run, which then runs (one JVM run)."""
     require_spark()
     monkeypatch.setenv(SCRIPT_ROOTS_ENV, str(SCRIPTS))
     monkeypatch.setenv("JOBSITE_SPARK_EVENT_LOG_DIR", str(tmp_path / "events"))
@@ -285,20 +317,19 @@ def test_a_failed_blocking_check_run_by_a_worker_holds_its_consumer_until_an_ove
     assert bad.checks == "pending" and check_items(bad.id).count() == 2
 
     proc = worker("w1", "--import", "tests.datasets_checked_worker", "--queues", "default,spark", "--concurrency", "2")
-    wait_for(lambda: SparkRun.objects.get(id=queued.id).state == "failed", proc)
-    assert Materialization.objects.get(id=bad.id).checks == "failed"
+    wait_for(lambda: Materialization.objects.get(id=bad.id).checks == "failed", proc)
     results = dict(DatasetCheckResult.objects.filter(materialization_id=bad.id).values_list("check_name", "passed"))
     assert results == {"no_bad_marker": False, "enough_rows": False}  # the warn check failed too
+    wait_for(lambda: DatasetBlock.objects.filter(item_id=queued.item_id, materialization_id=bad.id).exists(), proc)
     run = SparkRun.objects.get(id=queued.id)
-    assert run.error.startswith("blocked: dataset dsc_daily[2026-11-26]") and run.started_at is None  # never ran
+    assert run.state == "queued" and run.started_at is None  # parked, never started
     with pytest.raises(DatasetBlocked):
         trigger_run(CONSUMER, {"day": "2026-11-26"}, trigger="orm")
 
     override_failed_checks(user("ana", may_override=True), bad, "the BAD marker is a test fixture")
     assert LogEntry.objects.get().change_message.endswith("the BAD marker is a test fixture")
-    released = trigger_run(CONSUMER, {"day": "2026-11-26"}, trigger="orm")
-    wait_for(lambda: SparkRun.objects.get(id=released.id).state in ("succeeded", "failed"), proc, timeout=180)
-    run = SparkRun.objects.get(id=released.id)
+    wait_for(lambda: SparkRun.objects.get(id=queued.id).state in ("succeeded", "failed"), proc, timeout=180)
+    run = SparkRun.objects.get(id=queued.id)
     assert run.state == "succeeded", (run.error, run.log_tail[-2000:])
 
 

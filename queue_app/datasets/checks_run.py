@@ -10,7 +10,12 @@
 - override_failed_checks(): someone with the `queue_app.override_dataset_check` permission makes a `failed`
   materialization usable (`overridden`), logged as an admin LogEntry with their comment.
 - unusable(): what holds a consumer back: the latest materializations of the partitions it reads whose checks
-  are pending or failed (a new materialization that passes, or an override, releases it).
+  are pending or failed.
+- park() and, when a materialization becomes usable, release: a consumer's queue item that met an unusable
+  partition is handed back to the queue and parked (a DatasetBlock row per partition); the transaction that
+  makes a materialization of that partition usable (recorded without blocking checks, its last blocking check
+  passed, or overridden) deletes the rows and makes the items due at once (services.retry_now). No polling: a
+  park that raced with the release is re-checked after PARK_RECHECK seconds, its safety net.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ from django.core.exceptions import PermissionDenied
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
+from queue_app import services as queue_services
 from queue_app.registry import Context, Retry, job
 
 from . import quality, triggers
 from .declarations import Dataset, DatasetError, get_dataset
-from .models import USABLE_CHECK_STATES, CheckState, DatasetCheckResult, Materialization
+from .models import USABLE_CHECK_STATES, CheckState, DatasetBlock, DatasetCheckResult, Materialization
 from .sql import CHECKS_PENDING, UNUSABLE
 
 logger = logging.getLogger("jobsite.datasets")
@@ -38,6 +44,7 @@ logger = logging.getLogger("jobsite.datasets")
 TASK = "queue_app.dataset_check"
 PERMISSION = "queue_app.override_dataset_check"
 MAX_FIGURES_BYTES = 16_384
+PARK_RECHECK = 600.0  # seconds a parked item waits before it checks again, should its release have been missed
 
 
 def initial_state(checks: list[quality.DataCheck]) -> str:
@@ -62,7 +69,53 @@ def start(materialization: Materialization, checks: list[quality.DataCheck]) -> 
             )
         dataset_check.enqueue_many([{"materialization_id": materialization.id, "check": c.name} for c in checks])
     if materialization.checks in USABLE_CHECK_STATES:
-        triggers.materialization_usable(materialization)
+        became_usable(materialization)
+
+
+def became_usable(materialization: Materialization) -> None:
+    """In the transaction that makes `materialization` usable: release the items parked on its partition, and
+    announce it to the data-aware triggers."""
+    blocks = DatasetBlock.objects.filter(dataset=materialization.dataset, partition=materialization.partition)
+    items = list(blocks.values_list("item_id", flat=True).distinct())
+    if items:
+        blocks.delete()
+        queue_services.retry_now(items)
+        logger.info(
+            "dataset %s[%s] usable: released parked items %s", materialization.dataset, materialization.partition, items
+        )
+    triggers.materialization_usable(materialization)
+
+
+def park(item_id: int, found: list[Unusable], *, spark_run_id: int | None = None) -> None:
+    """Record that queue item `item_id` waits for the partitions `found` (call it in the transaction that hands
+    the item back to the queue, engine.release with PARK_RECHECK)."""
+    DatasetBlock.objects.filter(item_id=item_id).delete()
+    DatasetBlock.objects.bulk_create(
+        [
+            DatasetBlock(
+                item_id=item_id,
+                spark_run_id=spark_run_id,
+                dataset=u.dataset,
+                partition=u.partition,
+                materialization_id=u.materialization_id,
+                reason=u.reason(),
+            )
+            for u in found
+        ]
+    )
+
+
+def unpark(item_id: int) -> None:
+    """The item runs: forget what parked it before."""
+    DatasetBlock.objects.filter(item_id=item_id).delete()
+
+
+def blocked_items(item_ids: Iterable[int]) -> dict[int, str]:
+    """{item id: why it is parked} of the given items that are parked."""
+    found: dict[int, list[str]] = {}
+    for item_id, reason in DatasetBlock.objects.filter(item_id__in=list(item_ids)).values_list("item_id", "reason"):
+        found.setdefault(item_id, []).append(reason)
+    return {item_id: "; ".join(reasons) for item_id, reasons in found.items()}
 
 
 def settled_state(results: Iterable[tuple[bool, bool]]) -> str:
@@ -109,7 +162,7 @@ def record_check_result(
         m.checks = settled_state(results)
         m.save(update_fields=["checks"])
         if not was_usable and m.checks in USABLE_CHECK_STATES:
-            triggers.materialization_usable(m)
+            became_usable(m)
     logger.info("dataset %s[%s] materialization %s: checks %s", m.dataset, m.partition, m.id, m.checks)
     return m.checks
 
@@ -183,7 +236,7 @@ def override_failed_checks(user: Any, materialization: Materialization | int, co
             action_flag=CHANGE,
             change_message=f"Overrode the failed checks of {m.dataset}[{m.partition}]: {comment[:1000]}",
         )
-        triggers.materialization_usable(m)
+        became_usable(m)
     logger.warning(
         "dataset %s[%s] materialization %s: failed checks overridden by %s", m.dataset, m.partition, m.id, user
     )

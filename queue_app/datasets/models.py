@@ -120,6 +120,29 @@ class DatasetCheckResult(models.Model):
         return f"{self.dataset}[{self.partition}] {self.check_name}: {state}"
 
 
+class DatasetBlock(models.Model):
+    """A queue item (a Spark run's, a workflow's Spark step's) parked because a partition it reads is not usable:
+    its latest materialization's blocking checks failed or still run. Written with the item's release (the
+    attempt not spent) by the run's handler; deleted, and the item made due, by the transaction that makes a
+    materialization of the partition usable (datasets/checks_run.py)."""
+
+    id = models.BigAutoField(primary_key=True)
+    item_id = models.BigIntegerField()
+    spark_run_id = models.BigIntegerField(null=True, blank=True)
+    dataset = models.CharField(max_length=200)
+    partition = models.CharField(max_length=200, blank=True, default="")
+    materialization_id = models.BigIntegerField()
+    reason = models.TextField()
+    since = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["item_id", "dataset", "partition"], name="dataset_block_once")]
+        indexes = [models.Index("dataset", "partition", name="dataset_block_partition")]
+
+    def __str__(self) -> str:
+        return f"item {self.item_id} blocked by {self.dataset}[{self.partition}]"
+
+
 class StaleEpisode(models.Model):
     """One staleness episode of a dataset: it went past its freshness policy at `overdue_since` (freshness.py's
     overdue_since, the same instant for as long as the episode lasts). Written once, by the check that publishes

@@ -1,6 +1,8 @@
-"""Dataset checks (issue 38): a materialization's checks state, and one result row per (materialization,
-check) with the permission to override failed blocking checks (datasets/checks_run.py)."""
+"""Dataset checks (issue 38): a materialization's checks state, one result row per (materialization, check)
+with the permission to override failed blocking checks, and the queue items parked until a partition they read
+is usable (datasets/checks_run.py)."""
 
+import django.db.models.functions.datetime
 from django.db import migrations, models
 
 
@@ -26,6 +28,25 @@ class Migration(migrations.Migration):
                 default="none",
                 max_length=10,
             ),
+        ),
+        migrations.CreateModel(
+            name="DatasetBlock",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("item_id", models.BigIntegerField()),
+                ("spark_run_id", models.BigIntegerField(blank=True, null=True)),
+                ("dataset", models.CharField(max_length=200)),
+                ("partition", models.CharField(blank=True, default="", max_length=200)),
+                ("materialization_id", models.BigIntegerField()),
+                ("reason", models.TextField()),
+                ("since", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+            ],
+            options={
+                "indexes": [models.Index(models.F("dataset"), models.F("partition"), name="dataset_block_partition")],
+                "constraints": [
+                    models.UniqueConstraint(fields=("item_id", "dataset", "partition"), name="dataset_block_once")
+                ],
+            },
         ),
         migrations.CreateModel(
             name="DatasetCheckResult",

@@ -38,6 +38,7 @@ from django.utils import timezone
 
 from .. import engine, services
 from ..conf import queue_settings
+from ..datasets import checks_run
 from ..logcontext import log_context
 from ..registry import Context, Retry, job
 from . import eventlog
@@ -64,10 +65,6 @@ WRITE_EVERY = 1.0  # seconds between writes of progress and log lines to the run
 CANCEL_POLL = 0.5  # seconds between reads of the row's state while the child runs
 LOG_TAIL_LINES = 200
 LOG_TAIL_CHARS = 20_000
-# A run whose input's blocking checks still run is handed back to the queue (its attempt not spent) every
-# HOLD_DELAY seconds, for at most HOLD_LIMIT seconds after it was queued; then it fails as blocked.
-HOLD_DELAY = 2.0
-HOLD_LIMIT = 600.0
 
 
 class RunNotRetried(Exception):
@@ -370,10 +367,10 @@ def _claim(run_id: int, ctx: Context) -> SparkRun | None:
 
 
 def _blocked(run_id: int, ctx: Context) -> dict[str, Any] | None:
-    """None when a queued run may start. A run reading a partition whose blocking checks still run is held: its
-    item is handed back (the attempt not spent) for HOLD_DELAY seconds, at most HOLD_LIMIT after it was queued.
-    One reading a partition that failed its blocking checks (or held too long) fails, not retried, saying why
-    (RunNotStartable): a workflow step running it fails with that reason."""
+    """None when a queued run may start. A run reading a partition whose latest materialization's blocking checks
+    failed or still run is parked: its item handed back to the queue (the attempt not spent) with a DatasetBlock
+    row per partition, in one transaction; the transaction that makes the partition usable (its checks pass, a
+    new materialization, an override) makes the item due again (datasets/checks_run.py)."""
     run = SparkRun.objects.filter(id=run_id, state=SparkRunState.QUEUED).first()
     if run is None:
         return None
@@ -382,18 +379,14 @@ def _blocked(run_id: int, ctx: Context) -> dict[str, Any] | None:
     except UnknownSparkJob:
         return None  # the claim and the launcher say so
     if not found:
+        checks_run.unpark(ctx.item_id)
         return None
     reasons = "; ".join(u.reason() for u in found)
-    waited = (timezone.now() - run.queued_at).total_seconds() if run.queued_at else 0.0
-    if all(u.checks == "pending" for u in found) and waited < HOLD_LIMIT:
-        engine.release(ctx, delay=HOLD_DELAY)
-        logger.info("spark run %s held: %s", run.id, reasons)
-        return {"run_id": run.id, "state": "held", "reason": reasons}
-    error = f"blocked: {reasons}"
-    SparkRun.objects.filter(id=run.id, state=SparkRunState.QUEUED).update(
-        state=SparkRunState.FAILED, error=error[:LOG_TAIL_CHARS], finished_at=timezone.now()
-    )
-    raise RunNotStartable(error)
+    with transaction.atomic():
+        checks_run.park(ctx.item_id, found, spark_run_id=run.id)
+        engine.release(ctx, delay=checks_run.PARK_RECHECK)
+    logger.info("spark run %s blocked: %s", run.id, reasons)
+    return {"run_id": run.id, "state": "blocked", "reason": reasons}
 
 
 def retried(result: LaunchResult, policy: SparkPolicy, ctx: Context) -> bool:
@@ -506,9 +499,9 @@ def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
     """Run one SparkRun (payload {"run_id": id}) as its own spark-submit child."""
     run_id = int(payload["run_id"])
     with log_context(spark_run_id=run_id):  # the launcher's log lines name the run (queue_app/logcontext.py)
-        held = _blocked(run_id, ctx)  # an input not usable: held while its checks run, else failed
-        if held is not None:
-            return held
+        parked = _blocked(run_id, ctx)  # an input not usable: parked until it is
+        if parked is not None:
+            return parked
         run = _claim(run_id, ctx)
         if run is None:
             return {"run_id": run_id, "state": "skipped"}
