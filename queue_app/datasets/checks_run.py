@@ -37,7 +37,7 @@ from queue_app.registry import Context, Retry, job
 from . import quality, triggers
 from .declarations import Dataset, DatasetError, get_dataset
 from .models import USABLE_CHECK_STATES, CheckState, DatasetBlock, DatasetCheckResult, Materialization
-from .sql import CHECKS_PENDING, UNUSABLE
+from .sql import CHECKS_PENDING, RELEASE_BLOCKS, UNUSABLE
 
 logger = logging.getLogger("jobsite.datasets")
 
@@ -52,8 +52,9 @@ def initial_state(checks: list[quality.DataCheck]) -> str:
     return CheckState.PENDING if any(c.blocking for c in checks) else CheckState.NONE
 
 
-def start(materialization: Materialization, checks: list[quality.DataCheck]) -> None:
-    """In the recording transaction: the pending results, the check items, and the usable announcement."""
+def start(materialization: Materialization, checks: list[quality.DataCheck], released: list[int]) -> None:
+    """In the recording transaction: the pending results, the check items; for a usable materialization, the
+    parked consumers its record released (sql.RECORD deleted their rows) made due, and the announcement."""
     if checks:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -69,21 +70,26 @@ def start(materialization: Materialization, checks: list[quality.DataCheck]) -> 
             )
         dataset_check.enqueue_many([{"materialization_id": materialization.id, "check": c.name} for c in checks])
     if materialization.checks in USABLE_CHECK_STATES:
-        became_usable(materialization)
+        _release(materialization, released)
+        triggers.materialization_usable(materialization)
 
 
 def became_usable(materialization: Materialization) -> None:
-    """In the transaction that makes `materialization` usable: release the items parked on its partition, and
-    announce it to the data-aware triggers."""
-    blocks = DatasetBlock.objects.filter(dataset=materialization.dataset, partition=materialization.partition)
-    items = list(blocks.values_list("item_id", flat=True).distinct())
+    """In the transaction that makes a recorded `materialization` usable (its last blocking check passed, or
+    an override): release the items parked on its partition, and announce it to the data-aware triggers."""
+    with connection.cursor() as cursor:
+        cursor.execute(RELEASE_BLOCKS, [materialization.dataset, materialization.partition])
+        items = sorted({row[0] for row in cursor.fetchall()})
+    _release(materialization, items)
+    triggers.materialization_usable(materialization)
+
+
+def _release(materialization: Materialization, items: list[int]) -> None:
     if items:
-        blocks.delete()
         queue_services.retry_now(items)
         logger.info(
             "dataset %s[%s] usable: released parked items %s", materialization.dataset, materialization.partition, items
         )
-    triggers.materialization_usable(materialization)
 
 
 def park(item_id: int, found: list[Unusable], *, spark_run_id: int | None = None) -> None:

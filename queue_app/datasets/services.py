@@ -28,7 +28,7 @@ from django.db import connection, transaction
 from . import checks_run
 from .declarations import Dataset, DatasetError, get_dataset
 from .locations import LocationError, dataset_roots, within_roots
-from .models import Materialization, MaterializationSource
+from .models import USABLE_CHECK_STATES, Materialization, MaterializationSource
 from .quality import checks_for
 from .sql import RECORD
 
@@ -122,12 +122,16 @@ def record_materialization(
     # A dataset with checks writes three statements: in a transaction of their own when the caller has none.
     with transaction.atomic() if checks else contextlib.nullcontext():
         with connection.cursor() as cursor:
-            cursor.execute(RECORD, [ds.name, json.dumps(ds.config()), ds.declared_in, *columns])
-            row_id, at = cursor.fetchone()
+            usable = values["checks"] in USABLE_CHECK_STATES
+            cursor.execute(
+                RECORD,
+                [ds.name, json.dumps(ds.config()), ds.declared_in, usable, ds.name, values["partition"], *columns],
+            )
+            row_id, at, released = cursor.fetchone()
         written = {"id": row_id, "at": at, **values}
         names = [f.attname for f in Materialization._meta.concrete_fields]  # from_db takes them in the model's order
         recorded = Materialization.from_db(connection.alias, names, [written[n] for n in names])
-        checks_run.start(recorded, checks)  # its checks' items, and the usable announcement, in this transaction
+        checks_run.start(recorded, checks, released)  # its checks' items, or the usable announcement
     return recorded
 
 

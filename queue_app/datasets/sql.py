@@ -2,18 +2,28 @@
 read of every dataset's newest materializations, and the sync of declarations to rows."""
 
 # One statement, so it is atomic without a savepoint of its own: the dataset's row made sure of (ON CONFLICT DO
-# NOTHING takes no lock on an existing row: concurrent records of one dataset never wait on each other) and the
-# materialization inserted. Parameters: name, config, declared_in, then the materialization's columns
-# (the checks state last: checks_run.initial_state).
+# NOTHING takes no lock on an existing row: concurrent records of one dataset never wait on each other), the
+# materialization inserted, and, when it is usable at once (no blocking checks), the consumers parked on its
+# partition released (their DatasetBlock rows deleted and returned: the caller makes their items due), in the
+# same round trip. Parameters: name, config, declared_in, usable, the partition again, then the
+# materialization's columns (the checks state last: checks_run.initial_state).
 RECORD = """
 WITH dataset AS (
     INSERT INTO queue_app_dataset (name, config, declared_in, synced_at) VALUES (%s, %s::jsonb, %s, now())
     ON CONFLICT (name) DO NOTHING
+), released AS (
+    DELETE FROM queue_app_datasetblock b WHERE %s AND b.dataset = %s AND b.partition = %s RETURNING b.item_id
 )
 INSERT INTO queue_app_materialization (dataset, partition, at, rows, bytes, files, schema_fingerprint, metadata,
     source, spark_run_id, workflow_step_id, item_id, checks)
 VALUES (%s, %s, now(), %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s)
-RETURNING id, at
+RETURNING id, at, ARRAY(SELECT DISTINCT item_id FROM released)
+"""
+
+# The consumers parked on a partition, released when a materialization of it becomes usable after its record
+# (its last blocking check passed, or an override): their rows deleted, their item ids returned.
+RELEASE_BLOCKS = """
+DELETE FROM queue_app_datasetblock WHERE dataset = %s AND partition = %s RETURNING item_id
 """
 
 # Per dataset, the newest materialization by time and the one of the newest partition: two index probes per
