@@ -375,16 +375,22 @@ def _blocked(run_id: int, ctx: Context) -> dict[str, Any] | None:
     if run is None:
         return None
     try:
-        found = consumed_unusable(get_job(run.job), run.params)
+        spark_job = get_job(run.job)
     except UnknownSparkJob:
         return None  # the claim and the launcher say so
+    found = consumed_unusable(spark_job, run.params)
+    if found:
+        with transaction.atomic():
+            checks_run.park(ctx.item_id, found, spark_run_id=run.id)
+            # Read again with the rows written: a release that committed meanwhile is seen now (one committing
+            # later misses these rows: the item checks again after PARK_RECHECK).
+            found = consumed_unusable(spark_job, run.params)
+            if found:
+                engine.release(ctx, delay=checks_run.PARK_RECHECK)
     if not found:
         checks_run.unpark(ctx.item_id)
         return None
     reasons = "; ".join(u.reason() for u in found)
-    with transaction.atomic():
-        checks_run.park(ctx.item_id, found, spark_run_id=run.id)
-        engine.release(ctx, delay=checks_run.PARK_RECHECK)
     logger.info("spark run %s blocked: %s", run.id, reasons)
     return {"run_id": run.id, "state": "blocked", "reason": reasons}
 
