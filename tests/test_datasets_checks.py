@@ -47,6 +47,8 @@ from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
 from queue_app.spark.scripts import register_script
 from queue_app.workflows import Graph
 from queue_app.workflows import services as workflows
+from queue_app.workflows.graph import step_states
+from queue_app.workflows.models import Workflow
 from tests import datasets_checked
 from tests.datasets_checked import CONSUMER
 from tests.spark_fixtures import require_spark
@@ -262,7 +264,9 @@ def spark_ctx(run_id):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_workflow_step_meeting_a_failed_check_is_parked_blocked_and_released_by_the_override(root, monkeypatch):
+def test_a_workflow_step_meeting_a_failed_check_is_parked_blocked_and_released_by_the_override(
+    root, monkeypatch, admin_client
+):
     monkeypatch.setenv(SCRIPT_ROOTS_ENV, str(SCRIPTS))
     datasets_checked.declare()
     register_script("dsc_reader", path=str(SCRIPTS / "pi.py"), params=[DAY], consumes={"dsc_daily": "day"})
@@ -283,6 +287,8 @@ def test_a_workflow_step_meeting_a_failed_check_is_parked_blocked_and_released_b
     [step] = workflows.status(flow.id)["steps"]
     assert step["state"] == "blocked" and step["blocked_by"].startswith("dataset dsc_daily[2026-11-26]")
     assert SparkRun.objects.get(id=step["spark_run_id"]).state == "queued"
+    assert [state for _, state in step_states(Workflow.objects.get(id=flow.id))] == ["blocked"]
+    assert b"state-blocked" in admin_client.get(f"/admin/queue_app/workflow/{flow.id}/change/").content
 
     override_failed_checks(user("ana", may_override=True), m, "known")
     item.refresh_from_db()
