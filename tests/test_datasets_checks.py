@@ -360,7 +360,10 @@ def test_the_admin_lists_results_and_overrides_only_with_the_permission(root, cl
     page = client.get(url)
     assert page.status_code == 200
     assert b"failed: a BAD marker" in page.content and b"override_checks" not in page.content
-    client.post(url, {"action": "override_checks", "_selected_action": [failed.pk], "post": "yes", "comment": "x"})
+    refused = client.post(
+        url, {"action": "override_checks", "_selected_action": [failed.pk], "post": "yes", "comment": "x"}
+    )
+    assert refused.status_code == 403
     assert Materialization.objects.get(id=m.id).checks == "failed" and not LogEntry.objects.exists()
 
     ana = user("ana", may_override=True)

@@ -79,6 +79,16 @@ class DatasetCheckResultAdmin(admin.ModelAdmin):
         state = Materialization.objects.filter(id=OuterRef("materialization_id")).values("checks")[:1]
         return super().get_queryset(request).annotate(materialization_checks=Subquery(state))
 
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+        # A POST of the action by a user not offered it is refused (403), not Django's quiet "No action selected".
+        if (
+            request.method == "POST"
+            and request.POST.get("action") == "override_checks"
+            and not may_override(request.user)
+        ):
+            raise PermissionDenied("overriding dataset checks needs the queue_app.override_dataset_check permission")
+        return super().changelist_view(request, extra_context)
+
     @admin.action(permissions=["override"], description="Override the failed checks of the selected results")
     def override_checks(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         if not may_override(request.user):
