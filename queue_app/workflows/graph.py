@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import graphviz
 
+from ..datasets.checks_run import blocked_items
 from .models import StepDependency, Workflow, WorkflowStep
 
 COLOURS = {  # fill, border: the admin's palette
@@ -23,9 +24,10 @@ COLOURS = {  # fill, border: the admin's palette
     "succeeded": ("#dff2dc", "#3c8a2e"),
     "failed": ("#fbe3e1", "#ba2121"),
     "cancelled": ("#eeeeee", "#666666"),
+    "blocked": ("#fff4d6", "#b58100"),  # a Spark step parked on a dataset partition's failed or pending checks
 }
 # A worse state wins the colour of a collapsed node.
-SEVERITY = ("failed", "running", "queued", "waiting", "cancelled", "succeeded")
+SEVERITY = ("failed", "blocked", "running", "queued", "waiting", "cancelled", "succeeded")
 
 
 @dataclass
@@ -42,13 +44,21 @@ class Node:
 
 
 def step_states(workflow: Workflow) -> list[tuple[WorkflowStep, str]]:
-    """The current attempt's steps with their shown state: `running` for a queued step whose item is leased."""
+    """The current attempt's steps with their shown state: `running` for a queued step whose item is leased,
+    `blocked` for one parked on a dataset partition that is not usable (datasets/checks_run.py)."""
     from ..models import QueueItem
 
     steps = list(WorkflowStep.objects.filter(workflow=workflow, attempt=workflow.attempt).order_by("id"))
     queued = [s.item_id for s in steps if s.state == "queued" and s.item_id]
     leased = set(QueueItem.objects.filter(id__in=queued, state="reserved").values_list("id", flat=True))
-    return [(s, "running" if s.state == "queued" and s.item_id in leased else s.state) for s in steps]
+    parked = blocked_items(s.item_id for s in steps if s.kind == "spark" and s.state == "queued")
+
+    def shown(s: WorkflowStep) -> str:
+        if s.state == "queued" and s.item_id in leased:
+            return "running"
+        return "blocked" if s.state == "queued" and s.item_id in parked else s.state
+
+    return [(s, shown(s)) for s in steps]
 
 
 def nodes_and_edges(
