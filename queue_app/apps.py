@@ -11,7 +11,7 @@ class QueueAppConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         from . import registry  # installs the tasks' item defaults in the engine
-        from .datasets import checks as dataset_checks  # noqa: F401  registers jobsite.E101-E105
+        from .datasets import checks as dataset_checks  # noqa: F401  registers jobsite.E101-E105, E120-E122
         from .datasets import openlineage  # noqa: F401  registers jobsite.E131 (the OPENLINEAGE setting)
         from .datasets.sync import sync_after_migrate
         from .engine import tracing

@@ -1,6 +1,7 @@
 """Datasets in the admin (issue 38): the list (partitions, last materialized, freshness), a dataset's page
 (partition grid by state, the materialization chart and table, the lineage drawn by Graphviz with freshness on
-its nodes), the full lineage page, and observe behind its permission, logged, refused without it."""
+its nodes, failed-check partitions on the grid), the full lineage page, and observe and materialize behind their
+permissions, logged, refused without them."""
 
 import datetime as dt
 import json
@@ -17,6 +18,7 @@ from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import Materialization
 from queue_app.datasets.services import record_materialization
 from queue_app.datasets.sync import sync_datasets
+from queue_app.spark.models import SparkRun
 from tests import datasets_declared, datasets_lineage_declared  # noqa: F401  (declare the datasets and jobs)
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
 
@@ -117,3 +119,34 @@ def test_observe_needs_its_permission_records_the_files_and_is_logged(ds_client,
     )
     assert LogEntry.objects.get().change_message == "Observed events[2026-11-26]: 1 files, 300 bytes"
     assert "Observe</a>" in observer.get(url("change", "events")).content.decode()
+
+
+def test_materialize_needs_the_trigger_permission_queues_the_producer_and_is_logged(ds_client):
+    viewer = ds_client(username="viewer")
+    assert viewer.get(url("materialize", "ln_daily")).status_code == 403
+    assert viewer.post(url("materialize", "ln_daily"), {}).status_code == 403
+    assert "Materialize</a>" not in viewer.get(url("change", "ln_daily")).content.decode()
+
+    runner = ds_client("trigger_sparkrun")
+    assert "Materialize</a>" in runner.get(url("change", "ln_daily")).content.decode()
+    refused = runner.post(url("materialize", "ln_raw"), {})  # nothing produces ln_raw
+    assert refused.status_code == 200 and "no Spark job or script produces it" in refused.content.decode()
+    assert not SparkRun.objects.exists()
+
+    done = runner.post(url("materialize", "ln_daily"), {})
+
+    assert done.status_code == 302
+    run = SparkRun.objects.get()
+    assert (run.job, run.trigger) == ("ln_agg_job", "dashboard")
+    assert LogEntry.objects.get().change_message == f"Materialize ln_daily: 1 partitions, runs {run.id}"
+
+
+def test_the_grid_shows_a_partition_whose_blocking_checks_failed(ds_client):
+    record_materialization("events", "2026-11-25", rows=5)
+    failed = record_materialization("events", "2026-11-26", rows=5)
+    Materialization.objects.filter(id=failed.id).update(checks="failed")
+
+    page = ds_client().get(url("change", "events")).content.decode()
+
+    assert re.search(r'href="\?partition=2026-11-26" class="state-failed-checks"', page)
+    assert re.search(r'href="\?partition=2026-11-25" class="state-materialized"', page)

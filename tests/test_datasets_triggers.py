@@ -8,12 +8,15 @@ import threading
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import Permission, User
 from django.core.checks import run_checks
 from django.db import connection, connections, transaction
 
 from queue_app.datasets import DatasetError, StaticPartitions, dataset
+from queue_app.datasets.checks_run import override_failed_checks, record_check_result
 from queue_app.datasets.declarations import _code
 from queue_app.datasets.models import Materialization, TriggerFire, TriggerState
+from queue_app.datasets.quality import _checks, check
 from queue_app.datasets.refs import DatasetRef
 from queue_app.datasets.services import record_materialization
 from queue_app.datasets.triggers import (
@@ -27,7 +30,7 @@ from queue_app.datasets.triggers import (
 from queue_app.models import QueueItem, SparkRun
 from queue_app.params import Param
 from queue_app.spark.datasets import output_figures, record_outputs
-from queue_app.spark.materialize import materialize
+from queue_app.spark.materialize import materialize, wait
 from queue_app.spark.registry import SparkParamError, _jobs, get_job, spark_job
 from queue_app.spark.runs import trigger_run, triggered
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
@@ -303,3 +306,43 @@ def test_a_workflow_with_on_update_starts_for_the_partition(declared):
         assert fire.started == [f"workflow:{started.id}"]
     finally:
         _workflows.unregister("dtr_flow")
+
+
+def test_materialize_wait_needs_the_blocking_checks_passed_and_missing_only_retakes_failed_ones(declared):
+    queued = materialize("dtr_out", partition="2026-11-05")
+    (run_id,) = queued["runs"]
+    SparkRun.objects.filter(id=run_id).update(state="succeeded")
+    made = record_materialization("dtr_out", "2026-11-05", spark_run_id=run_id)
+    expected = {"pending": "timed out", "failed": "failed", "passed": "succeeded", "none": "succeeded"}
+    for checks, state in expected.items():
+        Materialization.objects.filter(id=made.id).update(checks=checks)
+        assert wait(queued, timeout=0.2, poll=0.05)["state"] == state, checks
+
+    record_materialization("dtr_out", "2026-11-06")
+    Materialization.objects.filter(id=made.id).update(checks="failed")
+    again = materialize("dtr_out", start="2026-11-05", end="2026-11-06", missing_only=True)
+    assert again["partitions"] == ["2026-11-05"]  # the failed one is taken again, the good one left
+
+
+def test_a_materialization_triggers_only_once_its_blocking_checks_pass_or_are_overridden(declared):
+    checks_before = list(_checks)
+
+    @check("dtr_a", severity="error")
+    def dtr_gate(part):
+        return True
+
+    try:
+        first = record_materialization("dtr_a", "2026-11-07")
+        assert first.checks == "pending" and runs("dtr_any") == []  # not usable yet: nothing fires
+        assert record_check_result(first.id, "dtr_gate", passed=True) == "passed"
+        assert runs("dtr_any") == [({"day": "2026-11-07"}, "dataset")]  # fired in the check's transaction
+
+        second = record_materialization("dtr_a", "2026-11-08")
+        assert record_check_result(second.id, "dtr_gate", passed=False, message="bad") == "failed"
+        assert len(runs("dtr_any")) == 1
+        ana = User.objects.create_user("ana", is_staff=True)
+        ana.user_permissions.add(Permission.objects.get(codename="override_dataset_check"))
+        override_failed_checks(User.objects.get(pk=ana.pk), second, "known bad rows")
+        assert runs("dtr_any")[1:] == [({"day": "2026-11-08"}, "dataset")]
+    finally:
+        _checks[:] = checks_before

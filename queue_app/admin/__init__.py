@@ -42,3 +42,4 @@ from .webhooks import WebhookDeliveryAdmin, WebhookEndpointAdmin  # noqa: E402
 
 admin.site.register(WebhookEndpoint, WebhookEndpointAdmin)
 admin.site.register(WebhookDelivery, WebhookDeliveryAdmin)
+from . import dataset_checks as _dataset_checks  # noqa: E402, F401  registers DatasetCheckResult (override action)

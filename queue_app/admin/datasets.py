@@ -1,14 +1,16 @@
 """Datasets in the admin (issue 38): the list (partitioning, partitions, last materialized, freshness, checks), a
 dataset's page (its declaration, producers and consumers, the partition grid by state, the materialization
 history as a chart of rows and bytes over time and as a table, its lineage drawn by Graphviz), the full lineage
-page, and the permissioned observe action (datasets.services.observe, logged).
+page, and the permissioned actions: observe (datasets.services.observe) and materialize (spark.materialize, a
+backfill by data, behind the Spark trigger permission), each logged.
 
 Reads go through datasets/status.py (the same statements as `dataset list`/`show`), one statement per kind of
 figure for a whole page. The rows of queue_app_dataset are the declarations' snapshots (datasets/sync.py); the
 list syncs them at most once a minute per process.
 
-More actions (materialize selected partitions, override a failed check) plug in at DATASET_TOOLS: each is a
-(label, URL name suffix, permission) shown on the dataset page's object tools when the user holds it.
+Actions plug in at DATASET_TOOLS: each is a (label, URL name suffix, permission) shown on the dataset page's
+object tools when the user holds it. The override of failed checks lives on Dataset check results
+(admin/dataset_checks.py).
 """
 
 from __future__ import annotations
@@ -38,15 +40,19 @@ from ..datasets.lineage import LineageGraph, Neighbourhood
 from ..datasets.models import Dataset, Materialization
 from ..datasets.status import PARTITIONS_COUNTED_UP_TO, partition_counts, partition_grid, summaries
 from ..datasets.sync import sync_datasets
+from ..spark import materialize as backfill
 from ..spark.datasets import users
+from ..spark.models import SparkTrigger
 from . import charts
 from .actions import ReadOnlyAdmin
 
 TEMPLATES = "admin/queue_app/dataset/"
-PERMISSIONS = {"observe": "queue_app.observe_dataset"}
-# The dataset page's actions: (label, URL name suffix, permission). The materialize and override actions are
-# added here by their helpers.
-DATASET_TOOLS: list[tuple[str, str, str]] = [("Observe", "observe", PERMISSIONS["observe"])]
+PERMISSIONS = {"observe": "queue_app.observe_dataset", "materialize": "queue_app.trigger_sparkrun"}
+# The dataset page's actions: (label, URL name suffix, permission).
+DATASET_TOOLS: list[tuple[str, str, str]] = [
+    ("Observe", "observe", PERMISSIONS["observe"]),
+    ("Materialize", "materialize", PERMISSIONS["materialize"]),
+]
 HISTORY_CHART_POINTS = 500  # the chart's newest materializations
 HISTORY_ROWS = 50  # the table's
 PAGE_LINEAGE_DEPTH = 2  # the dataset page draws this many hops each way; the lineage page all (up to MAX_NODES)
@@ -55,6 +61,8 @@ CELL_COLOURS = {
     "materialized": FRESHNESS_COLOURS["fresh"],
     "observed": ("#e1effa", "#417690"),
     "missing": FRESHNESS_COLOURS["missing"],
+    "failed-checks": FRESHNESS_COLOURS["stale"],  # its latest materialization failed a blocking check
+    "checks-pending": ("#fff4d6", "#c28a00"),  # its latest materialization's blocking checks still run
 }
 _synced_at = [0.0]
 
@@ -160,6 +168,7 @@ class DatasetAdmin(ReadOnlyAdmin):
         return [
             path("<str:name>/lineage/", view(self.lineage_view), name=self.url_name("lineage")),
             path("<str:name>/observe/", view(self.observe_view), name=self.url_name("observe")),
+            path("<str:name>/materialize/", view(self.materialize_view), name=self.url_name("materialize")),
             *super().get_urls(),
         ]
 
@@ -280,6 +289,54 @@ class DatasetAdmin(ReadOnlyAdmin):
                 return HttpResponseRedirect(dataset_url(ds.name))
         context = self._context(request, f"Observe {ds.name}", ds=ds, form=form, dataset_url=dataset_url(ds.name))
         return TemplateResponse(request, TEMPLATES + "observe.html", context)
+
+    def materialize_view(self, request: HttpRequest, name: str) -> HttpResponse:
+        if not request.user.has_perm(PERMISSIONS["materialize"]):
+            raise PermissionDenied
+        ds = self._declared(request, name)
+        posted = request.POST if request.method == "POST" else None  # an unpartitioned dataset's form is empty
+        form = MaterializeForm(posted, partitioned=ds.partitioning.kind != "none")
+        if request.method == "POST" and form.is_valid():
+            given = {k: form.cleaned_data.get(k) or None for k in ("partition", "start", "end")}
+            try:
+                result = backfill.materialize(
+                    ds.name,
+                    **given,
+                    missing_only=form.cleaned_data["missing_only"],
+                    requested_by=f"admin: {request.user.get_username()}",
+                    trigger=SparkTrigger.DASHBOARD,
+                )
+            except DatasetError as exc:
+                form.add_error(None, str(exc))
+            else:
+                what = f"Materialize {ds.name}: {len(result['partitions'])} partitions, runs " + (
+                    ", ".join(map(str, result["runs"])) or "(none: nothing to do)"
+                )
+                LogEntry.objects.log_actions(
+                    user_id=request.user.pk,
+                    queryset=Dataset.objects.filter(pk=ds.name),
+                    action_flag=CHANGE,
+                    change_message=what,
+                )
+                self.message_user(request, what, messages.SUCCESS)
+                return HttpResponseRedirect(dataset_url(ds.name))
+        context = self._context(request, f"Materialize {ds.name}", ds=ds, form=form, dataset_url=dataset_url(ds.name))
+        return TemplateResponse(request, TEMPLATES + "materialize.html", context)
+
+
+class MaterializeForm(forms.Form):
+    partition = forms.CharField(max_length=200, required=False, help_text="One partition's key.")
+    start = forms.CharField(max_length=200, required=False, label="From", help_text="The first of a range.")
+    end = forms.CharField(max_length=200, required=False, label="To", help_text="The last of a range (included).")
+    missing_only = forms.BooleanField(
+        required=False, help_text="Only partitions never materialized or whose latest failed a blocking check."
+    )
+
+    def __init__(self, *args: Any, partitioned: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not partitioned:
+            for name in ("partition", "start", "end"):
+                del self.fields[name]
 
 
 class ObserveForm(forms.Form):

@@ -12,8 +12,11 @@ as materializations (rows) in the transaction that makes them. See docs/how-to/d
 - partitions.py: partitionings and their canonical keys; freshness.py: policies and freshness_state();
   locations.py: paths under the dataset roots, tables; declarations.py: dataset(), the settings' datasets;
   models.py: the rows; sql.py: their statements; services.py: the state changes; status.py: what the CLI
-  and admin read; sync.py: declarations -> rows; checks.py: the system checks jobsite.E101-E105; refs.py: what
-  jobs produce and consume (queue_app/spark/datasets.py records a Spark run's outputs and checks jobsite.E106).
+  and admin read; sync.py: declarations -> rows; checks.py: the system checks jobsite.E101-E105 and E120-E122;
+  refs.py: what jobs produce and consume (queue_app/spark/datasets.py records a Spark run's outputs, checks
+  jobsite.E106 and refuses a run whose inputs failed their blocking checks); quality.py: data checks (check(),
+  schema_check()); checks_run.py: how they run, settle a materialization's checks state, and are overridden;
+  triggers.py: the hook called when a materialization becomes usable.
 """
 
 from .declarations import Dataset, DatasetError, dataset, declared_datasets, get_dataset

@@ -6,6 +6,9 @@ that checks the project), so a bad declaration is found before anything runs:
 - jobsite.E103: an invalid freshness policy
 - jobsite.E104: a bad static partition key
 - jobsite.E105: a settings declaration that cannot be read (it is left out)
+- jobsite.E120: a data check (quality.py) of a dataset that is not declared
+- jobsite.E121: two data checks of one dataset with the same name (the first declared runs)
+- jobsite.E122: a data check with a severity other than warn or error (it never runs)
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from typing import Any
 
 from django.core import checks
 
-from .declarations import Dataset, code_datasets, settings_datasets
+from .declarations import Dataset, code_datasets, declared_datasets, settings_datasets
 from .locations import LocationError
+from .quality import SEVERITIES, all_checks
 
 
 def _where(ds: Dataset) -> str:
@@ -59,4 +63,29 @@ def dataset_declarations(app_configs: Any = None, **kwargs: Any) -> list[checks.
             )
     for ds in {**code, **from_settings}.values():
         errors += declaration_errors(ds)
+    return errors
+
+
+@checks.register("jobsite")
+def data_check_declarations(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    known = declared_datasets()  # finds the modules that declare datasets, and so their checks
+    errors, seen = [], {}
+    for item in all_checks():
+        where = f"check {item.name!r} of dataset {item.dataset!r} ({item.origin})"
+        if item.dataset not in known:
+            errors.append(checks.Error(f"{where}: no such dataset is declared", id="jobsite.E120"))
+        if (item.dataset, item.name) in seen:
+            errors.append(
+                checks.Error(
+                    f"{where}: the name is taken by the check declared at {seen[item.dataset, item.name]}",
+                    hint="results are stored per (materialization, check name): rename one",
+                    id="jobsite.E121",
+                )
+            )
+        else:
+            seen[item.dataset, item.name] = item.origin
+        if item.severity not in SEVERITIES:
+            errors.append(
+                checks.Error(f"{where}: severity {item.severity!r} is not one of {SEVERITIES}", id="jobsite.E122")
+            )
     return errors

@@ -27,6 +27,21 @@ class MaterializationSource(models.TextChoices):
     CODE = "code"  # record_materialization() called with no run, step or item
 
 
+class CheckState(models.TextChoices):
+    """A materialization's checks (datasets/checks_run.py). Usable (its consumers may run): none, passed, warned,
+    overridden; pending (blocking checks not yet all run) and failed (a blocking check failed) hold them."""
+
+    NONE = "none"  # no checks, or only non-blocking ones not yet all run
+    PENDING = "pending"
+    PASSED = "passed"
+    WARNED = "warned"  # every blocking check passed; a non-blocking one failed
+    FAILED = "failed"
+    OVERRIDDEN = "overridden"  # failed, then overridden by someone with the permission (a LogEntry says who)
+
+
+USABLE_CHECK_STATES = (CheckState.NONE, CheckState.PASSED, CheckState.WARNED, CheckState.OVERRIDDEN)
+
+
 class Dataset(models.Model):
     """A dataset jobsite knows, with the declaration it was last synced from (sync.py)."""
 
@@ -59,6 +74,9 @@ class Materialization(models.Model):
     spark_run_id = models.BigIntegerField(null=True, blank=True)
     workflow_step_id = models.BigIntegerField(null=True, blank=True)
     item_id = models.BigIntegerField(null=True, blank=True)
+    checks = models.CharField(
+        max_length=10, choices=CheckState.choices, default=CheckState.NONE, db_default=CheckState.NONE
+    )
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -76,6 +94,56 @@ class Materialization(models.Model):
 
     def __str__(self) -> str:
         return f"{self.dataset}[{self.partition}] at {self.at}"
+
+
+class DatasetCheckResult(models.Model):
+    """One check of one materialization: written `pending` (passed null) with the materialization, settled once by
+    the check's item (datasets/checks_run.py). Named by value, like the materialization."""
+
+    id = models.BigAutoField(primary_key=True)
+    materialization_id = models.BigIntegerField()
+    dataset = models.CharField(max_length=200)
+    partition = models.CharField(max_length=200, blank=True, default="")
+    check_name = models.CharField(max_length=200)
+    severity = models.CharField(max_length=5, choices=[("warn", "warn"), ("error", "error")])
+    blocking = models.BooleanField()
+    passed = models.BooleanField(null=True, blank=True, help_text="empty while the check has not run")
+    figures = models.JSONField(default=dict, blank=True)
+    message = models.TextField(blank=True, default="")
+    at = models.DateTimeField(null=True, blank=True, help_text="when the result was stored")
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [models.UniqueConstraint(fields=["materialization_id", "check_name"], name="check_result_once")]
+        indexes = [models.Index("dataset", models.F("id").desc(), name="check_result_dataset")]
+        permissions = [("override_dataset_check", "Can override a dataset's failed blocking checks")]
+
+    def __str__(self) -> str:
+        state = "pending" if self.passed is None else ("passed" if self.passed else "failed")
+        return f"{self.dataset}[{self.partition}] {self.check_name}: {state}"
+
+
+class DatasetBlock(models.Model):
+    """A queue item (a Spark run's, a workflow's Spark step's) parked because a partition it reads is not usable:
+    its latest materialization's blocking checks failed or still run. Written with the item's release (the
+    attempt not spent) by the run's handler; deleted, and the item made due, by the transaction that makes a
+    materialization of the partition usable (datasets/checks_run.py)."""
+
+    id = models.BigAutoField(primary_key=True)
+    item_id = models.BigIntegerField()
+    spark_run_id = models.BigIntegerField(null=True, blank=True)
+    dataset = models.CharField(max_length=200)
+    partition = models.CharField(max_length=200, blank=True, default="")
+    materialization_id = models.BigIntegerField()
+    reason = models.TextField()
+    since = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["item_id", "dataset", "partition"], name="dataset_block_once")]
+        indexes = [models.Index("dataset", "partition", name="dataset_block_partition")]
+
+    def __str__(self) -> str:
+        return f"item {self.item_id} blocked by {self.dataset}[{self.partition}]"
 
 
 class StaleEpisode(models.Model):

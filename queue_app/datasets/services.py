@@ -4,28 +4,35 @@
   producer (a Spark run, a workflow step, an item) succeeded, so the record and the success commit together.
 - observe: a partition written outside jobsite; its files are counted and sized under the dataset's location.
 
+A recorded materialization's checks (datasets/checks_run.py) start in the same transaction: pending results and
+one check item each, and `checks` = pending while a blocking check has not run.
+
 Both validate everything before writing (an unknown dataset, a partition that does not fit, bad figures: a
 DatasetError and nothing written) and write one statement (sql.RECORD: the dataset's row made sure of and the
-materialization inserted, atomic without a savepoint) in the caller's transaction, so a caller that rolls back
-leaves nothing. A recorded materialization is usable at once: record_materialization hands it to the data-aware
-triggers (triggers.materialization_usable) in the same transaction.
+materialization inserted, atomic without a savepoint; two more for a dataset with checks) in the caller's
+transaction, so a caller that rolls back leaves nothing. A materialization is announced to the data-aware
+triggers (triggers.materialization_usable) in the transaction that makes it usable: its record when it has no
+blocking checks (checks_run.start), else when its last blocking check passes or its failures are overridden
+(checks_run.became_usable).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from collections.abc import Mapping
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
+from . import checks_run
 from .declarations import Dataset, DatasetError, get_dataset
 from .locations import LocationError, dataset_roots, within_roots
-from .models import Materialization, MaterializationSource
+from .models import USABLE_CHECK_STATES, Materialization, MaterializationSource
+from .quality import checks_for
 from .sql import RECORD
-from .triggers import materialization_usable
 
 MAX_METADATA_BYTES = 65_536
 MAX_FIGURE = 2**63 - 1
@@ -109,16 +116,24 @@ def record_materialization(
         "workflow_step_id": workflow_step_id,
         "item_id": item_id,
     }
+    checks = checks_for(ds.name)
+    values["checks"] = checks_run.initial_state(checks)
     columns = [values[c] for c in ("dataset", "partition", "rows", "bytes", "files", "schema_fingerprint")]
     columns += [json.dumps(values["metadata"])]
-    columns += [values[c] for c in ("source", "spark_run_id", "workflow_step_id", "item_id")]
-    with connection.cursor() as cursor:
-        cursor.execute(RECORD, [ds.name, json.dumps(ds.config()), ds.declared_in, *columns])
-        row_id, at = cursor.fetchone()
-    written = {"id": row_id, "at": at, **values}
-    names = [f.attname for f in Materialization._meta.concrete_fields]  # from_db takes them in the model's order
-    recorded = Materialization.from_db(connection.alias, names, [written[n] for n in names])
-    materialization_usable(recorded)  # data-aware triggers, in this transaction (checks may hold it back later)
+    columns += [values[c] for c in ("source", "spark_run_id", "workflow_step_id", "item_id", "checks")]
+    # A dataset with checks writes three statements: in a transaction of their own when the caller has none.
+    with transaction.atomic() if checks else contextlib.nullcontext():
+        with connection.cursor() as cursor:
+            usable = values["checks"] in USABLE_CHECK_STATES
+            cursor.execute(
+                RECORD,
+                [ds.name, json.dumps(ds.config()), ds.declared_in, usable, ds.name, values["partition"], *columns],
+            )
+            row_id, at, released = cursor.fetchone()
+        written = {"id": row_id, "at": at, **values}
+        names = [f.attname for f in Materialization._meta.concrete_fields]  # from_db takes them in the model's order
+        recorded = Materialization.from_db(connection.alias, names, [written[n] for n in names])
+        checks_run.start(recorded, checks, released)  # its checks' items, or the usable announcement
     return recorded
 
 

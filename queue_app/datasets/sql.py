@@ -2,17 +2,28 @@
 read of every dataset's newest materializations, and the sync of declarations to rows."""
 
 # One statement, so it is atomic without a savepoint of its own: the dataset's row made sure of (ON CONFLICT DO
-# NOTHING takes no lock on an existing row: concurrent records of one dataset never wait on each other) and the
-# materialization inserted. Parameters: name, config, declared_in, then the materialization's columns.
+# NOTHING takes no lock on an existing row: concurrent records of one dataset never wait on each other), the
+# materialization inserted, and, when it is usable at once (no blocking checks), the consumers parked on its
+# partition released (their DatasetBlock rows deleted and returned: the caller makes their items due), in the
+# same round trip. Parameters: name, config, declared_in, usable, the partition again, then the
+# materialization's columns (the checks state last: checks_run.initial_state).
 RECORD = """
 WITH dataset AS (
     INSERT INTO queue_app_dataset (name, config, declared_in, synced_at) VALUES (%s, %s::jsonb, %s, now())
     ON CONFLICT (name) DO NOTHING
+), released AS (
+    DELETE FROM queue_app_datasetblock b WHERE %s AND b.dataset = %s AND b.partition = %s RETURNING b.item_id
 )
 INSERT INTO queue_app_materialization (dataset, partition, at, rows, bytes, files, schema_fingerprint, metadata,
-    source, spark_run_id, workflow_step_id, item_id)
-VALUES (%s, %s, now(), %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s)
-RETURNING id, at
+    source, spark_run_id, workflow_step_id, item_id, checks)
+VALUES (%s, %s, now(), %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s)
+RETURNING id, at, ARRAY(SELECT DISTINCT item_id FROM released)
+"""
+
+# The consumers parked on a partition, released when a materialization of it becomes usable after its record
+# (its last blocking check passed, or an override): their rows deleted, their item ids returned.
+RELEASE_BLOCKS = """
+DELETE FROM queue_app_datasetblock WHERE dataset = %s AND partition = %s RETURNING item_id
 """
 
 # Per dataset, the newest materialization by time and the one of the newest partition: two index probes per
@@ -80,10 +91,10 @@ WITH RECURSIVE keys(partition, n) AS (
             WHERE m.dataset = %s AND m.partition < keys.partition ORDER BY m.partition DESC LIMIT 1), keys.n + 1
     FROM keys WHERE keys.partition IS NOT NULL AND keys.n < %s
 )
-SELECT k.partition, l.id, l.at, l.source, l.rows, l.bytes, l.spark_run_id
+SELECT k.partition, l.id, l.at, l.source, l.rows, l.bytes, l.spark_run_id, l.checks
 FROM keys k
 CROSS JOIN LATERAL (
-    SELECT m.id, m.at, m.source, m.rows, m.bytes, m.spark_run_id FROM queue_app_materialization m
+    SELECT m.id, m.at, m.source, m.rows, m.bytes, m.spark_run_id, m.checks FROM queue_app_materialization m
     WHERE m.dataset = %s AND m.partition = k.partition ORDER BY m.at DESC LIMIT 1
 ) l
 WHERE k.partition IS NOT NULL
@@ -146,8 +157,38 @@ RETURNING id
 
 TRIGGER_FIRED = "UPDATE queue_app_triggerfire SET started = %s::jsonb, error = %s WHERE id = %s"
 
-# The partitions of `keys` a dataset has a materialization of (`dataset materialize --missing-only`).
+# The partitions of `keys` a dataset has a materialization of whose latest did not fail its blocking checks
+# (`dataset materialize --missing-only`: a failed-check partition is taken again). Parameters: dataset, keys.
 MATERIALIZED_KEYS = """
-SELECT DISTINCT m.partition FROM queue_app_materialization m
-WHERE m.dataset = %s AND m.partition = ANY(%s::text[])
+SELECT l.partition FROM (
+    SELECT DISTINCT ON (m.partition) m.partition, m.checks FROM queue_app_materialization m
+    WHERE m.dataset = %s AND m.partition = ANY(%s::text[])
+    ORDER BY m.partition, m.at DESC, m.id DESC
+) l
+WHERE l.checks <> 'failed'
+"""
+
+# The checks' pending results of a materialization just recorded, one row per check, in one statement.
+CHECKS_PENDING = """
+INSERT INTO queue_app_datasetcheckresult (materialization_id, dataset, partition, check_name, severity, blocking,
+    figures, message)
+SELECT %s, %s, %s, c.name, c.severity, c.blocking, '{}'::jsonb, ''
+FROM unnest(%s::text[], %s::text[], %s::boolean[]) AS c(name, severity, blocking)
+"""
+
+# What holds a consumer back: of the (dataset, partition) pairs it reads (partition NULL: every partition), the
+# latest materialization of each partition whose checks are pending or failed. The latest per partition comes
+# from the materialization_partition index (dataset, partition, at DESC); a NULL partition reads the dataset's
+# every partition (DISTINCT ON, one pass over that dataset's rows of the index).
+UNUSABLE = """
+SELECT q.dataset, l.partition, l.id, l.checks
+FROM unnest(%s::text[], %s::text[]) AS q(dataset, partition)
+CROSS JOIN LATERAL (
+    SELECT DISTINCT ON (m.partition) m.partition, m.id, m.checks
+    FROM queue_app_materialization m
+    WHERE m.dataset = q.dataset AND (q.partition IS NULL OR m.partition = q.partition)
+    ORDER BY m.partition, m.at DESC, m.id DESC
+) l
+WHERE l.checks IN ('pending', 'failed')
+ORDER BY q.dataset, l.partition
 """

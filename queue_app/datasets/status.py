@@ -3,9 +3,13 @@ JSON shapes `dataset list --json` and `dataset show --json` print (issue 38). Ev
 queue_app_materialization (materialization_latest, materialization_partition), one statement for any number
 of datasets.
 
-Checks are "none" until checks exist; the shapes already carry them so the CLI contract does not change when
-they arrive. Producers and consumers are the jobs' declarations, which the caller passes in (the jobs build on
-datasets, not the other way round).
+`checks` is a materialization's checks state (datasets/checks_run.py: none, pending, passed, warned, failed,
+overridden; check_results() gives each check's result, for the text output); a dataset's, in the list, is its
+newest materialization's as the list's contract has it: passed, warned (an override too: usable, but a check
+failed), failed, or none (no checks, not yet run, or never materialized).
+
+Producers and consumers are the jobs' declarations, which the caller passes in (the jobs build on datasets, not
+the other way round).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from django.db import connection
 
 from .declarations import Dataset
 from .freshness import freshness_state, overdue_since, staleness_seconds
-from .models import Materialization
+from .models import CheckState, DatasetCheckResult, Materialization
 from .partitions import PartitionError
 from .sql import NEWEST, PARTITION_COUNTS, PARTITION_GRID
 
@@ -45,16 +49,50 @@ def newest(names: list[str]) -> dict[str, list[Newest]]:
         }
 
 
+LIST_CHECKS = {CheckState.PASSED: "passed", CheckState.WARNED: "warned", CheckState.OVERRIDDEN: "warned"}
+LIST_CHECKS |= {CheckState.FAILED: "failed"}
+
+
+def newest_checks(names: list[str]) -> dict[str, str]:
+    """{dataset: the list's checks value} of each dataset's newest materialization (materialization_latest)."""
+    rows = (
+        Materialization.objects.filter(dataset__in=names)
+        .order_by("dataset", "-at", "-id")
+        .distinct("dataset")
+        .values_list("dataset", "checks")
+    )
+    return {name: LIST_CHECKS.get(state, "none") for name, state in rows}
+
+
+def check_results(materialization_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """Each materialization's check results, by check name."""
+    found: dict[int, list[dict[str, Any]]] = {m: [] for m in materialization_ids}
+    for r in DatasetCheckResult.objects.filter(materialization_id__in=materialization_ids).order_by("check_name"):
+        found[r.materialization_id].append(
+            {
+                "check": r.check_name,
+                "severity": r.severity,
+                "blocking": r.blocking,
+                "passed": r.passed,
+                "figures": r.figures,
+                "message": r.message,
+                "at": _iso(r.at),
+            }
+        )
+    return found
+
+
 def summaries(datasets: list[Dataset], now: dt.datetime) -> list[dict[str, Any]]:
     """`dataset list --json`: one entry per dataset, in the order given."""
     latest = newest([ds.name for ds in datasets])
+    checked = newest_checks([ds.name for ds in datasets])
     return [
         {
             "name": ds.name,
             "partitioning": ds.partitioning.describe(),
             "last_materialized": _iso(max((m.at for m in latest[ds.name]), default=None)),
             "freshness": freshness_state(ds, latest[ds.name], now),
-            "checks": "none",
+            "checks": checked.get(ds.name, "none"),
         }
         for ds in datasets
     ]
@@ -88,6 +126,14 @@ def staleness(datasets: list[Dataset], now: dt.datetime) -> list[Staleness]:
     ]
 
 
+def history(ds: Dataset, *, partition: str | None = None, limit: int = 100) -> list[Materialization]:
+    """The dataset's newest `limit` materializations (of one canonical `partition` when given)."""
+    rows = Materialization.objects.filter(dataset=ds.name)
+    if partition is not None:
+        rows = rows.filter(partition=partition)
+    return list(rows.order_by("-at", "-id")[:limit])
+
+
 def detail(
     ds: Dataset,
     now: dt.datetime,
@@ -99,10 +145,7 @@ def detail(
 ) -> dict[str, Any]:
     """The dataset and its newest `limit` materializations (of one canonical `partition` when given), with the
     jobs that produce and consume it (their declarations, given by the caller: spark/datasets.users())."""
-    rows = Materialization.objects.filter(dataset=ds.name)
-    if partition is not None:
-        rows = rows.filter(partition=partition)
-    history = list(rows.order_by("-at", "-id")[:limit])
+    newest_first = history(ds, partition=partition, limit=limit)
     return {
         "name": ds.name,
         "location": ds.location.text,
@@ -119,9 +162,9 @@ def detail(
                 "files": m.files,
                 "run_id": m.spark_run_id,
                 "step_id": m.workflow_step_id,
-                "checks": "none",
+                "checks": m.checks,
             }
-            for m in history
+            for m in newest_first
         ],
     }
 
@@ -140,8 +183,8 @@ def partition_counts(names: list[str], cap: int = PARTITIONS_COUNTED_UP_TO) -> d
 @dataclass(frozen=True)
 class Cell:
     """One partition in the dataset page's grid: its key, its state and its latest materialization (None when
-    missing). States: "materialized" (by a run, step, item or code), "observed", "missing". The checks' states
-    ("failed checks", "warned") belong here too, from the latest materialization's checks."""
+    missing). States: "materialized" (by a run, step, item or code), "observed", "missing", and from the latest
+    materialization's checks "failed-checks" (a blocking check failed) and "checks-pending" (still running)."""
 
     partition: str
     state: str
@@ -150,11 +193,16 @@ class Cell:
     rows: int | None = None
     bytes: int | None = None
     spark_run_id: int | None = None
+    checks: str = CheckState.NONE
 
 
-def cell_state(source: str | None) -> str:
+def cell_state(source: str | None, checks: str | None = None) -> str:
     if source is None:
         return "missing"
+    if checks == CheckState.FAILED:
+        return "failed-checks"
+    if checks == CheckState.PENDING:
+        return "checks-pending"
     return "observed" if source == "observed" else "materialized"
 
 
@@ -164,7 +212,7 @@ def partition_grid(ds: Dataset, limit: int = GRID_PARTITIONS) -> list[Cell]:
     with connection.cursor() as cursor:
         cursor.execute(PARTITION_GRID, [ds.name, ds.name, limit, ds.name])
         found = {
-            row[0]: Cell(row[0], cell_state(row[3]), row[1], row[2], row[4], row[5], row[6])
+            row[0]: Cell(row[0], cell_state(row[3], row[7]), row[1], row[2], row[4], row[5], row[6], row[7])
             for row in cursor.fetchall()
         }
     kind = ds.partitioning.kind

@@ -7,8 +7,9 @@ last of them. No polling coordinator: the decision rides on the recorder's trans
 
     trigger_task("myapp.refresh", on_update={"events": None}, mode="any")   # a task item per update
 
-The entry point is materialization_usable(materialization): record_materialization (services.py) calls it in
-its transaction; the blocking checks call it when a materialization's checks pass or are overridden. For each
+The entry point is materialization_usable(materialization), called in the transaction that makes a
+materialization usable (datasets/checks_run.py): its record when it has no blocking checks, else when its last
+blocking check passes or its failures are overridden. For each
 consumer of the materialization's dataset, in consumer order (so concurrent recorders lock in one order):
 
 1. TRIGGER_LOCK upserts and locks the (consumer, partition) state row: a concurrent recorder of another upstream

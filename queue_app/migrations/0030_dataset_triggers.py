@@ -9,7 +9,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("queue_app", "0028_dataset_stale_episodes"),
+        ("queue_app", "0029_dataset_checks"),
     ]
 
     operations = [

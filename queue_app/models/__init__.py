@@ -32,7 +32,7 @@ from .workers import Worker, WorkerState
 # isort: split
 # The models of the app's packages (imported after the core ones: importing a package runs its __init__, which may
 # import the core models back).
-from ..datasets.models import Dataset, Materialization, OpenLineageCounter
+from ..datasets.models import Dataset, DatasetCheckResult, Materialization, OpenLineageCounter
 from ..probes.models import ExecutionLog, ProbeEffect
 from ..spark.models import (
     SPARK_FINAL_STATES,
@@ -56,6 +56,7 @@ __all__ = [
     "SPARK_OPEN_STATES",
     "CatchUp",
     "Dataset",
+    "DatasetCheckResult",
     "DeadLetter",
     "DedupClaim",
     "ExecutionLog",

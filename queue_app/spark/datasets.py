@@ -10,6 +10,9 @@
   when it produces several datasets, or several partitions in a batched backfill) are counted at the partition's
   location (data files only: not Spark's _SUCCESS or .crc files). A figure that cannot be known is null.
 - users(): the jobs producing and consuming each dataset (`dataset show`).
+- consumed_unusable() and check_consumed(): a run reading a partition whose latest materialization failed its
+  blocking checks, or whose blocking checks still run (datasets/checks_run.py), may not start: the trigger is
+  refused (DatasetBlocked), and a queued run meeting one when it starts is held or refused (runs.spark_run).
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from typing import Any
 from django.core import checks
 
 from queue_app.datasets import services
+from queue_app.datasets.checks_run import Unusable, unusable
 from queue_app.datasets.declarations import DatasetError, get_dataset
 from queue_app.datasets.locations import LocationError, dataset_roots
+from queue_app.datasets.partitions import PartitionError
 from queue_app.datasets.refs import PartitionParamError, partition_keys, ref_problems
 
 from . import eventlog
@@ -66,6 +71,45 @@ def run_partitions(spark_job: SparkJob, params: Mapping[str, Any]) -> dict[str, 
 def _with_partition(spark_job: SparkJob, params: Mapping[str, Any], value: str) -> dict[str, Any]:
     """`params` with each produced dataset's partition parameter set to `value` (one of a batch's list)."""
     return {**params, **{ref.param: value for ref in spark_job.produces if ref.param}}
+
+
+class DatasetBlocked(SparkParamError):
+    """A run that reads a partition whose latest materialization is not usable; `unusable` says which."""
+
+    def __init__(self, job: str, found: list[Unusable]) -> None:
+        self.unusable = found
+        super().__init__(job, {"blocked": "; ".join(u.reason() for u in found)})
+
+
+def consumed_reads(spark_job: SparkJob, params: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """(dataset, partition key) pairs a run with the dumped `params` reads; None: every partition (a partitioned
+    dataset consumed without a parameter, or with a parameter left empty). An unknown dataset (E106 says so)
+    or a value that is no partition of it names nothing."""
+    reads: list[tuple[str, str | None]] = []
+    for ref in spark_job.consumes:
+        try:
+            ds = get_dataset(ref.name)
+            partitioned = ds.partitioning.describe() is not None
+            value = params.get(ref.param) if ref.param is not None else None
+            if not partitioned:
+                reads.append((ds.name, ds.partition_key(None)))
+            else:
+                reads.append((ds.name, ds.partitioning.key(value) if value is not None else None))
+        except (DatasetError, PartitionError):
+            continue
+    return reads
+
+
+def consumed_unusable(spark_job: SparkJob, params: Mapping[str, Any]) -> list[Unusable]:
+    """The partitions a run reads whose latest materialization is not usable (checks pending or failed)."""
+    return unusable(consumed_reads(spark_job, params))
+
+
+def check_consumed(spark_job: SparkJob, params: Mapping[str, Any]) -> None:
+    """DatasetBlocked when a run with `params` would read a partition that is not usable."""
+    found = consumed_unusable(spark_job, params)
+    if found:
+        raise DatasetBlocked(spark_job.name, found)
 
 
 def output_figures(spark_job: SparkJob, params: Mapping[str, Any], run_id: int, app_id: str | None) -> list[dict]:

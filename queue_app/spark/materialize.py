@@ -3,10 +3,11 @@ for the CLI (`dataset materialize`) and code.
 
     result = materialize("daily_revenue", start="2026-11-01", end="2026-11-07", missing_only=True)
     # {"dataset": "daily_revenue", "partitions": [...], "runs": [run ids], "state": "queued"}
-    result = wait(result, timeout=3600)   # state "succeeded" when every run did, else "failed"
+    result = wait(result, timeout=3600)   # "succeeded" when every run did and its blocking checks passed
 
 The partitions are one (`partition`), a range (`start`..`end`, both included, in the dataset's partitioning), or
-the only one of an unpartitioned dataset; `missing_only` keeps those never materialized. The producer is the one
+the only one of an unpartitioned dataset; `missing_only` keeps those never materialized or whose latest
+materialization failed its blocking checks. The producer is the one
 Spark job (code, settings or a stored script) that declares the dataset in `produces` with a partition parameter;
 each partition is one run (trigger_run), or up to N in one run for a job declared with backfill_batch=N (the
 list comma-separated in its `partitions_param`), all queued in one transaction or none (a bad
@@ -22,6 +23,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from queue_app.datasets.declarations import DatasetError, get_dataset
+from queue_app.datasets.models import CheckState, Materialization
 from queue_app.datasets.partitions import PartitionError
 from queue_app.datasets.sql import MATERIALIZED_KEYS
 
@@ -103,16 +105,25 @@ def materialize(
 
 
 def wait(result: dict[str, Any], *, timeout: float | None = None, poll: float = 0.5) -> dict[str, Any]:
-    """Follow `result`'s runs to their end: state "succeeded" when every run succeeded, "failed" when one ended
-    otherwise, "timed out" when `timeout` passed first ("nothing to do" stays)."""
+    """Follow `result`'s runs to their end: state "succeeded" when every run succeeded and no materialization of
+    the dataset they recorded has blocking checks failed (pending ones are waited for), "failed" when a run ended
+    otherwise or a blocking check failed, "timed out" when `timeout` passed first ("nothing to do" stays)."""
     if not result["runs"]:
         return result
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         states = dict(SparkRun.objects.filter(id__in=result["runs"]).values_list("id", "state"))
         if all(states.get(run_id) in SPARK_FINAL_STATES for run_id in result["runs"]):
-            ok = all(states[run_id] == SparkRunState.SUCCEEDED for run_id in result["runs"])
-            return {**result, "state": "succeeded" if ok else "failed"}
+            if not all(states[run_id] == SparkRunState.SUCCEEDED for run_id in result["runs"]):
+                return {**result, "state": "failed"}
+            recorded = Materialization.objects.filter(  # the materialization_partition index, then the runs
+                dataset=result["dataset"], partition__in=result["partitions"], spark_run_id__in=result["runs"]
+            )
+            checks = set(recorded.values_list("checks", flat=True))
+            if CheckState.FAILED in checks:
+                return {**result, "state": "failed"}
+            if CheckState.PENDING not in checks:
+                return {**result, "state": "succeeded"}
         if deadline is not None and time.monotonic() >= deadline:
             return {**result, "state": "timed out"}
         time.sleep(poll)

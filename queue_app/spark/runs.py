@@ -38,11 +38,12 @@ from django.utils import timezone
 
 from .. import engine, services
 from ..conf import queue_settings
+from ..datasets import checks_run
 from ..engine import tracing
 from ..logcontext import log_context
 from ..registry import Context, Retry, job
 from . import eventlog
-from .datasets import output_figures, record_outputs, run_partitions
+from .datasets import check_consumed, consumed_unusable, output_figures, record_outputs, run_partitions
 from .java import JavaNotFound, check_java
 from .launcher import LaunchResult, launch
 from .models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
@@ -111,13 +112,15 @@ def trigger_run(
     """Validate `params` for the job, then create its SparkRun and enqueue the run's item in one transaction.
 
     Raises UnknownSparkJob or SparkParamError (every bad field at once; a partition that does not fit a
-    dataset the job produces) before anything is written.
+    dataset the job produces; DatasetBlocked: a partition it consumes failed its blocking checks, or they
+    still run) before anything is written.
     """
     spark_job = get_job(job)
     values = spark_job.validate(params or {})
     if spark_job.prepare is not None:
         values = spark_job.validate(spark_job.dump_params(spark_job.prepare(values)))
     run_partitions(spark_job, spark_job.dump_params(values))
+    check_consumed(spark_job, spark_job.dump_params(values))
     policy = policy_for(spark_job)
     seconds = check_timeout(job, timeout if timeout not in (None, "") else policy.timeout)
     trigger = SparkTrigger(trigger).value
@@ -370,6 +373,35 @@ def _claim(run_id: int, ctx: Context) -> SparkRun | None:
         return run
 
 
+def _blocked(run_id: int, ctx: Context) -> dict[str, Any] | None:
+    """None when a queued run may start. A run reading a partition whose latest materialization's blocking checks
+    failed or still run is parked: its item handed back to the queue (the attempt not spent) with a DatasetBlock
+    row per partition, in one transaction; the transaction that makes the partition usable (its checks pass, a
+    new materialization, an override) makes the item due again (datasets/checks_run.py)."""
+    run = SparkRun.objects.filter(id=run_id, state=SparkRunState.QUEUED).first()
+    if run is None:
+        return None
+    try:
+        spark_job = get_job(run.job)
+    except UnknownSparkJob:
+        return None  # the claim and the launcher say so
+    found = consumed_unusable(spark_job, run.params)
+    if found:
+        with transaction.atomic():
+            checks_run.park(ctx.item_id, found, spark_run_id=run.id)
+            # Read again with the rows written: a release that committed meanwhile is seen now (one committing
+            # later misses these rows: the item checks again after PARK_RECHECK).
+            found = consumed_unusable(spark_job, run.params)
+            if found:
+                engine.release(ctx, delay=checks_run.PARK_RECHECK)
+    if not found:
+        checks_run.unpark(ctx.item_id)
+        return None
+    reasons = "; ".join(u.reason() for u in found)
+    logger.info("spark run %s blocked: %s", run.id, reasons)
+    return {"run_id": run.id, "state": "blocked", "reason": reasons}
+
+
 def retried(result: LaunchResult, policy: SparkPolicy, ctx: Context) -> bool:
     """Whether this attempt's end is retried: its policy retries such an end, attempts remain, and the run got
     as far as starting (a run that could not start would fail the same way again)."""
@@ -515,6 +547,9 @@ def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
     """Run one SparkRun (payload {"run_id": id}) as its own spark-submit child."""
     run_id = int(payload["run_id"])
     with log_context(spark_run_id=run_id):  # the launcher's log lines name the run (queue_app/logcontext.py)
+        parked = _blocked(run_id, ctx)  # an input not usable: parked until it is
+        if parked is not None:
+            return parked
         run = _claim(run_id, ctx)
         if run is None:
             return {"run_id": run_id, "state": "skipped"}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import graphviz
 
+from ..datasets.checks_run import blocked_items
 from .models import StepDependency, Workflow, WorkflowStep
 
 COLOURS = {  # fill, border: the admin's palette
@@ -24,9 +25,10 @@ COLOURS = {  # fill, border: the admin's palette
     "failed": ("#fbe3e1", "#ba2121"),
     "cancelled": ("#eeeeee", "#666666"),
     "skipped": ("#fdf6e3", "#b58900"),  # its run_if was not met, or its branch chose another step
+    "blocked": ("#fde8d7", "#c05a00"),  # a Spark step parked on a dataset partition's failed or pending checks
 }
 # A worse state wins the colour of a collapsed node.
-SEVERITY = ("failed", "running", "queued", "waiting", "cancelled", "skipped", "succeeded")
+SEVERITY = ("failed", "blocked", "running", "queued", "waiting", "cancelled", "skipped", "succeeded")
 
 
 @dataclass
@@ -43,13 +45,21 @@ class Node:
 
 
 def step_states(workflow: Workflow) -> list[tuple[WorkflowStep, str]]:
-    """The current attempt's steps with their shown state: `running` for a queued step whose item is leased."""
+    """The current attempt's steps with their shown state: `running` for a queued step whose item is leased,
+    `blocked` for one parked on a dataset partition that is not usable (datasets/checks_run.py)."""
     from ..models import QueueItem
 
     steps = list(WorkflowStep.objects.filter(workflow=workflow, attempt=workflow.attempt).order_by("id"))
     queued = [s.item_id for s in steps if s.state == "queued" and s.item_id]
     leased = set(QueueItem.objects.filter(id__in=queued, state="reserved").values_list("id", flat=True))
-    return [(s, "running" if s.state == "queued" and s.item_id in leased else s.state) for s in steps]
+    parked = blocked_items(s.item_id for s in steps if s.kind == "spark" and s.state == "queued")
+
+    def shown(s: WorkflowStep) -> str:
+        if s.state == "queued" and s.item_id in leased:
+            return "running"
+        return "blocked" if s.state == "queued" and s.item_id in parked else s.state
+
+    return [(s, shown(s)) for s in steps]
 
 
 def nodes_and_edges(

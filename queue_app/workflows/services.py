@@ -19,6 +19,7 @@ from django.db.models import F
 
 from .. import engine, services
 from ..conf import queue_settings
+from ..datasets.checks_run import blocked_items
 from ..engine import tracing
 from ..engine.db import cursor
 from ..engine.errors import InvalidEnqueue
@@ -669,7 +670,8 @@ WAITING_STATES = {
 def status(workflow_id: int) -> dict[str, Any]:
     """id, name, state, attempt and every step of the current attempt (name, state, kind, item, run). A queued
     step is "running" while its item is leased; a sleep step is "sleeping" before, an event wait
-    "waiting_event", an approval "waiting_approval"."""
+    "waiting_event", an approval "waiting_approval"; a Spark step parked because a dataset partition it reads
+    failed its blocking checks (or they still run) is "blocked", with `blocked_by` saying why."""
     workflow = Workflow.objects.filter(id=workflow_id).first()
     if workflow is None:
         raise WorkflowError(f"no workflow {workflow_id}")
@@ -678,16 +680,20 @@ def status(workflow_id: int) -> dict[str, Any]:
         .filter(item_id__in=_reserved_items(workflow))
         .values_list("id", flat=True)
     )
-    steps = [
-        {
+    rows = list(WorkflowStep.objects.filter(workflow_id=workflow.id, attempt=workflow.attempt).order_by("id"))
+    parked = blocked_items(s.item_id for s in rows if s.kind == StepKind.SPARK and s.state == StepState.QUEUED)
+    steps = []
+    for s in rows:
+        step = {
             "name": s.name,
             "state": "running" if s.id in running else WAITING_STATES.get((s.kind, s.state), s.state),
             "kind": s.kind,
             "item_id": s.item_id,
             "spark_run_id": s.spark_run_id,
         }
-        for s in WorkflowStep.objects.filter(workflow_id=workflow.id, attempt=workflow.attempt).order_by("id")
-    ]
+        if s.item_id in parked and s.id not in running:
+            step.update(state="blocked", blocked_by=parked[s.item_id])
+        steps.append(step)
     return {
         "id": workflow.id,
         "name": workflow.name,

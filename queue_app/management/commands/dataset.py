@@ -5,26 +5,36 @@
     python manage.py dataset observe NAME [--partition P] [--json]
     python manage.py dataset lineage NAME [--depth N] [--json]
     python manage.py dataset materialize NAME [--partition P | --from D --to D] [--missing-only] [--wait] [--json]
+    python manage.py dataset override NAME [--partition P] --comment TEXT [--user NAME] [--json]
 
 `list --json` prints [{"name", "partitioning", "last_materialized", "freshness", "checks"}]; `show --json` prints
 {"name", "location", "partitioning", "producers", "consumers", "freshness", "materializations": [{"partition",
 "at", "rows", "bytes", "files", "run_id", "step_id", "checks"}]} newest first; `observe --json` prints the
 recorded materialization; `lineage --json` prints {"dataset", "upstream": [names], "downstream": [names],
 "jobs": [names]} (datasets/lineage.py); `materialize --json` prints {"dataset", "partitions", "runs", "state"} (with
---wait, exit status 0 only when every run succeeded). An unknown dataset, a partition that does not fit its
-partitioning, nothing to observe or no producer is an error message and exit status 1, and nothing is written.
+--wait, exit status 0 only when every run succeeded and its materializations' blocking checks passed).
+`override` makes the partition's latest materialization, whose blocking checks
+failed, usable (datasets/checks_run.override_failed_checks), as the Django user `--user NAME` or else the one
+named as the OS login, who must hold queue_app.override_dataset_check; `--json` prints {"dataset", "partition",
+"id", "checks"}. A user without the permission, no such user, or nothing failed to override: exit status 1 and
+nothing written. An unknown dataset, a partition that does not fit its partitioning, nothing to observe or no
+producer is an error message and exit status 1, and nothing is written.
 """
 
+import getpass
 import importlib
 import json
 
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from queue_app.datasets import DatasetError, declared_datasets, get_dataset
 from queue_app.datasets import services as datasets
+from queue_app.datasets.checks_run import latest, override_failed_checks
 from queue_app.datasets.lineage import LineageGraph
-from queue_app.datasets.status import detail, summaries
+from queue_app.datasets.status import check_results, detail, history, summaries
 from queue_app.datasets.sync import sync_datasets
 from queue_app.spark import materialize as backfill
 from queue_app.spark.datasets import users
@@ -32,7 +42,7 @@ from queue_app.spark.models import SparkTrigger
 
 
 class Command(BaseCommand):
-    help = "Datasets: list, show, observe, materialize, lineage."
+    help = "Datasets: list, show, observe, override, materialize, lineage."
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -70,6 +80,12 @@ class Command(BaseCommand):
         make.add_argument("--wait", action="store_true", help="follow the runs; exit 0 only if every one succeeded")
         make.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait: give up after S s")
         make.add_argument("--json", action="store_true")
+        override = sub.add_parser("override", help="make a partition whose blocking checks failed usable (logged)")
+        override.add_argument("name")
+        override.add_argument("--partition", metavar="P", help="the partition (required for a partitioned dataset)")
+        override.add_argument("--comment", required=True, help="why: kept in the admin's log with the override")
+        override.add_argument("--user", help="the Django user overriding (default: the one named as the OS login)")
+        override.add_argument("--json", action="store_true")
 
     def handle(self, *args, action, imports, **options):
         for module in imports:
@@ -79,7 +95,7 @@ class Command(BaseCommand):
                 raise CommandError(f"--import {module}: {exc}") from None
         try:
             getattr(self, f"do_{action}")(**options)
-        except DatasetError as exc:
+        except (DatasetError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
 
     def do_list(self, *, json: bool, **_):
@@ -119,9 +135,15 @@ class Command(BaseCommand):
         for what in ("producers", "consumers"):
             if shown[what]:
                 self.stdout.write(f"  {what}: {', '.join(shown[what])}")
-        for m in shown["materializations"]:
+        rows = history(ds, partition=key, limit=limit)  # the text also shows each check's result
+        results = check_results([m.id for m in rows])
+        for m, row in zip(shown["materializations"], rows, strict=False):
             figures = ", ".join(f"{k} {m[k]}" for k in ("rows", "bytes", "files") if m[k] is not None)
-            self.stdout.write(f"  [{m['partition'] or '-'}] {m['at']}  {figures}")
+            self.stdout.write(f"  [{m['partition'] or '-'}] {m['at']}  {figures}  checks {m['checks']}")
+            for r in results[row.id]:
+                verdict = "pending" if r["passed"] is None else ("passed" if r["passed"] else "FAILED")
+                said = " ".join(str(x) for x in (r["message"], r["figures"] or "") if x)
+                self.stdout.write(f"      {r['check']} ({r['severity']}): {verdict} {said}".rstrip())
 
     def do_observe(self, *, name, partition, json: bool, **_):
         recorded = datasets.observe(name, partition)
@@ -176,6 +198,22 @@ class Command(BaseCommand):
             )
         if wait and result["state"] not in ("succeeded", "nothing to do"):
             raise SystemExit(1)
+
+    def do_override(self, *, name, partition, comment, user, json: bool, **_):
+        ds = get_dataset(name)
+        key = ds.partition_key(partition)
+        username = user or getpass.getuser()
+        model = get_user_model()
+        by = model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()
+        if by is None:
+            how = "--user" if user else f"the OS login name {username!r} (pass --user NAME)"
+            raise CommandError(f"no Django user {username!r} (from {how}); nothing was written")
+        done = override_failed_checks(by, latest(ds.name, key), comment)
+        fields = {"dataset": done.dataset, "partition": done.partition, "id": done.id, "checks": done.checks}
+        if json:
+            self.stdout.write(_dumps(fields))
+        else:
+            self.stdout.write(f"{done.dataset}[{done.partition or '-'}] materialization {done.id}: checks overridden")
 
 
 def _partitioning(described) -> str:

@@ -282,7 +282,8 @@ class Command(BaseCommand):
                 f"workflow {status['id']} {status['name']} {status['state']} (attempt {status['attempt']})"
             )
             for step in status["steps"]:
-                self.stdout.write(f"  {step['state']:<10} {step['name']}")
+                why = f"  ({step['blocked_by']})" if "blocked_by" in step else ""
+                self.stdout.write(f"  {step['state']:<10} {step['name']}{why}")
         if wait and status["state"] != "succeeded":
             sys.stdout.flush()
             raise SystemExit(1)
