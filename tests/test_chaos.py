@@ -7,6 +7,7 @@ timestamps) and hand it to queue_app/chaos/checks.py, so what they prove is the 
 
 import json
 import os
+import random
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -16,6 +17,7 @@ import pytest
 
 from queue_app import engine
 from queue_app.chaos import checks
+from queue_app.chaos.debounce import DebounceFeed, check_chunks, check_debounce
 from queue_app.chaos.history import load
 from queue_app.models import DeadLetter, ExecutionLog, ProbeEffect, QueueItem, Reservation
 
@@ -96,6 +98,13 @@ EVERY_INVARIANT = [
     ("dead letters = planted poison", lambda f: f["unexplained"] == 0 and f["poison_dead"] == f["planted"] > 0),
     ("workers behaved", lambda f: f["crashed"] == 0 and f["sigterm_exit_0"] == f["sigtermed"]),
     ("id marks bound every later row", lambda f: f["marks"] > 0 and f["rows"] >= 3_000),
+    # chunked probes (at-least-once and at-most-once) ran in calls of several items; each item judged above
+    ("chunked handlers ran chunks", lambda f: f["items"] > 0 and f["largest_chunk"] > 1),
+    # debounced enqueues fed during the faults: each key's latest payload ran, nothing dropped, counts add up
+    (
+        "debounce: each key's latest payload ran",
+        lambda f: f["enqueues"] == 160 and f["items"] > 4 and f["absorbed"] > 0 and f["double_ready"] == 0,
+    ),
 ]
 
 
@@ -326,3 +335,29 @@ def test_a_row_stamped_after_an_id_mark_with_an_id_at_or_below_it_is_caught(scen
     assert [p.split(" stamped")[0] for p in check.problems if p.startswith("reservation ")] == [
         f"reservation {retry.id}"
     ]
+
+
+def test_a_debounced_key_whose_latest_payload_did_not_run_is_caught(db):
+    """Three debounced enqueues of one key collapse into one item; done with the latest payload it passes, with an
+    older payload (the latest lost) or left ready it fails."""
+    feed = DebounceFeed(keys=1, per_key=3, using="default", rng=random.Random(1))
+    feed.finish()
+    (item_id,) = feed.ids()
+    QueueItem.objects.filter(id=item_id).update(state="done")
+    passed = check_debounce(feed)
+    assert passed.passed, passed.problems
+    assert passed.figures["items"] == 1 and passed.figures["absorbed"] == 2
+    QueueItem.objects.filter(id=item_id).update(payload={"debounce": "debounce-0", "seq": 1})
+    assert not check_debounce(feed).passed
+    QueueItem.objects.filter(id=item_id).update(payload={"debounce": "debounce-0", "seq": 2}, state="ready")
+    assert not check_debounce(feed).passed
+
+
+def test_chunked_items_each_run_alone_are_caught(scene):
+    """check_chunks fails when no handler call of the chunked items took more than one of them."""
+    items = [scene.item(checks.AT_LEAST_ONCE) for _ in range(2)]
+    for n, item in enumerate(items):
+        scene.attempt(item, "w2", 40 + n, "done")  # runs at different moments: two calls of one item
+    assert not check_chunks(load("default"), items).passed
+    ExecutionLog.objects.filter(item_id__in=items).update(executed_at=T0)  # one call of both
+    assert check_chunks(load("default"), items).passed

@@ -119,6 +119,11 @@ DEEP = "[" * 64 + "1" + "]" * 64  # 65 levels with the scalar: one more than MAX
         ("queue_app.echo", "{}", {"dedup_key": "k", "dedup_window": 0.0}, "dedup_window must be a finite number"),
         ("queue_app.echo", "{}", {"ordering_key": ""}, "must be non-empty strings of at most 200 characters"),
         ("tests.sqlapi_once", "{}", {"max_attempts": 3}, "is an at-most-once task, never retried"),
+        ("queue_app.echo", "{}", {"debounce_key": "k"}, "takes both debounce_key and debounce"),
+        ("queue_app.echo", "{}", {"debounce_key": "k", "debounce": 0.0}, "debounce must be a finite number"),
+        ("queue_app.echo", "{}", {"debounce_key": "k", "debounce": 2.0, "debounce_max": 1.0}, "at least debounce"),
+        ("queue_app.echo", "{}", {"debounce_key": "k", "debounce": 1.0, "dedup_key": "d"}, "not both"),
+        ("queue_app.echo", "{}", {"debounce_key": "k", "debounce": 1.0, "delay": 5.0}, "not run_at or delay"),
     ],
 )
 def test_bad_input_is_a_clear_error_and_writes_nothing(pg, task, payload, options, message):
@@ -129,6 +134,23 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(pg, task, payload, option
     pg.execute("SELECT 1")  # the connection is usable again
     assert not QueueItem.objects.exists()
     assert not Queue.objects.filter(name__in=["sqlapi-bad", "bad queue"]).exists()
+
+
+def test_debounced_sql_enqueues_collapse_into_one_item_with_the_latest_payload(pg):
+    """The Python enqueue's debounce (the same upsert): three enqueues of a key, one item carrying the third
+    payload, two absorbed; an item of another task holding the key refuses the enqueue."""
+    ids = [
+        enqueue(pg, "queue_app.echo", json.dumps({"n": n}), queue="sqlapi-debounce", debounce_key="k", debounce=60.0)
+        for n in range(3)
+    ]
+    pg.commit()
+    assert len(set(ids)) == 1
+    item = QueueItem.objects.get(id=ids[0])
+    assert (item.payload, item.absorbed, item.debounce_key) == ({"n": 2}, 2, "k")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="held by a ready item of another task"):
+        enqueue(pg, "tests.flaky", queue="sqlapi-debounce", debounce_key="k", debounce=60.0)
+    pg.rollback()
+    assert QueueItem.objects.count() == 1
 
 
 def test_run_at_and_delay_together_are_refused(pg):

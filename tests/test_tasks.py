@@ -16,6 +16,8 @@ BUILT_INS = [
     "queue_app.probe",
     "queue_app.probe_at_most_once",
     "queue_app.probe_transactional",
+    "queue_app.probe_chunk",
+    "queue_app.probe_chunk_at_most_once",
 ]
 
 
@@ -31,6 +33,7 @@ def test_built_in_tasks_are_discovered_without_configuration():
     assert tasks["queue_app.probe"].delivery is Delivery.AT_LEAST_ONCE
     assert tasks["queue_app.probe_at_most_once"].delivery is Delivery.AT_MOST_ONCE
     assert tasks["queue_app.probe_transactional"].delivery is Delivery.TRANSACTIONAL
+    assert tasks["queue_app.probe_chunk"].chunk.size == tasks["queue_app.probe_chunk_at_most_once"].chunk.size == 20
 
 
 def test_unknown_task_name_raises_unknown_task():

@@ -1,5 +1,6 @@
-"""What a chaos run plants: its sizes, and the items (probes in three delivery modes, ordering keys, group keys
-on a queue under flow control, poison).
+"""What a chaos run plants: its sizes, and the items (probes in three delivery modes, chunked probes in two,
+ordering keys, group keys on a queue under flow control, poison). Debounced enqueues are fed during the faults
+(debounce.py).
 
 Every item is a probe (queue_app/tasks.py), so every run of its handler leaves an ExecutionLog row and its
 effect a ProbeEffect row, except the poison, which the worker must dead-letter: an unknown task, and probes
@@ -35,6 +36,10 @@ MODES = {
     "transactional": "queue_app.probe_transactional",
 }
 MODE_SHARE = {"at_least_once": 0.4, "at_most_once": 0.3, "transactional": 0.3}
+# Chunked probes (a handler call takes up to 20 items, each settled on its own): a share of the unordered batches
+# of the modes a chunk may have (a chunked task is never transactional).
+CHUNK_MODES = {"at_least_once": "queue_app.probe_chunk", "at_most_once": "queue_app.probe_chunk_at_most_once"}
+CHUNK_SHARE = 0.15
 UNKNOWN_TASK = "chaos.no_such_task"
 
 LEASE_EXPIRED = "lease expired on the last attempt"  # a poison probe whose worker was killed while it ran
@@ -78,6 +83,8 @@ class Sizes:
     min_gap: float  # seconds between two faults at least
     deadline: float  # seconds the whole run may take before it gives up (and fails)
     amo_kills: int = 1  # kill -9 of a worker while it runs at-most-once handlers (their dead letters must say so)
+    debounce_keys: int = 4  # debounce keys fed during the faults (debounce.py)
+    debounce_per_key: int = 40  # enqueues per debounce key
 
     def scaled(self, items: int | None = None, workers: int | None = None) -> "Sizes":
         sizes = self if items is None else replace(self, items=items, poison=max(4, min(self.poison, items // 50)))
@@ -91,6 +98,7 @@ QUICK = Sizes(
 FULL = Sizes(
     items=100_000, workers=3, concurrency=4, kills=8, sigterms=3, restarts=1, cuts=2, cut_seconds=3.0, keys=20,
     ordered_share=0.05, flow_share=0.02, poison=100, sleep_share=0.02, sleep_seconds=0.2, min_gap=5.0, deadline=3600.0,
+    debounce_keys=8, debounce_per_key=200,
 )  # fmt: skip
 
 
@@ -102,6 +110,7 @@ class Planted:
     by_key: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     poison: dict[int, str] = field(default_factory=dict)  # id -> poison kind
     flow: list[int] = field(default_factory=list)  # the items on the flow-controlled queue
+    chunked: list[int] = field(default_factory=list)  # the items of chunked probes
 
     @property
     def total(self) -> int:
@@ -148,8 +157,13 @@ def plan(sizes: Sizes, rng: random.Random) -> list[Batch]:
     while left > 0:
         n = min(left, rng.randint(50, 300))
         mode = _mode(rng)
-        unordered.append(Batch(MODES[mode], QUEUE, _work_payloads(rng, n, sizes), mode=mode))
+        task = CHUNK_MODES[mode] if mode in CHUNK_MODES and rng.random() < CHUNK_SHARE else MODES[mode]
+        unordered.append(Batch(task, QUEUE, _work_payloads(rng, n, sizes), mode=mode))
         left -= n
+    for mode, task in CHUNK_MODES.items():  # at least one chunked batch of each such mode, whatever the draw
+        of_mode = [n for n, b in enumerate(unordered) if b.mode == mode]
+        if of_mode and not any(unordered[n].task == task for n in of_mode):
+            unordered[of_mode[0]] = replace(unordered[of_mode[0]], task=task)
     fifo: list[Batch] = []
     per_key = {f"key-{k:02d}": ordered // sizes.keys + (k < ordered % sizes.keys) for k in range(sizes.keys)}
     while any(per_key.values()):
@@ -198,6 +212,8 @@ def enqueue(batches: list[Batch], using: str, progress: Callable[[int], None] | 
             planted.by_key[batch.ordering_key].extend(ids)
         if batch.group_key:
             planted.flow.extend(ids)
+        if batch.task in CHUNK_MODES.values():
+            planted.chunked.extend(ids)
         done += len(ids)
         if progress is not None:
             progress(done)

@@ -29,8 +29,9 @@ from ..webhooks.events import WEBHOOK_QUEUE
 from ..webhooks.models import WebhookDelivery, WebhookEndpoint
 from ..webhooks.sender import new_secret
 from . import plan as plan_mod
-from .checks import POISON, Check, Expect, run_checks
+from .checks import AT_LEAST_ONCE, POISON, Check, Expect, run_checks
 from .cluster import Cluster
+from .debounce import DebounceFeed, check_chunks, check_debounce
 from .faults import Fault, Fired, schedule
 from .fleet import Fleet
 from .history import load
@@ -75,6 +76,7 @@ class ChaosRun:
         self.drained = False
         self.unfired: list[Fault] = []
         self.outages: list[tuple[datetime, datetime]] = []  # wall clock (UTC) of each restart and cut
+        self.debounce: DebounceFeed | None = None  # debounced enqueues fed while the faults fire
 
     def say(self, message: str) -> None:
         self._write(f"[{time.monotonic() - self.t0:7.1f}s] {message}")
@@ -227,8 +229,11 @@ class ChaosRun:
         self.say(f"{sizes.workers} workers started; faults: " + ", ".join(f"{f.kind}@{f.at:.0%}" for f in pending))
         next_fault, next_line = self.work_started + MIN_AGE, 0.0
         deadline = self.t0 + sizes.deadline
+        # Its own random stream, so the fault schedule and victims of a seed stay what they were.
+        self.debounce = DebounceFeed(sizes.debounce_keys, sizes.debounce_per_key, ALIAS, random.Random(self.opts.seed))
         while pending and time.monotonic() < deadline:
             self._replace_crashed()
+            self.debounce.tick()
             open_items = self._open()
             now = time.monotonic()
             if open_items is not None:
@@ -243,6 +248,8 @@ class ChaosRun:
                         next_fault = time.monotonic() + sizes.min_gap + fired.seconds * (fired.kind == "cut")
             time.sleep(0.2)
         self.unfired = pending
+        self.debounce.finish()
+        self.say(f"debounced: {sum(map(len, self.debounce.sent.values()))} enqueues over {sizes.debounce_keys} keys")
         self.phase_times["faults"] = time.monotonic() - self.work_started
 
     def _replace_crashed(self) -> None:
@@ -360,6 +367,8 @@ class ChaosRun:
         for mode, ids in self.planted.by_mode.items():
             modes.update(dict.fromkeys(ids, mode))
         modes.update(dict.fromkeys(self.planted.poison, POISON))
+        # Debounced probes (at-least-once): the items the enqueues named, and any a lost reply left unnamed.
+        modes.update(dict.fromkeys([*self.debounce.ids(), *self.debounce.unnamed()], AT_LEAST_ONCE))
         sigtermed = {p.worker_id for p in self.fleet.procs if p.fate in ("sigterm", "stopped")}
         amo_killed = {i: f.worker_id for f in self.fired if f.kind == "kill_amo" for i in f.amo_running}
         return Expect(
@@ -376,7 +385,8 @@ class ChaosRun:
         started = time.monotonic()
         history = load(ALIAS, exclude_queues=(WEBHOOK_QUEUE,))  # the webhooks are judged by _check_webhooks
         expect = self._expect()
-        checks = [*run_checks(history, expect), self._check_webhooks(), self._check_faults(), self._check_workers()]
+        checks = [*run_checks(history, expect), check_chunks(history, self.planted.chunked)]
+        checks += [check_debounce(self.debounce), self._check_webhooks(), self._check_faults(), self._check_workers()]
         self.phase_times["check"] = time.monotonic() - started
         elapsed = time.monotonic() - self.t0
         report = Report(self, history, expect, checks, elapsed)

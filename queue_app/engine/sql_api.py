@@ -2,9 +2,10 @@
 consumers that are not Django (another language, a trigger, a psql script), inside their own transactions.
 
 One source: each function's data-changing statement IS the engine's own (sql.ENQUEUE, sql.ENQUEUE_DEDUP,
-sql.DEDUP_OWNER, sql.LEASE, sql.COMPLETE_MANY, sql.FAIL) with its %(name)s parameters bound to PL/pgSQL
-variables here, so the item INSERT, the dedup claim, the lease and the fenced settles are written once. The
-migration that installs them holds a frozen copy of INSTALL; tests/test_sql_api_source.py compares the two.
+sql.DEDUP_OWNER, sql.ENQUEUE_DEBOUNCE, sql.LEASE, sql.COMPLETE_MANY, sql.FAIL) with its %(name)s parameters bound
+to PL/pgSQL variables here, so the item INSERT, the dedup claim, the debounce upsert, the lease and the fenced
+settles are written once. The migrations that install them hold frozen copies (0025, and jobsite_enqueue's with
+debounce in 0038); tests/test_sql_api_source.py compares the migrated functions with INSTALL.
 
 Task defaults (queue, attempts, dedup window, at-most-once) live in Python, in the @job declarations
 (registry.item_defaults). The database cannot read them there, so they are published into TASKS (publish(),
@@ -49,10 +50,14 @@ _ENQUEUE_VARIABLES = _variables(
     "queue_retention",
     "dedup_key",
     "dedup_window",
+    "debounce_key",
+    "debounce",
+    "debounce_max",
 )
 _ENQUEUE = _bound(sql.ENQUEUE, **_ENQUEUE_VARIABLES).strip()
 _ENQUEUE_DEDUP = _bound(sql.ENQUEUE_DEDUP, **_ENQUEUE_VARIABLES).strip()
 _DEDUP_OWNER = _bound(sql.DEDUP_OWNER, **_ENQUEUE_VARIABLES).strip()
+_ENQUEUE_DEBOUNCE = _bound(sql.ENQUEUE_DEBOUNCE, **_ENQUEUE_VARIABLES).strip()
 _LEASE = _bound(
     sql.LEASE,
     queues="ARRAY[v_queue]",
@@ -86,7 +91,8 @@ CREATE OR REPLACE FUNCTION jobsite_enqueue(
     task text, payload jsonb DEFAULT '{{}}', queue text DEFAULT NULL, priority integer DEFAULT NULL,
     run_at timestamptz DEFAULT NULL, delay double precision DEFAULT NULL, dedup_key text DEFAULT NULL,
     dedup_window double precision DEFAULT NULL, ordering_key text DEFAULT NULL, group_key text DEFAULT NULL,
-    max_attempts integer DEFAULT NULL, lease_timeout double precision DEFAULT NULL
+    max_attempts integer DEFAULT NULL, lease_timeout double precision DEFAULT NULL, debounce_key text DEFAULT NULL,
+    debounce double precision DEFAULT NULL, debounce_max double precision DEFAULT NULL
 ) RETURNS bigint LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -104,6 +110,10 @@ DECLARE
     v_group_key text := jobsite_enqueue.group_key;
     v_max_attempts integer := jobsite_enqueue.max_attempts;
     v_lease_timeout double precision := jobsite_enqueue.lease_timeout;
+    v_debounce_key text := jobsite_enqueue.debounce_key;
+    v_debounce double precision := jobsite_enqueue.debounce;
+    v_debounce_max double precision := jobsite_enqueue.debounce_max;
+    v_absorbed integer;
     v_channel text;
     v_queue_lease_timeout double precision;
     v_queue_max_attempts integer;
@@ -151,9 +161,28 @@ BEGIN
         RAISE EXCEPTION 'lease_timeout must be a finite number >= 0.001, not %', v_lease_timeout {_BAD};
     END IF;
     IF v_ordering_key = '' OR length(v_ordering_key) > 200 OR v_group_key = '' OR length(v_group_key) > 200
-       OR v_dedup_key = '' OR length(v_dedup_key) > 200 THEN
-        RAISE EXCEPTION 'ordering_key, group_key and dedup_key must be non-empty strings of at most 200 characters'
-            {_BAD};
+       OR v_dedup_key = '' OR length(v_dedup_key) > 200 OR v_debounce_key = '' OR length(v_debounce_key) > 200 THEN
+        RAISE EXCEPTION 'ordering_key, group_key, dedup_key and debounce_key must be non-empty strings of at most 200 '
+            'characters' {_BAD};
+    END IF;
+    IF v_debounce_key IS NOT NULL OR v_debounce IS NOT NULL OR v_debounce_max IS NOT NULL THEN
+        IF v_dedup_key IS NOT NULL THEN
+            RAISE EXCEPTION 'give dedup_key (keep the first) or debounce_key (keep the latest), not both' {_BAD};
+        END IF;
+        IF v_debounce_key IS NULL OR v_debounce IS NULL THEN
+            RAISE EXCEPTION 'a debounced enqueue takes both debounce_key and debounce (seconds)' {_BAD};
+        END IF;
+        IF v_debounce < 0.001 OR v_debounce IN ('NaN', 'Infinity') THEN
+            RAISE EXCEPTION 'debounce must be a finite number >= 0.001, not %', v_debounce {_BAD};
+        END IF;
+        IF v_debounce_max < v_debounce OR v_debounce_max IN ('NaN', 'Infinity') THEN
+            RAISE EXCEPTION 'debounce_max (% s) must be a finite number of at least debounce (% s)', v_debounce_max,
+                v_debounce {_BAD};
+        END IF;
+        IF v_run_at IS NOT NULL OR v_delay <> 0 THEN
+            RAISE EXCEPTION 'a debounced item is due when its key goes quiet: give debounce, not run_at or delay'
+                {_BAD};
+        END IF;
     END IF;
     IF octet_length(v_payload::text) > s.max_payload_bytes THEN
         RAISE EXCEPTION 'payload is % bytes, over the limit of %', octet_length(v_payload::text),
@@ -166,6 +195,15 @@ BEGIN
     v_queue_lease_timeout := s.default_lease_timeout;
     v_queue_max_attempts := s.default_max_attempts;
     v_queue_retention := make_interval(days => s.default_retention_days);
+    IF v_debounce_key IS NOT NULL THEN
+        {_ENQUEUE_DEBOUNCE}
+        INTO v_id, v_when, v_created, v_absorbed, v_notified;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'debounce key % is held by a ready item of another task in queue %',
+                quote_literal(v_debounce_key), quote_literal(v_queue) {_BAD};
+        END IF;
+        RETURN v_id;  -- a new item of the key, or its ready item now carrying this payload
+    END IF;
     IF v_dedup_key IS NULL THEN
         {_ENQUEUE}
         INTO v_id, v_when, v_created, v_notified;

@@ -1,5 +1,8 @@
 """The probes, one task per delivery mode: `queue_app.probe` (at-least-once), `queue_app.probe_at_most_once`,
-`queue_app.probe_transactional`.
+`queue_app.probe_transactional`; and two chunked ones (`queue_app.probe_chunk`, at-least-once, and
+`queue_app.probe_chunk_at_most_once`: `ChunkPolicy(size=20, timeout=0.2)`), whose handler call records every item
+of its chunk in one statement (so the rows of one call share their `executed_at`), sleeps the longest `sleep` asked
+once, and returns an ItemRetry for an item asked to `fail`.
 
 Each run of a probe's handler writes an ExecutionLog row (item, reservation, attempt, pid, worker, time) and
 upserts its ProbeEffect (`applied + 1`). In transactional delivery the effect is written inside the handler's
@@ -8,6 +11,7 @@ autocommit statement. Counting those rows is how anyone checks the guarantees fr
 `{"sleep": seconds, "fail": true}` (both optional: sleep after recording, then fail if asked).
 """
 
+import json
 import os
 import threading
 import time
@@ -17,7 +21,7 @@ import psycopg
 from django.db import connection
 
 from .. import engine
-from ..registry import Context, Delivery, job
+from ..registry import ChunkItem, ChunkPolicy, Context, Delivery, ItemRetry, job
 
 
 class ProbeFailed(Exception):
@@ -37,6 +41,20 @@ ON CONFLICT (key) DO UPDATE SET applied = e.applied + 1, applied_at = clock_time
 """
 # Outside a transaction both writes go in one statement: one commit per run.
 _LOG_AND_APPLY = f"WITH log AS ({_LOG_EXECUTION}) {_APPLY_EFFECT}"
+
+# A chunk's runs: one row each (statement_timestamp(): the same for every item of the call), one effect each.
+_LOG_AND_APPLY_CHUNK = """
+WITH r AS (
+    SELECT * FROM jsonb_to_recordset(%(runs)s::jsonb) AS r(item_id bigint, reservation_id bigint, attempt integer,
+        task text, delivery text, pid integer, worker_id text, key text)
+), log AS (
+    INSERT INTO queue_app_executionlog (item_id, reservation_id, attempt, task, delivery, pid, worker_id, executed_at)
+    SELECT item_id, reservation_id, attempt, task, delivery, pid, worker_id, statement_timestamp() FROM r
+)
+INSERT INTO queue_app_probeeffect AS e (key, applied, applied_at) SELECT key, 1, clock_timestamp() FROM r
+ON CONFLICT (key) DO UPDATE SET applied = e.applied + 1, applied_at = clock_timestamp()
+"""
+PROBE_CHUNK = ChunkPolicy(size=20, timeout=0.2)
 
 _log_connections = threading.local()
 
@@ -110,3 +128,23 @@ probe_at_most_once = job(
 probe_transactional = job(
     "queue_app.probe_transactional", delivery=Delivery.TRANSACTIONAL, hard_timeout=PROBE_HARD_TIMEOUT
 )(_probe)
+
+
+def _probe_chunk(items: list[ChunkItem]) -> list[Any]:
+    with connection.cursor() as cur:
+        cur.execute(_LOG_AND_APPLY_CHUNK, {"runs": json.dumps([_run_record(item.ctx) for item in items])})
+    options = [item.payload if isinstance(item.payload, dict) else {} for item in items]
+    time.sleep(max((float(o.get("sleep") or 0) for o in options), default=0.0))
+    return [
+        ItemRetry(f"probe asked to fail (attempt {item.ctx.attempt})") if o.get("fail") else {"chunk": len(items)}
+        for item, o in zip(items, options, strict=True)
+    ]
+
+
+probe_chunk = job("queue_app.probe_chunk", chunk=PROBE_CHUNK, hard_timeout=PROBE_HARD_TIMEOUT)(_probe_chunk)
+probe_chunk_at_most_once = job(
+    "queue_app.probe_chunk_at_most_once",
+    chunk=PROBE_CHUNK,
+    delivery=Delivery.AT_MOST_ONCE,
+    hard_timeout=PROBE_HARD_TIMEOUT,
+)(_probe_chunk)
