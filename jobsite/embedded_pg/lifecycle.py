@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -47,19 +48,34 @@ def ensure_running() -> dict:
         info = wait_ready(pgdata, START_TIMEOUT, only_if_starting=True)
         if info is None:
             engine = choose_engine(pgdata)
-            try:
-                engine.start(pgdata)
-            except ImproperlyConfigured:
-                raise
-            except Exception as exc:
-                raise ImproperlyConfigured(
-                    f"Could not start the embedded PostgreSQL ({engine!r}) in {pgdata}: {exc}\n{log_tail(pgdata)}"
-                ) from exc
-            info = wait_ready(pgdata, START_TIMEOUT)
+            info = _start(engine, pgdata)
             _started_here = info is not None
         if info is None:
             raise ImproperlyConfigured(f"The embedded PostgreSQL in {pgdata} did not become ready.\n{log_tail(pgdata)}")
         return connection_params(info)
+
+
+def _start(engine, pgdata: Path):
+    """Start the cluster with `engine` and wait for it to be ready (None if it never is). pgserver gives pg_ctl
+    10 s: on a loaded machine the server is often still starting when that runs out (pgserver then fails reading a
+    log not written yet), so a failed start waits for a postmaster that is coming up, and is tried once more when
+    none is there."""
+    for attempt in (1, 2):
+        try:
+            engine.start(pgdata)
+        except ImproperlyConfigured:
+            raise
+        except Exception as exc:
+            info = wait_ready(pgdata, START_TIMEOUT, only_if_starting=True)
+            if info is not None:
+                return info
+            if attempt == 2:
+                raise ImproperlyConfigured(
+                    f"Could not start the embedded PostgreSQL ({engine!r}) in {pgdata}: {exc}\n{log_tail(pgdata)}"
+                ) from exc
+            continue
+        return wait_ready(pgdata, START_TIMEOUT)
+    return None
 
 
 def ensure_database(name: str, params: dict | None = None) -> bool:
