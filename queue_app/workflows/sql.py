@@ -766,10 +766,14 @@ WITH sent AS MATERIALIZED (
            row_number() OVER (PARTITION BY u.name, u.key ORDER BY u.ord) AS rn
     FROM unnest(%(names)s::text[], %(keys)s::text[], %(payloads)s::text[]) WITH ORDINALITY AS u(name, key, payload, ord)
 ), open_waits AS MATERIALIZED (
-    SELECT s.id AS step_id, s.workflow_id, s.item_id, s.spec->>'event' AS name, s.spec->>'key' AS key
-    FROM queue_app_workflowstep s JOIN {ITEM} i ON i.id = s.item_id
-    WHERE s.kind = 'event' AND s.state = 'queued' AND i.state = 'ready'
-      AND (s.spec->>'event', s.spec->>'key') IN (SELECT DISTINCT name, key FROM sent)
+    SELECT s.id AS step_id, s.workflow_id, s.item_id, k.name, k.key
+    FROM (SELECT DISTINCT name, key FROM sent) AS k
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.workflow_id, o.item_id FROM queue_app_workflowstep o
+        WHERE o.kind = 'event' AND o.state = 'queued' AND o.spec->>'event' = k.name AND o.spec->>'key' = k.key
+    ) AS s
+    JOIN {ITEM} i ON i.id = s.item_id
+    WHERE i.state = 'ready'
     ORDER BY s.id
     FOR UPDATE OF i
 ), waits AS (

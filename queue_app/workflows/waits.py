@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 
 from ..conf import queue_settings
 from ..engine.db import cursor
@@ -33,7 +33,7 @@ class SentEvent:
         return self.step_id is not None
 
 
-def send_event(name: str, key: str, payload: Any = None) -> SentEvent:
+def send_event(name: str, key: str, payload: Any = None, *, using: str = "default") -> SentEvent:
     """Send the event `name` with `key`: the oldest step waiting for it ends now with `payload` as its result;
     with none waiting it is kept for JOBSITE WORKFLOW_EVENT_LOOKBACK seconds and ends the first wait for it
     created meanwhile. Each event ends at most one wait, each wait takes one event. Runs in the caller's
@@ -46,7 +46,7 @@ def send_event(name: str, key: str, payload: Any = None) -> SentEvent:
         "payload": encoded,
         "lookback": float(queue_settings.WORKFLOW_EVENT_LOOKBACK),
     }
-    with transaction.atomic(), cursor() as cur:
+    with transaction.atomic(using=using), cursor(using) as cur:
         cur.execute(sql.WORKFLOW_EVENT_LOCK, params)
         cur.execute(sql.WORKFLOW_SEND_EVENT, params)
         event_id, step_id, workflow_id, _ = cur.fetchone()
@@ -63,7 +63,7 @@ def _checked(name: Any, key: Any, payload: Any) -> str:
         raise WorkflowError(f"event {name!r}: {exc}") from None
 
 
-def send_events(events: Iterable[tuple[str, str, Any]]) -> list[SentEvent]:
+def send_events(events: Iterable[tuple[str, str, Any]], *, using: str = "default") -> list[SentEvent]:
     """Send many events at once, each `(name, key, payload)`: one multi-row statement stores them all and matches
     them as `send_event` would one after another in the order given (per name and key, the oldest waiting steps
     end first, one event each; the rest are kept for the lookback), in one transaction, the caller's if any.
@@ -79,7 +79,9 @@ def send_events(events: Iterable[tuple[str, str, Any]]) -> list[SentEvent]:
         "payloads": payloads,
         "lookback": float(queue_settings.WORKFLOW_EVENT_LOOKBACK),
     }
-    with transaction.atomic(), cursor() as cur:
+    # Planned per call, not prepared: a generic plan of the batch statement ignores the batch's size and ran ten
+    # times slower (0.5 s for 1,000 events against 50 ms).
+    with transaction.atomic(using=using), connections[using].cursor() as cur:
         cur.execute(sql.WORKFLOW_EVENTS_LOCK, params)
         cur.execute(sql.WORKFLOW_SEND_EVENTS, params)
         ids, steps, workflows, _ = cur.fetchone()
