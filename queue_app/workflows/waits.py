@@ -38,7 +38,7 @@ def send_event(name: str, key: str, payload: Any = None, *, using: str = "defaul
     with none waiting it is kept for JOBSITE WORKFLOW_EVENT_LOOKBACK seconds and ends the first wait for it
     created meanwhile. Each event ends at most one wait, each wait takes one event. Runs in the caller's
     transaction. WorkflowError for a bad name or key (1-200 characters, no control characters) or a payload that
-    is not JSON, before anything is written."""
+    is not JSON, before anything is written. `using`: the database alias."""
     encoded = _checked(name, key, payload)
     params = {
         "name": name,
