@@ -109,7 +109,14 @@ def test_every_part_reads_finished_work_across_the_archive(manage, tmp_path):
     assert "maintenance unit=archive archived=" in "".join(
         p.read_text(errors="replace") for p in _logs_of(proc.stdout).glob("flow-rate-*.log")
     ), "the archiver did not move anything: this run proves nothing"
-    for key in ("ceiling.lease_batch", "jobsite.e2e", "flow.fair_share", "peer.procrastinate", "workflow.fan_in_p99"):
+    for key in (
+        "ceiling.lease_batch",
+        "jobsite.e2e",
+        "flow.fair_share",
+        "peer.procrastinate",
+        "workflow.fan_in_p99",
+        "waits.event_p99",
+    ):
         assert (figures[key]["value"] or 0) > 0, (figures[key], proc.stdout[-5000:])
     _check_ceiling(data, proc.stdout, out)
     _check_jobsite(figures)

@@ -8,12 +8,12 @@ from pathlib import Path
 
 from django.conf import settings
 
-from . import ceiling, churn, datasets_side, flow_control, jobsite_side, peers, tracing_side, workflow_side
+from . import ceiling, churn, datasets_side, flow_control, jobsite_side, peers, tracing_side, waits_side, workflow_side
 from .context import BenchContext, Progress, server_from_django
 from .report import Results, default_json_path, machine_info, table, write_json
 from .sizes import Sizes
 
-PARTS = ("ceiling", "jobsite", "flow", "peers", "workflow", "datasets", "tracing")
+PARTS = ("ceiling", "jobsite", "flow", "peers", "workflow", "waits", "datasets", "tracing")
 TRACEBACK_FRAMES = 4  # the innermost frames of a failed part's traceback kept in the report
 
 
@@ -68,6 +68,7 @@ def run_bench(
         "flow": lambda: flow_control.run(ctx, sizes, results),
         "peers": lambda: peers.run(ctx, sizes, results, peer_names),
         "workflow": lambda: workflow_side.run(ctx, sizes, results),
+        "waits": lambda: waits_side.run(ctx, sizes, results),
         "datasets": lambda: datasets_side.run(ctx, sizes, results),
         "tracing": lambda: tracing_side.run(ctx, sizes, results),
         "churn": lambda: churn.run(ctx, results, minutes=churn_minutes, rate=churn_rate),

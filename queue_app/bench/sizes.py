@@ -37,6 +37,12 @@ class Sizes:
     workflow_steps: int = 10_000
     workflow_delay_samples: int = 100
     workflow_delay_fan: int = 10
+    # waits (bench/waits_side.py): plain no-op items drained with and without `waits_present` sleeping or
+    # waiting workflows, event -> next step samples, events sent by batch
+    waits_noop: int = 20_000
+    waits_present: int = 100_000
+    waits_latency_samples: int = 200
+    waits_batch: int = 50_000
     # tracing: rounds of the three variants (off, on 100 %, on 1 %), taking turns; each keeps its best drain
     tracing_rounds: int = 2
 
@@ -61,6 +67,10 @@ QUICK = Sizes(
     workflow_steps=2_000,
     tracing_rounds=1,
     workflow_delay_samples=20,
+    waits_noop=5_000,
+    waits_present=2_000,
+    waits_latency_samples=20,
+    waits_batch=5_000,
 )
 
 FULL = Sizes(

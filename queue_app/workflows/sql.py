@@ -755,6 +755,55 @@ WORKFLOW_EVENT_LOCK = (
     f"SELECT pg_advisory_xact_lock({EVENT_LOCK_KEY.format(name='%(name)s::text', key='%(key)s::text')})"
 )
 
+# A batch of events sent at once (workflows/waits.py, send_events), after WORKFLOW_EVENTS_LOCK: one statement
+# stores them all and matches them the way WORKFLOW_SEND_EVENT matches one: per name and key, the batch's events
+# in their order end the waits open for it (timeout item still ready, locked), oldest first, one each; the rest
+# are kept for the lookback. The insert takes the events in batch order, so its ids ascend in it. Returns the
+# events' ids, the steps they ended (NULL: kept) and those steps' workflows, each an array in batch order.
+WORKFLOW_SEND_EVENTS = f"""
+WITH sent AS MATERIALIZED (
+    SELECT u.ord, u.name, u.key, u.payload::jsonb AS payload,
+           row_number() OVER (PARTITION BY u.name, u.key ORDER BY u.ord) AS rn
+    FROM unnest(%(names)s::text[], %(keys)s::text[], %(payloads)s::text[]) WITH ORDINALITY AS u(name, key, payload, ord)
+), open_waits AS MATERIALIZED (
+    SELECT s.id AS step_id, s.workflow_id, s.item_id, k.name, k.key
+    FROM (SELECT DISTINCT name, key FROM sent) AS k
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.workflow_id, o.item_id FROM queue_app_workflowstep o
+        WHERE o.kind = 'event' AND o.state = 'queued' AND o.spec->>'event' = k.name AND o.spec->>'key' = k.key
+    ) AS s
+    JOIN {ITEM} i ON i.id = s.item_id
+    WHERE i.state = 'ready'
+    ORDER BY s.id
+    FOR UPDATE OF i
+), waits AS (
+    SELECT *, row_number() OVER (PARTITION BY name, key ORDER BY step_id) AS rn FROM open_waits
+), matched AS (
+    SELECT sent.ord, sent.name, sent.key, sent.payload, w.step_id, w.workflow_id, w.item_id
+    FROM sent LEFT JOIN waits w ON w.name = sent.name AND w.key = sent.key AND w.rn = sent.rn
+), ev AS (
+    INSERT INTO queue_app_workflowevent (name, key, payload, created_at, expires_at, step_id, claimed_at)
+    SELECT name, key, payload, now(), now() + make_interval(secs => %(lookback)s::float8), step_id,
+           CASE WHEN step_id IS NOT NULL THEN now() END
+    FROM matched ORDER BY ord
+    RETURNING id
+), woken AS (
+    UPDATE {ITEM} i SET state = 'done', result = m.payload, finished_at = now(), updated_at = now()
+    FROM matched m WHERE i.id = m.item_id AND i.state = 'ready'
+    RETURNING i.id
+)
+SELECT (SELECT array_agg(id ORDER BY id) FROM ev), array_agg(step_id ORDER BY ord), array_agg(workflow_id ORDER BY ord),
+       (SELECT count(*) FROM woken)
+FROM matched
+"""
+# The advisory locks of a batch's names and keys, in one order (two batches sharing keys do not deadlock).
+WORKFLOW_EVENTS_LOCK = f"""
+SELECT count(pg_advisory_xact_lock(k)) FROM (
+    SELECT DISTINCT {EVENT_LOCK_KEY.format(name="u.name", key="u.key")} AS k
+    FROM unnest(%(names)s::text[], %(keys)s::text[]) AS u(name, key) ORDER BY k
+) AS locks
+"""
+
 # Events no wait claimed by the end of their lookback are dropped (workflows/waits.py, drop_expired_events; the
 # worker's drop_events unit), a batch at a time: a wait no longer claims them (its claim reads expires_at > now()),
 # and a claimed event is kept with its step. Returns how many were dropped.

@@ -5,6 +5,7 @@
     python manage.py queue_chaos --items 20000 --workers 4 --seed 7 --json-out var/chaos.json --keep
     python manage.py queue_chaos --workflow [--quick]   # kill -9 through ~2,000 workflow steps (quick ~250)
     python manage.py queue_chaos --triggers [--quick]   # kill -9 through data-aware triggers (quick: 150 partitions)
+    python manage.py queue_chaos --waits [--quick]      # kill -9 while 2,000 workflows sleep and wait (quick: 240)
 
 Runs on a private PostgreSQL cluster it creates (and restarts), never on DATABASE_URL's server. Exits 1 when
 any check fails.
@@ -20,6 +21,9 @@ from queue_app.chaos.runner import ChaosRun, Options
 from queue_app.chaos.triggers import FULL as TRIGGERS_FULL
 from queue_app.chaos.triggers import QUICK as TRIGGERS_QUICK
 from queue_app.chaos.triggers import TriggerChaosRun
+from queue_app.chaos.waits import FULL as WAITS_FULL
+from queue_app.chaos.waits import QUICK as WAITS_QUICK
+from queue_app.chaos.waits import WaitChaosRun
 from queue_app.chaos.workflow import FULL as WORKFLOW_FULL
 from queue_app.chaos.workflow import QUICK as WORKFLOW_QUICK
 from queue_app.chaos.workflow import WorkflowChaosRun
@@ -46,12 +50,20 @@ class Command(BaseCommand):
             help="the data-aware trigger scenario: kill -9 while 1,500 partitions' upstreams fire consumers "
             "(quick: 150)",
         )
+        parser.add_argument(
+            "--waits",
+            action="store_true",
+            help="the workflow-waits scenario: kill -9 while 2,000 workflows sleep and wait for events sent by "
+            "another process (quick: 240)",
+        )
 
     def handle(self, *args, **options):
         if options["workflow"]:
             return self.workflow(options)
         if options["triggers"]:
             return self.triggers(options)
+        if options["waits"]:
+            return self.scenario(options, WaitChaosRun, WAITS_QUICK if options["quick"] else WAITS_FULL)
         sizes = (QUICK if options["quick"] else FULL).scaled(options["items"], options["workers"])
         if sizes.items < 100:
             raise CommandError("--items must be at least 100")
@@ -90,6 +102,18 @@ class Command(BaseCommand):
             self.stdout.flush()
 
         run = TriggerChaosRun(Options(QUICK, seed, keep=options["keep"], json_out=options["json_out"]), write, sizes)
+        code = run.run()
+        if code:
+            raise SystemExit(code)
+
+    def scenario(self, options, run_class, sizes) -> None:
+        seed = options["seed"] if options["seed"] is not None else random.randrange(1_000_000)
+
+        def write(line: str) -> None:
+            self.stdout.write(line)
+            self.stdout.flush()
+
+        run = run_class(Options(QUICK, seed, keep=options["keep"], json_out=options["json_out"]), write, sizes)
         code = run.run()
         if code:
             raise SystemExit(code)
