@@ -104,7 +104,19 @@ def world() -> dict:
         },
         "webhookdelivery": {"replay": failed_delivery.pk},
         "workflow": _workflows(),
+        "datasetcheckresult": {"override_checks": _failed_check()},
     }
+
+
+def _failed_check() -> int:
+    """A materialization whose blocking check failed (to override)."""
+    from queue_app.datasets.models import DatasetCheckResult, Materialization
+
+    m = Materialization.objects.create(dataset="security", source="code", checks="failed")
+    return DatasetCheckResult.objects.create(
+        materialization_id=m.id, dataset="security", check_name="rows", severity="error", blocking=True,
+        passed=False, at=timezone.now(),
+    ).pk  # fmt: skip
 
 
 def _workflows() -> dict:
@@ -166,6 +178,7 @@ ACTION_PERMISSIONS = {
     ("webhookdelivery", "replay"): "queue_app.replay_webhookdelivery",
     ("workflow", "cancel_workflows"): "queue_app.cancel_workflow",
     ("workflow", "repair_workflows"): "queue_app.repair_workflow",
+    ("datasetcheckresult", "override_checks"): "queue_app.override_dataset_check",
 }
 
 
