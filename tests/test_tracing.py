@@ -150,7 +150,11 @@ def test_a_request_that_enqueues_then_two_attempts_in_a_worker_are_one_trace(tra
 def test_the_traced_lease_returns_the_items_context_and_a_steps_workflow_for_its_log_lines(traced):
     plain = engine.enqueue("queue_app.noop", queue="otel_lease").id
     limited = engine.enqueue("queue_app.noop", queue="otel_lease_limited").id  # leased by sql.LEASE_TRACED
+    fair = engine.enqueue("queue_app.noop", queue="otel_lease_fair", group_key="a").id  # LEASE_FAIR_TRACED
+    aged = engine.enqueue("queue_app.noop", queue="otel_lease_aged").id  # LEASE_AGED_TRACED
     Queue.objects.filter(name="otel_lease_limited").update(concurrency_limit=5)
+    Queue.objects.filter(name="otel_lease_fair").update(fair=True)
+    Queue.objects.filter(name="otel_lease_aged").update(aging_rate=1.0)
     untraced = engine.enqueue("queue_app.noop", queue="otel_lease_plain").id
     graph = Graph("otel-lease")
     graph.task("tests.logs_then_fails_once", {"n": 7}, name="only")
@@ -163,11 +167,14 @@ def test_the_traced_lease_returns_the_items_context_and_a_steps_workflow_for_its
     (lease,) = engine.lease(["otel_lease_plain"], 5, "otel-w", 60)
     assert lease.item_id == untraced and (lease.trace_context, lease.workflow_id, lease.step) == (None, None, None)
 
-    leases = engine.lease(["otel_lease", "otel_lease_limited", "json_logs"], 5, "otel-w", 60, traced=True)
+    queues = ["otel_lease", "otel_lease_limited", "otel_lease_fair", "otel_lease_aged", "json_logs"]
+    leases = engine.lease(queues, 9, "otel-w", 60, traced=True)
     got = {lease.item_id: (lease.trace_context, lease.workflow_id, lease.step) for lease in leases}
     assert got == {
         plain: (stored[plain], None, None),
         limited: (stored[limited], None, None),
+        fair: (stored[fair], None, None),
+        aged: (stored[aged], None, None),
         step_item.id: (workflow.trace_context, workflow.id, "only"),
     }
     assert stored[plain] and workflow.trace_context  # contexts stored, and returned as stored
