@@ -257,7 +257,7 @@ def _lease_ctes(queue_source: str, excluded: str = "", picked: str | None = None
     ending in one named picked with the same columns. `traced`: `leased` also returns the item's trace context
     and its workflow step (the traced statements: _LEASED_COLUMNS_TRACED).
     """
-    traced_columns = ", i.trace_context, i.workflow_step_id" if traced else ""
+    traced_columns = "              , i.trace_context, i.workflow_step_id\n" if traced else ""
     return f"""{picked or _picked(queue_source, excluded)}, terms AS (
     SELECT * FROM unnest(%(term_tasks)s::text[], %(term_leases)s::float8[], %(term_floors)s::float8[])
         AS t(task, lease, floor)
@@ -278,8 +278,8 @@ def _lease_ctes(queue_source: str, excluded: str = "", picked: str | None = None
         updated_at = now()
     WHERE i.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING i.reservation_id, i.id AS item_id, i.queue_id, i.task, i.payload, i.attempts AS attempt,
-              i.max_attempts, i.visible_at AS lease_expires_at, i.priority, i.ordering_key, i.run_at, i.created_at{traced_columns}
-), res AS (
+              i.max_attempts, i.visible_at AS lease_expires_at, i.priority, i.ordering_key, i.run_at, i.created_at
+{traced_columns}), res AS (
     INSERT INTO {RESERVATION}
         (id, item_id, attempt, worker_id, reserved_at, lease_expires_at, heartbeat_at, error, traceback)
     SELECT reservation_id, item_id, attempt, %(worker_id)s, now(), lease_expires_at, now(), '', '' FROM leased
