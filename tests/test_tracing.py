@@ -13,6 +13,7 @@ an exporter to the receiver; the workers are configured by the SDK's standard en
 """
 
 import json
+import logging
 
 import pytest
 from django.db import connection, transaction
@@ -24,11 +25,12 @@ from django.utils import timezone
 from queue_app import engine, services
 from queue_app.bench.otlp_receiver import Receiver
 from queue_app.engine import tracing
-from queue_app.logcontext import current
-from queue_app.models import QueueItem, Worker
+from queue_app.logcontext import ContextFilter, current
+from queue_app.models import Queue, QueueItem, Worker
+from queue_app.worker.execute import Job, run_job
 from queue_app.workflows import services as workflows
 from queue_app.workflows.definition import Graph
-from tests import workflow_tasks  # noqa: F401  registers wf.fan, wf.add (the worker imports them too)
+from tests import json_log_tasks, workflow_tasks  # noqa: F401  registers tests.logs_then_fails_once, wf.fan, wf.add
 from tests.tracing_fixtures import otel_env, receiver_fixture, traced_fixture  # noqa: F401  fixtures
 from tests.waiting import wait_for
 
@@ -145,6 +147,60 @@ def test_a_request_that_enqueues_then_two_attempts_in_a_worker_are_one_trace(tra
         assert cur.fetchone() == (stored,)
 
 
+def test_the_traced_lease_returns_the_items_context_and_a_steps_workflow_for_its_log_lines(traced):
+    plain = engine.enqueue("queue_app.noop", queue="otel_lease").id
+    limited = engine.enqueue("queue_app.noop", queue="otel_lease_limited").id  # leased by sql.LEASE_TRACED
+    fair = engine.enqueue("queue_app.noop", queue="otel_lease_fair", group_key="a").id  # LEASE_FAIR_TRACED
+    aged = engine.enqueue("queue_app.noop", queue="otel_lease_aged").id  # LEASE_AGED_TRACED
+    Queue.objects.filter(name="otel_lease_limited").update(concurrency_limit=5)
+    Queue.objects.filter(name="otel_lease_fair").update(fair=True)
+    Queue.objects.filter(name="otel_lease_aged").update(aging_rate=1.0)
+    untraced = engine.enqueue("queue_app.noop", queue="otel_lease_plain").id
+    graph = Graph("otel-lease")
+    graph.task("tests.logs_then_fails_once", {"n": 7}, name="only")
+    workflow = workflows.start_graph(graph)
+    workflow.refresh_from_db()
+    step_item = QueueItem.objects.get(workflow_step_id__isnull=False, queue_id="json_logs")
+    stored = dict(QueueItem.objects.values_list("id", "trace_context"))
+
+    # tracing off's statements return none of it (the worker's lease with tracing off)
+    (lease,) = engine.lease(["otel_lease_plain"], 5, "otel-w", 60)
+    assert lease.item_id == untraced and (lease.trace_context, lease.workflow_id, lease.step) == (None, None, None)
+
+    queues = ["otel_lease", "otel_lease_limited", "otel_lease_fair", "otel_lease_aged", "json_logs"]
+    leases = engine.lease(queues, 9, "otel-w", 60, traced=True)
+    got = {lease.item_id: (lease.trace_context, lease.workflow_id, lease.step) for lease in leases}
+    assert got == {
+        plain: (stored[plain], None, None),
+        limited: (stored[limited], None, None),
+        fair: (stored[fair], None, None),
+        aged: (stored[aged], None, None),
+        step_item.id: (workflow.trace_context, workflow.id, "only"),
+    }
+    assert stored[plain] and workflow.trace_context  # contexts stored, and returned as stored
+
+    # The step's handler, run as the worker runs it: its lines carry the workflow's id and the step's name.
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    keep = Keep()
+    keep.addFilter(ContextFilter())
+    handler_logger = logging.getLogger("tests.json_logs")
+    handler_logger.addHandler(keep)
+    try:
+        [step] = [lease for lease in leases if lease.item_id == step_item.id]
+        job = Job(step.reservation_id, step.item_id, step.queue, step.task, step.payload, 2, 3, "otel-w")
+        assert run_job(job._replace(workflow_id=step.workflow_id, step=step.step)).status == "ok"
+        assert run_job(job).status == "ok"  # not a step (or tracing off): no workflow ids
+    finally:
+        handler_logger.removeHandler(keep)
+    ids = [(r.item_id, getattr(r, "workflow_id", None), getattr(r, "workflow_step", None)) for r in seen]
+    assert ids == [(step_item.id, workflow.id, "only")] * 2 + [(step_item.id, None, None)] * 2
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_workflow_is_one_trace_under_its_start_span(traced, worker):
@@ -180,6 +236,10 @@ def test_a_workflow_is_one_trace_under_its_start_span(traced, worker):
         start_span_id
     }
     assert {s.parent_id for s in by_task["wf.add"]} == {fan.span_id}
+    # each step's attempt names its workflow and step (the traced lease returns them); the callback is no step
+    steps = {(s.attributes.get("jobsite.workflow_id"), s.attributes.get("jobsite.workflow_step")) for s in attempts}
+    assert {(workflow.id, "first"), (workflow.id, "second")} <= steps
+    assert (None, None) in steps and {wf_id for wf_id, _ in steps} == {workflow.id, None}
 
 
 @pytest.mark.slow

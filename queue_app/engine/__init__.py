@@ -9,7 +9,7 @@ for held in engine.lease(["default"], 10, worker_id="w1"):
 from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue, is_task_name, notify, use_task_defaults
 from .errors import InvalidEnqueue, QueueError, StaleReservation
 from .history import archive, drop_expired_partitions, ensure_partitions, prune_history, within_lock_timeout
-from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, ready_exists, settle_and_lease, trace_contexts
+from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, ready_exists, settle_and_lease
 from .maintenance import (
     analyze,
     bloated_tables,
@@ -85,7 +85,6 @@ __all__ = [
     "start_at_most_once",
     "sweep_workers",
     "take_mark",
-    "trace_contexts",
     "try_maintenance_lock",
     "try_wake_lock",
     "use_task_defaults",

@@ -37,6 +37,11 @@ class Lease(NamedTuple):
     ordering_key: str | None
     run_at: datetime
     created_at: datetime
+    # Returned by the traced lease only (tracing on, `traced=True`; None otherwise): the item's stored trace
+    # context (engine/tracing.py), and for a workflow step's item its workflow's id and the step's name.
+    trace_context: str | None = None
+    workflow_id: int | None = None
+    step: str | None = None
 
     @property
     def is_last_attempt(self) -> bool:
@@ -53,6 +58,12 @@ def _lease(r: Sequence[Any]) -> Lease:
     return Lease(r[0], r[1], r[2], r[3], decode_json(r[4]), r[5], r[6], r[7], r[8], r[9], r[10], r[11])
 
 
+def _lease_traced(r: Sequence[Any]) -> Lease:
+    return Lease(
+        r[0], r[1], r[2], r[3], decode_json(r[4]), r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13], r[14]
+    )
+
+
 def _terms_params(terms: Terms | None) -> dict[str, list]:
     names = list(terms or ())
     return {
@@ -67,17 +78,21 @@ def _queue_params(queues: Sequence[str] | None) -> dict[str, Any]:
     return {"all_queues": all_queues, "queues": [] if all_queues else list(queues)}
 
 
-def _lease_named(cur: Any, queues: list[str], n: int, params: dict[str, Any]) -> list[Lease]:
-    cur.execute(sql.LEASE, {**params, "queues": queues, "n": n})
-    return [_lease(r) for r in cur.fetchall()]
+def _lease_named(cur: Any, queues: list[str], n: int, params: dict[str, Any], traced: bool) -> list[Lease]:
+    cur.execute(sql.LEASE_TRACED if traced else sql.LEASE, {**params, "queues": queues, "n": n})
+    make = _lease_traced if traced else _lease
+    return [make(r) for r in cur.fetchall()]
 
 
-def _lease_flow_controlled(cur: Any, queues: Iterable[str], n: int, params: dict[str, Any], using: str) -> list[Lease]:
+def _lease_flow_controlled(
+    cur: Any, queues: Iterable[str], n: int, params: dict[str, Any], using: str, traced: bool
+) -> list[Lease]:
     """Lease from queues under flow control, each under its row lock so that concurrent workers keep its limits
     together: lock the queue row (which says the rate window's room), count what is in flight against a
     concurrency limit, lease the room left (group keys in turn when the queue leases by group; by aged priority
     when it has an aging rate), and count the leases against the rate window, all in one transaction."""
     leases: list[Lease] = []
+    make = _lease_traced if traced else _lease
     for name in queues:
         if len(leases) >= n:
             break
@@ -98,7 +113,7 @@ def _lease_flow_controlled(cur: Any, queues: Iterable[str], n: int, params: dict
             if grouped:
                 weights = decode_json(weights) or {}
                 cur.execute(
-                    sql.LEASE_FAIR,
+                    sql.LEASE_FAIR_TRACED if traced else sql.LEASE_FAIR,
                     {
                         **params,
                         "queue": name,
@@ -108,12 +123,13 @@ def _lease_flow_controlled(cur: Any, queues: Iterable[str], n: int, params: dict
                         "weight_values": [float(w) for w in weights.values()],
                     },
                 )
-                got = [_lease(r) for r in cur.fetchall()]
+                got = [make(r) for r in cur.fetchall()]
             elif aging_rate is not None:
-                cur.execute(sql.LEASE_AGED, {**params, "queue": name, "n": room, "aging_rate": aging_rate})
-                got = [_lease(r) for r in cur.fetchall()]
+                aged = sql.LEASE_AGED_TRACED if traced else sql.LEASE_AGED
+                cur.execute(aged, {**params, "queue": name, "n": room, "aging_rate": aging_rate})
+                got = [make(r) for r in cur.fetchall()]
             else:
-                got = _lease_named(cur, [name], room, params)
+                got = _lease_named(cur, [name], room, params, traced)
             if rate_limit is not None and got:
                 cur.execute(sql.SPEND_RATE, {"queue": name, "window": window, "spent": len(got)})
             leases += got
@@ -135,13 +151,15 @@ def settle_and_lease(
     lease_timeout: float | None = None,
     *,
     terms: Terms | None = None,
+    traced: bool = False,
     using: str = "default",
 ) -> SettledAndLeased:
     """Complete `done` (held, result) pairs and reserve up to `n` items from `queues` (None or ALL_QUEUES:
     every queue) for `worker_id`, in one statement; queues under flow control (concurrency, rate or group
     limits, fair leasing) then take one locked transaction each. Paused queues are skipped. `terms` gives each
     task's lease (see sql._lease_ctes). Results must be JSON (InvalidEnqueue otherwise, raised before anything
-    is written)."""
+    is written). `traced` (a worker with tracing on): the traced statements, whose leases also carry the items'
+    trace contexts and workflow steps (sql._LEASED_COLUMNS_TRACED), in the same round trip."""
     pairs = list(done)
     if not pairs and n <= 0:
         return SettledAndLeased([], [])
@@ -157,18 +175,19 @@ def settle_and_lease(
         "results": JsonbArray([None if result is None else encode_json(result, "result") for _, result in pairs]),
     }
     with cursor(using) as cur:
-        cur.execute(sql.SETTLE_AND_LEASE, params)
+        cur.execute(sql.SETTLE_AND_LEASE_TRACED if traced else sql.SETTLE_AND_LEASE, params)
         stale_ids: set[int] = set()
         limited: list[str] = []
         leases: list[Lease] = []
+        make = _lease_traced if traced else _lease
         for row in cur.fetchall():
             if row[0] == "m":
                 stale_ids, limited = set(row[1]), row[2]
             else:
-                leases.append(_lease(row[3:]))
+                leases.append(make(row[3:]))
         if limited and len(leases) < n:
             random.shuffle(limited)  # the batch's room goes to each flow-controlled queue first in turn
-            leases += _lease_flow_controlled(cur, limited, n - len(leases), params, using)
+            leases += _lease_flow_controlled(cur, limited, n - len(leases), params, using, traced)
     leases.sort(key=lambda lease: (-lease.priority, lease.item_id))
     return SettledAndLeased([h for h, _ in pairs if h.reservation_id in stale_ids], leases)
 
@@ -180,6 +199,7 @@ def lease(
     lease_timeout: float | None = None,
     *,
     terms: Terms | None = None,
+    traced: bool = False,
     using: str = "default",
 ) -> list[Lease]:
     """Reserve up to `n` items from `queues` (None or ALL_QUEUES: every queue) for `worker_id`.
@@ -187,11 +207,11 @@ def lease(
     Paused queues are skipped. A queue under flow control (concurrency, rate or group limits, fair leasing) is
     leased under its row lock, so concurrent workers never exceed its limits together. The lease lasts the
     task's lease from `terms` (never under its floor), else the item's own, else `lease_timeout` seconds, else
-    its queue's.
+    its queue's. `traced`: the leases carry their items' trace contexts and workflow steps (settle_and_lease).
     """
     if n <= 0:
         return []
-    return settle_and_lease((), queues, n, worker_id, lease_timeout, terms=terms, using=using).leases
+    return settle_and_lease((), queues, n, worker_id, lease_timeout, terms=terms, traced=traced, using=using).leases
 
 
 def ready_exists(queues: Sequence[str] | None, *, using: str = "default") -> bool:
@@ -201,13 +221,3 @@ def ready_exists(queues: Sequence[str] | None, *, using: str = "default") -> boo
     with cursor(using) as cur:
         cur.execute(sql.READY_EXISTS, _queue_params(queues))
         return cur.fetchone()[0]
-
-
-def trace_contexts(item_ids: Sequence[int], *, using: str = "default") -> dict[int, str]:
-    """The stored trace contexts of leased items (engine/tracing.py), those that have one: read by a worker with
-    tracing on, once a lease batch (the lease statements do not return the column)."""
-    if not item_ids:
-        return {}
-    with cursor(using) as cur:
-        cur.execute(sql.TRACE_CONTEXTS, {"ids": list(item_ids)})
-        return dict(cur.fetchall())

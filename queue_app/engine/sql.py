@@ -18,6 +18,7 @@ ITEM_HISTORY = "queue_app_itemhistory"  # finished items moved out of ITEM (engi
 RESERVATION_HISTORY = "queue_app_reservationhistory"
 RESERVATION_SEQUENCE = "queue_app_reservation_id_seq"  # its id column's (pg_get_serial_sequence; checked by a test)
 ITEM_SEQUENCE = "queue_app_queueitem_id_seq"  # the same for items (a fan-out draws ids from it first)
+WORKFLOW_STEP = "queue_app_workflowstep"  # read by the traced lease (a step item's workflow and name)
 
 
 # The state test of a row found by its primary key, written as an expression (`state || ''`) so that PostgreSQL
@@ -193,9 +194,6 @@ _COPY_COLUMNS = (
 COPY_ITEMS = f"COPY {ITEM} ({_COPY_COLUMNS}) FROM STDIN"
 COPY_DELAYED_ITEMS = f"COPY {ITEM} ({_COPY_COLUMNS}, run_at, visible_at) FROM STDIN"
 NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
-# With tracing on, the worker reads the leased items' trace contexts (the lease statements do not return them: one
-# statement a lease batch, only then, by primary key).
-TRACE_CONTEXTS = f"SELECT id, trace_context FROM {ITEM} WHERE id = ANY(%(ids)s::bigint[]) AND trace_context IS NOT NULL"
 
 # -- lease ----------------------------------------------------------------------------------------------------
 
@@ -245,7 +243,7 @@ def _picked(queue_source: str, excluded: str) -> str:
 )"""
 
 
-def _lease_ctes(queue_source: str, excluded: str = "", picked: str | None = None) -> str:
+def _lease_ctes(queue_source: str, excluded: str = "", picked: str | None = None, *, traced: bool = False) -> str:
     """The CTEs of a lease, ending in `leased` (the leased items' rows).
 
     Due ready items and items whose lease expired (attempts left), from the given queues, best first; an item
@@ -256,8 +254,10 @@ def _lease_ctes(queue_source: str, excluded: str = "", picked: str | None = None
     needs no second round trip to give each item its task's lease. `excluded`: a filter keeping out rows the
     same statement settles (one statement must not update a row twice; only a reserved row can be one, so a
     ready row does not walk the settled ids). `picked`: CTEs of another choice of rows (the fair lease's),
-    ending in one named picked with the same columns.
+    ending in one named picked with the same columns. `traced`: `leased` also returns the item's trace context
+    and its workflow step (the traced statements: _LEASED_COLUMNS_TRACED).
     """
+    traced_columns = "              , i.trace_context, i.workflow_step_id\n" if traced else ""
     return f"""{picked or _picked(queue_source, excluded)}, terms AS (
     SELECT * FROM unnest(%(term_tasks)s::text[], %(term_leases)s::float8[], %(term_floors)s::float8[])
         AS t(task, lease, floor)
@@ -279,7 +279,7 @@ def _lease_ctes(queue_source: str, excluded: str = "", picked: str | None = None
     WHERE i.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING i.reservation_id, i.id AS item_id, i.queue_id, i.task, i.payload, i.attempts AS attempt,
               i.max_attempts, i.visible_at AS lease_expires_at, i.priority, i.ordering_key, i.run_at, i.created_at
-), res AS (
+{traced_columns}), res AS (
     INSERT INTO {RESERVATION}
         (id, item_id, attempt, worker_id, reserved_at, lease_expires_at, heartbeat_at, error, traceback)
     SELECT reservation_id, item_id, attempt, %(worker_id)s, now(), lease_expires_at, now(), '', '' FROM leased
@@ -293,6 +293,21 @@ _LEASED_COLUMNS = """reservation_id, item_id, queue_id, task, payload, attempt, 
 LEASE = f"""
 WITH {_lease_ctes(_NAMED_QUEUES)}
 SELECT {_LEASED_COLUMNS} FROM leased
+"""
+
+# With tracing on (engine/tracing.py) the worker's lease statements are the `_TRACED` variants: their rows end in
+# the item's stored trace context and, for a workflow step's item, its workflow's id and the step's name (for its
+# log lines, logcontext.py): read from the row the lease updates anyway, and the step by its primary key only when
+# the item is one. No second round trip per batch for the contexts. Without tracing the statements above stay as
+# they are (their plans, and the SQL API's jobsite_lease that binds LEASE).
+_LEASED_COLUMNS_TRACED = f"""{_LEASED_COLUMNS}, trace_context,
+       CASE WHEN workflow_step_id IS NOT NULL
+            THEN (SELECT s.workflow_id FROM {WORKFLOW_STEP} s WHERE s.id = workflow_step_id) END,
+       CASE WHEN workflow_step_id IS NOT NULL
+            THEN (SELECT s.name FROM {WORKFLOW_STEP} s WHERE s.id = workflow_step_id) END"""
+LEASE_TRACED = f"""
+WITH {_lease_ctes(_NAMED_QUEUES, traced=True)}
+SELECT {_LEASED_COLUMNS_TRACED} FROM leased
 """
 
 # The fair lease of one queue, run under its row lock (LOCK_FLOW_QUEUE), so no other leaser of the queue runs
@@ -430,10 +445,18 @@ LEASE_AGED = f"""
 WITH RECURSIVE {_lease_ctes("", picked=_AGED_PICKED)}
 SELECT {_LEASED_COLUMNS} FROM leased
 """
+LEASE_AGED_TRACED = f"""
+WITH RECURSIVE {_lease_ctes("", picked=_AGED_PICKED, traced=True)}
+SELECT {_LEASED_COLUMNS_TRACED} FROM leased
+"""
 
 LEASE_FAIR = f"""
 WITH RECURSIVE {_lease_ctes("", picked=_FAIR_PICKED)}
 SELECT {_LEASED_COLUMNS} FROM leased
+"""
+LEASE_FAIR_TRACED = f"""
+WITH RECURSIVE {_lease_ctes("", picked=_FAIR_PICKED, traced=True)}
+SELECT {_LEASED_COLUMNS_TRACED} FROM leased
 """
 
 # Whether any item of the given queues (named or all; not paused) is ready now, leasable or held back: by an
@@ -493,6 +516,7 @@ _COMPLETE_CTES = f"""v AS (
 
 # -- settle and lease in one round trip -----------------------------------------------------------------------
 
+
 # What a worker does between batches: complete the items whose handlers returned, and lease the next batch, in
 # one statement (one round trip, one commit). All parts see one snapshot: an ordering key freed by a completion
 # here is leasable from the next lease on. The first row (kind 'm') carries the reservations whose complete was
@@ -506,19 +530,25 @@ _COMPLETE_CTES = f"""v AS (
 # up to their own record flushes every earlier relaxed one: the at-most-once start before a run
 # (COMPLETE_MANY), a transactional handler's settle, fails and dead letters. Inside a caller's transaction the
 # setting is left alone (it would apply to the caller's whole transaction).
-SETTLE_AND_LEASE = f"""
+def _settle_and_lease(traced: bool) -> str:
+    traced_nulls = ", NULL::text, NULL::bigint, NULL::varchar" if traced else ""
+    return f"""
 WITH {_COMPLETE_CTES},
-{_lease_ctes(_OPEN_QUEUES, excluded=" AND (i.state = 'ready' OR i.id <> ALL(%(item_ids)s::bigint[]))")},
+{_lease_ctes(_OPEN_QUEUES, excluded=" AND (i.state = 'ready' OR i.id <> ALL(%(item_ids)s::bigint[]))", traced=traced)},
 commit_mode AS (SELECT set_config('synchronous_commit', 'off', true) WHERE %(relaxed_commit)s)
 SELECT 'm', array(SELECT v.reservation_id FROM v
                   WHERE v.reservation_id NOT IN (SELECT * FROM settled UNION ALL SELECT * FROM already)),
        array({_LIMITED_QUEUES}),
        NULL::bigint, NULL::bigint, NULL::varchar, NULL::varchar, NULL::jsonb, NULL::int, NULL::int,
-       NULL::timestamptz, NULL::smallint, NULL::varchar, NULL::timestamptz, NULL::timestamptz
+       NULL::timestamptz, NULL::smallint, NULL::varchar, NULL::timestamptz, NULL::timestamptz{traced_nulls}
 FROM (SELECT count(*) FROM commit_mode) AS set_commit_mode  -- evaluated once, with the 'm' row
 UNION ALL
-SELECT 'l', NULL, NULL, {_LEASED_COLUMNS} FROM leased
+SELECT 'l', NULL, NULL, {_LEASED_COLUMNS_TRACED if traced else _LEASED_COLUMNS} FROM leased
 """
+
+
+SETTLE_AND_LEASE = _settle_and_lease(traced=False)
+SETTLE_AND_LEASE_TRACED = _settle_and_lease(traced=True)  # tracing on: see _LEASED_COLUMNS_TRACED
 
 # -- settle ---------------------------------------------------------------------------------------------------
 

@@ -251,6 +251,9 @@ def start_attempt(lease: Any, parent: str | None, worker_id: str) -> trace.Span 
         "jobsite.attempt": lease.attempt,
         "jobsite.worker_id": worker_id,
     }
+    if lease.workflow_id is not None:  # a workflow step's item (the traced lease says which)
+        attributes["jobsite.workflow_id"] = lease.workflow_id
+        attributes["jobsite.workflow_step"] = lease.step
     if lease.attempt == 1:  # from the item's due time to this start: the wait for a worker
         attributes["jobsite.lease_wait_s"] = max(0.0, (datetime.now(UTC) - lease.run_at).total_seconds())
     span.set_attributes(attributes)

@@ -36,6 +36,10 @@ class Job(NamedTuple):
     # The attempt's span (engine/tracing.py), as a traceparent: the handler runs under it, so its own spans and
     # what it enqueues are the attempt's children. None with tracing off.
     trace_parent: str | None = None
+    # A workflow step's item: its workflow's id and the step's name, for its log lines (logcontext.py). Known from
+    # the traced lease only (tracing on); None otherwise.
+    workflow_id: int | None = None
+    step: str | None = None
 
 
 class Outcome(NamedTuple):
@@ -133,12 +137,12 @@ def _close_old_connections() -> None:
         wrapper.close_if_unusable_or_obsolete()
 
 
-def _run_transactional(task: Task, payload: Any, ctx: Context) -> Outcome:
+def _run_transactional(task: Task, payload: Any, ctx: Context, job: Job) -> Outcome:
     try:
         with transaction.atomic():
             if not engine.lock_reserved(ctx):
                 return Outcome(ctx.reservation_id, "stale")
-            with attempt_context(ctx):  # the handler's log lines carry the attempt's ids (logcontext.py)
+            with attempt_context(ctx, job.workflow_id, job.step):  # the handler's log lines carry its ids
                 result = task.func(payload, ctx)
             _check_result(result)
             engine.complete(ctx, result)
@@ -188,7 +192,7 @@ def _run_chunk(task: Task, job: Job) -> Outcome:
         )
         for m in members
     ]
-    with attempt_context(items[0].ctx):
+    with attempt_context(items[0].ctx, job.workflow_id, job.step):
         returned = task.func(items)
     if returned is None:
         returned = [None] * len(members)
@@ -228,8 +232,8 @@ def _run_job(job: Job) -> Outcome:
             job.worker_id,
         )
         if task.delivery is Delivery.TRANSACTIONAL:
-            return _run_transactional(task, payload, ctx)
-        with attempt_context(ctx):  # the handler's log lines carry the attempt's ids (logcontext.py)
+            return _run_transactional(task, payload, ctx, job)
+        with attempt_context(ctx, job.workflow_id, job.step):  # its log lines carry its ids (logcontext.py)
             result = task.func(payload, ctx)
         _check_result(result)
         return Outcome(job.reservation_id, "ok", result)

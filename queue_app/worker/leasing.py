@@ -22,7 +22,7 @@ from typing import Any
 from django.db import connections
 
 from .. import engine
-from ..engine import Terms
+from ..engine import Terms, tracing
 
 logger = logging.getLogger("jobsite.worker")
 
@@ -89,7 +89,8 @@ class LeaseCall:
     def _call(request: tuple) -> tuple[Any, BaseException | None]:
         done, queues, want, worker_id, terms = request
         try:
-            return engine.settle_and_lease(done, queues, want, worker_id, terms=terms), None
+            # Tracing on: the traced statement, whose leases carry the items' trace contexts and workflow steps.
+            return engine.settle_and_lease(done, queues, want, worker_id, terms=terms, traced=tracing.enabled), None
         except BaseException as exc:  # handed to the loop, which decides (database down: retry; else raise)
             # A connection that failed mid-statement may be unusable: the next call opens a new one.
             with contextlib.suppress(Exception):

@@ -98,7 +98,6 @@ class Supervisor:
         self.running: dict[int, Running] = {}
         self.next_deadline = float("inf")  # no running item's hard timeout is earlier (may be early: then rechecked)
         self.leased: list[tuple[Lease, Task]] = []  # leased, not started yet
-        self.trace_contexts: dict[int, str] = {}  # tracing on: the held items' stored contexts, by item id
         # Chunked tasks (Task.chunk): when the oldest held item of each began waiting for its chunk to fill.
         self.chunk_since: dict[str, float] = {}
         # The settle-and-lease statement runs on a thread of its own while the loop goes on (worker/leasing.py).
@@ -519,8 +518,6 @@ class Supervisor:
         self.idle_after_lease = False
         if self.options.burst and not leases and not (self.running or self.leased or self.settler.unsettled()):
             self.idle_after_lease = not self._held_back()
-        if tracing.enabled and leases:
-            self.trace_contexts.update(engine.trace_contexts([lease.item_id for lease in leases]))
         for lease in leases:
             task = find_task(lease.task)
             if task is None:
@@ -544,7 +541,7 @@ class Supervisor:
         if tracing.enabled:  # never started: no attempt span, a short one with the dead letter under the enqueue
             tracing.event_span(
                 f"poison {lease.task}",
-                self.trace_contexts.pop(lease.item_id, None),
+                lease.trace_context,  # tracing on: the traced lease returned it
                 "dead_letter",
                 **{"jobsite.item_id": lease.item_id, "jobsite.task": lease.task, "jobsite.reason": reason[:500]},
             )
@@ -663,6 +660,8 @@ class Supervisor:
                         lease.max_attempts,
                         worker_id,
                         parent,
+                        lease.workflow_id,
+                        lease.step,
                     )
                 )
                 continue
@@ -679,13 +678,15 @@ class Supervisor:
                     lease.max_attempts,
                     worker_id,
                     parent,
+                    lease.workflow_id,  # a step's (traced lease only; None otherwise): its log lines say so
+                    lease.step,
                 )
             )
 
     def _start_span(self, lease: Lease) -> str | None:
         """Start the attempt's span (a child of the item's stored context); its traceparent for the handler. None
         when the sampler dropped it: the handler then runs outside any trace (what it enqueues starts its own)."""
-        span = tracing.start_attempt(lease, self.trace_contexts.pop(lease.item_id, None), self.worker_id)
+        span = tracing.start_attempt(lease, lease.trace_context, self.worker_id)
         if span is None:
             return None
         self.settler.spans[lease.reservation_id] = span
