@@ -56,7 +56,7 @@ DEFAULTS: dict[str, Any] = {
     # Datasets (queue_app/datasets/): modules that declare datasets when imported (besides every app's
     # `datasets` module), datasets declared by settings ({name: {"location": ..., "partitioning": ...}}), and the
     # directories a dataset's path may lie under (besides JOBSITE_DATASET_ROOTS; both empty: settings.VAR_DIR).
-    "DATASET_MODULES": (),
+    "DATASET_MODULES": ("queue_app.spark.pipelines.demo_data",),  # the demo's datasets (demo_pipeline)
     "DATASETS": {},
     "DATASET_ROOTS": (),
     # OpenLineage (queue_app/datasets/openlineage.py): None (off) or {"transport": {"type": "http"|"file"|

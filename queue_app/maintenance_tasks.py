@@ -1,5 +1,6 @@
-"""Built-in maintenance tasks a schedule can name: `queue_app.prune` (the shipped "prune-done" schedule) and
-`queue_app.dataset_staleness` (the shipped "dataset-staleness" schedule).
+"""Built-in maintenance tasks a schedule can name: `queue_app.prune` (the shipped "prune-done" schedule),
+`queue_app.dataset_staleness` (the shipped "dataset-staleness" schedule) and `queue_app.dataset_watch` (the shipped
+"dataset-watch" schedule: datasets/watches.py).
 
 The worker's own maintenance units prune too, with the same rounds (engine/pruning.py); the task lets an operator
 see, time and trigger pruning from the admin like any other schedule, and run it on a cluster whose workers run
@@ -31,3 +32,12 @@ def dataset_staleness(payload: Any, ctx: Context) -> dict[str, list[str]]:
     from .datasets.stale import publish_stale
 
     return {"stale": publish_stale()}
+
+
+@job("queue_app.dataset_watch", hard_timeout=60.0)
+def dataset_watch(payload: Any, ctx: Context) -> dict[str, list[int]]:
+    """Observe each file-arrival watch's partitions whose set of files is new (once per set: datasets/watches.py).
+    The shipped "dataset-watch" schedule runs it every minute."""
+    from .datasets.watches import check_watches
+
+    return {"observed": [m.id for m in check_watches()]}

@@ -109,7 +109,7 @@ def test_observe_records_the_partition_files_and_prints_json(dataset_cli, root):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("show", "evnts"), "unknown dataset 'evnts' (did you mean 'events'?)"),
+        (("show", "evnts"), "unknown dataset 'evnts' (did you mean 'events'"),  # the closest first
         (("show", "x" * 5000), "unknown dataset 'xxxxxxxx"),
         (("observe", "nope", "--partition", "2026-11-26"), "unknown dataset 'nope'"),
         (("show", "events", "--partition", "2026-13-01"), "dataset 'events': '2026-13-01' is not a daily partition"),

@@ -1,9 +1,9 @@
 """A Spark run that produces a dataset partition records its materialization in the transaction that marks it
 succeeded: real spark-submit children of an unmodified PySpark script (tests/spark_scripts/), the run's handler
 executed in this process under a real reservation of its queue item (as a worker would), figures from the run's
-event log. A failing run records nothing.
+event log, or reported by the script itself (jobsite/spark_report.py). A failing run records nothing.
 
-Two JVM runs in all (two cores shared with other suites): local[2], a start-up tuned JVM, small data.
+Three JVM runs in all (two cores shared with other suites): local[2], a start-up tuned JVM, small data.
 """
 
 from pathlib import Path
@@ -108,6 +108,28 @@ def test_a_script_writing_a_daily_parquet_partition_materializes_it_with_the_run
     record_property("ended_to_recorded_seconds", steps["recorded"]["took"])
     record_property("queued_to_recorded_seconds", steps["recorded"]["after"])
     print(f"ended -> recorded {steps['recorded']['took']}s of {steps['recorded']['after']}s queued -> recorded")
+
+
+def test_a_script_that_reports_its_own_figures_replaces_the_event_logs_rows_and_adds_metadata(data, tmp_path):
+    source = tmp_path / "sales.csv"
+    source.write_text("region,amount\n" + "".join(f"{r},{a}\n" for r in ("north", "south", "east") for a in (1, 2)))
+    register_script(
+        "dsr_reporting",
+        path=str(SCRIPTS / "reporting_sales.py"),  # calls jobsite.spark_report.materialized(...)
+        args=[str(source), f"{data}/revenue/day={{day}}", "dsr_revenue", "{day}"],
+        params=[DAY],
+        conf={"spark.sql.shuffle.partitions": "2"},
+        produces={"dsr_revenue": "day"},
+    )
+    run = trigger_run("dsr_reporting", {"day": "2026-11-26"}, trigger="orm")
+    assert run_handler(run.id)["state"] == "succeeded"
+
+    run = SparkRun.objects.get(id=run.id)
+    assert "reported: True" in run.log_tail, run.log_tail[-2000:]
+    [m] = Materialization.objects.all()
+    assert m.rows == 6 and run.metrics["output_records"] == 3  # the orders it reported, not the rows written
+    assert m.metadata["regions"] == 3 and m.metadata["job"] == "dsr_reporting"
+    assert [r["region"] for r in m.metadata["preview"]] == ["east", "north", "south"]
 
 
 def test_a_failing_run_of_a_producer_records_nothing(data):

@@ -3,6 +3,7 @@ metrics are its result, and cancelling the workflow stops a running Spark step."
 
 import pytest
 
+from queue_app.datasets.models import Materialization
 from queue_app.models import SparkRun
 from queue_app.spark.watch import group_members
 from queue_app.workflows import services
@@ -89,15 +90,23 @@ def test_cancel_during_a_running_spark_step_stops_the_run(workers):
 
 
 def test_demo_pipeline_runs_with_no_parameters(workers, manage):
-    """The shipped demo: sample files fanned out per region -> file_rollup -> queue_analytics -> summary."""
+    """The shipped demo: sample files fanned out per region -> events -> demo_rollup -> demo_analytics -> summary;
+    its run records a materialization of each of the demo's datasets, the events' checks passed."""
     out = manage("workflow", "start", "demo_pipeline", "--wait", "--json", timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     import json
 
     status = json.loads(out.stdout)
     states = {s["name"]: s["state"] for s in status["steps"]}
-    assert states.pop("plan") == states.pop("rollup") == states.pop("analytics") == states.pop("summary") == "succeeded"
+    named = ("plan", "events", "rollup", "analytics", "summary")
+    assert {states.pop(name) for name in named} == {"succeeded"}
     assert len(states) == 5 and set(states.values()) == {"succeeded"}  # one sample_file per region
     summary = WorkflowStep.objects.get(workflow_id=status["id"], name="summary").result
     assert summary["rollup"]["input_rows"] == 5 * 2000
     assert summary["analytics"]["rows"] > 0 and summary["analytics"]["attempts"] > 0  # the demo's own steps
+    rollup_run = WorkflowStep.objects.get(workflow_id=status["id"], name="rollup").spark_run_id
+    made = {m.dataset: m for m in Materialization.objects.filter(dataset__startswith="demo.")}
+    assert set(made) == {"demo.events", "demo.rollup", "demo.analytics"}
+    assert made["demo.events"].files == 5 and made["demo.events"].checks == "passed"
+    assert made["demo.rollup"].partition == made["demo.events"].partition
+    assert made["demo.rollup"].spark_run_id == rollup_run and made["demo.rollup"].rows > 0

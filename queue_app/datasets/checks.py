@@ -6,6 +6,8 @@ that checks the project), so a bad declaration is found before anything runs:
 - jobsite.E103: an invalid freshness policy
 - jobsite.E104: a bad static partition key
 - jobsite.E105: a settings declaration that cannot be read (it is left out)
+- jobsite.E110: a file-arrival watch (watches.py) of an unknown dataset, with a glob outside the roots, or a
+  {partition} that does not fit the dataset (it is not checked)
 - jobsite.E120: a data check (quality.py) of a dataset that is not declared
 - jobsite.E121: two data checks of one dataset with the same name (the first declared runs)
 - jobsite.E122: a data check with a severity other than warn or error (it never runs)
@@ -20,6 +22,8 @@ from django.core import checks
 from .declarations import Dataset, code_datasets, declared_datasets, settings_datasets
 from .locations import LocationError
 from .quality import SEVERITIES, all_checks
+from .watches import all_watches
+from .watches import problems as watch_problems
 
 
 def _where(ds: Dataset) -> str:
@@ -89,3 +93,12 @@ def data_check_declarations(app_configs: Any = None, **kwargs: Any) -> list[chec
                 checks.Error(f"{where}: severity {item.severity!r} is not one of {SEVERITIES}", id="jobsite.E122")
             )
     return errors
+
+
+@checks.register("jobsite")
+def watch_declarations(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    return [
+        checks.Error(f"watch of dataset {w.dataset!r} ({w.origin}): {problem}", id="jobsite.E110")
+        for w in all_watches()
+        for problem in watch_problems(w)
+    ]

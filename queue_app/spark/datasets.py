@@ -8,7 +8,8 @@
   written by runs._finish in the transaction that marks the run succeeded. Rows and bytes come from the run's
   event log (its tasks' output metrics) when the run produces one partition of one dataset; files (and bytes,
   when it produces several datasets, or several partitions in a batched backfill) are counted at the partition's
-  location (data files only: not Spark's _SUCCESS or .crc files). A figure that cannot be known is null.
+  location (data files only: not Spark's _SUCCESS or .crc files). A figure that cannot be known is null. What
+  the program reported through jobsite/spark_report.py (script_report.py) replaces the rows and adds metadata.
 - users(): the jobs producing and consuming each dataset (`dataset show`).
 - consumed_unusable() and check_consumed(): a run reading a partition whose latest materialization failed its
   blocking checks, or whose blocking checks still run (datasets/checks_run.py), may not start: the trigger is
@@ -30,7 +31,7 @@ from queue_app.datasets.locations import LocationError, dataset_roots
 from queue_app.datasets.partitions import PartitionError
 from queue_app.datasets.refs import PartitionParamError, partition_keys, ref_problems
 
-from . import eventlog
+from . import eventlog, script_report
 from .registry import SparkJob, SparkParamError, all_jobs, code_jobs
 
 
@@ -132,6 +133,7 @@ def output_figures(spark_job: SparkJob, params: Mapping[str, Any], run_id: int, 
                 files, on_disk = services.stat_files(path, dataset_roots(), data_only=True)
                 size = size if size is not None else on_disk
         found.append({"dataset": name, "partition": key, "rows": rows, "bytes": size, "files": files})
+    script_report.merge(found, script_report.read(run_id), run_id)  # what the program reported itself
     return found
 
 
@@ -158,7 +160,7 @@ def record_outputs(outputs: list[dict], run_id: int, job: str) -> None:
             rows=out["rows"],
             bytes=out["bytes"],
             files=out["files"],
-            metadata={"job": job},
+            metadata={**out.get("metadata", {}), "job": job},
             spark_run_id=run_id,
         )
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queue_app.engine import tracing
-from queue_app.spark import connect, eventlog, protocol, session, statusapi
+from queue_app.spark import connect, eventlog, protocol, script_report, session, statusapi
 from queue_app.spark.commandline import child_args, script_command, submit_command
 from queue_app.spark.java import JavaNotFound, check_java
 from queue_app.spark.policy import policy_for
@@ -91,6 +91,7 @@ def launch(
     master = master or session.spark_master()
     run_conf = {**policy_for(spark_job).conf(), **spark_job.conf, **(conf or {}), **eventlog.conf(run_id)}
     child_env = dict(env or {})
+    child_env[script_report.ENV] = script_report.prepare(run_id)  # the program's own figures (spark_report.py)
     if tracing.enabled and (parent := tracing.traceparent()) is not None:
         # W3C's environment carrier: a PySpark script that uses OpenTelemetry continues the run's trace.
         child_env.setdefault("TRACEPARENT", parent)

@@ -1,0 +1,158 @@
+"""File-arrival watches: data written outside jobsite, recorded when its files land (issue 38).
+
+    from queue_app.datasets.watches import watch
+
+    watch("events", "landing/{partition}/*.csv")   # a glob under the dataset roots; {partition}: one whole segment
+
+Declared in the modules that declare datasets (an app's datasets.py, DATASET_MODULES). The shipped
+"dataset-watch" schedule runs `queue_app.dataset_watch` every minute, which calls check_watches(): for each watch,
+the files the glob matches (regular files under the roots, at most MAX_FILES), grouped by partition (the
+`{partition}` segment, a key of the dataset's partitioning; a segment that is not one is left out), fingerprinted
+by their relative paths, sizes and modification times. A partition whose fingerprint differs from the one of its
+last watched observation is observed once (services.record_materialization, source `observed`, metadata `watch`
+and `watch_fingerprint`): under a transaction-scoped advisory lock per dataset and partition, so two checks at
+once (two schedulers, a manual run) observe a new set of files once, and the same set never twice. The system
+check jobsite.E110 reports a watch of an unknown dataset, a glob outside the roots, or a `{partition}` that does
+not fit the dataset.
+"""
+
+from __future__ import annotations
+
+import glob as globbing
+import hashlib
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+
+from django.db import connection, transaction
+
+from .declarations import DatasetError, declared_datasets, get_dataset
+from .locations import PLACEHOLDER, dataset_roots, within_roots
+from .models import Materialization
+from .services import record_materialization
+
+logger = logging.getLogger("jobsite.datasets")
+
+MAX_FILES = 10_000  # files one watch looks at per check, at most
+
+
+@dataclass(frozen=True)
+class Watch:
+    dataset: str
+    glob: str
+    origin: str = ""
+
+
+_watches: list[Watch] = []
+
+
+def watch(dataset: str, glob: str) -> Watch:
+    """Declare a file-arrival watch of `dataset`: files matching `glob` (see the module's docstring)."""
+    if not isinstance(glob, str) or not glob.strip() or "\0" in glob:
+        raise DatasetError(f"watch of dataset {dataset!r}: a glob is a non-empty path pattern")
+    caller = sys._getframe(1)
+    found = Watch(dataset, glob, f"{caller.f_globals.get('__name__', '?')}:{caller.f_lineno}")
+    if found not in _watches:
+        _watches.append(found)
+    return found
+
+
+def all_watches() -> list[Watch]:
+    declared_datasets()  # imports the modules that declare datasets, and so their watches
+    return list(_watches)
+
+
+def _pattern(w: Watch) -> tuple[str, int | None]:
+    """The absolute glob (the placeholder as `*`) and the index of the partition's path segment."""
+    roots = dataset_roots()
+    text = w.glob if os.path.isabs(w.glob) else os.path.join(roots[0], w.glob)
+    text = os.path.normpath(os.path.expanduser(text))
+    parts = text.split(os.sep)
+    index = parts.index(PLACEHOLDER) if PLACEHOLDER in parts else None
+    return text.replace(PLACEHOLDER, "*"), index
+
+
+def problems(w: Watch) -> list[str]:
+    """What is wrong with a watch (jobsite.E110)."""
+    try:
+        ds = get_dataset(w.dataset)
+    except DatasetError as exc:
+        return [str(exc)]
+    found = []
+    pattern, index = _pattern(w)
+    fixed = pattern.split(os.sep)
+    fixed = fixed[: next((i for i, p in enumerate(fixed) if any(c in p for c in "*?[")), len(fixed))]
+    if ".." in w.glob.split("/") or not within_roots(os.path.realpath(os.sep.join(fixed) or os.sep), dataset_roots()):
+        found.append(f"glob {w.glob!r} is outside the allowed dataset roots ({':'.join(dataset_roots())})")
+    partitioned = ds.partitioning.describe() is not None
+    if w.glob.count(PLACEHOLDER) > 1 or (PLACEHOLDER in w.glob and index is None):
+        found.append(f"glob {w.glob!r}: {PLACEHOLDER} is one whole path segment, at most once")
+    elif partitioned and index is None:
+        found.append(f"glob {w.glob!r}: the dataset is partitioned, the glob needs a {PLACEHOLDER} segment")
+    elif not partitioned and index is not None:
+        found.append(f"glob {w.glob!r}: the dataset is not partitioned, the glob takes no {PLACEHOLDER}")
+    return found
+
+
+def scan(w: Watch) -> dict[str, list[tuple[str, int, int]]]:
+    """{partition key: [(path, size, mtime_ns)]} of the files the watch matches now."""
+    ds = get_dataset(w.dataset)
+    pattern, index = _pattern(w)
+    roots = dataset_roots()
+    found: dict[str, list[tuple[str, int, int]]] = {}
+    for count, path in enumerate(globbing.iglob(pattern, recursive=True)):
+        if count >= MAX_FILES:
+            logger.warning("watch of %s: more than %s files match %s; the rest wait", w.dataset, MAX_FILES, w.glob)
+            break
+        real = os.path.realpath(path)
+        if not os.path.isfile(real) or not within_roots(real, roots):
+            continue
+        try:
+            key = ds.partition_key(path.split(os.sep)[index] if index is not None else None)
+        except DatasetError:
+            continue  # a directory that is not a partition of the dataset
+        stat = os.stat(real)
+        found.setdefault(key, []).append((path, stat.st_size, stat.st_mtime_ns))
+    return found
+
+
+def fingerprint(files: list[tuple[str, int, int]]) -> str:
+    return hashlib.sha256(json.dumps(sorted(files)).encode()).hexdigest()
+
+
+def check_watches() -> list[Materialization]:
+    """Observe each watched partition whose set of files is new; returns the materializations recorded."""
+    recorded = []
+    for w in all_watches():
+        if problems(w):
+            continue  # jobsite.E110 says why
+        for key, files in sorted(scan(w).items()):
+            made = _observe(w, key, files)
+            if made is not None:
+                recorded.append(made)
+    return recorded
+
+
+def _observe(w: Watch, key: str, files: list[tuple[str, int, int]]) -> Materialization | None:
+    seen = fingerprint(files)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"dataset watch {w.dataset} {key}"])
+        last = (
+            Materialization.objects.filter(dataset=w.dataset, partition=key, metadata__has_key="watch_fingerprint")
+            .order_by("-id")
+            .values_list("metadata", flat=True)
+            .first()
+        )
+        if last is not None and last.get("watch_fingerprint") == seen:
+            return None
+        return record_materialization(
+            w.dataset,
+            key,
+            files=len(files),
+            bytes=sum(size for _, size, _ in files),
+            metadata={"watch": w.glob, "watch_fingerprint": seen},
+            observed=True,
+        )
