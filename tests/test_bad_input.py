@@ -632,7 +632,7 @@ def test_trigger_of_an_unknown_job_is_a_400_with_the_registered_jobs(admin_clien
     response = admin_client.post(spark_url("trigger"), post)
 
     assert response.status_code == 400
-    jobs = "registered jobs: demo_sleep, file_rollup, queue_analytics, script"
+    jobs = "registered jobs: demo_analytics, demo_rollup, demo_sleep, file_rollup, queue_analytics, script"
     assert messages_of(response) == [f"Nothing was queued: {message}; {jobs}."]
     assert all_rows() == before
 
@@ -716,8 +716,8 @@ def test_rerun_of_a_run_whose_job_is_gone_says_why_and_queues_nothing(admin_clie
 
     assert response.status_code == 302
     assert messages_of(response) == [
-        f"Cannot re-run #{run.id}: unknown Spark job 'retired_job'; registered jobs: demo_sleep, file_rollup, "
-        "queue_analytics, script"
+        f"Cannot re-run #{run.id}: unknown Spark job 'retired_job'; registered jobs: demo_analytics, demo_rollup, "
+        "demo_sleep, file_rollup, queue_analytics, script"
     ]
     assert all_rows() == before
 
