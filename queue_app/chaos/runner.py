@@ -192,6 +192,21 @@ class ChaosRun:
     def _registered(self) -> set[str]:
         return set(self._q(lambda: list(Worker.objects.using(ALIAS).values_list("id", flat=True)), []))
 
+    def _kill_a_worker(self) -> bool:
+        """The scenarios' fault (workflows, triggers, waits): kill -9 a registered worker old enough to hold work,
+        note what it held in `self.kills`, start its replacement. False when none was old enough yet."""
+        victim = self.fleet.pick(self.rng, MIN_AGE, self._registered())
+        if victim is None:
+            return False
+        self.fleet.kill(victim)
+        held = self._q(
+            Reservation.objects.using(ALIAS).filter(worker_id=victim.worker_id, outcome__isnull=True).count, -1
+        )
+        self.kills.append(f"{victim.worker_id} holding {held}")
+        self.say(f"FAULT kill -9 {victim.worker_id} (pid {victim.pid}), holding {held} reservations")
+        self.fleet.spawn()
+        return True
+
     def _progress_line(self, open_items: int | None, extra: str = "") -> None:
         total = self.planted.total
         settled = "?" if open_items is None else f"{100 * (1 - open_items / total):5.1f}%"

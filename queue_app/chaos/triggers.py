@@ -97,18 +97,8 @@ class TriggerChaosRun(ChaosRun):
                 self.fleet.spawn()
             if self._open() == 0:
                 break
-            if len(self.kills) < sizes.kills and time.monotonic() >= next_kill:
-                victim = self.fleet.pick(self.rng, MIN_AGE, self._registered())
-                if victim is not None:
-                    self.fleet.kill(victim)
-                    held = self._q(
-                        Reservation.objects.using(ALIAS).filter(worker_id=victim.worker_id, outcome__isnull=True).count,
-                        -1,
-                    )
-                    self.kills.append(f"{victim.worker_id} holding {held}")
-                    self.say(f"FAULT kill -9 {victim.worker_id} (pid {victim.pid}), holding {held} reservations")
-                    self.fleet.spawn()
-                    next_kill = time.monotonic() + sizes.gap
+            if len(self.kills) < sizes.kills and time.monotonic() >= next_kill and self._kill_a_worker():
+                next_kill = time.monotonic() + sizes.gap
             time.sleep(0.3)
         self.phase_times["triggers"] = time.monotonic() - started
         for proc in self.fleet.running():

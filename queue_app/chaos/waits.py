@@ -12,7 +12,7 @@ doubled); every event wakes exactly one step exactly once (per key exactly one e
 key's wait, whose result is that event's payload; the unclaimed are exactly the second sends); the step after
 each wait was enqueued once and its effect applied once; nothing woke early (no nap's item leased, nor its step
 ended, before its due time: created + seconds on the server's clock; no wait opened before its nap ended; no
-wait ended before its event was stored; no step after a wait started before the wait ended).
+step after a wait leased before its event was sent, nor started before the wait ended).
 
 Same private cluster and worker fleet as the item run (runner.py); the faults here are kill -9 only.
 """
@@ -179,18 +179,8 @@ class WaitChaosRun(ChaosRun):
                 self.fleet.spawn()
             if self.sender.poll() is not None and self._open_workflows() == 0:
                 break
-            if len(self.kills) < sizes.kills and time.monotonic() >= next_kill:
-                victim = self.fleet.pick(self.rng, MIN_AGE, self._registered())
-                if victim is not None:
-                    self.fleet.kill(victim)
-                    held = self._q(
-                        Reservation.objects.using(ALIAS).filter(worker_id=victim.worker_id, outcome__isnull=True).count,
-                        -1,
-                    )
-                    self.kills.append(f"{victim.worker_id} holding {held}")
-                    self.say(f"FAULT kill -9 {victim.worker_id} (pid {victim.pid}), holding {held} reservations")
-                    self.fleet.spawn()
-                    next_kill = time.monotonic() + sizes.gap
+            if len(self.kills) < sizes.kills and time.monotonic() >= next_kill and self._kill_a_worker():
+                next_kill = time.monotonic() + sizes.gap
             time.sleep(0.3)
         self.phase_times["waits"] = time.monotonic() - started
         self.say(f"waits phase over after {self.phase_times['waits']:.1f}s")
@@ -295,18 +285,23 @@ class WaitChaosRun(ChaosRun):
         self._write(f"RESULT: {'PASS' if passed == len(checks) else 'FAIL'} ({passed}/{len(checks)} checks passed)")
         return checks
 
-    def _check_early(self, steps, items, per_key) -> Check:
-        """Nothing woke early, every timestamp the server's clock."""
-        db = ALIAS
-        nap_items = {found[0].id: (key, found[0]) for key, named in steps.items()
-                     for found in [items.get(named["nap"].id, [])] if found}  # fmt: skip
+    def _first_leases(self, item_ids) -> dict[int, datetime]:
+        """{item id: its first reservation's reserved_at}, across the hot and history tables."""
         first_lease: dict[int, datetime] = {}
         for model in (Reservation, ReservationHistory):
             for item_id, first in (
-                model.objects.using(db).filter(item_id__in=list(nap_items)).values("item_id")
+                model.objects.using(ALIAS).filter(item_id__in=[i for i in item_ids if i is not None]).values("item_id")
                 .annotate(first=Min("reserved_at")).values_list("item_id", "first")
             ):  # fmt: skip
                 first_lease[item_id] = min(first, first_lease.get(item_id, first))
+        return first_lease
+
+    def _check_early(self, steps, items, per_key) -> Check:
+        """Nothing woke early, every timestamp the server's clock."""
+        nap_items = {found[0].id: (key, found[0]) for key, named in steps.items()
+                     for found in [items.get(named["nap"].id, [])] if found}  # fmt: skip
+        first_lease = self._first_leases(list(nap_items))
+        after_leases = self._first_leases([named["after"].item_id for named in steps.values()])
         problems, margins = [], []
         for item_id, (key, item) in nap_items.items():
             due = item.created_at + timedelta(seconds=self.naps[key])
@@ -322,9 +317,15 @@ class WaitChaosRun(ChaosRun):
             nap, wait, after = named["nap"], named["paid"], named["after"]
             if wait.ready_at is None or nap.finished_at is None or wait.ready_at < nap.finished_at:
                 problems.append(f"{key}: wait opened at {wait.ready_at}, nap ended at {nap.finished_at}")
+            # Timestamps are transaction starts: the transaction that ends a wait may begin before the event's
+            # and still see it (READ COMMITTED: each statement sees what committed before it), so the wait's own
+            # end time may read earlier than the event's. What runs after the wait is leased by a transaction that
+            # began after both committed: its first lease is never before the event was sent.
             claimed = [e for e in per_key[key] if e.step_id == wait.id]
-            if claimed and (wait.finished_at is None or wait.finished_at < claimed[0].created_at):
-                problems.append(f"{key}: wait ended at {wait.finished_at} before its event at {claimed[0].created_at}")
+            leased = after_leases.get(after.item_id)
+            if claimed and (wait.finished_at is None or leased is None or leased < claimed[0].created_at):
+                problems.append(f"{key}: the step after the wait leased at {leased}, its event sent at "
+                                f"{claimed[0].created_at}")  # fmt: skip
             if after.ready_at is None or wait.finished_at is None or after.ready_at < wait.finished_at:
                 problems.append(f"{key}: after started at {after.ready_at}, wait ended at {wait.finished_at}")
         if len(nap_items) != len(steps):
