@@ -1,5 +1,6 @@
-"""queue_chaos --waits --quick passes end to end: real workers killed with -9 while 240 workflows sleep and wait
-for events another process sends (some before the workflows exist, some during the sleep, some twice); every
+"""queue_chaos --waits --quick passes end to end: real workers killed with -9 and PostgreSQL restarted once while
+240 workflows sleep and wait for events another process sends (some before the workflows exist, some during the
+sleep, some twice; a send the restart breaks is sent again, never twice); every
 check of queue_app/chaos/waits.py passes (each event wakes exactly one step once, no wait lost, nothing early)."""
 
 import os
@@ -43,3 +44,5 @@ def test_quick_waits_chaos_run_passes(tmp_path):
     for check in CHECKS:
         assert any(line.startswith(check) and " PASS " in line for line in out.splitlines()), check
     assert "FAULT kill -9" in out
+    assert "FAULT PostgreSQL restart" in out and "; restart: at " in out
+    assert any(line.startswith("workers behaved") and "restarts=1" in line for line in out.splitlines())

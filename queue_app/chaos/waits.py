@@ -14,7 +14,10 @@ each wait was enqueued once and its effect applied once; nothing woke early (no 
 ended, before its due time: created + seconds on the server's clock; no wait opened before its nap ended; no
 step after a wait leased before its event was sent, nor started before the wait ended).
 
-Same private cluster and worker fleet as the item run (runner.py); the faults here are kill -9 only.
+Same private cluster and worker fleet as the item run (runner.py); the faults here are kill -9 of workers and
+one PostgreSQL restart (`pg_ctl restart -m fast`, as the item run's) while the workflows nap and wait and the sender
+sends: the workers reconnect, the sender sends again what failed (unless its nonce is already stored: a send
+whose reply the restart swallowed is not sent twice), the harness's own queries wait it out (`_q`).
 """
 
 import json
@@ -23,8 +26,9 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
+from django.db import connections
 from django.db.models import Min
 
 from ..models import ItemHistory, ProbeEffect, Queue, QueueItem, Reservation, ReservationHistory
@@ -52,10 +56,23 @@ class WaitSizes:
     deadline: float
     max_sleep: float  # each nap sleeps 1 s to this
     late: float  # a late event comes up to this long after its workflow's nap ended
+    restart_at: float  # seconds into the waits phase of the one PostgreSQL restart
 
 
-QUICK = WaitSizes(workflows=240, workers=3, concurrency=4, kills=2, gap=2.0, deadline=180.0, max_sleep=6.0, late=8.0)
-FULL = WaitSizes(workflows=2000, workers=3, concurrency=4, kills=6, gap=3.0, deadline=600.0, max_sleep=20.0, late=40.0)
+QUICK = WaitSizes(
+    workflows=240, workers=3, concurrency=4, kills=2, gap=2.0, deadline=180.0, max_sleep=6.0, late=8.0, restart_at=6.0
+)
+FULL = WaitSizes(
+    workflows=2000,
+    workers=3,
+    concurrency=4,
+    kills=6,
+    gap=3.0,
+    deadline=600.0,
+    max_sleep=20.0,
+    late=40.0,
+    restart_at=15.0,
+)
 
 
 class WaitChaosRun(ChaosRun):
@@ -63,6 +80,7 @@ class WaitChaosRun(ChaosRun):
         super().__init__(options, write)
         self.w_sizes = sizes
         self.kills: list[str] = []
+        self.restart: str = ""  # "at Ns, took Ms" once the PostgreSQL restart fired
         self.sender: subprocess.Popen | None = None
         self.workflows: dict[str, int] = {}  # key -> workflow id
         self.naps: dict[str, float] = {}  # key -> seconds
@@ -181,6 +199,8 @@ class WaitChaosRun(ChaosRun):
                 break
             if len(self.kills) < sizes.kills and time.monotonic() >= next_kill and self._kill_a_worker():
                 next_kill = time.monotonic() + sizes.gap
+            if not self.restart and time.monotonic() >= started + sizes.restart_at:
+                self._restart_database(time.monotonic() - started)
             time.sleep(0.3)
         self.phase_times["waits"] = time.monotonic() - started
         self.say(f"waits phase over after {self.phase_times['waits']:.1f}s")
@@ -188,6 +208,17 @@ class WaitChaosRun(ChaosRun):
             self.fleet.sigterm(proc, fate="stopped")
         self.fleet.wait_all(60)
         self.fleet.kill_all()
+
+    def _restart_database(self, at: float) -> None:
+        """The item run's restart fault (runner.py `_fire`): every session is terminated, the workers and the sender
+        reconnect on their own; the harness drops its connection (its queries go through `_q` meanwhile)."""
+        self.say(f"FAULT PostgreSQL restart (pg_ctl restart -m fast), {self._open_workflows()} workflows open")
+        began = datetime.now(UTC)
+        took = self.cluster.restart()
+        self.outages.append((began, datetime.now(UTC)))
+        connections[ALIAS].close()
+        self.restart = f"at {at:.1f}s, took {took:.1f}s"
+        self.say(f"PostgreSQL back after {took:.1f}s")
 
     # -- judging ------------------------------------------------------------------------------------------------
 
@@ -221,11 +252,15 @@ class WaitChaosRun(ChaosRun):
         problems += [f"{nonce} stored {stored[nonce]} times" for nonce in self.planned if stored[nonce] != 1]
         problems += [f"unplanned event {nonce}" for nonce in stored if nonce not in self.planned]
         sent_lines = self.sent_path.read_text().splitlines() if self.sent_path.exists() else []
+        lines = [json.loads(line) for line in sent_lines]
+        recovered = sum(line.get("recovered", False) for line in lines)
+        retried = sum(line.get("retries", 0) > 0 for line in lines)
         code = self.sender.poll()
         if len(sent_lines) != len(self.planned) or code != 0:
             problems.append(f"sender sent {len(sent_lines)} of {len(self.planned)}, exit {code} "
                             f"(log {self.sender_log})")  # fmt: skip
-        checks.append(Check("every event sent stored once", not problems, {"events": len(events)}, problems[:20]))
+        figures = {"events": len(events), "sends_retried": retried, "reply_lost_found_stored": recovered}
+        checks.append(Check("every event sent stored once", not problems, figures, problems[:20]))
 
         problems = []
         kept_then_claimed = live = 0
@@ -271,11 +306,15 @@ class WaitChaosRun(ChaosRun):
         checks.append(Check("the step after each wait ran once", not problems, {"steps": len(afters)}, problems[:20]))
 
         checks.append(self._check_early(steps, items, per_key))
-        checks.append(Check("workers behaved", not self.crashes, {"kills": len(self.kills)}, self.crashes))
+        problems = list(self.crashes)
+        if not self.restart:
+            problems.append("the PostgreSQL restart did not fire before the waits were over")
+        figures = {"kills": len(self.kills), "restarts": int(bool(self.restart))}
+        checks.append(Check("workers behaved", not problems, figures, problems))
 
         self._write("")
         self._write(f"== queue_chaos --waits: seed {self.opts.seed}, {len(ids)} workflows, {len(events)} events, "
-                    f"kills: {'; '.join(self.kills)} ==")  # fmt: skip
+                    f"kills: {'; '.join(self.kills)}; restart: {self.restart or 'none'} ==")  # fmt: skip
         for check in checks:
             figures = " ".join(f"{k}={v}" for k, v in check.figures.items())
             self._write(f"{check.name:<48} {'PASS' if check.passed else 'FAIL':<7} {figures}")

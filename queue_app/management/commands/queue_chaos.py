@@ -5,7 +5,7 @@
     python manage.py queue_chaos --items 20000 --workers 4 --seed 7 --json-out var/chaos.json --keep
     python manage.py queue_chaos --workflow [--quick]   # kill -9 through ~2,000 workflow steps (quick ~250)
     python manage.py queue_chaos --triggers [--quick]   # kill -9 through data-aware triggers (quick: 150 partitions)
-    python manage.py queue_chaos --waits [--quick]      # kill -9 while 2,000 workflows sleep and wait (quick: 240)
+    python manage.py queue_chaos --waits [--quick]      # kill -9 + a restart while 2,000 workflows wait (quick: 240)
 
 Runs on a private PostgreSQL cluster it creates (and restarts), never on DATABASE_URL's server. Exits 1 when
 any check fails.
@@ -53,8 +53,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--waits",
             action="store_true",
-            help="the workflow-waits scenario: kill -9 while 2,000 workflows sleep and wait for events sent by "
-            "another process (quick: 240)",
+            help="the workflow-waits scenario: kill -9 and one PostgreSQL restart while 2,000 workflows sleep and "
+            "wait for events sent by another process (quick: 240)",
         )
 
     def handle(self, *args, **options):
