@@ -14,7 +14,7 @@ from queue_app.bench import ceiling, runner
 from queue_app.bench.ceiling import find_pgbench
 from queue_app.bench.context import BenchContext, Progress, server_from_django
 from queue_app.bench.report import Figure, Results, table
-from queue_app.bench.sizes import QUICK
+from queue_app.bench.sizes import QUICK, SMOKE
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +98,7 @@ def test_every_part_reads_finished_work_across_the_archive(manage, tmp_path):
     `--full` died in the flow part, `max()` of no windows, after the archiver had moved them)."""
     out = tmp_path / "bench.json"
     proc = manage(
-        "queue_bench", "--quick", "--peers", "procrastinate", "--json-out", str(out),
+        "queue_bench", "--smoke", "--peers", "procrastinate", "--json-out", str(out),
         "--db-prefix", f"test_bench_archived_{os.getpid()}", timeout=1_500, env={"JOBSITE_ARCHIVE_AFTER": "0"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -124,7 +124,7 @@ def test_every_part_reads_finished_work_across_the_archive(manage, tmp_path):
     for name in ("jobsite", "procrastinate"):
         p50, p99 = figures[f"latency.{name}_p50"], figures[f"latency.{name}_p99"]
         assert 0 < (p50["value"] or 0) <= (p99["value"] or 0), (p50, p99, proc.stdout[-5000:])
-        assert p50["detail"]["samples"] == QUICK.latency_samples and p50["detail"]["fed"] > 0, p50
+        assert p50["detail"]["samples"] == SMOKE.latency_samples and p50["detail"]["fed"] > 0, p50
     assert (
         figures["latency.jobsite_p50"]["detail"]["load_per_s"]
         == figures["latency.procrastinate_p50"]["detail"]["load_per_s"]
@@ -142,7 +142,7 @@ def test_every_part_reads_finished_work_across_the_archive(manage, tmp_path):
     for key in ("tracing.off", "tracing.on_100", "tracing.on_1"):
         assert (figures[key]["value"] or 0) > 0, (figures[key], proc.stdout[-5000:])
     assert figures["tracing.off"]["detail"]["spans_received_last_round"] == 0
-    assert 0 < figures["tracing.on_100"]["detail"]["spans_received_last_round"] <= QUICK.e2e_jobs
+    assert 0 < figures["tracing.on_100"]["detail"]["spans_received_last_round"] <= SMOKE.e2e_jobs
     assert "tracing on, 100% sampled >= 0.9x tracing off" in proc.stdout
 
 
@@ -152,7 +152,7 @@ def _check_ceiling(data: dict, stdout: str, out: Path) -> None:
     assert set(measured) == {"ceiling.lease_one", "ceiling.lease_batch", "ceiling.insert", ceiling.BATCH_AGAIN}
     for figure in measured.values():
         assert figure["value"] > 0 and figure["detail"]["tries"], figure
-    assert data["size"] == "quick"
+    assert data["size"] == "smoke"
     assert data["ratios"]["ceiling.lease_one"]["ceiling"] > 0
     assert "ceiling: lease 100 + complete 100" in stdout
     assert f"results written to {out}" in stdout

@@ -1,7 +1,8 @@
 """How big a bench run is: `--quick` for a CI smoke run (about a minute without peers), `--full` for the
-README's figures (the default)."""
+README's figures (the default), `--smoke` for the test suite (every part once, at the smallest sizes that still
+exercise it; its figures mean nothing)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -103,3 +104,27 @@ FULL = Sizes(
 )
 
 SIZES = {s.name: s for s in (QUICK, FULL)}
+
+# The test suite's run of every part (tests/test_bench_quick.py): each part's code path once, quickly.
+SMOKE = replace(
+    QUICK,
+    name="smoke",
+    ceiling_seconds=1,
+    ceiling_clients=(2,),
+    enqueue_rows=5_000,
+    e2e_jobs=2_000,
+    e2e_grid=((1, "thread", 16, 250, 250),),
+    latency_samples=10,
+    peer_jobs=300,
+    peer_variants=1,
+    drain_seconds=0.1,
+    most_jobs=2_000,
+    flow_lease_items=5_000,
+    flow_fair=(2_000, 50),
+    workflow_steps=200,
+    workflow_delay_samples=5,
+    waits_noop=2_000,
+    waits_present=200,
+    waits_latency_samples=5,
+    waits_batch=1_000,
+)

@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from queue_app.bench.peers import PEERS
 from queue_app.bench.runner import PARTS, run_bench
-from queue_app.bench.sizes import FULL, QUICK
+from queue_app.bench.sizes import FULL, QUICK, SMOKE
 
 
 def _names(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
@@ -34,6 +34,9 @@ class Command(BaseCommand):
         size = parser.add_mutually_exclusive_group()
         size.add_argument("--quick", action="store_true", help="small sizes for a CI smoke run")
         size.add_argument("--full", action="store_true", help="full sizes for the README (default)")
+        size.add_argument(
+            "--smoke", action="store_true", help="every part once at the smallest sizes (the test suite's; no figures)"
+        )
         parser.add_argument("--only", default=None, help=f"comma-separated parts: {','.join(PARTS)} (default: all)")
         parser.add_argument("--peers", default=",".join(PEERS), help=f"peers to run (default: {','.join(PEERS)})")
         parser.add_argument(
@@ -48,7 +51,7 @@ class Command(BaseCommand):
         parser.add_argument("--keep-dbs", action="store_true", help="keep the scratch databases afterwards")
 
     def handle(self, *args, **options):
-        sizes = QUICK if options["quick"] else FULL
+        sizes = SMOKE if options["smoke"] else QUICK if options["quick"] else FULL
         if options["only"] is not None:
             parts = _names(options["only"], PARTS, "part")
         else:
