@@ -559,6 +559,10 @@ def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
             with tracing.spark_run(run.id, run.job, ctx.attempt) as span:
                 result = _launch(run, reporter, timeout)
                 _trace_result(span, run.id, result)
+            # The run's, its jobs' and stages' spans leave now: a process-pool child ends with os._exit, which
+            # would drop what its batch processor still holds (a --burst worker stops right after the run).
+            # Beside a Spark run's seconds, one flush costs nothing.
+            tracing.flush()
         else:
             result = _launch(run, reporter, timeout)
         state = _finish(run, result, reporter, ctx)
