@@ -175,6 +175,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="with --connect: get ready (imports, session, the server's Python worker), then read the run's "
         "arguments as one JSON list on stdin",
     )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a variable of this run only, for a spare started before its run (warm_pool.PER_RUN)",
+    )
     args = parser.parse_args(argv)
     missing = [] if args.standby else [f"--{n}" for n in ("job", "run_id", "output_file") if not getattr(args, n)]
     if missing or (args.standby and not args.connect):
@@ -205,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         args = _parse(json.loads(line))
         setup["standby"] = round(time.monotonic() - waiting, 3)
+    for pair in args.env:  # the run's own variables (the report channel, the trace parent)
+        key, _, value = pair.partition("=")
+        os.environ[key] = value
     os.environ[protocol.RUN_ID_ENV] = str(args.run_id)  # the run's own, for workflows.spark_upstream()
     try:
         job = registry.get_job(args.job)

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from jobsite.spark_report import ENV as REPORT_ENV
 from queue_app.spark import connect, connect_health
 from queue_app.spark.commandline import CHILD_SCRIPT, child_environment
 from queue_app.spark.watch import start_child
@@ -53,8 +54,14 @@ def warm_server(script: BoundScript | None, on_log) -> connect.ConnectUrl | None
     return url
 
 
+# Variables that differ from run to run (the program's report channel, the trace it continues): not part of what
+# makes a spare fit, or no spare would ever fit; the spare gets them with the run's arguments (child.py --env).
+PER_RUN = (REPORT_ENV, "TRACEPARENT")
+
+
 def _spare_key(url: Any, child_env: Mapping[str, str]) -> tuple:
-    return (str(url), tuple(sorted(child_environment(child_env).items())))
+    shared = {k: v for k, v in child_environment(child_env).items() if k not in PER_RUN}
+    return (str(url), tuple(sorted(shared.items())))
 
 
 def prepare_light_child(url: Any, child_env: Mapping[str, str]) -> None:
@@ -100,7 +107,8 @@ def light_child(url: Any, child_env: Mapping[str, str], run_args: list[str], on_
         if proc is not None and proc.poll() is None and _spare["key"] == _spare_key(url, child_env):
             _spare.clear()
             try:
-                proc.stdin.write(json.dumps(run_args) + "\n")
+                per_run = [f"--env={k}={child_env[k]}" for k in PER_RUN if k in child_env]
+                proc.stdin.write(json.dumps([*run_args, *per_run]) + "\n")
                 proc.stdin.close()
                 say(on_log, f"jobsite: warm run: the waiting light child (pid {proc.pid}) takes it")
                 return proc
