@@ -110,11 +110,13 @@ class LiveReservations(threading.Thread):
         assert self.error is None, self.error
 
 
-def run_sampled(worker, queue: str) -> LiveReservations:
-    """Three real workers of four slots each serve `queue` until every item is settled, under the sampler."""
+def run_sampled(worker, queue: str, slots: int = 4) -> LiveReservations:
+    """Three real workers of `slots` slots each serve `queue` until every item is settled, under the sampler."""
     live = LiveReservations(queue)
     live.start()
-    procs = [worker(f"{queue}{n}", "--pool", "thread", "--concurrency", "4", "--queues", queue) for n in range(3)]
+    procs = [
+        worker(f"{queue}{n}", "--pool", "thread", "--concurrency", str(slots), "--queues", queue) for n in range(3)
+    ]
     wait_for(lambda: open_items() == 0, timeout=90, what="every item to be settled")
     live.stop()
     stop(procs)
@@ -148,7 +150,9 @@ def test_concurrency_limit_is_never_exceeded_across_workers(worker):  # noqa: F8
     engine.ensure_queue("limited")
     services.set_queue_options("limited", concurrency_limit=limit)
     get_task(PROBE).enqueue_many([{"sleep": asleep}] * 24, queue="limited")
-    live = run_sampled(worker, "limited")  # twelve slots in all: only the queue's limit holds the leases to three
+    # Six slots in all, two a worker: only the queue's limit holds the leases to three, and reaching three takes
+    # two workers (with four slots one worker could hold all three, re-leasing as it settles, and share nothing).
+    live = run_sampled(worker, "limited", slots=2)
 
     assert sorted(settled_once_each("limited").values()) == [1] * 24
     assert live.most == limit, (live.most, live.samples)  # reached at some instant, exceeded at none
