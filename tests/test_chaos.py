@@ -35,26 +35,32 @@ def _has_postgres_binaries() -> bool:
     return True
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not _has_postgres_binaries(), reason="no PostgreSQL server binaries for a private cluster")
-def test_quick_chaos_run_passes(tmp_path):
-    out = tmp_path / "chaos.json"
+def run_quick_chaos(tmp_path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run `queue_chaos --quick ARGS` as its own process on a private embedded server under tmp_path (no
+    DATABASE_URL needed: the command starts one), stopped afterwards whatever happened; assert it passed."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.update(JOBSITE_NO_BOOTSTRAP="1", JOBSITE_VAR_DIR=str(tmp_path / "var"))
     manage = [sys.executable, str(ROOT / "manage.py")]
     try:
         result = subprocess.run(
-            [*manage, "queue_chaos", "--quick", "--seed", "7", "--json-out", str(out)],
+            [*manage, "queue_chaos", "--quick", *args],
             cwd=ROOT,
             env=env,
             capture_output=True,
             text=True,
-            timeout=900,
+            timeout=timeout,
         )
     finally:
-        # Without DATABASE_URL the command started an embedded server of its own under tmp_path: stop it.
         subprocess.run([*manage, "embedded_db", "stop"], cwd=ROOT, env=env, capture_output=True, timeout=120)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _has_postgres_binaries(), reason="no PostgreSQL server binaries for a private cluster")
+def test_quick_chaos_run_passes(tmp_path):
+    out = tmp_path / "chaos.json"
+    result = run_quick_chaos(tmp_path, "--seed", "7", "--json-out", str(out), timeout=900)
     figures = json.loads(out.read_text())
     by_name = {c["name"]: c for c in figures["checks"]}
     assert figures["passed"] and all(c["passed"] for c in figures["checks"])

@@ -159,6 +159,19 @@ def stop(procs: Iterable[subprocess.Popen], grace: float = 15.0) -> None:
         _signal_group(proc, signal.SIGKILL)
 
 
+def wait_until(predicate, timeout: float, what: str, procs: Iterable[subprocess.Popen], poll: float = 0.02) -> float:
+    """Poll `predicate` every `poll` seconds until it holds; the seconds it took. Raises when `timeout` passes
+    first or one of `procs` (the workers doing the work) has exited, naming `what` was awaited."""
+    t0 = time.perf_counter()
+    while not predicate():
+        if time.perf_counter() - t0 > timeout:
+            raise RuntimeError(f"{what}: not done after {timeout:.0f}s")
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"{what}: the worker exited")
+        time.sleep(poll)
+    return time.perf_counter() - t0
+
+
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)

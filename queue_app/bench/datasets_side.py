@@ -10,13 +10,14 @@
 """
 
 import datetime as dt
+import functools
 import time
 
 from django.db import connections
 
 from .. import engine
 from ..conf import queue_settings
-from .context import BenchContext, django_child_env, log_tail, manage_args, spawn, stop
+from .context import BenchContext, django_child_env, log_tail, manage_args, spawn, stop, wait_until
 from .dataset_tasks import record as _record  # noqa: F401  registers bench.ds_record here too
 from .jobsite_side import ALIAS, NOOP_TASK, _clear_queue, _scalar, bench_database
 from .report import Figure, Results, percentile
@@ -30,15 +31,7 @@ RESULT_MS = "SELECT (result->>'ms')::float8 FROM queue_app_item_all WHERE id = %
 CONSUMERS = "SELECT count(*) FROM queue_app_item_all WHERE task = 'bench.ds_consume'"
 
 
-def _wait(predicate, timeout: float, what: str, procs) -> float:
-    t0 = time.perf_counter()
-    while not predicate():
-        if time.perf_counter() - t0 > timeout:
-            raise RuntimeError(f"{what}: not done after {timeout:.0f}s")
-        if any(p.poll() is not None for p in procs):
-            raise RuntimeError(f"{what}: the worker exited")
-        time.sleep(0.005)
-    return time.perf_counter() - t0
+_wait = functools.partial(wait_until, poll=0.005)  # its delays are milliseconds
 
 
 def _done(item_id: int) -> bool:

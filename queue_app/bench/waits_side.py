@@ -23,11 +23,11 @@ from ..conf import queue_settings
 from ..workflows import waits
 from ..workflows.definition import Graph
 from ..workflows.services import start_graph
-from .context import BenchContext, django_child_env, log_tail, manage_args, spawn, stop
+from .context import BenchContext, django_child_env, log_tail, manage_args, spawn, stop, wait_until
 from .jobsite_side import ALIAS, NOOP_TASK, _scalar, bench_database
 from .report import Figure, Results, percentile
 from .sizes import Sizes
-from .workflow_side import SETTINGS, WORKER, _wait
+from .workflow_side import SETTINGS, WORKER
 
 ROUNDS = 2
 BATCH = 1_000
@@ -56,9 +56,8 @@ def _drain(n: int, procs) -> float:
         cur.execute(CLEAR_NOOPS, {"t": NOOP_TASK})
     t0 = time.perf_counter()
     engine.enqueue_many(NOOP_TASK, [{} for _ in range(n)], queue=queue_settings.DEFAULT_QUEUE, using=ALIAS)
-    return (
-        time.perf_counter() - t0 + _wait(lambda: not _scalar(OPEN_NOOPS, {"t": NOOP_TASK}), 600, "plain items", procs)
-    )
+    enqueued = time.perf_counter() - t0
+    return enqueued + wait_until(lambda: not _scalar(OPEN_NOOPS, {"t": NOOP_TASK}), 600, "plain items", procs)
 
 
 def _plant_waits(n: int) -> None:
@@ -81,7 +80,7 @@ def _latency(samples: int, procs) -> list[float]:
         workflow_id = start_graph(g, started_by="queue_bench", using=ALIAS).id
         time.sleep(0.05)  # the worker idle again: the wake-up is measured, not a queue behind it
         sent = waits.send_event(EVENT, f"latency-{i}", {"i": i}, using=ALIAS)
-        _wait(
+        wait_until(
             lambda workflow_id=workflow_id: (
                 _scalar("SELECT state FROM queue_app_workflow WHERE id = %(id)s", {"id": workflow_id}) == "succeeded"
             ),

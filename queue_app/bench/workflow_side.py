@@ -18,7 +18,7 @@ from django.db import connections
 
 from .. import engine
 from ..conf import queue_settings
-from .context import BenchContext, django_child_env, log_tail, manage_args, spawn, stop
+from .context import BenchContext, django_child_env, log_tail, manage_args, spawn, stop, wait_until
 from .jobsite_side import ALIAS, NOOP_TASK, _clear_queue, _scalar, bench_database
 from .report import Figure, Results, percentile
 from .sizes import Sizes
@@ -28,17 +28,6 @@ from .workflow_tasks import fan_out as _fan_out  # noqa: F401  registers bench.f
 WORKER = ("run_worker", "--pool", "thread", "--concurrency", "32", "--batch", "500", "--prefetch", "500")
 ROUNDS = 3
 SETTINGS = "1 x --pool thread --concurrency 32 --batch 500 --prefetch 500"
-
-
-def _wait(predicate, timeout: float, what: str, procs) -> float:
-    t0 = time.perf_counter()
-    while not predicate():
-        if time.perf_counter() - t0 > timeout:
-            raise RuntimeError(f"{what}: not done after {timeout:.0f}s")
-        if any(p.poll() is not None for p in procs):
-            raise RuntimeError(f"{what}: the worker exited")
-        time.sleep(0.02)
-    return time.perf_counter() - t0
 
 
 def _start_fan(n: int) -> int:
@@ -87,7 +76,7 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
                 t0 = time.perf_counter()
                 engine.enqueue_many(NOOP_TASK, [{} for _ in range(n)], queue=queue, using=ALIAS)
                 enqueued = time.perf_counter() - t0
-                t = enqueued + _wait(
+                t = enqueued + wait_until(
                     lambda: (
                         not _scalar(
                             "SELECT count(*) FROM queue_app_queueitem WHERE queue_id = %(q)s AND state <> 'done'",
@@ -101,7 +90,7 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
                 plain_s.append(t)
                 ctx.progress("workflow", f"round {round_ + 1}: {n:,} plain items in {t:.2f}s = {n / t:,.0f}/s")
                 workflow_id = _start_fan(n)
-                t = _wait(
+                t = wait_until(
                     lambda workflow_id=workflow_id: _state(workflow_id) == "succeeded", 600, "fan-out workflow", procs
                 )
                 wf_s.append(t)
@@ -124,7 +113,7 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
             delays = []
             for _ in range(sizes.workflow_delay_samples):
                 workflow_id = _start_fan(sizes.workflow_delay_fan)
-                _wait(
+                wait_until(
                     lambda workflow_id=workflow_id: _state(workflow_id) == "succeeded",
                     60,
                     "small fan-out workflow",
