@@ -58,62 +58,31 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        if options["workflow"]:
-            return self.workflow(options)
-        if options["triggers"]:
-            return self.triggers(options)
-        if options["waits"]:
-            return self.scenario(options, WaitChaosRun, WAITS_QUICK if options["quick"] else WAITS_FULL)
+        scenarios = (
+            ("workflow", WorkflowChaosRun, WORKFLOW_QUICK, WORKFLOW_FULL),
+            ("triggers", TriggerChaosRun, TRIGGERS_QUICK, TRIGGERS_FULL),
+            ("waits", WaitChaosRun, WAITS_QUICK, WAITS_FULL),
+        )
+        for flag, run_class, quick, full in scenarios:
+            if options[flag]:
+                sizes = quick if options["quick"] else full
+                return self._run(options, QUICK, lambda opts, write, c=run_class, s=sizes: c(opts, write, s))
         sizes = (QUICK if options["quick"] else FULL).scaled(options["items"], options["workers"])
         if sizes.items < 100:
             raise CommandError("--items must be at least 100")
         if sizes.workers < 1:
             raise CommandError("--workers must be at least 1")
+        return self._run(options, sizes, ChaosRun)
+
+    def _run(self, options, sizes, make) -> None:
+        """Run the scenario `make(Options, write)` builds with the seed asked for (or a random one); exit 1 if a
+        check failed."""
         seed = options["seed"] if options["seed"] is not None else random.randrange(1_000_000)
 
         def write(line: str) -> None:
             self.stdout.write(line)
             self.stdout.flush()
 
-        run = ChaosRun(Options(sizes, seed, keep=options["keep"], json_out=options["json_out"]), write)
-        code = run.run()
-        if code:
-            raise SystemExit(code)
-
-    def workflow(self, options) -> None:
-        sizes = WORKFLOW_QUICK if options["quick"] else WORKFLOW_FULL
-        seed = options["seed"] if options["seed"] is not None else random.randrange(1_000_000)
-
-        def write(line: str) -> None:
-            self.stdout.write(line)
-            self.stdout.flush()
-
-        run = WorkflowChaosRun(Options(QUICK, seed, keep=options["keep"], json_out=options["json_out"]), write, sizes)
-        code = run.run()
-        if code:
-            raise SystemExit(code)
-
-    def triggers(self, options) -> None:
-        sizes = TRIGGERS_QUICK if options["quick"] else TRIGGERS_FULL
-        seed = options["seed"] if options["seed"] is not None else random.randrange(1_000_000)
-
-        def write(line: str) -> None:
-            self.stdout.write(line)
-            self.stdout.flush()
-
-        run = TriggerChaosRun(Options(QUICK, seed, keep=options["keep"], json_out=options["json_out"]), write, sizes)
-        code = run.run()
-        if code:
-            raise SystemExit(code)
-
-    def scenario(self, options, run_class, sizes) -> None:
-        seed = options["seed"] if options["seed"] is not None else random.randrange(1_000_000)
-
-        def write(line: str) -> None:
-            self.stdout.write(line)
-            self.stdout.flush()
-
-        run = run_class(Options(QUICK, seed, keep=options["keep"], json_out=options["json_out"]), write, sizes)
-        code = run.run()
+        code = make(Options(sizes, seed, keep=options["keep"], json_out=options["json_out"]), write).run()
         if code:
             raise SystemExit(code)
