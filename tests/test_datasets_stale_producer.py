@@ -7,7 +7,8 @@ wanted partition in the same transaction, so once per episode.
 - a Spark job producing a partition_by dataset: one run queued for the day due now (no Spark needed: the run
   stays queued);
 - no producer: the episode and its event commit, the error is on the episode row;
-- jobsite.E111: the option without a producer, with several, or without a freshness policy.
+- jobsite.E111: the option without a producer, with several, or without a freshness policy; the option in
+  settings, and a value that is not a bool refused (E105).
 """
 
 import datetime as dt
@@ -16,11 +17,12 @@ import time
 
 import pytest
 from django.core import checks
+from django.test import override_settings
 from django.utils import timezone
 
 from queue_app.datasets import Freshness, dataset
-from queue_app.datasets.checks import stale_producer_declarations
-from queue_app.datasets.declarations import _code
+from queue_app.datasets.checks import dataset_declarations, stale_producer_declarations
+from queue_app.datasets.declarations import _code, get_dataset
 from queue_app.datasets.models import Materialization, StaleEpisode
 from queue_app.datasets.producers import forget_task, producer_task
 from queue_app.datasets.services import record_materialization
@@ -154,3 +156,21 @@ def test_jobsite_e111_reports_the_option_without_one_producer_or_without_a_polic
     finally:
         forget_task("tests.sp_two_a")
         forget_task("tests.sp_two_b")
+
+
+def test_settings_declare_the_option_and_refuse_a_value_that_is_not_a_bool():
+    declared = {
+        "sp_set": {
+            "location": "table:tests.sp_set",
+            "freshness": {"max_age_hours": 1},
+            "trigger_producer_when_stale": True,
+        },
+        "sp_yes": {"location": "table:tests.sp_yes", "trigger_producer_when_stale": "yes"},
+    }
+    with override_settings(JOBSITE={"DATASETS": declared}):
+        ds = get_dataset("sp_set")
+        assert ds.trigger_producer_when_stale and ds.config()["trigger_producer_when_stale"] is True
+        [e105] = [e.msg for e in dataset_declarations() if "sp_yes" in e.msg]
+        assert e105 == "DATASETS['sp_yes'] is left out: dataset 'sp_yes': trigger_producer_when_stale is True or False"
+        [e111] = [e.msg for e in stale_producer_declarations() if "sp_set" in e.msg]
+        assert "nothing produces it" in e111
