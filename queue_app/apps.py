@@ -18,6 +18,7 @@ class QueueAppConfig(AppConfig):
         from .engine.db import tune_connection
         from .spark import checks  # noqa: F401  registers jobsite.W010 (Java for Spark runs)
         from .spark import datasets as spark_datasets  # noqa: F401  registers jobsite.E106 (jobs' datasets)
+        from .spark import producers as spark_producers  # noqa: F401  the Spark jobs as producers (stale datasets)
         from .spark import triggers as spark_triggers  # noqa: F401  the Spark jobs' data-aware triggers
         from .workflows import checks as workflow_checks  # noqa: F401  registers jobsite.E201 (conditions)
         from .workflows import triggers as workflow_triggers  # noqa: F401  the workflows' data-aware triggers

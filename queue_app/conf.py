@@ -58,6 +58,11 @@ DEFAULTS: dict[str, Any] = {
     # directories a dataset's path may lie under (besides JOBSITE_DATASET_ROOTS; both empty: settings.VAR_DIR).
     "DATASET_MODULES": ("queue_app.spark.pipelines.demo_data",),  # the demo's datasets (demo_pipeline)
     "DATASETS": {},
+    # Data checks and file-arrival watches declared in settings (datasets/quality.py, datasets/watches.py):
+    # [{"dataset": "events", "function": "myapp.checks.has_rows", "severity": "error"}, {"dataset": ..., "schema":
+    # "myapp.schemas.EVENTS"}] and [{"dataset": "events", "glob": "landing/{partition}/*.csv"}].
+    "DATASET_CHECKS": (),
+    "DATASET_WATCHES": (),
     "DATASET_ROOTS": (),
     # OpenLineage (queue_app/datasets/openlineage.py): None (off) or {"transport": {"type": "http"|"file"|
     # "console", ...}, "namespace": "jobsite", "dataset_namespace": "jobsite", "queue_size": 1000}.

@@ -1,6 +1,7 @@
 """queue_chaos --triggers --quick passes end to end: real workers killed with -9 while 150 partitions' two upstreams
-are recorded and the data-aware trigger queues their consumer; every check of queue_app/chaos/triggers.py passes
-(each consumer queued once per upstream set and run exactly once, never before its upstreams, nothing stuck)."""
+are recorded (every tenth bad, failing its blocking check until overridden or recorded again) and the data-aware
+trigger queues their consumer; every check of queue_app/chaos/triggers.py passes (each consumer queued once per
+usable upstream set and run exactly once, never on a blocked partition nor before its upstreams, nothing stuck)."""
 
 import pytest
 
@@ -9,7 +10,8 @@ from tests.test_chaos import _has_postgres_binaries, run_quick_chaos
 CHECKS = (
     "no item stuck",
     "every upstream recorded once",
-    "each consumer queued once per upstream set",
+    "bad records failed their blocking check",
+    "each consumer queued once per usable set",
     "each consumer item ran exactly once",
     "no consumer before its upstreams",
     "workers behaved",

@@ -1,12 +1,19 @@
 """`queue_chaos --triggers`: kill -9 workers while data-aware triggers fire (datasets/triggers.py), then check
 what they promise. The workers import trigger_tasks.py: two upstream datasets (chaos_a, chaos_b) whose partitions
 are recorded by transactional items that sleep inside their transaction (kills land mid-record), an `all`
-consumer and an `any` consumer of both, each recording its own output partition transactionally.
+consumer and an `any` consumer of both, each recording its own output partition transactionally. Every
+`bad_every`-th partition's chaos_a is recorded bad: its blocking check (a queue item the same workers run) fails
+it. Once everything has drained, the harness overrides half the bad partitions (queue_app.chaos_override items)
+and records the other half's chaos_a again, good; the workers (and the kills) go on until that drains too.
 
 Checks: every queue drained (nothing stuck); the `all` consumer was queued exactly once per partition (hot and
 archived items counted) and ran exactly once (one output row), with both upstream materialization ids; the `any`
-consumer once per upstream materialization; no consumer queued before its upstreams were recorded (its item's
-first lease comes after both upstreams' recording transactions); every upstream recorded once.
+consumer once per usable upstream materialization; no consumer queued before its upstreams were recorded (its
+item's first lease comes after both upstreams' recording transactions); every upstream recorded once (a
+re-recorded bad partition's chaos_a twice); every bad chaos_a failed its check (then was overridden, or not),
+every good one passed; a bad partition ran no consumer of its bad chaos_a while blocked (every consumer item
+naming it was queued after the second phase began, by its override) and ran the `all` consumer exactly once
+after its override or its new good record.
 
 Same private cluster and worker fleet as the item run (runner.py); the faults here are kill -9 only.
 """
@@ -16,7 +23,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Min
+from django.contrib.auth.models import User
+from django.db.models import Max, Min
 
 from .. import engine
 from ..datasets.models import Materialization, TriggerFire
@@ -39,6 +47,7 @@ class TriggerSizes:
     gap: float  # seconds between kills
     deadline: float
     sleep: float  # seconds each upstream item sleeps inside its transaction
+    bad_every: int = 10  # every Nth partition's chaos_a is recorded bad (its blocking check fails)
 
 
 QUICK = TriggerSizes(partitions=150, workers=3, concurrency=4, kills=2, gap=2.0, deadline=300.0, sleep=0.05)
@@ -50,6 +59,7 @@ class TriggerChaosRun(ChaosRun):
         super().__init__(options, write)
         self.tr_sizes = sizes
         self.kills: list[str] = []
+        self.second_phase_from: int | None = None  # the first item id the second phase could have queued
 
     def run(self) -> int:
         checks: list[Check] = []
@@ -67,15 +77,39 @@ class TriggerChaosRun(ChaosRun):
     def _partitions(self) -> list[str]:
         return [f"2025-{1 + i // 28:02d}-{1 + i % 28:02d}" for i in range(self.tr_sizes.partitions)]
 
+    def _bad(self) -> tuple[list[str], list[str]]:
+        """The bad partitions: (those the second phase overrides, those it records again good)."""
+        bad = self._partitions()[self.tr_sizes.bad_every // 2 :: self.tr_sizes.bad_every]
+        return bad[::2], bad[1::2]
+
     def _plant_upstreams(self) -> None:
+        bad = set(sum(self._bad(), []))
         items = [
             {"dataset": name, "partition": day, "sleep": self.tr_sizes.sleep}
+            | ({"bad": True} if name == trigger_tasks.CHECKED and day in bad else {})
             for day in self._partitions()
             for name in trigger_tasks.UPSTREAMS
         ]
         self.rng.shuffle(items)
         engine.enqueue_many(trigger_tasks.UPSTREAM_TASK, items, queue=QUEUE, using=ALIAS)
-        self.say(f"planted {len(items):,} upstream records over {self.tr_sizes.partitions} partitions")
+        self.say(f"planted {len(items):,} upstream records over {self.tr_sizes.partitions} partitions, {len(bad)} bad")
+        User.objects.db_manager(ALIAS).create_superuser(trigger_tasks.OVERRIDE_USER, "chaos@example.com", None)
+
+    def _second_phase(self) -> None:
+        """Override half the bad partitions and record the other half's chaos_a again, good."""
+        overridden, rewritten = self._bad()
+        newest = [m.objects.using(ALIAS).aggregate(n=Max("id"))["n"] or 0 for m in (QueueItem, ItemHistory)]
+        self.second_phase_from = max(newest) + 1
+        engine.enqueue_many(
+            trigger_tasks.OVERRIDE_TASK, [{"partition": d} for d in overridden], queue=QUEUE, using=ALIAS
+        )
+        engine.enqueue_many(
+            trigger_tasks.UPSTREAM_TASK,
+            [{"dataset": trigger_tasks.CHECKED, "partition": d, "sleep": self.tr_sizes.sleep} for d in rewritten],
+            queue=QUEUE,
+            using=ALIAS,
+        )
+        self.say(f"second phase: {len(overridden)} overrides, {len(rewritten)} bad partitions recorded again")
 
     def _open(self) -> int | None:
         return self._q(lambda: QueueItem.objects.using(ALIAS).filter(state__in=["ready", "reserved"]).count())
@@ -96,7 +130,9 @@ class TriggerChaosRun(ChaosRun):
             while len(self.fleet.running()) < sizes.workers:
                 self.fleet.spawn()
             if self._open() == 0:
-                break
+                if self.second_phase_from is not None:
+                    break
+                self._second_phase()
             if len(self.kills) < sizes.kills and time.monotonic() >= next_kill and self._kill_a_worker():
                 next_kill = time.monotonic() + sizes.gap
             time.sleep(0.3)
@@ -111,12 +147,13 @@ class TriggerChaosRun(ChaosRun):
     def _judge(self) -> list[Check]:
         db, days = ALIAS, self._partitions()
         rows = defaultdict(list)
-        for m in Materialization.objects.using(db).all():
+        for m in Materialization.objects.using(db).order_by("id"):
             rows[m.dataset, m.partition].append(m)
         items: dict[int, object] = {}
         for model in (QueueItem, ItemHistory):  # hot and archived: the workers archive finished items
-            for item in model.objects.using(db).exclude(task=trigger_tasks.UPSTREAM_TASK):
+            for item in model.objects.using(db).filter(task__in=list(trigger_tasks.CONSUMERS)):
                 items.setdefault(item.id, item)
+        overridden, rewritten = map(set, self._bad())
         queued = defaultdict(list)
         for item in items.values():
             queued[item.task, item.payload.get("partition")].append(item)
@@ -125,25 +162,44 @@ class TriggerChaosRun(ChaosRun):
         open_items = self._open()
         checks.append(Check("no item stuck", open_items == 0, {"open": open_items}, []))
 
+        def times(name: str, day: str) -> int:  # a re-recorded bad partition's chaos_a: twice
+            return 2 if name == trigger_tasks.CHECKED and day in rewritten else 1
+
         problems = [f"{name}[{day}] recorded {len(rows[name, day])} times" for day in days
-                    for name in trigger_tasks.UPSTREAMS if len(rows[name, day]) != 1]  # fmt: skip
+                    for name in trigger_tasks.UPSTREAMS if len(rows[name, day]) != times(name, day)]  # fmt: skip
         checks.append(Check("every upstream recorded once", not problems, {"partitions": len(days)}, problems[:20]))
+
+        problems = []
+        for day in days:
+            wanted = ["overridden"] if day in overridden else ["failed", "passed"] if day in rewritten else ["passed"]
+            if [m.checks for m in rows[trigger_tasks.CHECKED, day]] != wanted:
+                problems.append(f"chaos_a[{day}] checks {[m.checks for m in rows['chaos_a', day]]}, not {wanted}")
+        bad = len(overridden) + len(rewritten)
+        checks.append(Check("bad records failed their blocking check", not problems, {"bad": bad}, problems[:20]))
 
         problems = []
         all_task, any_task = list(trigger_tasks.CONSUMERS)
         for day in days:
             a, b = rows["chaos_a", day], rows["chaos_b", day]
-            if len(a) != 1 or len(b) != 1:
+            if len(a) != times("chaos_a", day) or len(b) != 1:
                 continue
+            usable_a = a[-1]  # a good record, the override of a bad one, or the good record after a bad one
             all_items, any_items = queued[all_task, day], queued[any_task, day]
+            if day in overridden or day in rewritten:
+                # Blocked until the second phase: a consumer item naming the bad record, or the all consumer's,
+                # queued before it began ran on a blocked partition.
+                early = [i.id for i in all_items + any_items if i.id < self.second_phase_from
+                         and (i.task == all_task or i.payload["upstream"].get("chaos_a") == a[0].id)]  # fmt: skip
+                if early:
+                    problems.append(f"consumer items {early} of blocked {day} queued before the second phase")
             if len(all_items) != 1:
                 problems.append(f"all consumer of {day} queued {len(all_items)} times")
-            elif all_items[0].payload["upstream"] != {"chaos_a": a[0].id, "chaos_b": b[0].id}:
+            elif all_items[0].payload["upstream"] != {"chaos_a": usable_a.id, "chaos_b": b[0].id}:
                 problems.append(f"all consumer of {day} got {all_items[0].payload['upstream']}")
             if len(any_items) != 2:
                 problems.append(f"any consumer of {day} queued {len(any_items)} times")
         fires = Counter(TriggerFire.objects.using(db).values_list("consumer", flat=True))
-        checks.append(Check("each consumer queued once per upstream set", not problems, dict(fires), problems[:20]))
+        checks.append(Check("each consumer queued once per usable set", not problems, dict(fires), problems[:20]))
 
         problems = []
         for task, output in trigger_tasks.CONSUMERS.items():

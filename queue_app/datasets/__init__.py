@@ -16,7 +16,8 @@ as materializations (rows) in the transaction that makes them. See docs/how-to/d
   refs.py: what jobs produce and consume (queue_app/spark/datasets.py records a Spark run's outputs, checks
   jobsite.E106 and refuses a run whose inputs failed their blocking checks); quality.py: data checks (check(),
   schema_check()); checks_run.py: how they run, settle a materialization's checks state, and are overridden;
-  triggers.py: the hook called when a materialization becomes usable.
+  triggers.py: the hook called when a materialization becomes usable; stale.py: the dataset.stale event and,
+  for a dataset declared with trigger_producer_when_stale, its producer (producers.py) started once per episode.
 """
 
 from .declarations import Dataset, DatasetError, dataset, declared_datasets, get_dataset

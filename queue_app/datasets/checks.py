@@ -6,11 +6,14 @@ that checks the project), so a bad declaration is found before anything runs:
 - jobsite.E103: an invalid freshness policy
 - jobsite.E104: a bad static partition key
 - jobsite.E105: a settings declaration that cannot be read (it is left out)
+- jobsite.E111: a dataset with trigger_producer_when_stale and no freshness policy, or not exactly one producer
 - jobsite.E110: a file-arrival watch (watches.py) of an unknown dataset, with a glob outside the roots, or a
   {partition} that does not fit the dataset (it is not checked)
+- jobsite.E112: a DATASET_WATCHES entry that cannot be read (it is left out)
 - jobsite.E120: a data check (quality.py) of a dataset that is not declared
 - jobsite.E121: two data checks of one dataset with the same name (the first declared runs)
 - jobsite.E122: a data check with a severity other than warn or error (it never runs)
+- jobsite.E123: a DATASET_CHECKS entry that cannot be used: its shape, or a path that cannot be imported (left out)
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from django.core import checks
 
 from .declarations import Dataset, code_datasets, declared_datasets, settings_datasets
 from .locations import LocationError
-from .quality import SEVERITIES, all_checks
-from .watches import all_watches
+from .producers import producers_of
+from .quality import SEVERITIES, all_checks, settings_checks
+from .watches import all_watches, settings_watches
 from .watches import problems as watch_problems
 
 
@@ -73,7 +77,10 @@ def dataset_declarations(app_configs: Any = None, **kwargs: Any) -> list[checks.
 @checks.register("jobsite")
 def data_check_declarations(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     known = declared_datasets()  # finds the modules that declare datasets, and so their checks
-    errors, seen = [], {}
+    errors = [
+        checks.Error(f"{where} is left out: {why}", id="jobsite.E123") for where, why in settings_checks()[1].items()
+    ]
+    seen = {}
     for item in all_checks():
         where = f"check {item.name!r} of dataset {item.dataset!r} ({item.origin})"
         if item.dataset not in known:
@@ -97,8 +104,40 @@ def data_check_declarations(app_configs: Any = None, **kwargs: Any) -> list[chec
 
 @checks.register("jobsite")
 def watch_declarations(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    return [
+    unreadable = [
+        checks.Error(f"{where} is left out: {why}", id="jobsite.E112") for where, why in settings_watches()[1].items()
+    ]
+    return unreadable + [
         checks.Error(f"watch of dataset {w.dataset!r} ({w.origin}): {problem}", id="jobsite.E110")
         for w in all_watches()
         for problem in watch_problems(w)
     ]
+
+
+@checks.register("jobsite")
+def stale_producer_declarations(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobsite.E111: a dataset that asks for its producer when stale must be able to go stale and have one."""
+    errors = []
+    for ds in declared_datasets().values():
+        if not ds.trigger_producer_when_stale:
+            continue
+        if ds.freshness is None:
+            errors.append(
+                checks.Error(
+                    f"{_where(ds)}: trigger_producer_when_stale needs a freshness policy (it never goes stale)",
+                    id="jobsite.E111",
+                )
+            )
+        found = producers_of(ds.name)
+        if len(found) != 1:
+            listed = ", ".join(p.key for p in found)
+            errors.append(
+                checks.Error(
+                    f"{_where(ds)}: trigger_producer_when_stale, but "
+                    + (f"several jobs produce it ({listed})" if found else "nothing produces it"),
+                    hint="declare produces= on the one Spark job or script that writes it, or "
+                    "producer_task(task, produces=[...]) (queue_app.datasets.producers)",
+                    id="jobsite.E111",
+                )
+            )
+    return errors

@@ -34,7 +34,7 @@ from .locations import Location, LocationError, location_of
 from .partitions import PartitionError, Partitioning, partitioning_of
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
-SETTINGS_KEYS = {"location", "partitioning", "owner", "description", "freshness"}
+SETTINGS_KEYS = {"location", "partitioning", "owner", "description", "freshness", "trigger_producer_when_stale"}
 
 
 class DatasetError(ValueError):
@@ -49,6 +49,7 @@ class Dataset:
     owner: str = ""
     description: str = ""
     freshness: Freshness | None = None
+    trigger_producer_when_stale: bool = False  # a stale episode starts its producer (producers.py, stale.py)
     declared_in: str = "code"  # code or settings (the admin's, next, as rows)
     origin: str = ""  # who declared it: module:line for code, the setting for settings
 
@@ -67,6 +68,7 @@ class Dataset:
             "owner": self.owner,
             "description": self.description,
             "freshness": self.freshness.describe() if self.freshness else None,
+            "trigger_producer_when_stale": self.trigger_producer_when_stale,
         }
 
 
@@ -78,6 +80,7 @@ def build(
     owner: Any = "",
     description: Any = "",
     freshness: Any = None,
+    trigger_producer_when_stale: Any = False,
     declared_in: str = "code",
     origin: str = "",
 ) -> Dataset:
@@ -90,6 +93,8 @@ def build(
     for field_name, value, limit in (("owner", owner, 200), ("description", description, 2000)):
         if not isinstance(value, str) or len(value) > limit:
             raise DatasetError(f"dataset {name!r}: {field_name} is a string of at most {limit} characters")
+    if not isinstance(trigger_producer_when_stale, bool):
+        raise DatasetError(f"dataset {name!r}: trigger_producer_when_stale is True or False")
     try:
         return Dataset(
             name=name,
@@ -98,6 +103,7 @@ def build(
             owner=owner,
             description=description,
             freshness=freshness_of(freshness),
+            trigger_producer_when_stale=trigger_producer_when_stale,
             declared_in=declared_in,
             origin=origin,
         )
@@ -118,8 +124,10 @@ def dataset(
     owner: str = "",
     description: str = "",
     freshness: Freshness | None = None,
+    trigger_producer_when_stale: bool = False,
 ) -> Dataset:
-    """Declare the dataset `name` in code (see the module's docstring); returns it."""
+    """Declare the dataset `name` in code (see the module's docstring); returns it. With
+    `trigger_producer_when_stale=True` (and a freshness policy), each stale episode starts its producer once."""
     caller = sys._getframe(1)
     origin = f"{caller.f_globals.get('__name__', '?')}:{caller.f_lineno}"
     declared = build(
@@ -129,6 +137,7 @@ def dataset(
         owner=owner,
         description=description,
         freshness=freshness,
+        trigger_producer_when_stale=trigger_producer_when_stale,
         origin=origin,
     )
     return _code.register(name, declared)

@@ -155,6 +155,10 @@ class StaleEpisode(models.Model):
     dataset = models.CharField(max_length=200)
     overdue_since = models.DateTimeField()
     detected_at = models.DateTimeField(db_default=Now())
+    # trigger_producer_when_stale: the partition the episode started its producer for, what it started, an error
+    partition = models.CharField(max_length=200, null=True, blank=True, help_text="empty: no producer started")
+    started = models.JSONField(default=list, blank=True, help_text='what it started: ["spark_run:12"]')
+    error = models.TextField(blank=True, default="")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["dataset", "overdue_since"], name="stale_episode_once")]

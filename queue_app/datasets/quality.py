@@ -18,7 +18,10 @@ severity, and what running one gives (passed, figures, message). Run by datasets
     schema_check("events", pa.DataFrameSchema({...}), name="schema")   # pandera, pandas or pandera.pyspark
 
 A check returns a bool or a CheckResult; an exception is a failed result saying so. Checks are declared in the
-modules that declare datasets (an app's datasets.py, DATASET_MODULES), found when those are. A declaration is
+modules that declare datasets (an app's datasets.py, DATASET_MODULES), found when those are, or in the
+DATASET_CHECKS setting by dotted path ({"dataset": "events", "function": "myapp.checks.has_rows"} or
+{"dataset": "events", "schema": "myapp.schemas.EVENTS"}, with the same options), imported when first read; an
+entry that cannot be used is left out and reported by jobsite.E123. A declaration is
 checked for shape when made (TypeError/ValueError for what no Django start could survive anyway: not a callable,
 not a name); what depends on other declarations (an unknown dataset, a duplicate name, a bad severity) is reported
 by the system checks jobsite.E120-E122 (checks.py), so a bad declaration never stops Django from starting.
@@ -28,9 +31,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from django.utils.module_loading import import_string
+
+from queue_app.conf import queue_settings
 
 from .declarations import Dataset
 from .locations import LocationError
@@ -159,12 +166,96 @@ def schema_check(
         raise TypeError(f"schema check {name!r} of dataset {dataset!r}: a pandera schema, not {schema!r}")
     if fmt not in FORMATS:
         raise ValueError(f"schema check {name!r}: fmt is one of {FORMATS}")
-    on = "spark" if "pyspark" in type(schema).__module__ or "pyspark" in getattr(schema, "__module__", "") else "pandas"
-    return _declare(DataCheck(dataset, name, None, on, severity, _blocking(severity, blocking), schema, fmt, _origin()))
+    return _declare(
+        DataCheck(
+            dataset, name, None, _schema_on(schema), severity, _blocking(severity, blocking), schema, fmt, _origin()
+        )
+    )
+
+
+def _schema_on(schema: Any) -> str:
+    """What a pandera schema validates: a pandera.pyspark schema a Spark DataFrame, any other a pandas one."""
+    pyspark = "pyspark" in type(schema).__module__ or "pyspark" in getattr(schema, "__module__", "")
+    return "spark" if pyspark else "pandas"
 
 
 def all_checks() -> list[DataCheck]:
-    return list(_checks)
+    """The checks declared in code, then those of the DATASET_CHECKS setting."""
+    return [*_checks, *settings_checks()[0]]
+
+
+# -- declared in settings ---------------------------------------------------------------------------------------
+
+CHECK_SETTINGS_KEYS = {"dataset", "function", "schema", "name", "severity", "blocking", "on", "fmt"}
+_parsed: list[Any] = [None, None]  # [the DATASET_CHECKS value last parsed, what it gave]
+
+
+def settings_checks() -> tuple[list[DataCheck], dict[str, str]]:
+    """The checks the DATASET_CHECKS setting declares, and {"DATASET_CHECKS[i]": why} for entries that cannot be
+    used (reported by the system check jobsite.E123 and left out). Parsed once per settings object: the entries'
+    functions and schemas are imported then (a path that cannot be imported is such an entry)."""
+    raw = queue_settings.DATASET_CHECKS
+    if _parsed[0] is not raw:
+        _parsed[:] = [raw, _parse_settings(raw)]
+    return _parsed[1]
+
+
+def _parse_settings(raw: Any) -> tuple[list[DataCheck], dict[str, str]]:
+    if not isinstance(raw, list | tuple):
+        return [], {"DATASET_CHECKS": "a list of checks ([{dataset: ..., function: 'module.name'}, ...])"}
+    found, errors = [], {}
+    for index, entry in enumerate(raw):
+        where = f"DATASET_CHECKS[{index}]"
+        try:
+            found.append(_settings_check(entry, where))
+        except (TypeError, ValueError, ImportError) as exc:
+            errors[where] = str(exc)
+    return found, errors
+
+
+def _settings_check(entry: Any, where: str) -> DataCheck:
+    if not isinstance(entry, Mapping):
+        raise TypeError("a check is a mapping with a dataset and a function or a schema")
+    if unknown := set(entry) - CHECK_SETTINGS_KEYS:
+        raise ValueError(f"unknown keys {', '.join(sorted(map(str, unknown)))} (known: {sorted(CHECK_SETTINGS_KEYS)})")
+    dataset, name = entry.get("dataset"), entry.get("name")
+    if not isinstance(dataset, str) or not dataset:
+        raise ValueError("'dataset' names a declared dataset")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError("'name' is a non-empty string")
+    if ("function" in entry) == ("schema" in entry):
+        raise ValueError(
+            "give one of 'function' (the dotted path of a check function) or 'schema' (of a pandera schema)"
+        )
+    severity, fmt, on = entry.get("severity", "error"), entry.get("fmt", "parquet"), entry.get("on", "partition")
+    blocking = entry.get("blocking")
+    if blocking is not None and not isinstance(blocking, bool):
+        raise ValueError("'blocking' is true or false")
+    if on not in ON or fmt not in FORMATS:
+        raise ValueError(f"'on' is one of {ON}, 'fmt' one of {FORMATS}")
+    kind = "function" if "function" in entry else "schema"
+    target = _imported(entry[kind], kind)
+    if kind == "function":
+        if not callable(target):
+            raise TypeError(f"{entry[kind]!r} is not a function")
+        return DataCheck(
+            dataset, name or target.__name__, target, on, severity, _blocking(severity, blocking), None, fmt, where
+        )
+    if not hasattr(target, "validate"):
+        raise TypeError(f"{entry[kind]!r} is not a pandera schema (it has no validate())")
+    on = _schema_on(target)
+    return DataCheck(dataset, name or "schema", None, on, severity, _blocking(severity, blocking), target, fmt, where)
+
+
+def _imported(path: Any, kind: str) -> Any:
+    if not isinstance(path, str) or "." not in path:
+        raise ValueError(f"'{kind}' is a dotted path like 'myapp.checks.has_rows', not {path!r}")
+    try:
+        return import_string(path)
+    except ImportError as exc:
+        raise ImportError(f"'{kind}' {path!r} cannot be imported: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a module failing on import is the entry's error, not Django's
+        raise ImportError(f"'{kind}' {path!r} failed on import: {type(exc).__name__}: {exc}") from None
 
 
 def undeclare(item: DataCheck) -> None:
@@ -175,7 +266,7 @@ def undeclare(item: DataCheck) -> None:
 def checks_for(dataset: str) -> list[DataCheck]:
     """The checks of `dataset` that can run: a valid severity, and the first of a duplicated name."""
     found: dict[str, DataCheck] = {}
-    for item in _checks:
+    for item in all_checks():
         if item.dataset == dataset and item.severity in SEVERITIES:
             found.setdefault(item.name, item)
     return list(found.values())

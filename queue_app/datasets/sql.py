@@ -55,11 +55,16 @@ WHERE (queue_app_dataset.config, queue_app_dataset.declared_in) IS DISTINCT FROM
 # The stale check's episodes, all in one statement: each (dataset, overdue_since) not yet recorded is inserted and
 # returned. A concurrent check inserting the same key waits for the first to commit, then inserts nothing.
 STALE_EPISODES = """
-INSERT INTO queue_app_staleepisode (dataset, overdue_since, detected_at)
-SELECT dataset, overdue_since, now() FROM unnest(%s::text[], %s::timestamptz[]) AS e(dataset, overdue_since)
+INSERT INTO queue_app_staleepisode (dataset, overdue_since, detected_at, started, error)
+SELECT dataset, overdue_since, now(), '[]'::jsonb, ''
+FROM unnest(%s::text[], %s::timestamptz[]) AS e(dataset, overdue_since)
 ON CONFLICT (dataset, overdue_since) DO NOTHING
-RETURNING dataset
+RETURNING dataset, id
 """
+
+# What a new episode started of its dataset's producer (trigger_producer_when_stale). Parameters: partition,
+# started, error, id.
+STALE_STARTED = "UPDATE queue_app_staleepisode SET partition = %s, started = %s::jsonb, error = %s WHERE id = %s"
 
 
 # Per dataset, how many distinct partitions it has, up to a cap: a loose index scan of materialization_partition

@@ -1,4 +1,5 @@
-"""The `dataset.stale` webhook event, sent once per staleness episode (issue 38).
+"""The `dataset.stale` webhook event, sent once per staleness episode, and the producer started once per episode
+for a dataset that asks for it (issue 38).
 
 `publish_stale()` judges every declared dataset with a freshness policy (one statement: status.staleness), and
 for each stale one records its episode (StaleEpisode, unique per dataset and the instant it went past its policy)
@@ -8,24 +9,36 @@ waits for the first to commit, then inserts (and sends) nothing; one that rolls 
 dataset is materialized and goes stale again, it has a new overdue_since: a new episode, a new event. A dataset
 never materialized has no overdue instant and no event (its /metrics freshness reads 0).
 
+A dataset declared with `trigger_producer_when_stale=True` also has its producer (producers.py: the one Spark job,
+script or task that produces it) started for the wanted partition (status.wanted_partition: the day due now for
+partition_by, the newest materialization's partition for max_age) in the same transaction, only by the check that
+inserted the episode: so once per episode, however many workers check at once. A producer that cannot start (none,
+several, a run refused) leaves its error on the episode row and in the log; the episode and event still commit.
+
 The shipped "dataset-staleness" schedule runs it every minute through the `queue_app.dataset_staleness` task.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import logging
 
 from django.db import connection, transaction
 from django.utils import timezone
 
 from ..webhooks.events import publish_event
 from .declarations import declared_datasets
-from .sql import STALE_EPISODES
-from .status import staleness
+from .producers import the_producer
+from .sql import STALE_EPISODES, STALE_STARTED
+from .status import Staleness, staleness
+
+logger = logging.getLogger("jobsite.datasets")
 
 
 def publish_stale(now: dt.datetime | None = None) -> list[str]:
-    """Publish `dataset.stale` for each dataset whose staleness episode is not recorded yet; returns their names."""
+    """Publish `dataset.stale` for each dataset whose staleness episode is not recorded yet (and start the producer
+    of those that ask for it); returns their names."""
     now = now or timezone.now()
     declared = declared_datasets()
     with transaction.atomic():
@@ -34,9 +47,11 @@ def publish_stale(now: dt.datetime | None = None) -> list[str]:
             return []
         with connection.cursor() as cursor:
             cursor.execute(STALE_EPISODES, [list(stale), [s.overdue_since for s in stale.values()]])
-            new = sorted(name for (name,) in cursor.fetchall())
-        for name in new:
+            new = dict(sorted(cursor.fetchall()))
+        for name, episode_id in new.items():
             s = stale[name]
+            if declared[name].trigger_producer_when_stale:
+                start_producer(s, episode_id)
             publish_event(
                 "dataset.stale",
                 {
@@ -47,4 +62,22 @@ def publish_stale(now: dt.datetime | None = None) -> list[str]:
                     "staleness_seconds": s.seconds,
                 },
             )
-        return new
+        return list(new)
+
+
+def start_producer(s: Staleness, episode_id: int) -> list[str]:
+    """Start the producer of the stale dataset `s` for its wanted partition, in a savepoint of the episode's
+    transaction, and write what it started (or why not) on the episode row."""
+    started, error = [], ""
+    reason = f"stale dataset {s.name} (overdue since {s.overdue_since:%Y-%m-%d %H:%M} UTC)"
+    try:
+        with transaction.atomic():
+            started = list(the_producer(s.name).start(s.partition or "", reason))
+    except Exception as exc:  # noqa: BLE001 - the episode and its event commit; the row keeps the error
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        logger.error("stale dataset %s[%s]: its producer could not start: %s", s.name, s.partition, error)
+    else:
+        logger.info("stale dataset %s[%s]: started its producer: %s", s.name, s.partition, started)
+    with connection.cursor() as cursor:
+        cursor.execute(STALE_STARTED, [s.partition or "", json.dumps(started), error, episode_id])
+    return started

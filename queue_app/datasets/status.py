@@ -105,6 +105,17 @@ class Staleness:
     seconds: float | None  # past its policy (freshness.staleness_seconds); None: cannot be said (missing)
     overdue_since: dt.datetime | None  # when a stale one went past its policy (freshness.overdue_since)
     last_materialized: dt.datetime | None
+    partition: str | None = None  # what a producer started for it would write (wanted_partition)
+
+
+def wanted_partition(ds: Dataset, latest: list[Newest], now: dt.datetime) -> str | None:
+    """The partition a stale dataset's producer is started for: for partition_by, the day due now (the missing
+    one); for max_age, the partition of its newest materialization (the stale one). None when there is none."""
+    if ds.freshness is None or not latest:
+        return None
+    if ds.freshness.partition_by is not None:
+        return ds.freshness.due_partition(now)
+    return latest[0].partition  # newest() lists the newest by time first
 
 
 def staleness(datasets: list[Dataset], now: dt.datetime) -> list[Staleness]:
@@ -121,6 +132,7 @@ def staleness(datasets: list[Dataset], now: dt.datetime) -> list[Staleness]:
             staleness_seconds(ds, latest[ds.name], now),
             overdue_since(ds, latest[ds.name], now),
             max((m.at for m in latest[ds.name]), default=None),
+            wanted_partition(ds, latest[ds.name], now),
         )
         for ds in with_policy
     ]

@@ -4,9 +4,10 @@
 
     watch("events", "landing/{partition}/*.csv")   # a glob under the dataset roots; {partition}: one whole segment
 
-Declared in the modules that declare datasets (an app's datasets.py, DATASET_MODULES). The shipped
-"dataset-watch" schedule runs `queue_app.dataset_watch` every minute, which calls check_watches(): for each watch,
-the files the glob matches (regular files under the roots, at most MAX_FILES), grouped by partition (the
+Declared in the modules that declare datasets (an app's datasets.py, DATASET_MODULES), or in the DATASET_WATCHES
+setting ([{"dataset": "events", "glob": "landing/{partition}/*.csv"}]; an entry that cannot be read: jobsite.E112).
+The shipped "dataset-watch" schedule runs `queue_app.dataset_watch` every minute, which calls check_watches():
+for each watch, the files the glob matches (regular files under the roots, at most MAX_FILES), grouped by partition (the
 `{partition}` segment, a key of the dataset's partitioning; a segment that is not one is left out), fingerprinted
 by their relative paths, sizes and modification times. A partition whose fingerprint differs from the one of its
 last watched observation is observed once (services.record_materialization, source `observed`, metadata `watch`
@@ -24,9 +25,13 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connection, transaction
+
+from queue_app.conf import queue_settings
 
 from .declarations import DatasetError, declared_datasets, get_dataset
 from .locations import PLACEHOLDER, dataset_roots, within_roots
@@ -60,8 +65,38 @@ def watch(dataset: str, glob: str) -> Watch:
 
 
 def all_watches() -> list[Watch]:
+    """The watches declared in code, then those of the DATASET_WATCHES setting."""
     declared_datasets()  # imports the modules that declare datasets, and so their watches
-    return list(_watches)
+    return [*_watches, *settings_watches()[0]]
+
+
+_parsed: list[Any] = [None, None]  # [the DATASET_WATCHES value last parsed, what it gave]
+
+
+def settings_watches() -> tuple[list[Watch], dict[str, str]]:
+    """The watches the DATASET_WATCHES setting declares ([{"dataset": "events", "glob": "landing/{partition}/*"}]),
+    and {"DATASET_WATCHES[i]": why} for entries that cannot be read (jobsite.E112, left out). What depends on the
+    dataset and the roots (problems()) is jobsite.E110, as for code. Parsed once per settings object."""
+    raw = queue_settings.DATASET_WATCHES
+    if _parsed[0] is not raw:
+        found, errors = [], {}
+        if not isinstance(raw, list | tuple):
+            errors["DATASET_WATCHES"] = "a list of watches ([{dataset: ..., glob: ...}, ...])"
+            raw_entries = []
+        else:
+            raw_entries = list(raw)
+        for index, entry in enumerate(raw_entries):
+            where = f"DATASET_WATCHES[{index}]"
+            if not isinstance(entry, Mapping) or set(entry) != {"dataset", "glob"}:
+                errors[where] = "a watch is a mapping with exactly the keys 'dataset' and 'glob'"
+            elif not isinstance(entry["dataset"], str) or not entry["dataset"]:
+                errors[where] = "'dataset' names a declared dataset"
+            elif not isinstance(entry["glob"], str) or not entry["glob"].strip() or "\0" in entry["glob"]:
+                errors[where] = "'glob' is a non-empty path pattern"
+            else:
+                found.append(Watch(entry["dataset"], entry["glob"], where))
+        _parsed[:] = [raw, (found, errors)]
+    return _parsed[1]
 
 
 def _pattern(w: Watch) -> tuple[str, int | None]:
