@@ -3,7 +3,6 @@ its group limit per key and its concurrency limit (on the leases: a sampler read
 snapshot at a time), and fair turns between a big and a small group key. Assertions are on what the database
 recorded or held, never on wall time."""
 
-import threading
 from collections import Counter
 
 import pytest
@@ -12,6 +11,7 @@ from django.db import connection
 from queue_app import engine, services
 from queue_app.models import Reservation, Worker
 from queue_app.registry import get_task
+from tests.lease_sampler import LiveReservations
 from tests.test_worker_processes import finish, open_items
 from tests.waiting import wait_for
 
@@ -70,44 +70,6 @@ def test_rate_limit_holds_across_four_workers_window_after_window(worker):  # no
     whole = sorted(windows)[1:-1][:3]
     assert len(whole) == 3 and all(limit - 1 <= windows[w] <= limit for w in whole), windows
     assert len({r.worker_id for r in Reservation.objects.all()}) >= 2  # the workers shared the windows
-
-
-class LiveReservations(threading.Thread):
-    """A sampler on its own connection: the queue's live reservations (leased, not yet settled), per group key.
-    Each sample is one statement, so one snapshot: what the database held at one instant. It samples as often as
-    it can until stopped; a limit is proved on the leases themselves, not on when handlers happened to start."""
-
-    SAMPLE = """SELECT COALESCE(i.group_key, ''), count(*)
-                FROM queue_app_reservation r JOIN queue_app_queueitem i ON i.id = r.item_id
-                WHERE r.finished_at IS NULL AND i.queue_id = %s GROUP BY 1"""
-
-    def __init__(self, queue: str) -> None:
-        super().__init__(daemon=True)
-        self.queue = queue
-        self.stopped = threading.Event()
-        self.most_per_key: Counter[str] = Counter()
-        self.most = self.samples = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with connection.cursor() as cur:
-                while not self.stopped.is_set():
-                    cur.execute(self.SAMPLE, [self.queue])
-                    counts = dict(cur.fetchall())
-                    for key, live in counts.items():
-                        self.most_per_key[key] = max(self.most_per_key[key], live)
-                    self.most = max(self.most, sum(counts.values()))
-                    self.samples += 1
-        except BaseException as exc:  # reported by stop(), in the test's thread
-            self.error = exc
-        finally:
-            connection.close()
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join(30)
-        assert self.error is None, self.error
 
 
 def run_sampled(worker, queue: str, slots: int = 4) -> LiveReservations:
