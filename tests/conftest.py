@@ -9,13 +9,15 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests import skip_guard
+from tests import skip_guard, slow_guard
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config):
     skip_guard.install(config)  # under CI=true a run in which any test skipped fails, naming them
+    if not config.pluginmanager.has_plugin(slow_guard.PLUGIN):  # tests that start real workers are marked slow
+        config.pluginmanager.register(slow_guard, slow_guard.PLUGIN)
 
 
 def child_env(db_name: str, **extra: str) -> dict[str, str]:

@@ -81,6 +81,7 @@ def log_in(page, base: str, user, then: str) -> None:
     page.wait_for_url(f"**{then}")
 
 
+@pytest.mark.slow  # a real run_worker --burst
 def test_requeue_a_dead_letter_and_watch_a_worker_complete_it(live_server, admin_user, browser_page, spawn):
     # A queue worth looking at: recent completions and failures elsewhere, work waiting in "browser", and two
     # dead letters, one in "browser" (poison at first, a real task that succeeds once requeued).

@@ -51,6 +51,7 @@ def outputs(dataset):
     return found
 
 
+@pytest.mark.slow  # real run_worker processes
 def test_real_workers_run_each_consumer_once_per_upstream_set(declared, worker):
     rng = random.Random(38)
     items = []

@@ -3,7 +3,6 @@ its group limit per key and its concurrency limit (on the leases: a sampler read
 snapshot at a time), and fair turns between a big and a small group key. Assertions are on what the database
 recorded or held, never on wall time."""
 
-import threading
 from collections import Counter
 
 import pytest
@@ -12,6 +11,7 @@ from django.db import connection
 from queue_app import engine, services
 from queue_app.models import Reservation, Worker
 from queue_app.registry import get_task
+from tests.lease_sampler import LiveReservations
 from tests.test_worker_processes import finish, open_items
 from tests.waiting import wait_for
 
@@ -72,51 +72,16 @@ def test_rate_limit_holds_across_four_workers_window_after_window(worker):  # no
     assert len({r.worker_id for r in Reservation.objects.all()}) >= 2  # the workers shared the windows
 
 
-class LiveReservations(threading.Thread):
-    """A sampler on its own connection: the queue's live reservations (leased, not yet settled), per group key.
-    Each sample is one statement, so one snapshot: what the database held at one instant. It samples as often as
-    it can until stopped; a limit is proved on the leases themselves, not on when handlers happened to start."""
-
-    SAMPLE = """SELECT COALESCE(i.group_key, ''), count(*)
-                FROM queue_app_reservation r JOIN queue_app_queueitem i ON i.id = r.item_id
-                WHERE r.finished_at IS NULL AND i.queue_id = %s GROUP BY 1"""
-
-    def __init__(self, queue: str) -> None:
-        super().__init__(daemon=True)
-        self.queue = queue
-        self.stopped = threading.Event()
-        self.most_per_key: Counter[str] = Counter()
-        self.most = self.samples = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with connection.cursor() as cur:
-                while not self.stopped.is_set():
-                    cur.execute(self.SAMPLE, [self.queue])
-                    counts = dict(cur.fetchall())
-                    for key, live in counts.items():
-                        self.most_per_key[key] = max(self.most_per_key[key], live)
-                    self.most = max(self.most, sum(counts.values()))
-                    self.samples += 1
-        except BaseException as exc:  # reported by stop(), in the test's thread
-            self.error = exc
-        finally:
-            connection.close()
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join(30)
-        assert self.error is None, self.error
-
-
-def run_sampled(worker, queue: str, slots: int = 4) -> LiveReservations:
-    """Three real workers of `slots` slots each serve `queue` until every item is settled, under the sampler."""
+def run_sampled(worker, queue: str, fill, slots: int = 4) -> LiveReservations:
+    """Three real workers of `slots` slots each, all running before `fill()` enqueues (so none drains the queue
+    alone while the others start up), serve `queue` until every item is settled, under the sampler."""
     live = LiveReservations(queue)
     live.start()
     procs = [
         worker(f"{queue}{n}", "--pool", "thread", "--concurrency", str(slots), "--queues", queue) for n in range(3)
     ]
+    wait_for(lambda: Worker.objects.filter(state="running").count() == 3, timeout=60, what="three running workers")
+    fill()
     wait_for(lambda: open_items() == 0, timeout=90, what="every item to be settled")
     live.stop()
     stop(procs)
@@ -135,9 +100,12 @@ def test_group_limit_is_never_exceeded_across_workers(worker):  # noqa: F811
     engine.ensure_queue("tenants")
     services.set_queue_options("tenants", group_concurrency=limit)
     probe = get_task(PROBE)
-    for key in ("a", "b", "c"):
-        probe.enqueue_many([{"sleep": asleep}] * 6, queue="tenants", group_key=key)
-    live = run_sampled(worker, "tenants")
+
+    def fill():
+        for key in ("a", "b", "c"):
+            probe.enqueue_many([{"sleep": asleep}] * 6, queue="tenants", group_key=key)
+
+    live = run_sampled(worker, "tenants", fill)
 
     assert sorted(settled_once_each("tenants").values()) == [1] * 18
     # At every sampled instant each key held at most `limit` live leases, and each reached it.
@@ -149,10 +117,11 @@ def test_concurrency_limit_is_never_exceeded_across_workers(worker):  # noqa: F8
     limit, asleep = 3, 0.3
     engine.ensure_queue("limited")
     services.set_queue_options("limited", concurrency_limit=limit)
-    get_task(PROBE).enqueue_many([{"sleep": asleep}] * 24, queue="limited")
     # Six slots in all, two a worker: only the queue's limit holds the leases to three, and reaching three takes
     # two workers (with four slots one worker could hold all three, re-leasing as it settles, and share nothing).
-    live = run_sampled(worker, "limited", slots=2)
+    live = run_sampled(
+        worker, "limited", lambda: get_task(PROBE).enqueue_many([{"sleep": asleep}] * 24, queue="limited"), slots=2
+    )
 
     assert sorted(settled_once_each("limited").values()) == [1] * 24
     assert live.most == limit, (live.most, live.samples)  # reached at some instant, exceeded at none

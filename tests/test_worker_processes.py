@@ -31,6 +31,7 @@ from queue_app.models import DeadLetter, ExecutionLog, ItemState, ProbeEffect, Q
 from queue_app.registry import get_task
 from queue_app.worker.replace import REPLACES_ENV, STOP_SIGNALS
 from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks the workers --import)
+from tests.lease_sampler import LiveReservations
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -473,17 +474,25 @@ def test_cancelling_a_running_item_stops_its_handler(worker):
 
 
 def test_queue_concurrency_limit_holds_across_workers(worker):
+    """Two --burst workers of three slots on a queue limited to one: at no sampled instant more than one live
+    lease (the limit is on the leases, not on when handlers start), each item leased once, and both workers exit
+    by themselves once nothing is ready or in flight."""
     engine.ensure_queue("limited")
     services.set_queue_options("limited", concurrency_limit=1)
-    get_task(PROBE).enqueue_many([{"sleep": 0.2}] * 6, queue="limited")
-    procs = [worker(f"lim{n}", "--burst", "--concurrency", "3", "--queues", "limited") for n in range(2)]
-    for proc in procs:  # --burst: each exits by itself once nothing is ready or in flight
-        assert finish(proc, timeout=120) == 0, output(proc)[-3000:]
+    items = get_task(PROBE).enqueue_many([{"sleep": 0.2}] * 6, queue="limited")
+    live = LiveReservations("limited")
+    live.start()
+    try:
+        procs = [worker(f"lim{n}", "--burst", "--concurrency", "3", "--queues", "limited") for n in range(2)]
+        for proc in procs:  # --burst: each exits by itself once nothing is ready or in flight
+            assert finish(proc, timeout=120) == 0, output(proc)[-3000:]
+    finally:
+        live.stop()
     assert open_items() == 0
-    starts = sorted(ExecutionLog.objects.values_list("executed_at", flat=True))
-    assert len(starts) == 6
-    gaps = [(later - earlier).total_seconds() for earlier, later in zip(starts, starts[1:], strict=False)]
-    assert min(gaps) >= 0.2  # each handler (0.2 s asleep) ran alone: one at a time across both workers
+    assert sorted(Reservation.objects.filter(item_id__in=items).values_list("item_id", "outcome")) == [
+        (item, "done") for item in sorted(items)
+    ]
+    assert live.most == 1, (live.most, live.samples)  # reached, and never exceeded at any sampled instant
 
 
 def test_the_loop_goes_on_while_its_lease_statement_waits_on_the_server(worker):

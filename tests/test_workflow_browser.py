@@ -15,6 +15,7 @@ SHOTS = Path(os.environ.get("WORKFLOW_SCREENSHOT_DIR", "/tmp"))
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
+@pytest.mark.slow  # a real run_worker
 def test_start_a_workflow_and_watch_its_graph_turn_green_like_a_stock_admin_page(
     live_server,
     admin_user,

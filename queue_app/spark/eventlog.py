@@ -94,70 +94,108 @@ def summarize(path: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, floa
     driver's own clock, epoch seconds: `driver_up` (the application started), `first_task` (the first task
     launched), `last_task` (the last task finished), as far as the log got.
     """
-    times: dict[str, float] = {}
-    stages: dict[int, int] = {}  # stage id -> number of tasks
-    stage_done: set[int] = set()
-    submitted: set[int] = set()
-    jobs: dict[int, list[int]] = {}
-    jobs_ok: set[int] = set()
-    jobs_failed: set[int] = set()
-    tasks_done = tasks_failed = 0
-    metrics = dict.fromkeys(
-        ("input_bytes", "input_records", "output_bytes", "output_records", "shuffle_read_bytes", "shuffle_write_bytes"),
-        0,
-    )
-    metrics.update(dict.fromkeys(_METRICS.values(), 0))
+    tally = Tally()
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # the last line of a log whose driver was killed mid-write
-            kind = event.get("Event")
-            if kind == "SparkListenerApplicationStart" and event.get("Timestamp"):
-                times["driver_up"] = event["Timestamp"] / 1000
-            elif kind == "SparkListenerTaskStart":
-                launched = (event.get("Task Info") or {}).get("Launch Time")
-                if launched:
-                    times["first_task"] = min(times.get("first_task", launched / 1000), launched / 1000)
-            elif kind == "SparkListenerJobStart":
-                infos = event.get("Stage Infos") or []
-                jobs[event["Job ID"]] = [s["Stage ID"] for s in infos]
-                for s in infos:
-                    stages[s["Stage ID"]] = s.get("Number of Tasks", 0)
-            elif kind == "SparkListenerJobEnd":
-                ok = (event.get("Job Result") or {}).get("Result") == "JobSucceeded"
-                (jobs_ok if ok else jobs_failed).add(event["Job ID"])
-            elif kind == "SparkListenerStageSubmitted":
-                submitted.add(event["Stage Info"]["Stage ID"])
-            elif kind == "SparkListenerStageCompleted":
-                info = event["Stage Info"]
-                if not info.get("Failure Reason"):
-                    stage_done.add(info["Stage ID"])
-            elif kind == "SparkListenerTaskEnd":
-                finished = (event.get("Task Info") or {}).get("Finish Time")
-                if finished:
-                    times["last_task"] = max(times.get("last_task", 0.0), finished / 1000)
-                if (event.get("Task End Reason") or {}).get("Reason") != "Success":
-                    tasks_failed += 1
-                    continue
-                tasks_done += 1
-                _add_task_metrics(metrics, event.get("Task Metrics") or {})
-    skipped = {s for job in jobs_ok for s in jobs[job] if s not in submitted}
-    progress = {
-        "jobs_total": len(jobs),
-        "jobs_done": len(jobs_ok),
-        "jobs_failed": len(jobs_failed),
-        "stages_total": len(stages),
-        "stages_done": len((stage_done | skipped) & stages.keys()),
-        "tasks_total": sum(stages.values()),
-        "tasks_done": min(tasks_done + sum(stages[s] for s in skipped), sum(stages.values())),
-        "tasks_active": 0,
-        "tasks_failed": tasks_failed,
-    }
-    metrics["tasks"] = tasks_done
-    metrics["jobs"] = len(jobs)
-    return progress, metrics, times
+            tally.feed_line(line)
+    return tally.progress(), tally.metrics(), dict(tally.times)
+
+
+class Tally:
+    """What an event log says so far, fed one line at a time: a finished log's summary (`summarize`), or a live
+    one's progress as its driver writes it (statusapi.Follower reads a script's log while it runs)."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+        self.stages: dict[int, int] = {}  # stage id -> number of tasks
+        self.stage_done: set[int] = set()
+        self.submitted: set[int] = set()
+        self.jobs: dict[int, list[int]] = {}
+        self.jobs_ok: set[int] = set()
+        self.jobs_failed: set[int] = set()
+        self.tasks_started = self.tasks_done = self.tasks_failed = 0
+        self.task_metrics = dict.fromkeys(
+            (
+                "input_bytes",
+                "input_records",
+                "output_bytes",
+                "output_records",
+                "shuffle_read_bytes",
+                "shuffle_write_bytes",
+            ),
+            0,
+        )
+        self.task_metrics.update(dict.fromkeys(_METRICS.values(), 0))
+
+    def feed_line(self, line: str) -> dict[str, Any] | None:
+        """Take one line of the log; returns its event (None for a line that is not one)."""
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return None  # the last line of a log whose driver was killed mid-write
+        if isinstance(event, dict):
+            self.feed(event)
+            return event
+        return None
+
+    def feed(self, event: dict[str, Any]) -> None:
+        kind = event.get("Event")
+        if kind == "SparkListenerApplicationStart" and event.get("Timestamp"):
+            self.times["driver_up"] = event["Timestamp"] / 1000
+        elif kind == "SparkListenerTaskStart":
+            self.tasks_started += 1
+            launched = (event.get("Task Info") or {}).get("Launch Time")
+            if launched:
+                self.times["first_task"] = min(self.times.get("first_task", launched / 1000), launched / 1000)
+        elif kind == "SparkListenerJobStart":
+            infos = event.get("Stage Infos") or []
+            self.jobs[event["Job ID"]] = [s["Stage ID"] for s in infos]
+            for s in infos:
+                self.stages[s["Stage ID"]] = s.get("Number of Tasks", 0)
+        elif kind == "SparkListenerJobEnd":
+            ok = (event.get("Job Result") or {}).get("Result") == "JobSucceeded"
+            (self.jobs_ok if ok else self.jobs_failed).add(event["Job ID"])
+        elif kind == "SparkListenerStageSubmitted":
+            self.submitted.add(event["Stage Info"]["Stage ID"])
+        elif kind == "SparkListenerStageCompleted":
+            info = event["Stage Info"]
+            if not info.get("Failure Reason"):
+                self.stage_done.add(info["Stage ID"])
+        elif kind == "SparkListenerTaskEnd":
+            finished = (event.get("Task Info") or {}).get("Finish Time")
+            if finished:
+                self.times["last_task"] = max(self.times.get("last_task", 0.0), finished / 1000)
+            if (event.get("Task End Reason") or {}).get("Reason") != "Success":
+                self.tasks_failed += 1
+                return
+            self.tasks_done += 1
+            _add_task_metrics(self.task_metrics, event.get("Task Metrics") or {})
+
+    def running(self) -> bool:
+        """A job has started and not ended, as far as the log got."""
+        return len(self.jobs) > len(self.jobs_ok) + len(self.jobs_failed)
+
+    def progress(self, *, live: bool = False) -> dict[str, Any]:
+        """The progress so far; `live` counts tasks started and not ended as active (a finished log has none)."""
+        skipped = {s for job in self.jobs_ok for s in self.jobs[job] if s not in self.submitted}
+        total = sum(self.stages.values())
+        # A completed stage's tasks are all done, even those whose ends the driver had not yet flushed.
+        counted = self.tasks_done + sum(self.stages[s] for s in skipped)
+        completed = sum(self.stages[s] for s in self.stage_done if s in self.stages) if live else 0
+        return {
+            "jobs_total": len(self.jobs),
+            "jobs_done": len(self.jobs_ok),
+            "jobs_failed": len(self.jobs_failed),
+            "stages_total": len(self.stages),
+            "stages_done": len((self.stage_done | skipped) & self.stages.keys()),
+            "tasks_total": total,
+            "tasks_done": min(max(counted, completed), total),
+            "tasks_active": max(0, self.tasks_started - self.tasks_done - self.tasks_failed) if live else 0,
+            "tasks_failed": self.tasks_failed,
+        }
+
+    def metrics(self) -> dict[str, Any]:
+        return {**self.task_metrics, "tasks": self.tasks_done, "jobs": len(self.jobs)}
 
 
 def _add_task_metrics(metrics: dict[str, Any], tm: dict[str, Any]) -> None:

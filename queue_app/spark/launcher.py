@@ -121,8 +121,9 @@ def launch(
 
         stopped_for, returncode, watch, output = _attempt(run_id, submit, follow)
     else:
-        # No jobsite code runs in the script's driver: its UI's status REST API, on a loopback port picked
-        # here and tagged with this attempt, tells progress; its event log tells the final numbers.
+        # No jobsite code runs in the script's driver: its event log, read as it grows, tells progress and the
+        # final numbers; its UI's status REST API, on a loopback port picked here, counts tasks once a job has run
+        # a while (statusapi.py). The conf's tag names this attempt's log and driver.
         port, tag = statusapi.free_port(), f"{run_id}-{uuid.uuid4().hex[:12]}"
         run_conf.update({"spark.ui.enabled": "true", "spark.ui.port": str(port), statusapi.TAG: tag})
         child_env = {**script.spec.env, **child_env}
@@ -156,9 +157,9 @@ class _Follow:
 
 
 def _attempt(run_id, start, follow: _Follow, *, read=None, status: tuple[int, str] | None = None):
-    """One child of the run: `start(output_file)` starts it, then it is followed (with a status API poller on
-    `status` = (port, tag)) until its process group is gone. Its output: the output file it wrote, or
-    `read(returncode, watch)`. Returns (stopped_for, returncode, watch, output)."""
+    """One child of the run: `start(output_file)` starts it, then it is followed (a script's event log and status
+    API too, with `status` = (port, tag)) until its process group is gone. Its output: the output file it wrote,
+    or `read(returncode, watch)`. Returns (stopped_for, returncode, watch, output)."""
     workdir = tempfile.mkdtemp(prefix=f"{session.job_group(run_id)}-")
     output_file = os.path.join(workdir, "result.json")
     try:
@@ -168,7 +169,9 @@ def _attempt(run_id, start, follow: _Follow, *, read=None, status: tuple[int, st
         watch.seen["launched"] = launched
         poller = None
         if status is not None:
-            poller = statusapi.StatusPoller(status[0], status[1], proc.pid, watch.lines.put)
+            port, tag = status
+            log_dir = eventlog.run_dir(run_id)
+            poller = statusapi.StatusPoller(port, tag, proc.pid, watch.lines.put, log_dir=log_dir)
             poller.start()
         try:
             stopped_for = watch.run(
