@@ -55,7 +55,8 @@ DATASET_TOOLS: list[tuple[str, str, str]] = [
 ]
 HISTORY_CHART_POINTS = 500  # the chart's newest materializations
 HISTORY_ROWS = 50  # the table's
-PAGE_LINEAGE_DEPTH = 2  # the dataset page draws this many hops each way; the lineage page all (up to MAX_NODES)
+PAGE_LINEAGE_DEPTH = 2  # the dataset page draws this many hops each way
+LINEAGE_DEPTH = 5  # the lineage page's, unless ?depth= says otherwise (?depth=all: every hop, up to MAX_NODES)
 SYNC_EVERY = 60.0
 CELL_COLOURS = {
     "materialized": FRESHNESS_COLOURS["fresh"],
@@ -192,8 +193,8 @@ class DatasetAdmin(ReadOnlyAdmin):
         except DatasetError:
             raise Http404(f"no declared dataset {name!r}") from None
 
-    def _lineage(self, name: str, depth: int | None) -> tuple[Neighbourhood, SafeString]:
-        seen = LineageGraph(users()).neighbourhood(name, depth)
+    def _lineage(self, name: str, depth: int | None, jobs: dict | None = None) -> tuple[Neighbourhood, SafeString]:
+        seen = LineageGraph(users() if jobs is None else jobs).neighbourhood(name, depth)
         declared = declared_datasets()
         known = [declared[n] for n in seen.datasets if n in declared]
         shown = {s["name"]: s for s in summaries(known, timezone.now())}
@@ -210,9 +211,10 @@ class DatasetAdmin(ReadOnlyAdmin):
         if partition is not None:
             history = history.filter(partition=partition)
         newest = list(history.order_by("-at", "-id")[:HISTORY_CHART_POINTS])
-        jobs = users().get(ds.name, {})
+        every_job = users()
+        jobs = every_job.get(ds.name, {})
         summary = summaries([ds], timezone.now())[0]
-        seen, drawing = self._lineage(ds.name, PAGE_LINEAGE_DEPTH)
+        seen, drawing = self._lineage(ds.name, PAGE_LINEAGE_DEPTH, every_job)
         figure = charts.materializations_figure(newest, ds.name)
         context = self._context(
             request,
@@ -247,10 +249,11 @@ class DatasetAdmin(ReadOnlyAdmin):
 
     def lineage_view(self, request: HttpRequest, name: str) -> HttpResponse:
         ds = self._declared(request, name)
+        asked = request.GET.get("depth") or ""
         try:
-            depth = int(request.GET["depth"]) if request.GET.get("depth") else None
+            depth = None if asked == "all" else int(asked) if asked else LINEAGE_DEPTH
         except ValueError:
-            depth = None
+            depth = LINEAGE_DEPTH
         depth = depth if depth is None or depth >= 1 else 1
         seen, drawing = self._lineage(ds.name, depth)
         context = self._context(
