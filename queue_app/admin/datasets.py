@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from typing import Any
+from urllib.parse import quote as quote_url
 
 from django import forms
 from django.contrib import admin, messages
@@ -38,7 +39,7 @@ from ..datasets import services as datasets
 from ..datasets.graph import FRESHNESS_COLOURS, svg
 from ..datasets.lineage import LineageGraph, Neighbourhood
 from ..datasets.models import Dataset, Materialization
-from ..datasets.status import PARTITIONS_COUNTED_UP_TO, partition_counts, partition_grid, summaries
+from ..datasets.status import PARTITIONS_COUNTED_UP_TO, Cell, partition_counts, partition_grid, summaries
 from ..datasets.sync import sync_datasets
 from ..spark import materialize as backfill
 from ..spark.datasets import users
@@ -211,6 +212,15 @@ class DatasetAdmin(ReadOnlyAdmin):
         if partition is not None:
             history = history.filter(partition=partition)
         newest = list(history.order_by("-at", "-id")[:HISTORY_CHART_POINTS])
+        try:
+            page = max(1, int(request.GET.get("hp") or 1))
+        except ValueError:
+            page = 1
+        first = (page - 1) * HISTORY_ROWS
+        if first + HISTORY_ROWS < len(newest) or len(newest) < HISTORY_CHART_POINTS:
+            rows = newest[first : first + HISTORY_ROWS + 1]
+        else:  # past the chart's points: that page read by itself (materialization_latest, an offset into it)
+            rows = list(history.order_by("-at", "-id")[first : first + HISTORY_ROWS + 1])
         every_job = users()
         jobs = every_job.get(ds.name, {})
         summary = summaries([ds], timezone.now())[0]
@@ -226,14 +236,14 @@ class DatasetAdmin(ReadOnlyAdmin):
             partitioning=_partitioning(ds.partitioning.describe()),
             producers=[(job, job_url(job)) for job in sorted(jobs.get("producers", []))],
             consumers=[(job, job_url(job)) for job in sorted(jobs.get("consumers", []))],
-            cells=[
-                {"cell": c, "fill": CELL_COLOURS[c.state][0], "border": CELL_COLOURS[c.state][1]}
-                for c in partition_grid(ds)
-            ],
+            grid=grid_html(partition_grid(ds), partition),
             cell_states=[(state, badge(state, CELL_COLOURS)) for state in CELL_COLOURS],
             freshness_states=[(state, badge(state)) for state in FRESHNESS_COLOURS],
             partition=partition,
-            history=newest[:HISTORY_ROWS],
+            history=rows[:HISTORY_ROWS],
+            history_page=page,
+            history_newer=_page_query(request, page - 1) if page > 1 else None,
+            history_older=_page_query(request, page + 1) if len(rows) > HISTORY_ROWS else None,
             figure=figure,
             lineage=drawing,
             neighbourhood=seen,
@@ -351,6 +361,40 @@ class ObserveForm(forms.Form):
         super().__init__(*args, **kwargs)
         if not partitioned:
             del self.fields["partition"]
+
+
+def grid_html(cells: list[Cell], selected: str | None) -> SafeString:
+    """The partition grid's cells as HTML, written here rather than by the template (200 cells through the
+    template language, each with a localized time, were half of the dataset page)."""
+    parts = []
+    for c in cells:
+        fill, border = CELL_COLOURS[c.state]
+        title = f"{c.partition or '(unpartitioned)'}: {c.state}"
+        if c.at is not None:
+            title += f" at {c.at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
+        if c.rows is not None:
+            title += f", {c.rows} rows"
+        parts.append(
+            format_html(
+                '<a href="?partition={}" class="state-{}{}" style="background:{};border:1px solid {}" '
+                'title="{}">{}</a>',
+                quote_url(c.partition, safe="/"),
+                c.state,
+                " selected" if selected == c.partition else "",
+                fill,
+                border,
+                title,
+                c.partition or "unpartitioned",
+            )
+        )
+    return mark_safe("".join(parts))  # noqa: S308  every part escaped by format_html
+
+
+def _page_query(request: HttpRequest, page: int) -> str:
+    """The page's query string with the history table's page `page`."""
+    query = request.GET.copy()
+    query["hp"] = str(page)
+    return "?" + query.urlencode()
 
 
 def _when(iso: str | None) -> Any:
