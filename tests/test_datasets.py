@@ -257,6 +257,9 @@ def test_latest_per_partition_and_a_partition_range_are_index_scans(root):
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE queue_app_materialization")
         cursor.execute("SET LOCAL enable_seqscan = off")
+        # Nor a bitmap scan and a sort: with other tests' dead rows in the table's pages the planner may price
+        # those below the ordered index scan for 7 of 28 rows; what is proved is that the index serves the order.
+        cursor.execute("SET LOCAL enable_bitmapscan = off")
     latest = Materialization.objects.filter(dataset="ds_plan", partition="2026-02-03").order_by("-at")[:1]
     ranged = Materialization.objects.filter(dataset="ds_plan", partition__range=("2026-02-03", "2026-02-09")).order_by(
         "partition"

@@ -37,12 +37,12 @@ from django.utils.safestring import SafeString, mark_safe
 from ..datasets import DatasetError, declared_datasets, get_dataset
 from ..datasets import services as datasets
 from ..datasets.graph import FRESHNESS_COLOURS, svg
-from ..datasets.lineage import LineageGraph, Neighbourhood
+from ..datasets.lineage import Neighbourhood
 from ..datasets.models import Dataset, Materialization
 from ..datasets.status import PARTITIONS_COUNTED_UP_TO, Cell, partition_counts, partition_grid, summaries
 from ..datasets.sync import sync_datasets
 from ..spark import materialize as backfill
-from ..spark.datasets import users
+from ..spark.datasets import lineage
 from ..spark.models import SparkTrigger
 from . import charts
 from .actions import ReadOnlyAdmin
@@ -194,8 +194,8 @@ class DatasetAdmin(ReadOnlyAdmin):
         except DatasetError:
             raise Http404(f"no declared dataset {name!r}") from None
 
-    def _lineage(self, name: str, depth: int | None, jobs: dict | None = None) -> tuple[Neighbourhood, SafeString]:
-        seen = LineageGraph(users() if jobs is None else jobs).neighbourhood(name, depth)
+    def _lineage(self, name: str, depth: int | None) -> tuple[Neighbourhood, SafeString]:
+        seen = lineage()[1].neighbourhood(name, depth)
         declared = declared_datasets()
         known = [declared[n] for n in seen.datasets if n in declared]
         shown = {s["name"]: s for s in summaries(known, timezone.now())}
@@ -221,10 +221,9 @@ class DatasetAdmin(ReadOnlyAdmin):
             rows = newest[first : first + HISTORY_ROWS + 1]
         else:  # past the chart's points: that page read by itself (materialization_latest, an offset into it)
             rows = list(history.order_by("-at", "-id")[first : first + HISTORY_ROWS + 1])
-        every_job = users()
-        jobs = every_job.get(ds.name, {})
+        jobs = lineage()[0].get(ds.name, {})
         summary = summaries([ds], timezone.now())[0]
-        seen, drawing = self._lineage(ds.name, PAGE_LINEAGE_DEPTH, every_job)
+        seen, drawing = self._lineage(ds.name, PAGE_LINEAGE_DEPTH)
         figure = charts.materializations_figure(newest, ds.name)
         context = self._context(
             request,
