@@ -45,6 +45,12 @@ def test_a_small_run_loads_both_sides_and_times_every_list():
     assert Materialization.objects.filter(dataset__startswith="bench_ds_").count() == 400  # 10 days x 40
     for label in ("datasets: list", "dataset page", "dataset lineage (79 nodes)"):  # depth 8 of 40: 40 + 39
         assert label in text
+    only = io.StringIO()
+    call_command(
+        "admin_bench", "--reuse", "--items", "0", "--datasets", "40", "--only", "datasets", "--requests", "1",
+        "--budget-ms", "60000", stdout=only,
+    )  # fmt: skip
+    assert "dataset lineage (79 nodes)" in only.getvalue() and "items: no filter" not in only.getvalue()
 
     AdminBench(io.StringIO(), style=None).load_history(1000, 2)  # a second load: ids after every one in use
     ids = list(ItemHistory.objects.values_list("id", flat=True))

@@ -89,6 +89,28 @@ def test_the_dataset_page_draws_the_grid_the_chart_and_the_lineage_with_freshnes
     assert client.get(url("change", "ln_daily") + "?partition=").status_code == 200
 
 
+def test_the_history_table_pages_past_its_rows_and_the_grid_marks_the_chosen_partition(ds_client):
+    for _ in range(52):
+        record_materialization("events", "2026-11-24", rows=5)
+    record_materialization("events", "2026-11-25", rows=7)
+    client = ds_client()
+
+    first = client.get(url("change", "events")).content.decode()
+    second = client.get(url("change", "events") + "?hp=2").content.decode()
+    chosen = client.get(url("change", "events") + "?partition=2026-11-24&hp=2").content.decode()
+
+    def rows(page):
+        table = re.search(r'<div class="module" id="ds-history">(.*?)</div>', page, re.S).group(1)
+        return re.findall(r"<td>(2026-11-2\d)</td>", table)
+
+    assert rows(first) == ["2026-11-25"] + ["2026-11-24"] * 49 and "?hp=2" in first and ">newer<" not in first
+    assert rows(second) == ["2026-11-24"] * 3 and "?hp=1" in second and ">older<" not in second
+    assert rows(chosen) == ["2026-11-24"] * 2
+    grid = re.search(r'<div class="ds-grid" id="ds-partitions">(.*?)</div>', chosen, re.S).group(1)
+    assert 'href="?partition=2026-11-24" class="state-materialized selected"' in grid
+    assert 'title="2026-11-25: materialized at ' in grid and ", 7 rows" in grid
+
+
 def test_observe_needs_its_permission_records_the_files_and_is_logged(ds_client, tmp_path):
     day = tmp_path / "events" / "day=2026-11-26"
     day.mkdir(parents=True)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from queue_app.datasets import graph
 from queue_app.datasets.lineage import LineageGraph
 from queue_app.spark.datasets import users
 from tests import datasets_lineage_declared  # noqa: F401  (declares in this process what the children --import)
@@ -52,6 +53,27 @@ def test_a_cycle_is_walked_once_and_a_big_neighbourhood_is_cut():
     )
     cut = fan.neighbourhood("root", max_nodes=51)
     assert cut.truncated and len(cut.jobs) + len(cut.downstream) + 1 == 51
+
+
+@pytest.mark.django_db
+def test_a_drawing_reuses_the_layout_of_the_same_graph_and_shows_the_freshness_of_now():
+    seen = LineageGraph(users()).neighbourhood("ln_daily", depth=1)
+    links = {"dataset_url": lambda name: f"/ds/{name}/", "job_url": lambda job: f"/runs/?job={job}"}
+    first = graph.svg(seen, {"ln_daily": {"freshness": "stale", "checks": "failed"}}, **links)
+    laid_out = graph.layout(seen, **links)
+
+    again = graph.svg(
+        seen, {"ln_daily": {"freshness": "fresh", "last_materialized": "2026-11-27T05:00:00+00:00"}}, **links
+    )
+
+    assert graph.layout(seen, **links) is laid_out  # the same layout, from the cache
+    assert "freshness&#45;stale" in first and "#fbe3e1" in first and "checks failed" in first
+    assert "freshness&#45;fresh" in again and "freshness&#45;stale" not in again and "#dff2dc" in again
+    assert "last materialized 2026-11-27T05:00:00+00:00" in again
+    assert "freshness&#45;unknown" in again  # ln_regions: no summary
+    assert not graph.PLACEHOLDER.search(again)
+    wider = LineageGraph(users()).neighbourhood("ln_daily", depth=2)
+    assert graph.fingerprint(wider, **links) != graph.fingerprint(seen, **links)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -3,7 +3,12 @@ succeeded: real spark-submit children of an unmodified PySpark script (tests/spa
 executed in this process under a real reservation of its queue item (as a worker would), figures from the run's
 event log, or reported by the script itself (jobsite/spark_report.py). A failing run records nothing.
 
-Three JVM runs in all (two cores shared with other suites): local[2], a start-up tuned JVM, small data.
+The first two runs' partitions are checked on a Spark DataFrame (a blocking `on="spark"` check, run by its
+queue item's handler here, as a worker would, reading the partition with a local SparkSession): the good day
+passes, the bad day (a region without revenue) fails with its null count stored and blocks its consumer.
+
+Three JVM runs in all (two cores shared with other suites): local[2], a start-up tuned JVM, small data; and one
+local SparkSession in this process for the checks, stopped after the module.
 """
 
 from pathlib import Path
@@ -11,13 +16,16 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from queue_app.datasets import dataset
+from queue_app.datasets import checks_run, dataset
+from queue_app.datasets.checks_run import unusable
 from queue_app.datasets.declarations import _code
 from queue_app.datasets.locations import ROOTS_ENV
-from queue_app.datasets.models import Materialization
-from queue_app.models import SparkRun
+from queue_app.datasets.models import DatasetCheckResult, Materialization
+from queue_app.datasets.quality import CheckResult, all_checks, check, undeclare
+from queue_app.models import QueueItem, SparkRun
 from queue_app.registry import Context, Delivery, get_task
 from queue_app.reservations import reserve
+from queue_app.spark.datasets import DatasetBlocked
 from queue_app.spark.registry import _jobs
 from queue_app.spark.runs import QUEUE, TASK, RunFailed, timing_split, trigger_run
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
@@ -43,10 +51,51 @@ def data(tmp_path, monkeypatch):
     datasets_before, jobs_before = set(_code.entries()), set(_jobs.entries())
     dataset("dsr_revenue", location="revenue/day={partition}", partitioning="daily")
     yield root
+    for item in [c for c in all_checks() if c.dataset == "dsr_revenue"]:
+        undeclare(item)
     for name in set(_jobs.entries()) - jobs_before:
         _jobs.unregister(name)
     for name in set(_code.entries()) - datasets_before:
         _code.unregister(name)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_check_session():
+    """The checks' local SparkSession (quality.read_spark) is stopped after the module."""
+    yield
+    from pyspark.sql import SparkSession
+
+    if (session := SparkSession.getActiveSession()) is not None:
+        session.stop()
+
+
+def declare_revenue_check() -> None:
+    """A blocking check on the partition as a Spark DataFrame: every region has a revenue."""
+
+    @check("dsr_revenue", on="spark", severity="error")
+    def revenue_known(df, part):
+        nulls = df.filter(df.revenue.isNull()).count()
+        return CheckResult(nulls == 0, {"rows": df.count(), "null_count": nulls}, f"{nulls} regions without revenue")
+
+
+def run_check_item(materialization_id: int) -> dict:
+    """Reserve the materialization's check item and run its handler here, as a worker would."""
+    task, queue = get_task(checks_run.TASK), QueueItem.objects.get(task=checks_run.TASK).queue_id
+    held = reserve(queue, timeout=30, lease=300)
+    assert held is not None and held.payload == {"materialization_id": materialization_id, "check": "revenue_known"}
+    ctx = Context(
+        item_id=held.item_id,
+        reservation_id=held.reservation_id,
+        attempt=held.attempt,
+        max_attempts=held.max_attempts,
+        task=checks_run.TASK,
+        queue=queue,
+        delivery=Delivery.AT_LEAST_ONCE,
+        worker_id="test",
+    )
+    with held:
+        held.result = task(held.payload, ctx)
+    return held.result
 
 
 def run_handler(run_id: int):
@@ -88,6 +137,7 @@ def test_a_script_writing_a_daily_parquet_partition_materializes_it_with_the_run
         conf={"spark.sql.shuffle.partitions": "2"},
         produces={"dsr_revenue": "day"},
     )
+    declare_revenue_check()
     run = trigger_run("dsr_sales", {"day": "2026-11-26"}, trigger="orm")
     assert not Materialization.objects.exists()  # nothing before the run succeeds
     assert run_handler(run.id)["state"] == "succeeded"
@@ -100,6 +150,8 @@ def test_a_script_writing_a_daily_parquet_partition_materializes_it_with_the_run
     parquet = list((data / "revenue" / "day=2026-11-26").glob("part-*.parquet"))
     assert parquet and m.files == len(parquet) and m.bytes > 0  # data files: not _SUCCESS or .crc
     assert m.metadata == {"job": "dsr_sales"}
+    assert m.checks == "pending"  # its blocking check is queued with the record
+
     # Written by the transaction that marked the run succeeded: both rows carry its transaction id.
     assert xmin(Materialization._meta.db_table, m.id) == xmin(SparkRun._meta.db_table, run.id)
     # A figure, not a bound: child ended -> end recorded (the event log read, the files counted, the transaction)
@@ -109,10 +161,17 @@ def test_a_script_writing_a_daily_parquet_partition_materializes_it_with_the_run
     record_property("queued_to_recorded_seconds", steps["recorded"]["after"])
     print(f"ended -> recorded {steps['recorded']['took']}s of {steps['recorded']['after']}s queued -> recorded")
 
+    assert run_check_item(m.id)["passed"] is True  # the partition read as a Spark DataFrame
+    m.refresh_from_db()
+    result = DatasetCheckResult.objects.get(materialization_id=m.id)
+    assert (m.checks, result.passed, result.figures) == ("passed", True, {"rows": 3, "null_count": 0})
+
 
 def test_a_script_that_reports_its_own_figures_replaces_the_event_logs_rows_and_adds_metadata(data, tmp_path):
+    """Its day is a bad one: a region sold without an amount has no revenue, and the Spark check blocks it."""
     source = tmp_path / "sales.csv"
-    source.write_text("region,amount\n" + "".join(f"{r},{a}\n" for r in ("north", "south", "east") for a in (1, 2)))
+    rows = "".join(f"{r},{a}\n" for r in ("north", "south", "east") for a in (1, 2)) + "west,\n"
+    source.write_text("region,amount\n" + rows)
     register_script(
         "dsr_reporting",
         path=str(SCRIPTS / "reporting_sales.py"),  # calls jobsite.spark_report.materialized(...)
@@ -121,15 +180,27 @@ def test_a_script_that_reports_its_own_figures_replaces_the_event_logs_rows_and_
         conf={"spark.sql.shuffle.partitions": "2"},
         produces={"dsr_revenue": "day"},
     )
+    register_script("dsr_revenue_reader", path=str(SCRIPTS / "pi.py"), params=[DAY], consumes={"dsr_revenue": "day"})
+    declare_revenue_check()
     run = trigger_run("dsr_reporting", {"day": "2026-11-26"}, trigger="orm")
     assert run_handler(run.id)["state"] == "succeeded"
 
     run = SparkRun.objects.get(id=run.id)
     assert "reported: True" in run.log_tail, run.log_tail[-2000:]
     [m] = Materialization.objects.all()
-    assert m.rows == 6 and run.metrics["output_records"] == 3  # the orders it reported, not the rows written
-    assert m.metadata["regions"] == 3 and m.metadata["job"] == "dsr_reporting"
-    assert [r["region"] for r in m.metadata["preview"]] == ["east", "north", "south"]
+    assert m.rows == 7 and run.metrics["output_records"] == 4  # the orders it reported, not the rows written
+    assert m.metadata["regions"] == 4 and m.metadata["job"] == "dsr_reporting"
+    assert [r["region"] for r in m.metadata["preview"]] == ["east", "north", "south", "west"]
+
+    assert run_check_item(m.id)["passed"] is False
+    m.refresh_from_db()
+    result = DatasetCheckResult.objects.get(materialization_id=m.id)
+    assert (m.checks, result.passed, result.blocking) == ("failed", False, True)
+    assert result.figures == {"rows": 4, "null_count": 1} and result.message == "1 regions without revenue"
+    assert [u.materialization_id for u in unusable([("dsr_revenue", "2026-11-26")])] == [m.id]
+    with pytest.raises(DatasetBlocked, match="dsr_revenue"):  # its consumer may not run on it
+        trigger_run("dsr_revenue_reader", {"day": "2026-11-26"}, trigger="orm")
+    assert not SparkRun.objects.filter(job="dsr_revenue_reader").exists()
 
 
 def test_a_failing_run_of_a_producer_records_nothing(data):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from typing import Any
+from urllib.parse import quote as quote_url
 
 from django import forms
 from django.contrib import admin, messages
@@ -36,12 +37,12 @@ from django.utils.safestring import SafeString, mark_safe
 from ..datasets import DatasetError, declared_datasets, get_dataset
 from ..datasets import services as datasets
 from ..datasets.graph import FRESHNESS_COLOURS, svg
-from ..datasets.lineage import LineageGraph, Neighbourhood
+from ..datasets.lineage import Neighbourhood
 from ..datasets.models import Dataset, Materialization
-from ..datasets.status import PARTITIONS_COUNTED_UP_TO, partition_counts, partition_grid, summaries
+from ..datasets.status import PARTITIONS_COUNTED_UP_TO, Cell, partition_counts, partition_grid, summaries
 from ..datasets.sync import sync_datasets
 from ..spark import materialize as backfill
-from ..spark.datasets import users
+from ..spark.datasets import lineage
 from ..spark.models import SparkTrigger
 from . import charts
 from .actions import ReadOnlyAdmin
@@ -55,7 +56,8 @@ DATASET_TOOLS: list[tuple[str, str, str]] = [
 ]
 HISTORY_CHART_POINTS = 500  # the chart's newest materializations
 HISTORY_ROWS = 50  # the table's
-PAGE_LINEAGE_DEPTH = 2  # the dataset page draws this many hops each way; the lineage page all (up to MAX_NODES)
+PAGE_LINEAGE_DEPTH = 2  # the dataset page draws this many hops each way
+LINEAGE_DEPTH = 5  # the lineage page's, unless ?depth= says otherwise (?depth=all: every hop, up to MAX_NODES)
 SYNC_EVERY = 60.0
 CELL_COLOURS = {
     "materialized": FRESHNESS_COLOURS["fresh"],
@@ -193,7 +195,7 @@ class DatasetAdmin(ReadOnlyAdmin):
             raise Http404(f"no declared dataset {name!r}") from None
 
     def _lineage(self, name: str, depth: int | None) -> tuple[Neighbourhood, SafeString]:
-        seen = LineageGraph(users()).neighbourhood(name, depth)
+        seen = lineage()[1].neighbourhood(name, depth)
         declared = declared_datasets()
         known = [declared[n] for n in seen.datasets if n in declared]
         shown = {s["name"]: s for s in summaries(known, timezone.now())}
@@ -210,7 +212,16 @@ class DatasetAdmin(ReadOnlyAdmin):
         if partition is not None:
             history = history.filter(partition=partition)
         newest = list(history.order_by("-at", "-id")[:HISTORY_CHART_POINTS])
-        jobs = users().get(ds.name, {})
+        try:
+            page = max(1, int(request.GET.get("hp") or 1))
+        except ValueError:
+            page = 1
+        first = (page - 1) * HISTORY_ROWS
+        if first + HISTORY_ROWS < len(newest) or len(newest) < HISTORY_CHART_POINTS:
+            rows = newest[first : first + HISTORY_ROWS + 1]
+        else:  # past the chart's points: that page read by itself (materialization_latest, an offset into it)
+            rows = list(history.order_by("-at", "-id")[first : first + HISTORY_ROWS + 1])
+        jobs = lineage()[0].get(ds.name, {})
         summary = summaries([ds], timezone.now())[0]
         seen, drawing = self._lineage(ds.name, PAGE_LINEAGE_DEPTH)
         figure = charts.materializations_figure(newest, ds.name)
@@ -224,14 +235,14 @@ class DatasetAdmin(ReadOnlyAdmin):
             partitioning=_partitioning(ds.partitioning.describe()),
             producers=[(job, job_url(job)) for job in sorted(jobs.get("producers", []))],
             consumers=[(job, job_url(job)) for job in sorted(jobs.get("consumers", []))],
-            cells=[
-                {"cell": c, "fill": CELL_COLOURS[c.state][0], "border": CELL_COLOURS[c.state][1]}
-                for c in partition_grid(ds)
-            ],
+            grid=grid_html(partition_grid(ds), partition),
             cell_states=[(state, badge(state, CELL_COLOURS)) for state in CELL_COLOURS],
             freshness_states=[(state, badge(state)) for state in FRESHNESS_COLOURS],
             partition=partition,
-            history=newest[:HISTORY_ROWS],
+            history=rows[:HISTORY_ROWS],
+            history_page=page,
+            history_newer=_page_query(request, page - 1) if page > 1 else None,
+            history_older=_page_query(request, page + 1) if len(rows) > HISTORY_ROWS else None,
             figure=figure,
             lineage=drawing,
             neighbourhood=seen,
@@ -247,10 +258,11 @@ class DatasetAdmin(ReadOnlyAdmin):
 
     def lineage_view(self, request: HttpRequest, name: str) -> HttpResponse:
         ds = self._declared(request, name)
+        asked = request.GET.get("depth") or ""
         try:
-            depth = int(request.GET["depth"]) if request.GET.get("depth") else None
+            depth = None if asked == "all" else int(asked) if asked else LINEAGE_DEPTH
         except ValueError:
-            depth = None
+            depth = LINEAGE_DEPTH
         depth = depth if depth is None or depth >= 1 else 1
         seen, drawing = self._lineage(ds.name, depth)
         context = self._context(
@@ -348,6 +360,40 @@ class ObserveForm(forms.Form):
         super().__init__(*args, **kwargs)
         if not partitioned:
             del self.fields["partition"]
+
+
+def grid_html(cells: list[Cell], selected: str | None) -> SafeString:
+    """The partition grid's cells as HTML, written here rather than by the template (200 cells through the
+    template language, each with a localized time, were half of the dataset page)."""
+    parts = []
+    for c in cells:
+        fill, border = CELL_COLOURS[c.state]
+        title = f"{c.partition or '(unpartitioned)'}: {c.state}"
+        if c.at is not None:
+            title += f" at {c.at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
+        if c.rows is not None:
+            title += f", {c.rows} rows"
+        parts.append(
+            format_html(
+                '<a href="?partition={}" class="state-{}{}" style="background:{};border:1px solid {}" '
+                'title="{}">{}</a>',
+                quote_url(c.partition, safe="/"),
+                c.state,
+                " selected" if selected == c.partition else "",
+                fill,
+                border,
+                title,
+                c.partition or "unpartitioned",
+            )
+        )
+    return mark_safe("".join(parts))  # noqa: S308  every part escaped by format_html
+
+
+def _page_query(request: HttpRequest, page: int) -> str:
+    """The page's query string with the history table's page `page`."""
+    query = request.GET.copy()
+    query["hp"] = str(page)
+    return "?" + query.urlencode()
 
 
 def _when(iso: str | None) -> Any:

@@ -188,8 +188,10 @@ class AdminBench:
         idle_minutes,
         datasets=None,
         materializations=None,
+        only="all",
         **o,
     ) -> None:
+        self.only = only
         n = 50_000 if quick else items
         self.datasets = (1_000 if quick else 0) if datasets is None else datasets
         if self.datasets < 0 or (materializations is not None and materializations < 0):
@@ -304,6 +306,8 @@ class AdminBench:
 
     def cases(self) -> list[tuple[str, str, bool]]:
         """(label, url, gated by the budget)."""
+        if getattr(self, "only", "all") == "datasets":
+            return admin_datasets.cases(self.datasets)
         total = QueueItem.objects.order_by("-id").values_list("id", flat=True).first() or 1
         middle = total // 2
         dedup = QueueItem.objects.filter(dedup_key__isnull=False, id__lte=middle).order_by("-id").first()

@@ -321,7 +321,13 @@ def read_spark(part: Partition, fmt: str) -> Any:
     from pyspark.sql import SparkSession  # optional (the spark extra): only a Spark check needs it
 
     _path_files(part)
-    spark = SparkSession.builder.master("local[1]").appName("jobsite-dataset-check").getOrCreate()
+    spark = (
+        SparkSession.builder.master("local[1]")
+        .appName("jobsite-dataset-check")
+        .config("spark.ui.enabled", "false")
+        .config("spark.pyspark.python", sys.executable)  # a check's Python UDFs: this interpreter's version
+        .getOrCreate()
+    )
     return getattr(spark.read, fmt)(part.path)
 
 

@@ -121,8 +121,11 @@ def record_materialization(
     columns = [values[c] for c in ("dataset", "partition", "rows", "bytes", "files", "schema_fingerprint")]
     columns += [json.dumps(values["metadata"])]
     columns += [values[c] for c in ("source", "spark_run_id", "workflow_step_id", "item_id", "checks")]
-    # A dataset with checks writes three statements: in a transaction of their own when the caller has none.
-    with transaction.atomic() if checks else contextlib.nullcontext():
+    # A dataset with checks writes three statements: in a transaction of their own when the caller has none, in
+    # the caller's without a savepoint otherwise (as the one statement of a dataset without checks: a failure
+    # fails the caller's transaction either way), so its rows carry the caller's transaction id and the settle
+    # pays no SAVEPOINT / RELEASE round trips.
+    with transaction.atomic(savepoint=False) if checks else contextlib.nullcontext():
         with connection.cursor() as cursor:
             usable = values["checks"] in USABLE_CHECK_STATES
             cursor.execute(

@@ -26,13 +26,14 @@ RELEASE_BLOCKS = """
 DELETE FROM queue_app_datasetblock WHERE dataset = %s AND partition = %s RETURNING item_id
 """
 
-# Per dataset, the newest materialization by time and the one of the newest partition: two index probes per
-# name (materialization_latest, materialization_partition), every name in one statement.
+# Per dataset, the newest materialization by time (with its checks state: the list's "checks") and the one of
+# the newest partition: two index probes per name (materialization_latest, materialization_partition), every name
+# in one statement.
 NEWEST = """
-SELECT d.name, a.partition, a.at, p.partition, p.at
+SELECT d.name, a.partition, a.at, p.partition, p.at, a.checks
 FROM unnest(%s::text[]) AS d(name)
 LEFT JOIN LATERAL (
-    SELECT m.partition, m.at FROM queue_app_materialization m WHERE m.dataset = d.name
+    SELECT m.partition, m.at, m.checks FROM queue_app_materialization m WHERE m.dataset = d.name
     ORDER BY m.at DESC, m.id DESC LIMIT 1
 ) a ON true
 LEFT JOIN LATERAL (
@@ -66,6 +67,19 @@ RETURNING dataset, id
 # started, error, id.
 STALE_STARTED = "UPDATE queue_app_staleepisode SET partition = %s, started = %s::jsonb, error = %s WHERE id = %s"
 
+
+# Per dataset, how many distinct partitions are among its first N materializations by key and how many it read
+# (N at most): an index-only scan of materialization_partition, every name in one statement. A dataset that
+# filled N may have more partitions: PARTITION_COUNTS counts those (a loose index scan). Parameters: names, N.
+PARTITION_COUNTS_SCAN = """
+SELECT d.name, c.n, c.scanned
+FROM unnest(%s::text[]) AS d(name)
+CROSS JOIN LATERAL (
+    SELECT count(DISTINCT s.partition) AS n, count(*) AS scanned FROM (
+        SELECT m.partition FROM queue_app_materialization m WHERE m.dataset = d.name ORDER BY m.partition LIMIT %s
+    ) s
+) c
+"""
 
 # Per dataset, how many distinct partitions it has, up to a cap: a loose index scan of materialization_partition
 # (one probe per partition, however many materializations each has), every name in one statement. The admin's

@@ -25,7 +25,7 @@ from .declarations import Dataset
 from .freshness import freshness_state, overdue_since, staleness_seconds
 from .models import CheckState, DatasetCheckResult, Materialization
 from .partitions import PartitionError
-from .sql import NEWEST, PARTITION_COUNTS, PARTITION_GRID
+from .sql import NEWEST, PARTITION_COUNTS, PARTITION_COUNTS_SCAN, PARTITION_GRID
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -41,27 +41,23 @@ class Newest:
 def newest(names: list[str]) -> dict[str, list[Newest]]:
     """What freshness needs of each dataset in `names`: its newest materialization by time and the one of its
     newest partition ([] when it has none)."""
-    with connection.cursor() as cursor:
-        cursor.execute(NEWEST, [names])
-        return {
-            name: [Newest(p, at) for p, at in ((a_partition, a_at), (p_partition, p_at)) if at is not None]
-            for name, a_partition, a_at, p_partition, p_at in cursor.fetchall()
-        }
+    return _newest(names)[0]
 
 
 LIST_CHECKS = {CheckState.PASSED: "passed", CheckState.WARNED: "warned", CheckState.OVERRIDDEN: "warned"}
 LIST_CHECKS |= {CheckState.FAILED: "failed"}
 
 
-def newest_checks(names: list[str]) -> dict[str, str]:
-    """{dataset: the list's checks value} of each dataset's newest materialization (materialization_latest)."""
-    rows = (
-        Materialization.objects.filter(dataset__in=names)
-        .order_by("dataset", "-at", "-id")
-        .distinct("dataset")
-        .values_list("dataset", "checks")
-    )
-    return {name: LIST_CHECKS.get(state, "none") for name, state in rows}
+def _newest(names: list[str]) -> tuple[dict[str, list[Newest]], dict[str, str]]:
+    """newest() and {dataset: the list's checks value of its newest materialization}, from one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(NEWEST, [names])
+        rows = cursor.fetchall()
+    latest = {
+        name: [Newest(p, at) for p, at in ((a_partition, a_at), (p_partition, p_at)) if at is not None]
+        for name, a_partition, a_at, p_partition, p_at, _checks in rows
+    }
+    return latest, {row[0]: LIST_CHECKS.get(row[5], "none") for row in rows}
 
 
 def check_results(materialization_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
@@ -84,8 +80,7 @@ def check_results(materialization_ids: list[int]) -> dict[int, list[dict[str, An
 
 def summaries(datasets: list[Dataset], now: dt.datetime) -> list[dict[str, Any]]:
     """`dataset list --json`: one entry per dataset, in the order given."""
-    latest = newest([ds.name for ds in datasets])
-    checked = newest_checks([ds.name for ds in datasets])
+    latest, checked = _newest([ds.name for ds in datasets])
     return [
         {
             "name": ds.name,
@@ -185,11 +180,27 @@ PARTITIONS_COUNTED_UP_TO = 10_000  # the admin's list says "10,000+" beyond (one
 GRID_PARTITIONS = 200  # the dataset page's grid: this many of the newest partitions
 
 
-def partition_counts(names: list[str], cap: int = PARTITIONS_COUNTED_UP_TO) -> dict[str, int]:
-    """{name: how many distinct partitions it has materialized}, counted up to cap + 1."""
+PARTITIONS_SCANNED = 2_000  # materializations read per dataset before counting its partitions by probes
+
+
+def partition_counts(
+    names: list[str], cap: int = PARTITIONS_COUNTED_UP_TO, scanned: int = PARTITIONS_SCANNED
+) -> dict[str, int]:
+    """{name: how many distinct partitions it has materialized}, counted up to cap + 1. A dataset with at most
+    `scanned` materializations is counted from its index entries (one index-only scan: a few microseconds a
+    row); one with more by a loose index scan (one probe per partition, however many materializations each
+    has), so the cost is bounded either way."""
     with connection.cursor() as cursor:
-        cursor.execute(PARTITION_COUNTS, [names, cap])
-        return dict(cursor.fetchall())
+        cursor.execute(PARTITION_COUNTS_SCAN, [names, scanned])
+        counts, more = {}, []
+        for name, n, read in cursor.fetchall():
+            counts[name] = n
+            if read >= scanned:
+                more.append(name)
+        if more:
+            cursor.execute(PARTITION_COUNTS, [more, cap])
+            counts.update(cursor.fetchall())
+    return counts
 
 
 @dataclass(frozen=True)

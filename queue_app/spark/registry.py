@@ -218,6 +218,11 @@ def code_jobs() -> list[SparkJob]:
     return sorted(_jobs.entries().values(), key=lambda job: job.name)
 
 
+def stored_jobs() -> list[SparkJob]:
+    """The jobs of the other sources (stored scripts) whose names no code or settings job has taken."""
+    return [job for source in _sources for job in source.jobs() if _jobs.get(job.name) is None]
+
+
 def all_jobs() -> list[SparkJob]:
     jobs = _jobs.entries()
     for source in _sources:

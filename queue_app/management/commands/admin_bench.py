@@ -48,5 +48,12 @@ class Command(BaseCommand):
             help="materializations to load over the datasets (default 100 per dataset)",
         )
 
+        parser.add_argument(
+            "--only",
+            choices=["all", "datasets"],
+            default="all",
+            help="time every view (default) or only the dataset pages (with --items 0: no queue rows loaded)",
+        )
+
     def handle(self, *args, **options):
         AdminBench(self.stdout, self.style).run(**options)
