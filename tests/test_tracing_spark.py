@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from queue_app.spark import eventlog
+from queue_app.spark.models import SparkRun
 from queue_app.spark.scripts import ROOTS_ENV
 from queue_app.workflows import services as workflows
 from queue_app.workflows.definition import Graph
@@ -20,11 +22,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.django_db(transac
 SCRIPTS = Path(__file__).parent / "spark_scripts"
 
 
-# Passes alone and beside the other tracing tests (every try this session), but the run's job and stage spans did
-# not arrive in two fresh-clone full runs (the run's own span and the attempts' did; no warning in the worker's
-# log): an order dependence not found yet. Not strict, so it reports XPASS where it passes; issue 40 stays open
-# on it.
-@pytest.mark.xfail(strict=False, reason="job/stage spans missing in the full run only (order dependence, issue 40)")
 def test_a_workflow_with_a_spark_step_is_one_trace_down_to_its_stages(traced, worker, tmp_path, monkeypatch):
     require_spark()
     monkeypatch.setenv(ROOTS_ENV, str(SCRIPTS))  # here (the step's parameters are checked) and in the worker
@@ -50,16 +47,28 @@ def test_a_workflow_with_a_spark_step_is_one_trace_down_to_its_stages(traced, wo
     assert proc.wait(timeout=240) == 0, proc.log.read_text()[-3000:]
     workflow.refresh_from_db()
     assert workflow.state == "succeeded", workflow.error
-    trace = wait_for(
-        lambda: (
-            (spans := [s for s in traced.spans() if s.trace_id == trace_id])
-            and any(s.name.startswith("spark stage") for s in spans)
-            and any(s.name == "count rows" for s in spans)
-            and spans
-        ),
-        30,
-        what="the run's stage spans and the script's own span in the workflow's trace",
-    )
+    try:
+        trace = wait_for(
+            lambda: (
+                (spans := [s for s in traced.spans() if s.trace_id == trace_id])
+                and any(s.name.startswith("spark stage") for s in spans)
+                and any(s.name == "count rows" for s in spans)
+                and spans
+            ),
+            30,
+            what="the run's stage spans and the script's own span in the workflow's trace",
+        )
+    except AssertionError as exc:
+        # Issue 40, open: in some long runs of many modules (a fresh clone's full suite; once in a 12-module run
+        # here, its event log complete and no export error) the run's job and stage spans did not arrive, while
+        # the test passes alone, beside test_tracing.py and under heavy CPU load. That one symptom (the run's span
+        # there, no job or stage span) is an xfail whose reason (printed by -ra) carries what arrived, the run and
+        # its event log and the worker's log; anything else fails.
+        names = {s.name for s in traced.spans() if s.trace_id == trace_id}
+        said = f"{exc}\n{_what_arrived(traced, trace_id, proc)}"
+        if "spark run script" in names and not any(n.startswith(("spark job", "spark stage")) for n in names):
+            pytest.xfail(said)
+        raise AssertionError(said) from None
     by_id = {s.span_id: s for s in trace}
     attempts = {s.attributes["jobsite.task"]: s for s in trace if s.kind == "consumer"}
     assert attempts["queue_app.noop"].parent_id == start_span_id
@@ -77,3 +86,13 @@ def test_a_workflow_with_a_spark_step_is_one_trace_down_to_its_stages(traced, wo
     # The script's own span: a child of the run's span (TRACEPARENT in its driver's environment).
     (own,) = [s for s in trace if s.name == "count rows"]
     assert own.parent_id == run_span.span_id and own.attributes["rows"] == 1000
+
+
+def _what_arrived(receiver, trace_id: str, proc) -> str:
+    runs = [
+        (r.id, r.state, r.app_id, (r.progress or {}).get("path"), eventlog.files(r.id)) for r in SparkRun.objects.all()
+    ]
+    spans = [(s.name, s.service, s.span_id, s.parent_id) for s in receiver.spans() if s.trace_id == trace_id]
+    others = [(s.name, s.trace_id) for s in receiver.spans() if s.trace_id != trace_id]
+    tail = proc.log.read_text()[-4000:]
+    return f"the trace's spans: {spans}\nother spans: {others[:20]}\nruns: {runs}\nthe worker said:\n{tail}"
