@@ -6,8 +6,8 @@ handler's own, the engine's, the Spark launcher's) says which attempt it belongs
 - `log_context(**ids)`: a context manager (the Spark run handler adds the run's id with it).
 - `attempt_context(attempt, workflow_id, step)`: the one the worker wraps each handler call in: the attempt's
   item, task, attempt number and queue; for a workflow step's item, its workflow's id and the step's name
-  (`workflow_step`), which the worker knows from its traced lease (tracing on; engine/sql.py's
-  _LEASED_COLUMNS_TRACED).
+  (`workflow_step`), which the worker knows from its traced lease (taken with tracing on and with
+  LOG_FORMAT=json: worker/leasing.py; engine/sql.py's _LEASED_COLUMNS_TRACED).
 - `bind_process(**ids)`: ids of the whole process (the worker's id, set once at its start), under every thread's
   context, forked pool children included.
 - `ContextFilter`: on the console handler; a record's own attribute (`extra=`) wins over the context's.

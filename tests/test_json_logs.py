@@ -10,7 +10,12 @@ import urllib.request
 import pytest
 
 from queue_app import engine
+from queue_app.engine import tracing
 from queue_app.logcontext import ContextFilter, attempt_context, bind_process, log_context
+from queue_app.workflows import services as workflows
+from queue_app.workflows.definition import Graph
+from queue_app.workflows.models import WorkflowStep
+from tests import json_log_tasks  # noqa: F401  registers tests.logs_then_fails_once here (the workflow's step)
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db
@@ -38,6 +43,14 @@ def test_a_workers_output_is_json_lines_with_the_attempts_ids(worker):
     items = [engine.enqueue("tests.logs_then_fails_once", {"n": n}, queue="json_logs").id for n in range(ITEMS)]
     # The Spark run handler, for a run that does not exist: it logs so (no JVM needed) under the run's id.
     spark_item = engine.enqueue("queue_app.spark_run", {"run_id": MISSING_RUN}, queue="spark").id
+    # A workflow's step: its lines also name the workflow and the step, with tracing off (the worker's lease
+    # returns them when its logs are JSON).
+    assert not tracing.enabled
+    graph = Graph("json-logs-flow")
+    graph.task("tests.logs_then_fails_once", {"n": ITEMS}, name="logged")
+    workflow = workflows.start_graph(graph)
+    step_item = WorkflowStep.objects.get(workflow_id=workflow.id, name="logged").item_id
+    assert step_item is not None
     proc = worker(
         "json-worker",
         "--import",
@@ -60,6 +73,15 @@ def test_a_workers_output_is_json_lines_with_the_attempts_ids(worker):
     failed = [r for r in records if r["logger"] == "jobsite.worker" and r["message"].startswith("attempt failed")]
     finished = [r for r in records if r["logger"] == "tests.json_logs" and r["message"].startswith("done")]
     ids = ("item_id", "task", "attempt", "queue")
+    stepped = [r for r in handled if r["item_id"] == step_item]
+    assert [(r["attempt"], r["workflow_id"], r["workflow_step"]) for r in stepped] == [
+        (1, workflow.id, "logged"),
+        (2, workflow.id, "logged"),
+    ]
+    handled = [r for r in handled if r["item_id"] != step_item]
+    assert not any("workflow_id" in r for r in handled)  # items of no workflow name none
+    failed = [r for r in failed if r["item_id"] != step_item]
+    finished = [r for r in finished if r["item_id"] != step_item]
     expected = {(item, "tests.logs_then_fails_once", attempt, "json_logs") for item in items for attempt in (1, 2)}
     assert {tuple(r[k] for k in ids) for r in handled} == expected  # both attempts of each item, with its ids
     assert {tuple(r[k] for k in ids) for r in failed} == {(item, *rest) for item, *rest in expected if rest[1] == 1}

@@ -60,17 +60,54 @@ def test_tracing_off_writes_no_context_and_makes_no_span():
     assert tracing.traceparent() is None and "trace_id" not in current()
 
 
-def test_bulk_enqueue_is_one_span_with_the_count_and_every_item_stores_its_context(traced):
+def test_bulk_enqueue_is_one_span_with_the_count_linked_to_the_items_own_traces(traced):
     ids = engine.enqueue_many("queue_app.noop", [{}, {}, {}], queue="otel_bulk")
-    stored = set(QueueItem.objects.filter(id__in=ids).values_list("trace_context", flat=True))
-    assert len(stored) == 1 and stored != {None}
-    (value,) = stored
-    _, trace_id, span_id, _ = value.split("-")
+    stored = dict(QueueItem.objects.filter(id__in=ids).values_list("id", "trace_context"))
+    items = {item_id: value.split("-")[1:3] for item_id, value in stored.items()}  # [trace id, span id]
+    assert len({trace_id for trace_id, _ in items.values()}) == 3  # a trace of its own each
     tracing.flush()
-    (span,) = wait_for(lambda: [s for s in traced.spans() if s.span_id == span_id], 10, what="the bulk span")
-    assert span.kind == "producer" and span.trace_id == trace_id
-    assert span.attributes["messaging.batch.message_count"] == 3
-    assert span.attributes["messaging.destination.name"] == "otel_bulk"
+    (bulk,) = wait_for(
+        lambda: [s for s in traced.spans() if s.name == "enqueue queue_app.noop" and len(s.links) == 3],
+        10,
+        what="the bulk span",
+    )
+    assert bulk.kind == "producer" and bulk.trace_id not in {trace_id for trace_id, _ in items.values()}
+    assert bulk.attributes["messaging.batch.message_count"] == 3
+    assert bulk.attributes["messaging.destination.name"] == "otel_bulk"
+    assert sorted(bulk.links) == sorted(tuple(v) for v in items.values())  # linked to each item's trace
+    created = {s.span_id: s for s in traced.spans() if s.name == "create queue_app.noop"}
+    for item_id, (trace_id, span_id) in items.items():  # each item's trace: its create span, a root
+        span = created[span_id]
+        assert span.trace_id == trace_id and span.parent_id == "" and span.kind == "producer"
+        assert span.attributes["jobsite.item_id"] == item_id and span.links == [(bulk.trace_id, bulk.span_id)]
+
+
+def test_a_bulk_enqueue_links_only_the_items_whose_trace_is_sampled(traced, monkeypatch):
+    """At 50 % sampling about half the items' traces are sampled (each item's a root the sampler decides on): the
+    bulk's span (in its sampled caller's trace) links those, and each item stores its own context (an unsampled
+    one says so: its attempts are not sampled either)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    half = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.5)), resource=tracing._provider.resource)
+    half.add_span_processor(tracing._processor)
+    monkeypatch.setattr(tracing, "tracer", half.get_tracer("jobsite"))
+    with tracing._provider.get_tracer("tests").start_as_current_span("request"):  # sampled: so is the bulk's span
+        ids = engine.enqueue_many("queue_app.noop", [{}] * 40, queue="otel_bulk_half")
+    stored = [v.split("-") for v in QueueItem.objects.filter(id__in=ids).values_list("trace_context", flat=True)]
+    sampled = {(trace_id, span_id) for _, trace_id, span_id, flags in stored if int(flags, 16) & 1}
+    assert len(stored) == 40 and 0 < len(sampled) < 40  # 2 ** -39 odds of all or none
+    tracing.flush()
+    (bulk,) = wait_for(
+        lambda: [
+            s
+            for s in traced.spans()
+            if s.attributes.get("messaging.destination.name") == "otel_bulk_half" and s.name == "enqueue queue_app.noop"
+        ],
+        10,
+        what="the bulk span",
+    )
+    assert set(bulk.links) == sampled
 
 
 def test_a_requeue_is_an_event_under_the_items_enqueue(traced):

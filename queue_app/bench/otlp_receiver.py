@@ -36,6 +36,7 @@ class Span:
     attributes: dict[str, Any]
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     status_code: int = 0
+    links: list[tuple[str, str]] = field(default_factory=list)  # (trace id, span id) of each linked span
 
 
 class Receiver:
@@ -93,6 +94,7 @@ class Receiver:
                             attributes=_attributes(s.attributes),
                             events=[(e.name, _attributes(e.attributes)) for e in s.events],
                             status_code=s.status.code,
+                            links=[(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
                         )
                     )
         with self._lock:

@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.db import transaction
@@ -326,15 +327,22 @@ def enqueue_many(
     encoded = [encode_json({} if p is None else p) for p in payloads]
     if not encoded:
         return []
-    if tracing.enabled:  # one producer span for the batch; every item stores its context
+    if tracing.enabled:  # one producer span for the batch, linked to the items' own traces (tracing.bulk_items)
         with tracing.producer(task, params["queue"], len(encoded)) as span:
-            return _copy_many(params, task, priority, encoded, tracing.traceparent(span), using)
+            contexts = partial(tracing.bulk_items, span, task, params["queue"])
+            return _copy_many(params, task, priority, encoded, contexts, using)
     return _copy_many(params, task, priority, encoded, None, using)
 
 
 def _copy_many(
-    params: dict[str, Any], task: str, priority: int, encoded: list[str], trace_context: str | None, using: str
+    params: dict[str, Any],
+    task: str,
+    priority: int,
+    encoded: list[str],
+    contexts: Callable[[list[int]], list[str]] | None,
+    using: str,
 ) -> list[int]:
+    """COPY the items in. `contexts(ids)`: the trace context each item stores (tracing on), else none."""
     with transaction.atomic(using=using), cursor(using) as cur:
         cur.execute(
             sql.ALLOCATE_IDS,
@@ -354,19 +362,26 @@ def _copy_many(
             _COPY_NULL if params["ordering_key"] is None else _copy_text(params["ordering_key"]),
             _COPY_NULL if group_key is None else _copy_text(group_key),
             "",
-            _COPY_NULL if trace_context is None else trace_context,
         ]
         copy_items = sql.COPY_ITEMS
         if params["run_at"] is not None or params["delay"] > 0:
             due = params["run_at"] or now + timedelta(seconds=params["delay"])
             shared += [due.isoformat(), due.isoformat()]
             copy_items = sql.COPY_DELAYED_ITEMS
-        tail = "\t" + "\t".join(shared)
+        # The trace context sits between the shared columns and the due times: one per item when traced.
+        mid, due_times = "\t" + "\t".join(shared[:8]) + "\t", "".join("\t" + v for v in shared[8:]) + "\n"
+        tail = f"{mid}{_COPY_NULL}{due_times}"
+        traced = contexts(ids) if contexts is not None else None
         raw = cur.cursor  # psycopg's cursor: Django's wrapper has no COPY
         with raw.copy(copy_items) as copy:
             for start in range(0, len(ids), COPY_CHUNK):
-                rows = zip(ids[start : start + COPY_CHUNK], encoded[start : start + COPY_CHUNK], strict=True)
+                end = start + COPY_CHUNK
                 # JSON text has no raw tab or newline (json.dumps escapes them); its backslashes are COPY's escape.
-                copy.write("".join([f"{i}{head}{t.replace('\\', '\\\\')}{tail}\n" for i, t in rows]))
+                if traced is None:
+                    rows = zip(ids[start:end], encoded[start:end], strict=True)
+                    copy.write("".join([f"{i}{head}{t.replace('\\', '\\\\')}{tail}" for i, t in rows]))
+                else:
+                    each = zip(ids[start:end], encoded[start:end], traced[start:end], strict=True)
+                    copy.write("".join([f"{i}{head}{t.replace('\\', '\\\\')}{mid}{c}{due_times}" for i, t, c in each]))
         cur.execute(sql.NOTIFY, {"channel": params["channel"], "queue": params["queue"]})
     return ids

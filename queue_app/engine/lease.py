@@ -37,8 +37,8 @@ class Lease(NamedTuple):
     ordering_key: str | None
     run_at: datetime
     created_at: datetime
-    # Returned by the traced lease only (tracing on, `traced=True`; None otherwise): the item's stored trace
-    # context (engine/tracing.py), and for a workflow step's item its workflow's id and the step's name.
+    # Returned by the traced lease only (tracing on or JSON logs, `traced=True`; None otherwise): the item's
+    # stored trace context (engine/tracing.py), and for a workflow step's item its workflow's id and step's name.
     trace_context: str | None = None
     workflow_id: int | None = None
     step: str | None = None
@@ -158,8 +158,8 @@ def settle_and_lease(
     every queue) for `worker_id`, in one statement; queues under flow control (concurrency, rate or group
     limits, fair leasing) then take one locked transaction each. Paused queues are skipped. `terms` gives each
     task's lease (see sql._lease_ctes). Results must be JSON (InvalidEnqueue otherwise, raised before anything
-    is written). `traced` (a worker with tracing on): the traced statements, whose leases also carry the items'
-    trace contexts and workflow steps (sql._LEASED_COLUMNS_TRACED), in the same round trip."""
+    is written). `traced` (a worker with tracing on or JSON logs): the traced statements, whose leases also carry
+    the items' trace contexts and workflow steps (sql._LEASED_COLUMNS_TRACED), in the same round trip."""
     pairs = list(done)
     if not pairs and n <= 0:
         return SettledAndLeased([], [])

@@ -295,11 +295,12 @@ WITH {_lease_ctes(_NAMED_QUEUES)}
 SELECT {_LEASED_COLUMNS} FROM leased
 """
 
-# With tracing on (engine/tracing.py) the worker's lease statements are the `_TRACED` variants: their rows end in
-# the item's stored trace context and, for a workflow step's item, its workflow's id and the step's name (for its
-# log lines, logcontext.py): read from the row the lease updates anyway, and the step by its primary key only when
-# the item is one. No second round trip per batch for the contexts. Without tracing the statements above stay as
-# they are (their plans, and the SQL API's jobsite_lease that binds LEASE).
+# With tracing on (engine/tracing.py), and with JSON logs (worker/leasing.py), the worker's lease statements are
+# the `_TRACED` variants: their rows end in the item's stored trace context and, for a workflow step's item, its
+# workflow's id and the step's name (for its log lines, logcontext.py): read from the row the lease updates anyway,
+# and the step by its primary key only when the item is one. No second round trip per batch for the contexts.
+# Without either the statements above stay as they are (their plans, and the SQL API's jobsite_lease that binds
+# LEASE).
 _LEASED_COLUMNS_TRACED = f"""{_LEASED_COLUMNS}, trace_context,
        CASE WHEN workflow_step_id IS NOT NULL
             THEN (SELECT s.workflow_id FROM {WORKFLOW_STEP} s WHERE s.id = workflow_step_id) END,

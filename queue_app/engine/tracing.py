@@ -211,7 +211,7 @@ def attached(value: str | None) -> Iterator[None]:
 @contextmanager
 def producer(task: str, queue: str, count: int = 1) -> Iterator[trace.Span]:
     """The span of one enqueue (or one bulk enqueue of `count` items), a child of the current span (a request's,
-    a handler's): its traceparent is what the items store."""
+    a handler's): its traceparent is what the item stores (a bulk's items store their own: bulk_items)."""
     with tracer.start_as_current_span(
         f"enqueue {task}",
         kind=SpanKind.PRODUCER,
@@ -224,6 +224,33 @@ def producer(task: str, queue: str, count: int = 1) -> Iterator[trace.Span]:
         },
     ) as span:
         yield span
+
+
+def bulk_items(bulk: trace.Span, task: str, queue: str, ids: Sequence[int]) -> list[str]:
+    """The contexts the items of a bulk enqueue store: each item starts a trace of its own (a bulk of thousands
+    is not one trace of thousands of attempts), with a short "create" span, a root the sampler decides on alone,
+    linked to the bulk's span; the bulk's span links to each item whose trace is sampled (up to the SDK's link
+    limit, OTEL_SPAN_LINK_COUNT_LIMIT, 128 by default). An unsampled item stores its unsampled context: its
+    attempts are not sampled either (the SDK's default parent-based sampler)."""
+    to_bulk = [trace.Link(bulk.get_span_context())]
+    root = otel_context.Context()  # no parent: a new trace
+    attributes = {
+        "messaging.system": "jobsite",
+        "messaging.operation.type": "create",
+        "messaging.destination.name": queue,
+        "jobsite.task": task,
+    }
+    contexts = []
+    for item_id in ids:
+        span = tracer.start_span(f"create {task}", context=root, kind=SpanKind.PRODUCER, links=to_bulk)
+        ctx = span.get_span_context()
+        if span.is_recording():
+            span.set_attributes(attributes)
+            span.set_attribute("jobsite.item_id", item_id)
+            span.end()
+            bulk.add_link(ctx)
+        contexts.append(f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}")
+    return contexts
 
 
 @contextmanager

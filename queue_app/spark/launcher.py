@@ -120,6 +120,7 @@ def launch(
             return start_child(cmd, child_env)
 
         stopped_for, returncode, watch, output = _attempt(run_id, submit, follow)
+        output = _settled_progress(output, run_id, watch)
     else:
         # No jobsite code runs in the script's driver: its event log, read as it grows, tells progress and the
         # final numbers; its UI's status REST API, on a loopback port picked here, counts tasks once a job has run
@@ -200,6 +201,27 @@ def _script_output(returncode: int | None, watch: Watch, run_id: int | str) -> d
         output["status"] = "failed"
         output["error"] = failure_reason(watch.tail) or exit_message(returncode, watch.tail)
     return output
+
+
+def _settled_progress(output: dict[str, Any] | None, run_id: int | str, watch: Watch) -> dict[str, Any] | None:
+    """The child's final progress with its event log's over it. The child reads Spark's status tracker as soon
+    as its job returned, and the tracker is fed by the listener bus on a thread of its own: under load it may not
+    have taken the last tasks' ends yet (2 tasks, 1 done: the fresh clone's `1 == 2`). The event log is complete
+    once the driver stopped (stopping drains the bus), so its counts have the last word (never lower: monotonic).
+    """
+    if not output:
+        return output
+    app_id = output.get("app_id") or watch.app_id
+    log = eventlog.log_for(run_id, app_id) if app_id else None
+    if log is None:
+        return output
+    try:
+        settled = eventlog.summarize(log)[0]
+    except OSError:
+        return output
+    # The child's other keys (elapsed) stay; nothing is active any more once the driver stopped.
+    progress = {**protocol.monotonic(settled, output.get("progress")), "tasks_active": 0, "active_stages": []}
+    return {**output, "progress": progress}
 
 
 def _read_output(path: str) -> dict[str, Any] | None:

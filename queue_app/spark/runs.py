@@ -535,11 +535,22 @@ def _trace_result(span: Any, run_id: int, result: LaunchResult) -> None:
     if result.error:
         span.set_status(tracing.trace.StatusCode.ERROR, result.error[:500])
     log = eventlog.log_for(run_id, result.app_id) if result.app_id else None
-    if log:
-        try:
-            tracing.spark_timeline(span, eventlog.timeline(log))
-        except (OSError, KeyError, TypeError, ValueError):  # a log cut short: the run's span stands alone
-            logger.warning("spark run %s: no job and stage spans from its event log", run_id, exc_info=True)
+    if not log:  # said, so that a trace without them says why (a warm run has no event log of its own)
+        logger.info(
+            "spark run %s: no job and stage spans: no event log of app %s in %s (path %s)",
+            run_id,
+            result.app_id,
+            eventlog.run_dir(run_id),
+            result.path,
+        )
+        return
+    try:
+        timeline = eventlog.timeline(log)
+        if not timeline:
+            logger.info("spark run %s: no job and stage spans: its event log %s shows none ended", run_id, log)
+        tracing.spark_timeline(span, timeline)
+    except (OSError, KeyError, TypeError, ValueError):  # a log cut short: the run's span stands alone
+        logger.warning("spark run %s: no job and stage spans from its event log", run_id, exc_info=True)
 
 
 @job(TASK, queue=QUEUE, hard_timeout=HARD_TIMEOUT, retry=Retry(ignore=(RunNotRetried,)), warm_up=warm_up)

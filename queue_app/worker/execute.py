@@ -37,7 +37,7 @@ class Job(NamedTuple):
     # what it enqueues are the attempt's children. None with tracing off.
     trace_parent: str | None = None
     # A workflow step's item: its workflow's id and the step's name, for its log lines (logcontext.py). Known from
-    # the traced lease only (tracing on); None otherwise.
+    # the traced lease only (tracing on or JSON logs); None otherwise.
     workflow_id: int | None = None
     step: str | None = None
 

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from django.conf import settings
 from django.db import connections
 
 from .. import engine
@@ -39,6 +40,10 @@ class LeaseCall:
         self.sent: list = []  # the (lease, result) pairs the call in flight settles
         self.asked = 0  # items the call in flight asked for
         self._result: tuple[Any, BaseException | None] | None = None
+        # The traced statement, whose leases carry the items' trace contexts and a workflow step's workflow id
+        # and step name: with tracing on, and with JSON logs (a step's lines then name its workflow and step,
+        # logcontext.py). Plain logs without tracing keep the plain statement (its plan, its columns).
+        self.traced = tracing.enabled or getattr(settings, "LOG_FORMAT", "plain") == "json"
 
     def send(
         self,
@@ -55,7 +60,7 @@ class LeaseCall:
         if self.busy:
             raise RuntimeError("one settle_and_lease in flight at a time")
         self.busy, self.sent, self.asked, self._result = True, done, want, None
-        request = (done, queues, want, worker_id, terms)
+        request = (done, queues, want, worker_id, terms, self.traced)
         if here:
             self._result = self._call(request)
             return
@@ -87,10 +92,9 @@ class LeaseCall:
 
     @staticmethod
     def _call(request: tuple) -> tuple[Any, BaseException | None]:
-        done, queues, want, worker_id, terms = request
+        done, queues, want, worker_id, terms, traced = request
         try:
-            # Tracing on: the traced statement, whose leases carry the items' trace contexts and workflow steps.
-            return engine.settle_and_lease(done, queues, want, worker_id, terms=terms, traced=tracing.enabled), None
+            return engine.settle_and_lease(done, queues, want, worker_id, terms=terms, traced=traced), None
         except BaseException as exc:  # handed to the loop, which decides (database down: retry; else raise)
             # A connection that failed mid-statement may be unusable: the next call opens a new one.
             with contextlib.suppress(Exception):
