@@ -245,17 +245,16 @@ def context_of(value: str | None) -> otel_context.Context | None:
     return trace.set_span_in_context(NonRecordingSpan(span_context))
 
 
-@contextmanager
-def attached(value: str | None) -> Iterator[None]:
-    """Within the block the stored context `value` is the current one (a pool child running a handler)."""
+def attach(value: str) -> object | None:
+    """Make the stored context `value` the current one (a pool child about to run a sampled attempt's handler);
+    the token for detach(). A plain call pair rather than a context manager: run once an item in the children
+    (about 3 us less an item)."""
     ctx = context_of(value)
-    if ctx is None:
-        yield
-        return
-    token = otel_context.attach(ctx)
-    try:
-        yield
-    finally:
+    return None if ctx is None else otel_context.attach(ctx)
+
+
+def detach(token: object | None) -> None:
+    if token is not None:
         otel_context.detach(token)
 
 

@@ -215,8 +215,11 @@ def run_job(job: Job) -> Outcome:
             return _run_job(job)
         finally:
             tracing.carried.reset(token)
-    with tracing.attached(parent):
+    token = tracing.attach(parent)
+    try:
         return _run_job(job)
+    finally:
+        tracing.detach(token)
 
 
 def _run_job(job: Job) -> Outcome:
