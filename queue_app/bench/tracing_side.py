@@ -149,13 +149,17 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
                         continue
                     (off_rate, off_cpu), (on_rate, on_cpu) = got["off"], got["on"]
                     ratios.setdefault(key, []).append(on_rate / off_rate)
-                    cpu_ratios.setdefault(key, []).append(on_cpu / off_cpu if off_cpu > 0 else float("nan"))
+                    # A drain too short to stand out of the workers' fixed cost (the smoke sizes): no CPU ratio.
+                    cpu_ratio = on_cpu / off_cpu if off_cpu > 0 and on_cpu > 0 else None
+                    if cpu_ratio is not None:
+                        cpu_ratios.setdefault(key, []).append(cpu_ratio)
                     first = sides[0][3]
                     ctx.progress(
                         "tracing",
                         f"pair {pair + 1} ({first} first), load {loads[-1]}: off {off_rate:,.0f} jobs/s"
                         f" {off_cpu:,.0f} us/item, {label} {on_rate:,.0f} jobs/s {on_cpu:,.0f} us/item,"
-                        f" {spans[key]:,} spans received: ratio {on_rate / off_rate:.2f}, CPU x{on_cpu / off_cpu:.2f}",
+                        f" {spans[key]:,} spans received: ratio {on_rate / off_rate:.2f}, CPU "
+                        + ("n/a" if cpu_ratio is None else f"x{cpu_ratio:.2f}"),
                     )
     finally:
         receiver.stop()
