@@ -265,22 +265,22 @@ def detach(token: object | None) -> None:
 def producer(task: str, queue: str, count: int = 1) -> Iterator[trace.Span]:
     """The span of one enqueue (or one bulk enqueue of `count` items), a child of the current span (a request's,
     a handler's; else the not-sampled item a handler runs for, `carried`): its traceparent is what the items
-    store, sampled or not."""
+    store, sampled or not. Its attributes are set once the sampler kept it (so the sampler decides without them,
+    as the SDK's own samplers do anyway): a dropped producer span builds none."""
     context = None
     if (value := carried.get()) is not None and not trace.get_current_span().get_span_context().is_valid:
         context = context_of(value)
-    with tracer.start_as_current_span(
-        f"enqueue {task}",
-        context=context,
-        kind=SpanKind.PRODUCER,
-        attributes={
-            "messaging.system": "jobsite",
-            "messaging.operation.type": "send",
-            "messaging.destination.name": queue,
-            "jobsite.task": task,
-            "messaging.batch.message_count": count,
-        },
-    ) as span:
+    with tracer.start_as_current_span(f"enqueue {task}", context=context, kind=SpanKind.PRODUCER) as span:
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "messaging.system": "jobsite",
+                    "messaging.operation.type": "send",
+                    "messaging.destination.name": queue,
+                    "jobsite.task": task,
+                    "messaging.batch.message_count": count,
+                }
+            )
         yield span
 
 
