@@ -6,7 +6,9 @@
   attributes and the retry event; the item (and its archived row) stores the enqueue's context;
 - a workflow is one trace: its start span parents every step's attempt, a step enqueued by the settle trigger too;
 - the receiver stopped mid-run: every item still settles, the worker counts the spans it dropped (/metrics);
-- with tracing off nothing is stored and no span is made.
+- with tracing off nothing is stored and no span is made;
+- a producer span the sampler dropped still stores its context, not sampled (so the consumers follow its decision),
+  and under a not-sampled item's handler (its context carried, not attached) the enqueue joins that trace.
 
 This process's own spans (the request, the enqueue, the workflow start) go through the same module, configured with
 an exporter to the receiver; the workers are configured by the SDK's standard environment variables.
@@ -123,6 +125,29 @@ def test_a_requeue_is_an_event_under_the_items_enqueue(traced):
     )
     assert span.parent_id == enqueue_span_id and span.attributes["jobsite.item_id"] == item.id
     assert [(name, attrs["jobsite.actor"]) for name, attrs in span.events] == [("requeue", "ops")]
+
+
+NOT_SAMPLED_CONTEXT = "00-" + "c3" * 16 + "-" + "d4" * 8 + "-00"
+
+
+def test_a_dropped_producer_span_stores_its_context_not_sampled(traced):
+    token = tracing.attach(NOT_SAMPLED_CONTEXT)  # a not-sampled parent: the ParentBased sampler drops the span
+    try:
+        attached = engine.enqueue("queue_app.noop", queue="otel_sampling_producer").id
+    finally:
+        tracing.detach(token)
+    token = tracing.carried.set(NOT_SAMPLED_CONTEXT)  # as run_job carries a not-sampled item's context for its handler
+    try:
+        carried = engine.enqueue("queue_app.noop", queue="otel_sampling_producer").id
+    finally:
+        tracing.carried.reset(token)
+    stored = dict(QueueItem.objects.filter(id__in=[attached, carried]).values_list("id", "trace_context"))
+    for item_id in (attached, carried):
+        version, trace_id, span_id, _ = stored[item_id].split("-")
+        assert (version, trace_id) == ("00", NOT_SAMPLED_CONTEXT.split("-")[1]) and not tracing.sampled(stored[item_id])
+        assert span_id != NOT_SAMPLED_CONTEXT.split("-")[2]  # the dropped producer span's own id
+    root = engine.enqueue("queue_app.noop", queue="otel_sampling_producer").id  # no parent: a root, sampled
+    assert tracing.sampled(QueueItem.objects.get(id=root).trace_context)  # flags 01, or 03 (random trace id)
 
 
 @pytest.mark.slow

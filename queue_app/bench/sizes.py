@@ -44,8 +44,8 @@ class Sizes:
     waits_present: int = 100_000
     waits_latency_samples: int = 200
     waits_batch: int = 50_000
-    # tracing: rounds of the three variants (off, on 100 %, on 1 %), taking turns; each keeps its best drain
-    tracing_rounds: int = 2
+    # tracing: off/on pairs for each sampled variant (100 %, 1 %); the figures are the medians of the pairs
+    tracing_pairs: int = 5
 
 
 QUICK = Sizes(
@@ -66,7 +66,7 @@ QUICK = Sizes(
     flow_rate=(20, 2),
     flow_fair=(10_000, 100),
     workflow_steps=2_000,
-    tracing_rounds=1,
+    tracing_pairs=3,
     workflow_delay_samples=20,
     waits_noop=5_000,
     waits_present=2_000,
@@ -127,4 +127,5 @@ SMOKE = replace(
     waits_present=200,
     waits_latency_samples=5,
     waits_batch=1_000,
+    tracing_pairs=1,
 )

@@ -34,7 +34,8 @@ class Job(NamedTuple):
     max_attempts: int
     worker_id: str
     # The attempt's span (engine/tracing.py), as a traceparent: the handler runs under it, so its own spans and
-    # what it enqueues are the attempt's children. None with tracing off.
+    # what it enqueues are the attempt's children; a not-sampled attempt's: its item's stored context (flags 00),
+    # carried so what it enqueues is not sampled either. None with tracing off.
     trace_parent: str | None = None
     # A workflow step's item: its workflow's id and the step's name, for its log lines (logcontext.py). Known from
     # the traced lease only (tracing on or JSON logs); None otherwise.
@@ -203,11 +204,22 @@ def _run_chunk(task: Task, job: Job) -> Outcome:
 
 
 def run_job(job: Job) -> Outcome:
-    """run_job under the attempt's span when there is one (tracing on)."""
-    if job.trace_parent is None:
+    """run_job under the attempt's span when there is one (tracing on); a not-sampled item's context is only
+    carried (engine/tracing.py: attaching it would cost more than the no-op it runs)."""
+    parent = job.trace_parent
+    if parent is None:
         return _run_job(job)
-    with tracing.attached(job.trace_parent):
+    if not tracing.sampled(parent):
+        token = tracing.carried.set(parent)
+        try:
+            return _run_job(job)
+        finally:
+            tracing.carried.reset(token)
+    token = tracing.attach(parent)
+    try:
         return _run_job(job)
+    finally:
+        tracing.detach(token)
 
 
 def _run_job(job: Job) -> Outcome:

@@ -30,6 +30,7 @@ from typing import Protocol
 
 from django.db import connections
 
+from ..engine import tracing
 from .execute import Job, Outcome, failed, run_job
 
 _fork = multiprocessing.get_context("fork")
@@ -122,6 +123,8 @@ def _child_main(conn: Connection, inherited: list[Connection], parent_pid: int, 
             break
         if outcome.fatal:  # the handler raised SystemExit or the like: reported, now exit as it asked
             break
+    if tracing.enabled:  # the handlers' own spans (what they enqueued): the child ends with os._exit, no atexit
+        tracing.flush()
     connections.close_all()
 
 

@@ -684,11 +684,12 @@ class Supervisor:
             )
 
     def _start_span(self, lease: Lease) -> str | None:
-        """Start the attempt's span (a child of the item's stored context); its traceparent for the handler. None
-        when the sampler dropped it: the handler then runs outside any trace (what it enqueues starts its own)."""
+        """Start the attempt's span (a child of the item's stored context); its traceparent for the handler. When
+        the sampler dropped it: the item's stored context (None when it has none), which the handler carries on
+        unsampled (engine/tracing.py)."""
         span = tracing.start_attempt(lease, lease.trace_context, self.worker_id)
         if span is None:
-            return None
+            return lease.trace_context
         self.settler.spans[lease.reservation_id] = span
         return tracing.traceparent(span)
 
