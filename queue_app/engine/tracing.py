@@ -265,8 +265,9 @@ def detach(token: object | None) -> None:
 def producer(task: str, queue: str, count: int = 1) -> Iterator[trace.Span]:
     """The span of one enqueue (or one bulk enqueue of `count` items), a child of the current span (a request's,
     a handler's; else the not-sampled item a handler runs for, `carried`): its traceparent is what the item
-    stores, sampled or not (a bulk's items store their own: bulk_items). Its attributes are set once the sampler kept it (so the sampler decides without them,
-    as the SDK's own samplers do anyway): a dropped producer span builds none."""
+    stores, sampled or not (a bulk's items store their own: bulk_items). Its attributes are set once the sampler
+    kept it (so the sampler decides without them, as the SDK's own samplers do anyway): a dropped producer span
+    builds none."""
     context = None
     if (value := carried.get()) is not None and not trace.get_current_span().get_span_context().is_valid:
         context = context_of(value)
