@@ -30,7 +30,7 @@ from queue_app.spark.registry import _jobs
 from queue_app.spark.runs import QUEUE, TASK, RunFailed, timing_split, trigger_run
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
 from queue_app.spark.scripts import register_script
-from tests.spark_fixtures import require_spark
+from tests.spark_fixtures import require_spark, spark_session  # noqa: F401  (`spark`)
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 SCRIPTS = Path(__file__).parent / "spark_scripts"
@@ -60,13 +60,12 @@ def data(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def stop_check_session():
-    """The checks' local SparkSession (quality.read_spark) is stopped after the module."""
-    yield
-    from pyspark.sql import SparkSession
-
-    if (session := SparkSession.getActiveSession()) is not None:
-        session.stop()
+def one_session(spark):
+    """The checks run in this process read their partitions through the test session's one SparkSession
+    (quality.read_spark's getOrCreate finds it). A session of their own would launch this process's JVM without
+    the run defaults (the JDBC jar on its class path) that later Spark tests' session needs: a JVM's class path
+    is fixed when it starts, so test_spark_pipelines' JDBC read then failed with ClassNotFoundException."""
+    return spark
 
 
 def declare_revenue_check() -> None:
