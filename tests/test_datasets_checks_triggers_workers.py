@@ -9,7 +9,6 @@ items queued in the transactions that made their last upstream usable), so no ru
 """
 
 import random
-import time
 
 import pytest
 from django.contrib.auth.models import User
@@ -17,22 +16,13 @@ from django.contrib.auth.models import User
 from queue_app import engine
 from queue_app.datasets.checks_run import override_failed_checks
 from queue_app.datasets.models import Materialization, TriggerFire
-from queue_app.models import QueueItem
 from tests import checks_triggers_tasks as ctr
+from tests.waiting import drained
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 DAYS = [f"2026-09-{d:02d}" for d in range(1, 9)]
 OVERRIDDEN, REWRITTEN, STILL_BAD = "2026-09-03", "2026-09-05", "2026-09-07"
 BAD = {OVERRIDDEN, REWRITTEN, STILL_BAD}
-
-
-def drained(timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not QueueItem.objects.filter(state__in=["ready", "reserved"]).exists():
-            return
-        time.sleep(0.1)
-    pytest.fail(f"items still open: {list(QueueItem.objects.filter(state__in=['ready', 'reserved']).values())}")
 
 
 def rows(dataset: str) -> dict[str, list[Materialization]]:

@@ -13,7 +13,6 @@ wanted partition in the same transaction, so once per episode.
 
 import datetime as dt
 import json
-import time
 
 import pytest
 from django.core import checks
@@ -34,6 +33,7 @@ from queue_app.spark.models import SparkRun
 from queue_app.spark.registry import _jobs, spark_job
 from queue_app.webhooks.models import WebhookDelivery, WebhookEndpoint
 from tests import stale_producer_tasks
+from tests.waiting import drained
 
 DAY = "2026-11-20"
 
@@ -45,15 +45,6 @@ def fresh_names():
     yield
     for name in set(_code.entries()) - before:
         _code.unregister(name)
-
-
-def drained(timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not QueueItem.objects.filter(state__in=["ready", "reserved"]).exists():
-            return
-        time.sleep(0.1)
-    pytest.fail(f"items still open: {list(QueueItem.objects.filter(state__in=['ready', 'reserved']).values())}")
 
 
 def backdate(materialization, hours: float) -> dt.datetime:

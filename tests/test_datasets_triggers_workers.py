@@ -13,15 +13,14 @@ the upstreams' transactions and the debounce timers are items too), so no run ca
 """
 
 import random
-import time
 
 import pytest
 from django.db import connection
 
 from queue_app import engine
 from queue_app.datasets.models import Materialization, TriggerFire
-from queue_app.models import QueueItem
 from tests import trigger_tasks
+from tests.waiting import drained
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PARTITIONS = [f"2026-10-{d:02d}" for d in range(1, 16)]
@@ -33,15 +32,6 @@ def declared():
     trigger_tasks.declare()
     yield
     trigger_tasks.undeclare()
-
-
-def drained(timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not QueueItem.objects.filter(state__in=["ready", "reserved"]).exists():
-            return
-        time.sleep(0.1)
-    pytest.fail(f"items still open: {list(QueueItem.objects.filter(state__in=['ready', 'reserved']).values())}")
 
 
 def outputs(dataset):
