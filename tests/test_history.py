@@ -232,6 +232,7 @@ def test_the_archive_runs_in_the_maintenance_thread_and_the_loop_does_not_wait_f
     from queue_app.worker.maintenance import Maintenance, default_units
 
     settings.JOBSITE = {"ARCHIVE_AFTER": 0.0}
+    history.ensure_partitions()  # the move waits, not a creation (which would not wait: migration 0041)
     ids = finished(3)
     unit = next(u for u in default_units(scheduler=False) if u.name == "archive")
     with psycopg.connect(**connection.get_connection_params()) as blocker:

@@ -27,7 +27,7 @@ from .db import cursor
 
 PARTITIONS_AHEAD = 2  # days of partitions created ahead of today
 PARTITION_SPAN = 86_400.0  # seconds a partition holds: a UTC day
-DDL_LOCK_TIMEOUT = "2s"  # a partition's CREATE or DROP waits this long for readers, then gives up (next round)
+DDL_LOCK_TIMEOUT = "2s"  # a partition's DROP waits this long for its readers, then gives up (next round)
 
 
 logger = logging.getLogger("jobsite.worker")
@@ -36,7 +36,9 @@ logger = logging.getLogger("jobsite.worker")
 def within_lock_timeout(step: Callable[[], int], what: str, *, using: str = "default") -> int:
     """Run one history step with lock_timeout set: creating or dropping a partition needs the history's parent
     tables to itself for a moment, and waiting behind a long reader would queue every later reader and writer
-    behind it. A lock not granted in time leaves the step to the next round: 0 done, said in the log."""
+    behind it. The parents are taken together without waiting (NOWAIT: a DDL that waited for one while holding
+    the other could deadlock with a reader of both, migration 0041); a lock not granted, at once or in time,
+    leaves the step to the next round: 0 done, said in the log."""
     try:
         with transaction.atomic(using=using), connections[using].cursor() as cur:
             cur.execute("SELECT set_config('lock_timeout', %s, true)", [DDL_LOCK_TIMEOUT])
@@ -101,22 +103,26 @@ def retentions(*, using: str = "default") -> dict[str, float]:
 
 def drop_expired_partitions(*, now: dt.datetime | None = None, using: str = "default") -> list[str]:
     """Drop the partitions of every UTC day that ended more than the longest queue retention ago (with no queue,
-    the default retention). Returns the tables dropped. A DROP waits at most `lock_timeout` (set by the caller)
-    for readers of the parent table."""
+    the default retention). Returns the tables dropped. Both parents are locked first, at once or not at all
+    (NOWAIT: a reader holding either fails the step, left to the next round); a DROP then waits at most
+    `lock_timeout` (set by the caller) for a reader of the partition itself."""
     now = now or dt.datetime.now(dt.UTC)
     kept = max(retentions(using=using).values(), default=queue_settings.DEFAULT_RETENTION_DAYS * 86_400.0)
     horizon = now - dt.timedelta(seconds=kept)
-    dropped = []
+    expired = [
+        table
+        for table, day in partitions(using=using)
+        if dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), dt.UTC) <= horizon
+    ]
+    if not expired:
+        return []
     wrapper = connections[using]
-    with wrapper.cursor() as cur:  # DDL: not a statement PostgreSQL can prepare
-        for table, day in partitions(using=using):
-            ends = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), dt.UTC)
-            if ends <= horizon:
-                cur.execute(
-                    psql.SQL(sql.DROP_PARTITION).format(table=psql.Identifier(table)).as_string(wrapper.connection)
-                )
-                dropped.append(table)
-    return dropped
+    # DDL: not a statement PostgreSQL can prepare. The lock lasts until the caller's transaction ends, or this one.
+    with transaction.atomic(using=using), wrapper.cursor() as cur:
+        cur.execute(sql.LOCK_HISTORY_PARENTS)  # both parents or none, without waiting (sql.py says why)
+        for table in expired:
+            cur.execute(psql.SQL(sql.DROP_PARTITION).format(table=psql.Identifier(table)).as_string(wrapper.connection))
+    return expired
 
 
 def pruned_by_rows(kept: dict[str, float]) -> dict[str, float]:
