@@ -36,9 +36,9 @@ logger = logging.getLogger("jobsite.worker")
 def within_lock_timeout(step: Callable[[], int], what: str, *, using: str = "default") -> int:
     """Run one history step with lock_timeout set: creating or dropping a partition needs the history's parent
     tables to itself for a moment, and waiting behind a long reader would queue every later reader and writer
-    behind it. The parents are taken together without waiting (NOWAIT: a DDL that waited for one while holding
-    the other could deadlock with a reader of both, migration 0041); a lock not granted, at once or in time,
-    leaves the step to the next round: 0 done, said in the log."""
+    behind it. The parents are never held one while waiting for the other (a DDL that did could deadlock with a
+    reader of both, migration 0041); a lock not granted in time leaves the step to the next round: 0 done, said
+    in the log."""
     try:
         with transaction.atomic(using=using), connections[using].cursor() as cur:
             cur.execute("SELECT set_config('lock_timeout', %s, true)", [DDL_LOCK_TIMEOUT])
@@ -103,9 +103,9 @@ def retentions(*, using: str = "default") -> dict[str, float]:
 
 def drop_expired_partitions(*, now: dt.datetime | None = None, using: str = "default") -> list[str]:
     """Drop the partitions of every UTC day that ended more than the longest queue retention ago (with no queue,
-    the default retention). Returns the tables dropped. Both parents are locked first, at once or not at all
-    (NOWAIT: a reader holding either fails the step, left to the next round); a DROP then waits at most
-    `lock_timeout` (set by the caller) for a reader of the partition itself."""
+    the default retention). Returns the tables dropped. Both parents are locked first, never one while waiting
+    for the other (migration 0041: queue_app_lock_history, up to 2 s, then lock_not_available); waits are bounded
+    by `lock_timeout` where the caller sets it (within_lock_timeout)."""
     now = now or dt.datetime.now(dt.UTC)
     kept = max(retentions(using=using).values(), default=queue_settings.DEFAULT_RETENTION_DAYS * 86_400.0)
     horizon = now - dt.timedelta(seconds=kept)
@@ -119,7 +119,7 @@ def drop_expired_partitions(*, now: dt.datetime | None = None, using: str = "def
     wrapper = connections[using]
     # DDL: not a statement PostgreSQL can prepare. The lock lasts until the caller's transaction ends, or this one.
     with transaction.atomic(using=using), wrapper.cursor() as cur:
-        cur.execute(sql.LOCK_HISTORY_PARENTS)  # both parents or none, without waiting (sql.py says why)
+        cur.execute(sql.LOCK_HISTORY_PARENTS)  # both parents, never one while waiting for the other (sql.py)
         for table in expired:
             cur.execute(psql.SQL(sql.DROP_PARTITION).format(table=psql.Identifier(table)).as_string(wrapper.connection))
     return expired

@@ -777,10 +777,9 @@ ORDER BY 2, 1
 # less, or less than a day, whose older rows are deleted row by row.
 RETENTIONS = f"SELECT name, extract(epoch FROM retention) FROM {QUEUE}"
 DROP_PARTITION = "DROP TABLE IF EXISTS {table}"
-# Both history parents at once or neither, before a partition's DROP (a DROP locks its parent ACCESS EXCLUSIVE):
-# a DDL that waited for one parent while holding the other could close a circle with a reader of the `_all` views
-# (migration 0041 does the same in queue_app_history_partition).
-LOCK_HISTORY_PARENTS = f"LOCK TABLE {ITEM_HISTORY}, {RESERVATION_HISTORY} IN ACCESS EXCLUSIVE MODE NOWAIT"
+# Both history parents, before a partition's DROP (a DROP locks its parent ACCESS EXCLUSIVE), never waiting for one
+# while holding the other: that could close a circle with a reader of the `_all` views (migration 0041).
+LOCK_HISTORY_PARENTS = "SELECT queue_app_lock_history()"
 # Archived rows of one queue older than its retention (engine/history.py: pruned_by_rows), with their
 # reservations: %(limit)s at a time. The reservations' bound on item_finished_at (their item's finished_at)
 # leaves out the partitions of newer days.

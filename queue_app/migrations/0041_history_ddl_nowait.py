@@ -1,17 +1,38 @@
-"""A history partition's CREATE takes both parents' locks at once, or none (NOWAIT).
+"""A history partition's CREATE and a day's DROP never wait for one history parent while holding the other.
 
 queue_app_history_partition (migration 0017) created the item history's partition, then the reservation
 history's: it held the item history's ACCESS EXCLUSIVE lock while it waited for the reservation history's. A
 reader of the `_all` views that had locked the reservation history and then asked for the item history (a join of
 the two views locks them in its own order) closed the circle, and PostgreSQL's deadlock check killed one of the two
-(seen in CI: a benchmark's read of leases per window, with workers archiving at once). Now the function first
-takes both parents in one LOCK ... NOWAIT: it never waits while holding a lock, so it cannot be part of a circle;
-when a reader holds either, it fails at once (lock_not_available) and the caller leaves the creation to its next
-round (engine/history.py: within_lock_timeout)."""
+(seen in CI: a benchmark's read of leases per window, with workers archiving at once).
+
+queue_app_lock_history() takes both parents before any such DDL: it waits for the reservation history (holding
+nothing of the history, so no circle can form), then takes the item history without waiting (NOWAIT); when that
+one is held, it lets both go, waits 20 ms and tries again, until `budget` has passed (then lock_not_available, and
+the caller leaves the step to its next round: engine/history.py, within_lock_timeout). A waiting lock is still
+bounded by the caller's lock_timeout."""
 
 from django.db import migrations
 
 NOWAIT = """
+CREATE OR REPLACE FUNCTION queue_app_lock_history(budget interval DEFAULT '2 s') RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    deadline timestamptz := clock_timestamp() + budget;
+BEGIN
+    LOOP
+        BEGIN
+            LOCK TABLE queue_app_reservationhistory IN ACCESS EXCLUSIVE MODE;
+            LOCK TABLE queue_app_itemhistory IN ACCESS EXCLUSIVE MODE NOWAIT;
+            RETURN;  -- the block's locks stay with the transaction
+        EXCEPTION WHEN lock_not_available THEN  -- the block's locks are let go
+            IF clock_timestamp() >= deadline THEN
+                RAISE;
+            END IF;
+        END;
+        PERFORM pg_sleep(0.02);
+    END LOOP;
+END
+$$;
 CREATE OR REPLACE FUNCTION queue_app_history_partition(day date) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     suffix text := to_char(day, 'YYYYMMDD');
@@ -22,7 +43,7 @@ BEGIN
        AND to_regclass('queue_app_reservationhistory_p' || suffix) IS NOT NULL THEN
         RETURN false;
     END IF;
-    LOCK TABLE queue_app_itemhistory, queue_app_reservationhistory IN ACCESS EXCLUSIVE MODE NOWAIT;
+    PERFORM queue_app_lock_history();
     EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF queue_app_itemhistory FOR VALUES FROM (%L) TO (%L)',
                    'queue_app_itemhistory_p' || suffix, lo, hi);
     EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF queue_app_reservationhistory '
@@ -33,6 +54,7 @@ $$;
 """
 
 WAITING = """
+DROP FUNCTION IF EXISTS queue_app_lock_history(interval);
 CREATE OR REPLACE FUNCTION queue_app_history_partition(day date) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     suffix text := to_char(day, 'YYYYMMDD');
