@@ -277,7 +277,6 @@ def measure_e2e(ctx: BenchContext, sizes: Sizes, db: str) -> tuple[Figure, Worke
 # end-to-end grid's largest batch, and two and three at once (the end-to-end winners run two to four workers).
 STATEMENT_VARIANTS = ((1, 1_000), (2, 500), (3, 500))
 STATEMENT_WARM_UP_BATCHES = 5  # untimed, before the statistics are brought up to date
-STATEMENT_ROUNDS = 2
 
 
 def _statement_client(queue: str, batch: int, name: str, start: threading.Barrier, counts: list[int]) -> None:
@@ -324,9 +323,9 @@ def measure_statement(ctx: BenchContext, sizes: Sizes) -> Figure:
     on this server with this schema (four row writes an item: the lease and its reservation, the complete and
     its reservation's outcome), against which the end-to-end figure shows what the worker costs. The tables'
     statistics are those of a grown reservation table, as a worker's analyze unit keeps them. Best of
-    STATEMENT_ROUNDS per variant (right after the end-to-end drains, a checkpoint may be writing their pages)."""
+    `sizes.statement_rounds` per variant (right after the end-to-end drains, a checkpoint may be writing their pages)."""
     queue = queue_settings.DEFAULT_QUEUE
-    jobs = max(sizes.e2e_jobs, 50 * STATEMENT_VARIANTS[0][1])
+    jobs = max(sizes.e2e_jobs, sizes.statement_jobs)
     # Clearing the queue empties the reservation table (its rows go with their items) and analyzes it so; a plan
     # made on that joins each settle's reservations by reading the whole table once per settled item, a cost
     # growing with the table, which a worker's analyze unit ends within a second. Here nothing would: lease and
@@ -340,7 +339,7 @@ def measure_statement(ctx: BenchContext, sizes: Sizes) -> Figure:
         cur.execute("ANALYZE queue_app_reservation")
         cur.execute("ANALYZE queue_app_queueitem")
     rates: dict[str, list[float]] = {}
-    for _ in range(STATEMENT_ROUNDS):
+    for _ in range(sizes.statement_rounds):
         for clients, batch in STATEMENT_VARIANTS:
             rates.setdefault(f"{clients} x batch {batch:,}", []).append(_statement_drain(queue, jobs, clients, batch))
     _clear_queue(queue)

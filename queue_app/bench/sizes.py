@@ -46,6 +46,10 @@ class Sizes:
     waits_batch: int = 50_000
     # tracing: off/on pairs for each sampled variant (100 %, 1 %); the figures are the medians of the pairs
     tracing_pairs: int = 5
+    # jobsite's statement alone (jobsite_side.measure_statement): items a drain (at least 50 of its biggest
+    # batch) and drains per variant, the best kept
+    statement_jobs: int = 50_000
+    statement_rounds: int = 2
 
 
 QUICK = Sizes(
@@ -128,4 +132,6 @@ SMOKE = replace(
     waits_latency_samples=5,
     waits_batch=1_000,
     tracing_pairs=1,
+    statement_jobs=10_000,
+    statement_rounds=1,
 )
