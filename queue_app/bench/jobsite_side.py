@@ -323,7 +323,8 @@ def measure_statement(ctx: BenchContext, sizes: Sizes) -> Figure:
     on this server with this schema (four row writes an item: the lease and its reservation, the complete and
     its reservation's outcome), against which the end-to-end figure shows what the worker costs. The tables'
     statistics are those of a grown reservation table, as a worker's analyze unit keeps them. Best of
-    `sizes.statement_rounds` per variant (right after the end-to-end drains, a checkpoint may be writing their pages)."""
+    `sizes.statement_rounds` per variant (right after the end-to-end drains, a checkpoint may be writing their
+    pages)."""
     queue = queue_settings.DEFAULT_QUEUE
     jobs = max(sizes.e2e_jobs, sizes.statement_jobs)
     # Clearing the queue empties the reservation table (its rows go with their items) and analyzes it so; a plan
