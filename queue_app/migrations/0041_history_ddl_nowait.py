@@ -14,7 +14,7 @@ bounded by the caller's lock_timeout."""
 
 from django.db import migrations
 
-NOWAIT = """
+LOCK_HISTORY = """
 CREATE OR REPLACE FUNCTION queue_app_lock_history(budget interval DEFAULT '2 s') RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     deadline timestamptz := clock_timestamp() + budget;
@@ -33,6 +33,10 @@ BEGIN
     END LOOP;
 END
 $$;
+"""
+
+# The partition function of migration 0017, with {lock} where this migration takes both parents first.
+PARTITION = """
 CREATE OR REPLACE FUNCTION queue_app_history_partition(day date) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     suffix text := to_char(day, 'YYYYMMDD');
@@ -42,8 +46,7 @@ BEGIN
     IF to_regclass('queue_app_itemhistory_p' || suffix) IS NOT NULL
        AND to_regclass('queue_app_reservationhistory_p' || suffix) IS NOT NULL THEN
         RETURN false;
-    END IF;
-    PERFORM queue_app_lock_history();
+    END IF;{lock}
     EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF queue_app_itemhistory FOR VALUES FROM (%L) TO (%L)',
                    'queue_app_itemhistory_p' || suffix, lo, hi);
     EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF queue_app_reservationhistory '
@@ -53,26 +56,8 @@ END
 $$;
 """
 
-WAITING = """
-DROP FUNCTION IF EXISTS queue_app_lock_history(interval);
-CREATE OR REPLACE FUNCTION queue_app_history_partition(day date) RETURNS boolean LANGUAGE plpgsql AS $$
-DECLARE
-    suffix text := to_char(day, 'YYYYMMDD');
-    lo timestamptz := day::timestamp AT TIME ZONE 'UTC';
-    hi timestamptz := (day + 1)::timestamp AT TIME ZONE 'UTC';
-BEGIN
-    IF to_regclass('queue_app_itemhistory_p' || suffix) IS NOT NULL
-       AND to_regclass('queue_app_reservationhistory_p' || suffix) IS NOT NULL THEN
-        RETURN false;
-    END IF;
-    EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF queue_app_itemhistory FOR VALUES FROM (%L) TO (%L)',
-                   'queue_app_itemhistory_p' || suffix, lo, hi);
-    EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF queue_app_reservationhistory '
-                   'FOR VALUES FROM (%L) TO (%L)', 'queue_app_reservationhistory_p' || suffix, lo, hi);
-    RETURN true;
-END
-$$;
-"""
+NOWAIT = LOCK_HISTORY + PARTITION.replace("{lock}", "\n    PERFORM queue_app_lock_history();")
+WAITING = "\nDROP FUNCTION IF EXISTS queue_app_lock_history(interval);" + PARTITION.replace("{lock}", "")
 
 
 class Migration(migrations.Migration):
