@@ -46,8 +46,8 @@ class Sizes:
     waits_batch: int = 50_000
     # tracing: off/on pairs for each sampled variant (100 %, 1 %); the figures are the medians of the pairs
     tracing_pairs: int = 5
-    # jobsite's statement alone (jobsite_side.measure_statement): items a drain (at least 50 of its biggest
-    # batch) and drains per variant, the best kept
+    # jobsite's statement alone (jobsite_side.measure_statement): items a drain (10 batches of 1,000 at the
+    # least, the smoke size's) and drains per variant, the best kept
     statement_jobs: int = 50_000
     statement_rounds: int = 2
 

@@ -27,7 +27,7 @@ from .db import cursor
 
 PARTITIONS_AHEAD = 2  # days of partitions created ahead of today
 PARTITION_SPAN = 86_400.0  # seconds a partition holds: a UTC day
-DDL_LOCK_TIMEOUT = "2s"  # a partition's DROP waits this long for its readers, then gives up (next round)
+DDL_LOCK_TIMEOUT = "2s"  # a partition's CREATE or DROP waits this long for readers, then gives up (next round)
 
 
 logger = logging.getLogger("jobsite.worker")
