@@ -8,6 +8,8 @@ from pathlib import Path
 
 import environ
 
+from queue_app.conf import from_env
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("JOBSITE_VAR_DIR", default=str(BASE_DIR / "var")))
 
@@ -51,6 +53,10 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "queue_app",
+    # This project's own app (up, test, embedded_db, the bench and chaos commands, the admin's titles) and the
+    # demo's jobs, datasets and workflows: what an adopter's project does not install.
+    "jobsite",
+    "jobsite.demo",
 ]
 
 MIDDLEWARE = [
@@ -134,30 +140,9 @@ if not DEBUG:
         SILENCED_SYSTEM_CHECKS = ["security.W021"]
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
-# Queue defaults; see queue_app/conf.py for every key and its default.
-JOBSITE = {
-    key: env(f"JOBSITE_{key}", cast=cast)
-    for key, cast in (
-        ("DEFAULT_LEASE_TIMEOUT", float),
-        ("DEFAULT_MAX_ATTEMPTS", int),
-        ("DEDUP_WINDOW", float),
-        ("MAX_PAYLOAD_BYTES", int),
-        ("BACKOFF_BASE", float),
-        ("WORKER_LOST_AFTER", float),
-        ("ARCHIVE_AFTER", float),
-        ("ID_MARK_EVERY", float),
-        ("PREPARED_STATEMENTS", bool),
-        ("WEBHOOKS_ALLOW_PRIVATE", bool),
-        ("WEBHOOKS_DISABLE_AFTER_DAYS", float),
-        ("WEBHOOKS_CONNECT_TIMEOUT", float),
-        ("WEBHOOKS_READ_TIMEOUT", float),
-        ("WEBHOOKS_HARD_TIMEOUT", float),
-        ("SPARK_EVENT_LOG_KEEP_DAYS", float),
-        ("AUTOSCALE_TARGET_DRAIN_SECONDS", float),
-        ("AUTOSCALE_MAX_WORKERS", int),
-    )
-    if f"JOBSITE_{key}" in env
-}
+# jobsite's settings: every JOBSITE_<KEY> environment variable read as its setting's type (queue_app/conf.py has
+# each key and its default; an adopter's settings may call the same helper or write the dict).
+JOBSITE = {**from_env(), "VAR_DIR": VAR_DIR}
 
 # Django's task framework runs on jobsite's queue: any `@task` is an item a `run_worker` runs (QUEUES empty: any
 # queue name). See queue_app/tasks_backend.py.

@@ -10,6 +10,7 @@ class QueueAppConfig(AppConfig):
         from django.db.backends.signals import connection_created
         from django.db.models.signals import post_migrate
 
+        from . import checks as settings_checks  # noqa: F401  registers jobsite.E020-E023 (the JOBSITE dict)
         from . import registry  # installs the tasks' item defaults in the engine
         from .datasets import checks as dataset_checks  # noqa: F401  registers jobsite.E101-E105, E120-E122
         from .datasets import openlineage  # noqa: F401  registers jobsite.E131 (the OPENLINEAGE setting)

@@ -1,8 +1,15 @@
 """`queue_settings`: jobsite's namespaced settings with defaults (the `JOBSITE` dict in Django settings).
 
-Modelled on DRF's api_settings: read lazily, cached, and reloaded when a test overrides settings.
+Modelled on DRF's api_settings: read lazily, cached, and reloaded when a test overrides settings. The apps read
+only this dict; `from_env()` is the environment layer a project may call from its settings to fill it from
+`JOBSITE_<KEY>` variables (the jobsite project does), and `check_settings` (a system check) refuses unknown keys
+and values of the wrong type.
 """
 
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from django.core.signals import setting_changed
@@ -56,7 +63,7 @@ DEFAULTS: dict[str, Any] = {
     # Datasets (queue_app/datasets/): modules that declare datasets when imported (besides every app's
     # `datasets` module), datasets declared by settings ({name: {"location": ..., "partitioning": ...}}), and the
     # directories a dataset's path may lie under (besides JOBSITE_DATASET_ROOTS; both empty: settings.VAR_DIR).
-    "DATASET_MODULES": ("queue_app.spark.pipelines.demo_data",),  # the demo's datasets (demo_pipeline)
+    "DATASET_MODULES": (),
     "DATASETS": {},
     # Data checks and file-arrival watches declared in settings (datasets/quality.py, datasets/watches.py):
     # [{"dataset": "events", "function": "myapp.checks.has_rows", "severity": "error"}, {"dataset": ..., "schema":
@@ -77,6 +84,9 @@ DEFAULTS: dict[str, Any] = {
     # Webhooks secrets (old and new while rotating) and optionally a timestamp tolerance in seconds (at most 300):
     # {"partner": {"secrets": ["whsec_..."], "tolerance": 300}}.
     "WORKFLOW_EVENT_SOURCES": {},
+    # Where jobsite keeps files of its own: the datasets' default root and the Spark runs' event logs. None:
+    # `var/` under the project's BASE_DIR (Django's startproject defines it); a project without BASE_DIR sets it.
+    "VAR_DIR": None,
 }
 
 
@@ -107,3 +117,74 @@ def _reload(*, setting: str, **kwargs: Any) -> None:
 
 
 setting_changed.connect(_reload)
+
+
+def var_dir() -> Path:
+    """JOBSITE["VAR_DIR"], else `<BASE_DIR>/var`; ImproperlyConfigured when neither is set (also a system check)."""
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    configured = queue_settings.VAR_DIR or getattr(settings, "BASE_DIR", None) and Path(settings.BASE_DIR) / "var"
+    if not configured:
+        raise ImproperlyConfigured('JOBSITE["VAR_DIR"] is not set and the settings have no BASE_DIR to put var/ under.')
+    return Path(configured).expanduser()
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _parse(key: str, raw: str) -> Any:
+    """One `JOBSITE_<KEY>` value, read as its default's type: numbers, booleans, lists for tuples, JSON for dicts
+    and for settings whose default is None (a plain string when it is not JSON)."""
+    default = DEFAULTS[key]
+    if isinstance(default, bool):
+        if raw.strip().lower() not in _TRUE | _FALSE:
+            raise ValueError(f"JOBSITE_{key}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+        return raw.strip().lower() in _TRUE
+    if isinstance(default, int | float):
+        try:
+            return type(default)(raw.strip())
+        except ValueError:
+            raise ValueError(
+                f"JOBSITE_{key}={raw!r}: expected {'an integer' if isinstance(default, int) else 'a number'}"
+            ) from None
+    if isinstance(default, tuple):  # JSON, else comma-separated (module names) or colon-separated (paths)
+        raw = raw.strip()
+        if raw.startswith("["):
+            return tuple(json.loads(raw))
+        return tuple(part.strip() for part in raw.split("," if "," in raw else os.pathsep) if part.strip())
+    if isinstance(default, dict):
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            raise ValueError(f"JOBSITE_{key}: expected a JSON object") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"JOBSITE_{key}: expected a JSON object")
+        return value
+    if default is None:
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return raw
+
+
+def from_env(environ: Mapping[str, str] | None = None, *, prefix: str = "JOBSITE_") -> dict[str, Any]:
+    """The JOBSITE settings that `JOBSITE_<KEY>` environment variables set, each read as its default's type.
+
+    For a project's settings module: `JOBSITE = {**from_env(), "DEFAULT_QUEUE": "mail"}`. Variables that name no
+    setting are ignored (other parts of jobsite read some `JOBSITE_*` variables of their own); a value that cannot
+    be read as its setting's type raises ImproperlyConfigured naming the variable.
+    """
+    from django.core.exceptions import ImproperlyConfigured
+
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for key in DEFAULTS:
+        if prefix + key in environ:
+            try:
+                values[key] = _parse(key, environ[prefix + key])
+            except ValueError as exc:
+                raise ImproperlyConfigured(str(exc)) from None
+    return values

@@ -150,7 +150,7 @@ def db_proxy(test_db_name):
     connection loss on demand (`proxy.cut(seconds)`). `proxy.url(password=...)` is a DATABASE_URL through it."""
     from django.db import connection
 
-    from queue_app.chaos.proxy import Proxy
+    from jobsite.chaos.proxy import Proxy
 
     params = connection.get_connection_params()
     proxy = Proxy(str(params.get("host") or "/var/run/postgresql"), int(params.get("port") or 5432))

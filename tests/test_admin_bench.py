@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 
-from queue_app.bench.admin_bench import AdminBench
+from jobsite.bench.admin_bench import AdminBench
 from queue_app.datasets.models import Materialization
 from queue_app.models import DeadLetter, ItemHistory, QueueItem, ReservationHistory
 

@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from queue_app.bench import peers
-from queue_app.bench.context import BenchContext, Progress, server_from_django
-from queue_app.bench.sizes import QUICK
+from jobsite.bench import peers
+from jobsite.bench.context import BenchContext, Progress, server_from_django
+from jobsite.bench.sizes import QUICK
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def _redis_answers() -> bool:
     try:
         import redis
 
-        from queue_app.bench.peers.celery_redis import REDIS_URL
+        from jobsite.bench.peers.celery_redis import REDIS_URL
 
         return bool(redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping())
     except Exception:

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from queue_app.bench import ceiling, runner
-from queue_app.bench.ceiling import find_pgbench
-from queue_app.bench.context import BenchContext, Progress, server_from_django
-from queue_app.bench.report import Figure, Results, table
-from queue_app.bench.sizes import QUICK, SMOKE
+from jobsite.bench import ceiling, runner
+from jobsite.bench.ceiling import find_pgbench
+from jobsite.bench.context import BenchContext, Progress, server_from_django
+from jobsite.bench.report import Figure, Results, table
+from jobsite.bench.sizes import QUICK, SMOKE
 
 pytestmark = pytest.mark.slow
 
@@ -70,8 +70,8 @@ def test_the_end_to_end_drain_follows_leases_by_the_sequence_then_counts_the_ope
     """The drain's sample reads no table while jobs are still to lease (a count of the open items every 0.1 s
     took a third of the rate it measured); once all are leased it counts the open ones, so the drain ends on the
     last one done, not on the last lease."""
+    from jobsite.bench import jobsite_side
     from queue_app import engine
-    from queue_app.bench import jobsite_side
 
     monkeypatch.setattr(jobsite_side, "ALIAS", "default")  # the test database, not a scratch one
     engine.lease(["e2e"], 1, "before", 60)  # an earlier drain's sequence values do not count

@@ -2,7 +2,7 @@
 connection cut), and its checks are able to fail: each planted breach below is caught.
 
 The breach tests build a database state by hand (items, reservations, runs, effects, dead letters, with chosen
-timestamps) and hand it to queue_app/chaos/checks.py, so what they prove is the checker, not the queue.
+timestamps) and hand it to jobsite/chaos/checks.py, so what they prove is the checker, not the queue.
 """
 
 import json
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from jobsite.chaos import checks
+from jobsite.chaos.debounce import DebounceFeed, check_chunks, check_debounce
+from jobsite.chaos.history import load
 from queue_app import engine
-from queue_app.chaos import checks
-from queue_app.chaos.debounce import DebounceFeed, check_chunks, check_debounce
-from queue_app.chaos.history import load
 from queue_app.models import DeadLetter, ExecutionLog, ProbeEffect, QueueItem, Reservation
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +26,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _has_postgres_binaries() -> bool:
-    from queue_app.chaos.cluster import find_bindir
+    from jobsite.chaos.cluster import find_bindir
 
     try:
         find_bindir()

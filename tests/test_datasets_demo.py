@@ -12,15 +12,15 @@ import pytest
 from django.core import checks
 from django.core.management import call_command
 
+from jobsite.demo import data as demo_data
+from jobsite.demo.pipeline import _spoil
 from queue_app.datasets.checks_run import run_check
 from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import DatasetCheckResult
 from queue_app.datasets.services import observe
 from queue_app.spark.datasets import users
-from queue_app.spark.pipelines import demo_data
 from queue_app.spark.pipelines.file_rollup import SAMPLE_REGIONS, write_sample_input
 from queue_app.spark.registry import get_job
-from queue_app.workflows.demo import _spoil
 
 pytestmark = pytest.mark.django_db
 

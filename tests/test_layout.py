@@ -1,8 +1,11 @@
 """The layout's rules about imports (README, Development): they flow one way.
 
-- `queue_app/bench/` and `queue_app/chaos/` are tooling that proves the product (benchmarks, fault injection).
-  They live in the app because Django finds management commands only in installed apps; nothing of the
-  product — worker, engine, admin, services, Spark, views — imports them, only their own commands do.
+- The app (`queue_app`) imports nothing of the jobsite project (`jobsite/`) but `jobsite.spark_report`, the
+  plain-Python module a PySpark script imports to report itself: an adopter's project installs the app without
+  the project's settings, commands, demo or tooling.
+- `jobsite/bench/` and `jobsite/chaos/` are tooling that proves the product (benchmarks, fault injection).
+  They live in the project's own app (its commands); nothing of the product imports them, only their own
+  commands do.
 - The engine (the SQL of the queue) imports nothing of the app but its settings: the worker, services and
   admin build on it, never the other way round.
 - No two modules of `queue_app` or `jobsite` import each other, directly or through others (no import circle),
@@ -19,9 +22,9 @@ from pathlib import Path
 
 APP = Path(__file__).resolve().parent.parent / "queue_app"
 PROJECT = APP.parent / "jobsite"
-TOOLING = ("queue_app.bench", "queue_app.chaos")
+TOOLING = ("jobsite.bench", "jobsite.chaos")
 TOOLING_COMMANDS = {
-    f"queue_app.management.commands.{name}"
+    f"jobsite.management.commands.{name}"
     for name in ("admin_bench", "queue_bench", "queue_chaos", "spark_bench", "webhook_bench")
 }
 
@@ -60,9 +63,14 @@ def product_modules() -> dict[str, Path]:
     }
 
 
-def test_nothing_in_the_product_imports_the_bench_or_the_chaos_tooling():
+SCRIPTS_API = "jobsite.spark_report"  # what a PySpark script imports to report itself (plain Python)
+
+
+def test_the_app_imports_nothing_of_the_project():
     offenders = {
-        name: sorted(m for m in imported_modules(path) if m.startswith(TOOLING))
+        name: sorted(
+            m for m in imported_modules(path) if m.split(".")[0] == "jobsite" and not m.startswith(SCRIPTS_API)
+        )
         for name, path in product_modules().items()
     }
     assert len(offenders) > 40  # the walk found the app (worker, engine, admin, services, spark...)
@@ -72,7 +80,8 @@ def test_nothing_in_the_product_imports_the_bench_or_the_chaos_tooling():
 def test_the_tooling_is_reached_only_through_its_own_commands():
     users = {
         module_name(path)
-        for path in APP.rglob("*.py")
+        for root in (APP, PROJECT)
+        for path in root.rglob("*.py")
         if not module_name(path).startswith(TOOLING) and any(m.startswith(TOOLING) for m in imported_modules(path))
     }
     assert users == TOOLING_COMMANDS
@@ -96,7 +105,8 @@ def test_the_import_reader_resolves_relative_imports():
     """The checks above are only as good as this: a relative import of the tooling is seen."""
     path = APP / "worker" / "maintenance.py"  # from .. import engine, scheduling
     assert "queue_app.engine" in imported_modules(path)
-    assert module_name(APP / "chaos" / "__init__.py") == "queue_app.chaos"
+    assert module_name(PROJECT / "chaos" / "__init__.py") == "jobsite.chaos"
+    assert "queue_app.engine" in imported_modules(PROJECT / "chaos" / "runner.py")  # from queue_app import engine
 
 
 def all_modules() -> dict[str, Path]:

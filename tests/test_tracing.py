@@ -1,5 +1,5 @@
 """OpenTelemetry traces (issue 40, queue_app/engine/tracing.py), received by a real OTLP/HTTP receiver on loopback
-(queue_app/bench/otlp_receiver.py: the protobuf decoded with opentelemetry-proto):
+(jobsite/bench/otlp_receiver.py: the protobuf decoded with opentelemetry-proto):
 
 - an item enqueued inside a Django request, failed once then done by a real worker process, is one trace: the
   request's server span -> the enqueue's producer span -> one consumer span per attempt (siblings), with their
@@ -24,8 +24,8 @@ from django.test import Client
 from django.urls import path
 from django.utils import timezone
 
+from jobsite.bench.otlp_receiver import Receiver
 from queue_app import engine, services
-from queue_app.bench.otlp_receiver import Receiver
 from queue_app.engine import tracing
 from queue_app.logcontext import ContextFilter, current
 from queue_app.models import Queue, QueueItem, Worker

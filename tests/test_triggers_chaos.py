@@ -1,6 +1,6 @@
 """queue_chaos --triggers --quick passes end to end: real workers killed with -9 while 150 partitions' two upstreams
 are recorded (every tenth bad, failing its blocking check until overridden or recorded again) and the data-aware
-trigger queues their consumer; every check of queue_app/chaos/triggers.py passes (each consumer queued once per
+trigger queues their consumer; every check of jobsite/chaos/triggers.py passes (each consumer queued once per
 usable upstream set and run exactly once, never on a blocked partition nor before its upstreams, nothing stuck)."""
 
 import pytest

@@ -1,7 +1,7 @@
 """queue_chaos --waits --quick passes end to end: real workers killed with -9 and PostgreSQL restarted once while
 240 workflows sleep and wait for events another process sends (some before the workflows exist, some during the
 sleep, some twice; a send the restart breaks is sent again, never twice); every
-check of queue_app/chaos/waits.py passes (each event wakes exactly one step once, no wait lost, nothing early)."""
+check of jobsite/chaos/waits.py passes (each event wakes exactly one step once, no wait lost, nothing early)."""
 
 import pytest
 

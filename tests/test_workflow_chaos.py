@@ -1,5 +1,5 @@
 """queue_chaos --workflow --quick passes end to end: real workers killed with -9 while a fan-out/fan-in workflow
-and a compensation-path workflow run (~250 steps); every check of queue_app/chaos/workflow.py passes."""
+and a compensation-path workflow run (~250 steps); every check of jobsite/chaos/workflow.py passes."""
 
 import pytest
 

@@ -94,7 +94,7 @@ def test_cancel_json_cancels_what_has_not_started_as_the_admin_does_and_exits_0_
 def test_up_lists_the_workflows_right_after_it_is_up():
     from io import StringIO
 
-    from queue_app.management.commands.up import Command
+    from jobsite.management.commands.up import Command
 
     out = StringIO()
     Command(stdout=out).say_workflows()

@@ -1,11 +1,11 @@
 """Tracing fixtures of tests/test_tracing*.py (imported by them, never from conftest.py): a real OTLP/HTTP receiver
-on loopback (queue_app/bench/otlp_receiver.py) and this process's tracing turned on towards it for one test."""
+on loopback (jobsite/bench/otlp_receiver.py) and this process's tracing turned on towards it for one test."""
 
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.instrumentation.django import DjangoInstrumentor
 
-from queue_app.bench.otlp_receiver import Receiver
+from jobsite.bench.otlp_receiver import Receiver
 from queue_app.engine import tracing
 
 

@@ -1,7 +1,7 @@
 """MkDocs hook: the management command reference, rendered from each command's own argparse parser.
 
 `docs/reference/commands.md` holds the line `<!-- commands -->`; at build time it becomes one section per command
-of `queue_app/management/commands/` (usage, description, every argument and flag with its default and choices,
+of `queue_app/management/commands/` and `jobsite/management/commands/` (usage, description, every argument and flag with its default and choices,
 sub-commands included). The page can therefore never list a flag that does not exist or miss one that does.
 """
 
@@ -96,13 +96,17 @@ def _usage(parser: argparse.ArgumentParser) -> list[str]:
     return ["```text", " ".join(usage.split()), "```", ""]
 
 
-def _render(name: str) -> list[str]:
+# Whose commands: the app's (every project that installs queue_app has them) and the jobsite project's own.
+APPS = {"queue_app": "the app (`queue_app`)", "jobsite": "the jobsite project only (not in an adopter's project)"}
+
+
+def _render(name: str, app: str) -> list[str]:
     from django.core.management import load_command_class
 
-    command = load_command_class("queue_app", name)
+    command = load_command_class(app, name)
     parser = command.create_parser("manage.py", name)
     module_doc = (sys.modules[type(command).__module__].__doc__ or "").strip()
-    lines = [f"## `{name}`", "", _cell(command.help or ""), "", *_usage(parser)]
+    lines = [f"## `{name}`", "", _cell(command.help or ""), "", f"*Comes with {APPS[app]}.*", "", *_usage(parser)]
     if module_doc:
         lines += ['??? note "More"', "", *[f"    {line}" if line else "" for line in module_doc.splitlines()], ""]
     lines += _arguments(parser)
@@ -117,10 +121,13 @@ def _render(name: str) -> list[str]:
 
 def commands_markdown() -> str:
     _django()
-    names = sorted(
-        p.stem for p in (ROOT / "queue_app" / "management" / "commands").glob("*.py") if p.stem != "__init__"
+    commands = sorted(
+        (p.stem, app)
+        for app in APPS
+        for p in (ROOT / app / "management" / "commands").glob("*.py")
+        if p.stem != "__init__"
     )
-    return "\n".join(line for name in names for line in _render(name))
+    return "\n".join(line for name, app in commands for line in _render(name, app))
 
 
 def on_page_markdown(markdown: str, page, **kwargs) -> str:

@@ -1,6 +1,7 @@
 """The queue's admin: read-only screens over items, attempts, dead letters, queues and workers; every change an
-Operation (a services.py call behind a custom permission, see actions.py); the queue overview as the landing
-page (templates/admin/index.html renders overview.py's fragment above the app list)."""
+Operation (a services.py call behind a custom permission, see actions.py); the queue overview as a page of its
+own (overview.py), which a project may also put on the admin's home (the jobsite project's templates/admin/index.html
+does). The admin's titles are the project's to set, not this app's."""
 
 from django.contrib import admin
 
@@ -21,10 +22,6 @@ from .items import QueueItemAdmin
 from .queues import QueueAdmin
 from .reservations import ReservationAdmin
 from .workers import WorkerAdmin
-
-admin.site.site_header = "jobsite"
-admin.site.site_title = "jobsite admin"
-admin.site.index_title = "Queue overview"
 
 admin.site.register(QueueItem, QueueItemAdmin)
 admin.site.register(Reservation, ReservationAdmin)

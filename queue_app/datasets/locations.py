@@ -3,7 +3,7 @@
 A path may hold `{partition}`, replaced by the canonical partition key (`events/day={partition}`), so one
 partition's files are found by `observe`. A relative path is under the first root. The roots are the
 colon-separated `JOBSITE_DATASET_ROOTS` plus the `DATASET_ROOTS` setting, or the project's data directory
-(settings.VAR_DIR) when both are empty. Symlinks and `..` are resolved before the check (as for Spark scripts,
+(JOBSITE["VAR_DIR"]) when both are empty. Symlinks and `..` are resolved before the check (as for Spark scripts,
 spark/scripts.py), so a link cannot lead a dataset outside the roots.
 """
 
@@ -13,9 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from django.conf import settings
-
-from queue_app.conf import queue_settings
+from queue_app.conf import queue_settings, var_dir
 
 ROOTS_ENV = "JOBSITE_DATASET_ROOTS"
 PLACEHOLDER = "{partition}"
@@ -32,7 +30,7 @@ def dataset_roots() -> list[str]:
     raw = [p for p in os.environ.get(ROOTS_ENV, "").split(":") if p.strip()]
     raw += [str(p) for p in queue_settings.DATASET_ROOTS]
     if not raw:
-        raw = [str(settings.VAR_DIR)]
+        raw = [str(var_dir())]
     roots = []
     for path in raw:
         real = os.path.realpath(os.path.expanduser(path.strip()))

@@ -18,11 +18,11 @@ import shutil
 from collections.abc import Iterable
 from typing import Any
 
-from django.conf import settings
+from queue_app.conf import var_dir
 
 
 def base_dir() -> str:
-    return os.environ.get("JOBSITE_SPARK_EVENT_LOG_DIR") or os.path.join(str(settings.VAR_DIR), "spark-events")
+    return os.environ.get("JOBSITE_SPARK_EVENT_LOG_DIR") or os.path.join(str(var_dir()), "spark-events")
 
 
 def run_dir(run_id: int | str) -> str:

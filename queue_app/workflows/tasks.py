@@ -69,9 +69,6 @@ def branch(payload: Any, ctx: Context) -> dict[str, Any]:
     return choose(payload, services.upstream(ctx))
 
 
-from . import demo as _demo  # noqa: E402, F401  registers the demo's tasks and demo_pipeline
-from . import demo_waits as _demo_waits  # noqa: E402, F401  registers demo_waits
-
 
 @job("queue_app.workflow_probe_fan_out")
 def probe_fan_out(payload: Any, ctx: Context) -> dict[str, int]:

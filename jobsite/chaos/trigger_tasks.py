@@ -1,0 +1,81 @@
+"""The datasets, tasks and data-aware triggers of `queue_chaos --triggers` (triggers.py), imported by its workers
+(`run_worker --import jobsite.chaos.trigger_tasks`) and by the harness.
+
+- jobsite.chaos_upstream {"dataset", "partition", "sleep", "bad"}: records the partition (transactional
+  delivery: the record commits with the item's settle, so once), then sleeps so kills land mid-transaction; with
+  `bad` its metadata says so, and chaos_a's blocking check chaos_not_bad (run as queue_app.dataset_check items by
+  the same workers) fails it, so no consumer runs on it;
+- jobsite.chaos_override {"partition"}: overrides the failed checks of chaos_a's partition as the user
+  chaos-override (transactional: the override commits with the item, so once; already overridden: nothing);
+- jobsite.chaos_consume_all (chaos_a and chaos_b, all) and jobsite.chaos_consume_any (any): record their
+  output dataset's partition with the upstream ids they were given, transactional too, so a row is a run.
+"""
+
+import time
+from typing import Any
+
+from django.contrib.auth.models import User
+
+from queue_app.datasets import dataset
+from queue_app.datasets.checks_run import override_failed_checks
+from queue_app.datasets.declarations import _code
+from queue_app.datasets.models import CheckState, Materialization
+from queue_app.datasets.quality import CheckResult, all_checks, check
+from queue_app.datasets.services import record_materialization
+from queue_app.datasets.triggers import trigger_task
+from queue_app.registry import Context, Delivery, job
+
+UPSTREAMS = ("chaos_a", "chaos_b")
+CONSUMERS = {"jobsite.chaos_consume_all": "chaos_all_out", "jobsite.chaos_consume_any": "chaos_any_out"}
+UPSTREAM_TASK = "jobsite.chaos_upstream"
+CHECKED = "chaos_a"  # its blocking check fails a materialization recorded with "bad"
+OVERRIDE_TASK = "jobsite.chaos_override"
+OVERRIDE_USER = "chaos-override"
+
+for _name in (*UPSTREAMS, *CONSUMERS.values()):
+    if _code.get(_name) is None:
+        dataset(_name, location=f"table:chaos.{_name}", partitioning="daily")
+trigger_task("jobsite.chaos_consume_all", on_update=list(UPSTREAMS), mode="all", produces=["chaos_all_out"])
+trigger_task("jobsite.chaos_consume_any", on_update=list(UPSTREAMS), mode="any", produces=["chaos_any_out"])
+
+
+def not_bad(part) -> CheckResult:
+    bad = bool(part.materialization.metadata.get("bad"))
+    return CheckResult(not bad, {"bad": int(bad)}, "recorded bad" if bad else "")
+
+
+if not any(c.dataset == CHECKED for c in all_checks()):
+    check(CHECKED, name="chaos_not_bad", severity="error")(not_bad)
+
+
+@job(UPSTREAM_TASK, delivery=Delivery.TRANSACTIONAL, hard_timeout=30)
+def upstream(payload: dict, ctx: Context) -> None:
+    metadata = {"bad": True} if payload.get("bad") else {}
+    record_materialization(payload["dataset"], payload["partition"], item_id=ctx.item_id, metadata=metadata)
+    time.sleep(float(payload.get("sleep", 0)))
+
+
+def _consume(payload: Any, ctx: Context, output: str) -> None:
+    record_materialization(
+        output, payload["partition"], item_id=ctx.item_id, metadata={"upstream": payload["upstream"]}
+    )
+
+
+@job("jobsite.chaos_consume_all", delivery=Delivery.TRANSACTIONAL, hard_timeout=30)
+def consume_all(payload: dict, ctx: Context) -> None:
+    _consume(payload, ctx, "chaos_all_out")
+
+
+@job("jobsite.chaos_consume_any", delivery=Delivery.TRANSACTIONAL, hard_timeout=30)
+def consume_any(payload: dict, ctx: Context) -> None:
+    _consume(payload, ctx, "chaos_any_out")
+
+
+@job(OVERRIDE_TASK, delivery=Delivery.TRANSACTIONAL, hard_timeout=30)
+def override(payload: dict, ctx: Context) -> str:
+    latest = Materialization.objects.filter(dataset=CHECKED, partition=payload["partition"]).order_by("-at", "-id")
+    m = latest.first()
+    if m is None or m.checks != CheckState.FAILED:
+        return f"nothing to override ({m.checks if m else 'none'})"
+    override_failed_checks(User.objects.get(username=OVERRIDE_USER), m, "queue_chaos: a known bad marker")
+    return f"overrode {m.id}"
