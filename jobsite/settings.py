@@ -9,6 +9,7 @@ from pathlib import Path
 import environ
 
 from queue_app.conf import from_env
+from queue_app.logconfig import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("JOBSITE_VAR_DIR", default=str(BASE_DIR / "var")))
@@ -151,36 +152,5 @@ TASKS = {"default": {"BACKEND": "queue_app.tasks_backend.QueueBackend", "QUEUES"
 # LOG_FORMAT=json: every line one JSON object (python-json-logger) with the ids of what it is about (item, task,
 # attempt, queue, worker, workflow, Spark run: queue_app/logcontext.py); plain, the default, is for people.
 LOG_FORMAT = env.str("LOG_FORMAT", default="plain")
-if LOG_FORMAT not in ("plain", "json"):
-    from django.core.exceptions import ImproperlyConfigured
-
-    raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, not {LOG_FORMAT!r}.")
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-        "json": {
-            "()": "pythonjsonlogger.json.JsonFormatter",
-            "fmt": ["levelname", "name", "message"],
-            "rename_fields": {"levelname": "level", "name": "logger"},
-            "timestamp": "time",  # ISO 8601, UTC
-        },
-    },
-    "filters": {"context": {"()": "queue_app.logcontext.ContextFilter"}},
-    "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["context"]},
-    },
-    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    # Django's own "django" logger has a console handler of its own (bare messages, DEBUG only) and propagates
-    # to the root's: each django.tasks line was printed twice. One handler, formatted, for everything.
-    "loggers": {
-        "django": {"handlers": [], "level": "INFO", "propagate": True},
-        "django.db.backends": {"level": "WARNING"},
-        # httpx logs each request's URL at INFO: a webhook URL may carry a token (chat bridges put one in the path).
-        "httpx": {"level": "WARNING"},
-        "httpcore": {"level": "WARNING"},
-    },
-}
-if LOG_FORMAT == "json":  # runserver's request lines too (Django gives them a plain handler of their own)
-    LOGGING["loggers"]["django.server"] = {"handlers": [], "level": "INFO", "propagate": True}
+LOGGING = logging_config(LOG_FORMAT, env.str("LOG_LEVEL", default="INFO"))
+JOBSITE["LOG_FORMAT"] = LOG_FORMAT

@@ -60,3 +60,30 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     except ImproperlyConfigured as exc:
         errors.append(checks.Error(str(exc), hint='Set JOBSITE["VAR_DIR"] to a directory.', id="jobsite.E023"))
     return errors
+
+
+def _missing(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return True
+    return False
+
+
+@checks.register(checks.Tags.compatibility)
+def check_extras(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """A feature switched on whose libraries are not installed: the error names the extra that brings them."""
+    from .conf import queue_settings
+    from .engine import tracing
+
+    wanted = []
+    if queue_settings.OPENLINEAGE and _missing("openlineage.client"):
+        wanted.append(('JOBSITE["OPENLINEAGE"] is set', "datasets"))
+    if tracing.wanted() and _missing("opentelemetry.sdk"):
+        wanted.append(("OTEL_TRACES_EXPORTER asks for traces", "tracing"))
+    return [
+        checks.Error(
+            f"{why} but its libraries are not installed.", hint=f"pip install 'jobsite[{extra}]'", id="jobsite.E024"
+        )
+        for why, extra in wanted
+    ]

@@ -87,6 +87,9 @@ DEFAULTS: dict[str, Any] = {
     # Where jobsite keeps files of its own: the datasets' default root and the Spark runs' event logs. None:
     # `var/` under the project's BASE_DIR (Django's startproject defines it); a project without BASE_DIR sets it.
     "VAR_DIR": None,
+    # "json" when the project's log lines are JSON (queue_app/logconfig.py): the worker then leases the workflow
+    # ids each line carries.
+    "LOG_FORMAT": "plain",
 }
 
 

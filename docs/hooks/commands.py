@@ -1,8 +1,9 @@
 """MkDocs hook: the management command reference, rendered from each command's own argparse parser.
 
 `docs/reference/commands.md` holds the line `<!-- commands -->`; at build time it becomes one section per command
-of `queue_app/management/commands/` and `jobsite/management/commands/` (usage, description, every argument and flag with its default and choices,
-sub-commands included). The page can therefore never list a flag that does not exist or miss one that does.
+of `queue_app/management/commands/` and `jobsite/management/commands/` (usage, description, every argument and
+flag with its default and choices, sub-commands included). The page can therefore never list a flag that does
+not exist or miss one that does.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
-from django.http import FileResponse, HttpRequest
+from django.http import FileResponse, Http404, HttpRequest
 from django.urls import reverse
 from django.utils.http import urlencode
 
@@ -27,15 +27,23 @@ TIME_RANGES = [
 ]
 
 
-@cache
-def plotly_js_path() -> str:
-    import plotly
+# Without plotly (the `charts` extra), each chart's place says so; the figures' numbers are in the pages' tables.
+MISSING = "Charts need plotly: pip install 'jobsite[charts]'."
 
+
+@cache
+def plotly_js_path() -> str | None:
+    try:
+        import plotly
+    except ImportError:
+        return None
     return os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js")
 
 
 def plotly_js(request: HttpRequest) -> FileResponse:
-    """plotly.min.js from the installed wheel (cached a day by the browser)."""
+    """plotly.min.js from the installed wheel (cached a day by the browser); 404 without plotly."""
+    if plotly_js_path() is None:
+        raise Http404(MISSING)
     response = FileResponse(open(plotly_js_path(), "rb"), content_type="text/javascript")  # noqa: SIM115 (it closes it)
     response["Cache-Control"] = "private, max-age=86400"
     return response
@@ -77,14 +85,16 @@ def _layout(title: str, y_title: str, *, time_axis: bool = True, **extra: Any) -
 
 @cache
 def _template() -> dict[str, Any]:
-    """plotly's default template, as go.Figure puts it in a figure's layout (read once)."""
-    import plotly.graph_objects as go
-
-    return go.Figure().to_plotly_json()["layout"]["template"]
+    """plotly's default template, as go.Figure puts it in a figure's layout (read once); none without plotly."""
+    return _figure([], {}).get("layout", {}).get("template", {})
 
 
 def _figure(data: list[Any], layout: dict[str, Any]) -> dict[str, Any]:
-    import plotly.graph_objects as go
+    """The figure as plotly.js draws it; without plotly, one that says so (drawPlotlyCharts shows `missing`)."""
+    try:
+        import plotly.graph_objects as go
+    except ImportError:
+        return {"data": [], "layout": {}, "missing": MISSING}
 
     return go.Figure(data=data, layout=layout).to_plotly_json()
 
@@ -252,4 +262,6 @@ def materializations_figure(history: Iterable[Any], dataset: str) -> dict[str, A
     layout["yaxis2"] = {"title": {"text": "bytes"}, "overlaying": "y", "side": "right", "rangemode": "tozero"}
     layout["margin"]["r"] = 70
     layout["template"] = _template()
+    if plotly_js_path() is None:
+        return {"data": [], "layout": {}, "missing": MISSING}
     return {"data": traces, "layout": layout}

@@ -1,4 +1,5 @@
-"""The queue overview: the admin's landing page (templates/admin/index.html puts it above the app list).
+"""The queue overview: a page of the admin (`/admin/queue_app/queue/overview/`), which a project may also put on
+the admin's home (the jobsite project's templates/admin/index.html puts it above the app list).
 
 Per queue: depth by state, oldest due item, in flight, processed / failed / lease expirations over the last
 minutes, dead letters and live workers, what holds its due items back (a concurrency, rate or group limit),
@@ -9,6 +10,7 @@ seconds from `overview_fragment` and draws its chart again.
 from typing import Any
 from urllib.parse import urlencode
 
+from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -21,6 +23,7 @@ from .charts import throughput_figure
 REFRESH_SECONDS = 5
 WINDOW_MINUTES = 15
 TEMPLATE = "admin/queue_app/overview.html"
+PAGE_TEMPLATE = "admin/queue_app/overview_page.html"
 
 
 def may_view(request: HttpRequest) -> bool:
@@ -74,7 +77,7 @@ def overview_context(request: HttpRequest) -> dict[str, Any]:
         "rows": rows,
         "states": SHOWN_STATES,
         "chart": throughput_figure(snap, reverse("admin:queue_app_queueitem_changelist")),
-        "refresh_url": reverse("admin:queue_app_queue_overview"),
+        "refresh_url": reverse("admin:queue_app_queue_overview_fragment"),
         "refresh_seconds": REFRESH_SECONDS,
         "workers_url": reverse("admin:queue_app_worker_changelist"),
     }
@@ -85,3 +88,11 @@ def overview_fragment(request: HttpRequest) -> TemplateResponse:
     if not may_view(request):
         raise PermissionDenied
     return TemplateResponse(request, TEMPLATE, overview_context(request))
+
+
+def overview_page(request: HttpRequest) -> TemplateResponse:
+    """The overview as an admin page of its own, refreshed like the fragment on a project's home."""
+    if not may_view(request):
+        raise PermissionDenied
+    context = {**admin.site.each_context(request), "title": "Queue overview", **overview_context(request)}
+    return TemplateResponse(request, PAGE_TEMPLATE, context)

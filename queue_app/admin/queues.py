@@ -15,7 +15,7 @@ from ..flow import format_rate
 from ..models import Queue
 from .actions import Operation, OperationsAdmin
 from .charts import plotly_js
-from .overview import changelist_link, overview_fragment
+from .overview import changelist_link, overview_fragment, overview_page
 
 OPTIONS = ("concurrency_limit", "lease_timeout", "max_attempts", "retention")
 FLOW_OPTIONS = ("rate_limit", "rate_period", "group_concurrency", "fair", "group_weights", "aging_rate")
@@ -134,7 +134,10 @@ class QueueAdmin(OperationsAdmin):
 
     def get_urls(self) -> list:
         view = self.admin_site.admin_view
-        overview = path("overview/", view(overview_fragment), name=self.url_name("overview"))
+        # The overview as a page of its own (a project may also put it on the admin's home), and the fragment
+        # both refresh from.
+        overview = path("overview/", view(overview_page), name=self.url_name("overview"))
+        fragment = path("overview/fragment/", view(overview_fragment), name=self.url_name("overview_fragment"))
         # plotly.js from the installed wheel, for every chart of the admin (charts.py).
         plotly = path("plotly.min.js", view(plotly_js), name=self.url_name("plotly_js"))
-        return [overview, plotly, *super().get_urls()]
+        return [overview, fragment, plotly, *super().get_urls()]

@@ -22,8 +22,7 @@ from collections.abc import Callable, Mapping
 from html import escape
 from typing import Any
 
-import graphviz
-
+from ..drawing import drawn
 from .lineage import Neighbourhood, dataset_key, job_key
 
 FRESHNESS_COLOURS = {  # fill, border: the admin's palette (workflows/graph.py's)
@@ -44,7 +43,10 @@ def svg(
 ) -> str:
     """The neighbourhood as an SVG document (no XML prologue: it is inlined in the page). `summaries` holds
     each dataset's `dataset list` entry (freshness, last_materialized, checks); one missing is "unknown"."""
-    static, slots = layout(seen, dataset_url=dataset_url, job_url=job_url)
+    drawing = drawn(lambda graphviz: layout(seen, dataset_url=dataset_url, job_url=job_url))
+    if isinstance(drawing, str):  # the note that Graphviz is missing
+        return drawing
+    static, slots = drawing
     filled: list[tuple[str, str, str, str]] = []  # per dataset node: freshness, tooltip, fill, border
     for name in seen.datasets:
         summary = summaries.get(name, {})
@@ -158,6 +160,8 @@ def layout(seen: Neighbourhood, *, dataset_url: Callable[[str], str], job_url: C
             return _layouts[key]
     if len(seen.datasets) > 0xFFFF:
         raise ValueError("too many datasets for one drawing")
+    import graphviz
+
     out = graphviz.pipe("dot", "svg", source(seen, dataset_url=dataset_url, job_url=job_url).encode()).decode()
     drawn = out[out.index("<svg") :]
     static, slots, at = [], [], 0

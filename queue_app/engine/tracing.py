@@ -41,10 +41,6 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.sampling import ParentBased, Sampler
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 logger = logging.getLogger("jobsite.tracing")
@@ -52,8 +48,10 @@ logger = logging.getLogger("jobsite.tracing")
 # The flag every hot-path call site reads first. Set once, by configure().
 enabled = False
 tracer: trace.Tracer = trace.NoOpTracer()
-_provider: TracerProvider | None = None
-_processor: "CountingBatchSpanProcessor | None" = None
+# The SDK's provider and span processor (tracing_sdk.py), once configure() set tracing up: the SDK is imported
+# only then, so a process without tracing (and a project without the tracing extra) never loads it.
+_provider: Any = None
+_processor: Any = None
 _lock = threading.Lock()
 _dropped = 0  # spans this process lost: the queue was full, or their export failed
 # Whether the sampler drops every span whose remote parent was not sampled (set by configure()): then a stored
@@ -85,61 +83,7 @@ def _count_dropped(n: int) -> None:
         _dropped += n
 
 
-class CountingExporter(SpanExporter):
-    """The OTLP exporter, counting the spans of every export that did not succeed (collector down, refused,
-    timed out) as dropped."""
-
-    def __init__(self, inner: SpanExporter) -> None:
-        self.inner = inner
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            result = self.inner.export(spans)
-        except Exception:  # an exporter must not take the export thread down
-            logger.debug("span export raised", exc_info=True)
-            result = SpanExportResult.FAILURE
-        if result is not SpanExportResult.SUCCESS:
-            _count_dropped(len(spans))
-        return result
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return self.inner.force_flush(timeout_millis)
-
-
-class CountingBatchSpanProcessor(BatchSpanProcessor):
-    """The SDK's BatchSpanProcessor (bounded queue, export on its own thread), counting the spans it drops when
-    its queue is full (the SDK drops the oldest one then, and only logs it)."""
-
-    def __init__(self, exporter: SpanExporter) -> None:
-        super().__init__(exporter)
-        # The SDK's bounded deque, found once (the same object in a forked child, which clears it): a span's end
-        # looks at its length only.
-        self._queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
-        self._full = None if self._queue is None else self._queue.maxlen
-
-    def on_end(self, span: ReadableSpan) -> None:
-        if self._full is not None and len(self._queue) >= self._full and span.context.trace_flags.sampled:
-            _count_dropped(1)
-        super().on_end(span)
-
-
-class HashedResource(Resource):
-    """The SDK's Resource, hashed once: the OTLP encoder groups each exported span by its resource and hashes it
-    every time (a JSON dump of its attributes: about 7 us a span on the export thread, a tenth of the encoding).
-    A resource never changes, so neither does its hash."""
-
-    def __init__(self, resource: Resource) -> None:
-        super().__init__(resource.attributes, resource.schema_url)
-        self._hash = super().__hash__()
-
-    def __hash__(self) -> int:
-        return self._hash
-
-
-def configure(exporter: SpanExporter | None = None, *, service_name: str = "jobsite") -> bool:
+def configure(exporter: Any = None, *, service_name: str = "jobsite") -> bool:
     """Set tracing up for this process, once (later calls change nothing), when the environment asks for it or
     an `exporter` is given (the tests'). Also instruments Django (opentelemetry-instrumentation-django), so a
     request that enqueues is the parent of the enqueue's span. Returns whether tracing is on."""
@@ -149,20 +93,18 @@ def configure(exporter: SpanExporter | None = None, *, service_name: str = "jobs
             return enabled
         if exporter is None and not wanted():
             return False
-        if exporter is None:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        try:
+            from . import tracing_sdk
 
-            exporter = OTLPSpanExporter()
-        attributes = {}
-        if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get(
-            "OTEL_RESOURCE_ATTRIBUTES", ""
-        ):
-            attributes[SERVICE_NAME] = service_name
-        # The sampler comes from OTEL_TRACES_SAMPLER (the SDK's default: parentbased_always_on).
-        _provider = TracerProvider(resource=HashedResource(Resource.create(attributes)))
-        _drops_unsampled_parents = drops_unsampled_parents(_provider.sampler)
-        _processor = CountingBatchSpanProcessor(CountingExporter(exporter))
-        _provider.add_span_processor(_processor)
+            if exporter is None:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+                exporter = OTLPSpanExporter()
+        except ImportError as exc:  # the environment asks for traces the installed extras cannot make
+            logger.error("tracing is off: %s (install jobsite[tracing])", exc)
+            return False
+        _provider, _processor = tracing_sdk.provider(exporter, service_name, _count_dropped)
+        _drops_unsampled_parents = tracing_sdk.drops_unsampled_parents(_provider.sampler)
         trace.set_tracer_provider(_provider)  # global: Django's instrumentation and the handlers' own spans
         tracer = _provider.get_tracer("jobsite")
         enabled = True
@@ -193,13 +135,11 @@ def shutdown() -> None:
         _provider.shutdown()
 
 
-def drops_unsampled_parents(sampler: Sampler) -> bool:
-    """Whether `sampler` drops every span whose remote parent was not sampled: a ParentBased one whose
-    remote-parent-not-sampled delegate is AlwaysOff (the SDK's default for every ParentBased; read from its public
-    description)."""
-    return isinstance(sampler, ParentBased) and "remoteParentNotSampled:AlwaysOffSampler," in (
-        sampler.get_description()
-    )
+def drops_unsampled_parents(sampler: Any) -> bool:
+    """Whether `sampler` drops every span whose remote parent was not sampled (tracing_sdk.py says how)."""
+    from .tracing_sdk import drops_unsampled_parents as drops
+
+    return drops(sampler)
 
 
 # -- trace context ----------------------------------------------------------------------------------------------

@@ -8,13 +8,15 @@ import threading
 import time
 from base64 import b64encode
 from datetime import UTC, datetime
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import httpx
 from standardwebhooks.webhooks import Webhook
 
 from ..conf import queue_settings
 from .targets import RefusedTarget, Target, resolve
+
+if TYPE_CHECKING:
+    import httpx
 
 RESPONSE_BYTES = 2048
 RESPONSE_CHARS = 2000
@@ -56,7 +58,7 @@ def headers(secrets_: list[str], webhook_id: str, body: str, at: datetime | None
     }
 
 
-def _client(hostname: str) -> httpx.Client:
+def _client(hostname: str) -> "httpx.Client":
     """This thread's client for `hostname`. One per host name: connections are pooled by address, and a TLS
     connection opened for one name (its SNI and certificate) must never carry a request for another."""
     clients = getattr(_local, "clients", None)
@@ -66,6 +68,8 @@ def _client(hostname: str) -> httpx.Client:
         clients = _local.clients = {}
     client = clients.get(hostname)
     if client is None:
+        import httpx
+
         timeout = httpx.Timeout(
             connect=queue_settings.WEBHOOKS_CONNECT_TIMEOUT,
             read=queue_settings.WEBHOOKS_READ_TIMEOUT,
@@ -88,7 +92,9 @@ def _pinned(target: Target) -> tuple[str, str]:
     return target.url._replace(netloc=netloc).geturl(), host
 
 
-def _describe(exc: httpx.HTTPError) -> str:
+def _describe(exc: "httpx.HTTPError") -> str:
+    import httpx
+
     kind = {
         httpx.ConnectTimeout: "connect timeout",
         httpx.ReadTimeout: "read timeout",
@@ -101,6 +107,8 @@ def _describe(exc: httpx.HTTPError) -> str:
 
 def post(url: str, body: str, request_headers: dict[str, str]) -> AttemptResult:
     """POST `body` to `url` once. Never raises for what the far side does: the result says what happened."""
+    import httpx  # the webhooks extra: imported by the first delivery, not by every process that loads the app
+
     try:
         target = resolve(url)
     except RefusedTarget as exc:

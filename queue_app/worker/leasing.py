@@ -19,10 +19,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.conf import settings
 from django.db import connections
 
 from .. import engine
+from ..conf import queue_settings
 from ..engine import Terms, tracing
 
 logger = logging.getLogger("jobsite.worker")
@@ -43,7 +43,7 @@ class LeaseCall:
         # The traced statement, whose leases carry the items' trace contexts and a workflow step's workflow id
         # and step name: with tracing on, and with JSON logs (a step's lines then name its workflow and step,
         # logcontext.py). Plain logs without tracing keep the plain statement (its plan, its columns).
-        self.traced = tracing.enabled or getattr(settings, "LOG_FORMAT", "plain") == "json"
+        self.traced = tracing.enabled or queue_settings.LOG_FORMAT == "json"
 
     def send(
         self,

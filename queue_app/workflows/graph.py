@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import graphviz
+from types import ModuleType
+from typing import Any
 
 from ..datasets.checks_run import blocked_items
+from ..drawing import drawn
 from .models import StepDependency, Workflow, WorkflowStep
 
 COLOURS = {  # fill, border: the admin's palette
@@ -103,6 +104,10 @@ def nodes_and_edges(
 def svg(workflow: Workflow, steps: list[tuple[WorkflowStep, str]], link: Callable[[WorkflowStep], str]) -> str:
     """The graph as an SVG document (no XML prologue: it is inlined in the page)."""
     nodes, edges = nodes_and_edges(workflow, steps, link)
+    return drawn(lambda graphviz: _svg(graphviz, nodes, edges))
+
+
+def _svg(graphviz: ModuleType, nodes: dict[str, Any], edges: set[tuple[str, str]]) -> str:
     dot = graphviz.Digraph(
         graph_attr={"rankdir": "LR", "bgcolor": "transparent", "fontname": "sans-serif", "nodesep": "0.3"},
         node_attr={"shape": "box", "style": "rounded,filled", "fontname": "sans-serif", "fontsize": "11"},
@@ -133,6 +138,10 @@ DIFF_COLOURS = {
 def diff_svg(changes: list[tuple[str, str, str]], edges: set[tuple[str, str]]) -> str:
     """Both versions' steps as one graph, each (name, change, tooltip) coloured by its change (added, removed,
     changed, same), with the dependencies of either version; SVG as `svg`'s."""
+    return drawn(lambda graphviz: _diff_svg(graphviz, changes, edges))
+
+
+def _diff_svg(graphviz: ModuleType, changes: list[tuple[str, str, str]], edges: set[tuple[str, str]]) -> str:
     dot = graphviz.Digraph(
         graph_attr={"rankdir": "LR", "bgcolor": "transparent", "fontname": "sans-serif", "nodesep": "0.3"},
         node_attr={"shape": "box", "style": "rounded,filled", "fontname": "sans-serif", "fontsize": "11"},
