@@ -89,12 +89,25 @@ def _template() -> dict[str, Any]:
     return _figure([], {}).get("layout", {}).get("template", {})
 
 
-def _figure(data: list[Any], layout: dict[str, Any]) -> dict[str, Any]:
-    """The figure as plotly.js draws it; without plotly, one that says so (drawPlotlyCharts shows `missing`)."""
+def plotly_objects() -> Any:
+    """plotly.graph_objects, or None without plotly."""
     try:
         import plotly.graph_objects as go
     except ImportError:
-        return {"data": [], "layout": {}, "missing": MISSING}
+        return None
+    return go
+
+
+def missing_figure() -> dict[str, Any]:
+    """A figure drawPlotlyCharts shows as the note that plotly is not installed."""
+    return {"data": [], "layout": {}, "missing": MISSING}
+
+
+def _figure(data: list[Any], layout: dict[str, Any]) -> dict[str, Any]:
+    """The figure as plotly.js draws it; without plotly, the note that says so."""
+    go = plotly_objects()
+    if go is None:
+        return missing_figure()
 
     return go.Figure(data=data, layout=layout).to_plotly_json()
 
@@ -106,7 +119,9 @@ def run_url(run_id: int) -> str:
 def durations_figure(runs: Iterable[Any], duration_of) -> dict[str, Any] | None:
     """Seconds from start to end of finished runs against their finish time: one trace per job, points coloured
     by how the run ended; a click opens the run."""
-    import plotly.graph_objects as go
+    go = plotly_objects()
+    if go is None:
+        return missing_figure()
 
     by_job: dict[str, list[Any]] = defaultdict(list)
     for run in sorted(runs, key=lambda r: r.finished_at):
@@ -132,7 +147,9 @@ def durations_figure(runs: Iterable[Any], duration_of) -> dict[str, Any] | None:
 
 def outcomes_figure(runs: Iterable[Any], changelist_url: str) -> dict[str, Any] | None:
     """How the finished runs of each job ended (stacked counts); a click opens the runs of that job and state."""
-    import plotly.graph_objects as go
+    go = plotly_objects()
+    if go is None:
+        return missing_figure()
 
     counts = Counter((r.job, r.state) for r in runs)
     if not counts:
@@ -158,7 +175,9 @@ def outcomes_figure(runs: Iterable[Any], changelist_url: str) -> dict[str, Any] 
 def stats_figures(hours: dict[datetime, dict[str, Any]], queue: str) -> list[dict[str, Any]]:
     """A queue's hourly statistics: processed and failed attempts per hour (stacked bars) and the highest task
     p95 of wait and run time per hour (lines); a click opens the run that computed the hour."""
-    import plotly.graph_objects as go
+    go = plotly_objects()
+    if go is None:
+        return [missing_figure()]
 
     if not hours:
         return []
@@ -200,7 +219,9 @@ def stats_figures(hours: dict[datetime, dict[str, Any]], queue: str) -> list[dic
 def throughput_figure(snap: Any, items_url: str) -> dict[str, Any]:
     """The queue overview's attempts per minute over its window (completed and failed, stacked); a click opens
     the items list (completed: done items; failed: dead ones)."""
-    import plotly.graph_objects as go
+    go = plotly_objects()
+    if go is None:
+        return missing_figure()
 
     minutes = snap.window_minutes
     start = snap.taken_at.replace(second=0, microsecond=0) - timedelta(minutes=minutes - 1)
@@ -263,5 +284,5 @@ def materializations_figure(history: Iterable[Any], dataset: str) -> dict[str, A
     layout["margin"]["r"] = 70
     layout["template"] = _template()
     if plotly_js_path() is None:
-        return {"data": [], "layout": {}, "missing": MISSING}
+        return missing_figure()
     return {"data": traces, "layout": layout}
