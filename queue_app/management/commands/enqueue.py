@@ -50,6 +50,9 @@ def unknown_task_error(task: str) -> CommandError:
 
 class Command(BaseCommand):
     help = "Enqueue items of a task: one, or --count N of the same payload."
+    # A script may enqueue often: Django's system checks (which import every admin module) run at the worker's
+    # start, `check` and deploy, not at each enqueue. The task's name and payload are validated as always.
+    requires_system_checks = []
 
     def add_arguments(self, parser):
         parser.add_argument("task", help="task name, e.g. queue_app.noop")
