@@ -9,7 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests import skip_guard, slow_guard
+from tests import skip_guard, slow_guard, time_report
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,6 +18,8 @@ def pytest_configure(config):
     skip_guard.install(config)  # under CI=true a run in which any test skipped fails, naming them
     if not config.pluginmanager.has_plugin(slow_guard.PLUGIN):  # tests that start real workers are marked slow
         config.pluginmanager.register(slow_guard, slow_guard.PLUGIN)
+    if not config.pluginmanager.has_plugin(time_report.PLUGIN):  # where the run's time went, per tier
+        config.pluginmanager.register(time_report, time_report.PLUGIN)
 
 
 def child_env(db_name: str, **extra: str) -> dict[str, str]:
