@@ -6,7 +6,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
-from django.urls import path
+from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -102,6 +102,9 @@ class QueueAdmin(OperationsAdmin):
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a queue is created by the first enqueue that names it
+
+    def object_tool_links(self, request: HttpRequest) -> list[tuple[str, str]]:
+        return [("Overview", reverse("admin:queue_app_queue_overview")), *super().object_tool_links(request)]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
