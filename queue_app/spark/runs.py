@@ -43,7 +43,7 @@ from ..engine import tracing
 from ..logcontext import log_context
 from ..registry import Context, Retry, job
 from . import eventlog
-from .datasets import check_consumed, consumed_unusable, output_figures, record_outputs, run_partitions
+from .datasets import check_consumed, consumed_reads, output_figures, record_outputs, run_partitions
 from .java import JavaNotFound, check_java
 from .launcher import LaunchResult, launch
 from .models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
@@ -385,13 +385,15 @@ def _blocked(run_id: int, ctx: Context) -> dict[str, Any] | None:
         spark_job = get_job(run.job)
     except UnknownSparkJob:
         return None  # the claim and the launcher say so
-    found = consumed_unusable(spark_job, run.params)
+    reads = consumed_reads(spark_job, run.params)
+    found = checks_run.unusable(reads)
     if found:
         with transaction.atomic():
-            checks_run.park(ctx.item_id, found, spark_run_id=run.id)
-            # Read again with the rows written: a release that committed meanwhile is seen now (one committing
-            # later misses these rows: the item checks again after PARK_RECHECK).
-            found = consumed_unusable(spark_job, run.params)
+            # Read again under the materializations' locks, the rows written with their reasons: a release that
+            # committed meanwhile is seen now (a new materialization's record committing later misses these rows:
+            # the item checks again after PARK_RECHECK); a check result waits for this transaction, then rewrites
+            # the reasons.
+            found = checks_run.park(ctx.item_id, reads, spark_run_id=run.id)
             if found:
                 engine.release(ctx, delay=checks_run.PARK_RECHECK)
     if not found:
