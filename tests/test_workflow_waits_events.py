@@ -283,7 +283,10 @@ def test_a_bad_event_is_refused_and_writes_nothing(args, message):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("send-event", EVENT, "--key", "k", "--payload", "{bad"), "--payload is not JSON"),
+        (
+            ("send-event", EVENT, "--key", "k", "--payload", "{bad"),
+            "--payload is not valid JSON (a payload is any JSON value",
+        ),
         (("send-event", EVENT, "--key", "k" * 201), "bad event key"),
         (("send-event", "n" * 201, "--key", "k"), "bad event name"),
     ],

@@ -52,6 +52,7 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
+from queue_app.engine.payload import PAYLOAD_RULE
 from queue_app.management.commands.spark_run import parse_params
 from queue_app.workflows import WorkflowError, approvals, registered_workflows, waits
 from queue_app.workflows import services as workflows
@@ -209,7 +210,7 @@ class Command(BaseCommand):
         try:
             value = None if payload is None else _loads(payload)
         except ValueError as exc:
-            raise CommandError(f"--payload is not JSON: {exc}; nothing was written") from None
+            raise CommandError(f"--payload is not valid JSON ({PAYLOAD_RULE}): {exc}; nothing was written") from None
         sent = waits.send_event(name, key, value, id=event_id)
         if json:
             self.stdout.write(
