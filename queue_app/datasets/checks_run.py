@@ -70,7 +70,8 @@ def start(materialization: Materialization, checks: list[quality.DataCheck], rel
             )
         dataset_check.enqueue_many([{"materialization_id": materialization.id, "check": c.name} for c in checks])
     if materialization.checks == CheckState.PENDING:
-        rewrite_blocks(materialization)  # items parked on the partition now wait for this one's checks
+        # Items parked on the partition now wait for this one's checks (named: nothing to read back).
+        rewrite_blocks(materialization, [c.name for c in checks if c.blocking])
     if materialization.checks in USABLE_CHECK_STATES:
         _release(materialization, released)
         triggers.materialization_usable(materialization)
@@ -125,14 +126,13 @@ def park(item_id: int, reads: list[tuple[str, str | None]], *, spark_run_id: int
     return found
 
 
-def rewrite_blocks(materialization: Materialization) -> None:
+def rewrite_blocks(materialization: Materialization, running: list[str] | None = None) -> None:
     """In the transaction that changes what holds the partition of `materialization` back (a blocking check's
-    result stored, a new materialization recorded with blocking checks to run), under its row lock: the reason
-    of every item parked on that partition, when it is the partition's latest. A usable one deletes the rows
-    instead (became_usable)."""
-    [held] = _described(
-        [Unusable(materialization.dataset, materialization.partition, materialization.id, materialization.checks)]
-    )
+    result stored, a new materialization recorded with blocking checks to run: `running`, their names), under its
+    row lock: the reason of every item parked on that partition, when it is the partition's latest. A usable one
+    deletes the rows instead (became_usable)."""
+    held = Unusable(materialization.dataset, materialization.partition, materialization.id, materialization.checks)
+    [held] = [replace(held, running=tuple(sorted(running)))] if running is not None else _described([held])
     with connection.cursor() as cursor:
         cursor.execute(
             REWRITE_BLOCKS,
@@ -142,7 +142,7 @@ def rewrite_blocks(materialization: Materialization) -> None:
                 held.dataset,
                 held.partition,
                 materialization.at,
-                held.materialization_id,
+                materialization.id,
             ],
         )
 
@@ -304,7 +304,7 @@ class Unusable:
         what = f"dataset {where} (materialization {self.materialization_id})"
         running = f"blocking check{'s' if len(self.running) > 1 else ''} {', '.join(self.running)} still running"
         if not self.failed:
-            return f"{what}: {running if self.running else 'blocking checks still running'}"
+            return f"{what}: {running if self.running else 'its checks still running (the blocking ones passed)'}"
         names = ", ".join(name for name, _ in self.failed)
         said = "; ".join(
             f"{name}: {message}" if len(self.failed) > 1 else message for name, message in self.failed if message
