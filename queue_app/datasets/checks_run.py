@@ -101,7 +101,6 @@ def park(item_id: int, reads: list[tuple[str, str | None]], *, spark_run_id: int
     reason; returns them (empty: nothing holds it, no row written). Their latest materializations are read under
     a KEY SHARE lock, so a check result committing meanwhile is either seen here or waits for this transaction
     and then rewrites the reasons written here (record_check_result); a release that committed before is seen."""
-    DatasetBlock.objects.filter(item_id=item_id).delete()
     locked: set[int] = set()
     found = unusable(reads)
     while {u.materialization_id for u in found} - locked:
@@ -110,6 +109,9 @@ def park(item_id: int, reads: list[tuple[str, str | None]], *, spark_run_id: int
             cursor.execute(LOCK_MATERIALIZATIONS, [ids])
         locked.update(ids)
         found = unusable(reads)  # read again under the locks
+    # Its rows of an earlier park go only now: deleted before the locks, they would be row locks a check result
+    # holding one of those materializations could wait on while this waits on it.
+    DatasetBlock.objects.filter(item_id=item_id).delete()
     DatasetBlock.objects.bulk_create(
         [
             DatasetBlock(
