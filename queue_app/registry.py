@@ -174,6 +174,19 @@ class ItemDead(NamedTuple):
     error: str
 
 
+class Settled(NamedTuple):
+    """What a handler returns when it settled its own item (engine.complete, fail or dead, fenced on ctx's
+    reservation) in the transaction that recorded its work, so that no reader sees that work final while the item
+    is still held (a Spark run's end: spark/runs.py). The worker settles nothing more; it counts the outcome.
+    `fate`: "done", "retry" or "dead" (what the settle did); `error`: a failure's text; `retry_in`: seconds until
+    a retry is due."""
+
+    result: Any = None
+    fate: str = "done"
+    error: str = ""
+    retry_in: float | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Task:
     """A registered handler and its options. Build it with `@job(...)`.

@@ -35,6 +35,7 @@ from .conf import queue_settings
 from .engine.enqueue import QUEUE_NAME
 from .engine.errors import QueueError, StaleReservation
 from .models import Queue
+from .registry import Settled
 
 __all__ = ["HeldItem", "InvalidReservation", "LeaseLost", "UnknownQueue", "reserve"]
 
@@ -70,7 +71,8 @@ def _seconds(name: str, value: Any) -> float:
 
 class HeldItem:
     """One reserved item. Use it as a context manager (once): the lease is extended every `lease`/3 seconds
-    while the block runs, and the item is settled on exit. Set `result` (JSON) inside the block to store it."""
+    while the block runs, and the item is settled on exit. Set `result` (JSON) inside the block to store it; a
+    registry.Settled result (a task handler run here that settled the item itself) is settled already."""
 
     def __init__(self, lease: engine.Lease, lease_seconds: float, using: str) -> None:
         self._lease = lease
@@ -129,7 +131,9 @@ class HeldItem:
         if self._thread is not None:
             self._thread.join()
         try:
-            if exc is None:
+            if exc is None and isinstance(self.result, Settled):  # a task handler that settled its item itself
+                self.outcome = self.result.fate
+            elif exc is None:
                 engine.complete(self._lease, self.result, using=self._using)
                 self.outcome = "done"
             else:

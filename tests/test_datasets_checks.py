@@ -276,16 +276,18 @@ def test_a_workflow_step_meeting_a_failed_check_is_parked_blocked_and_released_b
     m = record_materialization(datasets_checked.DATASET, "2026-11-26", rows=50)
     record_check_result(m.id, "enough_rows", passed=True)
     record_check_result(m.id, "no_bad_marker", passed=False)
-    with pytest.raises(DatasetBlocked, match=r"dsc_daily\[2026-11-26\].*failed a blocking check"):
+    with pytest.raises(DatasetBlocked, match=r"no_bad_marker failed on dataset dsc_daily\[2026-11-26\]"):
         trigger_run("dsc_reader", {"day": "2026-11-26"}, trigger="orm")
     [step] = workflows.status(flow.id)["steps"]
     ctx = spark_ctx(step["spark_run_id"])
     parked = _blocked(step["spark_run_id"], ctx)
-    assert parked["state"] == "blocked" and "failed a blocking check" in parked["reason"]
+    assert parked["state"] == "blocked" and "no_bad_marker failed" in parked["reason"]
     item = QueueItem.objects.get(id=ctx.item_id)
     assert item.state == "ready" and item.attempts == 0 and item.visible_at > timezone.now()  # parked, not spent
     [step] = workflows.status(flow.id)["steps"]
-    assert step["state"] == "blocked" and step["blocked_by"].startswith("dataset dsc_daily[2026-11-26]")
+    assert step["state"] == "blocked" and step["blocked_by"].startswith(
+        "blocking check no_bad_marker failed on dataset dsc_daily[2026-11-26]"
+    )
     assert SparkRun.objects.get(id=step["spark_run_id"]).state == "queued"
     assert [state for _, state in step_states(Workflow.objects.get(id=flow.id))] == ["blocked"]
     assert b"state-blocked" in admin_client.get(f"/admin/queue_app/workflow/{flow.id}/change/").content
@@ -379,3 +381,60 @@ def test_the_admin_lists_results_and_overrides_only_with_the_permission(root, cl
     assert Materialization.objects.get(id=m.id).checks == "overridden"
     assert LogEntry.objects.get().change_message.endswith("known issue")
     assert b"overridden" in client.get(url).content
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_parked_steps_reason_names_the_failed_check_on_the_workflow_run_and_item_pages(
+    root, monkeypatch, admin_client
+):
+    """A Spark step parked while its input's blocking check runs: the check then fails on the partition's files
+    (a real check run), and the transaction that stores that result rewrites the reason the three pages show."""
+    monkeypatch.setenv(SCRIPT_ROOTS_ENV, str(SCRIPTS))
+    datasets_checked.declare()
+    register_script("dsc_reader", path=str(SCRIPTS / "pi.py"), params=[DAY], consumes={"dsc_daily": "day"})
+    graph = Graph("dsc_flow")
+    graph.spark("dsc_reader", {"day": "2026-11-26"}, name="read")
+    flow = workflows.start_graph(graph)
+    day = root / "dsc/day=2026-11-26"
+    day.mkdir(parents=True)
+    (day / "BAD").write_text("x")
+    m = record_materialization(datasets_checked.DATASET, "2026-11-26", rows=50)  # its checks still to run
+    [step] = workflows.status(flow.id)["steps"]
+    run_id = step["spark_run_id"]
+    parked = _blocked(run_id, spark_ctx(run_id))
+    assert parked["reason"] == (
+        f"dataset dsc_daily[2026-11-26] (materialization {m.id}): blocking check no_bad_marker still running"
+    )
+    pages = {
+        "workflow": f"/admin/queue_app/workflow/{flow.id}/change/",
+        "run": f"/admin/queue_app/sparkrun/{run_id}/change/",
+        "item": f"/admin/queue_app/queueitem/{step['item_id']}/change/",
+    }
+
+    def shown(page):
+        return admin_client.get(pages[page]).content.decode()
+
+    assert run_check(m.id, "no_bad_marker")["checks"] == "pending"  # the warn check has not run yet
+    failed = f"blocking check no_bad_marker failed on dataset dsc_daily[2026-11-26] (materialization {m.id})"
+    assert DatasetBlock.objects.get().reason == f"{failed}: a BAD marker; its other checks still running"
+    assert run_check(m.id, "enough_rows")["checks"] == "failed"
+    override = "override with: manage.py dataset override dsc_daily --partition 2026-11-26 --comment"
+    assert DatasetBlock.objects.get().reason.startswith(f"{failed}: a BAD marker; materialize it again, or {override}")
+    assert workflows.status(flow.id)["steps"][0]["blocked_by"] == DatasetBlock.objects.get().reason
+    for page in pages:
+        html = shown(page)
+        assert f"{failed}: a BAD marker" in html and override in html, page
+    assert "queued · attempt 0" not in shown("run") and ">blocked<" in shown("run")
+    assert "(blocked)" in shown("item")
+
+    # A new materialization of the partition changes the reason; its checks passing clear it.
+    (day / "BAD").unlink()
+    again = record_materialization(datasets_checked.DATASET, "2026-11-26", rows=50)
+    running = f"dataset dsc_daily[2026-11-26] (materialization {again.id}): blocking check no_bad_marker still running"
+    assert DatasetBlock.objects.get().reason == running
+    assert run_check(again.id, "no_bad_marker")["checks"] == "pending"
+    assert DatasetBlock.objects.get().reason.endswith("its checks still running (the blocking ones passed)")
+    assert run_check(again.id, "enough_rows")["checks"] == "passed"
+    assert not DatasetBlock.objects.exists()
+    for page in pages:
+        assert "no_bad_marker" not in shown(page), page

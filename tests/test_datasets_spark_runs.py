@@ -23,11 +23,11 @@ from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import DatasetCheckResult, Materialization
 from queue_app.datasets.quality import CheckResult, all_checks, check, undeclare
 from queue_app.models import QueueItem, SparkRun
-from queue_app.registry import Context, Delivery, get_task
+from queue_app.registry import Context, Delivery, Settled, get_task
 from queue_app.reservations import reserve
 from queue_app.spark.datasets import DatasetBlocked
 from queue_app.spark.registry import _jobs
-from queue_app.spark.runs import QUEUE, TASK, RunFailed, timing_split, trigger_run
+from queue_app.spark.runs import QUEUE, TASK, timing_split, trigger_run
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
 from queue_app.spark.scripts import register_script
 from tests.spark_fixtures import require_spark, spark_session  # noqa: F401  (`spark`)
@@ -114,7 +114,8 @@ def run_handler(run_id: int):
     )
     with held:
         held.result = get_task(TASK)(held.payload, ctx)
-    return held.result
+    settled = held.result  # the handler settles its item with the run's end (registry.Settled)
+    return settled.result if isinstance(settled, Settled) and settled.fate == "done" else settled
 
 
 def xmin(table: str, row_id: int) -> str:
@@ -211,8 +212,9 @@ def test_a_failing_run_of_a_producer_records_nothing(data):
         policy={"attempts": 1},
     )
     run = trigger_run("dsr_failing", {"day": "2026-11-26"}, trigger="orm")
-    with pytest.raises(RunFailed, match="bad input"):
-        run_handler(run.id)
+    settled = run_handler(run.id)
+    assert settled.fate == "dead" and settled.error.startswith("RunFailed: ") and "bad input" in settled.error
     run = SparkRun.objects.get(id=run.id)
     assert run.state == "failed" and run.finished_at is not None  # its end is written: nothing more will come
+    assert QueueItem.objects.get(id=run.item_id).state == "dead"  # in the same transaction
     assert not Materialization.objects.exists()

@@ -14,7 +14,9 @@ from queue_app.models import ItemState, ProbeEffect, QueueItem
 from queue_app.probes.tasks import close_log_connection
 from queue_app.registry import get_task
 from queue_app.worker.execute import Job, Outcome, own_retry_in, run_job
+from queue_app.worker.options import Running
 from queue_app.worker.pool import ProcessPool, ThreadPool
+from queue_app.worker.settling import Settler
 from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks)
 from tests.conftest import ROOT
 
@@ -86,6 +88,30 @@ def test_exception_in_retry_policy_ignore_list_is_not_retryable():
     outcome = run_job(job_for(held))
     assert (outcome.status, outcome.retryable) == ("failed", False)
     assert "Unfixable: retrying cannot help" in outcome.error and "Traceback" in outcome.traceback
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_handler_that_settles_its_own_item_is_counted_and_settled_by_nobody_else():
+    task = get_task("tests.settles_itself")
+    settler = Settler(lambda queues: None)
+    done = lease_one("tests.settles_itself")
+    outcome = run_job(job_for(done))
+    assert (outcome.status, outcome.result, outcome.error) == ("settled", {"ok": True}, "")
+    assert QueueItem.objects.get(id=done.item_id).state == ItemState.DONE  # with the handler's work
+    settler.finish(Running(done, task), outcome)
+    failed = lease_one("tests.settles_itself", {"fail": True})
+    outcome = run_job(job_for(failed))
+    assert (outcome.status, outcome.error, outcome.retryable, outcome.retry_in) == (
+        "settled",
+        "Boom: asked to",
+        True,
+        30,
+    )
+    item = QueueItem.objects.get(id=failed.item_id)
+    assert item.state == ItemState.READY and item.error == "Boom: asked to"  # the retry, written by the handler
+    settler.finish(Running(failed, task), outcome)
+    assert settler.unsettled() == 0 and len(settler.due) == 1  # nothing left to settle; woken when the retry is due
+    assert (settler.stats.processed, settler.stats.failed, settler.stats.dead, settler.stats.stale) == (1, 1, 0, 0)
 
 
 def test_an_exception_may_name_its_own_retry_delay_when_it_is_a_sane_number():

@@ -207,6 +207,31 @@ def test_no_endpoint_no_event_item():
     assert not QueueItem.objects.filter(task="queue_app.webhook_publish").exists()
 
 
+def test_a_refusal_says_why_an_inactive_user_is_told_so_and_the_admin_logs_one_warning_line(client, caplog):
+    g = Graph("refusals")
+    g.approval("ok", permission="queue_app.repair_workflow", timeout=600)
+    g.wait_event("paid", event="partner.callback", key="k", timeout=600)
+    w = services.start_graph(g)
+    former = staff("former", "queue_app.repair_workflow")
+    former.is_active = False
+    former.save()
+    with pytest.raises(approvals.ApprovalDenied) as refused:
+        approvals.decide(step(w, "ok").id, former, True)
+    assert str(refused.value) == f"'former' may not decide step 'ok' of workflow {w.id}: the user is inactive"
+    with pytest.raises(approvals.ApprovalError) as wrong:
+        approvals.find(w.id, "paid")
+    assert str(wrong.value) == f"step 'paid' of workflow {w.id} is an event step, not an approval"
+
+    client.force_login(staff("clerk", "queue_app.start_workflow"))
+    with caplog.at_level("INFO"):
+        page = client.post(reverse(PENDING), {"step": step(w, "ok").id, "decision": "approve"})
+    needs = f"'clerk' may not decide step 'ok' of workflow {w.id}: it needs the permission 'queue_app.repair_workflow'"
+    assert page.status_code == 403
+    said = [(r.levelname, r.name, r.getMessage(), r.exc_info) for r in caplog.records if r.levelno >= 30]
+    assert said == [("WARNING", "jobsite.workflows", f"approval refused: {needs}", None)]
+    assert states(w)["ok"] == "waiting_approval" and not LogEntry.objects.exists()
+
+
 def test_bad_approval_definitions_are_refused():
     g = Graph("bad")
     for kwargs, said in (

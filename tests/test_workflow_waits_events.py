@@ -2,10 +2,12 @@
 send-event` end it in the statement that stores the event (one event per wait, one wait per event), an event
 sent first is kept for the lookback and claimed when the wait opens, and the timeout is a delayed item."""
 
+import io
 import json
 import threading
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 
 from queue_app.models import QueueItem
@@ -164,6 +166,94 @@ def test_concurrent_events_each_end_one_wait_and_each_wait_takes_one():
     assert WorkflowEvent.objects.filter(step_id__isnull=True).count() == n - 3
 
 
+def one_wait(key: str) -> Workflow:
+    g = Graph(f"wait for {key}")
+    g.wait_event("paid", event=EVENT, key=key, timeout=3600)
+    return services.start_graph(g)
+
+
+def test_an_event_id_sent_twice_is_one_event_and_the_duplicate_ends_no_later_wait():
+    """A sender's retry with the same id (code, then the CLI) is a duplicate: it is not kept for the lookback,
+    so the next workflow waiting on that name and key is not ended by it."""
+    first = waits.send_event(EVENT, "dup", {"n": 1}, id="partner-msg-1")  # nobody waits yet: kept
+    again = waits.send_event(EVENT, "dup", {"n": 2}, id="partner-msg-1")
+    assert (first.duplicate, first.sent_id, again.duplicate, again.id, again.matched) == (
+        False,
+        "partner-msg-1",
+        True,
+        None,
+        False,
+    )
+    out = io.StringIO()
+    call_command("workflow", "send-event", EVENT, "--key", "dup", "--id", "partner-msg-1", stdout=out)
+    assert "was sent before: a duplicate, nothing sent" in out.getvalue()
+    out = io.StringIO()
+    call_command("workflow", "send-event", EVENT, "--key", "dup", "--id", "partner-msg-1", "--json", stdout=out)
+    assert json.loads(out.getvalue()) | {"name": None} == {
+        "id": None,
+        "name": None,
+        "key": "dup",
+        "matched": False,
+        "step_id": None,
+        "workflow_id": None,
+        "sent_id": "partner-msg-1",
+        "duplicate": True,
+    }
+    assert list(WorkflowEvent.objects.values_list("payload", flat=True)) == [{"n": 1}]
+    w1, w2 = one_wait("dup"), one_wait("dup")
+    assert step(w1, "paid").result == {"n": 1} and states(w1) == {"paid": "succeeded"}
+    assert states(w2) == {"paid": "waiting_event"}  # no duplicate kept to end it
+    with pytest.raises(WorkflowError, match="bad event id"):
+        waits.send_event(EVENT, "dup", id="x" * 193)
+
+
+def test_two_concurrent_sends_of_one_id_store_one_event_the_second_waiting_for_the_first():
+    """The race forced: the first send's transaction stays open (its id claimed, its event stored, a wait ended)
+    until the second is seen waiting on the claim's unique key; the second then finds it and is the duplicate."""
+    w1 = one_wait("race")
+    first_stored, let_go = threading.Event(), threading.Event()
+    sent: dict[str, waits.SentEvent] = {}
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                sent["first"] = waits.send_event(EVENT, "race", {"n": 1}, id="race-1")
+                first_stored.set()
+                let_go.wait(60)
+        finally:
+            connection.close()
+
+    def second() -> None:
+        try:
+            sent["second"] = waits.send_event(EVENT, "race", {"n": 2}, id="race-1")
+        finally:
+            connection.close()
+
+    a = threading.Thread(target=first)
+    a.start()
+    assert first_stored.wait(30)
+    b = threading.Thread(target=second)
+    b.start()
+    with connection.cursor() as cur:
+
+        def second_waits() -> bool:
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                " AND query LIKE '%%queue_app_receivedwebhook%%'"
+            )
+            return cur.fetchone()[0] == 1
+
+        wait_for(second_waits, 30, what="the second send to wait on the first's claim")
+    let_go.set()
+    a.join(30)
+    b.join(30)
+    assert sent["first"].matched and not sent["first"].duplicate
+    assert sent["second"].duplicate and not sent["second"].matched
+    assert list(WorkflowEvent.objects.values_list("payload", flat=True)) == [{"n": 1}]
+    assert step(w1, "paid").result == {"n": 1}
+    assert states(one_wait("race")) == {"paid": "waiting_event"}
+
+
 def test_cancel_ends_a_wait_and_its_event_is_then_kept():
     g = Graph("cancelled wait")
     g.wait_event("paid", event=EVENT, key="c", timeout=3600)
@@ -193,7 +283,10 @@ def test_a_bad_event_is_refused_and_writes_nothing(args, message):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("send-event", EVENT, "--key", "k", "--payload", "{bad"), "--payload is not JSON"),
+        (
+            ("send-event", EVENT, "--key", "k", "--payload", "{bad"),
+            "--payload is not valid JSON (a payload is any JSON value",
+        ),
         (("send-event", EVENT, "--key", "k" * 201), "bad event key"),
         (("send-event", "n" * 201, "--key", "k"), "bad event name"),
     ],

@@ -6,8 +6,11 @@ import os
 import threading
 import time
 
+from django.db import transaction
+
+from queue_app import engine
 from queue_app.probes.tasks import _probe
-from queue_app.registry import Context, Delivery, Retry, job
+from queue_app.registry import Context, Delivery, Retry, Settled, job
 
 
 class Flaky(Exception):
@@ -117,3 +120,14 @@ def retry_soon(payload: dict, ctx: Context) -> dict:
 
 # A probe (logs each run in ExecutionLog) with a short hard timeout, so its lease can be as short as 3 s.
 quick_probe = job("tests.quick_probe", hard_timeout=1.0)(_probe)
+
+
+@job("tests.settles_itself", retry=Retry(times=3, delay=0))
+def settles_itself(payload: dict, ctx: Context) -> Settled:
+    """Settles its own item in the transaction of its work, as a Spark run's end does (registry.Settled)."""
+    with transaction.atomic():
+        assert engine.lock_reserved(ctx)
+        if payload.get("fail"):
+            return Settled(None, engine.fail(ctx, "Boom: asked to", retry_in=30), "Boom: asked to", 30)
+        engine.complete(ctx, {"ok": True})
+        return Settled({"ok": True})

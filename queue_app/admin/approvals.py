@@ -1,21 +1,26 @@
 """The admin's "Pending approvals" (issue 39): the approval steps waiting for a decision that the user may decide
 (those whose permission they hold; superusers all), each with approve / reject buttons and a comment field. GET
 only lists; a POST decides one step through workflows.approvals.decide (the service the CLI uses: a LogEntry per
-decision). The permission is checked again on the POST: a user without it gets 403 and nothing changes."""
+decision). The permission is checked again on the POST: a user without it gets 403 saying why, nothing changes,
+and the refusal is one WARNING line on the jobsite.workflows logger."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.utils.log import log_response
+from django.views.defaults import permission_denied
 
 from ..workflows import approvals
 from ..workflows.models import StepKind, WorkflowStep
 
 TEMPLATE = "admin/queue_app/workflow/approvals.html"
+logger = logging.getLogger("jobsite.workflows")
 
 
 def pending_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
@@ -54,8 +59,11 @@ def _decide(model_admin: Any, request: HttpRequest) -> HttpResponse:
     if step is None or decision not in ("approve", "reject"):
         model_admin.message_user(request, "No such approval, or no decision given: nothing changed.", messages.ERROR)
         return back
-    if not approvals.may_decide(request.user, step):
-        raise PermissionDenied(f"deciding step {step.name!r} needs the permission {approvals.permission_of(step)!r}")
+    refused = approvals.refusal(request.user, step)
+    if refused:  # one line saying why, not the traceback Django's request logger adds to a raised PermissionDenied
+        response = permission_denied(request, PermissionDenied(refused))
+        log_response("approval refused: %s", refused, response=response, request=request, logger=logger)  # WARNING
+        return response
     try:
         done = approvals.decide(step.id, request.user, decision == "approve", request.POST.get("comment", ""))
     except approvals.ApprovalError as exc:

@@ -16,6 +16,7 @@ from django.utils.safestring import SafeString
 
 from .. import services
 from ..conf import queue_settings
+from ..datasets.checks_run import blocked_items
 from ..flow import effective_priority
 from ..models import HISTORY_STATES, ItemHistory, ItemState, Queue, QueueItem
 from ..monitoring import history_count, shown_state
@@ -186,6 +187,7 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
                     "queue",
                     "task",
                     "state_shown",
+                    "blocked_by",
                     "priority",
                     "effective_priority",
                     "attempts_of",
@@ -207,6 +209,7 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
     )
     readonly_fields = (
         "state_shown",
+        "blocked_by",
         "effective_priority",
         "absorbed_shown",
         "run_at_s",
@@ -243,7 +246,8 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
             else None
         )
         if item is not None:  # the page's title and breadcrumb say the state as its State field does
-            title = f"#{item.id} {item.task} ({shown_state(item.state, item.visible_at, timezone.now())})"
+            state = "blocked" if blocked_items([item.id]) else shown_state(item.state, item.visible_at, timezone.now())
+            title = f"#{item.id} {item.task} ({state})"
             extra_context = {**(extra_context or {}), "subtitle": title, "shown_title": title}
         return super().changeform_view(request, object_id, form_url, extra_context)
 
@@ -252,6 +256,11 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
     @admin.display(description="created at", ordering="id")
     def created(self, obj: QueueItem) -> SafeString | str:
         return list_time(obj.created_at)
+
+    @admin.display(description="blocked by")
+    def blocked_by(self, obj: QueueItem) -> str:
+        """Why a parked item waits (a dataset partition it reads is not usable: datasets/checks_run.py)."""
+        return blocked_items([obj.id]).get(obj.id, "-")
 
     @admin.display(description="dead letter")
     def dead_letter(self, obj: QueueItem) -> SafeString | str:

@@ -24,6 +24,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
+from ..datasets.checks_run import blocked_items
 from ..spark.forms import param_field
 from ..workflows import WorkflowError, registered_workflows
 from ..workflows import services as workflows
@@ -248,6 +249,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
         group = request.GET.get("group")
         rows = [(s, state) for s, state in steps if not group or s.group == group]
         page = Paginator(rows, STEPS_PER_PAGE).get_page(request.GET.get("page"))
+        parked = blocked_items(s.item_id for s, state in page if state == "blocked")  # why each waits
         context = self._context(
             request,
             f"{workflow.name} #{workflow.id}",
@@ -261,6 +263,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
                     "badge": _badge(state),
                     "link": self._step_link(s),
                     "result": "" if s.result is None else json.dumps(s.result, default=str),
+                    "blocked": parked.get(s.item_id, "") if state == "blocked" else "",
                 }
                 for s, state in page
             ],

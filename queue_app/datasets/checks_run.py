@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.contrib.admin.models import CHANGE, LogEntry
@@ -37,7 +37,7 @@ from queue_app.registry import Context, Retry, job
 from . import quality, triggers
 from .declarations import Dataset, DatasetError, get_dataset
 from .models import USABLE_CHECK_STATES, CheckState, DatasetBlock, DatasetCheckResult, Materialization
-from .sql import CHECKS_PENDING, RELEASE_BLOCKS, UNUSABLE
+from .sql import CHECKS_PENDING, LOCK_MATERIALIZATIONS, RELEASE_BLOCKS, REWRITE_BLOCKS, UNUSABLE
 
 logger = logging.getLogger("jobsite.datasets")
 
@@ -69,6 +69,9 @@ def start(materialization: Materialization, checks: list[quality.DataCheck], rel
                 ],
             )
         dataset_check.enqueue_many([{"materialization_id": materialization.id, "check": c.name} for c in checks])
+    if materialization.checks == CheckState.PENDING:
+        # Items parked on the partition now wait for this one's checks (named: nothing to read back).
+        rewrite_blocks(materialization, [c.name for c in checks if c.blocking])
     if materialization.checks in USABLE_CHECK_STATES:
         _release(materialization, released)
         triggers.materialization_usable(materialization)
@@ -92,9 +95,22 @@ def _release(materialization: Materialization, items: list[int]) -> None:
         )
 
 
-def park(item_id: int, found: list[Unusable], *, spark_run_id: int | None = None) -> None:
-    """Record that queue item `item_id` waits for the partitions `found` (call it in the transaction that hands
-    the item back to the queue, engine.release with PARK_RECHECK)."""
+def park(item_id: int, reads: list[tuple[str, str | None]], *, spark_run_id: int | None = None) -> list[Unusable]:
+    """In the transaction that hands queue item `item_id` back to the queue (engine.release with PARK_RECHECK):
+    of the (dataset, partition) pairs it reads, those not usable, each recorded as a DatasetBlock row with its
+    reason; returns them (empty: nothing holds it, no row written). Their latest materializations are read under
+    a KEY SHARE lock, so a check result committing meanwhile is either seen here or waits for this transaction
+    and then rewrites the reasons written here (record_check_result); a release that committed before is seen."""
+    locked: set[int] = set()
+    found = unusable(reads)
+    while {u.materialization_id for u in found} - locked:
+        ids = sorted({u.materialization_id for u in found} - locked)
+        with connection.cursor() as cursor:
+            cursor.execute(LOCK_MATERIALIZATIONS, [ids])
+        locked.update(ids)
+        found = unusable(reads)  # read again under the locks
+    # Its rows of an earlier park go only now: deleted before the locks, they would be row locks a check result
+    # holding one of those materializations could wait on while this waits on it.
     DatasetBlock.objects.filter(item_id=item_id).delete()
     DatasetBlock.objects.bulk_create(
         [
@@ -109,6 +125,28 @@ def park(item_id: int, found: list[Unusable], *, spark_run_id: int | None = None
             for u in found
         ]
     )
+    return found
+
+
+def rewrite_blocks(materialization: Materialization, running: list[str] | None = None) -> None:
+    """In the transaction that changes what holds the partition of `materialization` back (a blocking check's
+    result stored, a new materialization recorded with blocking checks to run: `running`, their names), under its
+    row lock: the reason of every item parked on that partition, when it is the partition's latest. A usable one
+    deletes the rows instead (became_usable)."""
+    held = Unusable(materialization.dataset, materialization.partition, materialization.id, materialization.checks)
+    [held] = [replace(held, running=tuple(sorted(running)))] if running is not None else _described([held])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            REWRITE_BLOCKS,
+            [
+                held.materialization_id,
+                held.reason(),
+                held.dataset,
+                held.partition,
+                materialization.at,
+                materialization.id,
+            ],
+        )
 
 
 def unpark(item_id: int) -> None:
@@ -163,12 +201,16 @@ def record_check_result(
             return m.checks  # stored already: a re-delivered check item
         results = list(rows.values_list("passed", "blocking"))
         if any(p is None for p, _ in results) or m.checks not in (CheckState.PENDING, CheckState.NONE):
+            if m.checks == CheckState.PENDING:
+                rewrite_blocks(m)  # the items parked on it say which checks failed or still run
             return m.checks
         was_usable = m.checks in USABLE_CHECK_STATES
         m.checks = settled_state(results)
         m.save(update_fields=["checks"])
         if not was_usable and m.checks in USABLE_CHECK_STATES:
             became_usable(m)
+        elif m.checks == CheckState.FAILED:
+            rewrite_blocks(m)  # the items parked on it name the failed check and the override
     logger.info("dataset %s[%s] materialization %s: checks %s", m.dataset, m.partition, m.id, m.checks)
     return m.checks
 
@@ -255,23 +297,64 @@ class Unusable:
     partition: str
     materialization_id: int
     checks: str  # pending or failed
+    failed: tuple[tuple[str, str], ...] = ()  # its blocking checks that failed: (name, message)
+    running: tuple[str, ...] = ()  # its blocking checks that have not run yet
 
     def reason(self) -> str:
+        """Why a consumer of the partition waits, naming the checks, and what to do about it."""
         where = f"{self.dataset}[{self.partition}]" if self.partition else self.dataset
-        if self.checks == CheckState.FAILED:
-            return (
-                f"dataset {where} (materialization {self.materialization_id}) failed a blocking check: "
-                "materialize it again, or override its checks"
-            )
-        return f"dataset {where} (materialization {self.materialization_id}) has blocking checks still running"
+        what = f"dataset {where} (materialization {self.materialization_id})"
+        running = f"blocking check{'s' if len(self.running) > 1 else ''} {', '.join(self.running)} still running"
+        if not self.failed:
+            return f"{what}: {running if self.running else 'its checks still running (the blocking ones passed)'}"
+        names = ", ".join(name for name, _ in self.failed)
+        said = "; ".join(
+            f"{name}: {message}" if len(self.failed) > 1 else message for name, message in self.failed if message
+        )
+        text = f"blocking check{'s' if len(self.failed) > 1 else ''} {names} failed on {what}" + (
+            f": {said}" if said else ""
+        )
+        if self.checks != CheckState.FAILED:  # the override waits for the other checks
+            return f"{text}; {running if self.running else 'its other checks still running'}"
+        partition = f" --partition {self.partition}" if self.partition else ""
+        return (
+            f"{text}; materialize it again, or override with: "
+            f'manage.py dataset override {self.dataset}{partition} --comment "why"'
+        )
+
+
+def _described(found: list[Unusable]) -> list[Unusable]:
+    """`found` with their blocking checks that failed and those still to run (one query)."""
+    if not found:
+        return found
+    failed: dict[int, list[tuple[str, str]]] = {}
+    running: dict[int, list[str]] = {}
+    rows = (
+        DatasetCheckResult.objects.filter(materialization_id__in=[u.materialization_id for u in found], blocking=True)
+        .exclude(passed=True)
+        .order_by("check_name")
+        .values_list("materialization_id", "check_name", "passed", "message")
+    )
+    for m_id, name, passed, message in rows:
+        if passed is None:
+            running.setdefault(m_id, []).append(name)
+        else:
+            failed.setdefault(m_id, []).append((name, " ".join(message.split())[:300]))
+    return [
+        replace(
+            u, failed=tuple(failed.get(u.materialization_id, ())), running=tuple(running.get(u.materialization_id, ()))
+        )
+        for u in found
+    ]
 
 
 def unusable(reads: Iterable[tuple[str, str | None]]) -> list[Unusable]:
     """Of the (dataset, partition key) pairs a consumer reads (None: every partition of the dataset), the
-    partitions whose latest materialization is not usable. A partition never materialized is not reported."""
+    partitions whose latest materialization is not usable, with the blocking checks that hold each back. A
+    partition never materialized is not reported."""
     reads = list(reads)
     if not reads:
         return []
     with connection.cursor() as cursor:
         cursor.execute(UNUSABLE, [[d for d, _ in reads], [p for _, p in reads]])
-        return [Unusable(*row) for row in cursor.fetchall()]
+        return _described([Unusable(*row) for row in cursor.fetchall()])

@@ -26,6 +26,25 @@ RELEASE_BLOCKS = """
 DELETE FROM queue_app_datasetblock WHERE dataset = %s AND partition = %s RETURNING item_id
 """
 
+# The latest materializations a parking consumer waits on (checks_run.park), locked KEY SHARE before they are
+# read again: a check result storing meanwhile holds FOR UPDATE, so one of the two waits for the other, and the
+# reasons the park writes are the ones that result leaves (or that result rewrites them). Parameter: ids, sorted.
+LOCK_MATERIALIZATIONS = """
+SELECT id FROM queue_app_materialization WHERE id = ANY(%s::bigint[]) ORDER BY id FOR KEY SHARE
+"""
+
+# The reason of the consumers parked on a partition rewritten (checks_run.rewrite_blocks) by the transaction that
+# changes what holds them back, when its materialization is the partition's latest (a later one's own results
+# speak for it). Parameters: materialization id, reason, dataset, partition, its time, its id.
+REWRITE_BLOCKS = """
+UPDATE queue_app_datasetblock b SET materialization_id = %s, reason = %s
+WHERE b.dataset = %s AND b.partition = %s
+  AND NOT EXISTS (
+      SELECT 1 FROM queue_app_materialization m
+      WHERE m.dataset = b.dataset AND m.partition = b.partition AND (m.at, m.id) > (%s, %s)
+  )
+"""
+
 # Per dataset, the newest materialization by time (with its checks state: the list's "checks") and the one of
 # the newest partition: two index probes per name (materialization_latest, materialization_partition), every name
 # in one statement.

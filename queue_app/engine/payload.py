@@ -15,6 +15,11 @@ from .errors import InvalidEnqueue
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
+# What a payload is, said the same way by every entry point (engine, `enqueue`, `workflow send-event`, send_event,
+# the inbound endpoint, the SQL API's docs): a handler gets the value as stored, so a task that needs an object
+# checks it (its `decode=`: a payload it refuses is poison, a dead letter saying why).
+PAYLOAD_RULE = "a payload is any JSON value: an object, a list, a string, a number, true, false or null"
+
 # One encoder for every call: json.dumps with non-default options builds a new JSONEncoder each time (about
 # half the cost of encoding a small payload).
 _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
@@ -46,7 +51,8 @@ def encode_json(value: Any, what: str = "payload") -> str:
         text = _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         _check_depth(value, limit, what)  # says "NaN" or "nested deeper" when that is why
-        raise InvalidEnqueue(f"{what} is not JSON-serializable: {exc}") from None
+        rule = f" ({PAYLOAD_RULE})" if what == "payload" else ""
+        raise InvalidEnqueue(f"{what} is not JSON-serializable{rule}: {exc}") from None
     if text.count("[") + text.count("{") > limit:
         _check_depth(value, limit, what)
     if text.isascii():

@@ -41,9 +41,9 @@ from ..conf import queue_settings
 from ..datasets import checks_run
 from ..engine import tracing
 from ..logcontext import log_context
-from ..registry import Context, Retry, job
+from ..registry import Context, Retry, Settled, job
 from . import eventlog
-from .datasets import check_consumed, consumed_unusable, output_figures, record_outputs, run_partitions
+from .datasets import check_consumed, consumed_reads, output_figures, record_outputs, run_partitions
 from .java import JavaNotFound, check_java
 from .launcher import LaunchResult, launch
 from .models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
@@ -69,6 +69,8 @@ LOG_TAIL_LINES = 200
 LOG_TAIL_CHARS = 20_000
 
 
+# The three ends of a failed run, by the names its item's error carries ("RunFailed: ..."): _settle_item writes
+# them with the run's end; raised, as before, by nothing else of the handler.
 class RunNotRetried(Exception):
     """The run ended failed for good: its job's policy does not retry this end, or nothing could start."""
 
@@ -385,13 +387,15 @@ def _blocked(run_id: int, ctx: Context) -> dict[str, Any] | None:
         spark_job = get_job(run.job)
     except UnknownSparkJob:
         return None  # the claim and the launcher say so
-    found = consumed_unusable(spark_job, run.params)
+    reads = consumed_reads(spark_job, run.params)
+    found = checks_run.unusable(reads)
     if found:
         with transaction.atomic():
-            checks_run.park(ctx.item_id, found, spark_run_id=run.id)
-            # Read again with the rows written: a release that committed meanwhile is seen now (one committing
-            # later misses these rows: the item checks again after PARK_RECHECK).
-            found = consumed_unusable(spark_job, run.params)
+            # Read again under the materializations' locks, the rows written with their reasons: a release that
+            # committed meanwhile is seen now (a new materialization's record committing later misses these rows:
+            # the item checks again after PARK_RECHECK); a check result waits for this transaction, then rewrites
+            # the reasons.
+            found = checks_run.park(ctx.item_id, reads, spark_run_id=run.id)
             if found:
                 engine.release(ctx, delay=checks_run.PARK_RECHECK)
     if not found:
@@ -408,9 +412,11 @@ def retried(result: LaunchResult, policy: SparkPolicy, ctx: Context) -> bool:
     return policy.retries(result.outcome) and not ctx.is_last_attempt and result.returncode is not None
 
 
-def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Context) -> str:
-    """Write the attempt's end in one transaction (with the job's publish and the materializations of the
-    datasets it produces when it succeeded); returns the state."""
+def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Context) -> tuple[str, Settled | None]:
+    """Write the attempt's end in one transaction: the run's state, the job's publish and the materializations of
+    the datasets it produces when it succeeded, and the settle of its queue item (_settle_item), so no reader
+    sees a final run whose item is still held (nor a workflow step behind it: the item's settle moves the step).
+    Returns the state and the item's settle (None: this attempt kept nothing, or a cancel settled it)."""
     spark_job = get_job(run.job)
     outputs = []  # read before the transaction: the event log and the partitions' files
     if result.outcome == "succeeded":
@@ -421,10 +427,10 @@ def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Con
     with transaction.atomic():
         row = SparkRun.objects.select_for_update().filter(id=run.id, attempt=ctx.attempt).first()
         if row is None or row.state in SPARK_FINAL_STATES:
-            return row.state if row else "gone"
+            return (row.state if row else "gone"), None
         if not engine.lock_reserved(ctx):  # the item was cancelled or re-delivered: this attempt keeps nothing
             logger.warning("spark run %s attempt %s lost its reservation; its end is not recorded", run.id, ctx.attempt)
-            return "stale"
+            return "stale", None
         outcome = result.outcome
         policy = policy_for(spark_job)
         if outcome == "succeeded":
@@ -459,8 +465,34 @@ def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Con
         row.save(
             update_fields=["state", "metrics", "progress", "log_tail", "error", "app_id", "finished_at", "timings"]
         )
+        # After the run's row: the settle moves a workflow's Spark step, reading the run's state and metrics.
+        settled = None if state == SparkRunState.CANCELLED else _settle_item(run.id, state, result, policy, ctx)
         emit_run(row, state, outputs=outputs, error=row.error)  # COMPLETE, FAIL or ABORT, after commit
-    return state
+    return state, settled
+
+
+def _settle_item(run_id: int, state: str, result: LaunchResult, policy: SparkPolicy, ctx: Context) -> Settled:
+    """In _finish's transaction, under the item's row lock (engine.lock_reserved): the attempt's settle, as the
+    worker would write it for what the handler used to return or raise. Done for a run that succeeded or timed
+    out; a retry after the job's backoff (queued again); a dead letter for a failure for good (not retried by its
+    policy, or one that could not start, both "not retryable", or its last attempt)."""
+    if state in (SparkRunState.SUCCEEDED, SparkRunState.TIMED_OUT):
+        done = {"run_id": run_id, "state": state, "app_id": result.app_id, "seconds": result.duration}
+        engine.complete(ctx, done)
+        return Settled(done)
+    error = result.error or "the Spark run failed"
+    if state == SparkRunState.QUEUED:
+        retry_in = policy.retry_in(ctx.attempt)
+        retry_in = spark_run.retry.retry_in(ctx.attempt) if retry_in is None else retry_in
+        fate = engine.fail(ctx, f"RunFailed: {error}", retry_in=retry_in)
+        return Settled(None, fate, f"RunFailed: {error}", retry_in)
+    if result.returncode is None or not ctx.is_last_attempt:
+        kind = RunNotStartable if result.returncode is None else RunNotRetried
+        error = f"{kind.__name__}: {error}"
+        engine.dead(ctx, f"not retryable: {error}"[:200], error)
+        return Settled(None, "dead", error)
+    error = f"RunFailed: {error}"
+    return Settled(None, engine.fail(ctx, error), error)  # the last attempt: a dead letter (attempts exhausted)
 
 
 # The steps of a run as its page and `spark_run --json` show them, in order: (key in SparkRun.timings, label).
@@ -554,7 +586,7 @@ def _trace_result(span: Any, run_id: int, result: LaunchResult) -> None:
 
 
 @job(TASK, queue=QUEUE, hard_timeout=HARD_TIMEOUT, retry=Retry(ignore=(RunNotRetried,)), warm_up=warm_up)
-def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
+def spark_run(payload: Any, ctx: Context) -> dict[str, Any] | Settled:
     """Run one SparkRun (payload {"run_id": id}) as its own spark-submit child."""
     run_id = int(payload["run_id"])
     with log_context(spark_run_id=run_id):  # the launcher's log lines name the run (queue_app/logcontext.py)
@@ -576,7 +608,7 @@ def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
             tracing.flush()
         else:
             result = _launch(run, reporter, timeout)
-        state = _finish(run, result, reporter, ctx)
+        state, settled = _finish(run, result, reporter, ctx)
         logger.info(
             "spark run %s attempt %s ended %s (%s) in %.1fs",
             run.id,
@@ -585,12 +617,6 @@ def spark_run(payload: Any, ctx: Context) -> dict[str, Any]:
             result.outcome,
             result.duration,
         )
-    if state == SparkRunState.FAILED and result.returncode is None:
-        raise RunNotStartable(result.error)
-    if state == SparkRunState.FAILED and not ctx.is_last_attempt:
-        raise RunNotRetried(result.error or "the Spark run failed")
-    if state == SparkRunState.QUEUED:
-        raise RunFailed(result.error or "the Spark run failed", policy_for(get_job(run.job)).retry_in(ctx.attempt))
-    if state == SparkRunState.FAILED:
-        raise RunFailed(result.error or "the Spark run failed")
+    if settled is not None:  # the item settled with the run's end: the worker settles nothing more
+        return settled
     return {"run_id": run.id, "state": state, "app_id": result.app_id, "seconds": result.duration}

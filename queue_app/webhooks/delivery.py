@@ -1,6 +1,7 @@
 """The built-in tasks that carry webhooks, on their own queue `webhooks`:
 
-- `queue_app.webhook_deliver` ({"delivery": id}): one attempt at one delivery. A 2xx settles the item done;
+- `queue_app.webhook_deliver` ({"delivery": id}): one attempt at one delivery. A 2xx settles the item done in
+  the transaction that records the attempt (registry.Settled: the delivery never reads delivered while pending);
   anything else raises, and the engine retries on the providers' schedule (immediately, then 5 s, 5 min, 30 min,
   2 h, 5 h, 10 h, 10 h) and then makes the item a dead letter. Fencing, lease expiry after a crash and the dead
   letters are the queue's own: the webhook-id stays the delivery's on every attempt. At-least-once: a worker
@@ -23,7 +24,7 @@ from django.dispatch import receiver
 from .. import engine
 from ..conf import queue_settings
 from ..engine.errors import StaleReservation
-from ..registry import Context, Delivery, Retry, job
+from ..registry import Context, Delivery, Retry, Settled, job
 from ..workflows.models import Workflow
 from ..workflows.signals import workflow_finished
 from . import sender
@@ -172,7 +173,7 @@ def _disable_if_failing_too_long(endpoint_id: int) -> None:
     retry=Retry(times=ATTEMPTS, schedule=RETRY_SCHEDULE),
     hard_timeout=hard_timeout(),
 )
-def deliver(payload: Any, ctx: Context) -> dict[str, Any]:
+def deliver(payload: Any, ctx: Context) -> dict[str, Any] | Settled:
     delivery = WebhookDelivery.objects.select_related("endpoint").filter(id=payload["delivery"]).first()
     if delivery is None:
         return {"skipped": "the delivery (or its endpoint) was deleted"}
@@ -184,10 +185,16 @@ def deliver(payload: Any, ctx: Context) -> dict[str, Any]:
     result = sender.post(
         endpoint.url, delivery.body, sender.headers(secrets_of(endpoint), delivery.webhook_id, delivery.body)
     )
-    _record(delivery, ctx, result)
-    if not result.ok:
-        raise DeliveryFailed(result.error or f"HTTP {result.status_code}")
-    return {"status_code": result.status_code}
+    done = {"status_code": result.status_code}
+    if result.ok:  # the attempt's record (delivered_at) and the item's settle (the delivery's state) in one commit
+        with transaction.atomic():
+            _record(delivery, ctx, result)
+            if engine.lock_reserved(ctx):
+                engine.complete(ctx, done)
+                return Settled(done)
+        return done  # the reservation was lost meanwhile: recorded (it was sent), the worker's settle is stale
+    _record(delivery, ctx, result)  # a failure: the state stays pending until the worker's settle (retry or dead)
+    raise DeliveryFailed(result.error or f"HTTP {result.status_code}")
 
 
 @job(PUBLISH_TASK, queue=WEBHOOK_QUEUE, delivery=Delivery.TRANSACTIONAL)

@@ -107,11 +107,12 @@ def verify(
     raise RejectedWebhook(401, "no valid signature (wrong secret, or the body was changed)")
 
 
-def claim_once(webhook_id: str) -> bool:
-    """Record `webhook_id` as received; False when it was received before (a replay)."""
+def claim_once(webhook_id: str, *, using: str = "default") -> bool:
+    """Record `webhook_id` as received; False when it was received before (a replay). Its unique key decides:
+    a concurrent claim of the same id waits for this transaction, then finds it (or, rolled back, takes it)."""
     try:
-        with transaction.atomic():
-            ReceivedWebhook.objects.create(webhook_id=webhook_id[:200])
+        with transaction.atomic(using=using):
+            ReceivedWebhook.objects.using(using).create(webhook_id=webhook_id[:200])
     except IntegrityError:
         return False
     return True

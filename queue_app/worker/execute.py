@@ -17,7 +17,7 @@ from ..engine import tracing
 from ..engine.errors import InvalidEnqueue, StaleReservation
 from ..engine.payload import encode_json
 from ..logcontext import attempt_context
-from ..registry import ChunkItem, Context, Delivery, ItemDead, ItemRetry, Task, get_task
+from ..registry import ChunkItem, Context, Delivery, ItemDead, ItemRetry, Settled, Task, get_task
 
 
 # Job and Outcome are named tuples, not frozen dataclasses: the worker makes one of each per item, and a frozen
@@ -47,9 +47,11 @@ class Outcome(NamedTuple):
     """How running one job went.
 
     status: "ok" (handler returned `result`: the supervisor settles), "settled" (transactional: done and
-    committed with the handler's writes), "stale" (transactional: the reservation was no longer current, the
-    handler's writes were not kept), "failed" (`error`, `traceback`; `retryable` by the task's Retry policy,
-    `timed_out` when stopped at its hard timeout, `retry_in` when the exception named its own delay).
+    committed with the handler's writes; or a handler that returned registry.Settled: settled by itself, a
+    failure's `error` set, `retryable` False when it went to the dead letters), "stale" (transactional: the
+    reservation was no longer current, the handler's writes were not kept), "failed" (`error`, `traceback`;
+    `retryable` by the task's Retry policy, `timed_out` when stopped at its hard timeout, `retry_in` when the
+    exception named its own delay).
     """
 
     reservation_id: int
@@ -152,6 +154,20 @@ def _run_transactional(task: Task, payload: Any, ctx: Context, job: Job) -> Outc
     return Outcome(ctx.reservation_id, "settled", result)
 
 
+def _settled(reservation_id: int, settled: Settled) -> Outcome:
+    """Status "settled": the handler's own settle; a failure's `error`, `retryable` False for a dead letter."""
+    if settled.fate == "done":
+        return Outcome(reservation_id, "settled", settled.result)
+    return Outcome(
+        reservation_id,
+        "settled",
+        settled.result,
+        error=storable(settled.error or "failed", ERROR_CHARS),
+        retryable=settled.fate != "dead",
+        retry_in=settled.retry_in,
+    )
+
+
 # A chunk's member as a Job carries it (Job.payload of a chunk: one of these per item, the first the Job's own).
 class Member(NamedTuple):
     reservation_id: int
@@ -247,6 +263,8 @@ def _run_job(job: Job) -> Outcome:
             return _run_transactional(task, payload, ctx, job)
         with attempt_context(ctx, job.workflow_id, job.step):  # its log lines carry its ids (logcontext.py)
             result = task.func(payload, ctx)
+        if type(result) is Settled:  # the handler settled its item with its work: nothing left to settle
+            return _settled(job.reservation_id, result)
         _check_result(result)
         return Outcome(job.reservation_id, "ok", result)
     except Exception as exc:

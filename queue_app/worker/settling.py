@@ -66,15 +66,40 @@ class Settler:
             self.done.append((lease, outcome.result))
             if self.spans:
                 self._end_span(lease, "done")
-        elif outcome.status == "settled":
+        elif outcome.status == "settled":  # by the handler, with its work: counted here, nothing to settle
+            if outcome.error:
+                self.settled_failed(lease, outcome)
+                return
             self.stats.processed += 1
             if self.spans:
                 self._end_span(lease, "done")
+            self._unblocked([lease])
         elif outcome.status == "stale":
             self.stale(lease, "its transaction found the reservation no longer current; nothing was kept")
         else:
             self.failed(
                 lease, task, outcome.error, outcome.traceback, outcome.retryable, outcome.timed_out, outcome.retry_in
+            )
+
+    def settled_failed(self, lease: Lease, outcome: Outcome) -> None:
+        """A failure its handler settled itself (registry.Settled): a retry when `retryable`, else dead."""
+        self.stats.failed += 1
+        logger.info(
+            "attempt failed %s",
+            fields(item=lease.item_id, task=lease.task, attempt=lease.attempt, error=repr(outcome.error[:200])),
+            extra=attempt_ids(lease),
+        )
+        if not outcome.retryable:
+            self.stats.dead += 1
+            if self.spans:
+                self._end_span(lease, "failed", outcome.error, "dead_letter", error=outcome.error[:500])
+            self._unblocked([lease])
+            return
+        if outcome.retry_in is not None:
+            heapq.heappush(self.due, time.monotonic() + outcome.retry_in)
+        if self.spans:
+            self._end_span(
+                lease, "failed", outcome.error, "retry", retry_in_s=outcome.retry_in, next_attempt=lease.attempt + 1
             )
 
     def stale(self, lease: Lease, why: str) -> None:

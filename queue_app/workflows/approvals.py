@@ -54,6 +54,16 @@ def may_decide(user: Any, step: WorkflowStep) -> bool:
     return bool(user is not None and user.is_active and user.has_perm(permission_of(step)))
 
 
+def refusal(user: Any, step: WorkflowStep) -> str:
+    """Why `user` may not decide the approval `step` ("" when it may): inactive, or without its permission."""
+    if may_decide(user, step):
+        return ""
+    who = f"{getattr(user, 'username', user)!r} may not decide step {step.name!r} of workflow {step.workflow_id}"
+    if user is not None and not getattr(user, "is_active", False) and getattr(user, "is_authenticated", False):
+        return f"{who}: the user is inactive"
+    return f"{who}: it needs the permission {permission_of(step)!r}"
+
+
 def pending(user: Any) -> list[WorkflowStep]:
     """The approvals waiting for a decision now (their workflow's current attempt, their timeout item not leased)
     that `user` may decide, oldest first; each with `workflow` loaded."""
@@ -76,7 +86,10 @@ def find(workflow_id: int, step_name: str) -> WorkflowStep:
     if step is None:
         raise ApprovalError(f"workflow {workflow_id} has no step {step_name!r}")
     if step.kind != StepKind.APPROVAL:
-        raise ApprovalError(f"step {step_name!r} of workflow {workflow_id} is a {step.kind} step, not an approval")
+        article = "an" if step.kind[:1] in "aeiou" else "a"
+        raise ApprovalError(
+            f"step {step_name!r} of workflow {workflow_id} is {article} {step.kind} step, not an approval"
+        )
     return step
 
 
@@ -114,11 +127,9 @@ def decide(step_id: int, user: Any, approve: bool, comment: str = "") -> Decisio
     comment = "" if comment is None else comment
     if not isinstance(comment, str) or len(comment) > MAX_COMMENT:
         raise ApprovalError(f"the comment must be text of at most {MAX_COMMENT} characters")
-    if not may_decide(user, step):
-        raise ApprovalDenied(
-            f"{getattr(user, 'username', user)!r} may not decide step {step.name!r} of workflow {step.workflow_id}: "
-            f"it needs the permission {permission_of(step)!r}"
-        )
+    refused = refusal(user, step)
+    if refused:
+        raise ApprovalDenied(refused)
     by = user.get_username()
     result = {"approved": bool(approve), "by": by, "comment": comment}
     error = "" if approve else f"rejected by {by}" + (f": {comment}" if comment else "")

@@ -1,19 +1,19 @@
 """The inbound event endpoint (issue 39): `POST /events/<source>/` takes a Standard Webhooks request signed with
 one of the source's secrets (JOBSITE WORKFLOW_EVENT_SOURCES) and sends its event to the workflows with
-`send_event`, in one transaction with the record of its webhook-id (a replay is refused with 409 and sends
-nothing). The body is a Standard Webhooks event: `{"type": NAME, "timestamp": ..., "data": {"key": KEY,
-"payload": ...}}`; the event's name is its type, the payload may be left out (null)."""
+`send_event`, its id `<source>:<webhook-id>` (claimed in the transaction that stores it: a replay is a
+duplicate, refused with 409, and sends nothing). The body is a Standard Webhooks event: `{"type": NAME,
+"timestamp": ..., "data": {"key": KEY, "payload": ...}}`; the event's name is its type, the payload any JSON
+value, or left out (null)."""
 
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from ..conf import queue_settings
-from ..webhooks.receiver import DEFAULT_TOLERANCE, RejectedWebhook, claim_once, verify
+from ..webhooks.receiver import DEFAULT_TOLERANCE, RejectedWebhook, verify
 from .definition import WorkflowError
 from .waits import send_event
 
@@ -49,13 +49,13 @@ def receive_event(request: HttpRequest, source: str) -> HttpResponse:
         return JsonResponse({"error": str(exc)}, status=exc.status)
     webhook_id = request.headers["webhook-id"]
     try:
-        with transaction.atomic():
-            # Replays are told apart per source: two sources may well use the same ids.
-            if not claim_once(f"events:{source}:{webhook_id}"):
-                return JsonResponse({"error": f"webhook-id {webhook_id} was received before"}, status=409)
-            sent = send_event(name, key, payload)
-    except WorkflowError as exc:  # raised before the event is written; the claim is rolled back with it
+        # The event's id is its webhook-id, told apart per source (two sources may well use the same ids): a
+        # replay is a duplicate, claimed by send_event in the transaction that would store it.
+        sent = send_event(name, key, payload, id=f"{source}:{webhook_id}")
+    except WorkflowError as exc:  # raised before the event is written
         return JsonResponse({"error": str(exc)}, status=400)
+    if sent.duplicate:
+        return JsonResponse({"error": f"webhook-id {webhook_id} was received before"}, status=409)
     return JsonResponse(
         {"event_id": sent.id, "matched": sent.matched, "step_id": sent.step_id, "workflow_id": sent.workflow_id}
     )

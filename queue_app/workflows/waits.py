@@ -16,41 +16,58 @@ from ..conf import queue_settings
 from ..engine.db import cursor
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
+from ..webhooks.receiver import claim_once
 from . import sql
 from .definition import STEP_NAME, WorkflowError
+
+# An event's own id (send_event's `id=`) is claimed as this text in ReceivedWebhook, the inbound endpoint's replay
+# guard: one table, one unique key, for both (the endpoint's ids are "<source>:<webhook-id>").
+ID_CLAIM = "events:{id}"
+MAX_ID = 192  # the claim's column holds 200 characters
 
 
 @dataclass(frozen=True)
 class SentEvent:
-    id: int
+    id: int | None  # the stored event's id; None for a duplicate (nothing stored)
     name: str
     key: str
-    step_id: int | None  # the event wait it ended now, or None: kept for the lookback
+    step_id: int | None  # the event wait it ended now, or None: kept for the lookback (or a duplicate)
     workflow_id: int | None
+    sent_id: str | None = None  # the sender's id, when it gave one
+    duplicate: bool = False  # an event with that id was sent before: this one stored and ended nothing
 
     @property
     def matched(self) -> bool:
         return self.step_id is not None
 
 
-def send_event(name: str, key: str, payload: Any = None, *, using: str = "default") -> SentEvent:
-    """Send the event `name` with `key`: the oldest step waiting for it ends now with `payload` as its result;
-    with none waiting it is kept for JOBSITE WORKFLOW_EVENT_LOOKBACK seconds and ends the first wait for it
-    created meanwhile. Each event ends at most one wait, each wait takes one event. Runs in the caller's
-    transaction. WorkflowError for a bad name or key (1-200 characters, no control characters) or a payload that
-    is not JSON, before anything is written. `using`: the database alias."""
+def send_event(name: str, key: str, payload: Any = None, *, id: str | None = None, using: str = "default") -> SentEvent:
+    """Send the event `name` with `key`: the oldest step waiting for it ends now with `payload` (any JSON value)
+    as its result; with none waiting it is kept for JOBSITE WORKFLOW_EVENT_LOOKBACK seconds and ends the first
+    wait for it created meanwhile. Each event ends at most one wait, each wait takes one event. Runs in the
+    caller's transaction. `id`: the sender's id of this event (1-192 characters): an event whose id was sent
+    before is a duplicate (a retry): it stores and ends nothing and comes back with `duplicate` True. The id is
+    claimed (a unique key) in the transaction that stores the event, so of two concurrent sends of one id the
+    second waits for the first to commit and is then the duplicate. WorkflowError for a bad name, key or id
+    (1-200 characters, no control characters) or a payload that is not JSON, before anything is written.
+    `using`: the database alias."""
     encoded = _checked(name, key, payload)
+    if id is not None and (not isinstance(id, str) or not STEP_NAME.match(id) or len(id) > MAX_ID):
+        raise WorkflowError(f"bad event id {id!r}: 1-{MAX_ID} characters, no control characters")
     params = {
         "name": name,
         "key": key,
         "payload": encoded,
         "lookback": float(queue_settings.WORKFLOW_EVENT_LOOKBACK),
     }
-    with transaction.atomic(using=using), cursor(using) as cur:
-        cur.execute(sql.WORKFLOW_EVENT_LOCK, params)
-        cur.execute(sql.WORKFLOW_SEND_EVENT, params)
-        event_id, step_id, workflow_id, _ = cur.fetchone()
-    return SentEvent(event_id, name, key, step_id, workflow_id)
+    with transaction.atomic(using=using):
+        if id is not None and not claim_once(ID_CLAIM.format(id=id), using=using):
+            return SentEvent(None, name, key, None, None, sent_id=id, duplicate=True)
+        with cursor(using) as cur:
+            cur.execute(sql.WORKFLOW_EVENT_LOCK, params)
+            cur.execute(sql.WORKFLOW_SEND_EVENT, params)
+            event_id, step_id, workflow_id, _ = cur.fetchone()
+    return SentEvent(event_id, name, key, step_id, workflow_id, sent_id=id)
 
 
 def _checked(name: Any, key: Any, payload: Any) -> str:

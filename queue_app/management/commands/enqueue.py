@@ -23,6 +23,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from queue_app import engine
 from queue_app.conf import queue_settings
+from queue_app.engine.payload import PAYLOAD_RULE
 from queue_app.registry import find_task, registered_tasks
 
 
@@ -57,7 +58,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("task", help="task name, e.g. queue_app.noop")
         source = parser.add_mutually_exclusive_group()
-        source.add_argument("--payload", default=None, help="JSON payload (default: {})")
+        source.add_argument("--payload", default=None, help="the payload, any JSON value (default: {})")
         source.add_argument(
             "--payload-file",
             default=None,
@@ -122,7 +123,7 @@ class Command(BaseCommand):
         try:
             data = {} if payload is None else json.loads(payload)
         except json.JSONDecodeError as exc:
-            raise CommandError(f"{source} is not valid JSON: {exc}") from None
+            raise CommandError(f"{source} is not valid JSON ({PAYLOAD_RULE}): {exc}; nothing was written") from None
         except RecursionError:  # json.loads recurses: text nested this deep is refused before the engine sees it
             raise CommandError(
                 f"{source} is nested deeper than Python's JSON parser can read (the limit is "

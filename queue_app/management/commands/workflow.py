@@ -6,7 +6,7 @@
     python manage.py workflow repair 42 [--onto-current] [--wait] [--json]
     python manage.py workflow fork 42 --from STEP [--onto-current] [--wait] [--json]
     python manage.py workflow cancel 42 [--json]
-    python manage.py workflow send-event partner.callback --key order-7 [--payload '{"amount": 120}'] [--json]
+    python manage.py workflow send-event partner.callback --key order-7 [--payload '{"amount": 120}'] [--id ID] [--json]
     python manage.py workflow approve 42 --step approve [--comment TEXT] [--user NAME] [--json]
     python manage.py workflow reject 42 --step approve [--comment TEXT] [--user NAME] [--json]
     python manage.py workflow backfill file_rollup --from 2026-11-01 --to 2026-11-07 [--param k=v] \
@@ -29,9 +29,11 @@ graph, or the current definition with `--onto-current`). Its output is the new w
 for an unknown workflow, one not finished, or a step it does not have, with nothing written.
 
 `send-event` sends an event (the same service as code's `waits.send_event`): it ends the oldest step waiting for
-its name and key, or is kept for the lookback (JOBSITE WORKFLOW_EVENT_LOOKBACK) for a wait created later. Its
-`--json` prints {"id", "name", "key", "matched", "step_id", "workflow_id"}; exit 0 whether or not a step was
-waiting, 1 for bad input (a name or key too long, a payload that is not JSON), with nothing written.
+its name and key, or is kept for the lookback (JOBSITE WORKFLOW_EVENT_LOOKBACK) for a wait created later. With
+`--id ID` (the sender's own id of the event) a send of an id sent before is a duplicate: nothing is sent, and it
+says so. Its `--json` prints {"id", "name", "key", "matched", "step_id", "workflow_id", "sent_id", "duplicate"};
+exit 0 whether or not a step was waiting (a duplicate too), 1 for bad input (a name, key or id too long, a
+payload that is not JSON), with nothing written.
 
 `approve` / `reject` decide an approval step (the same service as the admin's "Pending approvals",
 workflows.approvals.decide) as a Django user: `--user NAME`, else the one whose username is the OS login name;
@@ -50,6 +52,7 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
+from queue_app.engine.payload import PAYLOAD_RULE
 from queue_app.management.commands.spark_run import parse_params
 from queue_app.workflows import WorkflowError, approvals, registered_workflows, waits
 from queue_app.workflows import services as workflows
@@ -112,7 +115,12 @@ class Command(BaseCommand):
         send = sub.add_parser("send-event", help="send an event to the step waiting for its name and key")
         send.add_argument("name")
         send.add_argument("--key", required=True)
-        send.add_argument("--payload", metavar="JSON", help="the event's payload: the waiting step's result")
+        send.add_argument(
+            "--payload", metavar="JSON", help="the event's payload, any JSON value: the waiting step's result"
+        )
+        send.add_argument(
+            "--id", dest="event_id", metavar="ID", help="the event's own id: a send of an id sent before is a duplicate"
+        )
         send.add_argument("--json", action="store_true")
         for verb, what in (("approve", "approve (the step succeeds)"), ("reject", "reject (the step fails)")):
             decide = sub.add_parser(verb, help=f"{what} an approval step waiting for a decision")
@@ -198,12 +206,12 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"workflow {id} {status['name']} was not cancelled: it is {status['state']} already")
 
-    def do_send_event(self, *, name, key, payload, json, **_):
+    def do_send_event(self, *, name, key, payload, event_id, json, **_):
         try:
             value = None if payload is None else _loads(payload)
         except ValueError as exc:
-            raise CommandError(f"--payload is not JSON: {exc}; nothing was written") from None
-        sent = waits.send_event(name, key, value)
+            raise CommandError(f"--payload is not valid JSON ({PAYLOAD_RULE}): {exc}; nothing was written") from None
+        sent = waits.send_event(name, key, value, id=event_id)
         if json:
             self.stdout.write(
                 _dumps(
@@ -214,9 +222,13 @@ class Command(BaseCommand):
                         "matched": sent.matched,
                         "step_id": sent.step_id,
                         "workflow_id": sent.workflow_id,
+                        "sent_id": sent.sent_id,
+                        "duplicate": sent.duplicate,
                     }
                 )
             )
+        elif sent.duplicate:
+            self.stdout.write(f"event id {event_id!r} was sent before: a duplicate, nothing sent (no step woken)")
         elif sent.matched:
             self.stdout.write(f"event {sent.id} {name} {key!r} woke step {sent.step_id} of workflow {sent.workflow_id}")
         else:
