@@ -189,8 +189,8 @@ class WebhookEndpointAdmin(WebhookPermissions, OperationsAdmin):
         return "Shown once when the endpoint was created or its secret rotated; never again."
 
     @admin.display(description="url", ordering="url")
-    def url_short(self, obj: WebhookEndpoint) -> str:
-        return shorten(obj.url, 60)
+    def url_short(self, obj: WebhookEndpoint) -> SafeString | str:
+        return cut(obj.url, "wide")  # whole on hover
 
     @admin.display(description="event types")
     def events(self, obj: WebhookEndpoint) -> str:
