@@ -220,6 +220,8 @@ def test_checks_say_blocking_or_warn_deliveries_say_why_and_the_charts_have_a_ra
     jobs = [name for name, _ in durations["legend"]]
     assert sorted(jobs) == ["demo_analytics", "demo_rollup", "demo_sleep"], durations  # the legend: the jobs
     assert len({colour for _, colour in durations["legend"]}) == 3, durations  # one colour each, not all green
+    points = {name: colour for name, _, colour in durations["symbols"]}
+    assert all(isinstance(c, str) for c in points.values()) and len(set(points.values())) == 3, durations
     rollup = next(s for s in durations["symbols"] if s[0] == "demo_rollup")
     assert "x" in rollup[1] and "circle" in rollup[1], durations  # its failed run's symbol, beside the succeeded
     for chart in ("#chart-processed", "#chart-p95"):
