@@ -92,10 +92,9 @@ def _time_range(xs: list[datetime], at_least: timedelta = MIN_TIME_SPAN, pad: ti
 
 
 def _show_range(layout: dict[str, Any], shown: list[Any]) -> None:
-    """Set a time axis' range, its range slider's too (the slider would else span the data alone)."""
-    layout["xaxis"]["range"] = shown
-    if "rangeslider" in layout["xaxis"]:
-        layout["xaxis"]["rangeslider"]["range"] = shown
+    """Make a time axis' automatic range include `shown`: the first drawing, the range slider and the "all"
+    button all span it (a fixed range would hold for the first drawing only: "all" autoranges)."""
+    layout["xaxis"]["autorangeoptions"] = {"include": shown}
 
 
 @cache
