@@ -172,3 +172,40 @@ def test_the_grid_shows_a_partition_whose_blocking_checks_failed(ds_client):
 
     assert re.search(r'href="\?partition=2026-11-26" class="state-failed-checks"', page)
     assert re.search(r'href="\?partition=2026-11-25" class="state-materialized"', page)
+
+
+def test_the_grid_spans_the_range_that_exists_a_long_gap_is_one_cell_and_a_failed_day_outlives_the_limit():
+    from queue_app.datasets import get_dataset
+    from queue_app.datasets.checks_run import record_check_result
+    from queue_app.datasets.models import DatasetCheckResult
+    from queue_app.datasets.status import GRID_GAP, partition_grid
+    from queue_app.spark.pipelines.demo_data import BAD_DAY, EVENTS
+
+    sync_datasets()
+    now = dt.datetime(2026, 12, 2, 9, tzinfo=dt.UTC)
+    bad = record_materialization(EVENTS, BAD_DAY, bytes=10, observed=True)
+    for check in DatasetCheckResult.objects.filter(materialization_id=bad.id):
+        record_check_result(bad.id, check.check_name, passed=False, message="bad day")
+    for day in (dt.date(2026, 11, 20), dt.date(2026, 11, 23), dt.date(2026, 11, 30)):
+        record_materialization(EVENTS, day, bytes=10, observed=True)
+    ds = get_dataset(EVENTS)
+
+    cells = partition_grid(ds, now=now)
+    shown = [(c.partition, c.state) for c in cells]
+    gap = cells[1]
+    assert shown[0] == ("2025-01-13", "failed-checks") and gap.state == "gap" and gap.count > GRID_GAP
+    assert (gap.partition, gap.until) == ("2025-01-14", "2026-11-19")
+    assert shown[2:] == [
+        ("2026-11-20", "checks-pending"),  # its checks not run here
+        ("2026-11-21", "missing"),
+        ("2026-11-22", "missing"),
+        ("2026-11-23", "checks-pending"),
+        *[(f"2026-11-{d}", "missing") for d in range(24, 30)],
+        ("2026-11-30", "checks-pending"),
+        ("2026-12-01", "missing"),  # the last complete day, not yet materialized
+    ]
+
+    few = partition_grid(ds, limit=4, now=now)  # past the limit: the failed day keeps its cell
+    assert [(c.partition, c.state) for c in few][0] == ("2025-01-13", "failed-checks")
+    assert few[1].state == "older" and few[1].until == "2026-11-27"
+    assert [c.partition for c in few[2:]] == ["2026-11-28", "2026-11-29", "2026-11-30", "2026-12-01"]

@@ -19,6 +19,11 @@ from django.urls import reverse
 from django.utils.http import urlencode
 
 STATE_COLORS = {"succeeded": "#2e7d32", "failed": "#c62828", "cancelled": "#757575", "timed_out": "#ef6c00"}
+# How a run ended, as its point's symbol on the durations chart (the colour is its job's).
+STATE_SYMBOLS = {"succeeded": "circle", "failed": "x", "cancelled": "square", "timed_out": "diamond"}
+# A time axis spans at least this much: plotly draws one point's axis as a millisecond either side of it.
+MIN_TIME_SPAN = timedelta(hours=2)
+MIN_CATEGORIES = 5  # a bar chart of fewer categories keeps room for this many: one bar is not the chart's width
 TIME_RANGES = [
     {"count": 1, "label": "1h", "step": "hour", "stepmode": "backward"},
     {"count": 1, "label": "1d", "step": "day", "stepmode": "backward"},
@@ -83,6 +88,23 @@ def _layout(title: str, y_title: str, *, time_axis: bool = True, **extra: Any) -
     }
 
 
+def _time_range(xs: list[datetime], at_least: timedelta = MIN_TIME_SPAN, pad: timedelta | None = None) -> list[Any]:
+    """A time axis' range around `xs`: at least `at_least` wide, centred on the points when they span less (one
+    point, or a few close together), else the points' span with `pad` (at least 2% of it) either side."""
+    first, last = min(xs), max(xs)
+    if last - first < at_least:
+        centre = first + (last - first) / 2
+        return [centre - at_least / 2, centre + at_least / 2]
+    margin = max(pad or timedelta(0), (last - first) / 50)
+    return [first - margin, last + margin]
+
+
+def _show_range(layout: dict[str, Any], shown: list[Any]) -> None:
+    """Make a time axis' automatic range include `shown`: the first drawing, the range slider and the "all"
+    button all span it (a fixed range would hold for the first drawing only: "all" autoranges)."""
+    layout["xaxis"]["autorangeoptions"] = {"include": shown}
+
+
 @cache
 def _template() -> dict[str, Any]:
     """plotly's default template, as go.Figure puts it in a figure's layout (read once); none without plotly."""
@@ -117,8 +139,9 @@ def run_url(run_id: int) -> str:
 
 
 def durations_figure(runs: Iterable[Any], duration_of) -> dict[str, Any] | None:
-    """Seconds from start to end of finished runs against their finish time: one trace per job, points coloured
-    by how the run ended; a click opens the run."""
+    """Seconds from start to end of finished runs against their finish time: one trace per job (its colour, in
+    the legend), each point's symbol saying how the run ended (circle succeeded, x failed, square cancelled,
+    diamond timed out); a click opens the run."""
     go = plotly_objects()
     if go is None:
         return missing_figure()
@@ -135,14 +158,16 @@ def durations_figure(runs: Iterable[Any], duration_of) -> dict[str, Any] | None:
             y=[round(duration_of(r), 3) for r in job_runs],
             mode="lines+markers",
             line={"width": 1},
-            marker={"size": 9, "color": [STATE_COLORS.get(r.state, "#555") for r in job_runs]},
+            marker={"size": 9, "symbol": [STATE_SYMBOLS.get(r.state, "circle-open") for r in job_runs]},
             customdata=[[run_url(r.id), r.id, r.state] for r in job_runs],
             hovertemplate=f"<b>{job}</b> run #%{{customdata[1]}} %{{customdata[2]}}<br>"
             "%{y:.1f} s, finished %{x|%Y-%m-%d %H:%M:%S} UTC<extra></extra>",
         )
         for job, job_runs in sorted(by_job.items())
     ]
-    return _figure(traces, _layout("Run durations", "duration (s)"))
+    layout = _layout("Run durations", "duration (s)")
+    _show_range(layout, _time_range([r.finished_at for job_runs in by_job.values() for r in job_runs]))
+    return _figure(traces, layout)
 
 
 def outcomes_figure(runs: Iterable[Any], changelist_url: str) -> dict[str, Any] | None:
@@ -169,6 +194,9 @@ def outcomes_figure(runs: Iterable[Any], changelist_url: str) -> dict[str, Any] 
     ]
     layout = _layout("Run outcomes (last finished runs)", "runs", time_axis=False, barmode="stack")
     layout["xaxis"] = {"title": {"text": "job"}, "type": "category"}
+    if len(jobs) < MIN_CATEGORIES:  # room for MIN_CATEGORIES bars, the jobs' in the middle
+        side = (MIN_CATEGORIES - len(jobs)) / 2
+        layout["xaxis"]["range"] = [-0.5 - side, len(jobs) - 0.5 + side]
     return _figure(traces, layout)
 
 
@@ -210,10 +238,15 @@ def stats_figures(hours: dict[datetime, dict[str, Any]], queue: str) -> list[dic
         )
         for what, color in (("wait", "#1565c0"), ("run", "#ef6c00"))
     ]
-    return [
-        _figure(counts, _layout(f"Attempts per hour in {queue}", "attempts per hour", barmode="stack")),
-        _figure(lines, _layout(f"p95 per hour in {queue} (highest of its tasks)", "seconds")),
+    figures = [
+        (counts, _layout(f"Attempts per hour in {queue}", "attempts per hour", barmode="stack")),
+        (lines, _layout(f"p95 per hour in {queue} (highest of its tasks)", "seconds")),
     ]
+    # Hours, not milliseconds, either side of a single hour: at least six hours shown, the bars an hour wide.
+    shown = _time_range(centre, at_least=timedelta(hours=6), pad=timedelta(minutes=30))
+    for _, layout in figures:
+        _show_range(layout, shown)
+    return [_figure(data, layout) for data, layout in figures]
 
 
 def throughput_figure(snap: Any, items_url: str) -> dict[str, Any]:
@@ -249,10 +282,15 @@ def throughput_figure(snap: Any, items_url: str) -> dict[str, Any]:
     return _figure(traces, layout)
 
 
+FIGURE_COLOURS = {"rows": "#1565c0", "bytes": "#ef6c00", "files": "#6a1b9a"}  # the materializations chart's
+
+
 def materializations_figure(history: Iterable[Any], dataset: str) -> dict[str, Any] | None:
-    """A dataset's materializations over time: rows (left axis) and bytes (right axis), one point each; a click
-    on a point written by a Spark run opens the run. The figure is written as plotly's JSON directly: plotly's
-    validation of 500 points cost more than the rest of the dataset page."""
+    """A dataset's materializations over time: rows (left axis) and bytes (right axis), one point each, of the
+    figures its materializations have (an observed dataset has bytes, no rows: its one axis is then bytes, never
+    an empty axis; files when there is neither); a click on a point written by a Spark run opens the run.
+    The legend sits above the plot, right, clear of the right axis' labels. The figure is written as plotly's
+    JSON directly: plotly's validation of 500 points cost more than the rest of the dataset page."""
     points = sorted(history, key=lambda m: (m.at, m.id))
     if not points:
         return None
@@ -262,6 +300,10 @@ def materializations_figure(history: Iterable[Any], dataset: str) -> dict[str, A
         for m in points
     ]
     x = [m.at for m in points]
+    kept = [what for what in ("rows", "bytes") if any(getattr(m, what) is not None for m in points)]
+    if not kept:
+        kept = ["files"] if any(m.files is not None for m in points) else ["rows"]
+    axes = [(what, axis, FIGURE_COLOURS[what]) for what, axis in zip(kept, ("y", "y2"), strict=False)]
     traces = [
         {
             "type": "scatter",
@@ -277,11 +319,24 @@ def materializations_figure(history: Iterable[Any], dataset: str) -> dict[str, A
             "hovertemplate": f"partition %{{customdata[1]}} (%{{customdata[2]}}): %{{y:,}} {what}<br>"
             "%{x|%Y-%m-%d %H:%M:%S} UTC<extra></extra>",
         }
-        for what, axis, color in (("rows", "y", "#1565c0"), ("bytes", "y2", "#ef6c00"))
+        for what, axis, color in axes
     ]
-    layout = _layout(f"Materializations of {dataset}", "rows")
-    layout["yaxis2"] = {"title": {"text": "bytes"}, "overlaying": "y", "side": "right", "rangemode": "tozero"}
-    layout["margin"]["r"] = 70
+    layout = _layout(f"Materializations of {dataset}", kept[0])
+    _show_range(layout, _time_range(x, pad=timedelta(hours=12)))
+    layout["yaxis"].update(tickformat="~s", automargin=True)
+    if len(kept) > 1:
+        layout["yaxis2"] = {
+            "title": {"text": kept[1]},
+            "overlaying": "y",
+            "side": "right",
+            "rangemode": "tozero",
+            "tickformat": "~s",
+            "tickmode": "auto",
+            "showgrid": False,
+            "automargin": True,
+        }
+    layout["legend"] = {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"}
+    layout["margin"]["r"] = 20
     layout["template"] = _template()
     if plotly_js_path() is None:
         return missing_figure()

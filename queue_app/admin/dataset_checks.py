@@ -15,10 +15,12 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from ..datasets.checks_run import may_override, override_failed_checks
 from ..datasets.declarations import DatasetError
 from ..datasets.models import CheckState, DatasetCheckResult, Materialization
+from .display import cut, time_column
 
 TEMPLATE = "admin/queue_app/datasets/override_confirm.html"
 
@@ -39,10 +41,15 @@ class ResultFilter(admin.SimpleListFilter):
 
 @admin.register(DatasetCheckResult)
 class DatasetCheckResultAdmin(admin.ModelAdmin):
-    list_display = ("dataset", "partition_shown", "check_name", "severity", "blocking", "result", "state", "at")
+    # At 1,440 px the list fits its box (between the sidebar and the filters): the check's name and the result's
+    # message are cut, whole on hover and on the result's page.
+    list_display = ("dataset", "partition_shown", "check_shown", "blocking_shown", "result", "state", "at_short")
     list_filter = (ResultFilter, "severity", "blocking")
     search_fields = ("=dataset", "check_name")
-    readonly_fields = [f.name for f in DatasetCheckResult._meta.fields] + ["state"]
+    readonly_fields = [
+        "blocking_shown" if f.name == "blocking" else f.name for f in DatasetCheckResult._meta.fields
+    ] + ["state"]
+    fields = readonly_fields
     actions = ["override_checks"]
     list_per_page = 50
     show_full_result_count = False
@@ -63,14 +70,29 @@ class DatasetCheckResultAdmin(admin.ModelAdmin):
     def partition_shown(self, obj: DatasetCheckResult) -> str:
         return obj.partition or "-"
 
-    @admin.display(description="result")
-    def result(self, obj: DatasetCheckResult) -> str:
-        if obj.passed is None:
-            return "pending"
-        head = "passed" if obj.passed else "failed"
-        return format_html("{}{}", head, f": {obj.message[:120]}" if obj.message else "")
+    @admin.display(description="check", ordering="check_name")
+    def check_shown(self, obj: DatasetCheckResult) -> SafeString | str:
+        return cut(obj.check_name, "narrow")
 
-    @admin.display(description="materialization's checks")
+    @admin.display(description="kind", ordering="blocking")
+    def blocking_shown(self, obj: DatasetCheckResult) -> str:
+        """Words, not Django's boolean icon (a red cross on a warn check read as a failed check): "blocking" (an
+        error check, the default), "warn" (a warn check, the default), and the two uncommon mixes said whole."""
+        if obj.blocking:
+            return "blocking" if obj.severity == "error" else "blocking (warn)"
+        return "warn" if obj.severity == "warn" else "error, not blocking"
+
+    @admin.display(description="result")
+    def result(self, obj: DatasetCheckResult) -> SafeString:
+        if obj.passed is None:
+            return format_html('<span class="check-result">pending</span>')
+        head = "passed" if obj.passed else "failed"
+        shown = f"{head}: {obj.message}" if obj.message else head
+        return format_html('<span class="check-result check-{}">{}</span>', head, cut(shown) if obj.message else shown)
+
+    at_short = time_column("at", "at", ordering="at")
+
+    @admin.display(description="all checks")
     def state(self, obj: DatasetCheckResult) -> str:
         return getattr(obj, "materialization_checks", None) or ""
 

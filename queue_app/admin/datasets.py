@@ -367,6 +367,21 @@ def grid_html(cells: list[Cell], selected: str | None) -> SafeString:
     template language, each with a localized time, were half of the dataset page)."""
     parts = []
     for c in cells:
+        if c.state in ("gap", "older"):  # a run of partitions in one cell, not a link
+            what = "never materialized" if c.state == "gap" else "older, none failed its checks"
+            parts.append(
+                format_html(
+                    '<span class="state-{}" title="{} to {}: {} partitions, {}">… {} {} …</span>',
+                    c.state,
+                    c.partition,
+                    c.until,
+                    c.count,
+                    what,
+                    c.count,
+                    "missing" if c.state == "gap" else "older",
+                )
+            )
+            continue
         fill, border = CELL_COLOURS[c.state]
         title = f"{c.partition or '(unpartitioned)'}: {c.state}"
         if c.at is not None:

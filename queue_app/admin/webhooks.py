@@ -11,7 +11,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -189,8 +189,8 @@ class WebhookEndpointAdmin(WebhookPermissions, OperationsAdmin):
         return "Shown once when the endpoint was created or its secret rotated; never again."
 
     @admin.display(description="url", ordering="url")
-    def url_short(self, obj: WebhookEndpoint) -> str:
-        return shorten(obj.url, 60)
+    def url_short(self, obj: WebhookEndpoint) -> SafeString | str:
+        return cut(obj.url, "wide")  # whole on hover
 
     @admin.display(description="event types")
     def events(self, obj: WebhookEndpoint) -> str:
@@ -302,13 +302,14 @@ class WebhookDeliveryAdmin(WebhookPermissions, ReadOnlyAdmin):
     operations = (REPLAY,)
     actions = [op.as_action() for op in operations]
     inlines = [AttemptInline]
-    # State, attempts and status first: they stay on screen at 1,440 px; the endpoint's URL and the webhook id
-    # are cut, whole on hover.
+    # State, attempts, status and the last attempt's error first: they stay on screen at 1,440 px; the error,
+    # the endpoint's URL and the webhook id are cut, whole on hover (and the error whole on the delivery's page).
     list_display = (
         "id",
         "state",
         "attempts",
         "status",
+        "last_error_short",
         "endpoint_short",
         "event_type",
         "webhook_id_short",
@@ -327,6 +328,7 @@ class WebhookDeliveryAdmin(WebhookPermissions, ReadOnlyAdmin):
         "item",
         "attempt_count",
         "last_status_code",
+        "last_error_shown",
         "created_at",
         "delivered_at",
         "payload",
@@ -334,7 +336,18 @@ class WebhookDeliveryAdmin(WebhookPermissions, ReadOnlyAdmin):
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).defer("body")
+        # The last attempt's error (an HTTP status, a timeout, the SSRF guard's refusal), stored on its attempt
+        # row in the statement that counts the attempt: one probe of webhookattempt_delivery per row.
+        last = WebhookAttempt.objects.filter(delivery=OuterRef("pk")).order_by("-id").values("error")[:1]
+        return super().get_queryset(request).defer("body").annotate(last_error=Subquery(last))
+
+    @admin.display(description="last error")
+    def last_error_short(self, obj: WebhookDelivery) -> SafeString | str:
+        return cut(getattr(obj, "last_error", None), "narrow")
+
+    @admin.display(description="last attempt's error")
+    def last_error_shown(self, obj: WebhookDelivery) -> SafeString | str:
+        return preformatted(getattr(obj, "last_error", None) or "") if getattr(obj, "last_error", None) else "-"
 
     def get_changelist_instance(self, request: HttpRequest):
         changelist = super().get_changelist_instance(request)
@@ -353,7 +366,7 @@ class WebhookDeliveryAdmin(WebhookPermissions, ReadOnlyAdmin):
 
     @admin.display(description="endpoint", ordering="endpoint")
     def endpoint_short(self, obj: WebhookDelivery) -> SafeString | str:
-        return cut(str(obj.endpoint))
+        return cut(str(obj.endpoint), "narrow")
 
     @admin.display(description="webhook id", ordering="webhook_id")
     def webhook_id_short(self, obj: WebhookDelivery) -> SafeString | str:

@@ -32,6 +32,7 @@ from ..workflows.graph import COLOURS, SEVERITY, step_states, svg
 from ..workflows.models import WORKFLOW_FINAL_STATES, Workflow, WorkflowState, WorkflowStep
 from . import approvals, workflow_versions
 from .actions import Operation, ReadOnlyAdmin
+from .display import cut, time_column
 from .overview import age
 
 TEMPLATES = "admin/queue_app/workflow/"
@@ -142,8 +143,20 @@ class BackfillForm(forms.Form):
 class WorkflowAdmin(ReadOnlyAdmin):
     operations = (CANCEL, REPAIR)
     actions = [op.as_action() for op in operations]
-    list_display = ("id", "name", "kind", "state_badge", "progress", "duration", "started_by", "attempt", "created_at")
-    list_display_links = ("id", "name")
+    # At 1,440 px the list fits its box (between the sidebar and the filters): the name and who started it are
+    # cut, whole on hover; the start time is the lists' short one (list_time).
+    list_display = (
+        "id",
+        "name_short",
+        "kind",
+        "state_badge",
+        "progress",
+        "duration",
+        "started_by_short",
+        "attempt",
+        "created",
+    )
+    list_display_links = ("id", "name_short")
     list_filter = ("state", "kind")
     search_fields = ("=id", "=name")
     search_help_text = "Exact workflow id or name."
@@ -180,6 +193,16 @@ class WorkflowAdmin(ReadOnlyAdmin):
     @admin.display(description="duration")
     def duration(self, workflow: Workflow) -> str:
         return age(duration_of(workflow))
+
+    @admin.display(description="name", ordering="name")
+    def name_short(self, workflow: Workflow) -> SafeString | str:
+        return cut(workflow.name)
+
+    @admin.display(description="started by", ordering="started_by")
+    def started_by_short(self, workflow: Workflow) -> SafeString | str:
+        return cut(workflow.started_by, "narrow")
+
+    created = time_column("created_at", "created at", ordering="created_at")
 
     # -- URLs and views ---------------------------------------------------------------------------------------
 

@@ -178,6 +178,7 @@ def detail(
 
 PARTITIONS_COUNTED_UP_TO = 10_000  # the admin's list says "10,000+" beyond (one index probe per partition)
 GRID_PARTITIONS = 200  # the dataset page's grid: this many of the newest partitions
+GRID_GAP = 14  # a longer run of never-materialized daily or hourly partitions is one gap cell in the grid
 
 
 PARTITIONS_SCANNED = 2_000  # materializations read per dataset before counting its partitions by probes
@@ -207,7 +208,9 @@ def partition_counts(
 class Cell:
     """One partition in the dataset page's grid: its key, its state and its latest materialization (None when
     missing). States: "materialized" (by a run, step, item or code), "observed", "missing", and from the latest
-    materialization's checks "failed-checks" (a blocking check failed) and "checks-pending" (still running)."""
+    materialization's checks "failed-checks" (a blocking check failed) and "checks-pending" (still running).
+    A "gap" cell stands for `count` missing partitions in a row, `partition` to `until`; an "older" one for
+    `count` partitions past the grid's limit (none of them failed its checks: those keep their own cells)."""
 
     partition: str
     state: str
@@ -217,6 +220,8 @@ class Cell:
     bytes: int | None = None
     spark_run_id: int | None = None
     checks: str = CheckState.NONE
+    until: str = ""
+    count: int = 0
 
 
 def cell_state(source: str | None, checks: str | None = None) -> str:
@@ -229,9 +234,12 @@ def cell_state(source: str | None, checks: str | None = None) -> str:
     return "observed" if source == "observed" else "materialized"
 
 
-def partition_grid(ds: Dataset, limit: int = GRID_PARTITIONS) -> list[Cell]:
-    """The dataset's newest `limit` partitions, oldest first, each with its latest materialization; for a daily
-    or hourly dataset the gaps between them are shown as missing, and a static dataset shows every declared key."""
+def partition_grid(ds: Dataset, limit: int = GRID_PARTITIONS, now: dt.datetime | None = None) -> list[Cell]:
+    """The dataset's newest `limit` materialized partitions, oldest first, each with its latest materialization. A
+    daily or hourly dataset shows the range that exists: from its first materialized partition (of those) to the
+    last complete one before `now`, the missing partitions between as missing cells, a run of more than GRID_GAP
+    of them as one gap cell, so a partition materialized long ago (a failed backfill day) stays on the grid
+    beside the recent ones. A static dataset shows every declared key."""
     with connection.cursor() as cursor:
         cursor.execute(PARTITION_GRID, [ds.name, ds.name, limit, ds.name])
         found = {
@@ -239,14 +247,49 @@ def partition_grid(ds: Dataset, limit: int = GRID_PARTITIONS) -> list[Cell]:
             for row in cursor.fetchall()
         }
     kind = ds.partitioning.kind
+    if kind in ("daily", "hourly") and found:
+        try:
+            return _time_grid(ds.partitioning, found, now or dt.datetime.now(dt.UTC), limit)
+        except PartitionError:  # keys written under another partitioning
+            pass
     keys: list[str] = sorted(found)
     if kind == "static":
         keys = sorted(set(ds.partitioning.valid) | set(found))
-    elif kind in ("daily", "hourly") and found:
-        try:
-            keys = sorted(set(ds.partitioning.keys(min(found), max(found))[-limit:]) | set(found))[-limit:]
-        except PartitionError:  # keys written under another partitioning
-            keys = sorted(found)
     elif kind == "none" and not found:
         keys = [""]
     return [found.get(key) or Cell(key, "missing") for key in keys]
+
+
+def _time_grid(partitioning: Any, found: dict[str, Cell], now: dt.datetime, limit: int) -> list[Cell]:
+    """The cells of a daily or hourly grid (partition_grid): every found key, the missing keys between and up to
+    the last complete partition, long runs of missing ones as gap cells; the newest `limit` cells, and of the
+    older ones those whose checks failed, the rest as "older" cells between them."""
+    step = partitioning.step
+    last_complete = partitioning.key(now - step)
+    keys = sorted(found)
+    ends = keys + ([last_complete] if last_complete > keys[-1] else [])
+    cells: list[Cell] = []
+    for before, key in zip([None, *ends], ends, strict=False):
+        if before is not None:
+            start = partitioning.parse(before) + step
+            missing = (partitioning.parse(key) - start) // step
+            if 0 < missing <= GRID_GAP:
+                cells += [Cell(partitioning.text(start + i * step), "missing") for i in range(missing)]
+            elif missing > GRID_GAP:
+                until = partitioning.text(partitioning.parse(key) - step)
+                cells.append(Cell(partitioning.text(start), "gap", until=until, count=missing))
+        cells.append(found.get(key) or Cell(key, "missing"))
+    if len(cells) <= limit:
+        return cells
+    shown: list[Cell] = []
+    for cell in cells[:-limit]:  # past the limit: the failed partitions, what lies between them as gap cells
+        if cell.state == "failed-checks":
+            shown.append(cell)
+            continue
+        count = cell.count or 1
+        if shown and shown[-1].state == "older":
+            gap = shown.pop()
+            shown.append(Cell(gap.partition, "older", until=cell.until or cell.partition, count=gap.count + count))
+        else:
+            shown.append(Cell(cell.partition, "older", until=cell.until or cell.partition, count=count))
+    return shown + cells[-limit:]
