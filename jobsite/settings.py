@@ -147,6 +147,8 @@ JOBSITE = {
         ("ARCHIVE_AFTER", float),
         ("ID_MARK_EVERY", float),
         ("PREPARED_STATEMENTS", bool),
+        ("CONNECTION_POOLER", str),
+        ("LISTEN_DATABASE_URL", str),
         ("WEBHOOKS_ALLOW_PRIVATE", bool),
         ("WEBHOOKS_DISABLE_AFTER_DAYS", float),
         ("WEBHOOKS_CONNECT_TIMEOUT", float),
