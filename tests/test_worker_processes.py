@@ -393,7 +393,7 @@ def wake_lock_holders() -> list[str]:
 
 
 def test_one_idle_worker_answers_a_notification_first_and_the_others_follow(worker):
-    """No thundering herd: one worker holds the wake lock and leases at once; the others lease a moment later,
+    """No thundering herd: one worker holds the wake duty and leases at once; the others lease a moment later,
     so every idle worker still gets work when there is enough of it (no 30-second poll in between)."""
     procs = [
         worker(f"herd{n}", "--concurrency", "1", "--prefetch", "0", "--poll-interval", "30", "--no-scheduler")
@@ -401,7 +401,7 @@ def test_one_idle_worker_answers_a_notification_first_and_the_others_follow(work
     ]
     # Every worker idle in select(), past its first lease.
     wait_for(lambda: all(past_first_lease(proc) for proc in procs), timeout=60, what="3 workers past a lease")
-    wait_for(lambda: len(wake_lock_holders()) == 1, timeout=10, what="one worker to hold the wake lock")
+    wait_for(lambda: len(wake_lock_holders()) == 1, timeout=10, what="one worker to hold the wake duty")
     items = [get_task(PROBE).enqueue({"sleep": 3}).id for _ in range(3)]
     wait_for(lambda: ExecutionLog.objects.filter(item_id__in=items).count() == 3, timeout=60, what="3 runs")
     runs = list(ExecutionLog.objects.filter(item_id__in=items))
@@ -426,7 +426,7 @@ def test_a_burst_is_shared_between_workers_unless_told_to_hold_their_whole_prefe
     procs = [worker(f"share{n}", *args) for n in range(2)]
     # Both idle in select(), past their first lease.
     wait_for(lambda: all(past_first_lease(proc) for proc in procs), timeout=60, what="2 workers past a lease")
-    wait_for(lambda: len(wake_lock_holders()) == 1, timeout=10, what="one worker to hold the wake lock")
+    wait_for(lambda: len(wake_lock_holders()) == 1, timeout=10, what="one worker to hold the wake duty")
     items = engine.enqueue_many(PROBE, [{"sleep": 0.05}] * 60)
     wait_for(lambda: ExecutionLog.objects.filter(item_id__in=items).count() == 60, timeout=60, what="60 runs")
     runs = Counter(ExecutionLog.objects.filter(item_id__in=items).values_list("worker_id", flat=True))
@@ -446,7 +446,7 @@ def test_when_the_first_worker_stops_a_follower_takes_over(worker):
     """The first worker hands its wake duty back as it stops (a leader row: no session lock that a pooler could
     keep); a follower takes it at its next try (its poll interval), and answers the next notification."""
     procs = {f"follow{n}": worker(f"follow{n}", "--concurrency", "1", "--poll-interval", "0.2") for n in range(2)}
-    wait_for(lambda: len(wake_lock_holders()) == 1, timeout=30, what="one worker to hold the wake lock")
+    wait_for(lambda: len(wake_lock_holders()) == 1, timeout=30, what="one worker to hold the wake duty")
     (first,) = wake_lock_holders()
     procs[first].terminate()
     assert finish(procs.pop(first), timeout=30) == 0

@@ -114,7 +114,7 @@ class Supervisor:
         self.next_heartbeat = 0.0
         self.gather_since: float | None = None  # when the first slot freed since the last lease
         self.wake_at = float("inf")  # a follower's lease after a notification (see worker/listener.py)
-        self.next_first_try = 0.0  # a follower's next try for the wake lock
+        self.next_first_try = 0.0  # a follower's next try for the wake duty (a leader row)
         self.idle_after_lease = False  # --burst: a lease found nothing, nothing is in flight, and nothing is ready
         self.said_held_back = False
         self.heartbeat_every = self._heartbeat_cap()
@@ -429,7 +429,7 @@ class Supervisor:
     def _database_round(self) -> None:
         now = time.monotonic()
         if self.shutdown.stopping and self.listener.connected:
-            self.listener.close()  # no more leases: hand the wake lock to a follower
+            self.listener.close()  # no more leases: hand the wake duty to a follower
         if (
             self.listener.listening
             and not self.listener.connected
