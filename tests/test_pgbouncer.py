@@ -156,6 +156,7 @@ def test_two_workers_behind_pgbouncer_run_a_stream_once_each_and_leave_no_sessio
     for proc in procs.values():
         assert proc.wait(30) == 0, proc.log.read_text()[-3000:]
     assert "wake-ups: polling every 0.3 s, not listening" in procs["pgb-poll"].log.read_text()
+    assert "wake-ups by LISTEN on LISTEN_DATABASE_URL" in procs["pgb0"].log.read_text()
 
     runs = Counter(ExecutionLog.objects.values_list("item_id", flat=True))
     items = set(QueueItem.objects.values_list("id", flat=True))

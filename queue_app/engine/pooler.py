@@ -34,6 +34,21 @@ def wakeup_mode() -> str:
     return "poll" if pooled() and listen_url() is None else "listen"
 
 
+def port_differs(using: str = "default") -> tuple[int, int] | None:
+    """(the port connected to, the port the server listens on) when they differ: a pooler or a proxy likely sits
+    in between (PgBouncer on 6432 in front of 5432). None when they agree or it cannot be told (a Unix socket)."""
+    from django.db import connections
+
+    wrapper = connections[using]
+    with wrapper.cursor() as cur:
+        cur.execute("SELECT inet_server_port()")
+        server = cur.fetchone()[0]
+    connected = wrapper.settings_dict.get("PORT") or 5432
+    if server is None or int(connected) == int(server):
+        return None
+    return int(connected), int(server)
+
+
 def listen_connection(params: dict[str, Any]) -> psycopg.Connection:
     """A new autocommit connection for LISTEN: from LISTEN_DATABASE_URL when set, else from `params` (Django's)."""
     url = listen_url()

@@ -965,10 +965,14 @@ LEADER = "queue_app_leader"
 
 # Take the duty, or renew it when we hold it already; a row held by another and not expired is left alone
 # (ON CONFLICT DO UPDATE re-checks its WHERE on the row's newest version under the row lock: of two workers
-# arriving together, one takes it). A row comes back when the duty is ours.
+# arriving together, one takes it). A row comes back when the duty is ours. A follower asks every poll interval:
+# while another holds the duty unexpired (the NOT EXISTS, on the snapshot) nothing is inserted, so its row is
+# neither locked nor written.
 TAKE_LEADER = f"""
 INSERT INTO {LEADER} AS l (duty, holder, taken_at, expires_at)
-VALUES (%(duty)s, %(holder)s, now(), now() + make_interval(secs => %(ttl)s))
+SELECT %(duty)s::varchar, %(holder)s::varchar, now(), now() + make_interval(secs => %(ttl)s::float8)
+WHERE NOT EXISTS (SELECT FROM {LEADER} o
+                  WHERE o.duty = %(duty)s::varchar AND o.holder <> %(holder)s::varchar AND o.expires_at >= now())
 ON CONFLICT (duty) DO UPDATE
     SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at,
         taken_at = CASE WHEN l.holder = EXCLUDED.holder THEN l.taken_at ELSE now() END

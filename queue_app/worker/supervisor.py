@@ -207,6 +207,7 @@ class Supervisor:
                 **({"replaces": self.replaces} if self.replaces else {}),
             ),
         )
+        self._say_pooler()
         if not self.listener.listening:
             logger.info(
                 "wake-ups: polling every %s s, not listening: CONNECTION_POOLER=transaction and no "
@@ -222,6 +223,26 @@ class Supervisor:
                 signal.signal(sig, handler)
             self._close()
         return REPLACE if self.shutdown.replacing else 0
+
+    def _say_pooler(self) -> None:
+        """Say at start what the worker does about a connection pooler, and warn when one seems to sit in between
+        (the port connected to is not the server's) while CONNECTION_POOLER is unset."""
+        try:
+            ports = engine.pooler.port_differs()
+        except DATABASE_DOWN:
+            return
+        if engine.pooler.pooled():
+            logger.info(
+                "CONNECTION_POOLER=transaction: statements unprepared, no session settings or session locks; "
+                "wake-ups %s",
+                "by LISTEN on LISTEN_DATABASE_URL" if self.listener.listening else "by polling",
+            )
+        elif ports is not None:
+            logger.warning(
+                "connected to port %d, the server listens on %d: a connection pooler may sit in between; if it pools "
+                "by transaction, set CONNECTION_POOLER=transaction (and LISTEN_DATABASE_URL past it)",
+                *ports,
+            )
 
     def _wake(self) -> None:
         """Make the loop's wait return now (from another thread, or a signal handler)."""
