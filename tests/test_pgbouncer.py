@@ -146,6 +146,9 @@ def test_two_workers_behind_pgbouncer_run_a_stream_once_each_and_leave_no_sessio
         "pgb1": ("listen", 30.0),
         "pgb-poll": ("poll", POLL),
     }
+    with psycopg.connect(_url(), autocommit=True) as direct:  # the wake duty: a row, taken through LISTEN_DATABASE_URL
+        wake = direct.execute("SELECT holder FROM queue_app_leader WHERE duty LIKE 'wake %%'").fetchall()
+    assert len(wake) == 1 and wake[0][0] in WORKERS
     metrics = Client().get("/metrics").content.decode()
     assert 'jobsite_worker_wakeup{mode="poll",worker="pgb-poll"} 1.0' in metrics
     assert 'jobsite_worker_wakeup{mode="listen",worker="pgb0"} 1.0' in metrics
