@@ -28,8 +28,8 @@ DEFAULTS: dict[str, Any] = {
     # A worker whose heartbeat is older than this is not live: /healthz and the admin stop counting it, and
     # maintenance marks its row stopped.
     "WORKER_LOST_AFTER": 60.0,
-    # The engine's statements are prepared on the server once per connection (see engine/db.py). Turn off
-    # behind a connection pooler that cannot carry prepared statements.
+    # The engine's statements are prepared on the server once per connection (see engine/db.py); off whatever
+    # this says when CONNECTION_POOLER is "transaction".
     "PREPARED_STATEMENTS": True,
     # None, or "transaction": the database is reached through a connection pooler that pools by transaction
     # (PgBouncer's pool_mode = transaction, most managed poolers). Then nothing of jobsite's outlives a
