@@ -2,7 +2,8 @@
 
 Spark runs need a Java runtime and PostgreSQL's JDBC driver (Debian: openjdk-17-jre-headless,
 libpostgresql-jdbc-java); the browser tests need Debian's chromium; the admin's workflow graph needs Graphviz's
-`dot` (Debian: graphviz); the Celery peer of `queue_bench` needs a Redis server (Debian: redis-server, which
+`dot` (Debian: graphviz); the tests behind a connection pooler need PgBouncer (Debian: pgbouncer, in /usr/sbin,
+not on every user's PATH); the Celery peer of `queue_bench` needs a Redis server (Debian: redis-server, which
 .ci/run starts when none answers). Nothing is downloaded outside the package manager. Without root (or sudo) or
 apt-get, this says what to install and the tests that need the missing piece skip with that reason; under
 `CI=true` the caller fails instead (`python3 -m jobsite.system_packages NAME...` exits 1 with what is missing).
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
+PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
 # name -> (how to tell it is there, Debian packages)
 NEEDS = {
@@ -24,6 +26,7 @@ NEEDS = {
     # The workflow graph in the admin is laid out by Graphviz's dot (through the `graphviz` PyPI package).
     "graphviz": (lambda: shutil.which("dot") is not None, ["graphviz"]),
     "redis": (lambda: shutil.which("redis-server") is not None, ["redis-server"]),
+    "pgbouncer": (lambda: Path(PGBOUNCER).exists(), ["pgbouncer"]),
 }
 
 

@@ -35,9 +35,17 @@ DEFAULTS: dict[str, Any] = {
     # A worker whose heartbeat is older than this is not live: /healthz and the admin stop counting it, and
     # maintenance marks its row stopped.
     "WORKER_LOST_AFTER": 60.0,
-    # The engine's statements are prepared on the server once per connection (see engine/db.py). Turn off
-    # behind a connection pooler that cannot carry prepared statements.
+    # The engine's statements are prepared on the server once per connection (see engine/db.py); off whatever
+    # this says when CONNECTION_POOLER is "transaction".
     "PREPARED_STATEMENTS": True,
+    # None, or "transaction": the database is reached through a connection pooler that pools by transaction
+    # (PgBouncer's pool_mode = transaction, most managed poolers). Then nothing of jobsite's outlives a
+    # transaction on a connection: no prepared statements, no session settings, no LISTEN on a pooled
+    # connection (see LISTEN_DATABASE_URL); duties that span transactions are leader rows (engine/leaders.py).
+    "CONNECTION_POOLER": None,
+    # A database URL past the pooler (postgres://...) for the worker's LISTEN connection, the one connection that
+    # needs a session. Unset behind a transaction pooler: the worker polls (run_worker --poll-interval).
+    "LISTEN_DATABASE_URL": None,
     # Webhooks (queue_app/webhooks/): loopback, link-local and private targets are refused unless allowed (tests,
     # local development); an endpoint failing without a success for this many days is disabled.
     "WEBHOOKS_ALLOW_PRIVATE": False,

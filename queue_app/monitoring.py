@@ -447,6 +447,27 @@ class SnapshotCollector:
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     counter.add_metric([worker.id], value)
             yield counter
+        # How each worker learns of new items: listen (LISTEN/NOTIFY, polling as the fallback) or poll (behind a
+        # transaction pooler without LISTEN_DATABASE_URL: new items wait up to its poll interval).
+        wakeup = GaugeMetricFamily(
+            "jobsite_worker_wakeup",
+            "1 for the worker's wake-up mode: listen (LISTEN/NOTIFY) or poll (behind a transaction pooler without "
+            "LISTEN_DATABASE_URL).",
+            labels=["worker", "mode"],
+        )
+        poll = GaugeMetricFamily(
+            "jobsite_worker_poll_interval_seconds",
+            "Seconds between the worker's polls: how long a new item may wait for a worker in poll mode.",
+            labels=["worker"],
+        )
+        for worker in snap.workers:
+            info = worker.stats or {}
+            if info.get("wakeup") in ("listen", "poll"):
+                wakeup.add_metric([worker.id, info["wakeup"]], 1)
+            if isinstance(info.get("poll_interval"), int | float):
+                poll.add_metric([worker.id], info["poll_interval"])
+        yield wakeup
+        yield poll
 
     def held_back(self) -> Iterable[Any]:
         """The overview's "Held back" column as numbers: per limit a queue has, 1 while it keeps due items

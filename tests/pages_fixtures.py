@@ -58,11 +58,11 @@ def spark_runs() -> list[int]:
 def datasets(run_id: int) -> None:
     """The demo's datasets: the last DEMO_DAYS days of events (observed: files and bytes, no rows) and of the
     rollup (rows and bytes, by a run), and the bad day of January 2025 whose blocking check failed."""
+    from jobsite.demo.data import BAD_DAY, EVENTS, ROLLUP
     from queue_app.datasets.checks_run import record_check_result
     from queue_app.datasets.models import DatasetCheckResult, Materialization
     from queue_app.datasets.services import record_materialization
     from queue_app.datasets.sync import sync_datasets
-    from queue_app.spark.pipelines.demo_data import BAD_DAY, EVENTS, ROLLUP
 
     sync_datasets()
     today = timezone.now().date()

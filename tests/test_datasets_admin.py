@@ -175,11 +175,11 @@ def test_the_grid_shows_a_partition_whose_blocking_checks_failed(ds_client):
 
 
 def test_the_grid_spans_the_range_that_exists_a_long_gap_is_one_cell_and_a_failed_day_outlives_the_limit():
+    from jobsite.demo.data import BAD_DAY, EVENTS
     from queue_app.datasets import get_dataset
     from queue_app.datasets.checks_run import record_check_result
     from queue_app.datasets.models import DatasetCheckResult
     from queue_app.datasets.status import GRID_GAP, partition_grid
-    from queue_app.spark.pipelines.demo_data import BAD_DAY, EVENTS
 
     sync_datasets()
     now = dt.datetime(2026, 12, 2, 9, tzinfo=dt.UTC)

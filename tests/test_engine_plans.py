@@ -7,6 +7,7 @@ batch: a settle that took the items first and scanned its own list once per item
 one that read every done item (item_task_history) to find the few this settle repeats."""
 
 import re
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -40,6 +41,17 @@ NOT_PLANNED = {
     "DROP_PARTITION",
     "RESTORE_ITEMS",
 }
+
+
+@pytest.fixture(autouse=True)
+def engine_session(transactional_db) -> Iterator[None]:
+    """The test's connection as the worker's own connections are (engine.engine_session_here): sql.ENGINE_SESSION
+    set. Reset afterwards: the other tests' connections are the project's, which keep PostgreSQL's defaults."""
+    with connection.cursor() as cur:
+        cur.execute(sql.ENGINE_SESSION)
+    yield
+    with connection.cursor() as cur:
+        cur.execute("RESET plan_cache_mode; RESET jit")
 
 
 def statements() -> dict[str, str]:
@@ -157,10 +169,42 @@ def test_every_statement_keeps_to_index_probes_when_planned_on_out_of_date_stati
     assert {name: reads_whole(plan) for name, plan in plans.items() if reads_whole(plan)}.keys() == {"naive FAIL"}
 
 
-def test_connections_plan_engine_statements_once_and_never_jit_compile():
-    with connection.cursor() as cur:
-        cur.execute("SELECT current_setting('plan_cache_mode'), current_setting('jit')")
-        assert cur.fetchone() == ("force_generic_plan", "off")
+def _settings_in_a_thread(mark: bool) -> tuple[str, str, str]:
+    """plan_cache_mode, jit and jit's default on a new connection of a new thread, marked as the worker's own or
+    not (issue 45: jobsite leaves the rest of a project's connections as they open)."""
+    found: list = []
+
+    def run() -> None:
+        try:
+            if mark:
+                engine.engine_session_here()
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT current_setting('plan_cache_mode'), current_setting('jit'), reset_val"
+                    " FROM pg_settings WHERE name = 'jit'"
+                )
+                found.append(cur.fetchone())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    return found[0]
+
+
+def test_the_workers_connections_plan_engine_statements_once_and_never_jit_compile_and_no_other_connection_does():
+    plan_mode, jit, _ = _settings_in_a_thread(mark=True)
+    assert (plan_mode, jit) == ("force_generic_plan", "off")
+    plan_mode, jit, default_jit = _settings_in_a_thread(mark=False)
+    assert (plan_mode, jit) == ("auto", default_jit)
+
+
+def test_behind_a_transaction_pooler_not_even_the_workers_connections_get_session_settings(settings):
+    settings.JOBSITE = {**getattr(settings, "JOBSITE", {}), "CONNECTION_POOLER": "transaction"}
+    plan_mode, jit, default_jit = _settings_in_a_thread(mark=True)
+    assert (plan_mode, jit) == ("auto", default_jit)
+    assert not engine.db.prepared() and not isinstance(engine.db.cursor(), engine.db.PreparedCursor)
 
 
 def test_maintenance_plans_per_call_until_its_transaction_ends():

@@ -48,7 +48,7 @@ def test_the_execution_log_connection_is_replaced_after_the_server_dropped_it():
 
 
 def test_the_listen_connection_is_found_lost_and_reconnects():
-    listener = Listener(None)
+    listener = Listener(None, "test-holder")
     listener.connect()
     try:
         terminate(listener.conn.info.backend_pid)

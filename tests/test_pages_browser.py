@@ -118,7 +118,7 @@ def test_the_partition_grid_shows_the_range_that_exists_with_its_failed_day_and_
     admin_user,
     browser_page,  # noqa: F811
 ):
-    from queue_app.spark.pipelines.demo_data import BAD_DAY
+    from jobsite.demo.data import BAD_DAY
     from tests.pages_fixtures import datasets, spark_runs
 
     datasets(spark_runs()[0])

@@ -5,9 +5,8 @@ import pytest
 from django.db import connection
 
 from queue_app import engine
-from queue_app.engine import sql
-from queue_app.engine.maintenance import TABLE_MAINTENANCE_LOCK
-from queue_app.engine.workers import MAINTENANCE_LOCK_NAMESPACE, dedicated_connection
+from queue_app.engine import leaders
+from queue_app.models import Leader
 from queue_app.worker.maintenance import _analyze_unit, _vacuum_unit
 from tests.waiting import wait_for
 
@@ -133,22 +132,46 @@ def analyzes(table: str = ITEM) -> int:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_one_vacuum_or_analyze_of_the_hot_tables_runs_at_a_time_in_the_whole_deployment():
-    """Another worker's VACUUM or ANALYZE holds the table maintenance lock (here: a connection of this test):
-    this one does nothing and says so (None); once the lock is free it vacuums."""
+def test_one_vacuum_or_analyze_of_the_hot_tables_runs_at_a_time_in_the_whole_deployment(caplog):
+    """Another worker's VACUUM or ANALYZE holds the table maintenance duty (its leader row): this one does nothing
+    and says so (None; the unit at INFO, once per period, naming the holder); once the other's row is handed back
+    it vacuums, and hands the duty back itself (no row left, no session lock held)."""
     churn(30_000)
     wait_for(lambda: ITEM in engine.bloated_tables(), timeout=15, what="the dead rows to show in the statistics")
     before = vacuums()
-    lock = {"namespace": MAINTENANCE_LOCK_NAMESPACE, "key": TABLE_MAINTENANCE_LOCK}
-    with dedicated_connection() as other:
-        assert other.execute(sql.TRY_SESSION_LOCK, lock).fetchone()[0] is True
+    assert leaders.take(leaders.TABLE_MAINTENANCE, "other-worker")
 
-        assert engine.vacuum([ITEM]) is None
-        assert engine.analyze([ITEM]) is None
-        assert vacuums() == before and ITEM in engine.bloated_tables()
+    assert engine.vacuum([ITEM]) is None
+    assert engine.analyze([ITEM]) is None
+    assert vacuums() == before and ITEM in engine.bloated_tables()
+    unit = _vacuum_unit(holder="this-worker")
+    with caplog.at_level("INFO", logger="jobsite.worker"):
+        for _ in range(2):
+            unit()
+            unit.join(60)
+    said = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(said) == 1 and "other-worker" in said[0] and "vacuum-analyze" in said[0]  # once per period
 
-    assert set(engine.vacuum([ITEM]) or {}) == {ITEM}
+    leaders.release("other-worker", leaders.TABLE_MAINTENANCE)
+    assert set(engine.vacuum([ITEM], holder="this-worker") or {}) == {ITEM}
     wait_cleared(before)
+    assert not Leader.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_table_maintenance_duty_left_by_a_dead_holder_is_taken_over_once_it_expires():
+    """A holder that died (no heartbeat renews its row) keeps the duty only until its expiry."""
+    assert leaders.take(leaders.TABLE_MAINTENANCE, "dead-worker", seconds=0.2)
+    assert not leaders.take(leaders.TABLE_MAINTENANCE, "this-worker")
+    wait_for(
+        lambda: leaders.take(leaders.TABLE_MAINTENANCE, "this-worker"),
+        timeout=10,
+        what="the dead holder's row to expire",
+    )
+    assert Leader.objects.get().holder == "this-worker"
+    assert leaders.renew("dead-worker") == set() and leaders.renew("this-worker") == {leaders.TABLE_MAINTENANCE}
+    leaders.release("this-worker")
+    assert not Leader.objects.exists()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -385,19 +385,15 @@ def test_notify_wakes_an_idle_worker_at_once(worker):
     assert finish(proc, timeout=30) == 0
 
 
-def wake_lock_holders() -> list[int]:
-    """Backend pids of the LISTEN connections holding a wake lock in this database."""
+def wake_lock_holders() -> list[str]:
+    """The workers holding a wake duty (a leader row, engine/leaders.py) in this database, expired rows aside."""
     with psycopg.connect(**connection.get_connection_params(), autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = %s::oid"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            [engine.workers.WAKE_LOCK_NAMESPACE],
-        ).fetchall()
-    return [pid for (pid,) in rows]
+        rows = conn.execute("SELECT holder FROM queue_app_leader WHERE duty LIKE 'wake %%' AND expires_at > now()")
+        return [holder for (holder,) in rows.fetchall()]
 
 
 def test_one_idle_worker_answers_a_notification_first_and_the_others_follow(worker):
-    """No thundering herd: one worker holds the wake lock and leases at once; the others lease a moment later,
+    """No thundering herd: one worker holds the wake duty and leases at once; the others lease a moment later,
     so every idle worker still gets work when there is enough of it (no 30-second poll in between)."""
     procs = [
         worker(f"herd{n}", "--concurrency", "1", "--prefetch", "0", "--poll-interval", "30", "--no-scheduler")
@@ -405,7 +401,7 @@ def test_one_idle_worker_answers_a_notification_first_and_the_others_follow(work
     ]
     # Every worker idle in select(), past its first lease.
     wait_for(lambda: all(past_first_lease(proc) for proc in procs), timeout=60, what="3 workers past a lease")
-    wait_for(lambda: len(wake_lock_holders()) == 1, timeout=10, what="one worker to hold the wake lock")
+    wait_for(lambda: len(wake_lock_holders()) == 1, timeout=10, what="one worker to hold the wake duty")
     items = [get_task(PROBE).enqueue({"sleep": 3}).id for _ in range(3)]
     wait_for(lambda: ExecutionLog.objects.filter(item_id__in=items).count() == 3, timeout=60, what="3 runs")
     runs = list(ExecutionLog.objects.filter(item_id__in=items))
@@ -418,7 +414,7 @@ def test_one_idle_worker_answers_a_notification_first_and_the_others_follow(work
         proc.terminate()
     for proc in procs:
         assert finish(proc, timeout=30) == 0
-    assert wake_lock_holders() == []  # a stopped worker's lock goes with its connection
+    assert wake_lock_holders() == []  # a stopped worker hands its duty back
 
 
 @pytest.mark.parametrize("hold", ["0.025", "0"])
@@ -430,7 +426,7 @@ def test_a_burst_is_shared_between_workers_unless_told_to_hold_their_whole_prefe
     procs = [worker(f"share{n}", *args) for n in range(2)]
     # Both idle in select(), past their first lease.
     wait_for(lambda: all(past_first_lease(proc) for proc in procs), timeout=60, what="2 workers past a lease")
-    wait_for(lambda: len(wake_lock_holders()) == 1, timeout=10, what="one worker to hold the wake lock")
+    wait_for(lambda: len(wake_lock_holders()) == 1, timeout=10, what="one worker to hold the wake duty")
     items = engine.enqueue_many(PROBE, [{"sleep": 0.05}] * 60)
     wait_for(lambda: ExecutionLog.objects.filter(item_id__in=items).count() == 60, timeout=60, what="60 runs")
     runs = Counter(ExecutionLog.objects.filter(item_id__in=items).values_list("worker_id", flat=True))
@@ -446,20 +442,20 @@ def test_a_burst_is_shared_between_workers_unless_told_to_hold_their_whole_prefe
         assert min(runs["share0"], runs["share1"]) >= 15, runs  # each did a good part of it
 
 
-def test_when_the_first_worker_loses_its_listener_a_follower_takes_over(worker):
-    procs = [worker(f"follow{n}", "--concurrency", "1", "--poll-interval", "0.2") for n in range(2)]
-    wait_for(lambda: len(wake_lock_holders()) == 1, timeout=30, what="one worker to hold the wake lock")
+def test_when_the_first_worker_stops_a_follower_takes_over(worker):
+    """The first worker hands its wake duty back as it stops (a leader row: no session lock that a pooler could
+    keep); a follower takes it at its next try (its poll interval), and answers the next notification."""
+    procs = {f"follow{n}": worker(f"follow{n}", "--concurrency", "1", "--poll-interval", "0.2") for n in range(2)}
+    wait_for(lambda: len(wake_lock_holders()) == 1, timeout=30, what="one worker to hold the wake duty")
     (first,) = wake_lock_holders()
-    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(%s)", [first])
-    wait_for(lambda: wake_lock_holders() not in ([], [first]), timeout=10, what="another holder")
-    assert len(wake_lock_holders()) == 1
-    item = get_task(PROBE).enqueue({}).id  # and the workers still answer
+    procs[first].terminate()
+    assert finish(procs.pop(first), timeout=30) == 0
+    (other,) = procs
+    wait_for(lambda: wake_lock_holders() == [other], timeout=10, what="the other worker to take the duty")
+    item = get_task(PROBE).enqueue({}).id  # and the worker still answers
     wait_for(lambda: ExecutionLog.objects.filter(item_id=item).exists(), timeout=10, what="the run")
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        assert finish(proc, timeout=30) == 0
+    procs[other].terminate()
+    assert finish(procs[other], timeout=30) == 0
 
 
 def test_cancelling_a_running_item_stops_its_handler(worker):

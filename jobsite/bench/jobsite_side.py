@@ -284,6 +284,7 @@ def _statement_client(queue: str, batch: int, name: str, start: threading.Barrie
     """One connection (this thread's own) leasing `batch` at a time and completing them with the next lease."""
     terms = {NOOP_TASK: (None, 0.0)}
     done: list[tuple[engine.Lease, None]] = []
+    engine.engine_session_here(ALIAS)  # leases as a worker's lease thread does (engine/db.py)
     try:
         start.wait()
         while True:

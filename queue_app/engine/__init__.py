@@ -6,6 +6,8 @@ for held in engine.lease(["default"], 10, worker_id="w1"):
     engine.complete(held, {"ok": True})
 """
 
+from . import leaders, pooler
+from .db import engine_session_here
 from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue, is_task_name, notify, use_task_defaults
 from .errors import InvalidEnqueue, QueueError, StaleReservation
 from .history import archive, drop_expired_partitions, ensure_partitions, prune_history, within_lock_timeout
@@ -28,15 +30,18 @@ from .workers import (
     WorkerRow,
     connection_room,
     dedicated_connection,
+    listen_connection,
     lock_reserved,
     renew_leases,
     save_worker,
     sweep_workers,
     try_maintenance_lock,
-    try_wake_lock,
 )
 
 __all__ = [
+    "engine_session_here",
+    "leaders",
+    "pooler",
     "ALL_QUEUES",
     "PRUNE_BATCH",
     "Enqueued",
@@ -57,6 +62,7 @@ __all__ = [
     "connection_room",
     "dead",
     "dedicated_connection",
+    "listen_connection",
     "drop_expired_partitions",
     "enqueue",
     "enqueue_many",
@@ -86,7 +92,6 @@ __all__ = [
     "sweep_workers",
     "take_mark",
     "try_maintenance_lock",
-    "try_wake_lock",
     "use_task_defaults",
     "vacuum",
     "within_lock_timeout",

@@ -6,12 +6,18 @@ The engine's statements are long CTEs whose planning costs more than their execu
 connection plans a statement once and then only binds parameters. That needs server-side binding, which
 Django's own cursor does not use by default, so the statement runs on a plain psycopg cursor over Django's
 connection (same transaction, same type loaders, errors translated to Django's as usual).
-`JOBSITE["PREPARED_STATEMENTS"] = False` turns this off, e.g. behind a connection pooler in transaction mode
-that does not track prepared statements.
+`JOBSITE["PREPARED_STATEMENTS"] = False` turns this off; so does `JOBSITE["CONNECTION_POOLER"] = "transaction"`
+(a pooled server connection is handed to another client after each transaction: nothing may outlive one).
+
+The session settings the prepared statements want (sql.ENGINE_SESSION) are set on the worker's own connections
+only (its loop, lease and maintenance threads: `engine_session_here()`), never on the rest of the project's:
+a web process, a handler's thread or child keeps PostgreSQL's defaults.
 """
 
+import os
 import struct
 import sys
+import threading
 from array import array
 from typing import Any
 
@@ -22,6 +28,7 @@ from psycopg.adapt import Dumper
 
 from ..conf import queue_settings
 from . import sql
+from .pooler import pooled
 
 TIMESTAMPTZ = psycopg.adapters.types["timestamptz"].oid
 _TIMESTAMPTZ_LOADER = psycopg.adapters.get_loader(TIMESTAMPTZ, psycopg.pq.Format.TEXT)
@@ -156,19 +163,50 @@ class PreparedCursor:
         self.close()
 
 
+def prepared() -> bool:
+    """Whether the engine's statements are prepared on the server: PREPARED_STATEMENTS, and no transaction
+    pooler in between (PgBouncer 1.21+ can carry protocol-level prepared statements, but 1.18-1.20 and most
+    managed poolers cannot, and psycopg's names would collide across clients: off, whatever the version)."""
+    return queue_settings.PREPARED_STATEMENTS and not pooled()
+
+
 def cursor(using: str = "default") -> Any:
-    """A cursor for the engine's statements: prepared per connection unless PREPARED_STATEMENTS is off."""
+    """A cursor for the engine's statements: prepared per connection unless prepared() says no."""
     wrapper = connections[using]
-    if queue_settings.PREPARED_STATEMENTS and wrapper.vendor == "postgresql":
+    if wrapper.vendor == "postgresql" and prepared():
         return PreparedCursor(wrapper)
     return wrapper.cursor()
 
 
-def tune_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    """Django's connection_created receiver: generic plans for the engine's prepared statements, no JIT (see
-    sql.ENGINE_SESSION). Runs in autocommit, before any transaction the connection was opened for, so the
-    settings last as long as the connection. Skipped without prepared statements (behind a transaction-mode
-    pooler, where session settings would leak to other clients)."""
-    if connection.vendor == "postgresql" and queue_settings.PREPARED_STATEMENTS:
+# The threads (of this process: a forked child inherits the forking thread's locals) whose connections get
+# sql.ENGINE_SESSION: the worker's loop, lease thread and maintenance thread.
+_engine_thread = threading.local()
+
+
+def engine_session_here(using: str = "default") -> None:
+    """Mark the calling thread as one of the worker's own: its connections (the one open now, and each it opens
+    later) get the engine's session settings, unless the statements are not prepared (then the settings have
+    nothing to act on, and behind a transaction pooler they would leak to other clients)."""
+    _engine_thread.pid = os.getpid()
+    wrapper = connections[using]
+    if wrapper.connection is not None:
+        _apply_engine_session(wrapper)
+
+
+def _is_engine_thread() -> bool:
+    return getattr(_engine_thread, "pid", None) == os.getpid()
+
+
+def _apply_engine_session(connection: BaseDatabaseWrapper) -> None:
+    if connection.vendor == "postgresql" and prepared():
         with connection.cursor() as cur:
             cur.execute(sql.ENGINE_SESSION)
+
+
+def tune_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """Django's connection_created receiver: on the worker's own threads (engine_session_here), generic plans
+    for the engine's prepared statements and no JIT (see sql.ENGINE_SESSION). Runs in autocommit, before any
+    transaction the connection was opened for, so the settings last as long as the connection. Any other
+    connection of the project (a web request's, a handler's, a command's) is left as it opened."""
+    if _is_engine_thread():
+        _apply_engine_session(connection)

@@ -1,20 +1,22 @@
 """Maintenance duties of the engine, each one statement: rescue expired leases, prune done items and
 expired dedup claims, vacuum the hot tables when dead rows pile up, analyze them when they outgrow their
-statistics. The worker runs them on their own intervals under an advisory lock."""
+statistics. The worker runs them on their own intervals under an advisory lock (transaction-scoped), VACUUM and
+ANALYZE under the leader row of their duty (engine/leaders.py)."""
 
+import contextlib
+import os
+import socket
 import time
 
 from psycopg import sql as psql
 
 from ..conf import queue_settings
-from . import sql
+from . import leaders, sql
 from .db import cursor
-from .workers import MAINTENANCE_LOCK_NAMESPACE, dedicated_connection
+from .workers import dedicated_connection
 
 # Every lease, settle and prune leaves dead rows in these; the rest of the schema changes slowly.
 HOT_TABLES = (sql.ITEM, sql.RESERVATION, sql.DEDUP, sql.DEAD_LETTER)
-# The key, in the maintenance units' advisory-lock namespace, that a worker's VACUUM or ANALYZE holds.
-TABLE_MAINTENANCE_LOCK = "vacuum-analyze"
 
 
 def rescue_expired(limit: int = 1000, *, lost_after: float | None = None, using: str = "default") -> tuple[int, int]:
@@ -61,36 +63,44 @@ def stale_statistics(
         return [row[0] for row in cur.fetchall()]
 
 
-def analyze(tables: list[str], *, using: str = "default") -> dict[str, float] | None:
+def analyze(tables: list[str], *, holder: str | None = None, using: str = "default") -> dict[str, float] | None:
     """ANALYZE each table, skipping one another ANALYZE or an autovacuum holds (it brings them up to date itself).
     The new statistics make every session plan its statements on that table again. Returns the seconds each
     took, or None when another worker's VACUUM or ANALYZE was running (see _each). On a connection of its own,
     in autocommit: it never waits inside a caller's transaction."""
-    return _each(sql.ANALYZE, tables, using)
+    return _each(sql.ANALYZE, tables, using, holder)
 
 
-def vacuum(tables: list[str], *, using: str = "default") -> dict[str, float] | None:
+def vacuum(tables: list[str], *, holder: str | None = None, using: str = "default") -> dict[str, float] | None:
     """VACUUM each table on a connection of its own (VACUUM cannot run in a transaction), skipping a table
     another VACUUM holds. Returns the seconds each took, or None when another worker's VACUUM or ANALYZE was
     running (see _each). Queue tables churn: the server's autovacuum may be off (it is on some CI servers),
     throttled or busy elsewhere, and a lease then walks past ever more dead index entries while the tables
     grow."""
-    return _each(sql.VACUUM, tables, using)
+    return _each(sql.VACUUM, tables, using, holder)
 
 
-def _each(statement: str, tables: list[str], using: str) -> dict[str, float] | None:
-    """Run `statement` on each table under the table maintenance lock: one VACUUM or ANALYZE of the hot tables
-    at a time in the whole deployment. Every worker runs the units; two at once (one worker's VACUUM of the
-    items beside another's of the reservations) took both cores of a 2-core host for most of a second, and the
-    leases waited (enqueue-to-start p99 146-280 ms at 7,000 items/s, 60-73 ms one at a time). A worker that
-    finds the lock taken does nothing (None): the unit looks again on its next turn."""
+def _each(statement: str, tables: list[str], using: str, holder: str | None) -> dict[str, float] | None:
+    """Run `statement` on each table as the leader of the table maintenance duty (leaders.TABLE_MAINTENANCE):
+    one VACUUM or ANALYZE of the hot tables at a time in the whole deployment. Every worker runs the units; two
+    at once (one worker's VACUUM of the items beside another's of the reservations) took both cores of a 2-core
+    host for most of a second, and the leases waited (enqueue-to-start p99 146-280 ms at 7,000 items/s, 60-73 ms
+    one at a time). A worker that finds the duty taken does nothing (None): the unit looks again on its next
+    turn. The duty is renewed before each table (and by the worker's heartbeat: `holder` is its worker id) and
+    handed back at the end; a holder that dies leaves it for leaders.ttl() seconds at most."""
+    holder = holder or f"{socket.gethostname()}:{os.getpid()}"
     took: dict[str, float] = {}
     with dedicated_connection(using=using) as conn:
-        lock = {"namespace": MAINTENANCE_LOCK_NAMESPACE, "key": TABLE_MAINTENANCE_LOCK}
-        if not conn.execute(sql.TRY_SESSION_LOCK, lock).fetchone()[0]:
-            return None  # released with the connection
-        for table in tables:
-            t0 = time.monotonic()
-            conn.execute(psql.SQL(statement).format(table=psql.Identifier(table)))
-            took[table] = round(time.monotonic() - t0, 3)
+        if not leaders.take(leaders.TABLE_MAINTENANCE, holder, conn=conn):
+            return None
+        try:
+            for table in tables:
+                if took and not leaders.take(leaders.TABLE_MAINTENANCE, holder, conn=conn):
+                    break  # lost it (held past its expiry without a heartbeat): the new holder goes on
+                t0 = time.monotonic()
+                conn.execute(psql.SQL(statement).format(table=psql.Identifier(table)))
+                took[table] = round(time.monotonic() - t0, 3)
+        finally:
+            with contextlib.suppress(Exception):  # a broken connection: the row expires instead
+                leaders.release(holder, leaders.TABLE_MAINTENANCE, conn=conn)
     return took

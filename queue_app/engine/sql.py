@@ -944,21 +944,54 @@ FOR UPDATE
 TRY_MAINTENANCE_LOCK = """SELECT pg_try_advisory_xact_lock(%(namespace)s, hashtext(%(unit)s)),
                                 set_config('plan_cache_mode', 'auto', true)"""
 
-# Every connection of the project, once when it opens (engine.db.tune_connection). The engine's statements are
+# The worker's own connections (its loop, lease and maintenance threads), once when each opens
+# (engine.db.tune_connection); no other connection of the project, and none behind a transaction pooler (the
+# statements are not prepared there, and a session setting would outlive the transaction). The engine's statements are
 # server-side prepared; PostgreSQL's default plan choice (`auto`) plans one anew on each call once a backlog
 # makes its generic plan look dearer than a custom one (LIMIT %(n)s is estimated at 10% of the rows): at
 # 600,000 queued rows that was 1.2 ms of planning on each 0.4 ms lease. And a generic plan estimated that dear
 # turns JIT compilation on (50 ms a lease). The statements are written so their generic plans stay index work
 # whatever the estimates (tests/test_engine_plans.py checks each on large tables), so each is planned once per
-# connection and never compiled. Only prepared statements are affected by plan_cache_mode: Django's own queries
-# are not prepared. jit = off for them too: an admin's or a task's query is not the analytic kind JIT pays for.
+# connection and never compiled. Only prepared statements are affected by plan_cache_mode; jit = off goes with it
+# (the maintenance units' and the loop's other queries are not the analytic kind JIT pays for).
 ENGINE_SESSION = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), set_config('jit', 'off', false)"
 
-# A session-level advisory lock, held until it is unlocked or its connection closes. The first worker of a
-# queue set answers a NOTIFY at once, the others a moment later (no thundering herd): it holds the wake lock of
-# its queue set on its LISTEN connection. A worker's VACUUM or ANALYZE of the hot tables holds the table
-# maintenance lock on its own connection: one at a time in the whole deployment (see engine.maintenance).
-TRY_SESSION_LOCK = "SELECT pg_try_advisory_lock(%(namespace)s, hashtext(%(key)s))"
+# -- leader rows (engine/leaders.py) ---------------------------------------------------------------------------
+# A duty that spans transactions (the wake-up leader of a queue set, the one VACUUM or ANALYZE of the hot tables
+# at a time) is a row naming its holder until `expires_at`, not a session advisory lock: behind a transaction
+# pooler a session lock stays with the pooled server connection after its client is gone, and then no worker
+# can ever take it again. The holder renews its rows with its heartbeat; a row past its expiry is anyone's.
+LEADER = "queue_app_leader"
+
+# Take the duty, or renew it when we hold it already; a row held by another and not expired is left alone
+# (ON CONFLICT DO UPDATE re-checks its WHERE on the row's newest version under the row lock: of two workers
+# arriving together, one takes it). A row comes back when the duty is ours. A follower asks every poll interval:
+# while another holds the duty unexpired (the NOT EXISTS, on the snapshot) nothing is inserted, so its row is
+# neither locked nor written.
+TAKE_LEADER = f"""
+INSERT INTO {LEADER} AS l (duty, holder, taken_at, expires_at)
+SELECT %(duty)s::varchar, %(holder)s::varchar, now(), now() + make_interval(secs => %(ttl)s::float8)
+WHERE NOT EXISTS (SELECT FROM {LEADER} o
+                  WHERE o.duty = %(duty)s::varchar AND o.holder <> %(holder)s::varchar AND o.expires_at >= now())
+ON CONFLICT (duty) DO UPDATE
+    SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at,
+        taken_at = CASE WHEN l.holder = EXCLUDED.holder THEN l.taken_at ELSE now() END
+    WHERE l.holder = EXCLUDED.holder OR l.expires_at < now()
+RETURNING l.duty
+"""
+
+# The heartbeat: every duty this holder still holds runs on for another `ttl` seconds; the duties returned are
+# the ones it holds (one taken over by another since is not among them).
+RENEW_LEADERS = f"""
+UPDATE {LEADER} SET expires_at = now() + make_interval(secs => %(ttl)s)
+WHERE holder = %(holder)s
+RETURNING duty
+"""
+
+# Hand a duty back (NULL duty: all of the holder's): the next worker to ask takes it at once.
+RELEASE_LEADER = f"DELETE FROM {LEADER} WHERE holder = %(holder)s AND (duty = %(duty)s OR %(duty)s IS NULL)"
+
+LEADER_OF = f"SELECT holder, expires_at FROM {LEADER} WHERE duty = %(duty)s"
 
 # -- workflows ------------------------------------------------------------------------------------------------
 

@@ -1,6 +1,5 @@
 """The engine's side of a worker: its Worker row (register, heartbeat, stop, sweep), lease renewal, the fenced
-row lock of transactional delivery, and dedicated
-connections (LISTEN, logs that must survive a rollback).
+row lock of transactional delivery, and dedicated connections (LISTEN, logs that must survive a rollback).
 
 The worker runtime (queue_app/worker/) calls these; like the rest of the engine they are plain SQL from sql.py.
 """
@@ -14,14 +13,12 @@ from typing import Any
 import psycopg
 from django.db import connections
 
-from . import sql
+from . import pooler, sql
 from .db import Int8Array, cursor
 from .settle import Held
 
 # Advisory-lock namespace of jobsite's maintenance units (first key of the two-key form).
 MAINTENANCE_LOCK_NAMESPACE = 0x6A6F62  # "job"
-# Advisory-lock namespace of the wake lock: which worker of a queue set answers a NOTIFY first.
-WAKE_LOCK_NAMESPACE = 0x6A6F63
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,14 +116,13 @@ def try_maintenance_lock(unit: str, *, using: str = "default") -> bool:
         return bool(cur.fetchone()[0])
 
 
-def try_wake_lock(conn: psycopg.Connection, key: str) -> bool:
-    """On the worker's own LISTEN connection (autocommit), take the wake lock of queue set `key` if no other
-    worker's connection holds it. Held until that connection closes."""
-    row = conn.execute(sql.TRY_SESSION_LOCK, {"namespace": WAKE_LOCK_NAMESPACE, "key": key}).fetchone()
-    return bool(row[0])
-
-
 def dedicated_connection(*, using: str = "default") -> psycopg.Connection:
-    """A new autocommit psycopg connection with Django's parameters for `using`, outside Django's connection
-    handling: for LISTEN, and for writes that must not join (or roll back with) the current transaction."""
+    """A new autocommit psycopg connection with Django's parameters for `using` (prepare_threshold None: nothing
+    prepared), outside Django's connection handling: for writes that must not join (or roll back with) the
+    current transaction, and for statements that cannot run in one (VACUUM)."""
     return psycopg.connect(**connections[using].get_connection_params(), autocommit=True)
+
+
+def listen_connection(*, using: str = "default") -> psycopg.Connection:
+    """The worker's LISTEN connection (autocommit): from LISTEN_DATABASE_URL, past a pooler, when it is set."""
+    return pooler.listen_connection(connections[using].get_connection_params())

@@ -2,7 +2,7 @@
 
 - queue.py: Queue, QueueItem, Reservation, DeadLetter, DedupClaim, IdMark (and the item states)
 - history.py: ItemHistory, ReservationHistory (finished items moved out of the hot tables)
-- workers.py: Worker
+- workers.py: Worker, Leader (who does a duty that spans transactions)
 - schedules.py: Schedule, ScheduleFire
 
 The datasets, Spark, probes, webhooks and workflows models live with their packages (datasets/models.py,
@@ -27,7 +27,7 @@ from .queue import (
     TransactionNow,
 )
 from .schedules import CatchUp, Schedule, ScheduleFire, TargetKind
-from .workers import Worker, WorkerState
+from .workers import Leader, Worker, WorkerState
 
 # isort: split
 # The models of the app's packages (imported after the core ones: importing a package runs its __init__, which may
@@ -87,6 +87,7 @@ __all__ = [
     "WebhookAttempt",
     "WebhookDelivery",
     "WebhookEndpoint",
+    "Leader",
     "Worker",
     "WorkerState",
     "Workflow",

@@ -25,3 +25,22 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class Leader(models.Model):
+    """Which process does a duty that spans transactions, until when (engine/leaders.py): the wake-up leader of a
+    queue set, the one VACUUM or ANALYZE of the hot tables at a time. A row rather than a session advisory lock,
+    which a transaction pooler would leave held by an idle server connection after its client is gone. The
+    holder renews it with its heartbeat; past `expires_at` another process may take it over."""
+
+    duty = models.CharField(primary_key=True, max_length=200)
+    holder = models.CharField(max_length=200)
+    taken_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "queue_app_leader"
+        ordering = ["duty"]
+
+    def __str__(self) -> str:
+        return f"{self.duty} ({self.holder})"

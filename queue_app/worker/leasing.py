@@ -79,6 +79,7 @@ class LeaseCall:
         return result
 
     def _serve(self) -> None:
+        engine.engine_session_here()  # one of the worker's own threads (engine/db.py)
         while True:
             request = self.requests.get()
             if request is None:

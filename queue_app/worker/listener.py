@@ -1,10 +1,16 @@
 """Wake-ups: LISTEN on the queue's NOTIFY channel over a dedicated connection. enqueue() notifies with the
 queue's name as payload; the supervisor selects on this connection's socket and polls as a fallback.
 
-No thundering herd: of the workers serving the same queues, the one whose LISTEN connection holds the wake lock
-(a session advisory lock, engine.try_wake_lock) is "first" and leases as soon as a notification arrives; the
-others follow FOLLOW seconds later, so one idle item is not raced for by every idle worker at once. The lock goes
-with the connection: when the first worker stops or loses its connection, a follower takes it at its next try.
+LISTEN needs a session: behind a transaction pooler (JOBSITE["CONNECTION_POOLER"]) the connection is opened from
+JOBSITE["LISTEN_DATABASE_URL"], past the pooler; without one the worker does not listen at all (a LISTEN on a
+pooled server connection is dropped with it) and polls every --poll-interval (`mode` "poll"; the Worker row and
+/metrics say so).
+
+No thundering herd: of the workers serving the same queues, the leader of the queue set's wake duty (a leader
+row, engine/leaders.py) is "first" and leases as soon as a notification arrives; the others follow FOLLOW
+seconds later, so one idle item is not raced for by every idle worker at once. The leader hands the duty back
+when it stops listening; one that dies leaves it to expire (leaders.ttl(), a follower meanwhile answers FOLLOW
+seconds late); a follower tries to take it at each poll interval.
 """
 
 import contextlib
@@ -14,6 +20,7 @@ from psycopg import sql
 
 from .. import engine
 from ..conf import queue_settings
+from ..engine import leaders, pooler
 
 # How long a follower waits after a notification before it leases: long enough for the first worker's lease
 # statement to take an idle item, short enough to be noise when there is more work than the first can take.
@@ -21,22 +28,34 @@ FOLLOW = 0.01
 
 
 class Listener:
-    def __init__(self, queues: list[str] | None) -> None:
+    def __init__(self, queues: list[str] | None, holder: str) -> None:
         self.queues = None if queues is None else set(queues)  # None: every queue
+        self.holder = holder  # the worker's id: the wake duty's holder
         self.conn: psycopg.Connection | None = None
-        self.first = False  # this connection holds the wake lock of our queue set
+        self.first = False  # this worker leads the wake duty of our queue set
+        self.mode = pooler.wakeup_mode()  # "listen", or "poll": never connects
 
     @property
     def connected(self) -> bool:
         return self.conn is not None and not self.conn.closed
 
+    @property
+    def listening(self) -> bool:
+        """Whether this worker can listen at all (mode "listen"); `connected` says whether it does now."""
+        return self.mode == "listen"
+
     def wake_lock_key(self) -> str:
         queues = "*" if self.queues is None else ",".join(sorted(self.queues))
         return f"{queue_settings.NOTIFY_CHANNEL}:{queues}"
 
+    def duty(self) -> str:
+        return leaders.wake_duty(self.wake_lock_key())
+
     def connect(self) -> None:
         self.close()
-        conn = engine.dedicated_connection()
+        if not self.listening:
+            return
+        conn = engine.listen_connection()
         try:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(queue_settings.NOTIFY_CHANNEL)))
         except BaseException:
@@ -45,11 +64,17 @@ class Listener:
         self.conn = conn
 
     def try_first(self) -> bool:
-        """Take the wake lock if no other worker of our queue set holds it. Raises psycopg.OperationalError
+        """Take the wake duty if no other worker of our queue set holds it. Raises psycopg.OperationalError
         when the connection is lost."""
         if self.connected and not self.first:
-            self.first = engine.try_wake_lock(self.conn, self.wake_lock_key())
+            self.first = leaders.take(self.duty(), self.holder, conn=self.conn)
         return self.first
+
+    def renewed(self, duties: set[str]) -> None:
+        """The duties the heartbeat found this worker still holds: the wake duty taken over by another (held
+        past its expiry without a heartbeat, in an outage) makes this one a follower again."""
+        if self.first and self.duty() not in duties:
+            self.first = False
 
     def fileno(self) -> int | None:
         return self.conn.fileno() if self.connected else None
@@ -65,8 +90,13 @@ class Listener:
                 woken = True
         return woken
 
-    def close(self) -> None:
+    def close(self, *, release: bool = True) -> None:
+        """Stop listening, and hand the wake duty to a follower (`release`; not when the connection is lost:
+        the duty expires instead)."""
         if self.conn is not None:
+            if self.first and release:
+                with contextlib.suppress(psycopg.Error):
+                    leaders.release(self.holder, self.duty(), conn=self.conn)
             with contextlib.suppress(psycopg.Error):
                 self.conn.close()
             self.conn = None

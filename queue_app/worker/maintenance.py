@@ -6,9 +6,11 @@ workflow events no wait claimed within their lookback, and fire the cron schedul
 off with `run_worker --no-scheduler`).
 
 Every worker carries the units; a unit runs inside a transaction holding its advisory lock
-(pg_try_advisory_xact_lock), so one worker at a time does each duty and the others skip it. The units whose work
-may take long (moving or deleting rows in bulk, VACUUM, ANALYZE) do it in the worker's maintenance thread, never
-in the supervisor's loop (_Background).
+(pg_try_advisory_xact_lock), so one worker at a time does each duty and the others skip it. VACUUM and ANALYZE
+cannot hold a transaction open (VACUUM cannot run in one): they run as the leader of the table maintenance duty,
+a row (engine/leaders.py), never a session lock. The units whose work may take long (moving or deleting rows in
+bulk, VACUUM, ANALYZE) do it in the worker's maintenance thread, never in the supervisor's loop (_Background).
+A VACUUM or ANALYZE skipped because another process holds the duty is said at INFO once per SKIP_LOG_EVERY.
 """
 
 import functools
@@ -32,6 +34,7 @@ ARCHIVE_BATCH = 5_000
 SCHEDULE_BATCH = 100  # due schedules claimed per round
 EVENT_DROP_BATCH = 1000  # unclaimed workflow events past their lookback deleted per round
 WORKER_FORGET_AFTER = 600.0  # seconds without a heartbeat before a Worker row is deleted
+SKIP_LOG_EVERY = 300.0  # seconds between the lines saying a VACUUM or ANALYZE was skipped (with how many times)
 
 
 @dataclass
@@ -84,7 +87,11 @@ class _Background:
             self.thread.join(timeout)
 
     def _start(self, target: Callable[..., None], *args: object) -> None:
-        self.shared[0] = threading.Thread(target=target, args=args, name=f"jobsite-{self.name}", daemon=True)
+        def run() -> None:
+            engine.engine_session_here()  # one of the worker's own threads (engine/db.py)
+            target(*args)
+
+        self.shared[0] = threading.Thread(target=run, name=f"jobsite-{self.name}", daemon=True)
         self.shared[0].start()
 
 
@@ -101,6 +108,8 @@ class _InThread(_Background):
     ):
         super().__init__(shared)
         self.name, self.find, self.act = name, find, act
+        self.skipped = 0  # since the last line that said so
+        self.next_skip_log = 0.0
 
     def __call__(self) -> tuple[dict[str, int], bool]:
         if self.busy():
@@ -117,9 +126,33 @@ class _InThread(_Background):
             logger.warning("maintenance unit=%s failed: %s", self.name, exc)
         else:
             if took is None:
-                logger.debug("maintenance unit=%s skipped: another worker's VACUUM or ANALYZE is running", self.name)
+                self._skipped()
             else:
                 logger.info("maintenance unit=%s %s", self.name, " ".join(f"{t}={s:.1f}s" for t, s in took.items()))
+
+    def _skipped(self) -> None:
+        """Another process holds the table maintenance duty: say so at INFO, once per SKIP_LOG_EVERY (with the
+        holder and how many turns were skipped), so that a duty never taken is never silent."""
+        self.skipped += 1
+        now = time.monotonic()
+        if now < self.next_skip_log:
+            return
+        self.next_skip_log = now + SKIP_LOG_EVERY
+        try:
+            leader = engine.leaders.leader_of(engine.leaders.TABLE_MAINTENANCE)
+        except Exception:  # noqa: BLE001  only for the log line
+            leader = None
+        held = f"{leader[0]} until {leader[1]:%H:%M:%S}" if leader else "another process"
+        logger.info(
+            "maintenance unit=%s skipped %d time(s): the %s duty is held by %s (one VACUUM or ANALYZE of the hot "
+            "tables at a time); next said in %.0f s at most",
+            self.name,
+            self.skipped,
+            engine.leaders.TABLE_MAINTENANCE,
+            held,
+            SKIP_LOG_EVERY,
+        )
+        self.skipped = 0
 
 
 class _Rows(_Background):
@@ -181,17 +214,17 @@ def _rows_unit(name: str, every: float, batch: Callable[[], tuple[dict[str, int]
     return unit
 
 
-def _vacuum_unit(shared: list | None = None) -> _InThread:
+def _vacuum_unit(shared: list | None = None, holder: str | None = None) -> _InThread:
     """VACUUM the hot tables whose dead rows piled up (engine.bloated_tables). Several workers may start one;
     one at a time runs (engine.maintenance._each), and VACUUM (SKIP_LOCKED) skips a table autovacuum holds."""
-    return _InThread("vacuum", engine.bloated_tables, engine.vacuum, shared)
+    return _InThread("vacuum", engine.bloated_tables, functools.partial(engine.vacuum, holder=holder), shared)
 
 
-def _analyze_unit(shared: list | None = None) -> _InThread:
+def _analyze_unit(shared: list | None = None, holder: str | None = None) -> _InThread:
     """ANALYZE the hot tables that outgrew their statistics (engine.stale_statistics): the engine's generic plans
     made on an empty table read it whole until new statistics make every session plan again; and, once a
     minute at most, those whose rows have all changed since they were last analyzed."""
-    return _InThread("analyze", engine.stale_statistics, engine.analyze, shared)
+    return _InThread("analyze", engine.stale_statistics, functools.partial(engine.analyze, holder=holder), shared)
 
 
 def _id_marks() -> tuple[dict[str, int], bool]:
@@ -219,7 +252,9 @@ def _fire_schedules() -> tuple[dict[str, int], bool]:
     return {"fired": sum(not f.duplicate for f in fired), "dedup_skipped": sum(f.duplicate for f in fired)}, False
 
 
-def default_units(*, scheduler: bool = True, stats: Stats | None = None) -> list[Unit]:
+def default_units(*, scheduler: bool = True, stats: Stats | None = None, holder: str | None = None) -> list[Unit]:
+    """The units; `holder` (the worker's id) holds the table maintenance duty while its VACUUM or ANALYZE runs,
+    renewed by the worker's heartbeat."""
     # The maintenance thread: the units that move rows, VACUUM and ANALYZE take turns in it (one connection).
     background: list[threading.Thread | None] = [None]
     units = [
@@ -234,11 +269,11 @@ def default_units(*, scheduler: bool = True, stats: Stats | None = None) -> list
         # Often: a lease walks past every dead entry at the head of item_fetch until a VACUUM clears them (at
         # 10,000 items/s that is 300,000 more a minute); it only VACUUMs past bloated_tables' thresholds. Two
         # workers draining 300,000 no-ops: 10,800-17,700 items/s checking every 30 s, 19,000-20,300 every 5 s.
-        Unit("vacuum", 5.0, _vacuum_unit(background)),
+        Unit("vacuum", 5.0, _vacuum_unit(background, holder)),
         # Four times a second: a queue filled from empty runs on plans made for an empty table until this ANALYZE.
         # In the first 3 s of a fill at 7,000 items/s on 3 workers the slowest of 60 probes waited 93-300 ms with
         # a check every second (and 128 pages before an ANALYZE), 38-110 ms checking every 0.25 s (16 pages).
-        Unit("analyze", 0.25, _analyze_unit(background)),
+        Unit("analyze", 0.25, _analyze_unit(background, holder)),
         Unit("sweep_workers", 60.0, _sweep_workers),
         # Where the id sequences stand: the admin's time filters start their walk there (engine/marks.py).
         Unit("id_marks", queue_settings.ID_MARK_EVERY, _id_marks),
@@ -251,8 +286,15 @@ def default_units(*, scheduler: bool = True, stats: Stats | None = None) -> list
 
 
 class Maintenance:
-    def __init__(self, units: list[Unit] | None = None, *, scheduler: bool = True, stats: Stats | None = None) -> None:
-        self.units = default_units(scheduler=scheduler, stats=stats) if units is None else units
+    def __init__(
+        self,
+        units: list[Unit] | None = None,
+        *,
+        scheduler: bool = True,
+        stats: Stats | None = None,
+        holder: str | None = None,
+    ) -> None:
+        self.units = default_units(scheduler=scheduler, stats=stats, holder=holder) if units is None else units
 
     def next_due(self) -> float:
         return min((u.due_at for u in self.units), default=float("inf"))

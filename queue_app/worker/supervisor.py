@@ -91,9 +91,9 @@ class Supervisor:
             concurrency=opts.concurrency,
             started_at=datetime.now(UTC),
         )
-        self.listener = Listener(self.queues)
+        self.listener = Listener(self.queues, self.worker_id)
         self.settler = Settler(self._unblocked)
-        self.maintenance = Maintenance(scheduler=opts.scheduler, stats=self.settler.stats)
+        self.maintenance = Maintenance(scheduler=opts.scheduler, stats=self.settler.stats, holder=self.worker_id)
         self.status = StatusReporter()
         self.running: dict[int, Running] = {}
         self.next_deadline = float("inf")  # no running item's hard timeout is earlier (may be early: then rechecked)
@@ -114,7 +114,7 @@ class Supervisor:
         self.next_heartbeat = 0.0
         self.gather_since: float | None = None  # when the first slot freed since the last lease
         self.wake_at = float("inf")  # a follower's lease after a notification (see worker/listener.py)
-        self.next_first_try = 0.0  # a follower's next try for the wake lock
+        self.next_first_try = 0.0  # a follower's next try for the wake duty (a leader row)
         self.idle_after_lease = False  # --burst: a lease found nothing, nothing is in flight, and nothing is ready
         self.said_held_back = False
         self.heartbeat_every = self._heartbeat_cap()
@@ -124,6 +124,11 @@ class Supervisor:
     @property
     def stats(self) -> Stats:
         return self.settler.stats
+
+    def row_stats(self) -> dict[str, object]:
+        """The Worker row's stats: the counters, and how this worker learns of new items (wakeup: listen, or poll
+        behind a transaction pooler without LISTEN_DATABASE_URL) with its poll interval (the admin, /metrics)."""
+        return {**self.stats.as_dict(), "wakeup": self.listener.mode, "poll_interval": self.options.poll_interval}
 
     # -- start and stop -------------------------------------------------------------------------------------
 
@@ -171,6 +176,7 @@ class Supervisor:
         self.row = replace(self.row, concurrency=concurrency)
 
     def run(self) -> int:
+        engine.engine_session_here()  # this thread's connections are the worker's own (engine/db.py)
         self.check()
         self.check_connection_room()
         # Everything loaded so far (Django, the apps, every task module: ~86,000 objects) lives as long as the
@@ -201,6 +207,14 @@ class Supervisor:
                 **({"replaces": self.replaces} if self.replaces else {}),
             ),
         )
+        self._say_pooler()
+        if not self.listener.listening:
+            logger.info(
+                "wake-ups: polling every %s s, not listening: CONNECTION_POOLER=transaction and no "
+                "LISTEN_DATABASE_URL (a LISTEN through the pooler would be dropped); set LISTEN_DATABASE_URL to a "
+                "URL past the pooler for prompt wake-ups",
+                self.options.poll_interval,
+            )
         try:
             while not self._finished():
                 self._step()
@@ -209,6 +223,26 @@ class Supervisor:
                 signal.signal(sig, handler)
             self._close()
         return REPLACE if self.shutdown.replacing else 0
+
+    def _say_pooler(self) -> None:
+        """Say at start what the worker does about a connection pooler, and warn when one seems to sit in between
+        (the port connected to is not the server's) while CONNECTION_POOLER is unset."""
+        try:
+            ports = engine.pooler.port_differs()
+        except DATABASE_DOWN:
+            return
+        if engine.pooler.pooled():
+            logger.info(
+                "CONNECTION_POOLER=transaction: statements unprepared, no session settings or session locks; "
+                "wake-ups %s",
+                "by LISTEN on LISTEN_DATABASE_URL" if self.listener.listening else "by polling",
+            )
+        elif ports is not None:
+            logger.warning(
+                "connected to port %d, the server listens on %d: a connection pooler may sit in between; if it pools "
+                "by transaction, set CONNECTION_POOLER=transaction (and LISTEN_DATABASE_URL past it)",
+                *ports,
+            )
 
     def _wake(self) -> None:
         """Make the loop's wait return now (from another thread, or a signal handler)."""
@@ -272,7 +306,8 @@ class Supervisor:
         self.lease_call.close()
         self.listener.close()
         try:
-            engine.save_worker(self.row, "stopped", self.stats.as_dict())
+            engine.leaders.release(self.worker_id)  # every duty still held (renewed by the heartbeat)
+            engine.save_worker(self.row, "stopped", self.row_stats())
         except DATABASE_DOWN as exc:
             logger.warning("could not mark the worker stopped: %s", exc)
         self.status.close()
@@ -383,7 +418,7 @@ class Supervisor:
             deadlines.append(self._chunk_due())
         if self.outage.down:
             deadlines.append(self.outage.retry_at)
-        if not self.listener.connected and not self.shutdown.stopping:
+        if self.listener.listening and not self.listener.connected and not self.shutdown.stopping:
             deadlines.append(self.outage.listener_retry_at)
         timeout = min(max(0.0, min(deadlines) - now), self.options.poll_interval)
         fds = [self._wake_r, *self.pool.fds()]
@@ -415,8 +450,13 @@ class Supervisor:
     def _database_round(self) -> None:
         now = time.monotonic()
         if self.shutdown.stopping and self.listener.connected:
-            self.listener.close()  # no more leases: hand the wake lock to a follower
-        if not self.listener.connected and not self.shutdown.stopping and now >= self.outage.listener_retry_at:
+            self.listener.close()  # no more leases: hand the wake duty to a follower
+        if (
+            self.listener.listening
+            and not self.listener.connected
+            and not self.shutdown.stopping
+            and now >= self.outage.listener_retry_at
+        ):
             try:
                 self.listener.connect()
                 self.woken = True  # notifications sent while we were not listening are lost
@@ -437,13 +477,13 @@ class Supervisor:
             self._database_steps(now)
         except DATABASE_DOWN as exc:
             self.outage.lost(exc)
-            self.listener.close()
+            self.listener.close(release=False)
         else:
             self.outage.back()
 
     def _database_steps(self, now: float) -> None:
         if not self.registered:
-            engine.save_worker(self.row, "running", self.stats.as_dict())
+            engine.save_worker(self.row, "running", self.row_stats())
             self.registered = True
         self._take_leased(now)
         if self.away or self.outage.down:
@@ -713,11 +753,12 @@ class Supervisor:
             del self.running[running.lease.reservation_id]
             self._slot_freed()
             self.settler.stale(running.lease, "lease lost or item cancelled while running; handler stopped")
-        engine.save_worker(self.row, "stopping" if self.shutdown.stopping else "running", self.stats.as_dict())
+        self.listener.renewed(engine.leaders.renew(self.worker_id))
+        engine.save_worker(self.row, "stopping" if self.shutdown.stopping else "running", self.row_stats())
         self.next_heartbeat = time.monotonic() + self.heartbeat_every
 
     def _listener_lost(self) -> None:
-        self.listener.close()
+        self.listener.close(release=False)
         self.outage.listener_lost()
 
     def _unblocked(self, queues: set[str]) -> None:

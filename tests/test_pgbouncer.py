@@ -1,0 +1,204 @@
+"""jobsite behind a real PgBouncer in transaction mode (JOBSITE["CONNECTION_POOLER"] = "transaction"), Debian's
+package (installed like the suite's other system packages: jobsite/system_packages.py).
+
+One PgBouncer for the module, on a free loopback port, in front of 127.0.0.1:5432, with a small pool so that the
+workers' transactions share server connections. Workers reach the database through it; their LISTEN connection
+goes past it (LISTEN_DATABASE_URL), or, without one, they poll and say so. Afterwards the pooled server
+connections hold nothing of jobsite's: no advisory lock, no prepared statement, no session setting, no LISTEN.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections import Counter
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from django.db import connection
+from django.test import Client
+
+from jobsite import system_packages
+from jobsite.ci import in_ci
+from queue_app.models import ExecutionLog, QueueItem, Worker
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+PROBE = "queue_app.probe"
+POOL_SIZE = 4  # server connections PgBouncer opens per database: fewer than the workers' client connections
+POLL = 0.3
+WORKERS = ("pgb0", "pgb1")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def pgbouncer():
+    """A PgBouncer in transaction mode in front of the server; yields its port. Skipped (failed under CI=true)
+    when the package is missing and cannot be installed."""
+    absent = system_packages.ensure(["pgbouncer"])
+    if absent:
+        why = f"missing system package {system_packages.describe(absent)}"
+        if in_ci():
+            pytest.fail(f"CI=true: {why}")
+        pytest.skip(why)
+    # Its own directory under /tmp: PgBouncer runs as the server's OS user when the tests run as root (it refuses
+    # root), and pytest's temporary directories are root's alone.
+    here = Path(tempfile.mkdtemp(prefix="jobsite-pgbouncer-"))
+    here.chmod(0o755)
+    port = _free_port()
+    server = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/x"))
+    ini = here / "pgbouncer.ini"
+    ini.write_text(
+        f"""[databases]
+* = host={server.hostname or "127.0.0.1"} port={server.port or 5432} user={server.username or "postgres"}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = any
+pool_mode = transaction
+default_pool_size = {POOL_SIZE}
+max_client_conn = 200
+ignore_startup_parameters = extra_float_digits
+"""
+    )
+    ini.chmod(0o644)
+    command = [system_packages.PGBOUNCER, str(ini)]
+    if os.geteuid() == 0:
+        command[1:1] = ["-u", "postgres"]
+    log = (here / "pgbouncer.log").open("w")  # its stderr: it logs there without a logfile
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+
+    def accepting() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"pgbouncer exited: {(here / 'pgbouncer.log').read_text()[-2000:]}")
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_for(accepting, timeout=15, what="pgbouncer to listen")
+    yield port
+    proc.terminate()
+    proc.wait(10)
+    log.close()
+    shutil.rmtree(here, ignore_errors=True)
+
+
+def _url(port: int | None = None) -> str:
+    """The test database's URL, through PgBouncer when `port` is given."""
+    base = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/x"))
+    netloc = f"{base.username or 'postgres'}@127.0.0.1:{port or base.port or 5432}"
+    return urlunsplit(base._replace(netloc=netloc, path="/" + connection.settings_dict["NAME"]))
+
+
+def _server_connections_state(port: int) -> list[tuple]:
+    """What each pooled server connection carries: POOL_SIZE client transactions open at once through PgBouncer
+    each get a server connection of their own, so every one in the pool is looked at."""
+    clients = [psycopg.connect(_url(port), autocommit=False, prepare_threshold=None) for _ in range(POOL_SIZE)]
+    try:
+        return [
+            c.execute(
+                "SELECT pg_backend_pid(), (SELECT array_agg(name::text) FROM pg_prepared_statements),"
+                " current_setting('plan_cache_mode'), current_setting('jit'),"
+                " (SELECT reset_val FROM pg_settings WHERE name = 'jit'),"
+                " (SELECT array_agg(c) FROM pg_listening_channels() c)"
+            ).fetchone()
+            for c in clients
+        ]
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_two_workers_behind_pgbouncer_run_a_stream_once_each_and_leave_no_session_state(pgbouncer, worker, manage):
+    # ARCHIVE_AFTER: the finished items stay in the hot table to be counted, however slow the machine.
+    pooled = {
+        "DATABASE_URL": _url(pgbouncer),
+        "JOBSITE_CONNECTION_POOLER": "transaction",
+        "JOBSITE_ARCHIVE_AFTER": "3600",
+    }
+    listening = {**pooled, "JOBSITE_LISTEN_DATABASE_URL": _url()}
+    procs = {
+        name: worker(name, "--concurrency", "4", "--poll-interval", "30", env=listening) for name in ("pgb0", "pgb1")
+    }
+    procs["pgb-poll"] = worker("pgb-poll", "--concurrency", "2", "--poll-interval", str(POLL), env=pooled)
+    wait_for(lambda: Worker.objects.filter(id__in=procs).count() == 3, timeout=60, what="the three workers up")
+
+    # A stream through PgBouncer while they run: one item at a time (the statement that failed with psycopg's
+    # prepared statements, "_pg3_0 already exists"), then in bulk.
+    enqueue = (
+        "from queue_app import engine\n"
+        "for n in range(300):\n"
+        f"    engine.enqueue({PROBE!r}, {{'n': n}})\n"
+        f"engine.enqueue_many({PROBE!r}, [{{'n': 300 + n}} for n in range(300)])\n"
+    )
+    done = manage("shell", "-c", enqueue, env=pooled, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    wait_for(lambda: ExecutionLog.objects.count() >= 600, timeout=120, what="600 runs")
+
+    rows = {w.id: w.stats for w in Worker.objects.filter(id__in=procs)}
+    assert {name: (s["wakeup"], s["poll_interval"]) for name, s in rows.items()} == {
+        "pgb0": ("listen", 30.0),
+        "pgb1": ("listen", 30.0),
+        "pgb-poll": ("poll", POLL),
+    }
+    with psycopg.connect(_url(), autocommit=True) as direct:  # the wake duty: a row, taken through LISTEN_DATABASE_URL
+        wake = direct.execute("SELECT holder FROM queue_app_leader WHERE duty LIKE 'wake %%'").fetchall()
+    assert len(wake) == 1 and wake[0][0] in WORKERS
+    metrics = Client().get("/metrics").content.decode()
+    assert 'jobsite_worker_wakeup{mode="poll",worker="pgb-poll"} 1.0' in metrics
+    assert 'jobsite_worker_wakeup{mode="listen",worker="pgb0"} 1.0' in metrics
+    assert f'jobsite_worker_poll_interval_seconds{{worker="pgb-poll"}} {POLL}' in metrics
+
+    for proc in procs.values():
+        proc.terminate()
+    for proc in procs.values():
+        assert proc.wait(30) == 0, proc.log.read_text()[-3000:]
+    assert "wake-ups: polling every 0.3 s, not listening" in procs["pgb-poll"].log.read_text()
+    assert "wake-ups by LISTEN on LISTEN_DATABASE_URL" in procs["pgb0"].log.read_text()
+
+    runs = Counter(ExecutionLog.objects.values_list("item_id", flat=True))
+    items = set(QueueItem.objects.values_list("id", flat=True))
+    assert len(items) == 600 and set(runs) == items and set(runs.values()) == {1}  # none lost, none run twice
+    assert not QueueItem.objects.exclude(state="done").exists()
+    assert set(ExecutionLog.objects.values_list("worker_id", flat=True)) <= set(procs)
+
+    # The pooled server connections, each: nothing jobsite left there.
+    state = _server_connections_state(pgbouncer)
+    for _pid, prepared, plan_mode, jit, default_jit, channels in state:
+        assert (prepared, plan_mode, jit, channels) == (None, "auto", default_jit, None)
+    pids = {row[0] for row in state}
+
+    def left_on_the_server() -> tuple[list, set, list] | None:
+        """Advisory locks in the test database, client backends PgBouncer's look left out, leader rows; None when
+        all are empty (a worker's exiting backend may still show for a moment)."""
+        with psycopg.connect(_url(), autocommit=True) as direct:
+            locks = direct.execute(
+                "SELECT l.pid, l.objid FROM pg_locks l WHERE l.locktype = 'advisory'"
+                " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            ).fetchall()
+            servers = {
+                pid
+                for (pid,) in direct.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND backend_type = 'client backend' AND pid <> pg_backend_pid() AND pid <> %s",
+                    [connection.connection.info.backend_pid],
+                ).fetchall()
+            }
+            leaders = direct.execute("SELECT duty, holder FROM queue_app_leader").fetchall()
+        found = (locks, servers - pids, leaders)  # every server connection was looked at; no duty left held
+        return None if found == ([], set(), []) else found
+
+    try:
+        wait_for(lambda: left_on_the_server() is None, timeout=15, what="nothing of jobsite's left on the server")
+    except AssertionError:
+        assert left_on_the_server() is None  # fails showing what was left
