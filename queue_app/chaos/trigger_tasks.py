@@ -24,11 +24,9 @@ from ..datasets.quality import CheckResult, all_checks, check
 from ..datasets.services import record_materialization
 from ..datasets.triggers import trigger_task
 from ..registry import Context, Delivery, job
+from .trigger_checks import CHECKED, CONSUMERS, UPSTREAMS  # the names the checks judge by
 
-UPSTREAMS = ("chaos_a", "chaos_b")
-CONSUMERS = {"queue_app.chaos_consume_all": "chaos_all_out", "queue_app.chaos_consume_any": "chaos_any_out"}
 UPSTREAM_TASK = "queue_app.chaos_upstream"
-CHECKED = "chaos_a"  # its blocking check fails a materialization recorded with "bad"
 OVERRIDE_TASK = "queue_app.chaos_override"
 OVERRIDE_USER = "chaos-override"
 
