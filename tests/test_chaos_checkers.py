@@ -9,7 +9,8 @@ triggers; only what a worker's handler would have written (ExecutionLog, ProbeEf
 transaction: one now()) are set by hand. No cluster, no worker process, no chaos run.
 """
 
-from datetime import timedelta
+import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -17,6 +18,7 @@ from django.db.models import F
 
 from queue_app import engine
 from queue_app.chaos.checks import Check
+from queue_app.chaos.harness_checks import check_faults, check_webhooks, check_workers
 from queue_app.chaos.trigger_checks import CHECKED, CONSUMERS, TriggerRun, check_triggers
 from queue_app.chaos.wait_checks import EVENT, WaitRun, check_waits
 from queue_app.chaos.workflow_checks import AT_LEAST_ONCE, TRANSACTIONAL, WorkflowRun, check_workflows
@@ -26,6 +28,7 @@ from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import WorkflowEvent, WorkflowStep
 
 FAIL_TASK = "queue_app.fail"
+T_WEBHOOK = datetime(2026, 1, 1, tzinfo=UTC)  # when the receiver got each delivery (its signed timestamp)
 
 
 def failed(checks: list[Check]) -> dict[str, list[str]]:
@@ -434,3 +437,118 @@ def test_a_sender_that_did_not_send_everything_or_a_restart_that_never_fired_is_
     problems = waits.judge(sent=[{}] * 2, sender_exit=1, restart="")
     assert problems["every event sent stored once"] == ["sender sent 2 of 3, exit 1 (log )"]
     assert problems["workers behaved"] == ["the PostgreSQL restart did not fire before the waits were over"]
+
+
+# -- the item run's checks of the run itself: faults, webhooks, workers ---------------------------------------
+
+
+def test_a_fault_schedule_not_fired_in_full_or_on_an_empty_queue_is_caught():
+    from queue_app.chaos.faults import Fired
+
+    fired = [Fired("kill", 3.0, 0.1, held=2, detail={"open": 40}), Fired("restart", 9.0, 0.5, detail={"open": 12})]
+    wanted = {"kill": 1, "kill_amo": 0, "sigterm": 0, "restart": 1, "cut": 0}
+    clean = check_faults(fired, wanted)
+    assert clean.passed and clean.figures["kills_holding_work"] == 1
+    fired.append(Fired("cut", 20.0, 0.9, detail={"open": 0}))
+    late = check_faults(fired, wanted | {"sigterm": 1})
+    assert late.problems == ["sigterm: 0 of 1 fired", "cut at 20.0s fired on an empty queue"]
+
+
+def test_workers_that_crashed_or_did_not_exit_cleanly_are_caught():
+    from types import SimpleNamespace as Proc
+
+    procs = [
+        Proc(worker_id="w1", fate="killed", burst=False, exit_code=-9),
+        Proc(worker_id="w2", fate="sigterm", burst=False, exit_code=0),
+        Proc(worker_id="w3", fate="burst-done", burst=True, exit_code=0),
+    ]
+    assert check_workers([], procs, True, 1).passed
+    procs[1].exit_code, procs[2].exit_code = 1, 2
+    check = check_workers(["w4 exited 1 unasked"], procs, False, 3)
+    assert check.problems == [
+        "w4 exited 1 unasked",
+        "w2 exited 1 after SIGTERM",
+        "burst worker w3 exited 2",
+        "the burst workers did not drain the queue before the deadline",
+    ]
+
+
+class Webhooks:
+    """Two items dead-lettered on a database with the run's endpoint (item.dead_lettered): the SQL trigger queues
+    a delivery for each; each received once, signed with the endpoint's secret, its item settled done."""
+
+    def __init__(self) -> None:
+        from standardwebhooks.webhooks import Webhook
+
+        from queue_app.webhooks.events import WEBHOOK_QUEUE
+        from queue_app.webhooks.models import WebhookDelivery, WebhookEndpoint
+        from queue_app.webhooks.sender import new_secret
+
+        self.secret = new_secret()
+        WebhookEndpoint.objects.create(
+            url="http://127.0.0.1:9/", event_types=["item.dead_lettered"], secret=self.secret
+        )
+        for _ in range(2):
+            engine.enqueue("chaos.poison", {}, queue="chaos", max_attempts=1)
+            (held,) = engine.lease(["chaos"], 1, worker_id="w1")
+            engine.dead(held, "unknown task: chaos.poison")
+        self.publish(WEBHOOK_QUEUE)
+        self.first, self.repeats = {}, {}
+        signer = Webhook(self.secret)
+        for delivery in WebhookDelivery.objects.order_by("id"):
+            at = T_WEBHOOK
+            headers = {"Webhook-Id": delivery.webhook_id, "Webhook-Timestamp": str(int(at.timestamp())),
+                       "Webhook-Signature": signer.sign(delivery.webhook_id, at, delivery.body)}  # fmt: skip
+            self.first[delivery.webhook_id] = (headers, delivery.body.encode())
+        drive(WEBHOOK_QUEUE)  # the deliveries' items settle done
+
+    @staticmethod
+    def publish(queue: str) -> None:
+        """Run the publish items the dead letters' trigger queued, as their handler does: one delivery each."""
+        from queue_app.webhooks.events import PUBLISH_TASK, publish_event
+
+        for held in engine.lease([queue], 100, worker_id="w1"):
+            assert held.task == PUBLISH_TASK
+            publish_event(held.payload["type"], held.payload["data"])
+            engine.complete(held, None)
+
+    def check(self) -> Check:
+        return check_webhooks("default", self.first, self.repeats, self.secret)
+
+
+@pytest.fixture
+def webhooks(db) -> Webhooks:
+    return Webhooks()
+
+
+def test_webhook_checks_pass_when_every_dead_letter_was_delivered_once_signed(webhooks):
+    check = webhooks.check()
+    assert check.passed, check.problems
+    assert check.figures | {"webhook_items": None} == {
+        "dead_letters": 2, "deliveries": 2, "received": 2, "received_again": 0, "webhook_items": None
+    }  # fmt: skip
+
+
+def test_a_delivery_lost_forged_or_left_open_is_caught(webhooks):
+    from queue_app.webhooks.events import WEBHOOK_QUEUE
+
+    lost, forged = list(webhooks.first)
+    del webhooks.first[lost]
+    headers, body = webhooks.first[forged]
+    webhooks.first[forged] = (headers, body.replace(b"chaos", b"CHAOS"))  # a body its signature does not cover
+    QueueItem.objects.filter(queue_id=WEBHOOK_QUEUE).update(state="ready")
+    assert webhooks.check().problems == [
+        f"delivery {lost} never reached the receiver",
+        f"{forged}: the signature does not verify",
+        "4 webhook items ended ready",  # two publish items, two deliveries
+    ]
+
+
+def test_a_dead_letter_with_no_event_is_caught(webhooks):
+    from queue_app.webhooks.models import WebhookDelivery
+
+    gone = WebhookDelivery.objects.order_by("id").first()
+    item_id = json.loads(gone.body)["data"]["item_id"]
+    del webhooks.first[gone.webhook_id]
+    gone.delete()
+    assert webhooks.check().problems == [f"the dead letter of item {item_id} raised no event"]
