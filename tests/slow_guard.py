@@ -43,7 +43,7 @@ def starts_a_worker(args) -> bool:
     argv = [str(a) for a in args] if isinstance(args, list | tuple) else str(args).split()
     for n, arg in enumerate(argv):
         if arg.endswith("manage.py"):
-            return any(a in WORKER_COMMANDS for a in argv[n + 1 : n + 3])
+            return argv[n + 1 : n + 2] != [] and argv[n + 1] in WORKER_COMMANDS  # the command, not its arguments
     return False
 
 
