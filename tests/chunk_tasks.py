@@ -44,3 +44,25 @@ def chunked_short(items: list[ChunkItem]) -> list:
 )
 def chunked_at_most_once(items: list[ChunkItem]) -> list:
     return _outcomes(items)
+
+
+@job("tests.chunked_raises", queue="chunk_fail", chunk=ChunkPolicy(size=10, timeout=0.1), retry=Retry(times=3, delay=0))
+def chunked_raises(items: list[ChunkItem]) -> list:
+    raise RuntimeError(f"the bulk call failed for {len(items)} items")
+
+
+@job(
+    "tests.chunked_miscount", queue="chunk_fail", chunk=ChunkPolicy(size=10, timeout=0.1), retry=Retry(times=3, delay=0)
+)
+def chunked_miscount(items: list[ChunkItem]) -> list:
+    return [{"ok": True}] * (len(items) - 1)  # one outcome short
+
+
+@job(
+    "tests.chunked_bad_result",
+    queue="chunk_fail",
+    chunk=ChunkPolicy(size=10, timeout=0.1),
+    retry=Retry(times=3, delay=0),
+)
+def chunked_bad_result(items: list[ChunkItem]) -> list:
+    return [{"ok": True}, {1, 2}, *[None] * (len(items) - 2)]  # the second item's result is not JSON

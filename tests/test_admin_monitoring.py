@@ -9,9 +9,11 @@ from unittest import mock
 
 import pytest
 from django.db import connection
+from django.db.models import F
 from prometheus_client.parser import text_string_to_metric_families
 
 from queue_app import monitoring
+from queue_app.models import QueueItem
 from tests.admin_fixtures import (
     dead,
     done,
@@ -166,10 +168,14 @@ def test_metrics_export_depth_per_queue_and_state(client, activity):
 
 
 def test_metrics_export_flow_dead_letters_and_workers(client, activity):
+    waited = timedelta(seconds=90)  # one of mail's due items has waited that long
+    oldest = QueueItem.objects.filter(queue_id="mail", state="ready", task="t.ready").order_by("id").first()
+    QueueItem.objects.filter(id=oldest.id).update(run_at=F("run_at") - waited, visible_at=F("visible_at") - waited)
     values = metrics(client)
     mail = (("queue", "mail"),)
 
-    assert values["jobsite_queue_oldest_ready_age_seconds", mail] >= 0
+    assert 90 <= values["jobsite_queue_oldest_ready_age_seconds", mail] < 90 + 60
+    assert values["jobsite_queue_oldest_ready_age_seconds", (("queue", "billing"),)] < 60  # enqueued just now
     assert values["jobsite_queue_in_flight", mail] == 1
     assert values["jobsite_queue_processed_recent", mail] == 2
     assert values["jobsite_queue_failed_recent", mail] == 2

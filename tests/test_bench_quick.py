@@ -5,6 +5,7 @@ tables alone would fail; a part that fails is reported and the others still run.
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -61,8 +62,17 @@ def test_webhook_bench_reports_deliveries_per_second_and_latency(manage):
         timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "100 deliveries in" in proc.stdout and "deliveries/s" in proc.stdout
-    assert "latency event -> delivery (idle queue, 5 samples): p50" in proc.stdout
+    # The figures printed, read back and checked against each other (not only that a line was printed): the rate
+    # is the 100 deliveries over the time printed, and the latency percentiles are real and ordered.
+    rate = re.search(r"throughput: 100 deliveries in ([\d.]+) s = ([\d,]+) deliveries/s", proc.stdout)
+    assert rate, proc.stdout
+    took, per_s = float(rate[1]), float(rate[2].replace(",", ""))
+    assert took > 0 and abs(per_s - 100 / took) <= max(1.0, 0.05 * per_s), (took, per_s)
+    latency = re.search(
+        r"latency event -> delivery \(idle queue, 5 samples\): p50 ([\d.]+) ms, p99 ([\d.]+) ms", proc.stdout
+    )
+    assert latency, proc.stdout
+    assert 0 < float(latency[1]) <= float(latency[2]) < 30_000, latency.groups()  # each sample waits at most 30 s
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,10 +1,12 @@
 """`manage.py enqueue` and `manage.py queue_stats`."""
 
 import json
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db.models import F
 from django.utils import timezone
 
 from queue_app import engine
@@ -12,6 +14,7 @@ from queue_app.models import DeadLetter, QueueItem
 from tests import worker_tasks  # noqa: F401  (registers tests.* tasks)
 
 pytestmark = pytest.mark.django_db
+WAITED = timedelta(seconds=90)
 
 
 def run(*args: str) -> tuple[str, str]:
@@ -106,10 +109,12 @@ def test_queue_stats_counts_items_by_state_per_queue():
     engine.enqueue("queue_app.noop", {}, queue="other")
     held = engine.lease(["other"], 1, "w")
     engine.dead(held[0], "poison")
+    oldest = QueueItem.objects.filter(queue_id="default", task="queue_app.noop").order_by("id").first()
+    QueueItem.objects.filter(id=oldest.id).update(run_at=F("run_at") - WAITED, visible_at=F("visible_at") - WAITED)
     out, _ = run("queue_stats", "--json")
     stats = {row["queue"]: row for row in json.loads(out)["queues"]}
     assert (stats["default"]["ready"], stats["default"]["scheduled"], stats["default"]["done"]) == (3, 1, 0)
-    assert stats["default"]["oldest_ready_age"] >= 0
+    assert 90 <= stats["default"]["oldest_ready_age"] < 90 + 60  # the due item waiting longest, 90 s and the test's
     assert (stats["other"]["dead"], stats["other"]["dead_letters"], stats["other"]["ready"]) == (1, 1, 0)
     assert stats["other"]["oldest_ready_age"] is None
     assert DeadLetter.objects.count() == 1

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 from django.core import checks
-from django.db import connection
+from django.db import connection, transaction
 
 from queue_app.datasets import dataset
 from queue_app.datasets.declarations import _code
@@ -59,25 +59,56 @@ def test_each_new_set_of_files_is_observed_once_per_partition(root):
 
 
 def test_two_checks_at_once_observe_a_new_set_once(root):
+    """Forced: the first check holds its transaction open once it recorded the new set (and holds the partition's
+    advisory lock); the second is seen waiting on that lock (pg_locks), then the first commits and the second finds
+    the set already observed. Without the lock the second would not wait, would not see the first's uncommitted
+    record, and would record the set again."""
     watch("dw_events", "landing/{partition}/*.csv")
     _land(root, "2026-11-26", "a.csv")
-    barrier, errors = threading.Barrier(2), []
+    recorded, release, errors, found = threading.Event(), threading.Event(), [], []
 
-    def check():
+    def first():
         try:
-            barrier.wait()
-            check_watches()
-        except Exception as exc:  # noqa: BLE001 - reported below
+            with transaction.atomic():
+                found.append(check_watches())
+                recorded.set()
+                assert release.wait(30)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            recorded.set()
+        finally:
+            connection.close()
+
+    def second():
+        try:
+            found.append(check_watches())
+        except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=check) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    holder, other = threading.Thread(target=first), threading.Thread(target=second)
+    holder.start()
+    assert recorded.wait(30) and not errors, errors
+    other.start()
+    try:
+        with connection.cursor() as cur:
+            for _ in range(600):
+                cur.execute(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                    " WHERE l.locktype = 'advisory' AND NOT l.granted AND a.datname = current_database()"
+                )
+                if cur.fetchone()[0]:
+                    break
+                threading.Event().wait(0.05)
+            else:
+                pytest.fail("the second check never waited for the first's lock")
+    finally:
+        release.set()
+        holder.join(30)
+        other.join(30)
     assert errors == []
+    assert sorted(len(f) for f in found) == [0, 1]  # one check recorded the set, the other nothing
     assert Materialization.objects.filter(dataset="dw_events").count() == 1
 
 

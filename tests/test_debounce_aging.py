@@ -274,7 +274,9 @@ def test_a_low_priority_item_starts_under_a_steady_stream_of_higher_priority_wor
     proc = worker("aged1", "--pool", "thread", "--concurrency", "1", "--queues", "aged")
     wait_for(lambda: Worker.objects.filter(state="running").exists(), timeout=60, what="a running worker")
     sleep = engine.enqueue_many
-    sleep("queue_app.sleep", [{"seconds": 0.01}] * 100, queue="aged", priority=gap)
+    # A backlog of priority-9 work due before it (about 3 s of it), so the low item is leased well past the bound
+    # and the stream's items due after the bound are many by then.
+    sleep("queue_app.sleep", [{"seconds": 0.01}] * 300, queue="aged", priority=gap)
     low = engine.enqueue("queue_app.sleep", {"seconds": 0.01}, queue="aged", priority=0).id
 
     def low_started() -> bool:
@@ -292,7 +294,9 @@ def test_a_low_priority_item_starts_under_a_steady_stream_of_higher_priority_wor
     passed = QueueItem.objects.filter(queue_id="aged", priority=gap, reservation__reserved_at__lt=reserved_at)
     latest_passer = max(passed.values_list("run_at", flat=True))
     assert latest_passer <= item.run_at + timedelta(seconds=bound + 0.01)
-    # ... while higher-priority work due later was still waiting behind it: without aging it would have gone first.
-    assert QueueItem.objects.filter(
-        queue_id="aged", priority=gap, run_at__gt=item.run_at + timedelta(seconds=bound)
-    ).exists()
+    # ... while higher-priority work already due when it was leased still waited behind it (not leased then, or
+    # only after it): without aging the low item would have waited for every such item.
+    waited = QueueItem.objects.filter(queue_id="aged", priority=gap, run_at__lt=reserved_at).exclude(
+        reservation__reserved_at__lte=reserved_at
+    )
+    assert waited.count() >= 10, waited.count()

@@ -491,6 +491,7 @@ PASSWORD = "hunter2-" + secrets.token_hex(8)
 SECRET_KEY = "sk-" + secrets.token_urlsafe(40)
 
 
+@pytest.mark.slow  # a real run_worker and `manage.py up` (tests/slow_guard.py sees them start)
 @pytest.mark.django_db(transaction=True)
 def test_secrets_never_reach_the_output_of_commands_or_the_worker(test_db_name, db_proxy):
     """A DATABASE_URL with a password (through a TCP proxy to the test database, whose server trusts local

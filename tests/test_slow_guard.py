@@ -62,3 +62,42 @@ def test_marked_tests_are_collected(tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert "4 tests collected" in out, out
+
+
+RUNS = textwrap.dedent(
+    """
+    import subprocess
+    import sys
+
+    import pytest
+
+    # A child whose argv names manage.py and a worker command (it runs `python -c pass`: nothing starts).
+    WORKER = [sys.executable, "-c", "pass", "manage.py", "run_worker", "--burst"]
+    OTHER = [sys.executable, "-c", "pass", "manage.py", "queue_stats"]
+
+    def test_unmarked_starts_a_worker():
+        subprocess.run(WORKER, check=True)
+
+    @pytest.mark.slow
+    def test_marked_starts_a_worker():
+        subprocess.run(WORKER, check=True)
+
+    def test_unmarked_runs_another_command():
+        subprocess.run(OTHER, check=True)
+    """
+)
+
+
+def test_a_test_that_starts_a_worker_through_its_own_subprocess_unmarked_fails_naming_the_command(tmp_path):
+    (tmp_path / "test_tiny.py").write_text(RUNS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DJANGO_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    cmd = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:django", "-p", "no:cacheprovider"]
+    done = subprocess.run(
+        [*cmd, "-q", "-rf", "test_tiny.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "1 failed, 2 passed" in out, out
+    assert "test_unmarked_starts_a_worker starts a real worker and must be marked @pytest.mark.slow" in out, out
+    assert "manage.py run_worker --burst" in out, out

@@ -13,7 +13,7 @@ from django.db import connection
 import tests.worker_tasks  # noqa: F401  registers the tasks whose declarations the tests publish
 from queue_app import engine, registry
 from queue_app.engine import sql_api
-from queue_app.models import Queue, QueueItem
+from queue_app.models import Queue, QueueItem, Reservation
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -184,6 +184,42 @@ def test_the_example_consumer_leases_completes_and_a_stale_reservation_changes_n
         assert sql_consumer.complete(conn, again, [1, 2]) is True
         assert sql_consumer.complete(conn, current, None) is False
     assert QueueItem.objects.get(id=lost_id).result == [1, 2]
+
+
+def test_a_repeated_complete_returns_true_and_changes_nothing_an_unknown_reservation_false(pg):
+    """A retry of a complete whose reply was lost: `true` again, the first result and end kept."""
+    item_id = enqueue(pg, "queue_app.echo", queue="sqlapi-repeat")
+    pg.commit()
+    [(reservation,)] = pg.execute("SELECT reservation_id FROM jobsite_lease('sqlapi-repeat', 1, 30)").fetchall()
+    pg.commit()
+    complete = "SELECT jobsite_complete(%s, %s::jsonb)"
+    assert pg.execute(complete, [reservation, '{"first": 1}']).fetchone()[0] is True
+    pg.commit()
+    first = Reservation.objects.get(id=reservation)
+    assert pg.execute(complete, [reservation, '{"second": 2}']).fetchone()[0] is True
+    pg.commit()
+    item, again = QueueItem.objects.get(id=item_id), Reservation.objects.get(id=reservation)
+    assert (item.state, item.result) == ("done", {"first": 1})
+    assert (again.outcome, again.finished_at) == ("done", first.finished_at)
+    assert pg.execute(complete, [reservation + 1_000_000, "{}"]).fetchone()[0] is False  # no such reservation
+    assert pg.execute("SELECT jobsite_fail(%s, 'late')", [reservation]).fetchone()[0] is False  # done: not failed
+    pg.commit()
+    assert QueueItem.objects.get(id=item_id).state == "done"
+
+
+def test_a_paused_or_unknown_queue_leases_nothing_and_takes_nothing(pg):
+    item_id = enqueue(pg, "queue_app.echo", queue="sqlapi-paused")
+    pg.commit()
+    Queue.objects.filter(name="sqlapi-paused").update(paused=True)
+    assert pg.execute("SELECT * FROM jobsite_lease('sqlapi-paused', 5, 30)").fetchall() == []
+    assert pg.execute("SELECT * FROM jobsite_lease('sqlapi-no-such-queue', 5, 30)").fetchall() == []
+    pg.commit()
+    item = QueueItem.objects.get(id=item_id)
+    assert (item.state, item.attempts, item.reservation_id) == ("ready", 0, None)
+    assert not Queue.objects.filter(name="sqlapi-no-such-queue").exists()
+    Queue.objects.filter(name="sqlapi-paused").update(paused=False)  # resumed: the same call takes it
+    [(leased,)] = pg.execute("SELECT item_id FROM jobsite_lease('sqlapi-paused', 5, 30)").fetchall()
+    assert leased == item_id
 
 
 def test_a_flow_controlled_queue_is_refused_by_the_sql_lease(pg):

@@ -82,6 +82,64 @@ def test_concurrent_starters_with_one_key_start_one_workflow():
     assert Workflow.objects.count() == 1
 
 
+@pytest.mark.parametrize("first_ends", ["commit", "rollback"])
+def test_a_start_while_another_holds_the_key_uncommitted_waits_for_it(first_ends):
+    """Forced: the first start holds its transaction open after claiming the key; the second is seen waiting on
+    the key row's lock (pg_stat_activity), then the first commits (the second returns its workflow, created
+    False) or rolls back (the second starts its own)."""
+    holding, release, first_ids, second, errors = threading.Event(), threading.Event(), [], [], []
+
+    def first():
+        try:
+            with transaction.atomic():
+                first_ids.append(services.start("wf_diamond", key="forced").id)
+                holding.set()
+                assert release.wait(30)
+                if first_ends == "rollback":
+                    transaction.set_rollback(True)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            holding.set()
+        finally:
+            connection.close()
+
+    def then():
+        try:
+            second.append(services.start("wf_diamond", key="forced"))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    holder, other = threading.Thread(target=first), threading.Thread(target=then)
+    holder.start()
+    assert holding.wait(30) and not errors, errors
+    other.start()
+    try:
+        with connection.cursor() as cur:
+            for _ in range(600):
+                cur.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname = current_database()"
+                )
+                if cur.fetchone()[0]:
+                    break
+                threading.Event().wait(0.05)
+            else:
+                pytest.fail("the second start never waited for the first's key")
+    finally:
+        release.set()
+        holder.join(30)
+        other.join(30)
+    assert errors == []
+    (started,) = second
+    if first_ends == "commit":
+        assert (started.id, started.created) == (first_ids[0], False)
+    else:
+        assert started.created and started.id != first_ids[0]
+    assert list(Workflow.objects.values_list("id", flat=True)) == [started.id]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

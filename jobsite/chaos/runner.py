@@ -10,7 +10,6 @@ import json
 import os
 import random
 import time
-from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,14 +17,13 @@ from pathlib import Path
 from django.core.management import call_command
 from django.db import connections
 from django.db.utils import InterfaceError, OperationalError
-from standardwebhooks.webhooks import Webhook
 
 from jobsite.bench.webhooks import Receiver
 from jobsite.embedded_pg import var_dir
 from queue_app import engine
-from queue_app.models import DeadLetter, Queue, QueueItem, Reservation, Schedule, Worker
+from queue_app.models import Queue, QueueItem, Reservation, Schedule, Worker
 from queue_app.webhooks.events import WEBHOOK_QUEUE
-from queue_app.webhooks.models import WebhookDelivery, WebhookEndpoint
+from queue_app.webhooks.models import WebhookEndpoint
 from queue_app.webhooks.sender import new_secret
 
 from . import plan as plan_mod
@@ -34,6 +32,7 @@ from .cluster import Cluster
 from .debounce import DebounceFeed, check_chunks, check_debounce
 from .faults import Fault, Fired, schedule
 from .fleet import Fleet
+from .harness_checks import check_faults, check_webhooks, check_workers
 from .history import load
 from .proxy import Proxy
 from .report import Report
@@ -415,69 +414,15 @@ class ChaosRun:
         return checks
 
     def _check_faults(self) -> Check:
-        """The schedule fired in full, and on work in flight (a fault on an empty queue proves nothing)."""
-        kinds = {k: sum(f.kind == k for f in self.fired) for k in ("kill", "kill_amo", "sigterm", "restart", "cut")}
         wanted = {"kill": self.sizes.kills, "kill_amo": self.sizes.amo_kills, "sigterm": self.sizes.sigterms,
                   "restart": self.sizes.restarts, "cut": self.sizes.cuts}  # fmt: skip
-        problems = [f"{k}: {kinds[k]} of {n} fired" for k, n in wanted.items() if kinds[k] < n]
-        problems += [f"{f.kind} at {f.t}s fired on an empty queue" for f in self.fired if not f.detail.get("open")]
-        figures = {**kinds, "kills_holding_work": sum(f.held > 0 for f in self.fired if f.kind == "kill")}
-        return Check("faults fired under load", not problems, figures, problems)
+        return check_faults(self.fired, wanted)
 
     def _check_webhooks(self) -> Check:
-        """Every dead letter raised exactly one item.dead_lettered event (its trigger commits with the dead
-        letter), delivered to the receiver, correctly signed, under its delivery's webhook-id; no webhook item
-        is left open or died. A delivery received more than once (a worker killed after the request) is counted."""
-        receiver = self.receiver
-        letters = set(
-            DeadLetter.objects.using(ALIAS).exclude(item__queue_id=WEBHOOK_QUEUE).values_list("item_id", flat=True)
-        )
-        deliveries = dict(WebhookDelivery.objects.using(ALIAS).values_list("webhook_id", "body"))
-        evented = Counter(json.loads(body)["data"]["item_id"] for body in deliveries.values())
-        with connections[ALIAS].cursor() as cur:  # hot and archived alike: the archiver moves the done ones
-            query = "SELECT state, count(*) FROM queue_app_item_all WHERE queue_id = %s GROUP BY 1"
-            cur.execute(query, [WEBHOOK_QUEUE])
-            states = Counter(dict(cur.fetchall()))
-        problems = [f"the dead letter of item {i} raised no event" for i in sorted(letters - set(evented))]
-        problems += [f"item {i} raised {n} events" for i, n in sorted(evented.items()) if n != 1]
-        problems += [f"item {i} raised an event but has no dead letter" for i in sorted(set(evented) - letters)]
-        problems += [f"delivery {w} never reached the receiver" for w in sorted(set(deliveries) - set(receiver.first))]
-        problems += [
-            f"the receiver got {w}, which no delivery has" for w in sorted(set(receiver.first) - set(deliveries))
-        ]
-        signer = Webhook(self.webhook_secret)
-        for webhook_id, (headers, body) in receiver.first.items():
-            headers = {k.lower(): v for k, v in headers.items()}
-            at = datetime.fromtimestamp(int(headers["webhook-timestamp"]), UTC)
-            if signer.sign(webhook_id, at, body.decode()) not in headers["webhook-signature"].split(" "):
-                problems.append(f"{webhook_id}: the signature does not verify")
-        problems += [f"{n} webhook items ended {state}" for state, n in states.items() if state != "done"]
-        figures = {
-            "dead_letters": len(letters),
-            "deliveries": len(deliveries),
-            "received": len(receiver.first),
-            "received_again": sum(receiver.repeats.values()),
-            "webhook_items": dict(states),
-        }
-        return Check("webhooks: every dead letter delivered", not problems, figures, problems[:20])
+        return check_webhooks(ALIAS, self.receiver.first, self.receiver.repeats, self.webhook_secret)
 
     def _check_workers(self) -> Check:
-        """No worker died unasked; every SIGTERMed worker exited 0 (finished or handed back its work)."""
-        problems = list(self.crashes)
-        termed = [p for p in self.fleet.procs if p.fate in ("sigterm", "stopped")]
-        problems += [f"{p.worker_id} exited {p.exit_code} after SIGTERM" for p in termed if p.exit_code != 0]
-        bursts = [p for p in self.fleet.procs if p.burst]
-        problems += [f"burst worker {p.worker_id} exited {p.exit_code}" for p in bursts if p.exit_code not in (0, -9)]
-        if not self.drained:
-            problems.append("the burst workers did not drain the queue before the deadline")
-        figures = {
-            "started": len(self.fleet.procs),
-            "sigtermed": len(termed),
-            "sigterm_exit_0": sum(p.exit_code == 0 for p in termed),
-            "crashed": len(self.crashes),
-            "burst_rounds": self.burst_rounds,
-        }
-        return Check("workers behaved", not problems, figures, problems)
+        return check_workers(self.crashes, self.fleet.procs, self.drained, self.burst_rounds)
 
     # -- cleanup ----------------------------------------------------------------------------------------------
 

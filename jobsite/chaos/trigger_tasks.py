@@ -25,10 +25,9 @@ from queue_app.datasets.services import record_materialization
 from queue_app.datasets.triggers import trigger_task
 from queue_app.registry import Context, Delivery, job
 
-UPSTREAMS = ("chaos_a", "chaos_b")
-CONSUMERS = {"jobsite.chaos_consume_all": "chaos_all_out", "jobsite.chaos_consume_any": "chaos_any_out"}
+from .trigger_checks import CHECKED, CONSUMERS, UPSTREAMS  # the names the checks judge by
+
 UPSTREAM_TASK = "jobsite.chaos_upstream"
-CHECKED = "chaos_a"  # its blocking check fails a materialization recorded with "bad"
 OVERRIDE_TASK = "jobsite.chaos_override"
 OVERRIDE_USER = "chaos-override"
 

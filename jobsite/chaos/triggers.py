@@ -6,34 +6,32 @@ consumer and an `any` consumer of both, each recording its own output partition 
 it. Once everything has drained, the harness overrides half the bad partitions (jobsite.chaos_override items)
 and records the other half's chaos_a again, good; the workers (and the kills) go on until that drains too.
 
-Checks: every queue drained (nothing stuck); the `all` consumer was queued exactly once per partition (hot and
-archived items counted) and ran exactly once (one output row), with both upstream materialization ids; the `any`
-consumer once per usable upstream materialization; no consumer queued before its upstreams were recorded (its
-item's first lease comes after both upstreams' recording transactions); every upstream recorded once (a
-re-recorded bad partition's chaos_a twice); every bad chaos_a failed its check (then was overridden, or not),
-every good one passed; a bad partition ran no consumer of its bad chaos_a while blocked (every consumer item
-naming it was queued after the second phase began, by its override) and ran the `all` consumer exactly once
-after its override or its new good record.
+Checks (trigger_checks.py): every queue drained (nothing stuck); the `all` consumer was queued exactly once per
+partition (hot and archived items counted) and ran exactly once (one output row), with both upstream materialization
+ids; the `any` consumer once per usable upstream materialization; no consumer queued before its upstreams were
+recorded (its item's first lease comes after both upstreams' recording transactions); every upstream recorded once
+(a re-recorded bad partition's chaos_a twice); every bad chaos_a failed its check (then was overridden, or not),
+every good one passed; a bad partition ran no consumer of its bad chaos_a while blocked (every consumer item naming
+it was queued after the second phase began, by its override) and ran the `all` consumer exactly once after its
+override or its new good record.
 
 Same private cluster and worker fleet as the item run (runner.py); the faults here are kill -9 only.
 """
 
 import time
-from collections import Counter, defaultdict
 from dataclasses import dataclass
-from datetime import datetime
 
 from django.contrib.auth.models import User
-from django.db.models import Max, Min
+from django.db.models import Max
 
 from queue_app import engine
-from queue_app.datasets.models import Materialization, TriggerFire
-from queue_app.models import ItemHistory, Queue, QueueItem, Reservation, ReservationHistory
+from queue_app.models import ItemHistory, Queue, QueueItem
 
 from . import trigger_tasks
 from .checks import Check
 from .fleet import Fleet
 from .runner import ALIAS, MIN_AGE, ChaosRun
+from .trigger_checks import TriggerRun, check_triggers
 
 QUEUE = "default"
 QUEUE_LEASE = 10.0
@@ -146,91 +144,12 @@ class TriggerChaosRun(ChaosRun):
     # -- judging ----------------------------------------------------------------------------------------------
 
     def _judge(self) -> list[Check]:
-        db, days = ALIAS, self._partitions()
-        rows = defaultdict(list)
-        for m in Materialization.objects.using(db).order_by("id"):
-            rows[m.dataset, m.partition].append(m)
-        items: dict[int, object] = {}
-        for model in (QueueItem, ItemHistory):  # hot and archived: the workers archive finished items
-            for item in model.objects.using(db).filter(task__in=list(trigger_tasks.CONSUMERS)):
-                items.setdefault(item.id, item)
-        overridden, rewritten = map(set, self._bad())
-        queued = defaultdict(list)
-        for item in items.values():
-            queued[item.task, item.payload.get("partition")].append(item)
-        checks = []
-
-        open_items = self._open()
-        checks.append(Check("no item stuck", open_items == 0, {"open": open_items}, []))
-
-        def times(name: str, day: str) -> int:  # a re-recorded bad partition's chaos_a: twice
-            return 2 if name == trigger_tasks.CHECKED and day in rewritten else 1
-
-        problems = [f"{name}[{day}] recorded {len(rows[name, day])} times" for day in days
-                    for name in trigger_tasks.UPSTREAMS if len(rows[name, day]) != times(name, day)]  # fmt: skip
-        checks.append(Check("every upstream recorded once", not problems, {"partitions": len(days)}, problems[:20]))
-
-        problems = []
-        for day in days:
-            wanted = ["overridden"] if day in overridden else ["failed", "passed"] if day in rewritten else ["passed"]
-            if [m.checks for m in rows[trigger_tasks.CHECKED, day]] != wanted:
-                problems.append(f"chaos_a[{day}] checks {[m.checks for m in rows['chaos_a', day]]}, not {wanted}")
-        bad = len(overridden) + len(rewritten)
-        checks.append(Check("bad records failed their blocking check", not problems, {"bad": bad}, problems[:20]))
-
-        problems = []
-        all_task, any_task = list(trigger_tasks.CONSUMERS)
-        for day in days:
-            a, b = rows["chaos_a", day], rows["chaos_b", day]
-            if len(a) != times("chaos_a", day) or len(b) != 1:
-                continue
-            usable_a = a[-1]  # a good record, the override of a bad one, or the good record after a bad one
-            all_items, any_items = queued[all_task, day], queued[any_task, day]
-            if day in overridden or day in rewritten:
-                # Blocked until the second phase: a consumer item naming the bad record, or the all consumer's,
-                # queued before it began ran on a blocked partition.
-                early = [i.id for i in all_items + any_items if i.id < self.second_phase_from
-                         and (i.task == all_task or i.payload["upstream"].get("chaos_a") == a[0].id)]  # fmt: skip
-                if early:
-                    problems.append(f"consumer items {early} of blocked {day} queued before the second phase")
-            if len(all_items) != 1:
-                problems.append(f"all consumer of {day} queued {len(all_items)} times")
-            elif all_items[0].payload["upstream"] != {"chaos_a": usable_a.id, "chaos_b": b[0].id}:
-                problems.append(f"all consumer of {day} got {all_items[0].payload['upstream']}")
-            if len(any_items) != 2:
-                problems.append(f"any consumer of {day} queued {len(any_items)} times")
-        fires = Counter(TriggerFire.objects.using(db).values_list("consumer", flat=True))
-        checks.append(Check("each consumer queued once per usable set", not problems, dict(fires), problems[:20]))
-
-        problems = []
-        for task, output in trigger_tasks.CONSUMERS.items():
-            for day in days:
-                expected = len(queued[task, day])
-                if len(rows[output, day]) != expected:
-                    problems.append(f"{output}[{day}]: {len(rows[output, day])} runs for {expected} items")
-        checks.append(Check("each consumer item ran exactly once", not problems, {}, problems[:20]))
-
-        problems = []
-        first_lease: dict[int, datetime] = {}
-        for model in (Reservation, ReservationHistory):
-            for item_id, first in (
-                model.objects.using(db).filter(item_id__in=list(items)).values("item_id")
-                .annotate(first=Min("reserved_at")).values_list("item_id", "first")
-            ):  # fmt: skip
-                first_lease[item_id] = min(first, first_lease.get(item_id, first))
-        for (task, day), found in queued.items():
-            ups = rows["chaos_a", day] + rows["chaos_b", day]
-            for item in found:
-                # Its lease began after the transaction that queued it committed, so after every upstream it names
-                # had committed (the recorder waited for the other's row lock): a lease before an upstream's
-                # recording transaction even began is a consumer run before its upstreams.
-                named = item.payload.get("upstream", {})
-                recorded = [m.at for m in ups if m.id in named.values()]
-                leased = first_lease.get(item.id)
-                if len(recorded) != len(named) or leased is None or any(leased < at for at in recorded):
-                    problems.append(f"{task}[{day}] leased at {leased} before its upstreams {named}")
-        checks.append(Check("no consumer before its upstreams", not problems, {"items": len(items)}, problems[:20]))
-        checks.append(Check("workers behaved", not self.crashes, {"kills": len(self.kills)}, self.crashes))
+        overridden, rewritten = self._bad()
+        run = TriggerRun(
+            self._partitions(), overridden, rewritten, self.second_phase_from, self.crashes, len(self.kills)
+        )
+        checks = check_triggers(ALIAS, run)
+        days = run.days
 
         self._write("")
         self._write(f"== queue_chaos --triggers: seed {self.opts.seed}, {len(days)} partitions, "

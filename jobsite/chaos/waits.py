@@ -7,12 +7,12 @@ effect counts its runs). Another process (wait_sender.py) sends the events: some
 (kept for the lookback), some while the workflow naps (before its wait opens), most after the wait opened; every
 fifth key twice; a few through the `workflow send-event` command, the rest through `waits.send_event`.
 
-Checks: every workflow succeeded (no wait lost, nothing stuck); every event sent is stored once (none lost, none
-doubled); every event wakes exactly one step exactly once (per key exactly one event claimed, the oldest, by that
-key's wait, whose result is that event's payload; the unclaimed are exactly the second sends); the step after
-each wait was enqueued once and its effect applied once; nothing woke early (no nap's item leased, nor its step
-ended, before its due time: created + seconds on the server's clock; no wait opened before its nap ended; no
-step after a wait leased before its event was sent, nor started before the wait ended).
+Checks (wait_checks.py): every workflow succeeded (no wait lost, nothing stuck); every event sent is stored once
+(none lost, none doubled); every event wakes exactly one step exactly once (per key exactly one event claimed, the
+oldest, by that key's wait, whose result is that event's payload; the unclaimed are exactly the second sends); the
+step after each wait was enqueued once and its effect applied once; nothing woke early (no nap's item leased, nor
+its step ended, before its due time: created + seconds on the server's clock; no wait opened before its nap ended;
+no step after a wait leased before its event was sent, nor started before the wait ended).
 
 Same private cluster and worker fleet as the item run (runner.py); the faults here are kill -9 of workers and
 one PostgreSQL restart (`pg_ctl restart -m fast`, as the item run's) while the workflows nap and wait and the sender
@@ -24,25 +24,23 @@ import json
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from django.db import connections
-from django.db.models import Min
 
-from queue_app.models import ItemHistory, ProbeEffect, Queue, QueueItem, Reservation, ReservationHistory
+from queue_app.models import Queue
 from queue_app.workflows import services
 from queue_app.workflows.definition import Graph
-from queue_app.workflows.models import Workflow, WorkflowEvent, WorkflowStep
+from queue_app.workflows.models import Workflow, WorkflowEvent
 
 from .checks import Check
 from .fleet import MANAGE, ROOT, Fleet
 from .runner import ALIAS, MIN_AGE, ChaosRun
+from .wait_checks import EVENT, WaitRun, check_waits
 
 QUEUE = "default"  # the sleep, timeout and probe items' queue
 QUEUE_LEASE = 10.0
-EVENT = "chaos.paid"
 TRANSACTIONAL = "queue_app.probe_transactional"
 CLI_SENDS = 3  # late events sent through `workflow send-event`
 
@@ -224,97 +222,15 @@ class WaitChaosRun(ChaosRun):
     # -- judging ------------------------------------------------------------------------------------------------
 
     def _judge(self) -> list[Check]:
-        db = ALIAS
-        ids = list(self.workflows.values())
-        key_of = {wf_id: key for key, wf_id in self.workflows.items()}
-        workflows = {w.id: w for w in Workflow.objects.using(db).filter(id__in=ids)}
-        steps: dict[str, dict[str, WorkflowStep]] = defaultdict(dict)
-        for s in WorkflowStep.objects.using(db).filter(workflow_id__in=ids, attempt=1):
-            steps[key_of[s.workflow_id]][s.name] = s
-        by_step = {s.id: s for named in steps.values() for s in named.values()}
-        items: dict[int, list] = defaultdict(list)  # step id -> its items, hot and archived
-        for model in (QueueItem, ItemHistory):
-            for item in model.objects.using(db).filter(workflow_step_id__in=list(by_step)):
-                items[item.workflow_step_id].append(item)
-        events = list(WorkflowEvent.objects.using(db).filter(name=EVENT).order_by("id"))
-        per_key = defaultdict(list)
-        for e in events:
-            per_key[e.key].append(e)
-        checks = []
-
-        problems = [f"{key} (workflow {w}) is {workflows[w].state}" for key, w in self.workflows.items()
-                    if workflows[w].state != "succeeded"]  # fmt: skip
-        checks.append(Check("every workflow succeeded", not problems, {"workflows": len(ids)}, problems[:20]))
-
-        problems = []
-        stored = defaultdict(int)
-        for e in events:
-            stored[(e.payload or {}).get("nonce")] += 1
-        problems += [f"{nonce} stored {stored[nonce]} times" for nonce in self.planned if stored[nonce] != 1]
-        problems += [f"unplanned event {nonce}" for nonce in stored if nonce not in self.planned]
-        sent_lines = self.sent_path.read_text().splitlines() if self.sent_path.exists() else []
-        lines = [json.loads(line) for line in sent_lines]
-        recovered = sum(line.get("recovered", False) for line in lines)
-        retried = sum(line.get("retries", 0) > 0 for line in lines)
-        code = self.sender.poll()
-        if len(sent_lines) != len(self.planned) or code != 0:
-            problems.append(f"sender sent {len(sent_lines)} of {len(self.planned)}, exit {code} "
-                            f"(log {self.sender_log})")  # fmt: skip
-        figures = {"events": len(events), "sends_retried": retried, "reply_lost_found_stored": recovered}
-        checks.append(Check("every event sent stored once", not problems, figures, problems[:20]))
-
-        problems = []
-        kept_then_claimed = live = 0
-        for key, named in steps.items():
-            wait = named.get("paid")
-            claimed = [e for e in per_key[key] if e.step_id is not None]
-            if wait is None or len(claimed) != 1:
-                problems.append(f"{key}: {len(claimed)} events claimed")
-                continue
-            event = claimed[0]
-            if event.step_id != wait.id:
-                problems.append(f"{key}: its event ended step {event.step_id}, not its wait {wait.id}")
-            if event.id != per_key[key][0].id:
-                problems.append(f"{key}: event {event.id} claimed, not the oldest {per_key[key][0].id}")
-            if wait.result != event.payload:
-                problems.append(f"{key}: the wait's result {wait.result} is not its event's payload")
-            if wait.ready_at is not None and event.created_at < wait.ready_at:
-                kept_then_claimed += 1
-            else:
-                live += 1
-        unclaimed = {(e.payload or {}).get("nonce") for e in events if e.step_id is None}
-        if unclaimed != set(self.seconds):
-            problems.append(
-                f"unclaimed events {sorted(unclaimed ^ set(self.seconds))[:10]} differ from the second sends"
-            )
-        if not (kept_then_claimed and live):
-            problems.append(f"the run did not exercise both paths: {kept_then_claimed} kept, {live} live")
-        figures = {"claimed": len(events) - len(unclaimed), "kept_then_claimed": kept_then_claimed, "live": live,
-                   "second_sends_kept": len(unclaimed)}  # fmt: skip
-        checks.append(Check("every event woke exactly one step once", not problems, figures, problems[:20]))
-
-        problems = []
-        afters = [named["after"] for named in steps.values() if "after" in named]
-        effects = dict(ProbeEffect.objects.using(db).values_list("key", "applied"))
-        for s in afters:
-            found = items.get(s.id, [])
-            if len(found) != 1:
-                problems.append(f"{key_of[s.workflow_id]}: the step after the wait enqueued {len(found)} times")
-            elif effects.get(str(found[0].id)) != 1:
-                problems.append(f"{key_of[s.workflow_id]}: its effect applied {effects.get(str(found[0].id))} times")
-        if len(afters) != len(ids):
-            problems.append(f"{len(ids) - len(afters)} workflows lack their step after the wait")
-        checks.append(Check("the step after each wait ran once", not problems, {"steps": len(afters)}, problems[:20]))
-
-        checks.append(self._check_early(steps, items, per_key))
-        problems = list(self.crashes)
-        if not self.restart:
-            problems.append("the PostgreSQL restart did not fire before the waits were over")
-        figures = {"kills": len(self.kills), "restarts": int(bool(self.restart))}
-        checks.append(Check("workers behaved", not problems, figures, problems))
-
+        lines = self.sent_path.read_text().splitlines() if self.sent_path.exists() else []
+        run = WaitRun(
+            self.workflows, self.naps, self.planned, self.seconds, [json.loads(line) for line in lines],
+            self.sender.poll(), str(self.sender_log), self.crashes, len(self.kills), self.restart,
+        )  # fmt: skip
+        checks = check_waits(ALIAS, run)
+        events = WorkflowEvent.objects.using(ALIAS).filter(name=EVENT).count()
         self._write("")
-        self._write(f"== queue_chaos --waits: seed {self.opts.seed}, {len(ids)} workflows, {len(events)} events, "
+        self._write(f"== queue_chaos --waits: seed {self.opts.seed}, {len(self.workflows)} workflows, {events} events, "
                     f"kills: {'; '.join(self.kills)}; restart: {self.restart or 'none'} ==")  # fmt: skip
         for check in checks:
             figures = " ".join(f"{k}={v}" for k, v in check.figures.items())
@@ -324,52 +240,3 @@ class WaitChaosRun(ChaosRun):
         passed = sum(c.passed for c in checks)
         self._write(f"RESULT: {'PASS' if passed == len(checks) else 'FAIL'} ({passed}/{len(checks)} checks passed)")
         return checks
-
-    def _first_leases(self, item_ids) -> dict[int, datetime]:
-        """{item id: its first reservation's reserved_at}, across the hot and history tables."""
-        first_lease: dict[int, datetime] = {}
-        for model in (Reservation, ReservationHistory):
-            for item_id, first in (
-                model.objects.using(ALIAS).filter(item_id__in=[i for i in item_ids if i is not None]).values("item_id")
-                .annotate(first=Min("reserved_at")).values_list("item_id", "first")
-            ):  # fmt: skip
-                first_lease[item_id] = min(first, first_lease.get(item_id, first))
-        return first_lease
-
-    def _check_early(self, steps, items, per_key) -> Check:
-        """Nothing woke early, every timestamp the server's clock."""
-        nap_items = {found[0].id: (key, found[0]) for key, named in steps.items()
-                     for found in [items.get(named["nap"].id, [])] if found}  # fmt: skip
-        first_lease = self._first_leases(list(nap_items))
-        after_leases = self._first_leases([named["after"].item_id for named in steps.values()])
-        problems, margins = [], []
-        for item_id, (key, item) in nap_items.items():
-            due = item.created_at + timedelta(seconds=self.naps[key])
-            nap = steps[key]["nap"]
-            leased = first_lease.get(item_id)
-            if leased is None or leased < due or item.run_at < due:
-                problems.append(f"{key}: nap due {due} (run_at {item.run_at}) leased at {leased}")
-            if nap.finished_at is None or nap.finished_at < due:
-                problems.append(f"{key}: nap due {due} ended at {nap.finished_at}")
-            else:
-                margins.append((nap.finished_at - due).total_seconds())
-        for key, named in steps.items():
-            nap, wait, after = named["nap"], named["paid"], named["after"]
-            if wait.ready_at is None or nap.finished_at is None or wait.ready_at < nap.finished_at:
-                problems.append(f"{key}: wait opened at {wait.ready_at}, nap ended at {nap.finished_at}")
-            # Timestamps are transaction starts: the transaction that ends a wait may begin before the event's
-            # and still see it (READ COMMITTED: each statement sees what committed before it), so the wait's own
-            # end time may read earlier than the event's. What runs after the wait is leased by a transaction that
-            # began after both committed: its first lease is never before the event was sent.
-            claimed = [e for e in per_key[key] if e.step_id == wait.id]
-            leased = after_leases.get(after.item_id)
-            if claimed and (wait.finished_at is None or leased is None or leased < claimed[0].created_at):
-                problems.append(f"{key}: the step after the wait leased at {leased}, its event sent at "
-                                f"{claimed[0].created_at}")  # fmt: skip
-            if after.ready_at is None or wait.finished_at is None or after.ready_at < wait.finished_at:
-                problems.append(f"{key}: after started at {after.ready_at}, wait ended at {wait.finished_at}")
-        if len(nap_items) != len(steps):
-            problems.append(f"{len(steps) - len(nap_items)} naps without an item")
-        margins.sort()
-        figures = {"naps": len(margins), "late_p50_ms": round(margins[len(margins) // 2] * 1000) if margins else None}
-        return Check("nothing woke early", not problems, figures, problems[:20])

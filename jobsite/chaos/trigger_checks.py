@@ -1,0 +1,133 @@
+"""The checks of `queue_chaos --triggers` (triggers.py), judged from the rows the run left: callable on any
+database alias (the run's private cluster, or a test database with planted rows: tests/test_chaos_checkers.py).
+Here too the names the run's datasets and tasks go by (trigger_tasks.py declares them; importing this module
+declares nothing).
+
+- no item stuck: no item ready or reserved;
+- every upstream recorded once (a bad partition recorded again good: chaos_a twice);
+- bad records failed their blocking check: each chaos_a's checks state per partition is what its plan says
+  (overridden; failed then passed; passed);
+- each consumer queued once per usable set: the `all` consumer once per partition with the usable upstream ids,
+  the `any` consumer twice (once per usable upstream), none of a blocked partition queued before the second phase;
+- each consumer item ran exactly once: one output row per consumer item;
+- no consumer before its upstreams: every consumer item's first lease after the upstreams it names were recorded;
+- workers behaved: no worker died unasked.
+"""
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db.models import Min
+
+from queue_app.datasets.models import Materialization, TriggerFire
+from queue_app.models import ItemHistory, QueueItem, Reservation, ReservationHistory
+
+from .checks import Check
+
+UPSTREAMS = ("chaos_a", "chaos_b")
+CONSUMERS = {"jobsite.chaos_consume_all": "chaos_all_out", "jobsite.chaos_consume_any": "chaos_any_out"}
+CHECKED = "chaos_a"  # its blocking check fails a materialization recorded with "bad"
+
+
+@dataclass(frozen=True)
+class TriggerRun:
+    """What the run planted and did: its partitions, the bad ones (overridden in the second phase, or recorded
+    again good), the first item id the second phase could have queued, its workers' crashes, its kills."""
+
+    days: list[str]
+    overridden: list[str]
+    rewritten: list[str]
+    second_phase_from: int
+    crashes: list[str] = field(default_factory=list)
+    kills: int = 0
+
+
+def check_triggers(db: str, run: TriggerRun) -> list[Check]:
+    """Every check of the run, in the order the report prints them."""
+    days = run.days
+    rows = defaultdict(list)
+    for m in Materialization.objects.using(db).order_by("id"):
+        rows[m.dataset, m.partition].append(m)
+    items: dict[int, object] = {}
+    for model in (QueueItem, ItemHistory):  # hot and archived: the workers archive finished items
+        for item in model.objects.using(db).filter(task__in=list(CONSUMERS)):
+            items.setdefault(item.id, item)
+    overridden, rewritten = set(run.overridden), set(run.rewritten)
+    queued = defaultdict(list)
+    for item in items.values():
+        queued[item.task, item.payload.get("partition")].append(item)
+    checks = []
+
+    open_items = QueueItem.objects.using(db).filter(state__in=["ready", "reserved"]).count()
+    checks.append(Check("no item stuck", open_items == 0, {"open": open_items}, []))
+
+    def times(name: str, day: str) -> int:  # a re-recorded bad partition's chaos_a: twice
+        return 2 if name == CHECKED and day in rewritten else 1
+
+    problems = [f"{name}[{day}] recorded {len(rows[name, day])} times" for day in days
+                for name in UPSTREAMS if len(rows[name, day]) != times(name, day)]  # fmt: skip
+    checks.append(Check("every upstream recorded once", not problems, {"partitions": len(days)}, problems[:20]))
+
+    problems = []
+    for day in days:
+        wanted = ["overridden"] if day in overridden else ["failed", "passed"] if day in rewritten else ["passed"]
+        if [m.checks for m in rows[CHECKED, day]] != wanted:
+            problems.append(f"chaos_a[{day}] checks {[m.checks for m in rows['chaos_a', day]]}, not {wanted}")
+    bad = len(overridden) + len(rewritten)
+    checks.append(Check("bad records failed their blocking check", not problems, {"bad": bad}, problems[:20]))
+
+    problems = []
+    all_task, any_task = list(CONSUMERS)
+    for day in days:
+        a, b = rows["chaos_a", day], rows["chaos_b", day]
+        if len(a) != times("chaos_a", day) or len(b) != 1:
+            continue
+        usable_a = a[-1]  # a good record, the override of a bad one, or the good record after a bad one
+        all_items, any_items = queued[all_task, day], queued[any_task, day]
+        if day in overridden or day in rewritten:
+            # Blocked until the second phase: a consumer item naming the bad record, or the all consumer's,
+            # queued before it began ran on a blocked partition.
+            early = [i.id for i in all_items + any_items if i.id < run.second_phase_from
+                     and (i.task == all_task or i.payload["upstream"].get("chaos_a") == a[0].id)]  # fmt: skip
+            if early:
+                problems.append(f"consumer items {early} of blocked {day} queued before the second phase")
+        if len(all_items) != 1:
+            problems.append(f"all consumer of {day} queued {len(all_items)} times")
+        elif all_items[0].payload["upstream"] != {"chaos_a": usable_a.id, "chaos_b": b[0].id}:
+            problems.append(f"all consumer of {day} got {all_items[0].payload['upstream']}")
+        if len(any_items) != 2:
+            problems.append(f"any consumer of {day} queued {len(any_items)} times")
+    fires = Counter(TriggerFire.objects.using(db).values_list("consumer", flat=True))
+    checks.append(Check("each consumer queued once per usable set", not problems, dict(fires), problems[:20]))
+
+    problems = []
+    for task, output in CONSUMERS.items():
+        for day in days:
+            expected = len(queued[task, day])
+            if len(rows[output, day]) != expected:
+                problems.append(f"{output}[{day}]: {len(rows[output, day])} runs for {expected} items")
+    checks.append(Check("each consumer item ran exactly once", not problems, {}, problems[:20]))
+
+    problems = []
+    first_lease: dict[int, datetime] = {}
+    for model in (Reservation, ReservationHistory):
+        for item_id, first in (
+            model.objects.using(db).filter(item_id__in=list(items)).values("item_id")
+            .annotate(first=Min("reserved_at")).values_list("item_id", "first")
+        ):  # fmt: skip
+            first_lease[item_id] = min(first, first_lease.get(item_id, first))
+    for (task, day), found in queued.items():
+        ups = rows["chaos_a", day] + rows["chaos_b", day]
+        for item in found:
+            # Its lease began after the transaction that queued it committed, so after every upstream it names
+            # had committed (the recorder waited for the other's row lock): a lease before an upstream's
+            # recording transaction even began is a consumer run before its upstreams.
+            named = item.payload.get("upstream", {})
+            recorded = [m.at for m in ups if m.id in named.values()]
+            leased = first_lease.get(item.id)
+            if len(recorded) != len(named) or leased is None or any(leased < at for at in recorded):
+                problems.append(f"{task}[{day}] leased at {leased} before its upstreams {named}")
+    checks.append(Check("no consumer before its upstreams", not problems, {"items": len(items)}, problems[:20]))
+    checks.append(Check("workers behaved", not run.crashes, {"kills": run.kills}, run.crashes))
+    return checks
