@@ -1,0 +1,121 @@
+"""`dataset materialize` of the demo's datasets (issue 50): a producer gets its parameters from the partition,
+the dataset's declared `params` and `--param NAME=VALUE` (the later winning), and a task declared with
+`@job(produces=...)` is a producer like a Spark job. One real worker on the default queue (the producer task and
+the checks); the Spark runs are only queued (no worker serves the spark queue: no JVM)."""
+
+import datetime as dt
+import json
+import os
+
+import pytest
+
+from queue_app.datasets import DatasetError, dataset
+from queue_app.datasets.declarations import _code
+from queue_app.datasets.locations import ROOTS_ENV
+from queue_app.datasets.models import Materialization
+from queue_app.datasets.producer_params import params_of, parse_pairs, producer_params
+from queue_app.models import QueueItem
+from queue_app.spark.models import SparkRun
+
+DAY = "2026-11-30"
+
+
+def _cli(manage):
+    return lambda *args: manage("dataset", "materialize", *args)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_demos_datasets_materialize_from_the_cli_with_derived_and_given_params(manage, worker, tmp_path,
+                                                                                  monkeypatch):  # fmt: skip
+    monkeypatch.setenv(ROOTS_ENV, str(tmp_path))  # this process and (through child_env) the children
+    root = os.path.realpath(tmp_path)
+    materialize = _cli(manage)
+
+    # demo.rollup before its input exists: the derived input_dir is checked by the job; nothing queued
+    early = materialize("demo.rollup", "--partition", DAY)
+    assert early.returncode == 1 and f"demo_pipeline/input/{DAY} does not exist" in early.stderr
+    assert "nothing queued" in early.stderr and not SparkRun.objects.exists()
+
+    # demo.events: its producer is the task demo.write_events; the item's success records the partition
+    worker("mp1", "--queues", "default", "--concurrency", "2", "--pool", "thread")
+    done = materialize("demo.events", "--partition", DAY, "--wait", "--timeout", "90", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["state"], result["runs"], result["partitions"]) == ("succeeded", [], [DAY])
+    (item,) = QueueItem.objects.filter(id__in=result["items"])
+    assert item.task == "demo.write_events"
+    reason = "manage.py dataset materialize"
+    assert item.payload == {"dataset": "demo.events", "partition": DAY, "params": {}, "reason": reason}
+    (made,) = Materialization.objects.filter(dataset="demo.events", partition=DAY)
+    assert (made.source, made.item_id, made.files, made.rows, made.checks) == ("item", item.id, 5, 10_000, "passed")
+    assert made.metadata == {"task": "demo.write_events", "params": {}}
+
+    # demo.rollup: the partition, the declaration's input_dir and output_dir, then --param over them
+    queued = materialize("demo.rollup", "--partition", DAY, "--param", "keys=region", "--json")
+    assert queued.returncode == 0, queued.stderr
+    (run,) = SparkRun.objects.filter(id__in=json.loads(queued.stdout)["runs"])
+    wanted = {
+        "day": DAY,
+        "input_dir": f"{root}/demo_pipeline/input/{DAY}",
+        "output_dir": f"{root}/demo_pipeline/rollup",
+        "keys": "region",
+    }
+    assert {k: run.params[k] for k in wanted} == wanted and run.job == "demo_rollup"
+    elsewhere = str(tmp_path / "elsewhere")
+    again = materialize("demo.rollup", "--partition", DAY, "--param", f"output_dir={elsewhere}", "--json")
+    (other,) = SparkRun.objects.filter(id__in=json.loads(again.stdout)["runs"])
+    assert other.params["output_dir"] == elsewhere and other.params["input_dir"] == wanted["input_dir"]
+
+    # bad --param: a clear error, nothing queued
+    runs, items = SparkRun.objects.count(), QueueItem.objects.count()
+    for args, message in [
+        (("--param", "input_dir"), "--param takes NAME=VALUE, not 'input_dir'"),
+        (("--param", "=x"), "--param takes NAME=VALUE"),
+        (("--param", "keys=a", "--param", "keys=b"), "--param keys is given twice"),
+        (("--param", "nosuch=1"), "nosuch: unknown parameter"),
+        (("--param", "format=xml"), "format:"),
+    ]:
+        bad = materialize("demo.rollup", "--partition", DAY, *args)
+        assert bad.returncode == 1 and message in bad.stderr, (args, bad.stderr)
+        assert "nothing" in bad.stderr
+    assert (SparkRun.objects.count(), QueueItem.objects.count()) == (runs, items)
+
+
+@pytest.mark.django_db
+def test_a_declarations_params_are_checked_when_declared_and_derived_per_partition(tmp_path, monkeypatch):
+    monkeypatch.setenv(ROOTS_ENV, str(tmp_path))
+    for bad, message in [
+        ({"x": "{day}"}, "unknown placeholder {day}"),
+        ({"x": 3}, "a template is a string"),
+        ({"x": "{partition"}, "'x':"),
+        (["x"], "a mapping of parameter names"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            params_of(bad)
+        with pytest.raises(DatasetError, match="dataset 'mp_bad': params"):
+            dataset("mp_bad", location="mp/{partition}", partitioning="daily", params=bad)
+    assert _code.get("mp_bad") is None
+    with pytest.raises(ValueError, match="--param takes NAME=VALUE"):
+        parse_pairs(["a=1", "b"])
+    assert parse_pairs(["a=1", "b=x=y", "c="]) == {"a": "1", "b": "x=y", "c": ""}
+
+    made = dataset("mp_fn", location="mp/{partition}", partitioning="daily", params=lambda key: {"when": key * 2})
+    templated = dataset(
+        "mp_tpl", location="mp/t/{partition}", partitioning="daily", params={"at": "{location}", "r": "{root}/x"}
+    )
+    try:
+        assert producer_params(made, "2026-01-01", "day", {"x": "1"}) == {
+            "day": "2026-01-01",
+            "when": "2026-01-012026-01-01",
+            "x": "1",
+        }
+        root = os.path.realpath(tmp_path)
+        assert producer_params(templated, "2026-01-02", None, {"r": "mine"}) == {
+            "at": f"{root}/mp/t/2026-01-02",
+            "r": "mine",
+        }
+        assert dt.date.fromisoformat(producer_params(templated, "2026-01-02", "day")["day"]) == dt.date(2026, 1, 2)
+    finally:
+        for name in ("mp_fn", "mp_tpl"):
+            _code.unregister(name)
