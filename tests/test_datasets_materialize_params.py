@@ -50,10 +50,15 @@ def test_the_demos_datasets_materialize_from_the_cli_with_derived_and_given_para
     (made,) = Materialization.objects.filter(dataset="demo.events", partition=DAY)
     assert (made.source, made.item_id, made.files, made.rows, made.checks) == ("item", item.id, 5, 10_000, "passed")
     assert made.metadata == {"task": "demo.write_events", "params": {}}
+    # the text output says what --json says: the list's checks, queue_stats' in flight
+    listed = manage("dataset", "list").stdout.splitlines()
+    assert [line for line in listed if line.startswith("demo.events ")][0].endswith("checks passed")
+    assert "in_flight" in manage("queue_stats").stdout.splitlines()[0]
 
     # demo.rollup: the partition, the declaration's input_dir and output_dir, then --param over them
     queued = materialize("demo.rollup", "--partition", DAY, "--param", "keys=region", "--json")
     assert queued.returncode == 0, queued.stderr
+    assert queued.stderr == ""  # --json: no INFO line ("spark run N queued") to mix into a 2>&1 capture
     (run,) = SparkRun.objects.filter(id__in=json.loads(queued.stdout)["runs"])
     wanted = {
         "day": DAY,

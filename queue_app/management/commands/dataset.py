@@ -24,13 +24,11 @@ nothing written. An unknown dataset, a partition that does not fit its partition
 producer is an error message and exit status 1, and nothing is written.
 """
 
-import getpass
 import importlib
 import json
 
-from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.utils import timezone
 
 from queue_app.datasets import DatasetError, declared_datasets, get_dataset
@@ -40,12 +38,13 @@ from queue_app.datasets.lineage import LineageGraph
 from queue_app.datasets.producer_params import parse_pairs
 from queue_app.datasets.status import check_results, detail, history, summaries
 from queue_app.datasets.sync import sync_datasets
+from queue_app.management.base import JobsiteCommand, acting_user
 from queue_app.spark import materialize as backfill
 from queue_app.spark.datasets import users
 from queue_app.spark.models import SparkTrigger
 
 
-class Command(BaseCommand):
+class Command(JobsiteCommand):
     help = "Datasets: list, show, observe, override, materialize, lineage."
 
     def add_arguments(self, parser):
@@ -119,7 +118,7 @@ class Command(BaseCommand):
         for row in rows:
             self.stdout.write(
                 f"{row['name']}  {_partitioning(row['partitioning'])}  {row['freshness']}  "
-                f"last materialized {row['last_materialized'] or 'never'}"
+                f"last materialized {row['last_materialized'] or 'never'}  checks {row['checks']}"
             )
 
     def do_show(self, *, name, partition, limit, json: bool, **_):
@@ -221,12 +220,7 @@ class Command(BaseCommand):
     def do_override(self, *, name, partition, comment, user, json: bool, **_):
         ds = get_dataset(name)
         key = ds.partition_key(partition)
-        username = user or getpass.getuser()
-        model = get_user_model()
-        by = model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()
-        if by is None:
-            how = "--user" if user else f"the OS login name {username!r} (pass --user NAME)"
-            raise CommandError(f"no Django user {username!r} (from {how}); nothing was written")
+        by = acting_user(user, "queue_app.override_dataset_check")
         done = override_failed_checks(by, latest(ds.name, key), comment)
         fields = {"dataset": done.dataset, "partition": done.partition, "id": done.id, "checks": done.checks}
         if json:

@@ -24,8 +24,9 @@ import json
 import sys
 import time
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from queue_app.management.base import JobsiteCommand
 from queue_app.models import SparkRun
 from queue_app.spark import SparkParamError, UnknownSparkJob, all_jobs
 from queue_app.spark.datasets import DatasetBlocked
@@ -87,7 +88,7 @@ def progress_line(run: SparkRun) -> str:
     return "  ".join(parts)
 
 
-class Command(BaseCommand):
+class Command(JobsiteCommand):
     help = "Trigger a Spark run; --wait follows it to the end; --cancel ID stops one; --list shows the jobs."
     # A client of the queue: the system checks (among them a `java -version`, a JVM start) are the worker's and the
     # web server's to run, not a cost of every trigger.
