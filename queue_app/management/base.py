@@ -62,9 +62,10 @@ def acting_user(name: str | None, permission: str) -> Any:
         return found
     how = "--user" if name else "the OS login name"
     holders = users_with(permission)
+    what = permission or "it (superusers only)"
     who = (
-        f"users holding {permission}: {', '.join(holders)} (e.g. --user {holders[0]})"
+        f"users holding {what}: {', '.join(holders)} (e.g. --user {holders[0]})"
         if holders
-        else f"no active user holds {permission}: create one or grant it, then pass --user NAME"
+        else f"no active user holds {what}: create one or grant it, then pass --user NAME"
     )
     raise CommandError(f"no Django user {username!r} (from {how}); {who}; nothing was written")
