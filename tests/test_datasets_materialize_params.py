@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
 from queue_app.datasets import DatasetError, dataset
 from queue_app.datasets.declarations import _code
@@ -15,6 +16,7 @@ from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import Materialization
 from queue_app.datasets.producer_params import params_of, parse_pairs, producer_params
 from queue_app.models import QueueItem
+from queue_app.registry import ChunkPolicy, job
 from queue_app.spark.models import SparkRun
 
 DAY = "2026-11-30"
@@ -125,3 +127,10 @@ def test_a_declarations_params_are_checked_when_declared_and_derived_per_partiti
     finally:
         for name in ("mp_fn", "mp_tpl"):
             _code.unregister(name)
+
+
+def test_a_producer_task_declares_datasets_by_name_and_is_never_chunked():
+    with pytest.raises(TypeError, match="produces names datasets"):
+        job("tests.mp_bad", produces=[""])
+    with pytest.raises(ImproperlyConfigured, match="a chunked task cannot produce datasets"):
+        job("tests.mp_chunked", produces="demo.events", chunk=ChunkPolicy(size=10, timeout=1))
