@@ -134,3 +134,47 @@ def test_a_producer_task_declares_datasets_by_name_and_is_never_chunked():
         job("tests.mp_bad", produces=[""])
     with pytest.raises(ImproperlyConfigured, match="a chunked task cannot produce datasets"):
         job("tests.mp_chunked", produces="demo.events", chunk=ChunkPolicy(size=10, timeout=1))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transactional_producer_records_with_its_settle_and_nothing_written_fails_the_attempt(tmp_path, monkeypatch):
+    """In process (worker/execute.py): the record commits with the item's done settle; a producer that wrote
+    nothing at the location fails its attempt, and neither the record nor the settle is kept."""
+    from queue_app import engine
+    from queue_app.registry import _tasks
+    from queue_app.spark.materialize import materialize
+    from queue_app.worker.execute import Job, run_job
+
+    monkeypatch.setenv(ROOTS_ENV, str(tmp_path))
+    dataset("mp_tx", location="mp_tx/{partition}", partitioning="daily", params={"folder": "{location}"})
+
+    @job("tests.mp_tx", delivery="transactional", produces=["mp_tx"])
+    def build(payload, ctx):
+        if payload["partition"] == "2026-01-01":
+            os.makedirs(payload["params"]["folder"])
+            with open(os.path.join(payload["params"]["folder"], "part-0.csv"), "w") as f:
+                f.write("a\n1\n")
+        return {"rows": 1}
+
+    def run_one():
+        (held,) = engine.lease(None, 1, "test")
+        return held, run_job(Job(held.reservation_id, held.item_id, held.queue, held.task, held.payload,
+                                 held.attempt, held.max_attempts, "test"))  # fmt: skip
+
+    try:
+        queued = materialize("mp_tx", partition="2026-01-01", params={"extra": "x"})
+        held, outcome = run_one()
+        assert outcome.status == "settled" and queued["items"] == [held.item_id]
+        assert QueueItem.objects.get(id=held.item_id).state == "done"
+        (made,) = Materialization.objects.filter(dataset="mp_tx")
+        assert (made.partition, made.item_id, made.files, made.rows) == ("2026-01-01", held.item_id, 1, 1)
+        assert made.metadata["params"] == {"folder": f"{os.path.realpath(tmp_path)}/mp_tx/2026-01-01", "extra": "x"}
+
+        materialize("mp_tx", partition="2026-01-02")
+        held, outcome = run_one()
+        assert outcome.status == "failed" and "wrote nothing at" in outcome.error
+        assert QueueItem.objects.get(id=held.item_id).state == "reserved"  # the supervisor settles the failure
+        assert Materialization.objects.filter(dataset="mp_tx").count() == 1
+    finally:
+        _tasks.unregister("tests.mp_tx")
+        _code.unregister("mp_tx")
