@@ -208,6 +208,9 @@ class Task:
     # Called once in each worker process that serves this task's queue, before its first item (see job()).
     warm_up: Callable[[], None] | None = field(default=None, repr=False)
     chunk: ChunkPolicy | None = None  # None: one item per handler call
+    # Datasets this task writes: it is their producer (datasets/producers.py), and an item started for one of
+    # them (payload {"dataset", "partition", ...}) records its materialization when it succeeds.
+    produces: tuple[str, ...] = ()
 
     @property
     def min_lease(self) -> float:
@@ -276,6 +279,7 @@ def job(
     decode: Callable[[Any], Any] | None = None,
     warm_up: Callable[[], None] | None = None,
     chunk: ChunkPolicy | None = None,
+    produces: Iterable[str] = (),
 ) -> Callable[[Handler], Task]:
     """Register the decorated `handler(payload, ctx)` as a task named `name` (default: module.qualname).
 
@@ -290,8 +294,18 @@ def job(
 
     `chunk=ChunkPolicy(size, timeout)`: the handler takes a list of items at once (see ChunkPolicy); at-least-once
     or at-most-once delivery only.
+
+    `produces=["events"]`: the task is the producer of those datasets (`dataset materialize`, a stale dataset's
+    producer): started with payload {"dataset", "partition", "params", "reason"}, and its success records the
+    partition's materialization (files counted at the location, `rows` from a result {"rows": N}), in the
+    transaction that settles it for a transactional task, else right after the handler returns.
     """
     delivery = Delivery(delivery)
+    produces = (produces,) if isinstance(produces, str) else tuple(produces)
+    if not all(isinstance(n, str) and n for n in produces):
+        raise TypeError(f"produces names datasets, not {produces!r}")
+    if produces and chunk is not None:
+        raise ImproperlyConfigured("a chunked task cannot produce datasets (each item would be a partition)")
     _check_seconds("hard_timeout", hard_timeout)
     _check_seconds("lease_timeout", lease_timeout, allow_none=True)
     _check_seconds("dedup_window", dedup_window, allow_none=True)
@@ -320,6 +334,7 @@ def job(
             decode=decode,
             warm_up=warm_up,
             chunk=chunk,
+            produces=produces,
         )
         return _tasks.register(task_name, task)
 

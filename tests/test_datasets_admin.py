@@ -152,7 +152,7 @@ def test_materialize_needs_the_trigger_permission_queues_the_producer_and_is_log
     runner = ds_client("trigger_sparkrun")
     assert "Materialize</a>" in runner.get(url("change", "ln_daily")).content.decode()
     refused = runner.post(url("materialize", "ln_raw"), {})  # nothing produces ln_raw
-    assert refused.status_code == 200 and "no Spark job or script produces it" in refused.content.decode()
+    assert refused.status_code == 200 and "nothing produces it" in refused.content.decode()
     assert not SparkRun.objects.exists()
 
     done = runner.post(url("materialize", "ln_daily"), {})
@@ -161,6 +161,27 @@ def test_materialize_needs_the_trigger_permission_queues_the_producer_and_is_log
     run = SparkRun.objects.get()
     assert (run.job, run.trigger) == ("ln_agg_job", "dashboard")
     assert LogEntry.objects.get().change_message == f"Materialize ln_daily: 1 partitions, runs {run.id}"
+
+
+def test_materialize_takes_params_over_the_declarations_and_refuses_a_malformed_line(ds_client, tmp_path):
+    """Issue 50: the demo's rollup from the admin: its declared params and the form's, one NAME=VALUE a line."""
+    runner = ds_client("trigger_sparkrun")
+    day = "2026-11-30"
+    (tmp_path / "demo_pipeline" / "input" / day).mkdir(parents=True)
+    bad = runner.post(url("materialize", "demo.rollup"), {"partition": day, "params": "keys=region\nformat"})
+    assert bad.status_code == 200 and "a parameter takes NAME=VALUE, not &#x27;format&#x27;" in bad.content.decode()
+    unknown = runner.post(url("materialize", "demo.rollup"), {"partition": day, "params": "nosuch=1"})
+    assert unknown.status_code == 200 and "nosuch: unknown parameter" in unknown.content.decode()
+    assert not SparkRun.objects.exists()
+
+    done = runner.post(url("materialize", "demo.rollup"), {"partition": day, "params": "keys=region\n\n"})
+
+    assert done.status_code == 302
+    run = SparkRun.objects.get()
+    root = str(tmp_path.resolve())
+    assert (run.job, run.params["day"], run.params["keys"]) == ("demo_rollup", day, "region")
+    assert run.params["input_dir"] == f"{root}/demo_pipeline/input/{day}"
+    assert run.params["output_dir"] == f"{root}/demo_pipeline/rollup"
 
 
 def test_the_grid_shows_a_partition_whose_blocking_checks_failed(ds_client):

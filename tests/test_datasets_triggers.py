@@ -210,7 +210,7 @@ def test_materialize_queues_one_run_per_partition_missing_only_and_refuses_bad_i
     done = materialize_cli("tt_days", "--from", "2026-11-01", "--to", "2026-11-03", "--missing-only", "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert set(result) == {"dataset", "partitions", "runs", "state"}
+    assert set(result) == {"dataset", "partitions", "runs", "items", "state"}
     assert result["partitions"] == ["2026-11-01", "2026-11-03"] and result["state"] == "queued"
     queued = SparkRun.objects.filter(id__in=result["runs"]).order_by("id")
     assert [r.params for r in queued] == [{"day": "2026-11-01"}, {"day": "2026-11-03"}]
@@ -221,7 +221,7 @@ def test_materialize_queues_one_run_per_partition_missing_only_and_refuses_bad_i
     late = materialize_cli("tt_days", "--partition", "2026-11-05", "--wait", "--timeout", "0.5", "--json")
     assert late.returncode == 1 and json.loads(late.stdout)["state"] == "timed out"
     bad = materialize_cli("tt_a", "--partition", "2026-11-01")
-    assert bad.returncode == 1 and "no Spark job or script produces it" in bad.stderr
+    assert bad.returncode == 1 and "nothing produces it" in bad.stderr
     before = SparkRun.objects.count()
     for kwargs, message in [  # the service the command calls, in process
         ({"partition": "yesterday"}, "tt_days"),

@@ -179,6 +179,17 @@ def test_cli_refuses_a_script_outside_the_roots_and_makes_no_run(manage, tmp_pat
     assert not SparkRun.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_cli_without_script_roots_refuses_naming_the_setting_and_the_workers_environment(manage):
+    """Issue 50: the README's example set the roots in a second terminal only; the triggering process checks them
+    (no run made without) and its message says the worker needs them too."""
+    result = manage("spark_run", "--script", str(SCRIPTS / "pi.py"), "--arg", "1", env={scripts.ROOTS_ENV: ""})
+    assert result.returncode == 1 and "nothing was queued" in result.stderr
+    assert "no script roots are allowed in this process" in result.stderr and scripts.ROOTS_ENV in result.stderr
+    assert "of the worker that runs it" in result.stderr and "before `manage.py up`" in result.stderr
+    assert not SparkRun.objects.exists()
+
+
 def test_failure_reason_is_the_python_exception_or_the_spark_error():
     from queue_app.spark.watch import failure_reason
 

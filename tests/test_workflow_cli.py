@@ -39,6 +39,10 @@ def test_wait_exits_1_when_the_workflow_fails_and_repair_reruns_it(manage, worke
     assert out.returncode == 1
     status = json.loads(out.stdout)
     assert status["state"] == "failed"
+    failed = [step for step in status["steps"] if step["error"]]
+    assert failed and out.stderr == ""  # --json: no INFO lines on stderr
+    text = manage("workflow", "status", str(status["id"])).stdout  # the text shows the step's error, as --json
+    assert f"error: {' '.join(failed[0]['error'].split())[:100]}" in text
     from queue_app.models import ProbeEffect
 
     ProbeEffect.objects.create(key="fixed")

@@ -1,10 +1,12 @@
 """The demo's datasets, their checks and the two Spark jobs between them: what `demo_pipeline` reads and writes.
 
     demo.events     the sample event files of a day (CSV, one per region), written by the demo's task steps and
-                    recorded with `observe`; checked: a warn check (every region sent rows) and a blocking one
-                    (no quantity below 1)
+                    recorded with `observe`, or by its producer task demo.write_events (`dataset materialize`);
+                    checked: a warn check (every region sent rows) and a blocking one (no quantity below 1)
       -> demo_rollup   (file_rollup under another name: consumes demo.events[day], produces demo.rollup[day])
-    demo.rollup     the day's Parquet rollup (file_rollup's event_date=DAY directories)
+    demo.rollup     the day's Parquet rollup (file_rollup's event_date=DAY directories); its declared params give
+                    demo_rollup the day's input and the output directory, so `dataset materialize` needs only
+                    the partition
       -> demo_analytics (queue_analytics under another name: consumes demo.rollup, produces demo.analytics)
     demo.analytics  the queue statistics table queue_analytics publishes
 
@@ -48,6 +50,7 @@ dataset(
     owner="demo",
     description="Per day, region and product: rows and sums of quantity and amount (Parquet, by demo_rollup).",
     freshness=Freshness(partition_by="06:00"),
+    params={"input_dir": f"{{root}}/{DIRECTORY}/input/{{partition}}", "output_dir": f"{{root}}/{DIRECTORY}/rollup"},
 )
 dataset(
     ANALYTICS,

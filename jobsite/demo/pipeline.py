@@ -61,8 +61,11 @@ def plan_files(payload: Any, ctx: Context) -> dict[str, Any]:
 @job("demo.sample_file")
 def sample_file(payload: Any, ctx: Context) -> dict[str, Any]:
     """Write one region's sample events of the day (a temporary name, then renamed: a re-run replaces it)."""
-    day, region, folder = dt.date.fromisoformat(payload["day"]), payload["region"], payload["input_dir"]
-    scratch = os.path.join(folder, f".tmp-{region}-{ctx.item_id}")
+    return _write_region(dt.date.fromisoformat(payload["day"]), payload["region"], payload["input_dir"], ctx.item_id)
+
+
+def _write_region(day: dt.date, region: str, folder: str, item_id: int) -> dict[str, Any]:
+    scratch = os.path.join(folder, f".tmp-{region}-{item_id}")
     [path] = write_sample_input(
         scratch, rows=ROWS_PER_FILE, days=1, start=day, seed=zlib.crc32(f"{day} {region}".encode())
     )
@@ -89,6 +92,17 @@ def _spoil(path: str, day: dt.date, region: str) -> int:
     with open(path, "w", newline="") as f:
         csv.writer(f).writerows([header, *rows])
     return len(rows)
+
+
+@job("demo.write_events", produces=[demo_data.EVENTS])
+def write_events(payload: Any, ctx: Context) -> dict[str, Any]:
+    """demo.events' producer (`dataset materialize demo.events --partition DAY`): every region's sample file of
+    the day, as the workflow's sample_file steps write them; its success records the partition (registry.py)."""
+    day = dt.date.fromisoformat(payload["partition"])
+    folder = os.path.join(_root(), "input", day.isoformat())
+    os.makedirs(folder, exist_ok=True)
+    rows = sum(_write_region(day, region, folder, ctx.item_id)["rows"] for region in SAMPLE_REGIONS)
+    return {"rows": rows, "files": len(SAMPLE_REGIONS)}
 
 
 @job("demo.events_landed")

@@ -39,6 +39,7 @@ from ..datasets import services as datasets
 from ..datasets.graph import FRESHNESS_COLOURS, svg
 from ..datasets.lineage import Neighbourhood
 from ..datasets.models import Dataset, Materialization
+from ..datasets.producer_params import parse_pairs
 from ..datasets.status import PARTITIONS_COUNTED_UP_TO, Cell, partition_counts, partition_grid, summaries
 from ..datasets.sync import sync_datasets
 from ..spark import materialize as backfill
@@ -315,14 +316,17 @@ class DatasetAdmin(ReadOnlyAdmin):
                     ds.name,
                     **given,
                     missing_only=form.cleaned_data["missing_only"],
+                    params=form.cleaned_data["params"],
                     requested_by=f"admin: {request.user.get_username()}",
                     trigger=SparkTrigger.DASHBOARD,
                 )
             except DatasetError as exc:
                 form.add_error(None, str(exc))
             else:
-                what = f"Materialize {ds.name}: {len(result['partitions'])} partitions, runs " + (
-                    ", ".join(map(str, result["runs"])) or "(none: nothing to do)"
+                started = [f"runs {', '.join(map(str, result['runs']))}"] if result["runs"] else []
+                started += [f"items {', '.join(map(str, result['items']))}"] if result["items"] else []
+                what = f"Materialize {ds.name}: {len(result['partitions'])} partitions, " + (
+                    ", ".join(started) or "runs (none: nothing to do)"
                 )
                 LogEntry.objects.log_actions(
                     user_id=request.user.pk,
@@ -343,12 +347,25 @@ class MaterializeForm(forms.Form):
     missing_only = forms.BooleanField(
         required=False, help_text="Only partitions never materialized or whose latest failed a blocking check."
     )
+    params = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="The producer's parameters, one NAME=VALUE a line: over the dataset's declared params and the "
+        "partition.",
+    )
 
     def __init__(self, *args: Any, partitioned: bool, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if not partitioned:
             for name in ("partition", "start", "end"):
                 del self.fields[name]
+
+    def clean_params(self) -> dict[str, str]:
+        lines = [line.strip() for line in self.cleaned_data["params"].splitlines() if line.strip()]
+        try:
+            return parse_pairs(lines, option="a parameter")
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
 
 
 class ObserveForm(forms.Form):

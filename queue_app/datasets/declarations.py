@@ -32,9 +32,18 @@ from queue_app.registries import Registry
 from .freshness import Freshness, freshness_of
 from .locations import Location, LocationError, location_of
 from .partitions import PartitionError, Partitioning, partitioning_of
+from .producer_params import params_of
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
-SETTINGS_KEYS = {"location", "partitioning", "owner", "description", "freshness", "trigger_producer_when_stale"}
+SETTINGS_KEYS = {
+    "location",
+    "partitioning",
+    "owner",
+    "description",
+    "freshness",
+    "trigger_producer_when_stale",
+    "params",
+}
 
 
 class DatasetError(ValueError):
@@ -52,6 +61,8 @@ class Dataset:
     trigger_producer_when_stale: bool = False  # a stale episode starts its producer (producers.py, stale.py)
     declared_in: str = "code"  # code or settings (the admin's, next, as rows)
     origin: str = ""  # who declared it: module:line for code, the setting for settings
+    # What its producer needs besides the partition (producer_params.py): {name: template} or a function of the key
+    params: Any = None
 
     def partition_key(self, value: Any = None) -> str:
         """The canonical key of `value` in this dataset's partitioning; DatasetError naming the dataset."""
@@ -81,6 +92,7 @@ def build(
     description: Any = "",
     freshness: Any = None,
     trigger_producer_when_stale: Any = False,
+    params: Any = None,
     declared_in: str = "code",
     origin: str = "",
 ) -> Dataset:
@@ -96,6 +108,10 @@ def build(
     if not isinstance(trigger_producer_when_stale, bool):
         raise DatasetError(f"dataset {name!r}: trigger_producer_when_stale is True or False")
     try:
+        checked_params = params_of(params)
+    except ValueError as exc:
+        raise DatasetError(f"dataset {name!r}: params: {exc}") from None
+    try:
         return Dataset(
             name=name,
             location=location_of(location),
@@ -104,6 +120,7 @@ def build(
             description=description,
             freshness=freshness_of(freshness),
             trigger_producer_when_stale=trigger_producer_when_stale,
+            params=checked_params,
             declared_in=declared_in,
             origin=origin,
         )
@@ -125,9 +142,12 @@ def dataset(
     description: str = "",
     freshness: Freshness | None = None,
     trigger_producer_when_stale: bool = False,
+    params: Any = None,
 ) -> Dataset:
     """Declare the dataset `name` in code (see the module's docstring); returns it. With
-    `trigger_producer_when_stale=True` (and a freshness policy), each stale episode starts its producer once."""
+    `trigger_producer_when_stale=True` (and a freshness policy), each stale episode starts its producer once.
+    `params` gives its producer's parameters for a partition (producer_params.py): {"name": "template with
+    {partition}, {root} or {location}"} or a function of the partition's key returning such a mapping."""
     caller = sys._getframe(1)
     origin = f"{caller.f_globals.get('__name__', '?')}:{caller.f_lineno}"
     declared = build(
@@ -138,6 +158,7 @@ def dataset(
         description=description,
         freshness=freshness,
         trigger_producer_when_stale=trigger_producer_when_stale,
+        params=params,
         origin=origin,
     )
     return _code.register(name, declared)

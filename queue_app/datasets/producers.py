@@ -6,8 +6,14 @@ episode wants (stale.py) once per episode. Producers come from sources, like the
 
 - the Spark jobs and scripts in code and settings that declare the dataset in `produces`
   (queue_app/spark/producers.py, registered when Django is ready);
+- the tasks declared with `@job(..., produces=["events"])`: started as one item with payload {"dataset",
+  "partition", "params", "reason"}; the item's success records the partition's materialization (record_produced,
+  called by the worker: files counted at the location, rows from a result {"rows": N});
 - the tasks registered here: `producer_task("myapp.build_events", produces=["events"])`, started as one item with
-  payload {"dataset", "partition", "reason": "stale"}.
+  payload {"dataset", "partition", "params", "reason"}; such a task records what it wrote itself.
+
+Every start gets the producer's parameters for its partition (producer_params.py: the partition key, the
+dataset's declared `params`, then what the caller gives).
 
 A source is called on every lookup: keep it free of database reads (stored scripts are not producers here).
 The system check jobsite.E111 (checks.py) reports a dataset with the option and no producer, or several.
@@ -15,22 +21,31 @@ The system check jobsite.E111 (checks.py) reports a dataset with the option and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
 
 from queue_app import engine
+from queue_app.registry import registered_tasks
 
-from .declarations import DatasetError
+from .declarations import DatasetError, get_dataset
+from .locations import LocationError, dataset_roots
+from .producer_params import producer_params
+from .services import record_materialization, stat_files
 
 
 @dataclass(frozen=True)
 class Producer:
-    """Something that writes `dataset`: `start(partition, reason)` queues it for one partition in the caller's
-    transaction and returns what it started (["spark_run:12"])."""
+    """Something that writes `dataset`: `start(partition, reason, params)` queues it for one partition in the
+    caller's transaction and returns what it started (["spark_run:12"]); `params` (None: none given) are the
+    caller's, over the partition's and the declaration's (producer_params.py)."""
 
     key: str  # kind:name, e.g. spark:daily_revenue, task:myapp.build_events
     dataset: str
-    start: Callable[[str, str], list[str]]
+    start: Callable[..., list[str]]
     origin: str = ""
 
 
@@ -52,14 +67,52 @@ def producer_task(task: str, *, produces: Iterable[str]) -> list[Producer]:
         raise DatasetError(f"producer task {task!r}: produces names one or more datasets")
     made = []
     for name in names:
-
-        def start(partition: str, reason: str, dataset: str = name) -> list[str]:
-            item = engine.enqueue(task, {"dataset": dataset, "partition": partition, "reason": reason})
-            return [f"item:{item.id}"]
-
-        made.append(Producer(f"task:{task}", name, start, origin=f"producer_task({task!r})"))
+        made.append(_task_producer(task, name, f"producer_task({task!r})"))
         _tasks[task, name] = made[-1]
     return made
+
+
+def _task_producer(task: str, name: str, origin: str) -> Producer:
+    def start(partition: str, reason: str, params: Mapping[str, Any] | None = None) -> list[str]:
+        given = producer_params(get_dataset(name), partition, None, params)
+        item = engine.enqueue(task, {"dataset": name, "partition": partition, "params": given, "reason": reason})
+        return [f"item:{item.id}"]
+
+    return Producer(f"task:{task}", name, start, origin=origin)
+
+
+def declared_task_producers() -> Iterable[Producer]:
+    """A producer per (task declared with @job(produces=...), dataset it produces)."""
+    for task in registered_tasks().values():
+        for name in task.produces:
+            yield _task_producer(task.name, name, f"@job({task.name!r}, produces=...)")
+
+
+def record_produced(task: str, produces: Iterable[str], payload: Any, result: Any, item_id: int) -> None:
+    """The materialization an item of the producer task `task` made, when its payload names a dataset the task
+    produces and a partition (an item started by materialize or a stale episode; any other item records nothing).
+    Counted at a path location (files and bytes; nothing there: DatasetError, the item fails and nothing is
+    recorded); `rows` from a result {"rows": N}. In the caller's transaction, else in one of its own."""
+    if not isinstance(payload, Mapping) or payload.get("dataset") not in produces or "partition" not in payload:
+        return
+    ds = get_dataset(payload["dataset"])
+    key = ds.partition_key(payload["partition"] or None)
+    files = size = None
+    if not ds.location.table:
+        try:
+            path = ds.location.resolve(key)
+        except LocationError as exc:
+            raise DatasetError(f"dataset {ds.name!r}: {exc}; nothing recorded") from None
+        if not os.path.exists(path):
+            raise DatasetError(f"task {task!r} succeeded but wrote nothing at {path}; nothing recorded")
+        files, size = stat_files(path, dataset_roots())
+    rows = result.get("rows") if isinstance(result, Mapping) else None
+    metadata = {"task": task, "params": payload.get("params") or {}}
+    with transaction.atomic():
+        record_materialization(
+            ds, key, rows=rows if isinstance(rows, int) else None, files=files, bytes=size,
+            metadata=metadata, item_id=item_id,
+        )  # fmt: skip
 
 
 def forget_task(task: str) -> None:
@@ -70,7 +123,7 @@ def forget_task(task: str) -> None:
 def producers_of(dataset: str) -> list[Producer]:
     """Every producer of `dataset`, by key."""
     found = {p.key: p for p in _tasks.values() if p.dataset == dataset}
-    for source in _sources:
+    for source in [declared_task_producers, *_sources]:
         for producer in source():
             if producer.dataset == dataset:
                 found.setdefault(producer.key, producer)

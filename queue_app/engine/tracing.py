@@ -13,7 +13,8 @@ With tracing off every call site pays one module attribute read (`tracing.enable
 column value (the items' `trace_context` stays NULL).
 
 Sampling (issue 40's 1 % goal): a producer span the sampler dropped still stores its context, with the sampled flag
-0 (`...-00`). Storing nothing instead would not be the same: the consumer's span would then be a root, which the
+0 (`...-02` as the SDK writes it, its random-trace-id bit set). Storing nothing instead would not be the same:
+the consumer's span would then be a root, which the
 root sampler decides on afresh (at `parentbased_traceidratio` 0.01, one attempt in 100 of unsampled items would
 start a trace of its own, without its enqueue); the stored flag makes every consumer follow the producer's
 decision. With a ParentBased sampler whose remote-parent-not-sampled delegate is AlwaysOff (every `parentbased_*`

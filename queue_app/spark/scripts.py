@@ -77,8 +77,9 @@ def resolve_path(path: str, *, what: str = "script", suffixes: tuple[str, ...] =
     roots = allowed_roots()
     if not roots:
         raise ScriptError(
-            f"no script roots are allowed, so no {what} can run: set {ROOTS_ENV} (colon-separated directories) "
-            "or the SPARK_SCRIPT_ROOTS setting"
+            f"no script roots are allowed in this process, so no {what} can run: set {ROOTS_ENV} "
+            "(colon-separated directories) or the SPARK_SCRIPT_ROOTS setting, in the environment of the process "
+            "that triggers the run and of the worker that runs it (export it before `manage.py up` or run_worker)"
         )
     if what == "script" and _MODULE.match(path) and not path.endswith(".py"):
         relative = path.replace(".", os.sep)

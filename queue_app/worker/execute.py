@@ -4,6 +4,11 @@ the handler's context, apply the delivery mode's rules around the call, and repo
 - at-least-once and at-most-once: call the handler; the supervisor settles (after, or already before).
 - transactional: in one transaction, lock the item's row fenced on the reservation (stale: do not run), call
   the handler, settle the item done, commit. The handler's writes and the settle commit together or not at all.
+
+A task declared with `produces=` records the materialization of the partition its item was started for after
+its handler returns (datasets/producers.record_produced): in the transaction that settles it when transactional,
+in one of its own before the settle otherwise (as a Spark run records its own in the transaction that marks it
+succeeded); a record refused (nothing written at the location) fails the attempt.
 """
 
 import threading
@@ -148,6 +153,8 @@ def _run_transactional(task: Task, payload: Any, ctx: Context, job: Job) -> Outc
             with attempt_context(ctx, job.workflow_id, job.step):  # the handler's log lines carry its ids
                 result = task.func(payload, ctx)
             _check_result(result)
+            if task.produces:
+                _record_produced(task, payload, result, ctx)
             engine.complete(ctx, result)
     except StaleReservation:
         return Outcome(ctx.reservation_id, "stale")
@@ -166,6 +173,12 @@ def _settled(reservation_id: int, settled: Settled) -> Outcome:
         retryable=settled.fate != "dead",
         retry_in=settled.retry_in,
     )
+
+
+def _record_produced(task: Task, payload: Any, result: Any, ctx: Context) -> None:
+    from ..datasets.producers import record_produced  # only producer tasks pay for the datasets' import
+
+    record_produced(task.name, task.produces, payload, result, ctx.item_id)
 
 
 # A chunk's member as a Job carries it (Job.payload of a chunk: one of these per item, the first the Job's own).
@@ -266,6 +279,8 @@ def _run_job(job: Job) -> Outcome:
         if type(result) is Settled:  # the handler settled its item with its work: nothing left to settle
             return _settled(job.reservation_id, result)
         _check_result(result)
+        if task.produces:  # a producer of datasets (one attribute check for every other task)
+            _record_produced(task, payload, result, ctx)
         return Outcome(job.reservation_id, "ok", result)
     except Exception as exc:
         return failed(

@@ -668,7 +668,8 @@ WAITING_STATES = {
 
 
 def status(workflow_id: int) -> dict[str, Any]:
-    """id, name, state, attempt and every step of the current attempt (name, state, kind, item, run). A queued
+    """id, name, state, attempt, error and every step of the current attempt (name, state, kind, item, run,
+    result, error). A queued
     step is "running" while its item is leased; a sleep step is "sleeping" before, an event wait
     "waiting_event", an approval "waiting_approval"; a Spark step parked because a dataset partition it reads
     failed its blocking checks (or they still run) is "blocked", with `blocked_by` saying why."""
@@ -690,6 +691,8 @@ def status(workflow_id: int) -> dict[str, Any]:
             "kind": s.kind,
             "item_id": s.item_id,
             "spark_run_id": s.spark_run_id,
+            "result": s.result,
+            "error": s.error or None,
         }
         if s.item_id in parked and s.id not in running:
             step.update(state="blocked", blocked_by=parked[s.item_id])
@@ -699,6 +702,7 @@ def status(workflow_id: int) -> dict[str, Any]:
         "name": workflow.name,
         "state": workflow.state,
         "attempt": workflow.attempt,
+        "error": workflow.error or None,
         "steps": steps,
         # versions, forks, deadlines (issue 39)
         "version": workflow.version,

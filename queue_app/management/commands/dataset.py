@@ -4,15 +4,18 @@
     python manage.py dataset show NAME [--partition P] [--json]
     python manage.py dataset observe NAME [--partition P] [--json]
     python manage.py dataset lineage NAME [--depth N] [--json]
-    python manage.py dataset materialize NAME [--partition P | --from D --to D] [--missing-only] [--wait] [--json]
+    python manage.py dataset materialize NAME [--partition P | --from D --to D] [--param K=V ...] [--missing-only]
+                                         [--wait] [--json]
     python manage.py dataset override NAME [--partition P] --comment TEXT [--user NAME] [--json]
 
 `list --json` prints [{"name", "partitioning", "last_materialized", "freshness", "checks"}]; `show --json` prints
 {"name", "location", "partitioning", "producers", "consumers", "freshness", "materializations": [{"partition",
 "at", "rows", "bytes", "files", "run_id", "step_id", "checks"}]} newest first; `observe --json` prints the
 recorded materialization; `lineage --json` prints {"dataset", "upstream": [names], "downstream": [names],
-"jobs": [names]} (datasets/lineage.py); `materialize --json` prints {"dataset", "partitions", "runs", "state"} (with
---wait, exit status 0 only when every run succeeded and its materializations' blocking checks passed).
+"jobs": [names]} (datasets/lineage.py); `materialize --json` prints {"dataset", "partitions", "runs", "items",
+"state"} (with --wait, exit status 0 only when every run or item succeeded and its materializations' blocking checks
+passed); its `--param NAME=VALUE` (repeatable) win over the dataset's declared params and the partition
+(datasets/producer_params.py); a malformed one is an error and nothing is queued.
 `override` makes the partition's latest materialization, whose blocking checks
 failed, usable (datasets/checks_run.override_failed_checks), as the Django user `--user NAME` or else the one
 named as the OS login, who must hold queue_app.override_dataset_check; `--json` prints {"dataset", "partition",
@@ -21,27 +24,27 @@ nothing written. An unknown dataset, a partition that does not fit its partition
 producer is an error message and exit status 1, and nothing is written.
 """
 
-import getpass
 import importlib
 import json
 
-from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.utils import timezone
 
 from queue_app.datasets import DatasetError, declared_datasets, get_dataset
 from queue_app.datasets import services as datasets
 from queue_app.datasets.checks_run import latest, override_failed_checks
 from queue_app.datasets.lineage import LineageGraph
+from queue_app.datasets.producer_params import parse_pairs
 from queue_app.datasets.status import check_results, detail, history, summaries
 from queue_app.datasets.sync import sync_datasets
+from queue_app.management.base import JobsiteCommand, acting_user
 from queue_app.spark import materialize as backfill
 from queue_app.spark.datasets import users
 from queue_app.spark.models import SparkTrigger
 
 
-class Command(BaseCommand):
+class Command(JobsiteCommand):
     help = "Datasets: list, show, observe, override, materialize, lineage."
 
     def add_arguments(self, parser):
@@ -76,6 +79,14 @@ class Command(BaseCommand):
         make.add_argument("--partition", metavar="P", help="one partition")
         make.add_argument("--from", dest="start", metavar="D", help="the first partition of a range")
         make.add_argument("--to", dest="end", metavar="D", help="the last partition of a range (included)")
+        make.add_argument(
+            "--param",
+            dest="params",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="a producer parameter, over the dataset's declared params and the partition; repeatable",
+        )
         make.add_argument("--missing-only", action="store_true", help="only the partitions never materialized")
         make.add_argument("--wait", action="store_true", help="follow the runs; exit 0 only if every one succeeded")
         make.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait: give up after S s")
@@ -107,7 +118,7 @@ class Command(BaseCommand):
         for row in rows:
             self.stdout.write(
                 f"{row['name']}  {_partitioning(row['partitioning'])}  {row['freshness']}  "
-                f"last materialized {row['last_materialized'] or 'never'}"
+                f"last materialized {row['last_materialized'] or 'never'}  checks {row['checks']}"
             )
 
     def do_show(self, *, name, partition, limit, json: bool, **_):
@@ -177,13 +188,18 @@ class Command(BaseCommand):
         for what in ("upstream", "downstream", "jobs"):
             self.stdout.write(f"  {what}: {', '.join(getattr(seen, what)) or '-'}")
 
-    def do_materialize(self, *, name, partition, start, end, missing_only, wait, timeout, json: bool, **_):
+    def do_materialize(self, *, name, partition, start, end, params, missing_only, wait, timeout, json: bool, **_):
+        try:
+            given = parse_pairs(params)
+        except ValueError as exc:
+            raise CommandError(f"{exc}; nothing was queued") from None
         result = backfill.materialize(
             name,
             partition=partition,
             start=start,
             end=end,
             missing_only=missing_only,
+            params=given,
             requested_by="manage.py dataset materialize",
             trigger=SparkTrigger.CLI,
         )
@@ -192,9 +208,11 @@ class Command(BaseCommand):
         if json:
             self.stdout.write(_dumps(result))
         else:
+            started = [f"runs {', '.join(map(str, result['runs']))}"] if result["runs"] else []
+            started += [f"items {', '.join(map(str, result['items']))}"] if result["items"] else []
             self.stdout.write(
-                f"{result['dataset']}: {len(result['partitions'])} partitions, runs "
-                f"{', '.join(map(str, result['runs'])) or '(none)'}: {result['state']}"
+                f"{result['dataset']}: {len(result['partitions'])} partitions, "
+                f"{', '.join(started) or 'runs (none)'}: {result['state']}"
             )
         if wait and result["state"] not in ("succeeded", "nothing to do"):
             raise SystemExit(1)
@@ -202,12 +220,7 @@ class Command(BaseCommand):
     def do_override(self, *, name, partition, comment, user, json: bool, **_):
         ds = get_dataset(name)
         key = ds.partition_key(partition)
-        username = user or getpass.getuser()
-        model = get_user_model()
-        by = model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()
-        if by is None:
-            how = "--user" if user else f"the OS login name {username!r} (pass --user NAME)"
-            raise CommandError(f"no Django user {username!r} (from {how}); nothing was written")
+        by = acting_user(user, "queue_app.override_dataset_check")
         done = override_failed_checks(by, latest(ds.name, key), comment)
         fields = {"dataset": done.dataset, "partition": done.partition, "id": done.id, "checks": done.checks}
         if json:

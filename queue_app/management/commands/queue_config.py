@@ -19,12 +19,13 @@ status 1, nothing written.
 import argparse
 import json as _json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import transaction
 
 from queue_app import services
 from queue_app.engine.enqueue import is_group_key
 from queue_app.flow import NO_LIMIT, format_rate, parse_rate
+from queue_app.management.base import JobsiteCommand
 from queue_app.models import Queue
 
 
@@ -80,7 +81,7 @@ def queue_config(queue: Queue) -> dict:
     }
 
 
-class Command(BaseCommand):
+class Command(JobsiteCommand):
     help = "Create a queue or change its concurrency, rate and group limits (the admin's queue form on the CLI)."
 
     def add_arguments(self, parser):

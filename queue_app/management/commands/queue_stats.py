@@ -11,12 +11,12 @@ suggestion."""
 
 import json
 
-from django.core.management.base import BaseCommand
 from django.db.models import Count, Min, Q, Sum
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from queue_app.flow import format_rate, group_counts, held_back
+from queue_app.management.base import JobsiteCommand
 from queue_app.models import DeadLetter, ItemHistory, ItemState, Queue, QueueItem
 from queue_app.monitoring import METRICS_WINDOW_MINUTES, SHOWN_STATES, QueueStats, snapshot
 
@@ -101,7 +101,7 @@ def _autoscaling(q: QueueStats | None) -> dict:
     }
 
 
-class Command(BaseCommand):
+class Command(JobsiteCommand):
     help = "Show per-queue counts by state, the oldest ready item's age, and open dead letters."
 
     def add_arguments(self, parser):
@@ -113,7 +113,7 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps({"queues": stats}, indent=2))
             return
-        columns = ["queue", *SHOWN_STATES, "oldest_ready_age", "dead_letters", "paused"]
+        columns = ["queue", *SHOWN_STATES, "in_flight", "oldest_ready_age", "dead_letters", "paused"]
         rows = [[_cell(row[c]) for c in columns] for row in stats]
         widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
         self.stdout.write("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))

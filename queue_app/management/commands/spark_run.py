@@ -9,8 +9,9 @@ same trigger_run() as the dashboard and the schedules); a worker serving the `sp
 
 Prints "run ID queued" (with --json: one JSON object at the end, {id, job, state, app_id, error, metrics, progress,
 timings}; timings: seconds after queued of each step of the last attempt, see runs.TIMING_STEPS). With --wait,
-follows the run until it is final, printing its state and progress (on stderr with --json) and then its
-timings, and exits non-zero unless it succeeded. Bad parameters, or a script outside JOBSITE_SPARK_SCRIPT_ROOTS,
+follows the run until it is final, printing its state and progress (not with --json: stdout and stderr then hold
+the one object and warnings only, so `--json 2>&1` parses) and then its timings, and exits non-zero unless it
+succeeded. Bad parameters, or a script outside JOBSITE_SPARK_SCRIPT_ROOTS,
 are reported per field and nothing is queued.
 
 --cancel ID asks a run to stop as the admin's cancel button does (runs.cancel_run): a queued run is cancelled at
@@ -24,8 +25,9 @@ import json
 import sys
 import time
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from queue_app.management.base import JobsiteCommand
 from queue_app.models import SparkRun
 from queue_app.spark import SparkParamError, UnknownSparkJob, all_jobs
 from queue_app.spark.datasets import DatasetBlocked
@@ -87,7 +89,7 @@ def progress_line(run: SparkRun) -> str:
     return "  ".join(parts)
 
 
-class Command(BaseCommand):
+class Command(JobsiteCommand):
     help = "Trigger a Spark run; --wait follows it to the end; --cancel ID stops one; --list shows the jobs."
     # A client of the queue: the system checks (among them a `java -version`, a JVM start) are the worker's and the
     # web server's to run, not a cost of every trigger.
@@ -137,7 +139,7 @@ class Command(BaseCommand):
             what = f"script {script}" if script is not None else job
             raise CommandError(f"invalid parameters for {what}; nothing was queued:\n{lines}") from None
         if wait:  # the first line it prints says the run is queued
-            run = self.follow(run.id, poll, self.stderr if as_json else self.stdout)
+            run = self.follow(run.id, poll, None if as_json else self.stdout)
         elif not as_json:
             self.stdout.write(progress_line(run))
         if as_json:
@@ -157,7 +159,7 @@ class Command(BaseCommand):
                 sys.exit(1)
             raise CommandError(f"no Spark run {run_id}")
         if wait:
-            run = self.follow(run.id, poll, self.stderr if as_json else self.stdout)
+            run = self.follow(run.id, poll, None if as_json else self.stdout)
         elif not as_json:
             said = "cancel requested" if asked else "nothing to cancel"
             self.stdout.write(f"{progress_line(run)}  ({said})")
@@ -176,11 +178,12 @@ class Command(BaseCommand):
                 self.stdout.write(f"  --param {p.name}=…  {what}{bounds}, {need}" + (f"  {p.help}" if p.help else ""))
 
     def follow(self, run_id: int, poll: float, out) -> SparkRun:
+        """Wait for the run's end, writing each new progress line to `out` (None: silent, for --json)."""
         last = ""
         while True:
             run = SparkRun.objects.get(id=run_id)
             line = progress_line(run)
-            if line != last:
+            if line != last and out is not None:
                 out.write(line)
                 last = line
             if run.is_final:

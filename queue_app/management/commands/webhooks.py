@@ -10,8 +10,9 @@
 
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from queue_app.management.base import JobsiteCommand
 from queue_app.webhooks import services
 from queue_app.webhooks.events import EVENT_TYPES
 from queue_app.webhooks.models import WebhookDelivery, WebhookEndpoint
@@ -35,7 +36,7 @@ def _endpoint_row(endpoint: WebhookEndpoint) -> dict:
     }
 
 
-class Command(BaseCommand):
+class Command(JobsiteCommand):
     help = "Manage webhook endpoints (add, list, test) and list deliveries."
 
     def add_arguments(self, parser):

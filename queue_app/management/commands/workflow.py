@@ -44,15 +44,15 @@ permission, with nothing written. `--json` prints {"workflow_id", "step", "step_
 "comment"}.
 """
 
-import getpass
 import importlib
 import json
 import sys
 import time
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from queue_app.engine.payload import PAYLOAD_RULE
+from queue_app.management.base import JobsiteCommand, acting_user
 from queue_app.management.commands.spark_run import parse_params
 from queue_app.workflows import WorkflowError, approvals, registered_workflows, waits
 from queue_app.workflows import services as workflows
@@ -63,7 +63,7 @@ def _default(value):
     return value() if callable(value) else value
 
 
-class Command(BaseCommand):
+class Command(JobsiteCommand):
     help = "Workflows: list, start, status, repair, fork, cancel, send-event, approve, reject, backfill."
 
     def add_arguments(self, parser):
@@ -241,14 +241,8 @@ class Command(BaseCommand):
         self._decide(approve=False, **options)
 
     def _decide(self, *, id, step, comment, user, json, approve, **_):
-        from django.contrib.auth import get_user_model
-
         found = approvals.find(id, step)
-        username = user or getpass.getuser()
-        deciding = get_user_model()._default_manager.filter(**{get_user_model().USERNAME_FIELD: username}).first()
-        if deciding is None:
-            how = "--user" if user else f"the OS login name {username!r} (pass --user NAME)"
-            raise CommandError(f"no Django user {username!r} (from {how}); nothing was written")
+        deciding = acting_user(user, approvals.permission_of(found))
         decision = approvals.decide(found.id, deciding, approve, comment)
         if json:
             self.stdout.write(
@@ -293,12 +287,23 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"workflow {status['id']} {status['name']} {status['state']} (attempt {status['attempt']})"
             )
+            if status.get("error"):
+                self.stdout.write(f"  error: {_short(status['error'])}")
             for step in status["steps"]:
                 why = f"  ({step['blocked_by']})" if "blocked_by" in step else ""
-                self.stdout.write(f"  {step['state']:<10} {step['name']}{why}")
+                said = f"  error: {_short(step['error'])}" if step.get("error") else ""
+                if not said and step.get("result") is not None:
+                    said = f"  result: {_short(_dumps(step['result']))}"
+                self.stdout.write(f"  {step['state']:<10} {step['name']}{why}{said}")
         if wait and status["state"] != "succeeded":
             sys.stdout.flush()
             raise SystemExit(1)
+
+
+def _short(text: str, limit: int = 160) -> str:
+    """One line of at most `limit` characters (the full text: --json)."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _loads(text: str):
