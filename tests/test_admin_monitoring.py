@@ -102,11 +102,12 @@ def test_the_overview_draws_a_throughput_chart(admin_client, activity):
 
 
 def test_the_overview_refreshes_itself_from_its_fragment(admin_client, activity):
-    page = admin_client.get("/admin/").content.decode()
-    fragment = admin_client.get(url("queue", "overview"))
-
-    assert f'data-refresh-url="{url("queue", "overview")}"' in page
-    assert "setInterval(refresh" in page
+    fragment = admin_client.get(url("queue", "overview_fragment"))
+    for home in ("/admin/", url("queue", "overview")):  # the project's admin home, and the overview's own page
+        page = admin_client.get(home).content.decode()
+        assert f'data-refresh-url="{url("queue", "overview_fragment")}"' in page
+        assert "setInterval(refresh" in page
+        assert "completed" in page and 'id="figure-throughput"' in page
     assert fragment.status_code == 200
     assert fragment.content.decode().lstrip().startswith("<style")
     assert "<html" not in fragment.content.decode()
