@@ -319,6 +319,7 @@ class QueueBackendTestCase(TransactionTestCase):
                 await task_with_custom_queue_name.aenqueue()
 
 
+@pytest.mark.slow
 class QueueBackendTransactionTestCase(TransactionTestCase):
     available_apps = ["queue_app"]
 
