@@ -134,18 +134,30 @@ def test_the_partition_grid_shows_the_range_that_exists_with_its_failed_day_and_
     assert grid.locator("a.state-missing").count() == 0
     gap = grid.locator("span.state-gap")
     assert gap.count() == 1 and "missing" in gap.inner_text()  # the hundreds of days between, as one cell
-    page.wait_for_selector("#chart-materializations .main-svg")
+    settled(page, "#chart-materializations")
     page.screenshot(path=str(SHOTS / "pages-dataset.png"), full_page=True)
     axes = page.evaluate(AXES, "#chart-materializations")
     assert axes["y"]["title"] == "bytes" and axes["y"]["ticks"], axes  # observed: bytes, not an empty rows axis
     assert axes["clipped"] == [] and axes["overlaps"] == [], axes
 
     page.goto(f"{base}/admin/queue_app/dataset/demo.rollup/change/")
-    page.wait_for_selector("#chart-materializations .main-svg")
+    settled(page, "#chart-materializations")
     axes = page.evaluate(AXES, "#chart-materializations")
     assert axes["y"]["title"] == "rows" and axes["y"]["ticks"], axes
     assert axes["y2"]["title"] == "bytes" and axes["y2"]["ticks"], axes
     assert axes["clipped"] == [] and axes["overlaps"] == [], axes
+
+
+def settled(page, chart: str) -> None:
+    """Wait until plotly drew `chart` at its box's width: the page's ResizeObserver redraws a chart whose box
+    changed after its first draw (the sidebar opening), and a measure taken before that redraw sees the first
+    draw's labels outside the box."""
+    page.wait_for_selector(f"{chart} .main-svg")
+    page.wait_for_function(
+        """chart => { const root = document.querySelector(chart), svg = root.querySelector('.main-svg');
+                      return svg && Math.abs(svg.getBoundingClientRect().width - root.clientWidth) < 2; }""",
+        arg=chart,
+    )
 
 
 # A chart's y axes (title, tick labels), the labels drawn outside the figure's box, and the legend's overlaps
@@ -225,6 +237,7 @@ def test_checks_say_blocking_or_warn_deliveries_say_why_and_the_charts_have_a_ra
     rollup = next(s for s in durations["symbols"] if s[0] == "demo_rollup")
     assert "x" in rollup[1] and "circle" in rollup[1], durations  # its failed run's symbol, beside the succeeded
     for chart in ("#chart-processed", "#chart-p95"):
+        settled(page, chart)
         one = page.evaluate(ONE_HOUR, chart)
         assert one["hours"] >= 6, one  # not a millisecond either side of the one hour
         assert all(":59.999" not in t and ":00.001" not in t for t in one["ticks"]), one
