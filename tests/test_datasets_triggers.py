@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.checks import run_checks
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 
 from queue_app.datasets import DatasetError, StaticPartitions, dataset
 from queue_app.datasets.checks_run import override_failed_checks, record_check_result
@@ -38,6 +38,7 @@ from queue_app.spark.scripts import ScriptError, register_script
 from queue_app.workflows.definition import _workflows, workflow
 from queue_app.workflows.models import Workflow
 from tests import trigger_tasks
+from tests.waiting import seen_waiting
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SCRIPTS = Path(__file__).parent / "spark_scripts"
@@ -132,16 +133,7 @@ def test_two_upstreams_recorded_in_overlapping_transactions_start_the_consumer_o
     assert first_recorded.wait(10)
     second = threading.Thread(target=lambda: (record_materialization("dtr_b", "2026-11-26"), connections.close_all()))
     second.start()
-    with connection.cursor() as cursor:  # the second recorder is waiting on the first's row lock
-        for _ in range(200):
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
-            )
-            if cursor.fetchone()[0]:
-                break
-            threading.Event().wait(0.05)
-        else:
-            pytest.fail("the second recorder never waited for the first")
+    seen_waiting(what="the second recorder waiting on the first's row lock", timeout=10)
     release.set()
     thread.join(10)
     second.join(10)

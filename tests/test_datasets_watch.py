@@ -14,6 +14,7 @@ from queue_app.datasets.declarations import _code
 from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import Materialization
 from queue_app.datasets.watches import _watches, check_watches, watch
+from tests.waiting import ADVISORY_LOCK_WAITERS, seen_waiting
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -92,17 +93,7 @@ def test_two_checks_at_once_observe_a_new_set_once(root):
     assert recorded.wait(30) and not errors, errors
     other.start()
     try:
-        with connection.cursor() as cur:
-            for _ in range(600):
-                cur.execute(
-                    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-                    " WHERE l.locktype = 'advisory' AND NOT l.granted AND a.datname = current_database()"
-                )
-                if cur.fetchone()[0]:
-                    break
-                threading.Event().wait(0.05)
-            else:
-                pytest.fail("the second check never waited for the first's lock")
+        seen_waiting(ADVISORY_LOCK_WAITERS, what="the second check waiting for the first's lock")
     finally:
         release.set()
         holder.join(30)

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 from django.db.models import F
 
 from queue_app import engine
@@ -20,6 +20,7 @@ from queue_app.workflows import services
 from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import Workflow, WorkflowEvent, WorkflowStep
 from queue_app.workflows.waits import send_event
+from tests.waiting import ADVISORY_LOCK_WAITERS, seen_waiting
 
 pytestmark = pytest.mark.django_db(transaction=True)
 EVENT, KEY, PAYLOAD = "race.paid", "order-1", {"amount": 7}
@@ -43,16 +44,6 @@ def open_wait(held) -> Callable[[], None]:
 
 def send() -> None:
     send_event(EVENT, KEY, PAYLOAD)
-
-
-def waiting_on_the_event_lock() -> int:
-    """Sessions of this database waiting for an advisory lock (the event lock is the only one these take)."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-            " WHERE l.locktype = 'advisory' AND NOT l.granted AND a.datname = current_database()"
-        )
-        return cur.fetchone()[0]
 
 
 def race(first: Callable[[], None], second: Callable[[], None]) -> None:
@@ -85,12 +76,7 @@ def race(first: Callable[[], None], second: Callable[[], None]) -> None:
     assert done.wait(30) and not errors, errors
     other.start()
     try:
-        for _ in range(600):
-            if waiting_on_the_event_lock():
-                break
-            threading.Event().wait(0.05)
-        else:
-            pytest.fail("the second side never waited for the event lock")
+        seen_waiting(ADVISORY_LOCK_WAITERS, what="the second side waiting for the event lock")
         assert other.is_alive()  # still blocked: it has not matched (nor missed) anything yet
     finally:
         release.set()

@@ -10,6 +10,7 @@ from django.db import connection, transaction
 from queue_app.workflows import WorkflowError, services
 from queue_app.workflows.models import Workflow, WorkflowStartKey, WorkflowStep
 from tests import workflow_tasks  # noqa: F401  (registers wf_diamond)
+from tests.waiting import seen_waiting
 
 pytestmark = pytest.mark.django_db(transaction=True)
 IMPORT = ("--import", "tests.workflow_tasks")
@@ -116,17 +117,7 @@ def test_a_start_while_another_holds_the_key_uncommitted_waits_for_it(first_ends
     assert holding.wait(30) and not errors, errors
     other.start()
     try:
-        with connection.cursor() as cur:
-            for _ in range(600):
-                cur.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND datname = current_database()"
-                )
-                if cur.fetchone()[0]:
-                    break
-                threading.Event().wait(0.05)
-            else:
-                pytest.fail("the second start never waited for the first's key")
+        seen_waiting(what="the second start waiting for the first's key")
     finally:
         release.set()
         holder.join(30)

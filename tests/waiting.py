@@ -27,3 +27,24 @@ def drained(timeout: float) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"items still open after {timeout:g}s: {list(open_items.values())}")
+
+
+# Sessions of this database waiting for a lock: any lock, or an advisory one.
+LOCK_WAITERS = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+ADVISORY_LOCK_WAITERS = (
+    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+    " WHERE l.locktype = 'advisory' AND NOT l.granted AND a.datname = current_database()"
+)
+
+
+def seen_waiting(query: str = LOCK_WAITERS, *, what: str, timeout: float = 30) -> None:
+    """Wait until another session is seen blocked on a lock (`query` counts them), or fail naming `what`: how a
+    test forces a race, the other side arriving while the first holds its lock."""
+    from django.db import connection
+
+    def waiters() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(query)
+            return cursor.fetchone()[0]
+
+    wait_for(waiters, timeout, what=what, interval=0.05)
