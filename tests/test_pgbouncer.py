@@ -1,7 +1,8 @@
 """jobsite behind a real PgBouncer in transaction mode (JOBSITE["CONNECTION_POOLER"] = "transaction"), Debian's
 package (installed like the suite's other system packages: jobsite/system_packages.py).
 
-One PgBouncer for the module, on a free loopback port, in front of 127.0.0.1:5432, with a small pool so that the
+One PgBouncer for the module, on a free loopback port, in front of the test database's server (DATABASE_URL's,
+or the embedded cluster's unix socket), with a small pool so that the
 workers' transactions share server connections. Workers reach the database through it; their LISTEN connection
 goes past it (LISTEN_DATABASE_URL), or, without one, they poll and say so. Afterwards the pooled server
 connections hold nothing of jobsite's: no advisory lock, no prepared statement, no session setting, no LISTEN.
@@ -14,7 +15,7 @@ import subprocess
 import tempfile
 from collections import Counter
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlencode
 
 import psycopg
 import pytest
@@ -55,11 +56,11 @@ def pgbouncer():
     here = Path(tempfile.mkdtemp(prefix="jobsite-pgbouncer-"))
     here.chmod(0o755)
     port = _free_port()
-    server = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/x"))
+    server = _server()
     ini = here / "pgbouncer.ini"
     ini.write_text(
         f"""[databases]
-* = host={server.hostname or "127.0.0.1"} port={server.port or 5432} user={server.username or "postgres"}
+* = host={server["host"]} port={server["port"]} user={server["user"]}
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -74,8 +75,9 @@ ignore_startup_parameters = extra_float_digits
     )
     ini.chmod(0o644)
     command = [system_packages.PGBOUNCER, str(ini)]
-    if os.geteuid() == 0:
-        command[1:1] = ["-u", "postgres"]
+    if os.geteuid() == 0:  # as the OS user that may reach the server: the embedded cluster's socket directory is
+        # its owner's alone (pgserver's cluster runs as `pgserver`)
+        command[1:1] = ["-u", Path(server["host"]).owner() if server["host"].startswith("/") else "postgres"]
     log = (here / "pgbouncer.log").open("w")  # its stderr: it logs there without a logfile
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
 
@@ -93,11 +95,23 @@ ignore_startup_parameters = extra_float_digits
     shutil.rmtree(here, ignore_errors=True)
 
 
+def _server() -> dict[str, str]:
+    """Where the test database's server is: host (a name or, for the embedded cluster, its socket directory),
+    port and user, as Django connects."""
+    params = connection.get_connection_params()
+    return {"host": params.get("host") or "127.0.0.1", "port": str(params.get("port") or 5432),
+            "user": params.get("user") or "postgres"}  # fmt: skip
+
+
 def _url(port: int | None = None) -> str:
-    """The test database's URL, through PgBouncer when `port` is given."""
-    base = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/x"))
-    netloc = f"{base.username or 'postgres'}@127.0.0.1:{port or base.port or 5432}"
-    return urlunsplit(base._replace(netloc=netloc, path="/" + connection.settings_dict["NAME"]))
+    """The test database's URL, through PgBouncer (on loopback) when `port` is given, else straight to the server
+    (a socket directory as libpq's `host` parameter)."""
+    server, name = _server(), connection.settings_dict["NAME"]
+    if port is not None:
+        return f"postgres://{server['user']}@127.0.0.1:{port}/{name}"
+    if server["host"].startswith("/"):
+        return f"postgresql://{server['user']}@/{name}?{urlencode({'host': server['host'], 'port': server['port']})}"
+    return f"postgres://{server['user']}@{server['host']}:{server['port']}/{name}"
 
 
 def _server_connections_state(port: int) -> list[tuple]:
