@@ -101,7 +101,7 @@ class DeadLetterAdmin(ItemColumns, ReadOnlyAdmin):
 
     @admin.display(description="reason")
     def reason_short(self, obj: DeadLetter) -> SafeString | str:
-        return cut(obj.reason)
+        return cut(obj.reason, "narrow")  # room for seven-digit ids at 1,440 px
 
     @admin.display(description="requeued", boolean=True)
     def requeued(self, obj: DeadLetter) -> bool:
