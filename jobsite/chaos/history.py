@@ -138,3 +138,17 @@ def load(using: str, *, exclude_queues: tuple[str, ...] = ()) -> History:
         cur.execute("SELECT now()")
         history.now = cur.fetchone()[0]
     return history
+
+
+def first_leases(db: str, item_ids) -> dict[int, datetime]:
+    """{item id: its first reservation's reserved_at}, across the hot and history tables."""
+    from django.db.models import Min
+
+    first_lease: dict[int, datetime] = {}
+    for model in (Reservation, ReservationHistory):
+        for item_id, first in (
+            model.objects.using(db).filter(item_id__in=[i for i in item_ids if i is not None]).values("item_id")
+            .annotate(first=Min("reserved_at")).values_list("item_id", "first")
+        ):  # fmt: skip
+            first_lease[item_id] = min(first, first_lease.get(item_id, first))
+    return first_lease

@@ -16,14 +16,12 @@ declares nothing).
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
-
-from django.db.models import Min
 
 from queue_app.datasets.models import Materialization, TriggerFire
-from queue_app.models import ItemHistory, QueueItem, Reservation, ReservationHistory
+from queue_app.models import ItemHistory, QueueItem
 
 from .checks import Check
+from .history import first_leases
 
 UPSTREAMS = ("chaos_a", "chaos_b")
 CONSUMERS = {"jobsite.chaos_consume_all": "chaos_all_out", "jobsite.chaos_consume_any": "chaos_any_out"}
@@ -110,13 +108,7 @@ def check_triggers(db: str, run: TriggerRun) -> list[Check]:
     checks.append(Check("each consumer item ran exactly once", not problems, {}, problems[:20]))
 
     problems = []
-    first_lease: dict[int, datetime] = {}
-    for model in (Reservation, ReservationHistory):
-        for item_id, first in (
-            model.objects.using(db).filter(item_id__in=list(items)).values("item_id")
-            .annotate(first=Min("reserved_at")).values_list("item_id", "first")
-        ):  # fmt: skip
-            first_lease[item_id] = min(first, first_lease.get(item_id, first))
+    first_lease = first_leases(db, list(items))
     for (task, day), found in queued.items():
         ups = rows["chaos_a", day] + rows["chaos_b", day]
         for item in found:

@@ -15,14 +15,13 @@ alias (the run's private cluster, or a test database with planted rows: tests/te
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 
-from django.db.models import Min
-
-from queue_app.models import ItemHistory, ProbeEffect, QueueItem, Reservation, ReservationHistory
+from queue_app.models import ItemHistory, ProbeEffect, QueueItem
 from queue_app.workflows.models import Workflow, WorkflowEvent, WorkflowStep
 
 from .checks import Check
+from .history import first_leases
 
 EVENT = "chaos.paid"
 
@@ -134,24 +133,12 @@ def check_waits(db: str, run: WaitRun) -> list[Check]:
     return checks
 
 
-def _first_leases(db: str, item_ids) -> dict[int, datetime]:
-    """{item id: its first reservation's reserved_at}, across the hot and history tables."""
-    first_lease: dict[int, datetime] = {}
-    for model in (Reservation, ReservationHistory):
-        for item_id, first in (
-            model.objects.using(db).filter(item_id__in=[i for i in item_ids if i is not None]).values("item_id")
-            .annotate(first=Min("reserved_at")).values_list("item_id", "first")
-        ):  # fmt: skip
-            first_lease[item_id] = min(first, first_lease.get(item_id, first))
-    return first_lease
-
-
 def _check_early(db: str, run: "WaitRun", steps, items, per_key) -> Check:
     """Nothing woke early, every timestamp the server's clock."""
     nap_items = {found[0].id: (key, found[0]) for key, named in steps.items()
                  for found in [items.get(named["nap"].id, [])] if found}  # fmt: skip
-    first_lease = _first_leases(db, list(nap_items))
-    after_leases = _first_leases(db, [named["after"].item_id for named in steps.values()])
+    first_lease = first_leases(db, list(nap_items))
+    after_leases = first_leases(db, [named["after"].item_id for named in steps.values()])
     problems, margins = [], []
     for item_id, (key, item) in nap_items.items():
         due = item.created_at + timedelta(seconds=run.naps[key])

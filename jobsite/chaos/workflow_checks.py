@@ -13,14 +13,12 @@ database alias (the run's private cluster, or a test database with planted rows:
 
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
 
-from django.db.models import Min
-
-from queue_app.models import ExecutionLog, ItemHistory, ProbeEffect, QueueItem, Reservation, ReservationHistory
+from queue_app.models import ExecutionLog, ItemHistory, ProbeEffect, QueueItem
 from queue_app.workflows.models import StepDependency, Workflow, WorkflowStep
 
 from .checks import Check
+from .history import first_leases
 
 TRANSACTIONAL = "queue_app.probe_transactional"
 AT_LEAST_ONCE = "queue_app.probe"
@@ -102,13 +100,7 @@ def check_workflows(db: str, run: WorkflowRun) -> list[Check]:
     )
 
     problems = []
-    first_lease: dict[int, datetime] = {}
-    for model in (Reservation, ReservationHistory):
-        for item_id, first in (
-            model.objects.using(db).filter(item_id__in=list(items)).values("item_id")
-            .annotate(first=Min("reserved_at")).values_list("item_id", "first")
-        ):  # fmt: skip
-            first_lease[item_id] = min(first, first_lease.get(item_id, first))
+    first_lease = first_leases(db, list(items))
     edges = list(StepDependency.objects.using(db).filter(downstream_id__in=list(by_id)))
     for e in edges:
         up, down = by_id.get(e.upstream_id), by_id[e.downstream_id]
