@@ -135,3 +135,19 @@ def test_results_held_through_an_outage_are_settled_before_the_workers_own_rescu
         assert attempt.finished_at > attempt.lease_expires_at  # settled after its lease had lapsed
     assert processes.runs_per_item() == dict.fromkeys(ids, 1)
     assert "database unavailable" in output(proc) and "stale item=" not in output(proc)
+
+
+def test_a_worker_started_while_the_database_is_away_waits_for_it_then_runs(worker, db_proxy):
+    """Started while the server restarts (the waits chaos run once caught a worker booting through one), the
+    worker says so and waits, instead of dying in Django's system checks (which connect: a GeneratedField's check
+    asks the server's version). The proxy refuses every connection until the worker has said it is waiting."""
+    db_proxy.cut(3600)
+    proc = worker("late-db", "--concurrency", "1", env={"DATABASE_URL": db_proxy.url()})
+    wait_for(lambda: "database unavailable" in output(proc), timeout=60, what="the worker to say it waits")
+    assert proc.poll() is None, output(proc)[-3000:]
+    db_proxy.cut(0)  # the server is back
+    item = get_task("queue_app.echo").enqueue({"n": 1}).id
+    wait_for(lambda: QueueItem.objects.get(id=item).state == ItemState.DONE, timeout=60, what="the item to run")
+    proc.terminate()
+    assert finish(proc, timeout=30) == 0, output(proc)[-3000:]
+    assert "database back" in output(proc)

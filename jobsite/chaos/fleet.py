@@ -38,6 +38,16 @@ class WorkerProc:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
+    def unasked(self, lines: int = 12) -> str:
+        """What a check reports of a worker that exited on its own: its code, its log, and the log's last lines
+        (the traceback, when it died of one), so a CI run that cannot keep the log still shows the cause."""
+        try:
+            tail = self.log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            tail = []
+        said = "".join(f"\n        | {line[:300]}" for line in tail)
+        return f"{self.worker_id} exited {self.exit_code} unasked (log {self.log}){said}"
+
 
 @dataclass
 class Fleet:

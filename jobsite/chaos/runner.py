@@ -269,7 +269,7 @@ class ChaosRun:
     def _replace_crashed(self) -> None:
         for proc in self.fleet.reap():
             if proc.fate == "crashed":
-                self.crashes.append(f"{proc.worker_id} exited {proc.exit_code} unasked (log {proc.log})")
+                self.crashes.append(proc.unasked())
                 self.say(f"worker {proc.worker_id} CRASHED (exit {proc.exit_code}); replacing it")
         while len(self.fleet.running()) < self.sizes.workers:
             self.fleet.spawn()

@@ -125,7 +125,7 @@ class TriggerChaosRun(ChaosRun):
         next_kill = started + MIN_AGE + sizes.gap
         while time.monotonic() < deadline:
             for proc in self.fleet.reap():
-                self.crashes.append(f"{proc.worker_id} exited {proc.exit_code} unasked (log {proc.log})")
+                self.crashes.append(proc.unasked())
             while len(self.fleet.running()) < sizes.workers:
                 self.fleet.spawn()
             if self._open() == 0:

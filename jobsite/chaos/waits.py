@@ -191,7 +191,7 @@ class WaitChaosRun(ChaosRun):
         next_kill = started + MIN_AGE + sizes.gap
         while time.monotonic() < deadline:
             for proc in self.fleet.reap():
-                self.crashes.append(f"{proc.worker_id} exited {proc.exit_code} unasked (log {proc.log})")
+                self.crashes.append(proc.unasked())
             while len(self.fleet.running()) < sizes.workers:
                 self.fleet.spawn()
             if self.sender.poll() is not None and self._open_workflows() == 0:

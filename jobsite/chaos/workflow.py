@@ -138,7 +138,7 @@ class WorkflowChaosRun(ChaosRun):
 
     def _replace_crashed_workers(self) -> None:
         for proc in self.fleet.reap():
-            self.crashes.append(f"{proc.worker_id} exited {proc.exit_code} unasked (log {proc.log})")
+            self.crashes.append(proc.unasked())
         while len(self.fleet.running()) < self.wf_sizes.workers:
             self.fleet.spawn()
 

@@ -4,10 +4,13 @@ to 10 s) and retries, keeping finished outcomes in memory (worker/settling.py) t
 LISTEN connection is retried on its own clock, never sooner than the database."""
 
 import logging
+import signal
+import threading
 import time
 
 from django.db import connections
 
+from .options import DATABASE_DOWN
 from .status import fields
 
 logger = logging.getLogger("jobsite.worker")
@@ -57,3 +60,27 @@ class Outage:
             logger.warning("database back %s", fields(after=f"{time.monotonic() - self.since:.1f}s"))
             self.since = None
             self.backoff = BACKOFF_FIRST
+
+
+def wait_for_database(using: str = "default") -> bool:
+    """Block until the database answers, saying so once and backing off like the loop; False when SIGTERM or
+    SIGINT came first (the caller exits 0: nothing was taken). A worker started while the server restarts or is
+    not up yet waits for it rather than dying; Django's own system checks connect (a GeneratedField's check asks
+    the server's version), so they run after this (run_worker)."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    outage = Outage()
+    try:
+        while not stop.is_set():
+            try:
+                connections[using].ensure_connection()
+            except DATABASE_DOWN as exc:
+                outage.lost(exc)
+                stop.wait(max(0.0, outage.retry_at - time.monotonic()))
+                continue
+            outage.back()
+            return True
+        return False
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

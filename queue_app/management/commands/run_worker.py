@@ -24,6 +24,7 @@ from django.db import DatabaseError
 
 from queue_app.registry import publish_declarations
 from queue_app.worker import Supervisor, WorkerOptions
+from queue_app.worker.outage import wait_for_database
 from queue_app.worker.replace import REPLACE, replace_process
 
 
@@ -36,8 +37,10 @@ def _queues(values: list[str]) -> list[str] | None:
 
 class Command(BaseCommand):
     help = "Run a worker: lease items from the queues, run their tasks, settle them."
+    requires_system_checks = []  # run in handle() once the database answers (see there)
 
     def add_arguments(self, parser):
+        parser.add_argument("--skip-checks", action="store_true", help="skip Django's system checks")
         parser.add_argument(
             "--queues", nargs="+", default=["all"], help="queue names (space or comma separated) or 'all' (default)"
         )
@@ -96,6 +99,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
+        # Started while the server restarts or is not up yet, the worker waits for it (said once, with backoff)
+        # instead of dying in Django's system checks, which connect (requires_system_checks is off: run here).
+        if not wait_for_database():
+            logging.getLogger("jobsite.worker").info("stopped before the database answered; nothing was taken")
+            return
+        if not options["skip_checks"]:
+            self.check()
         for module in options["imports"]:
             try:
                 importlib.import_module(module)
