@@ -11,11 +11,13 @@ Three JVM runs in all (two cores shared with other suites): local[2], a start-up
 local SparkSession in this process for the checks, stopped after the module.
 """
 
+import threading
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
+from queue_app import engine
 from queue_app.datasets import checks_run, dataset
 from queue_app.datasets.checks_run import unusable
 from queue_app.datasets.declarations import _code
@@ -27,10 +29,11 @@ from queue_app.registry import Context, Delivery, Settled, get_task
 from queue_app.reservations import reserve
 from queue_app.spark.datasets import DatasetBlocked
 from queue_app.spark.registry import _jobs
-from queue_app.spark.runs import QUEUE, TASK, timing_split, trigger_run
+from queue_app.spark.runs import QUEUE, TASK, cancel_run, timing_split, trigger_run
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
 from queue_app.spark.scripts import register_script
 from tests.spark_fixtures import require_spark, spark_session  # noqa: F401  (`spark`)
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 SCRIPTS = Path(__file__).parent / "spark_scripts"
@@ -217,4 +220,107 @@ def test_a_failing_run_of_a_producer_records_nothing(data):
     run = SparkRun.objects.get(id=run.id)
     assert run.state == "failed" and run.finished_at is not None  # its end is written: nothing more will come
     assert QueueItem.objects.get(id=run.item_id).state == "dead"  # in the same transaction
+    assert not Materialization.objects.exists()
+
+
+# -- an attempt that does not end as a success records nothing ------------------------------------------------
+# The materializations of a run are written by the transaction that records its success, under its item's row
+# lock and only while the attempt's reservation is current (runs._finish). A run that waits at a gate
+# (spark_scripts/gate.py: spark-submit of a script with no Spark session, the cheapest run there is) while its
+# lease is lost, while it is cancelled or while its timeout passes: none of them may record its partition.
+
+
+def gated(name: str, gate: Path, root: Path, **policy) -> None:
+    gate.mkdir()
+    register_script(
+        name,
+        path=str(SCRIPTS / "gate.py"),
+        args=[str(gate), f"{root}/revenue/day={{day}}"],
+        params=[DAY],
+        produces={"dsr_revenue": "day"},
+        policy=policy or None,
+    )
+
+
+def context_of(lease: engine.Lease, worker_id: str) -> Context:
+    return Context(
+        item_id=lease.item_id,
+        reservation_id=lease.reservation_id,
+        attempt=lease.attempt,
+        max_attempts=lease.max_attempts,
+        task=TASK,
+        queue=QUEUE,
+        delivery=Delivery.AT_LEAST_ONCE,
+        worker_id=worker_id,
+    )
+
+
+def handler_in_thread(run_id: int, ctx: Context) -> tuple[threading.Thread, dict]:
+    """The Spark task's handler on a thread of its own (as a worker's pool would run it), its end in `box`."""
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["result"] = get_task(TASK)({"run_id": run_id}, ctx)
+        except BaseException as exc:  # noqa: B036 — reported to the test, whatever it was
+            box["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target, name=f"spark-handler-{run_id}")
+    thread.start()
+    return thread, box
+
+
+def test_an_attempt_whose_lease_lapsed_and_was_taken_records_nothing_the_next_records_once(data, tmp_path):
+    gate = tmp_path / "gate"
+    gated("dsr_gate", gate, data)
+    run = trigger_run("dsr_gate", {"day": "2026-11-26"}, trigger="orm")
+    # Leased with nobody to renew it: the worker that holds it is frozen, as far as the queue can tell.
+    [first] = engine.lease([QUEUE], 1, "t-frozen", lease_timeout=2)
+    thread, box = handler_in_thread(run.id, context_of(first, "t-frozen"))
+    wait_for(lambda: (gate / "started").exists(), 120, what="the first attempt's script to start")
+    wait_for(lambda: engine.rescue_expired()[0] == 1, 30, interval=0.2, what="its lease to lapse and be taken back")
+    [second] = engine.lease([QUEUE], 1, "t-next", lease_timeout=300)
+    assert (second.item_id, second.attempt) == (first.item_id, 2)
+
+    (gate / "open").touch()  # the first attempt's script writes its partition and ends well
+    thread.join(120)
+    assert not thread.is_alive() and "error" not in box, box
+    assert box["result"]["state"] == "stale"  # its end is not recorded: the reservation is not its own now
+    assert not Materialization.objects.exists()
+    assert SparkRun.objects.get(id=run.id).state in ("starting", "running")  # as the first attempt left it
+
+    settled = get_task(TASK)({"run_id": run.id}, context_of(second, "t-next"))
+    assert isinstance(settled, Settled) and settled.fate == "done", settled
+    [m] = Materialization.objects.all()
+    assert (m.dataset, m.partition, m.spark_run_id) == ("dsr_revenue", "2026-11-26", run.id)
+    assert SparkRun.objects.get(id=run.id).attempt == 2
+
+
+def test_a_run_cancelled_while_it_runs_records_nothing(data, tmp_path):
+    gate = tmp_path / "gate"
+    gated("dsr_gate_cancelled", gate, data)
+    run = trigger_run("dsr_gate_cancelled", {"day": "2026-11-26"}, trigger="orm")
+    [held] = engine.lease([QUEUE], 1, "t-cancel", lease_timeout=300)
+    thread, box = handler_in_thread(run.id, context_of(held, "t-cancel"))
+    wait_for(lambda: (gate / "started").exists(), 120, what="the script to start")
+    assert cancel_run(run.id, actor="tester") is True
+    thread.join(120)
+    assert not thread.is_alive() and "error" not in box, box
+    assert SparkRun.objects.get(id=run.id).state == "cancelled"
+    (gate / "open").touch()  # too late: the child was stopped
+    assert not Materialization.objects.exists()
+    assert not (data / "revenue" / "day=2026-11-26").exists()
+
+
+def test_a_run_past_its_timeout_records_nothing(data, tmp_path):
+    gate = tmp_path / "gate"
+    gated("dsr_gate_timeout", gate, data, timeout=3, attempts=1)
+    run = trigger_run("dsr_gate_timeout", {"day": "2026-11-26"}, trigger="orm")
+    ended = run_handler(run.id)  # the gate never opens
+    run = SparkRun.objects.get(id=run.id)
+    assert run.state == "timed_out", (run.error, run.log_tail[-2000:])
+    assert ended["state"] == "timed_out"  # its item done (a timed-out run is not retried by this policy)
+    assert QueueItem.objects.get(id=run.item_id).state == "done"
     assert not Materialization.objects.exists()
