@@ -79,6 +79,9 @@ DEFAULTS: dict[str, Any] = {
     "DATASET_CHECKS": (),
     "DATASET_WATCHES": (),
     "DATASET_ROOTS": (),
+    # Seconds a consumer parked on a partition that is not usable waits before it checks again, should the
+    # transaction that made the partition usable have missed it (datasets/checks_run.py): the safety net only.
+    "DATASET_PARK_RECHECK": 600.0,
     # OpenLineage (queue_app/datasets/openlineage.py): None (off) or {"transport": {"type": "http"|"file"|
     # "console", ...}, "namespace": "jobsite", "dataset_namespace": "jobsite", "queue_size": 1000}.
     "OPENLINEAGE": None,

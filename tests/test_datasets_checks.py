@@ -8,6 +8,7 @@ JVM run)."""
 
 import io
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from django.contrib.auth.models import Permission, User
 from django.core.exceptions import PermissionDenied
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from queue_app.datasets import DatasetError, dataset, get_dataset, triggers
@@ -37,6 +38,7 @@ from queue_app.datasets.models import DatasetBlock, DatasetCheckResult, Material
 from queue_app.datasets.quality import _checks, check, schema_check
 from queue_app.datasets.services import record_materialization
 from queue_app.datasets.status import check_results, detail, summaries
+from queue_app.engine import dedicated_connection
 from queue_app.models import QueueItem, SparkRun
 from queue_app.registry import Context, Delivery
 from queue_app.reservations import reserve
@@ -52,6 +54,8 @@ from queue_app.workflows.models import Workflow
 from tests import datasets_checked
 from tests.datasets_checked import CONSUMER
 from tests.spark_fixtures import require_spark
+from tests.waiting import seen_waiting
+from tests.waiting import wait_for as wait_until
 
 SCRIPTS = Path(__file__).parent / "spark_scripts"
 DAY = {"name": "day", "type": "date", "required": True}
@@ -438,3 +442,63 @@ def test_a_parked_steps_reason_names_the_failed_check_on_the_workflow_run_and_it
     assert not DatasetBlock.objects.exists()
     for page in pages:
         assert "no_bad_marker" not in shown(page), page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_park_that_missed_its_release_checks_again_after_the_recheck_and_may_start(root, monkeypatch, settings):
+    """The race the recheck is for, forced: a consumer is parked on a failed partition while a new materialization
+    of it is recorded and its checks pass. The park's transaction is held open (its item's row locked by another
+    session when it hands the item back) while the new one commits, so the release deletes no row of the park's,
+    and the item waits for DATASET_PARK_RECHECK (here 1 s) instead of being due at once. Then it checks again,
+    finds the partition usable and may start."""
+    settings.JOBSITE = {**getattr(settings, "JOBSITE", {}), "DATASET_PARK_RECHECK": 1.0}
+    monkeypatch.setenv(SCRIPT_ROOTS_ENV, str(SCRIPTS))
+    datasets_checked.declare()
+    register_script("dsc_rechecked", path=str(SCRIPTS / "pi.py"), params=[DAY], consumes={"dsc_daily": "day"})
+    run = trigger_run("dsc_rechecked", {"day": "2026-11-26"}, trigger="orm")  # queued before the bad day
+    item = run.item_id
+    bad = record_materialization(datasets_checked.DATASET, "2026-11-26", rows=50)
+    record_check_result(bad.id, "enough_rows", passed=True)
+    record_check_result(bad.id, "no_bad_marker", passed=False)
+    ctx = spark_ctx(run.id)
+
+    holder = dedicated_connection()
+    holder.execute("BEGIN")
+    holder.execute("SELECT 1 FROM queue_app_queueitem WHERE id = %s FOR UPDATE", [item])
+    parked: dict = {}
+
+    def park_it() -> None:
+        try:
+            parked["result"] = _blocked(run.id, ctx)
+        finally:
+            connections.close_all()
+
+    parking = threading.Thread(target=park_it)
+    parking.start()
+    try:
+        seen_waiting(what="the park's hand-back waiting on the item's row")
+        good = record_materialization(datasets_checked.DATASET, "2026-11-26", rows=60)  # its own transaction
+        record_check_result(good.id, "enough_rows", passed=True)
+        record_check_result(good.id, "no_bad_marker", passed=True)  # usable: the release finds no row to delete
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+        parking.join(30)
+    assert parked["result"]["state"] == "blocked"  # it read the bad one, under its lock
+    assert DatasetBlock.objects.filter(item_id=item).exists()  # missed by the release
+    assert QueueItem.objects.get(id=item).visible_at > timezone.now()  # not due now: only the recheck brings it back
+
+    again = wait_until(lambda: reserve(QUEUE, timeout=1, lease=60), 30, what="the item back at its recheck")
+    assert again.item_id == item and again.attempt == 1  # parking spent no attempt
+    ctx = Context(
+        item_id=again.item_id,
+        reservation_id=again.reservation_id,
+        attempt=again.attempt,
+        max_attempts=again.max_attempts,
+        task="queue_app.spark_run",
+        queue=QUEUE,
+        delivery=Delivery.AT_LEAST_ONCE,
+        worker_id="test",
+    )
+    assert _blocked(run.id, ctx) is None  # usable now: it may start
+    assert not DatasetBlock.objects.filter(item_id=item).exists()

@@ -15,7 +15,7 @@
   partition is handed back to the queue and parked (a DatasetBlock row per partition); the transaction that
   makes a materialization of that partition usable (recorded without blocking checks, its last blocking check
   passed, or overridden) deletes the rows and makes the items due at once (services.retry_now). No polling: a
-  park that raced with the release is re-checked after PARK_RECHECK seconds, its safety net.
+  park that raced with the release is re-checked after park_recheck() seconds (DATASET_PARK_RECHECK), its safety net.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from queue_app import services as queue_services
+from queue_app.conf import queue_settings
 from queue_app.registry import Context, Retry, job
 
 from . import quality, triggers
@@ -44,7 +45,12 @@ logger = logging.getLogger("jobsite.datasets")
 TASK = "queue_app.dataset_check"
 PERMISSION = "queue_app.override_dataset_check"
 MAX_FIGURES_BYTES = 16_384
-PARK_RECHECK = 600.0  # seconds a parked item waits before it checks again, should its release have been missed
+
+
+def park_recheck() -> float:
+    """Seconds a parked item waits before it checks again, should its release have been missed (the setting
+    DATASET_PARK_RECHECK, 600 by default)."""
+    return float(queue_settings.DATASET_PARK_RECHECK)
 
 
 def initial_state(checks: list[quality.DataCheck]) -> str:
@@ -96,7 +102,7 @@ def _release(materialization: Materialization, items: list[int]) -> None:
 
 
 def park(item_id: int, reads: list[tuple[str, str | None]], *, spark_run_id: int | None = None) -> list[Unusable]:
-    """In the transaction that hands queue item `item_id` back to the queue (engine.release with PARK_RECHECK):
+    """In the transaction that hands queue item `item_id` back to the queue (engine.release with park_recheck()):
     of the (dataset, partition) pairs it reads, those not usable, each recorded as a DatasetBlock row with its
     reason; returns them (empty: nothing holds it, no row written). Their latest materializations are read under
     a KEY SHARE lock, so a check result committing meanwhile is either seen here or waits for this transaction

@@ -393,11 +393,11 @@ def _blocked(run_id: int, ctx: Context) -> dict[str, Any] | None:
         with transaction.atomic():
             # Read again under the materializations' locks, the rows written with their reasons: a release that
             # committed meanwhile is seen now (a new materialization's record committing later misses these rows:
-            # the item checks again after PARK_RECHECK); a check result waits for this transaction, then rewrites
-            # the reasons.
+            # the item checks again after checks_run.park_recheck()); a check result waits for this transaction,
+            # then rewrites the reasons.
             found = checks_run.park(ctx.item_id, reads, spark_run_id=run.id)
             if found:
-                engine.release(ctx, delay=checks_run.PARK_RECHECK)
+                engine.release(ctx, delay=checks_run.park_recheck())
     if not found:
         checks_run.unpark(ctx.item_id)
         return None
