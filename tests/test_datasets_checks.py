@@ -255,6 +255,11 @@ def spark_ctx(run_id):
     """A real reservation of the Spark run's item, as a worker's lease gives it (not settled here)."""
     held = reserve(QUEUE, timeout=5, lease=60)
     assert held is not None and held.payload == {"run_id": run_id}
+    return ctx_of(held)
+
+
+def ctx_of(held) -> Context:
+    """The Context a worker would give the Spark task's handler for the reservation `held`."""
     return Context(
         item_id=held.item_id,
         reservation_id=held.reservation_id,
@@ -490,15 +495,5 @@ def test_a_park_that_missed_its_release_checks_again_after_the_recheck_and_may_s
 
     again = wait_until(lambda: reserve(QUEUE, timeout=1, lease=60), 30, what="the item back at its recheck")
     assert again.item_id == item and again.attempt == 1  # parking spent no attempt
-    ctx = Context(
-        item_id=again.item_id,
-        reservation_id=again.reservation_id,
-        attempt=again.attempt,
-        max_attempts=again.max_attempts,
-        task="queue_app.spark_run",
-        queue=QUEUE,
-        delivery=Delivery.AT_LEAST_ONCE,
-        worker_id="test",
-    )
-    assert _blocked(run.id, ctx) is None  # usable now: it may start
+    assert _blocked(run.id, ctx_of(again)) is None  # usable now: it may start
     assert not DatasetBlock.objects.filter(item_id=item).exists()
