@@ -13,6 +13,7 @@ from psycopg import sql as psql
 from ..conf import queue_settings
 from . import leaders, sql
 from .db import cursor
+from .pooler import pooled
 from .workers import dedicated_connection
 
 # Every lease, settle and prune leaves dead rows in these; the rest of the schema changes slowly.
@@ -93,6 +94,11 @@ def _each(statement: str, tables: list[str], using: str, holder: str | None) -> 
     with dedicated_connection(using=using) as conn:
         if not leaders.take(leaders.TABLE_MAINTENANCE, holder, conn=conn):
             return None
+        if not pooled():
+            # A VACUUM of a big table may outlast the role's statement_timeout (an operator's 5 s), and it cannot
+            # run in a transaction for a SET LOCAL: no limit on this connection of its own, closed at the end.
+            # Behind a transaction pooler a SET would stay on the server connection: the role's limit applies.
+            conn.execute("SET statement_timeout = 0")
         try:
             for table in tables:
                 if took and not leaders.take(leaders.TABLE_MAINTENANCE, holder, conn=conn):
