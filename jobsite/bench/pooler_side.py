@@ -19,6 +19,7 @@ import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from urllib.parse import quote, urlencode, urlsplit
 
 from django.conf import settings as django_settings
 from django.db import connections
@@ -60,8 +61,6 @@ def _load() -> str:
 def _direct_url(db: str) -> str:
     """The scratch database's URL straight to the server (LISTEN_DATABASE_URL's; a socket directory as libpq's
     host parameter)."""
-    from urllib.parse import quote, urlencode
-
     params = connections[ALIAS].get_connection_params()
     host, port = str(params.get("host") or "127.0.0.1"), str(params.get("port") or 5432)
     user, password = str(params.get("user") or "postgres"), params.get("password")
@@ -71,19 +70,25 @@ def _direct_url(db: str) -> str:
     return f"postgres://{auth}@{host}:{port}/{db}"
 
 
-def _pooled_url(db: str, port: int) -> str:
+def _pooled_env(db: str, host: str, port: int) -> dict[str, str]:
+    """A worker's environment behind the pooler at host:port: DATABASE_URL through it, the pooler mode, and the
+    LISTEN connection straight to the server."""
     params = connections[ALIAS].get_connection_params()
     user, password = str(params.get("user") or "postgres"), params.get("password")
-    auth = f"{user}:{password}" if password else user
-    return f"postgres://{auth}@127.0.0.1:{port}/{db}"
+    auth = f"{quote(user)}:{quote(password)}" if password else quote(user)
+    return {
+        "DATABASE_URL": f"postgres://{auth}@{host}:{port}/{db}",
+        "JOBSITE_CONNECTION_POOLER": "transaction",
+        "JOBSITE_LISTEN_DATABASE_URL": _direct_url(db),
+    }
 
 
 @contextmanager
-def _pooled_here(db: str, port: int) -> Iterator[None]:
+def _pooled_here(host: str, port: int) -> Iterator[None]:
     """This process as a pooled client: its engine calls on POOLED_ALIAS go through PgBouncer, with
     CONNECTION_POOLER = "transaction" (no prepared statement: psycopg's names would collide across clients)."""
     base = connections[ALIAS].settings_dict
-    connections.settings[POOLED_ALIAS] = {**base, "HOST": "127.0.0.1", "PORT": str(port), "CONN_MAX_AGE": 0}
+    connections.settings[POOLED_ALIAS] = {**base, "HOST": host, "PORT": str(port), "CONN_MAX_AGE": 0}
     jobsite = {**getattr(django_settings, "JOBSITE", {}), "CONNECTION_POOLER": "transaction"}
     try:
         with override_settings(JOBSITE=jobsite):
@@ -100,6 +105,13 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
         return
     settings = _settings(sizes, results)
     with bench_database(ctx, "pooler") as db:
+        if ctx.pooler_dsn:
+            where = urlsplit(ctx.pooler_dsn)
+            ctx.progress("pooler", f"the pooler at {where.hostname}:{where.port or 5432} in front of {db}")
+            pooled_env = _pooled_env(db, where.hostname or "127.0.0.1", where.port or 5432)
+            _e2e_pairs(ctx, sizes, results, db, settings, {}, pooled_env)
+            _latencies(ctx, sizes, results, db, settings, where.hostname or "127.0.0.1", where.port or 5432, pooled_env)
+            return
         server = connections[ALIAS].get_connection_params()
         try:
             bouncer = pgbouncer.start(
@@ -114,14 +126,9 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
             return
         try:
             ctx.progress("pooler", f"PgBouncer {bouncer.port} (transaction mode, pool {POOL_SIZE}) in front of {db}")
-            direct_env: dict[str, str] = {}
-            pooled_env = {
-                "DATABASE_URL": _pooled_url(db, bouncer.port),
-                "JOBSITE_CONNECTION_POOLER": "transaction",
-                "JOBSITE_LISTEN_DATABASE_URL": _direct_url(db),
-            }
-            _e2e_pairs(ctx, sizes, results, db, settings, direct_env, pooled_env)
-            _latencies(ctx, sizes, results, db, settings, bouncer.port, pooled_env)
+            pooled_env = _pooled_env(db, "127.0.0.1", bouncer.port)
+            _e2e_pairs(ctx, sizes, results, db, settings, {}, pooled_env)
+            _latencies(ctx, sizes, results, db, settings, "127.0.0.1", bouncer.port, pooled_env)
         finally:
             bouncer.stop()
 
@@ -194,6 +201,7 @@ def _latencies(
     results: Results,
     db: str,
     settings: WorkerSettings,
+    host: str,
     port: int,
     pooled_env: dict[str, str],
 ) -> None:
@@ -210,7 +218,7 @@ def _latencies(
         extra = ["--poll-interval", str(POLL_INTERVAL)] if key == "poll" else []
         try:
             if using == POOLED_ALIAS:
-                with _pooled_here(db, port):
+                with _pooled_here(host, port):
                     figures = measure_latency(ctx, sizes, db, one_host, worker_env=env, worker_extra=extra, using=using)
             else:
                 figures = measure_latency(ctx, sizes, db, one_host, worker_env=env, worker_extra=extra, using=using)

@@ -54,6 +54,7 @@ def run_bench(
     db_prefix: str,
     keep_databases: bool,
     write: Callable[[str], None],
+    pooler_dsn: str | None = None,
 ) -> tuple[Results, Path]:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     ctx = BenchContext(
@@ -62,6 +63,7 @@ def run_bench(
         progress=Progress(write),
         log_dir=var_dir() / "bench" / "logs" / stamp,
         keep_databases=keep_databases,
+        pooler_dsn=pooler_dsn,
     )
     with ctx.server.connect("postgres") as conn:
         version = conn.execute("SHOW server_version").fetchone()[0]
