@@ -5,8 +5,10 @@ enqueued by the application run once each on real workers; an enqueue inside a t
 database is refused (it could not commit with it), and one after that transaction commits goes through; the
 admin and the commands read the queue's database."""
 
+import ast
 import json
 from collections import Counter
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -155,3 +157,40 @@ def test_the_guard_lets_an_enqueue_on_the_only_database_join_any_transaction():
 
     with transaction.atomic():
         cross_database_guard()  # one database: nothing to refuse
+
+
+def _direct_uses(tree: ast.AST) -> list[tuple[int, str]]:
+    """Django's default connection imported, transaction.atomic/on_commit called, connections["default"]."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "django.db":
+            found += [(node.lineno, "from django.db import connection") for a in node.names if a.name == "connection"]
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "transaction"
+            and node.attr in ("atomic", "on_commit")
+        ):
+            found.append((node.lineno, f"transaction.{node.attr}"))
+        elif (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "connections"
+            and isinstance(node.slice, ast.Constant)
+            and node.slice.value == "default"
+        ):
+            found.append((node.lineno, 'connections["default"]'))
+    return found
+
+
+def test_every_connection_and_transaction_of_jobsites_goes_through_the_queues_alias():
+    """No module of queue_app reaches Django's "default" connection or opens a transaction on it by itself: each
+    goes through engine/alias.py (connection, atomic, on_commit, queue_db), so JOBSITE["DATABASE"] moves them all."""
+    root = Path(__file__).resolve().parent.parent / "queue_app"
+    found = [
+        f"{path.relative_to(root)}:{line}: {what}"
+        for path in sorted(root.rglob("*.py"))
+        if "migrations" not in path.parts and path.name != "alias.py"
+        for line, what in _direct_uses(ast.parse(path.read_text()))
+    ]
+    assert found == [], "\n".join(found)

@@ -4,7 +4,7 @@ the worker, the admin, the commands and the layers find their connection and the
 `connection` is Django's connection to that alias (a proxy, as `django.db.connection` is to "default"), `atomic()`
 and `on_commit()` are Django's on it, `queue_db(using)` is the alias a call with an optional `using=` works on.
 The models reach the alias through the router (queue_app.routers.JobsiteRouter), which a project whose queue is
-not on "default" installs (jobsite.E142 when it does not).
+not on "default" installs (jobsite.E143 when it does not).
 
 An enqueue joins the transaction open on the queue's alias, never one on another: `cross_database_guard()`
 refuses an enqueue made inside an atomic block on another alias while none is open on the queue's, since the
