@@ -5,11 +5,14 @@ read, written and migrated on the queue's alias (JOBSITE["DATABASE"]), and on no
     DATABASE_ROUTERS = ["queue_app.routers.JobsiteRouter"]
     JOBSITE = {"DATABASE": "queue"}
 
-Other apps' models are left to the next router (None). A relation is allowed between two of queue_app's rows
-only: a foreign key cannot cross databases.
+Other apps' models are left to the next router (None), but not migrated on the queue's alias when it is not
+"default": `migrate --database queue` creates jobsite's tables and nothing else. A relation is allowed between
+two of queue_app's rows only: a foreign key cannot cross databases.
 """
 
 from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS
 
 from .engine.alias import queue_db
 
@@ -36,4 +39,6 @@ class JobsiteRouter:
     def allow_migrate(self, db: str, app_label: str, model_name: str | None = None, **hints: Any) -> bool | None:
         if app_label == APP_LABEL:
             return db == queue_db()
+        if db == queue_db() != DEFAULT_DB_ALIAS:
+            return False  # the queue's own database holds the queue's tables only (a router before this one may differ)
         return None

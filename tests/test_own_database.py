@@ -94,6 +94,8 @@ def test_the_queue_on_its_own_database_runs_the_applications_items_once_each(two
     assert "auth_user" in app_tables and not {t for t in app_tables if t.startswith("queue_app_")}
     queue_tables = fresh_databases.tables(env["QUEUE_DATABASE_URL"])
     assert {"queue_app_queueitem", "queue_app_worker", "queue_app_leader", "queue_app_executionlog"} <= queue_tables
+    others = fresh_databases.tables(env["QUEUE_DATABASE_URL"], "%") - queue_tables
+    assert others == {"django_migrations"}  # the queue's database holds the queue's tables only
     checked = manage("check", env=env)
     assert checked.returncode == 0, checked.stderr[-3000:]
     with psycopg.connect(env["QUEUE_DATABASE_URL"], autocommit=True) as queue_db:  # as the test database's
