@@ -104,6 +104,16 @@ else:
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
 DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
 
+# QUEUE_DATABASE_URL: the queue on a database of its own, alias "queue" (JOBSITE["DATABASE"]), every table of
+# queue_app there and none on "default" (queue_app.routers.JobsiteRouter). Unset: all on "default".
+DATABASE_ROUTERS: list[str] = []
+if "QUEUE_DATABASE_URL" in env:
+    DATABASES["queue"] = env.db("QUEUE_DATABASE_URL")
+    for alias in ("default", "queue"):
+        DATABASES[alias].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+        DATABASES[alias].setdefault("CONN_HEALTH_CHECKS", True)
+    DATABASE_ROUTERS = ["queue_app.routers.JobsiteRouter"]
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -144,6 +154,8 @@ if not DEBUG:
 # jobsite's settings: every JOBSITE_<KEY> environment variable read as its setting's type (queue_app/conf.py has
 # each key and its default; an adopter's settings may call the same helper or write the dict).
 JOBSITE = {**from_env(), "VAR_DIR": VAR_DIR}
+if "queue" in DATABASES:
+    JOBSITE.setdefault("DATABASE", "queue")
 
 # Django's task framework runs on jobsite's queue: any `@task` is an item a `run_worker` runs (QUEUES empty: any
 # queue name). See queue_app/tasks_backend.py.

@@ -16,6 +16,10 @@ from django.core.signals import setting_changed
 
 DEFAULTS: dict[str, Any] = {
     "DEFAULT_QUEUE": "default",
+    # The database alias (a key of DATABASES) the queue's tables live on. Not "default": install the router
+    # (DATABASE_ROUTERS = ["queue_app.routers.JobsiteRouter"]); an enqueue then joins a transaction on this alias
+    # only (engine/alias.py).
+    "DATABASE": "default",
     "DEFAULT_LEASE_TIMEOUT": 60.0,  # seconds a reservation stays valid without a heartbeat
     "DEFAULT_MAX_ATTEMPTS": 5,
     "DEDUP_WINDOW": 300.0,  # seconds; SQS FIFO's window

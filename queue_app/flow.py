@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connection
 from django.db.models import Count
 
+from .engine.alias import connection
 from .engine.sql import ITEM, QUEUE
 from .models import QueueItem
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError
 from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -29,6 +29,7 @@ from .datasets import declared_datasets
 from .datasets.openlineage import dropped_count
 from .datasets.status import Staleness, staleness
 from .engine import tracing
+from .engine.alias import atomic, connection
 from .flow import HeldBack, limited_queues
 from .models import HISTORY_STATES, HISTORY_STATES_SQL, ItemHistory, ItemState, Outcome, Worker, WorkerState
 
@@ -305,7 +306,7 @@ def snapshot(window_minutes: int = 15, cap: int = EXACT_UP_TO) -> Snapshot:
     """Every queue's depth by state, oldest due item, in-flight, outcomes over the last `window_minutes`,
     and the live workers: five statements whatever the table sizes (see the SQL above), plus an EXPLAIN per
     depth past the cap."""
-    with transaction.atomic(), connection.cursor() as cur:
+    with atomic(), connection.cursor() as cur:
         # These statements are many cheap index probes that the planner prices high (a recursive CTE, one
         # subquery per queue and state): JIT would compile them for ~1 s to save nothing.
         cur.execute("SET LOCAL jit = off")

@@ -26,6 +26,7 @@ from django.utils.module_loading import import_string
 from . import engine
 from .conf import queue_settings
 from .engine import sql_api
+from .engine.alias import queue_db
 from .engine.errors import QueueError
 from .registries import Registry, origin_of
 
@@ -397,8 +398,10 @@ def registered_tasks() -> dict[str, Task]:
     return _tasks.entries()
 
 
-def publish_declarations(using: str = "default", **_: Any) -> None:
+def publish_declarations(using: str | None = None, **_: Any) -> None:
     """Publish the registered tasks' item defaults (and jobsite's settings) where the SQL API's jobsite_enqueue
     reads them: the database cannot read the @job declarations, so each process that declares tasks writes them
     (after `migrate`: post_migrate; a worker or a deploy step may call it too)."""
+    if using is not None and using != queue_db():  # `migrate --database` of another alias: no table of ours
+        return
     sql_api.publish({name: task.item_defaults() for name, task in _tasks.entries().items()}, using=using)

@@ -32,6 +32,7 @@ from psycopg import sql as psql
 
 from . import engine
 from .conf import queue_settings
+from .engine.alias import queue_db
 from .engine.enqueue import QUEUE_NAME
 from .engine.errors import QueueError, StaleReservation
 from .models import Queue
@@ -159,7 +160,7 @@ def reserve(
     timeout: float = 5.0,
     lease: float = 30.0,
     holder: str | None = None,
-    using: str = "default",
+    using: str | None = None,
 ) -> HeldItem | None:
     """Reserve the next item of `queue` (priority, then due time, then id; FIFO per ordering key, as a worker
     would), waiting up to `timeout` seconds for one (a NOTIFY from an enqueue wakes the wait). Returns a
@@ -173,7 +174,7 @@ def reserve(
     if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
         raise InvalidReservation(f"queue name must match {QUEUE_NAME.pattern}, not {queue!r}")
     holder = _holder(holder)
-    if not Queue.objects.using(using).filter(name=queue).exists():
+    if not Queue.objects.using(queue_db(using)).filter(name=queue).exists():
         raise UnknownQueue(f"no queue named {queue!r} (a queue exists once something was enqueued to it)")
     deadline = time.monotonic() + timeout
     listener: psycopg.Connection | None = None

@@ -19,10 +19,10 @@ from typing import Any
 
 from croniter import croniter
 from django.core.exceptions import ValidationError
-from django.db import connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from .engine.alias import atomic, queue_connection
 from .webhooks.events import publish_event
 
 logger = logging.getLogger("jobsite.scheduler")
@@ -133,7 +133,7 @@ def fire(schedule: Any, fire_at: datetime, *, manual: bool = False) -> Fired | N
     Runs in the caller's transaction: the fire row and the item commit together or not at all."""
     from .models import ScheduleFire
 
-    with connections["default"].cursor() as cur:
+    with queue_connection().cursor() as cur:
         cur.execute(INSERT_FIRE, {"schedule": schedule.pk, "fire_at": fire_at, "manual": manual})
         row = cur.fetchone()
     if row is None:
@@ -192,7 +192,7 @@ def _fire_due(schedule: Any, now: datetime) -> list[Fired]:
     fired = []
     for fire_at in missed_fire_times(schedule, now):
         try:
-            with transaction.atomic():
+            with atomic():
                 one = fire(schedule, fire_at)
         except Exception as exc:  # a broken target must not stop the other schedules
             logger.error("schedule %s: could not fire %s: %s", schedule.name, fire_at, exc)
@@ -216,7 +216,7 @@ def tick(now: datetime | None = None, *, limit: int = 100) -> list[Fired]:
 
     now = now or timezone.now()
     fired: list[Fired] = []
-    with transaction.atomic():
+    with atomic():
         due = list(
             Schedule.objects.select_for_update(skip_locked=True)
             .filter(Q(next_fire_at__lte=now) | Q(next_fire_at__isnull=True, last_error=""), enabled=True)
@@ -235,7 +235,7 @@ def tick(now: datetime | None = None, *, limit: int = 100) -> list[Fired]:
 
 def run_now(schedule: Any) -> Fired | None:
     """Fire the schedule's target at once ("run now" in the admin), recorded as a manual fire."""
-    with transaction.atomic():
+    with atomic():
         return fire(schedule, timezone.now(), manual=True)
 
 
@@ -252,7 +252,7 @@ def set_enabled(pks: Iterable[int], enabled: bool) -> int:
     from .models import Schedule
 
     changed = 0
-    with transaction.atomic():
+    with atomic():
         for schedule in Schedule.objects.select_for_update().filter(pk__in=list(pks)).exclude(enabled=enabled):
             schedule.enabled = enabled
             reschedule(schedule)

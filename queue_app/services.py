@@ -9,7 +9,6 @@ import math
 from collections.abc import Iterable
 from datetime import timedelta
 
-from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -17,6 +16,7 @@ from django.utils.duration import duration_string
 
 from .conf import queue_settings
 from .engine import history, tracing
+from .engine.alias import atomic
 from .engine.db import cursor
 from .engine.enqueue import QUEUE_NAME, ensure_queue, is_group_key
 from .engine.sql import NOTIFY
@@ -50,7 +50,7 @@ def _notify(queues: Iterable[str]) -> None:
 REQUEUE_SPANS = 1_000  # with tracing on, the most requeue spans one requeue makes (the first items')
 
 
-@transaction.atomic
+@atomic
 def requeue_items(item_ids: Iterable[int], *, actor: str = "") -> int:
     """Dead or cancelled items go back to ready with their attempts reset; their attempt history stays and
     their open dead letters are marked requeued (by `actor`). An archived item (engine/history.py) first moves
@@ -106,7 +106,7 @@ def requeue_dead_letters(dead_letter_ids: Iterable[int], *, actor: str = "") -> 
     return requeue_items(list(item_ids), actor=actor)
 
 
-@transaction.atomic
+@atomic
 def retry_now(item_ids: Iterable[int]) -> int:
     """Ready items waiting for their run time or backoff become due now."""
     locked = list(
@@ -121,7 +121,7 @@ def retry_now(item_ids: Iterable[int]) -> int:
     return len(locked)
 
 
-@transaction.atomic
+@atomic
 def cancel_items(item_ids: Iterable[int], *, actor: str = "") -> int:
     """Ready or reserved items become cancelled. A worker holding one finds its reservation stale: its settle
     changes nothing, and its heartbeat tells it to stop the handler.
@@ -182,7 +182,7 @@ def settle_cancelled_run_item(item_id: int, reservation_id: int, error: str) -> 
     return bool(locked)
 
 
-@transaction.atomic
+@atomic
 def pause_queue(name: str, *, actor: str = "") -> int:
     """Stop workers leasing from the queue; items in flight finish normally."""
     changed = Queue.objects.filter(name=name, paused=False).update(paused=True)
@@ -191,7 +191,7 @@ def pause_queue(name: str, *, actor: str = "") -> int:
     return changed
 
 
-@transaction.atomic
+@atomic
 def resume_queue(name: str, *, actor: str = "") -> int:
     changed = Queue.objects.filter(name=name, paused=True).update(paused=False)
     if changed:
@@ -200,7 +200,7 @@ def resume_queue(name: str, *, actor: str = "") -> int:
     return changed
 
 
-@transaction.atomic
+@atomic
 def purge_dead_letters(older_than: timedelta) -> int:
     """Delete items that have been dead for longer than `older_than`, with their dead letters and history."""
     doomed = QueueItem.objects.filter(state=ItemState.DEAD, finished_at__lt=Now() - older_than).values_list(
@@ -292,7 +292,7 @@ def queue_option_errors(**options: object) -> dict[str, str]:
     return errors
 
 
-@transaction.atomic
+@atomic
 def set_queue_options(name: str, **options: object) -> int:
     """Change a queue's settings (concurrency_limit, lease_timeout, max_attempts, retention, and flow control:
     rate_limit with rate_period, group_concurrency, fair, group_weights; priority aging: aging_rate); ValueError
@@ -351,7 +351,7 @@ def configure_queue(name: str, **options: object) -> tuple[bool, int]:
     errors = queue_option_errors(**options)
     if errors:
         set_queue_options(name, **options)  # raises, naming every bad option
-    with transaction.atomic():
+    with atomic():
         created = not Queue.objects.filter(name=name).exists()
         ensure_queue(name)
         changed = set_queue_options(name, **options) if options else 0

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from django.core import checks
-from django.db import connections, transaction
+from django.db import connections
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskContext, TaskError
@@ -32,6 +32,7 @@ from django.utils.module_loading import import_string
 
 from . import engine
 from .conf import queue_settings
+from .engine.alias import on_commit, queue_db
 from .engine.enqueue import QUEUE_NAME
 from .registry import DEFAULT_HARD_TIMEOUT, LEASE_MARGIN, Context, Delivery, Retry, _check_seconds
 from .registry import Task as JobSpec
@@ -159,7 +160,7 @@ class QueueBackend(BaseTaskBackend):
         # Django's own reading of QUEUES: left out, ["default"] (a task for another queue is refused at enqueue
         # with InvalidTask); an explicit empty list accepts any queue name.
         super().__init__(alias, params)
-        self.using_db = self.options.get("DATABASE", "default")
+        self.using_db = self.options.get("DATABASE") or queue_db()
 
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)
@@ -231,9 +232,7 @@ class QueueBackend(BaseTaskBackend):
         if item.duplicate:
             return self.get_result(result.id)
         # "Enqueued" means durable: announce it when the caller's transaction commits.
-        transaction.on_commit(
-            lambda: task_enqueued.send(type(self), task_result=result), using=self.using_db, robust=True
-        )
+        on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=self.using_db, robust=True)
         return result
 
     def get_result(self, result_id: str) -> TaskResult:

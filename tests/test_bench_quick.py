@@ -154,6 +154,13 @@ def test_every_part_reads_finished_work_across_the_archive(manage, tmp_path):
     assert figures["tracing.off"]["detail"]["spans_received_last_round"] == 0
     assert 0 < figures["tracing.on_100"]["detail"]["spans_received_last_round"] <= SMOKE.e2e_jobs
     assert "tracing on, 100% sampled >= 0.9x tracing off" in proc.stdout
+    # Behind PgBouncer against direct (issue 46): both sides drained, and each mode's idle latency measured.
+    for key in ("pooler.e2e_direct", "pooler.e2e_pooled", "pooler.e2e_ratio"):
+        assert (figures[key]["value"] or 0) > 0, (figures[key], proc.stdout[-5000:])
+    for mode in ("direct", "listen", "poll"):
+        p50, p99 = figures[f"pooler.latency_{mode}_p50"], figures[f"pooler.latency_{mode}_p99"]
+        assert 0 < (p50["value"] or 0) <= (p99["value"] or 0), (p50, p99)
+    assert "end-to-end behind PgBouncer >= 0.8x direct" in proc.stdout
 
 
 def _check_ceiling(data: dict, stdout: str, out: Path) -> None:

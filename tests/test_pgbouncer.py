@@ -1,20 +1,14 @@
 """jobsite behind a real PgBouncer in transaction mode (JOBSITE["CONNECTION_POOLER"] = "transaction"), Debian's
 package (installed like the suite's other system packages: jobsite/system_packages.py).
 
-One PgBouncer for the module, on a free loopback port, in front of the test database's server (DATABASE_URL's,
-or the embedded cluster's unix socket), with a small pool so that the
-workers' transactions share server connections. Workers reach the database through it; their LISTEN connection
+One PgBouncer for the module (jobsite/pgbouncer.py), on a free loopback port, in front of the test database's
+server (DATABASE_URL's, or the embedded cluster's unix socket), with a small pool so that the workers'
+transactions share server connections. Workers reach the database through it; their LISTEN connection
 goes past it (LISTEN_DATABASE_URL), or, without one, they poll and say so. Afterwards the pooled server
 connections hold nothing of jobsite's: no advisory lock, no prepared statement, no session setting, no LISTEN.
 """
 
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 from collections import Counter
-from pathlib import Path
 from urllib.parse import urlencode
 
 import psycopg
@@ -22,6 +16,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
+from jobsite import pgbouncer as pgbouncer_tool
 from jobsite import system_packages
 from jobsite.ci import in_ci
 from queue_app.models import ExecutionLog, QueueItem, Worker
@@ -35,12 +30,6 @@ POLL = 0.3
 WORKERS = ("pgb0", "pgb1")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def pgbouncer():
     """A PgBouncer in transaction mode in front of the server; yields its port. Skipped (failed under CI=true)
@@ -51,48 +40,13 @@ def pgbouncer():
         if in_ci():
             pytest.fail(f"CI=true: {why}")
         pytest.skip(why)
-    # Its own directory under /tmp: PgBouncer runs as the server's OS user when the tests run as root (it refuses
-    # root), and pytest's temporary directories are root's alone.
-    here = Path(tempfile.mkdtemp(prefix="jobsite-pgbouncer-"))
-    here.chmod(0o755)
-    port = _free_port()
     server = _server()
-    ini = here / "pgbouncer.ini"
-    ini.write_text(
-        f"""[databases]
-* = host={server["host"]} port={server["port"]} user={server["user"]}
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = {port}
-unix_socket_dir =
-auth_type = any
-pool_mode = transaction
-default_pool_size = {POOL_SIZE}
-max_client_conn = 200
-ignore_startup_parameters = extra_float_digits
-"""
-    )
-    ini.chmod(0o644)
-    command = [system_packages.PGBOUNCER, str(ini)]
-    if os.geteuid() == 0:  # as the OS user that may reach the server: the embedded cluster's socket directory is
-        # its owner's alone (pgserver's cluster runs as `pgserver`)
-        command[1:1] = ["-u", Path(server["host"]).owner() if server["host"].startswith("/") else "postgres"]
-    log = (here / "pgbouncer.log").open("w")  # its stderr: it logs there without a logfile
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
-
-    def accepting() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"pgbouncer exited: {(here / 'pgbouncer.log').read_text()[-2000:]}")
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_for(accepting, timeout=15, what="pgbouncer to listen")
-    yield port
-    proc.terminate()
-    proc.wait(10)
-    log.close()
-    shutil.rmtree(here, ignore_errors=True)
+    try:
+        bouncer = pgbouncer_tool.start(server["host"], server["port"], server["user"], pool_size=POOL_SIZE)
+    except RuntimeError as exc:
+        raise AssertionError(str(exc)) from None
+    yield bouncer.port
+    bouncer.stop()
 
 
 def _server() -> dict[str, str]:

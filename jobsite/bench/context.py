@@ -79,6 +79,9 @@ class BenchContext:
     log_dir: Path
     keep_databases: bool = False
     created: list[str] = field(default_factory=list)
+    # The pooler part's pooler (postgres://host:port, in transaction mode, in front of this server); None: the
+    # part starts a PgBouncer of its own.
+    pooler_dsn: str | None = None
 
     def db_name(self, part: str) -> str:
         return f"{self.db_prefix}_{part}"

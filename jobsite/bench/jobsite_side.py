@@ -136,10 +136,18 @@ def describe(settings: WorkerSettings) -> str:
 
 
 def spawn_workers(
-    ctx: BenchContext, settings: WorkerSettings, db: str, log: str, *, burst: bool
+    ctx: BenchContext,
+    settings: WorkerSettings,
+    db: str,
+    log: str,
+    *,
+    burst: bool,
+    env: dict[str, str] | None = None,
+    extra: list[str] | None = None,
 ) -> list[subprocess.Popen]:
-    """The host's `run_worker` processes (several share the machine's cores and the lease work)."""
-    args, env = worker_args(settings, burst=burst), django_child_env(db)
+    """The host's `run_worker` processes (several share the machine's cores and the lease work); `env`: variables
+    over the scratch database's, `extra`: more run_worker arguments."""
+    args, env = [*worker_args(settings, burst=burst), *(extra or [])], django_child_env(db, **(env or {}))
     return [spawn(args, env=env, log=ctx.log_path(f"{log}-{n}")) for n in range(settings[0])]
 
 
@@ -415,17 +423,22 @@ def measure_latency(
     *,
     suffix: str = "_load",
     share: float = LOAD_SHARE,
+    worker_env: dict[str, str] | None = None,
+    worker_extra: list[str] | None = None,
+    using: str = ALIAS,
 ) -> list[Figure]:
     """Enqueue-to-start: single probe items queued one at a time, each waited for; the handler's start
     (ExecutionLog.executed_at, the database clock) minus the item's created_at. Idle, or while a feeder keeps
     `load_per_s` no-op items a second flowing through the same queue and worker (`share` of the end to end; the
-    figures' keys end in `suffix`: jobsite.latency{suffix}_p50 and _p99)."""
+    figures' keys end in `suffix`: jobsite.latency{suffix}_p50 and _p99). `worker_env` and `worker_extra`: the
+    worker's environment and arguments over the usual; `using`: the alias the items are enqueued on (the pooler
+    part's, through PgBouncer)."""
     queue = queue_settings.DEFAULT_QUEUE
     where = f"under a steady {load_per_s:,.0f} items/s" if load_per_s else "idle"
     suffix = suffix if load_per_s else ""
     _clear_queue(queue)
     log = f"jobsite-latency-{suffix.strip('_') or 'idle'}"
-    procs = spawn_workers(ctx, settings, db, log, burst=False)
+    procs = spawn_workers(ctx, settings, db, log, burst=False, env=worker_env, extra=worker_extra)
     feeder = _Feeder(db, queue, load_per_s) if load_per_s else None
     ids: list[int] = []
     try:
@@ -436,7 +449,7 @@ def measure_latency(
             feeder.start()
             time.sleep(1.0)  # into the steady state
         for n in range(sizes.latency_samples):
-            item = engine.enqueue(PROBE_TASK, {"n": n}, queue=queue, using=ALIAS)
+            item = engine.enqueue(PROBE_TASK, {"n": n}, queue=queue, using=using)
             ids.append(item.id)
             deadline = time.monotonic() + 10
             # The figure comes from the database's clocks, not from this wait; a query every millisecond from

@@ -69,6 +69,22 @@ GOALS = (
     # ... the same goals as the CPU an item costs the worker host (steadier on a loaded machine): 1/0.9, 1/0.97.
     Goal("worker CPU an item, 100% sampled <= 1.11x off", "tracing.cpu_ratio_100", None, "<=", 1.11),
     Goal("worker CPU an item, 1% sampled <= 1.03x off", "tracing.cpu_ratio_1", None, "<=", 1.03),
+    # Behind a connection pooler (issue 46: bench/pooler_side.py, PgBouncer in transaction mode, one run).
+    Goal("end-to-end behind PgBouncer >= 0.8x direct", "pooler.e2e_ratio", None, ">=", 0.8),
+    Goal(
+        "idle enqueue-to-start p50 behind PgBouncer (LISTEN past it) <= 2x direct",
+        "pooler.latency_listen_p50",
+        "pooler.latency_direct_p50",
+        "<=",
+        2.0,
+    ),
+    Goal(
+        "idle enqueue-to-start p99 behind PgBouncer (LISTEN past it) <= 50 ms",
+        "pooler.latency_listen_p99",
+        None,
+        "<=",
+        50.0,
+    ),
 )
 
 # Which ceiling a figure is measured against (jobs/s against the batched lease, rows/s against the insert).

@@ -8,12 +8,23 @@ from pathlib import Path
 
 from queue_app.conf import var_dir as conf_var_dir
 
-from . import ceiling, churn, datasets_side, flow_control, jobsite_side, peers, tracing_side, waits_side, workflow_side
+from . import (
+    ceiling,
+    churn,
+    datasets_side,
+    flow_control,
+    jobsite_side,
+    peers,
+    pooler_side,
+    tracing_side,
+    waits_side,
+    workflow_side,
+)
 from .context import BenchContext, Progress, server_from_django
 from .report import Results, default_json_path, machine_info, table, write_json
 from .sizes import Sizes
 
-PARTS = ("ceiling", "jobsite", "flow", "peers", "workflow", "waits", "datasets", "tracing")
+PARTS = ("ceiling", "jobsite", "flow", "peers", "workflow", "waits", "datasets", "tracing", "pooler")
 TRACEBACK_FRAMES = 4  # the innermost frames of a failed part's traceback kept in the report
 
 
@@ -43,6 +54,7 @@ def run_bench(
     db_prefix: str,
     keep_databases: bool,
     write: Callable[[str], None],
+    pooler_dsn: str | None = None,
 ) -> tuple[Results, Path]:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     ctx = BenchContext(
@@ -51,6 +63,7 @@ def run_bench(
         progress=Progress(write),
         log_dir=var_dir() / "bench" / "logs" / stamp,
         keep_databases=keep_databases,
+        pooler_dsn=pooler_dsn,
     )
     with ctx.server.connect("postgres") as conn:
         version = conn.execute("SHOW server_version").fetchone()[0]
@@ -71,6 +84,7 @@ def run_bench(
         "waits": lambda: waits_side.run(ctx, sizes, results),
         "datasets": lambda: datasets_side.run(ctx, sizes, results),
         "tracing": lambda: tracing_side.run(ctx, sizes, results),
+        "pooler": lambda: pooler_side.run(ctx, sizes, results),
         "churn": lambda: churn.run(ctx, results, minutes=churn_minutes, rate=churn_rate),
     }
     todo = [part for part in PARTS if part in parts] + (["churn"] if churn_minutes else [])

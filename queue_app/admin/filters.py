@@ -5,11 +5,11 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from django.contrib import admin
-from django.db import connection
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from ..engine.alias import connection
 from ..models import HISTORY_STATES_SQL, IdMark, ItemHistory, ItemState, QueueItem
 from ..monitoring import SCHEDULED, SHOWN_STATES
 from ..registry import registered_tasks

@@ -25,6 +25,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from ..datasets.checks_run import blocked_items
+from ..engine.alias import atomic
 from ..spark.forms import param_field
 from ..workflows import WorkflowError, registered_workflows
 from ..workflows import services as workflows
@@ -418,13 +419,12 @@ class WorkflowAdmin(ReadOnlyAdmin):
 
 def _check_backfill(data: dict[str, Any]) -> None:
     """Everything `workflows.backfill` checks, in a transaction rolled back (nothing stays written)."""
-    from django.db import transaction
 
     class _Checked(Exception):
         pass
 
     try:
-        with transaction.atomic():
+        with atomic():
             workflows.backfill(
                 data["job"],
                 data["start"],

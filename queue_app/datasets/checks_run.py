@@ -28,13 +28,13 @@ from typing import Any
 
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
-from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from queue_app import services as queue_services
 from queue_app.conf import queue_settings
 from queue_app.registry import Context, Retry, job
 
+from ..engine.alias import atomic, connection
 from . import quality, triggers
 from .declarations import Dataset, DatasetError, get_dataset
 from .models import USABLE_CHECK_STATES, CheckState, DatasetBlock, DatasetCheckResult, Materialization
@@ -193,7 +193,7 @@ def record_check_result(
     """Store one check's result (once: a repeated call changes nothing) and, when it is the last, settle the
     materialization's checks state; returns that state. DatasetError for a check the materialization has not."""
     figures = _figures(figures)
-    with transaction.atomic():
+    with atomic():
         m = Materialization.objects.select_for_update().filter(id=materialization_id).first()
         if m is None:
             raise DatasetError(f"no materialization {materialization_id}")
@@ -273,7 +273,7 @@ def override_failed_checks(user: Any, materialization: Materialization | int, co
     if not comment:
         raise DatasetError("an override needs a comment saying why")
     pk = materialization.id if isinstance(materialization, Materialization) else materialization
-    with transaction.atomic():
+    with atomic():
         m = Materialization.objects.select_for_update().filter(id=pk).first()
         if m is None:
             raise DatasetError(f"no materialization {pk}")

@@ -35,9 +35,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.core import checks
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import DatabaseError, connections
 
 from ..conf import queue_settings
+from ..engine.alias import connection, on_commit
 from .models import OpenLineageCounter
 
 logger = logging.getLogger(__name__)
@@ -202,7 +203,7 @@ def _submit(event: Any) -> None:
 def emit_on_commit(event: Any) -> None:
     """Send `event` once the current transaction commits (at once outside one); never raises."""
     if event is not None and enabled():
-        transaction.on_commit(lambda: _submit(event))
+        on_commit(lambda: _submit(event))
 
 
 def flush(timeout: float = 5.0) -> bool:

@@ -26,11 +26,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
-
 from queue_app import engine
 from queue_app.registry import registered_tasks
 
+from ..engine.alias import atomic
 from .declarations import DatasetError, get_dataset
 from .locations import LocationError, dataset_roots
 from .producer_params import producer_params
@@ -108,7 +107,7 @@ def record_produced(task: str, produces: Iterable[str], payload: Any, result: An
         files, size = stat_files(path, dataset_roots())
     rows = result.get("rows") if isinstance(result, Mapping) else None
     metadata = {"task": task, "params": payload.get("params") or {}}
-    with transaction.atomic():
+    with atomic():
         record_materialization(
             ds, key, rows=rows if isinstance(rows, int) else None, files=files, bytes=size,
             metadata=metadata, item_id=item_id,

@@ -25,8 +25,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from django.db import connection, transaction
-
+from ..engine.alias import atomic, connection
 from . import checks_run
 from .declarations import Dataset, DatasetError, get_dataset
 from .locations import LocationError, dataset_roots, within_roots
@@ -125,7 +124,7 @@ def record_materialization(
     # the caller's without a savepoint otherwise (as the one statement of a dataset without checks: a failure
     # fails the caller's transaction either way), so its rows carry the caller's transaction id and the settle
     # pays no SAVEPOINT / RELEASE round trips.
-    with transaction.atomic(savepoint=False) if checks else contextlib.nullcontext():
+    with atomic(savepoint=False) if checks else contextlib.nullcontext():
         with connection.cursor() as cursor:
             usable = values["checks"] in USABLE_CHECK_STATES
             cursor.execute(

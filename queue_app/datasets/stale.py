@@ -24,9 +24,9 @@ import datetime as dt
 import json
 import logging
 
-from django.db import connection, transaction
 from django.utils import timezone
 
+from ..engine.alias import atomic, connection
 from ..webhooks.events import publish_event
 from .declarations import declared_datasets
 from .producers import the_producer
@@ -41,7 +41,7 @@ def publish_stale(now: dt.datetime | None = None) -> list[str]:
     of those that ask for it); returns their names."""
     now = now or timezone.now()
     declared = declared_datasets()
-    with transaction.atomic():
+    with atomic():
         stale = {s.name: s for s in staleness(list(declared.values()), now) if s.overdue_since is not None}
         if not stale:
             return []
@@ -71,7 +71,7 @@ def start_producer(s: Staleness, episode_id: int) -> list[str]:
     started, error = [], ""
     reason = f"stale dataset {s.name} (overdue since {s.overdue_since:%Y-%m-%d %H:%M} UTC)"
     try:
-        with transaction.atomic():
+        with atomic():
             started = list(the_producer(s.name).start(s.partition or "", reason))
     except Exception as exc:  # noqa: BLE001 - the episode and its event commit; the row keeps the error
         error = f"{type(exc).__name__}: {exc}"[:2000]

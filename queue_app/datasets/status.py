@@ -19,8 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection
-
+from ..engine.alias import connection
 from .declarations import Dataset
 from .freshness import freshness_state, overdue_since, staleness_seconds
 from .models import CheckState, DatasetCheckResult, Materialization

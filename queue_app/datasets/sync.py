@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.db import connection
-
+from ..engine.alias import connection, queue_db
 from .declarations import declared_datasets
 from .sql import SYNC
 
@@ -31,7 +30,7 @@ def sync_datasets() -> int:
         return cursor.rowcount
 
 
-def sync_after_migrate(sender: Any = None, *, using: str = "default", plan: Any = None, **kwargs: Any) -> None:
+def sync_after_migrate(sender: Any = None, *, using: str | None = None, plan: Any = None, **kwargs: Any) -> None:
     """post_migrate receiver: sync once the datasets' table exists (not on a migration backwards past it)."""
-    if using == "default" and "queue_app_dataset" in connection.introspection.table_names():
+    if using == queue_db() and "queue_app_dataset" in connection.introspection.table_names():
         sync_datasets()

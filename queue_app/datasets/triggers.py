@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.core import checks
-from django.db import connection, transaction
 
 from queue_app import engine
 
+from ..engine.alias import atomic, connection
 from .declarations import DatasetError, get_dataset
 from .refs import DatasetRef, dataset_refs
 from .sql import (
@@ -228,7 +228,7 @@ def _fire(consumer: Consumer, partition: str, upstream: dict[str, int], saving: 
             if consumer.atomic_start:
                 fired.started = list(consumer.start(partition, upstream))
             else:
-                with transaction.atomic():
+                with atomic():
                     fired.started = list(consumer.start(partition, upstream))
         except Exception as exc:  # noqa: BLE001 - the producer's success must commit; the fire keeps the error
             fired.error = f"{type(exc).__name__}: {exc}"[:2000]
@@ -242,7 +242,7 @@ def due_timer(consumer_key: str, partition: str, item_id: int) -> Fired | str | 
     """A debounce timer's item `item_id` came due: in one transaction, fire the pending set if the window has
     passed, queue the timer again at `due_at` if updates pushed it back, or do nothing if the item is not the
     pair's current timer (a re-delivery, or one replaced)."""
-    with transaction.atomic(), connection.cursor() as cursor:
+    with atomic(), connection.cursor() as cursor:
         cursor.execute(TRIGGER_TIMER, [consumer_key, partition])
         row = cursor.fetchone()
         if row is None or row[4] != item_id:

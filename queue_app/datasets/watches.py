@@ -29,10 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, transaction
-
 from queue_app.conf import queue_settings
 
+from ..engine.alias import atomic, connection
 from .declarations import DatasetError, declared_datasets, get_dataset
 from .locations import PLACEHOLDER, dataset_roots, within_roots
 from .models import Materialization
@@ -172,7 +171,7 @@ def check_watches() -> list[Materialization]:
 
 def _observe(w: Watch, key: str, files: list[tuple[str, int, int]]) -> Materialization | None:
     seen = fingerprint(files)
-    with transaction.atomic():
+    with atomic():
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"dataset watch {w.dataset} {key}"])
         last = (

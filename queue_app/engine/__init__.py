@@ -9,7 +9,7 @@ for held in engine.lease(["default"], 10, worker_id="w1"):
 from . import leaders, pooler
 from .db import engine_session_here
 from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue, is_task_name, notify, use_task_defaults
-from .errors import InvalidEnqueue, QueueError, StaleReservation
+from .errors import CrossDatabaseEnqueue, InvalidEnqueue, QueueError, StaleReservation
 from .history import archive, drop_expired_partitions, ensure_partitions, prune_history, within_lock_timeout
 from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, ready_exists, settle_and_lease
 from .maintenance import (
@@ -45,6 +45,7 @@ __all__ = [
     "ALL_QUEUES",
     "PRUNE_BATCH",
     "Enqueued",
+    "CrossDatabaseEnqueue",
     "InvalidEnqueue",
     "Lease",
     "LeaseTerms",

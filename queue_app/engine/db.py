@@ -1,5 +1,5 @@
 """Connection plumbing for the engine: Django's own connection, so engine calls join the caller's
-`transaction.atomic()` and commit or roll back with it.
+`transaction.atomic()` (on the queue's alias, JOBSITE["DATABASE"]: engine/alias.py) and commit or roll back with it.
 
 The engine's statements are long CTEs whose planning costs more than their execution on a small batch (about
 2.5 ms against 1 ms for a lease of one item), so `cursor()` runs them as server-side prepared statements: each
@@ -22,12 +22,12 @@ from array import array
 from typing import Any
 
 import psycopg
-from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from psycopg.adapt import Dumper
 
 from ..conf import queue_settings
 from . import sql
+from .alias import queue_connection
 from .pooler import pooled
 
 TIMESTAMPTZ = psycopg.adapters.types["timestamptz"].oid
@@ -170,9 +170,9 @@ def prepared() -> bool:
     return queue_settings.PREPARED_STATEMENTS and not pooled()
 
 
-def cursor(using: str = "default") -> Any:
+def cursor(using: str | None = None) -> Any:
     """A cursor for the engine's statements: prepared per connection unless prepared() says no."""
-    wrapper = connections[using]
+    wrapper = queue_connection(using)
     if wrapper.vendor == "postgresql" and prepared():
         return PreparedCursor(wrapper)
     return wrapper.cursor()
@@ -183,12 +183,12 @@ def cursor(using: str = "default") -> Any:
 _engine_thread = threading.local()
 
 
-def engine_session_here(using: str = "default") -> None:
+def engine_session_here(using: str | None = None) -> None:
     """Mark the calling thread as one of the worker's own: its connections (the one open now, and each it opens
     later) get the engine's session settings, unless the statements are not prepared (then the settings have
     nothing to act on, and behind a transaction pooler they would leak to other clients)."""
     _engine_thread.pid = os.getpid()
-    wrapper = connections[using]
+    wrapper = queue_connection(using)
     if wrapper.connection is not None:
         _apply_engine_session(wrapper)
 

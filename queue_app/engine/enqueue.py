@@ -12,10 +12,9 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from django.db import transaction
-
 from ..conf import queue_settings
 from . import sql, tracing
+from .alias import atomic, cross_database_guard
 from .db import cursor
 from .errors import InvalidEnqueue
 from .payload import encode_json
@@ -162,7 +161,7 @@ def _params(
     }
 
 
-def notify(queues: Iterable[str], using: str = "default") -> None:
+def notify(queues: Iterable[str], using: str | None = None) -> None:
     """Wake the workers of `queues` (NOTIFY, delivered at commit): an item of theirs became leasable without an
     enqueue (an ordering key unblocked by a settle)."""
     with cursor(using) as cur:
@@ -170,7 +169,7 @@ def notify(queues: Iterable[str], using: str = "default") -> None:
             cur.execute(sql.NOTIFY, {"channel": queue_settings.NOTIFY_CHANNEL, "queue": queue})
 
 
-def ensure_queue(name: str, using: str = "default") -> None:
+def ensure_queue(name: str, using: str | None = None) -> None:
     """Create the queue row with defaults if it does not exist yet. enqueue() and enqueue_many() do this in
     their own statement (sql.ENSURE_QUEUE as a CTE); this is for callers that need the row without an item."""
     with cursor(using) as cur:
@@ -194,10 +193,11 @@ def enqueue(
     debounce_key: str | None = None,
     debounce: float | timedelta | None = None,
     debounce_max: float | timedelta | None = None,
-    using: str = "default",
+    using: str | None = None,
 ) -> Enqueued:
-    """Queue one item. Joins the caller's transaction. With `dedup_key`, a second enqueue of the same key in
-    the same queue within the window returns the first item with `duplicate=True` and writes nothing.
+    """Queue one item. Joins the caller's transaction on the queue's database (CrossDatabaseEnqueue inside one on
+    another alias only: engine/alias.py). With `dedup_key`, a second enqueue of the same key in the same queue
+    within the window returns the first item with `duplicate=True` and writes nothing.
     `group_key` (a tenant or customer id): a fair queue leases its keys in turn, and a queue's group limit caps
     the items of one key in flight (see flow.py). With `debounce_key` and `debounce` (seconds), the enqueues of
     one key collapse into one ready item that runs once the key has been quiet for `debounce` seconds, or
@@ -214,6 +214,7 @@ def enqueue(
         lease_timeout=lease_timeout,
     )
     params["payload"] = encode_json({} if payload is None else payload)
+    cross_database_guard(using)
     if debounce_key is not None or debounce is not None or debounce_max is not None:
         if dedup_key is not None:
             raise InvalidEnqueue("give dedup_key (keep the first) or debounce_key (keep the latest), not both")
@@ -245,7 +246,7 @@ def _write_one(params: dict[str, Any], task: str, dedup_key: str | None, using: 
             row = cur.fetchone()
         return Enqueued(row[0], params["queue"], task, row[1], duplicate=False, created_at=row[2])
     while True:
-        with transaction.atomic(using=using), cursor(using) as cur:
+        with atomic(using), cursor(using) as cur:
             cur.execute(sql.ENQUEUE_DEDUP if "trace_context" not in params else sql.ENQUEUE_DEDUP_TRACED, params)
             row = cur.fetchone()
             if row is not None:
@@ -309,7 +310,7 @@ def enqueue_many(
     group_key: str | None = None,
     max_attempts: int | None = None,
     lease_timeout: float | None = None,
-    using: str = "default",
+    using: str | None = None,
 ) -> list[int]:
     """Queue many items of one task with COPY; all payloads are validated before anything is written.
     Returns the new item ids in payload order. Dedup keys are per item: use enqueue() for those."""
@@ -327,6 +328,7 @@ def enqueue_many(
     encoded = [encode_json({} if p is None else p) for p in payloads]
     if not encoded:
         return []
+    cross_database_guard(using)
     if tracing.enabled:  # one producer span for the batch, linked to the items' own traces (tracing.bulk_items)
         with tracing.producer(task, params["queue"], len(encoded)) as span:
             contexts = partial(tracing.bulk_items, span, task, params["queue"])
@@ -343,7 +345,7 @@ def _copy_many(
     using: str,
 ) -> list[int]:
     """COPY the items in. `contexts(ids)`: the trace context each item stores (tracing on), else none."""
-    with transaction.atomic(using=using), cursor(using) as cur:
+    with atomic(using), cursor(using) as cur:
         cur.execute(
             sql.ALLOCATE_IDS,
             {"n": len(encoded), "queue": params["queue"], "group_key": params["group_key"], **_queue_defaults()},

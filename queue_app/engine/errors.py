@@ -28,3 +28,8 @@ class StaleReservation(QueueError):
             f"cannot {action} item {item_id}: reservation {reservation_id} is no longer current "
             "(lease expired and taken again, item cancelled, or already settled); nothing changed"
         )
+
+
+class CrossDatabaseEnqueue(InvalidEnqueue):
+    """enqueue() was called inside a transaction on another database alias than the queue's (JOBSITE["DATABASE"])
+    and none on the queue's: the item could not commit or roll back with that transaction; nothing was written."""

@@ -18,11 +18,12 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError
 from psycopg import sql as psql
 
 from ..conf import queue_settings
 from . import sql
+from .alias import atomic, queue_connection
 from .db import cursor
 
 PARTITIONS_AHEAD = 2  # days of partitions created ahead of today
@@ -33,14 +34,14 @@ DDL_LOCK_TIMEOUT = "2s"  # a partition's CREATE or DROP waits this long for read
 logger = logging.getLogger("jobsite.worker")
 
 
-def within_lock_timeout(step: Callable[[], int], what: str, *, using: str = "default") -> int:
+def within_lock_timeout(step: Callable[[], int], what: str, *, using: str | None = None) -> int:
     """Run one history step with lock_timeout set: creating or dropping a partition needs the history's parent
     tables to itself for a moment, and waiting behind a long reader would queue every later reader and writer
     behind it. The parents are never held one while waiting for the other (a DDL that did could deadlock with a
     reader of both, migration 0041); a lock not granted in time leaves the step to the next round: 0 done, said
     in the log."""
     try:
-        with transaction.atomic(using=using), connections[using].cursor() as cur:
+        with atomic(using), queue_connection(using).cursor() as cur:
             cur.execute("SELECT set_config('lock_timeout', %s, true)", [DDL_LOCK_TIMEOUT])
             return step()
     except DatabaseError as exc:
@@ -48,7 +49,7 @@ def within_lock_timeout(step: Callable[[], int], what: str, *, using: str = "def
         return 0
 
 
-def archive(limit: int = 10_000, *, grace: float | None = None, using: str = "default") -> int:
+def archive(limit: int = 10_000, *, grace: float | None = None, using: str | None = None) -> int:
     """Move up to `limit` finished items (done or cancelled, finished more than `grace` seconds ago, default
     ARCHIVE_AFTER, without a dead letter) and their reservations into the history tables. Returns how many items
     moved. Call inside a transaction: the pick locks the rows the move then takes."""
@@ -64,20 +65,20 @@ def archive(limit: int = 10_000, *, grace: float | None = None, using: str = "de
         return cur.rowcount
 
 
-def restore(item_ids: list[int], *, using: str = "default") -> list[int]:
+def restore(item_ids: list[int], *, using: str | None = None) -> list[int]:
     """Archived dead or cancelled items back into the hot tables with their reservations (a requeue's first
     step). Returns the ids moved back."""
     if not item_ids:
         return []
     # Django's own cursor, not a prepared one: planned for these ids (an admin action, not the hot path), where
     # a generic plan may guess at the partitions' sizes.
-    with connections[using].cursor() as cur:
+    with queue_connection(using).cursor() as cur:
         cur.execute(sql.RESTORE_ITEMS, {"ids": list(item_ids)})
         return [row[0] for row in cur.fetchall()]
 
 
 def ensure_partitions(
-    days_ahead: int = PARTITIONS_AHEAD, *, today: dt.date | None = None, using: str = "default"
+    days_ahead: int = PARTITIONS_AHEAD, *, today: dt.date | None = None, using: str | None = None
 ) -> int:
     """Create the partitions of today and the next `days_ahead` UTC days where missing; returns how many days."""
     today = today or dt.datetime.now(dt.UTC).date()
@@ -87,21 +88,21 @@ def ensure_partitions(
         return cur.fetchone()[0]
 
 
-def partitions(*, using: str = "default") -> list[tuple[str, dt.date]]:
+def partitions(*, using: str | None = None) -> list[tuple[str, dt.date]]:
     """(table, UTC day) of every history partition, oldest first."""
     with cursor(using) as cur:
         cur.execute(sql.HISTORY_PARTITIONS)
         return cur.fetchall()
 
 
-def retentions(*, using: str = "default") -> dict[str, float]:
+def retentions(*, using: str | None = None) -> dict[str, float]:
     """Seconds each queue keeps its finished items."""
     with cursor(using) as cur:
         cur.execute(sql.RETENTIONS)
         return {name: float(seconds) for name, seconds in cur.fetchall()}
 
 
-def drop_expired_partitions(*, now: dt.datetime | None = None, using: str = "default") -> list[str]:
+def drop_expired_partitions(*, now: dt.datetime | None = None, using: str | None = None) -> list[str]:
     """Drop the partitions of every UTC day that ended more than the longest queue retention ago (with no queue,
     the default retention). Returns the tables dropped. Both parents are locked first, never one while waiting
     for the other (migration 0041: queue_app_lock_history, up to 2 s, then lock_not_available); waits are bounded
@@ -116,9 +117,9 @@ def drop_expired_partitions(*, now: dt.datetime | None = None, using: str = "def
     ]
     if not expired:
         return []
-    wrapper = connections[using]
+    wrapper = queue_connection(using)
     # DDL: not a statement PostgreSQL can prepare. The lock lasts until the caller's transaction ends, or this one.
-    with transaction.atomic(using=using), wrapper.cursor() as cur:
+    with atomic(using), wrapper.cursor() as cur:
         cur.execute(sql.LOCK_HISTORY_PARENTS)  # both parents, never one while waiting for the other (sql.py)
         for table in expired:
             cur.execute(psql.SQL(sql.DROP_PARTITION).format(table=psql.Identifier(table)).as_string(wrapper.connection))
@@ -133,13 +134,13 @@ def pruned_by_rows(kept: dict[str, float]) -> dict[str, float]:
     return {queue: seconds for queue, seconds in kept.items() if seconds < longest or seconds < PARTITION_SPAN}
 
 
-def prune_history(limit: int = 10_000, *, using: str = "default") -> int:
+def prune_history(limit: int = 10_000, *, using: str | None = None) -> int:
     """Delete archived items (and their reservations) older than their queue's retention, for the queues
     `pruned_by_rows` names (the rest goes by partition drop). At most `limit` per queue."""
     deleted = 0
     # Django's own cursor: planned for this queue and moment (which partitions, how many of its rows), not a
     # generic plan that may have been made on an empty partition; a maintenance statement, not the hot path.
-    with connections[using].cursor() as cur:
+    with queue_connection(using).cursor() as cur:
         for queue, seconds in pruned_by_rows(retentions(using=using)).items():
             cur.execute(sql.PRUNE_HISTORY, {"queue": queue, "retention": seconds, "limit": limit})
             deleted += cur.fetchone()[0]

@@ -45,7 +45,7 @@ def take(
     *,
     seconds: float | None = None,
     conn: psycopg.Connection | None = None,
-    using: str = "default",
+    using: str | None = None,
 ) -> bool:
     """Take `duty` for `holder` (or renew it when held already) unless another holds it unexpired. On `conn`
     (a psycopg connection in autocommit) or Django's connection `using`."""
@@ -53,13 +53,13 @@ def take(
     return bool(_run(sql.TAKE_LEADER, params, conn, using))
 
 
-def renew(holder: str, *, using: str = "default") -> set[str]:
+def renew(holder: str, *, using: str | None = None) -> set[str]:
     """Every duty `holder` holds runs on for another ttl(); returns those duties."""
     return {row[0] for row in _run(sql.RENEW_LEADERS, {"holder": holder, "ttl": ttl()}, None, using)}
 
 
 def release(
-    holder: str, duty: str | None = None, *, conn: psycopg.Connection | None = None, using: str = "default"
+    holder: str, duty: str | None = None, *, conn: psycopg.Connection | None = None, using: str | None = None
 ) -> None:
     """Hand `duty` back (None: every duty of `holder`)."""
     statement = sql.RELEASE_LEADER
@@ -70,7 +70,7 @@ def release(
         cur.execute(statement, {"holder": holder, "duty": duty})
 
 
-def leader_of(duty: str, *, using: str = "default") -> tuple[str, datetime] | None:
+def leader_of(duty: str, *, using: str | None = None) -> tuple[str, datetime] | None:
     """Who holds `duty` and until when (an expired row included), or None."""
     rows = _run(sql.LEADER_OF, {"duty": duty}, None, using)
     return rows[0] if rows else None

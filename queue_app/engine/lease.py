@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from django.db import connections, transaction
-
 from . import sql
+from .alias import atomic, queue_connection
 from .db import Int8Array, JsonbArray, cursor
 from .payload import decode_json, encode_json
 from .settle import Held
@@ -96,7 +95,7 @@ def _lease_flow_controlled(
     for name in queues:
         if len(leases) >= n:
             break
-        with transaction.atomic(using=using):
+        with atomic(using):
             cur.execute(sql.LOCK_FLOW_QUEUE, {"queue": name})
             locked = cur.fetchone()
             if locked is None:  # paused, or no flow control any more, since we looked
@@ -139,7 +138,7 @@ def _lease_flow_controlled(
 def _own_transaction(using: str) -> bool:
     """Whether a statement run now on `using` commits by itself (autocommit, no caller's transaction open):
     then the lease may commit without waiting for the WAL flush (see sql.SETTLE_AND_LEASE)."""
-    wrapper = connections[using]
+    wrapper = queue_connection(using)
     return not wrapper.in_atomic_block and wrapper.get_autocommit()
 
 
@@ -152,7 +151,7 @@ def settle_and_lease(
     *,
     terms: Terms | None = None,
     traced: bool = False,
-    using: str = "default",
+    using: str | None = None,
 ) -> SettledAndLeased:
     """Complete `done` (held, result) pairs and reserve up to `n` items from `queues` (None or ALL_QUEUES:
     every queue) for `worker_id`, in one statement; queues under flow control (concurrency, rate or group
@@ -200,7 +199,7 @@ def lease(
     *,
     terms: Terms | None = None,
     traced: bool = False,
-    using: str = "default",
+    using: str | None = None,
 ) -> list[Lease]:
     """Reserve up to `n` items from `queues` (None or ALL_QUEUES: every queue) for `worker_id`.
 
@@ -214,7 +213,7 @@ def lease(
     return settle_and_lease((), queues, n, worker_id, lease_timeout, terms=terms, traced=traced, using=using).leases
 
 
-def ready_exists(queues: Sequence[str] | None, *, using: str = "default") -> bool:
+def ready_exists(queues: Sequence[str] | None, *, using: str | None = None) -> bool:
     """Whether any item of `queues` (None or ALL_QUEUES: every queue; paused ones never) is ready now, whether
     a lease could take it or it is held back (an ordering key, a rate, concurrency or group limit): what a
     `--burst` worker waits for. Delayed items and retries backing off are not ready."""

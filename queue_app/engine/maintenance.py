@@ -13,13 +13,14 @@ from psycopg import sql as psql
 from ..conf import queue_settings
 from . import leaders, sql
 from .db import cursor
+from .pooler import pooled
 from .workers import dedicated_connection
 
 # Every lease, settle and prune leaves dead rows in these; the rest of the schema changes slowly.
 HOT_TABLES = (sql.ITEM, sql.RESERVATION, sql.DEDUP, sql.DEAD_LETTER)
 
 
-def rescue_expired(limit: int = 1000, *, lost_after: float | None = None, using: str = "default") -> tuple[int, int]:
+def rescue_expired(limit: int = 1000, *, lost_after: float | None = None, using: str | None = None) -> tuple[int, int]:
     """Expired leases, and leases of workers silent for `lost_after` seconds (default WORKER_LOST_AFTER), go
     back to ready (attempt counted) or, on their last attempt, to the dead letters. Returns (rescued, dead)."""
     if lost_after is None:
@@ -30,20 +31,20 @@ def rescue_expired(limit: int = 1000, *, lost_after: float | None = None, using:
     return rescued, died
 
 
-def prune_done(limit: int = 10_000, *, using: str = "default") -> int:
+def prune_done(limit: int = 10_000, *, using: str | None = None) -> int:
     """Delete done items older than their queue's retention (their reservations go with them)."""
     with cursor(using) as cur:
         cur.execute(sql.PRUNE_DONE, {"limit": limit})
         return cur.rowcount
 
 
-def prune_dedup_claims(*, using: str = "default") -> int:
+def prune_dedup_claims(*, using: str | None = None) -> int:
     with cursor(using) as cur:
         cur.execute(sql.PRUNE_DEDUP)
         return cur.rowcount
 
 
-def bloated_tables(min_dead: int = 20_000, share: float = 0.1, *, using: str = "default") -> list[str]:
+def bloated_tables(min_dead: int = 20_000, share: float = 0.1, *, using: str | None = None) -> list[str]:
     """The hot tables, and history partitions, with more than `min_dead` dead rows and more than `share` of their
     live rows dead."""
     with cursor(using) as cur:
@@ -52,7 +53,7 @@ def bloated_tables(min_dead: int = 20_000, share: float = 0.1, *, using: str = "
 
 
 def stale_statistics(
-    growth: int = 4, min_rows: int = 1_000, min_pages: int = 16, every: float = 60.0, *, using: str = "default"
+    growth: int = 4, min_rows: int = 1_000, min_pages: int = 16, every: float = 60.0, *, using: str | None = None
 ) -> list[str]:
     """The hot tables grown past `growth` times what their statistics say, or whose rows have all changed since
     their last ANALYZE, that one more than `every` seconds ago (see sql.STALE_STATISTICS)."""
@@ -63,7 +64,7 @@ def stale_statistics(
         return [row[0] for row in cur.fetchall()]
 
 
-def analyze(tables: list[str], *, holder: str | None = None, using: str = "default") -> dict[str, float] | None:
+def analyze(tables: list[str], *, holder: str | None = None, using: str | None = None) -> dict[str, float] | None:
     """ANALYZE each table, skipping one another ANALYZE or an autovacuum holds (it brings them up to date itself).
     The new statistics make every session plan its statements on that table again. Returns the seconds each
     took, or None when another worker's VACUUM or ANALYZE was running (see _each). On a connection of its own,
@@ -71,7 +72,7 @@ def analyze(tables: list[str], *, holder: str | None = None, using: str = "defau
     return _each(sql.ANALYZE, tables, using, holder)
 
 
-def vacuum(tables: list[str], *, holder: str | None = None, using: str = "default") -> dict[str, float] | None:
+def vacuum(tables: list[str], *, holder: str | None = None, using: str | None = None) -> dict[str, float] | None:
     """VACUUM each table on a connection of its own (VACUUM cannot run in a transaction), skipping a table
     another VACUUM holds. Returns the seconds each took, or None when another worker's VACUUM or ANALYZE was
     running (see _each). Queue tables churn: the server's autovacuum may be off (it is on some CI servers),
@@ -93,6 +94,11 @@ def _each(statement: str, tables: list[str], using: str, holder: str | None) -> 
     with dedicated_connection(using=using) as conn:
         if not leaders.take(leaders.TABLE_MAINTENANCE, holder, conn=conn):
             return None
+        if not pooled():
+            # A VACUUM of a big table may outlast the role's statement_timeout (an operator's 5 s), and it cannot
+            # run in a transaction for a SET LOCAL: no limit on this connection of its own, closed at the end.
+            # Behind a transaction pooler a SET would stay on the server connection: the role's limit applies.
+            conn.execute("SET statement_timeout = 0")
         try:
             for table in tables:
                 if took and not leaders.take(leaders.TABLE_MAINTENANCE, holder, conn=conn):

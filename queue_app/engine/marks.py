@@ -23,7 +23,7 @@ from .db import cursor
 KEEP = 8 * 86_400.0  # seconds of marks kept: the longest admin window (7 days) and a day
 
 
-def take_mark(*, spacing: float = 0.0, keep: float = KEEP, using: str = "default") -> tuple[int, int]:
+def take_mark(*, spacing: float = 0.0, keep: float = KEEP, using: str | None = None) -> tuple[int, int]:
     """Record where the id sequences stand now, unless a mark was taken in the last `spacing` seconds (another
     worker's), and forget marks older than `keep` seconds; returns (marks taken, marks forgotten)."""
     with cursor(using) as cur:

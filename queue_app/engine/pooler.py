@@ -13,6 +13,7 @@ import psycopg
 from django.core import checks
 
 from ..conf import queue_settings
+from .alias import queue_connection
 
 MODES = (None, "", "transaction")  # "": the environment variable set empty
 
@@ -34,12 +35,11 @@ def wakeup_mode() -> str:
     return "poll" if pooled() and listen_url() is None else "listen"
 
 
-def port_differs(using: str = "default") -> tuple[int, int] | None:
+def port_differs(using: str | None = None) -> tuple[int, int] | None:
     """(the port connected to, the port the server listens on) when they differ: a pooler or a proxy likely sits
     in between (PgBouncer on 6432 in front of 5432). None when they agree or it cannot be told (a Unix socket)."""
-    from django.db import connections
 
-    wrapper = connections[using]
+    wrapper = queue_connection(using)
     with wrapper.cursor() as cur:
         cur.execute("SELECT inet_server_port()")
         server = cur.fetchone()[0]

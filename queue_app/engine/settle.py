@@ -23,7 +23,7 @@ class Held(Protocol):
     attempt: int
 
 
-def complete_many(done: Iterable[tuple[Held, Any]], *, using: str = "default") -> list[Held]:
+def complete_many(done: Iterable[tuple[Held, Any]], *, using: str | None = None) -> list[Held]:
     """Mark items done with their results in one statement. Returns the leases that were stale (unchanged).
     Results must be JSON (InvalidResult otherwise, raised before anything is written)."""
     pairs = list(done)
@@ -46,7 +46,7 @@ def complete_many(done: Iterable[tuple[Held, Any]], *, using: str = "default") -
     return [h for h, _ in pairs if h.reservation_id not in settled]
 
 
-def complete(held: Held, result: Any = None, *, using: str = "default") -> None:
+def complete(held: Held, result: Any = None, *, using: str | None = None) -> None:
     if complete_many([(held, result)], using=using):
         raise StaleReservation(held.reservation_id, held.item_id, "complete")
 
@@ -97,7 +97,7 @@ def fail(
     traceback: str = "",
     retry_in: float | None = None,
     timed_out: bool = False,
-    using: str = "default",
+    using: str | None = None,
 ) -> str:
     """Record a failed attempt. With attempts left the item goes back to ready after `retry_in` seconds
     (default: exponential backoff with jitter); otherwise it becomes a dead letter. Returns "retry" or "dead"."""
@@ -121,7 +121,7 @@ def dead(
     *,
     traceback: str = "",
     timed_out: bool = False,
-    using: str = "default",
+    using: str | None = None,
 ) -> None:
     """Send the item straight to the dead letters (poison: unknown task, undecodable payload; a failed
     at-most-once run), whatever its attempts."""
@@ -138,7 +138,7 @@ def dead(
     )
 
 
-def start_at_most_once(held: Sequence[Held], *, using: str = "default") -> list[Held]:
+def start_at_most_once(held: Sequence[Held], *, using: str | None = None) -> list[Held]:
     """Record durably that the at-most-once handlers of `held` start now (sql.START_AT_MOST_ONCE): from here on
     none is delivered again, and one whose lease lapses becomes a dead letter saying its worker stopped mid-run.
     Returns the stale ones (no longer current, or past their lease deadline): their handlers must not run.
@@ -154,7 +154,7 @@ def start_at_most_once(held: Sequence[Held], *, using: str = "default") -> list[
     return [h for h in held if h.reservation_id not in started]
 
 
-def extend_many(held: Sequence[Held], seconds: float, *, using: str = "default") -> dict[int, datetime]:
+def extend_many(held: Sequence[Held], seconds: float, *, using: str | None = None) -> dict[int, datetime]:
     """Push the lease deadline of each current reservation to now + seconds (heartbeat). Returns
     {reservation_id: new deadline} for those still current; a missing id means that reservation is stale."""
     if not held:
@@ -171,14 +171,14 @@ def extend_many(held: Sequence[Held], seconds: float, *, using: str = "default")
         return dict(cur.fetchall())
 
 
-def extend(held: Held, seconds: float, *, using: str = "default") -> datetime:
+def extend(held: Held, seconds: float, *, using: str | None = None) -> datetime:
     deadline = extend_many([held], seconds, using=using).get(held.reservation_id)
     if deadline is None:
         raise StaleReservation(held.reservation_id, held.item_id, "extend")
     return deadline
 
 
-def release(held: Held, *, delay: float = 0.0, using: str = "default") -> None:
+def release(held: Held, *, delay: float = 0.0, using: str | None = None) -> None:
     """Hand the item back to the queue without spending the attempt (the handler never ran)."""
     with cursor(using) as cur:
         cur.execute(

@@ -323,7 +323,7 @@ ON CONFLICT (name) DO UPDATE SET queue = EXCLUDED.queue, max_attempts = EXCLUDED
 """
 
 
-def publish(declarations: Mapping[str, Mapping[str, Any]], using: str = "default") -> None:
+def publish(declarations: Mapping[str, Mapping[str, Any]], using: str | None = None) -> None:
     """Write jobsite's settings and `declarations` (task name -> its item defaults, registry.item_defaults's
     shape) where jobsite_enqueue reads them. Nothing when the database has no SQL API (migrated back before it)."""
     rows = sorted(declarations.items())

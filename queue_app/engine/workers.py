@@ -11,9 +11,9 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from django.db import connections
 
 from . import pooler, sql
+from .alias import queue_connection
 from .db import Int8Array, cursor
 from .settle import Held
 
@@ -33,7 +33,7 @@ class WorkerRow:
     started_at: datetime
 
 
-def save_worker(row: WorkerRow, state: str, stats: dict[str, Any], *, using: str = "default") -> None:
+def save_worker(row: WorkerRow, state: str, stats: dict[str, Any], *, using: str | None = None) -> None:
     """Register the worker, or heartbeat it (last_heartbeat = now) with its state and stats."""
     with cursor(using) as cur:
         cur.execute(
@@ -51,14 +51,14 @@ def save_worker(row: WorkerRow, state: str, stats: dict[str, Any], *, using: str
         )
 
 
-def connection_room(*, using: str = "default") -> int:
+def connection_room(*, using: str | None = None) -> int:
     """How many more connections this database role may open on the server now (others may take them first)."""
     with cursor(using) as cur:
         cur.execute(sql.CONNECTION_ROOM)
         return int(cur.fetchone()[0])
 
 
-def sweep_workers(lost_after: float, forget_after: float, *, using: str = "default") -> tuple[int, int]:
+def sweep_workers(lost_after: float, forget_after: float, *, using: str | None = None) -> tuple[int, int]:
     """Mark workers silent for `lost_after` seconds stopped and delete rows silent for `forget_after`.
     Returns (marked stopped, deleted)."""
     with cursor(using) as cur:
@@ -78,7 +78,7 @@ class LeaseTerms:
 
 
 def renew_leases(
-    terms: Sequence[LeaseTerms], *, keep_longer: bool, tolerance: float = 0.0, using: str = "default"
+    terms: Sequence[LeaseTerms], *, keep_longer: bool, tolerance: float = 0.0, using: str | None = None
 ) -> dict[int, datetime | None]:
     """Set each held item's lease to now + its terms (see sql.RENEW_LEASES). Returns {reservation_id: new
     deadline, or None when not rewritten (already right, or locked by its transactional handler)} for the
@@ -100,7 +100,7 @@ def renew_leases(
         return dict(cur.fetchall())
 
 
-def lock_reserved(held: Held, *, using: str = "default") -> bool:
+def lock_reserved(held: Held, *, using: str | None = None) -> bool:
     """Inside the caller's transaction, lock the item's row if `held` is still its current reservation.
     False means the reservation is stale and the handler must not run."""
     with cursor(using) as cur:
@@ -108,7 +108,7 @@ def lock_reserved(held: Held, *, using: str = "default") -> bool:
         return cur.fetchone() is not None
 
 
-def try_maintenance_lock(unit: str, *, using: str = "default") -> bool:
+def try_maintenance_lock(unit: str, *, using: str | None = None) -> bool:
     """Inside the caller's transaction, take the advisory lock of maintenance unit `unit` if no other worker
     holds it. Released at commit or rollback."""
     with cursor(using) as cur:
@@ -116,13 +116,13 @@ def try_maintenance_lock(unit: str, *, using: str = "default") -> bool:
         return bool(cur.fetchone()[0])
 
 
-def dedicated_connection(*, using: str = "default") -> psycopg.Connection:
+def dedicated_connection(*, using: str | None = None) -> psycopg.Connection:
     """A new autocommit psycopg connection with Django's parameters for `using` (prepare_threshold None: nothing
     prepared), outside Django's connection handling: for writes that must not join (or roll back with) the
     current transaction, and for statements that cannot run in one (VACUUM)."""
-    return psycopg.connect(**connections[using].get_connection_params(), autocommit=True)
+    return psycopg.connect(**queue_connection(using).get_connection_params(), autocommit=True)
 
 
-def listen_connection(*, using: str = "default") -> psycopg.Connection:
+def listen_connection(*, using: str | None = None) -> psycopg.Connection:
     """The worker's LISTEN connection (autocommit): from LISTEN_DATABASE_URL, past a pooler, when it is set."""
-    return pooler.listen_connection(connections[using].get_connection_params())
+    return pooler.listen_connection(queue_connection(using).get_connection_params())

@@ -18,9 +18,9 @@ import time
 from typing import Any
 
 import psycopg
-from django.db import connection
 
 from .. import engine
+from ..engine.alias import connection
 from ..registry import ChunkItem, ChunkPolicy, Context, Delivery, ItemRetry, job
 
 

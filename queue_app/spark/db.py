@@ -74,11 +74,12 @@ class PostgresSource:
         return kwargs
 
 
-def postgres_source(alias: str = "default") -> PostgresSource:
-    """Where Django's database `alias` is, as its backend would connect (starts the embedded one if needed)."""
-    from django.db import connections
+def postgres_source(alias: str | None = None) -> PostgresSource:
+    """Where Django's database `alias` is (the queue's, JOBSITE["DATABASE"], by default), as its backend would
+    connect (starts the embedded one if needed)."""
+    from queue_app.engine.alias import queue_connection
 
-    params = connections[alias].get_connection_params()
+    params = queue_connection(alias).get_connection_params()
     return PostgresSource(
         host=str(params.get("host") or ""),
         port=int(params.get("port") or 5432),

@@ -24,7 +24,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.db import connection, transaction
 from django.db.models import Q
 
 from queue_app.datasets.declarations import DatasetError, get_dataset
@@ -37,6 +36,7 @@ from queue_app.engine.errors import InvalidEnqueue
 from queue_app.models import ItemState, QueueItem
 from queue_app.registry import UnknownTask
 
+from ..engine.alias import atomic, connection
 from .models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
 from .registry import SparkJob, SparkJobError, all_jobs
 from .runs import trigger_run
@@ -109,7 +109,7 @@ def materialize(
     items: list[int] = []
     reason = requested_by or f"materialize {name}"
     try:
-        with transaction.atomic():
+        with atomic():
             if isinstance(producer, Producer):
                 for key in keys:
                     items += [int(ref.split(":")[1]) for ref in producer.start(key, reason, params)]

@@ -33,13 +33,13 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from .. import engine, services
 from ..conf import queue_settings
 from ..datasets import checks_run
 from ..engine import tracing
+from ..engine.alias import atomic
 from ..logcontext import log_context
 from ..registry import Context, Retry, Settled, job
 from . import eventlog
@@ -126,7 +126,7 @@ def trigger_run(
     policy = policy_for(spark_job)
     seconds = check_timeout(job, timeout if timeout not in (None, "") else policy.timeout)
     trigger = SparkTrigger(trigger).value
-    with transaction.atomic():
+    with atomic():
         run = SparkRun.objects.create(
             job=spark_job.name,
             params=spark_job.dump_params(values),
@@ -147,7 +147,7 @@ def cancel_run(run_id: int, *, actor: str) -> bool:
     """Ask a run to stop: its item is cancelled (services.cancel_items), which cancels a run not started yet at
     once (with its queue item) and moves a starting or running one to `cancelling`, whose handler stops the
     child. False when there is nothing to cancel."""
-    with transaction.atomic():
+    with atomic():
         run = SparkRun.objects.select_for_update().filter(id=run_id).first()
         if run is None or run.state in SPARK_FINAL_STATES or run.state == SparkRunState.CANCELLING:
             return False
@@ -348,7 +348,7 @@ class RunReporter:
 
 def _claim(run_id: int, ctx: Context) -> SparkRun | None:
     """Lock the row and mark this attempt `starting`; None when the run must not start (final or cancelled)."""
-    with transaction.atomic():
+    with atomic():
         run = SparkRun.objects.select_for_update().filter(id=run_id).first()
         if run is None:
             logger.warning("spark run %s does not exist (item %s): nothing to do", run_id, ctx.item_id)
@@ -390,7 +390,7 @@ def _blocked(run_id: int, ctx: Context) -> dict[str, Any] | None:
     reads = consumed_reads(spark_job, run.params)
     found = checks_run.unusable(reads)
     if found:
-        with transaction.atomic():
+        with atomic():
             # Read again under the materializations' locks, the rows written with their reasons: a release that
             # committed meanwhile is seen now (a new materialization's record committing later misses these rows:
             # the item checks again after checks_run.park_recheck()); a check result waits for this transaction,
@@ -424,7 +424,7 @@ def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Con
             outputs = output_figures(spark_job, run.params, run.id, result.app_id)
         except SparkParamError as exc:  # its datasets' declarations changed since it was triggered
             logger.error("spark run %s succeeded but its materializations cannot be recorded: %s", run.id, exc)
-    with transaction.atomic():
+    with atomic():
         row = SparkRun.objects.select_for_update().filter(id=run.id, attempt=ctx.attempt).first()
         if row is None or row.state in SPARK_FINAL_STATES:
             return (row.state if row else "gone"), None

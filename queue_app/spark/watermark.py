@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.db import connection
+from ..engine.alias import connection
 
 ADVANCE = """
 INSERT INTO queue_app_sparkwatermark (name, value, as_of, run_id, updated_at)

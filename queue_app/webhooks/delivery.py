@@ -17,12 +17,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.dispatch import receiver
 
 from .. import engine
 from ..conf import queue_settings
+from ..engine.alias import atomic, connection
 from ..engine.errors import StaleReservation
 from ..registry import Context, Delivery, Retry, Settled, job
 from ..workflows.models import Workflow
@@ -146,7 +146,7 @@ def _record(delivery: WebhookDelivery, ctx: Context, result: sender.AttemptResul
         cur.execute(_RECORD_ATTEMPT, params)
         failing_too_long = cur.fetchone()[0]
     if failing_too_long:
-        with transaction.atomic():
+        with atomic():
             _disable_if_failing_too_long(delivery.endpoint_id)
 
 
@@ -187,7 +187,7 @@ def deliver(payload: Any, ctx: Context) -> dict[str, Any] | Settled:
     )
     done = {"status_code": result.status_code}
     if result.ok:  # the attempt's record (delivered_at) and the item's settle (the delivery's state) in one commit
-        with transaction.atomic():
+        with atomic():
             _record(delivery, ctx, result)
             if engine.lock_reserved(ctx):
                 engine.complete(ctx, done)

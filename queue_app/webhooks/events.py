@@ -11,8 +11,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import transaction
-
+from ..engine.alias import atomic
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
 from .models import WebhookDelivery, WebhookEndpoint
@@ -93,7 +92,7 @@ def publish_event(event_type: str, data: Any = None) -> list[WebhookDelivery]:
         encode_json(data, "event data")
     except InvalidEnqueue as exc:
         raise InvalidEvent(str(exc)) from None
-    with transaction.atomic():
+    with atomic():
         endpoints = _subscribers(event_type, data)
         if not endpoints:
             return []

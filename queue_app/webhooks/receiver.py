@@ -24,12 +24,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from ..engine.alias import atomic, queue_db
 from .models import ReceivedWebhook
 
 DEFAULT_TOLERANCE = 300.0
@@ -107,12 +108,12 @@ def verify(
     raise RejectedWebhook(401, "no valid signature (wrong secret, or the body was changed)")
 
 
-def claim_once(webhook_id: str, *, using: str = "default") -> bool:
+def claim_once(webhook_id: str, *, using: str | None = None) -> bool:
     """Record `webhook_id` as received; False when it was received before (a replay). Its unique key decides:
     a concurrent claim of the same id waits for this transaction, then finds it (or, rolled back, takes it)."""
     try:
-        with transaction.atomic(using=using):
-            ReceivedWebhook.objects.using(using).create(webhook_id=webhook_id[:200])
+        with atomic(using):
+            ReceivedWebhook.objects.using(queue_db(using)).create(webhook_id=webhook_id[:200])
     except IntegrityError:
         return False
     return True
@@ -137,7 +138,7 @@ def webhook_receiver(
             except RejectedWebhook as exc:
                 return JsonResponse({"error": str(exc)}, status=exc.status)
             webhook_id = request.headers["webhook-id"]
-            with transaction.atomic():
+            with atomic():
                 if reject_replays and not claim_once(webhook_id):
                     return JsonResponse({"error": f"webhook-id {webhook_id} was received before"}, status=409)
                 response = view(request, event)

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from .. import services as queue_services
+from ..engine.alias import atomic
 from ..engine.enqueue import QUEUE_NAME
 from ..models import ItemHistory, ItemState, QueueItem
 from .events import (
@@ -116,7 +116,7 @@ def create_endpoint(
         }
     )
     secret = new_secret()
-    with transaction.atomic():
+    with atomic():
         endpoint = WebhookEndpoint.objects.create(**fields, ordered=bool(ordered), enabled=bool(enabled), secret=secret)
         _item_events_changed()
     return Created(endpoint, secret)
@@ -128,7 +128,7 @@ def update_endpoint(endpoint_id: int, **changes: Any) -> WebhookEndpoint:
     unknown = set(changes) - allowed
     if unknown:
         raise EndpointInvalid({name: "not a field that can be changed" for name in sorted(unknown)})
-    with transaction.atomic():
+    with atomic():
         endpoint = WebhookEndpoint.objects.select_for_update().get(id=endpoint_id)
         current = {name: getattr(endpoint, name) for name in allowed}
         fields = _clean({**current, **changes})
@@ -142,7 +142,7 @@ def update_endpoint(endpoint_id: int, **changes: Any) -> WebhookEndpoint:
 
 
 def set_enabled(endpoint_ids: Iterable[int], enabled: bool) -> int:
-    with transaction.atomic():
+    with atomic():
         changed = WebhookEndpoint.objects.filter(id__in=list(endpoint_ids), enabled=not enabled)
         if enabled:
             count = changed.update(enabled=True, failing_since=None, disabled_reason="")
@@ -155,7 +155,7 @@ def set_enabled(endpoint_ids: Iterable[int], enabled: bool) -> int:
 def delete_endpoints(endpoint_ids: Iterable[int]) -> int:
     """Delete endpoints with their deliveries and attempts. Their queued items find no delivery and settle
     without a request."""
-    with transaction.atomic():
+    with atomic():
         deleted = (
             WebhookEndpoint.objects.filter(id__in=list(endpoint_ids)).delete()[1].get(WebhookEndpoint._meta.label, 0)
         )
@@ -165,7 +165,7 @@ def delete_endpoints(endpoint_ids: Iterable[int]) -> int:
 
 def disable_endpoint(endpoint: WebhookEndpoint, *, reason: str) -> None:
     """Disable an endpoint that kept failing, say why (shown in the admin) and publish the event."""
-    with transaction.atomic():
+    with atomic():
         WebhookEndpoint.objects.filter(id=endpoint.id).update(enabled=False, disabled_reason=reason)
         _item_events_changed()
         publish_event(
@@ -183,7 +183,7 @@ def rotate_secret(endpoint_id: int, *, window: timedelta = ROTATION_WINDOW) -> s
     """A new secret signs from now on; the old one signs too until `window` has passed (receivers switch over
     meanwhile: each signature header carries both). Returns the new secret (shown once)."""
     secret = new_secret()
-    with transaction.atomic():
+    with atomic():
         endpoint = WebhookEndpoint.objects.select_for_update().get(id=endpoint_id)
         endpoint.previous_secret, endpoint.secret = endpoint.secret, secret
         endpoint.previous_secret_until = timezone.now() + window
@@ -195,7 +195,7 @@ def send_test_event(endpoint_ids: Iterable[int], data: Any = None) -> list[Webho
     """A `test` event to each of these endpoints (enabled ones; subscribed to `test` or not)."""
     data = {"message": "jobsite test event"} if data is None else data
     body = message_body("test", data)
-    with transaction.atomic():
+    with atomic():
         endpoints = WebhookEndpoint.objects.filter(id__in=list(endpoint_ids), enabled=True).order_by("id")
         return [enqueue_delivery(endpoint, "test", body) for endpoint in endpoints]
 
@@ -235,7 +235,7 @@ def delivery_states(deliveries: Iterable[WebhookDelivery]) -> dict[int, str]:
 def replay_deliveries(delivery_ids: Iterable[int], *, actor: str = "") -> int:
     """Send these deliveries again, under their own webhook-id: a failed one's dead item is requeued (attempts
     reset); a finished one gets a new item. Deliveries still pending, or of disabled endpoints, are left alone."""
-    with transaction.atomic():
+    with atomic():
         deliveries = list(
             WebhookDelivery.objects.select_for_update(of=("self",))
             .select_related("endpoint")

@@ -15,10 +15,10 @@ Each trigger checks that some enabled endpoint subscribes before it writes anyth
 subscribers (publish_event). The webhooks queue's own items raise no events (no loops).
 """
 
-from django.db import connection
 from psycopg import sql as pgsql
 
 from ..conf import queue_settings
+from ..engine.alias import connection
 from ..models import SPARK_FINAL_STATES
 from .events import ITEM_EVENTS, PUBLISH_TASK, WEBHOOK_QUEUE
 

@@ -15,10 +15,11 @@ import threading
 import traceback
 from typing import Any, NamedTuple
 
-from django.db import connections, transaction
+from django.db import connections
 
 from .. import engine
 from ..engine import tracing
+from ..engine.alias import atomic
 from ..engine.errors import InvalidEnqueue, StaleReservation
 from ..engine.payload import encode_json
 from ..logcontext import attempt_context
@@ -147,7 +148,7 @@ def _close_old_connections() -> None:
 
 def _run_transactional(task: Task, payload: Any, ctx: Context, job: Job) -> Outcome:
     try:
-        with transaction.atomic():
+        with atomic():
             if not engine.lock_reserved(ctx):
                 return Outcome(ctx.reservation_id, "stale")
             with attempt_context(ctx, job.workflow_id, job.step):  # the handler's log lines carry its ids

@@ -24,6 +24,7 @@ from django.db import connections
 from .. import engine
 from ..conf import queue_settings
 from ..engine import Terms, tracing
+from ..engine.alias import queue_connection
 
 logger = logging.getLogger("jobsite.worker")
 
@@ -99,7 +100,7 @@ class LeaseCall:
         except BaseException as exc:  # handed to the loop, which decides (database down: retry; else raise)
             # A connection that failed mid-statement may be unusable: the next call opens a new one.
             with contextlib.suppress(Exception):
-                connections["default"].close()
+                queue_connection().close()
             return None, exc
 
     def close(self, timeout: float = 5.0) -> None:

@@ -20,10 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.db import connection, transaction
-
 from .. import engine, scheduling
 from ..conf import queue_settings
+from ..engine.alias import atomic, connection
 from ..workflows.waits import drop_expired_events
 from .status import Stats
 
@@ -188,7 +187,7 @@ class _Rows(_Background):
         t0, more = time.monotonic(), False
         try:
             while True:
-                with transaction.atomic():
+                with atomic():
                     if not engine.try_maintenance_lock(self.lock):
                         break
                     counts, more = self.batch()
@@ -308,7 +307,7 @@ class Maintenance:
             # Set before the run: a unit's thread may make it due sooner (_Rows.again) before run_due is back.
             unit.due_at = now + unit.every
             try:
-                with transaction.atomic():
+                with atomic():
                     if not engine.try_maintenance_lock(unit.name):
                         continue
                     counts, more = unit.run()

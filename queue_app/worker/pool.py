@@ -31,6 +31,7 @@ from typing import Protocol
 from django.db import connections
 
 from ..engine import tracing
+from ..engine.alias import queue_connection
 from .execute import Job, Outcome, failed, run_job
 
 _fork = multiprocessing.get_context("fork")
@@ -86,7 +87,7 @@ def _warm_connection() -> None:
     """Open this thread's or child's database connection now rather than in its first handler: connecting costs
     a few milliseconds, which would land on the first item's start latency."""
     try:
-        connections["default"].ensure_connection()
+        queue_connection().ensure_connection()
     except Exception:  # the server is down, or this process may not use it: the first handler finds out
         logging.getLogger("jobsite.worker").debug("could not open the handler connection ahead", exc_info=True)
 

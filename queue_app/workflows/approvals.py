@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.admin.models import CHANGE, LogEntry
-from django.db import transaction
 
+from ..engine.alias import atomic
 from ..engine.db import cursor
 from ..engine.payload import encode_json
 from ..models import QueueItem
@@ -133,7 +133,7 @@ def decide(step_id: int, user: Any, approve: bool, comment: str = "") -> Decisio
     by = user.get_username()
     result = {"approved": bool(approve), "by": by, "comment": comment}
     error = "" if approve else f"rejected by {by}" + (f": {comment}" if comment else "")
-    with transaction.atomic():
+    with atomic():
         with cursor() as cur:
             cur.execute(
                 sql.WORKFLOW_DECIDE_APPROVAL,

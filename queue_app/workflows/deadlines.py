@@ -19,10 +19,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.db import transaction
 from django.db.models import F
 
 from .. import engine, services
+from ..engine.alias import atomic
 from ..engine.db import cursor
 from . import sql
 from .definition import DEADLINE_TASK, WorkflowDefinitionError, deadline_spec
@@ -56,7 +56,7 @@ def due(spec: dict[str, Any] | None, *, strict: bool = True) -> dt.datetime | No
     return at
 
 
-def arm(workflow_id: int, attempt: int, at: dt.datetime | None, using: str = "default") -> None:
+def arm(workflow_id: int, attempt: int, at: dt.datetime | None, using: str | None = None) -> None:
     """Queue the deadline item of a workflow's attempt (in the caller's transaction), due `at`."""
     if at is not None:
         engine.enqueue(DEADLINE_TASK, {"workflow_id": workflow_id, "attempt": attempt}, run_at=at, using=using)
@@ -65,7 +65,7 @@ def arm(workflow_id: int, attempt: int, at: dt.datetime | None, using: str = "de
 def passed(workflow_id: int, attempt: int, step_id: int | None = None) -> bool:
     """A deadline item ran: cancel what it covers if it is still open (see the module). True when it acted."""
     now = dt.datetime.now(dt.UTC)
-    with transaction.atomic():
+    with atomic():
         workflow = Workflow.objects.select_for_update().filter(id=workflow_id).first()
         if workflow is None or workflow.attempt != attempt or workflow.state not in ACTING_STATES:
             return False

@@ -14,13 +14,13 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from django.db import transaction
 from django.db.models import F
 
 from .. import engine, services
 from ..conf import queue_settings
 from ..datasets.checks_run import blocked_items
 from ..engine import tracing
+from ..engine.alias import atomic, queue_db
 from ..engine.db import cursor
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
@@ -64,13 +64,13 @@ def _callbacks(extra: Mapping[str, dict[str, Any]] | None = None) -> dict[str, A
     return {"finished": finished, **(extra or {})}
 
 
-def _enqueue(ids: list[int], channel: str, using: str = "default") -> None:
+def _enqueue(ids: list[int], channel: str, using: str | None = None) -> None:
     if ids:
         with cursor(using) as cur:
             cur.execute(sql.WORKFLOW_ENQUEUE, {"ids": ids, "channel": channel})
 
 
-def _ensure_queues(specs: Iterable[dict[str, Any]], using: str = "default") -> None:
+def _ensure_queues(specs: Iterable[dict[str, Any]], using: str | None = None) -> None:
     for queue in {spec["queue"] for spec in specs if spec}:
         engine.ensure_queue(queue, using=using)
 
@@ -97,7 +97,7 @@ def _create(
     key: tuple[str, float | None] | None = None,
     version: str | None = None,
     deadline: dict[str, Any] | None = None,
-    using: str = "default",
+    using: str | None = None,
 ) -> Workflow:
     """Write a checked graph: the workflow, its steps and edges, and the items of the steps with nothing to wait
     for, in one transaction. With `key` (key, window in seconds or None), the key is claimed first: held by
@@ -158,7 +158,7 @@ def _write(
         + list(callbacks.values()),
         using,
     )
-    with transaction.atomic(using=using):
+    with atomic(using):
         workflow_id = None
         if key is not None:
             with cursor(using) as cur:
@@ -167,11 +167,11 @@ def _write(
                 row = cur.fetchone()
                 if row is None:
                     cur.execute(sql.WORKFLOW_KEY_HOLDER, claim)
-                    first = Workflow.objects.using(using).get(id=cur.fetchone()[0])
+                    first = Workflow.objects.using(queue_db(using)).get(id=cur.fetchone()[0])
                     first.created = False
                     return first
                 workflow_id = row[0]
-        workflow = Workflow.objects.using(using).create(
+        workflow = Workflow.objects.using(queue_db(using)).create(
             id=workflow_id,
             name=name,
             kind=kind,
@@ -190,11 +190,11 @@ def _write(
         if shape is not None:
             versions.record(name, version, fp, shape, using)
         deadlines.arm(workflow.id, 1, deadline_at, using)
-        rows = WorkflowStep.objects.using(using).bulk_create(
+        rows = WorkflowStep.objects.using(queue_db(using)).bulk_create(
             [_step_row(workflow.id, 1, s, pending=waits[s.name]) for s in steps], batch_size=2000
         )
         ids = {row.name: row.id for row in rows}
-        StepDependency.objects.using(using).bulk_create(
+        StepDependency.objects.using(queue_db(using)).bulk_create(
             [StepDependency(upstream_id=ids[up], downstream_id=ids[s.name]) for s in steps for up in s.after]
             + [
                 StepDependency(upstream_id=ids[up], downstream_id=ids[down], order_only=True)
@@ -207,7 +207,7 @@ def _write(
     return workflow
 
 
-def start_graph(graph: Graph, *, started_by: str = "", deadline: Any = None, using: str = "default") -> Workflow:
+def start_graph(graph: Graph, *, started_by: str = "", deadline: Any = None, using: str | None = None) -> Workflow:
     """Start a graph built in code (not a registered workflow): `Graph(name)`, `.task()`, `.spark()`, then this.
     Checked like a registered one's graph before anything is written. Its version is its graph's fingerprint.
     `deadline`: as start's."""
@@ -334,7 +334,7 @@ def fan_out(
         except InvalidEnqueue as exc:
             raise WorkflowDefinitionError(f"fan-out {group!r}[{key}]: {exc}") from None
     step = current_step(ctx)
-    with transaction.atomic():
+    with atomic():
         workflow = Workflow.objects.select_for_update().get(id=step.workflow_id)
         step.refresh_from_db(fields=["state", "attempt"])
         if workflow.state != WorkflowState.RUNNING or step.attempt != workflow.attempt or step.state != "queued":
@@ -379,7 +379,7 @@ def cancel(workflow_id: int, *, actor: str = "") -> bool:
     stopped, running tasks asked to stop (their reservation is revoked: `ctx.extend_lease` raises
     StaleReservation and their outcome is not recorded). No compensations run. False when it already ended (or
     is being cancelled); WorkflowError when there is no such workflow."""
-    with transaction.atomic():
+    with atomic():
         workflow = Workflow.objects.select_for_update().filter(id=workflow_id).first()
         if workflow is None:
             raise WorkflowError(f"no workflow {workflow_id}")
@@ -441,7 +441,7 @@ def repair(workflow_id: int, *, actor: str = "", onto_current: bool = False) -> 
     is the definition as the code has it now (built with the workflow's parameters), a step kept only when it
     succeeded with the same definition, and the workflow records that version (workflows/rebuild.py). A
     deadline is armed again: a duration from now, a time only when it has not passed."""
-    with transaction.atomic():
+    with atomic():
         workflow = Workflow.objects.select_for_update().filter(id=workflow_id).first()
         if workflow is None:
             raise WorkflowError(f"no workflow {workflow_id}")
@@ -487,7 +487,7 @@ def fork(workflow_id: int, from_step: str, *, onto_current: bool = False, actor:
     names its source (`forked_from`, `fork_step`) and takes its parameters, callbacks and deadline (a duration
     from now; a time only when it has not passed). WorkflowError, nothing written: an unknown workflow, one
     not finished, a step it does not have."""
-    with transaction.atomic():
+    with atomic():
         source = Workflow.objects.select_for_update().filter(id=workflow_id).first()
         if source is None:
             raise WorkflowError(f"no workflow {workflow_id}")

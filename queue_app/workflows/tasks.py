@@ -69,7 +69,6 @@ def branch(payload: Any, ctx: Context) -> dict[str, Any]:
     return choose(payload, services.upstream(ctx))
 
 
-
 @job("queue_app.workflow_probe_fan_out")
 def probe_fan_out(payload: Any, ctx: Context) -> dict[str, int]:
     """For chaos runs and tests: fan out `n` probe steps per group ({group: probe task}), each with `compensate`

@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..engine.alias import queue_db
 from .definition import Graph, get_workflow
 from .models import Workflow, WorkflowVersion
 
@@ -56,9 +57,9 @@ def version_of(declared: str, steps: dict[str, dict[str, Any]]) -> tuple[str, st
     return declared or fp, fp
 
 
-def record(name: str, version: str, fp: str, steps: dict[str, dict[str, Any]], using: str = "default") -> None:
+def record(name: str, version: str, fp: str, steps: dict[str, dict[str, Any]], using: str | None = None) -> None:
     """Keep the shape of `version` of `name` (the first run of a version writes it; later ones change nothing)."""
-    WorkflowVersion.objects.using(using).bulk_create(
+    WorkflowVersion.objects.using(queue_db(using)).bulk_create(
         [WorkflowVersion(name=name, version=version, fingerprint=fp, shape=steps)], ignore_conflicts=True
     )
 

@@ -10,9 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections, transaction
-
 from ..conf import queue_settings
+from ..engine.alias import atomic, queue_connection
 from ..engine.db import cursor
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
@@ -41,7 +40,9 @@ class SentEvent:
         return self.step_id is not None
 
 
-def send_event(name: str, key: str, payload: Any = None, *, id: str | None = None, using: str = "default") -> SentEvent:
+def send_event(
+    name: str, key: str, payload: Any = None, *, id: str | None = None, using: str | None = None
+) -> SentEvent:
     """Send the event `name` with `key`: the oldest step waiting for it ends now with `payload` (any JSON value)
     as its result; with none waiting it is kept for JOBSITE WORKFLOW_EVENT_LOOKBACK seconds and ends the first
     wait for it created meanwhile. Each event ends at most one wait, each wait takes one event. Runs in the
@@ -60,7 +61,7 @@ def send_event(name: str, key: str, payload: Any = None, *, id: str | None = Non
         "payload": encoded,
         "lookback": float(queue_settings.WORKFLOW_EVENT_LOOKBACK),
     }
-    with transaction.atomic(using=using):
+    with atomic(using):
         if id is not None and not claim_once(ID_CLAIM.format(id=id), using=using):
             return SentEvent(None, name, key, None, None, sent_id=id, duplicate=True)
         with cursor(using) as cur:
@@ -80,7 +81,7 @@ def _checked(name: Any, key: Any, payload: Any) -> str:
         raise WorkflowError(f"event {name!r}: {exc}") from None
 
 
-def send_events(events: Iterable[tuple[str, str, Any]], *, using: str = "default") -> list[SentEvent]:
+def send_events(events: Iterable[tuple[str, str, Any]], *, using: str | None = None) -> list[SentEvent]:
     """Send many events at once, each `(name, key, payload)`: one multi-row statement stores them all and matches
     them as `send_event` would one after another in the order given (per name and key, the oldest waiting steps
     end first, one event each; the rest are kept for the lookback), in one transaction, the caller's if any.
@@ -98,7 +99,7 @@ def send_events(events: Iterable[tuple[str, str, Any]], *, using: str = "default
     }
     # Planned per call, not prepared: a generic plan of the batch statement ignores the batch's size and ran ten
     # times slower (0.5 s for 1,000 events against 50 ms).
-    with transaction.atomic(using=using), connections[using].cursor() as cur:
+    with atomic(using), queue_connection(using).cursor() as cur:
         cur.execute(sql.WORKFLOW_EVENTS_LOCK, params)
         cur.execute(sql.WORKFLOW_SEND_EVENTS, params)
         ids, steps, workflows, _ = cur.fetchone()
@@ -111,6 +112,6 @@ def send_events(events: Iterable[tuple[str, str, Any]], *, using: str = "default
 def drop_expired_events(limit: int) -> int:
     """Delete up to `limit` events that no wait claimed and whose lookback has ended; how many were deleted.
     Claimed events are kept (their step's record)."""
-    with transaction.atomic(), cursor() as cur:
+    with atomic(), cursor() as cur:
         cur.execute(sql.WORKFLOW_DROP_EXPIRED_EVENTS, {"limit": limit})
         return cur.fetchone()[0]

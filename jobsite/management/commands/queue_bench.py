@@ -49,6 +49,12 @@ class Command(BaseCommand):
         parser.add_argument("--json-out", type=Path, default=None, help="results file (default var/bench/<ts>.json)")
         parser.add_argument("--db-prefix", default="bench", help="scratch databases are named <prefix>_<part>")
         parser.add_argument("--keep-dbs", action="store_true", help="keep the scratch databases afterwards")
+        parser.add_argument(
+            "--dsn",
+            default=None,
+            help="the pooler part through this pooler (postgres://host:port, transaction mode, in front of the same"
+            " server) instead of a PgBouncer it starts",
+        )
 
     def handle(self, *args, **options):
         sizes = SMOKE if options["smoke"] else QUICK if options["quick"] else FULL
@@ -75,6 +81,7 @@ class Command(BaseCommand):
             db_prefix=options["db_prefix"],
             keep_databases=options["keep_dbs"],
             write=write,
+            pooler_dsn=options["dsn"],
         )
         if results.failures:
             failed = ", ".join(f"{f['part']} ({f['error']})" for f in results.failures)

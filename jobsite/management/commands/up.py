@@ -23,6 +23,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError, connections
 
 from jobsite import embedded_pg, system_packages
+from queue_app.conf import queue_settings
 
 EMBEDDED_ENGINE = "jobsite.embedded_backend"
 STOP_GRACE = 30.0  # seconds children get to finish after SIGTERM before they are killed
@@ -143,6 +144,9 @@ class Command(BaseCommand):
 
         system_packages.ensure(["java", "jdbc", "graphviz"])  # Spark runs, the workflow graph; the rest works without
         call_command("migrate", interactive=False, verbosity=max(0, opts["verbosity"] - 1))
+        queue_db = queue_settings.DATABASE
+        if queue_db != "default":  # the queue on a database of its own (QUEUE_DATABASE_URL): its tables there
+            call_command("migrate", database=queue_db, interactive=False, verbosity=max(0, opts["verbosity"] - 1))
         self.say("migrations applied")
         call_command("collectstatic", interactive=False, verbosity=0)
         self.say(f"static files collected in {settings.STATIC_ROOT}")

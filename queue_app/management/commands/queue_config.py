@@ -20,13 +20,14 @@ import argparse
 import json as _json
 
 from django.core.management.base import CommandError
-from django.db import transaction
 
 from queue_app import services
 from queue_app.engine.enqueue import is_group_key
 from queue_app.flow import NO_LIMIT, format_rate, parse_rate
 from queue_app.management.base import JobsiteCommand
 from queue_app.models import Queue
+
+from ...engine.alias import atomic
 
 
 def _limit(flag: str, value: str) -> int | None:
@@ -145,7 +146,7 @@ class Command(JobsiteCommand):
         if fair is not None:
             changes["fair"] = fair
         try:
-            with transaction.atomic():
+            with atomic():
                 if group_weights:
                     changes["group_weights"] = _weights(queue, group_weights)
                 created, _ = services.configure_queue(queue, **changes)

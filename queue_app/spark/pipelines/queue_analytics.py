@@ -48,6 +48,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+from queue_app.engine.alias import atomic, connection
 from queue_app.spark.db import READERS, missing_jar_message, read_postgres
 from queue_app.spark.registry import JobResult, Param, spark_job
 from queue_app.spark.session import jdbc_jar
@@ -197,8 +198,6 @@ def prepare(values: dict[str, Any]) -> dict[str, Any]:
     values = dict(values)
     values["as_of"] = values.get("as_of") or dt.datetime.now(dt.UTC).isoformat()
     if values.get("until_id") is None:
-        from django.db import connection
-
         with connection.cursor() as cursor:
             cursor.execute(NEXT_ID)
             values["until_id"] = cursor.fetchone()[0]
@@ -256,8 +255,6 @@ def _check(params: Mapping[str, Any]) -> dict[str, str]:
 
 def ensure_tables() -> None:
     """Create the published table if it is missing (until its model and migration exist)."""
-    from django.db import connection
-
     with connection.cursor() as cursor:
         cursor.execute(DDL)
 
@@ -268,8 +265,6 @@ def publish_hourly_stats(outputs: Mapping[str, Any], run_id: int | str | None) -
     Runs in one transaction (a savepoint when the caller already opened one, as the worker does to mark the run
     succeeded in the same commit): publishing the same outputs twice leaves the same table.
     """
-    from django.db import connection, transaction
-
     win = outputs["window"]
     scope = {
         "since": dt.datetime.fromisoformat(win["since"]),
@@ -285,7 +280,7 @@ def publish_hourly_stats(outputs: Mapping[str, Any], run_id: int | str | None) -
     scope["as_of"] = as_of
     for row in rows:
         row["as_of"] = as_of
-    with transaction.atomic(), connection.cursor() as cursor:
+    with atomic(), connection.cursor() as cursor:
         cursor.execute(DELETE_WINDOW if as_of is None else DELETE_WINDOW_AS_OF, scope)
         if rows:
             cursor.executemany(INSERT_ROW if as_of is None else INSERT_ROW_AS_OF, rows)
