@@ -26,7 +26,7 @@ from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
 from ..registry import Context
 from ..spark.registry import SparkJobError, get_job
-from . import deadlines, rebuild, sql, versions
+from . import children, deadlines, rebuild, sql, versions
 from .definition import (
     STEP_NAME,
     Graph,
@@ -154,6 +154,7 @@ def _write(
         [s.spec for s in steps]
         + [s.compensate for s in steps if s.compensate]
         + [s.spec["requested"] for s in steps if "requested" in s.spec]  # an approval's webhook event item
+        + [s.spec[k] for s in steps for k in ("start", "cancel") if k in s.spec]  # a sub-workflow's start, cancel
         + [s.spec["deadline"] for s in steps if "deadline" in s.spec]  # a step's deadline item
         + list(callbacks.values()),
         using,
@@ -414,7 +415,7 @@ def _onto_current(workflow: Workflow) -> tuple[Graph, list[str], str, dict[str, 
     _ensure_queues(
         [s.spec for s in graph.steps.values()]
         + [s.compensate for s in graph.steps.values() if s.compensate]
-        + [s.spec[k] for s in graph.steps.values() for k in ("requested", "deadline") if k in s.spec]
+        + [s.spec[k] for s in graph.steps.values() for k in ("requested", "deadline", "start", "cancel") if k in s.spec]
     )
     return graph, order, version, shape
 
@@ -664,6 +665,7 @@ WAITING_STATES = {
     (StepKind.SLEEP, StepState.QUEUED): "sleeping",
     (StepKind.EVENT, StepState.QUEUED): "waiting_event",
     (StepKind.APPROVAL, StepState.QUEUED): "waiting_approval",
+    (StepKind.WORKFLOW, StepState.QUEUED): "waiting_child",
 }
 
 
@@ -672,7 +674,10 @@ def status(workflow_id: int) -> dict[str, Any]:
     result, error). A queued
     step is "running" while its item is leased; a sleep step is "sleeping" before, an event wait
     "waiting_event", an approval "waiting_approval"; a Spark step parked because a dataset partition it reads
-    failed its blocking checks (or they still run) is "blocked", with `blocked_by` saying why."""
+    failed its blocking checks (or they still run) is "blocked", with `blocked_by` saying why; a sub-workflow
+    step is "waiting_child" while its child runs, with `child_workflow_id`. `parent` names the step that started
+    this workflow ({"workflow_id", "name", "step", "attempt"}, else None), `children` the children of this
+    attempt's sub-workflow steps ({"step", "workflow_id", "name", "state"})."""
     workflow = Workflow.objects.filter(id=workflow_id).first()
     if workflow is None:
         raise WorkflowError(f"no workflow {workflow_id}")
@@ -694,6 +699,8 @@ def status(workflow_id: int) -> dict[str, Any]:
             "result": s.result,
             "error": s.error or None,
         }
+        if s.kind == StepKind.WORKFLOW:  # a sub-workflow step's child (issue 48), once started
+            step["child_workflow_id"] = s.child_workflow_id
         if s.item_id in parked and s.id not in running:
             step.update(state="blocked", blocked_by=parked[s.item_id])
         steps.append(step)
@@ -709,6 +716,9 @@ def status(workflow_id: int) -> dict[str, Any]:
         "forked_from": workflow.forked_from,
         "fork_step": workflow.fork_step or None,
         "deadline_at": workflow.deadline_at.isoformat() if workflow.deadline_at else None,
+        # sub-workflows (issue 48): the step that started this one, and the children of this attempt's steps
+        "parent": children.parent_of(workflow.id),
+        "children": children.children_of(workflow),
     }
 
 

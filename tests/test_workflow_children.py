@@ -1,0 +1,209 @@
+"""Sub-workflows (issue 48): `wf.workflow(name, params, key=...)` starts a child workflow and ends with it, in the
+transactions that record each fact (workflows/children.py, workflows/sql.py). In process: the test is the worker,
+leasing what is due and running the registered handlers (the triggers move the steps); the proofs with real
+worker processes are in test_workflow_children_workers.py."""
+
+import pytest
+from django.db import transaction
+
+from queue_app import engine
+from queue_app.models import ProbeEffect, QueueItem
+from queue_app.registry import get_task
+from queue_app.workflows import WorkflowDefinitionError, children, services
+from queue_app.workflows.definition import CHILD_CANCEL_TASK, CHILD_START_TASK, Graph
+from queue_app.workflows.models import Workflow, WorkflowStep
+from tests import workflow_child_tasks  # noqa: F401  (registers the wf_parent* workflows)
+
+pytestmark = pytest.mark.django_db
+
+
+def drive(skip: tuple[str, ...] = ()) -> list[str]:
+    """Lease and run every due item until none is left (but those of `skip`, left ready), as a worker would:
+    its handler and settle in one transaction; an exception kills it. Returns the tasks run, in order."""
+    # (a skipped item stays leased for the test's length, so each round leases only new work)
+    ran = []
+    while leases := engine.lease(None, 100, "test", lease_timeout=600):
+        progressed = False
+        for held in leases:
+            if held.task in skip:
+                continue  # held (reserved) and never settled: not leased again
+            progressed = True
+            ran.append(held.task)
+            try:
+                with transaction.atomic():
+                    engine.complete(held, get_task(held.task).func(held.payload, held))
+            except Exception as exc:  # noqa: BLE001  (the handler's failure is the outcome)
+                engine.dead(held, f"{type(exc).__name__}: {exc}")
+        if not progressed:
+            break
+    return ran
+
+
+def step(w: Workflow, name: str) -> WorkflowStep:
+    w.refresh_from_db()
+    return WorkflowStep.objects.get(workflow_id=w.id, attempt=w.attempt, name=name)
+
+
+def child_of(w: Workflow, name: str = "child") -> Workflow:
+    return Workflow.objects.get(id=step(w, name).child_workflow_id)
+
+
+def test_the_child_runs_and_its_result_is_passed_on_to_the_parents_next_step():
+    w = services.start("wf_parent", {"x": 7})
+    ran = drive()
+    w.refresh_from_db()
+    assert w.state == "succeeded"
+    child = child_of(w)
+    assert (child.name, child.state, child.params) == ("wf_child", "succeeded", {"x": 7})
+    s = step(w, "child")
+    assert s.state == "succeeded"
+    assert s.result == {"workflow_id": child.id, "state": "succeeded", "results": {"b": 8}}
+    assert step(w, "total").result == 8
+    assert ran.count(CHILD_START_TASK) == 1
+    # the step's wait settled once, done, by the child's end (no worker ran it)
+    wait = QueueItem.objects.get(id=s.item_id)
+    assert (wait.state, wait.attempts) == ("done", 0)
+    status = services.status(w.id)
+    assert status["children"] == [{"step": "child", "workflow_id": child.id, "name": "wf_child", "state": "succeeded"}]
+    assert status["parent"] is None
+    assert [st["child_workflow_id"] for st in status["steps"] if st["kind"] == "workflow"] == [child.id]
+    assert services.status(child.id)["parent"] == {
+        "workflow_id": w.id,
+        "name": "wf_parent",
+        "step": "child",
+        "attempt": 1,
+    }
+    assert children.root_of(child.id) == (w.id, "wf_parent")
+
+
+def test_the_step_waits_for_the_child_and_says_so():
+    w = services.start("wf_parent")
+    assert services.status(w.id)["steps"][1]["state"] == "waiting"
+    # run the first step and the start only: the child's steps stay ready
+    for held in engine.lease(None, 100, "test", lease_timeout=600):
+        if held.task == "wf.add":
+            engine.complete(held, 0)
+    for held in engine.lease(None, 100, "test", lease_timeout=600):
+        assert held.task == CHILD_START_TASK
+        with transaction.atomic():
+            engine.complete(held, get_task(held.task).func(held.payload, held))
+    by_name = {s["name"]: s for s in services.status(w.id)["steps"]}
+    assert by_name["child"]["state"] == "waiting_child"
+    assert Workflow.objects.get(id=by_name["child"]["child_workflow_id"]).state == "running"
+
+
+def test_a_grandchild_is_one_more_level_and_the_root_is_the_top():
+    w = services.start("wf_grandparent")
+    drive()
+    w.refresh_from_db()
+    assert w.state == "succeeded"
+    parent = child_of(w, "parent")
+    grandchild = child_of(parent)
+    assert step(w, "parent").result["results"] == {"total": 3}
+    assert children.root_of(grandchild.id) == (w.id, "wf_grandparent")
+
+
+def test_a_failed_child_fails_the_step_and_the_parent_compensates():
+    w = services.start("wf_parent_fails")
+    drive()
+    w.refresh_from_db()
+    child = child_of(w)
+    assert child.state == "failed"
+    assert w.state == "failed"
+    s = step(w, "child")
+    assert s.state == "failed"
+    assert s.error.startswith(f"child workflow {child.id} failed")
+    assert step(w, "total").state == "cancelled"
+    assert step(w, "undo first").state == "succeeded"  # the saga of the parent's completed steps
+
+
+def test_repair_of_the_parent_repairs_the_failed_child():
+    w = services.start("wf_parent_fails")
+    drive()
+    child = child_of(w)
+    ProbeEffect.objects.create(key="fixed", applied=1)
+    services.repair(w.id)
+    drive()
+    w.refresh_from_db()
+    child.refresh_from_db()
+    assert w.state == "succeeded" and w.attempt == 2
+    assert step(w, "child").child_workflow_id == child.id  # the same child, repaired: a new attempt of it
+    assert (child.state, child.attempt) == ("succeeded", 2)
+    assert step(w, "child").result["results"] == {"b": "fixed"}
+    assert WorkflowStep.objects.get(workflow_id=child.id, attempt=2, name="a").kept  # its succeeded step kept
+
+
+def test_cancel_of_the_parent_goes_down_to_the_child():
+    w = services.start("wf_parent_slow")
+    drive(skip=("wf.slow",))
+    child = child_of(w)
+    assert child.state == "running"
+    assert services.cancel(w.id, actor="me")
+    w.refresh_from_db()
+    assert w.state == "cancelled"
+    assert step(w, "child").state == "cancelled"
+    ran = drive(skip=("wf.slow",))
+    assert ran.count(CHILD_CANCEL_TASK) == 1
+    child.refresh_from_db()
+    assert child.state in ("cancelling", "cancelled")
+    assert child.error == f"cancelled by workflow {w.id} (step 'child' cancelled)"
+
+
+def test_a_step_cancelled_before_its_start_ran_starts_no_child():
+    w = services.start("wf_parent_slow")
+    assert services.cancel(w.id)
+    drive()
+    assert not Workflow.objects.filter(name="wf_child_slow").exists()
+
+
+def test_starting_twice_yields_the_same_child_and_a_shared_key_ends_both_parents():
+    one = services.start("wf_parent_keyed", {"k": "a"})
+    two = services.start("wf_parent_keyed", {"k": "a"})
+    drive()
+    one.refresh_from_db()
+    two.refresh_from_db()
+    assert (one.state, two.state) == ("succeeded", "succeeded")
+    assert step(one, "child").child_workflow_id == step(two, "child").child_workflow_id
+    assert Workflow.objects.filter(name="wf_child").count() == 1
+    # the start run again (a worker lost after its commit) changes nothing: the step is no longer waiting
+    again = children.start_child(step(one, "child").id)
+    assert again["started"] is False
+    assert Workflow.objects.filter(name="wf_child").count() == 1
+
+
+def test_a_start_that_finds_its_child_already_succeeded_ends_the_step_at_once():
+    done = services.start("wf_child", {"x": 5}, key="shared-b")
+    drive()
+    w = services.start("wf_parent_keyed", {"k": "b"})
+    drive()
+    w.refresh_from_db()
+    assert w.state == "succeeded"
+    assert step(w, "child").child_workflow_id == done.id
+    assert step(w, "total").result == 6
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"workflow": "nope"}, "unknown workflow 'nope'"),
+        ({"workflow": "wf_child", "params": {"x": "many"}}, "step 'wf_child'"),
+        ({"workflow": "wf_child", "key": "{missing}"}, "key template"),
+        ({"workflow": "wf_child", "key": "a\x00b"}, "bad key"),
+        ({"workflow": "self"}, "cannot start itself"),
+    ],
+)
+def test_bad_sub_workflow_steps_are_refused_before_anything_is_written(kwargs, message):
+    g = Graph("self")
+    with pytest.raises(WorkflowDefinitionError, match=message):
+        g.workflow(**kwargs)
+    assert not Workflow.objects.exists()
+
+
+def test_a_graph_built_in_code_can_hold_a_sub_workflow_step():
+    g = Graph("adhoc")
+    g.workflow("wf_child", {"x": 2}, name="c")
+    w = services.start_graph(g)
+    drive()
+    w.refresh_from_db()
+    assert w.state == "succeeded"
+    assert step(w, "c").result["results"] == {"b": 3}
