@@ -3,13 +3,17 @@ transactions that record each fact (workflows/children.py, workflows/sql.py). In
 leasing what is due and running the registered handlers (the triggers move the steps); the proofs with real
 worker processes are in test_workflow_children_workers.py."""
 
+import io
+import json
+
 import pytest
+from django.core.management import call_command
 from django.db import transaction
 
 from queue_app import engine
 from queue_app.models import ProbeEffect, QueueItem
 from queue_app.registry import get_task
-from queue_app.workflows import WorkflowDefinitionError, children, services
+from queue_app.workflows import WorkflowDefinitionError, child_steps, children, services
 from queue_app.workflows.definition import CHILD_CANCEL_TASK, CHILD_START_TASK, Graph
 from queue_app.workflows.models import Workflow, WorkflowStep
 from tests import workflow_child_tasks  # noqa: F401  (registers the wf_parent* workflows)
@@ -166,7 +170,7 @@ def test_starting_twice_yields_the_same_child_and_a_shared_key_ends_both_parents
     assert step(one, "child").child_workflow_id == step(two, "child").child_workflow_id
     assert Workflow.objects.filter(name="wf_child").count() == 1
     # the start run again (a worker lost after its commit) changes nothing: the step is no longer waiting
-    again = children.start_child(step(one, "child").id)
+    again = child_steps.start_child(step(one, "child").id)
     assert again["started"] is False
     assert Workflow.objects.filter(name="wf_child").count() == 1
 
@@ -207,3 +211,33 @@ def test_a_graph_built_in_code_can_hold_a_sub_workflow_step():
     w.refresh_from_db()
     assert w.state == "succeeded"
     assert step(w, "c").result["results"] == {"b": 3}
+
+
+def test_a_backfill_as_children_runs_a_child_per_day_at_most_k_at_a_time_and_its_json_only_adds():
+    from queue_app.workflows.definition import WorkflowError
+
+    with pytest.raises(WorkflowError, match="only a workflow runs as child workflows"):
+        services.backfill("wf.add", "2026-11-01", "2026-11-03", as_children=True)
+    out = io.StringIO()
+    call_command(
+        "workflow", "backfill", "wf_daily", "--from", "2026-11-01", "--to", "2026-11-04",
+        "--concurrency", "2", "--as-children", "--json", stdout=out,
+    )  # fmt: skip
+    shown = json.loads(out.getvalue())
+    assert {"id", "name", "state", "attempt", "steps", "parent", "children"} <= shown.keys()
+    assert [(s["name"], s["kind"], s["state"]) for s in shown["steps"]][:3] == [
+        ("2026-11-01", "workflow", "waiting_child"),
+        ("2026-11-02", "workflow", "waiting_child"),
+        ("2026-11-03", "workflow", "waiting"),  # lane: after 2026-11-01
+    ]
+    w = Workflow.objects.get(id=shown["id"])
+    assert w.params["as_children"] is True
+    drive()
+    w.refresh_from_db()
+    assert w.state == "succeeded"
+    kids = Workflow.objects.filter(name="wf_daily").order_by("id")
+    assert [k.params["day"] for k in kids] == ["2026-11-01", "2026-11-02", "2026-11-03", "2026-11-04"]
+    assert {k.state for k in kids} == {"succeeded"}
+    out = io.StringIO()
+    call_command("workflow", "status", str(kids[0].id), stdout=out)
+    assert f"parent: workflow {w.id} backfill wf_daily step '2026-11-01'" in out.getvalue()

@@ -142,8 +142,12 @@ def location_uri(location: Any) -> str:
 
 
 def _parent(run: SparkRun, namespace: str) -> Any:
-    """The parent run facet of a workflow step's run: the workflow (its name; a runId stable for it)."""
+    """The parent run facet of a workflow step's run: the workflow (its name; a runId stable for it); its root
+    the top of the workflow's parent chain when it is a child workflow (issue 48: workflows/children.py), else
+    the workflow itself."""
     from openlineage.client.facet_v2 import parent_run
+
+    from ..workflows.children import root_of
 
     if run.trigger != SparkTrigger.WORKFLOW or run.item_id is None:
         return None
@@ -152,10 +156,12 @@ def _parent(run: SparkRun, namespace: str) -> Any:
     if workflow is None:
         return None
     workflow_run, workflow_job = run_id("workflow", workflow["id"]), workflow["name"]
+    root_id, root_job = root_of(workflow["id"])
+    root_run = run_id("workflow", root_id)
     return parent_run.ParentRunFacet(
         run=parent_run.Run(runId=workflow_run),
         job=parent_run.Job(namespace=namespace, name=workflow_job),
         root=parent_run.Root(
-            run=parent_run.RootRun(runId=workflow_run), job=parent_run.RootJob(namespace=namespace, name=workflow_job)
+            run=parent_run.RootRun(runId=root_run), job=parent_run.RootJob(namespace=namespace, name=root_job)
         ),
     )

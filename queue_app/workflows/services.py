@@ -602,10 +602,14 @@ def backfill(
     concurrency: int = 1,
     force: bool = False,
     started_by: str = "",
+    as_children: bool = False,
 ) -> Workflow:
     """Run `job` (a Spark job, a task, or a workflow with a date parameter) once per day from `start` to `end`
     (both included), at most `concurrency` days at a time: day i waits for day i-K (K lanes). A failed day does
-    not stop the others (a task or Spark job's step continues); repair re-runs just the failed days."""
+    not stop the others (a task or Spark job's step continues); repair re-runs just the failed days.
+
+    `as_children` (a workflow only): each day is a child workflow of this one, a sub-workflow step named by the
+    day (workflows/children.py) rather than the day's steps copied in; a repair re-runs the failed children."""
     first, last = _day(start, "--from"), _day(end, "--to")
     if first > last:
         raise WorkflowError(f"backfill range is empty: from {first} is after to {last}")
@@ -618,6 +622,8 @@ def backfill(
         raise WorkflowError(f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}, not {concurrency!r}")
     params = dict(params or {})
     kind, date_param = _partition_param(job)
+    if as_children and kind != "workflow":
+        raise WorkflowError(f"backfill of {job!r} as children: only a workflow runs as child workflows, not a {kind}")
     if date_param in params:
         raise WorkflowError(f"backfill of {job!r}: {date_param!r} is the partition; do not pass it as a parameter")
     graph = Graph(f"backfill {job}")
@@ -632,6 +638,10 @@ def backfill(
             lasts.append([day])
         elif kind == "task":
             graph.task(job, values, name=day, group=day, on_failure=OnFailure.CONTINUE)
+            firsts.append([day])
+            lasts.append([day])
+        elif as_children:
+            graph.workflow(job, values, name=day, group=day, on_failure=OnFailure.CONTINUE)
             firsts.append([day])
             lasts.append([day])
         else:
@@ -654,6 +664,8 @@ def backfill(
         "concurrency": concurrency,
         "params": params,
     }
+    if as_children:
+        summary["as_children"] = True
     return _create(f"backfill {job}", WorkflowKind.BACKFILL, summary, graph, order, started_by, order_edges=lanes)
 
 

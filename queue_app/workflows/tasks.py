@@ -111,14 +111,14 @@ def child_wait(payload: Any, ctx: Context) -> None:
 @job(CHILD_START_TASK, delivery=Delivery.TRANSACTIONAL)
 def start_child(payload: Any, ctx: Context) -> dict[str, Any]:
     """A sub-workflow step that became ready: start its child (workflows/children.py)."""
-    from . import children
+    from . import child_steps
 
-    return children.start_child(payload["step_id"])
+    return child_steps.start_child(payload["step_id"])
 
 
 @job(CHILD_CANCEL_TASK)
 def cancel_child(payload: Any, ctx: Context) -> dict[str, Any]:
     """A sub-workflow step cancelled while it waited: cancel its child (workflows/children.py)."""
-    from . import children
+    from . import child_steps
 
-    return children.cancel_child(payload["step_id"])
+    return child_steps.cancel_child(payload["step_id"])
