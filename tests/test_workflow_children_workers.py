@@ -91,7 +91,7 @@ def test_a_start_arriving_while_the_keys_claim_is_held_gets_the_one_child(worker
     with transaction.atomic():
         mine = services.start("wf_child", {"x": 5}, key="shared-race", started_by="test")
         workers(1)
-        seen_waiting(what="the worker's start of the child, on the key's claim held by this transaction")
+        seen_waiting(what="the worker's start of the child, on the key's claim held by this transaction", timeout=180)
     assert ended(w.id).state == "succeeded"
     assert WorkflowStep.objects.get(workflow_id=w.id, name="child").child_workflow_id == mine.id
     assert Workflow.objects.filter(name="wf_child").count() == 1
