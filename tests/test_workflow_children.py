@@ -241,3 +241,29 @@ def test_a_backfill_as_children_runs_a_child_per_day_at_most_k_at_a_time_and_its
     out = io.StringIO()
     call_command("workflow", "status", str(kids[0].id), stdout=out)
     assert f"parent: workflow {w.id} backfill wf_daily step '2026-11-01'" in out.getvalue()
+
+
+def test_the_admin_links_parent_and_child_both_ways(django_user_model):
+    from django.contrib.auth.models import Permission
+    from django.test import Client
+    from django.urls import reverse
+
+    w = services.start("wf_parent", {"x": 3})
+    drive()
+    child = child_of(w)
+    user = django_user_model.objects.create_user(username="flow", password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="queue_app", codename="view_workflow"))
+    client = Client()
+    client.force_login(user)
+
+    def page(workflow_id: int) -> str:
+        response = client.get(reverse("admin:queue_app_workflow_change", args=[workflow_id]))
+        assert response.status_code == 200
+        return response.content.decode()
+
+    child_url = reverse("admin:queue_app_workflow_change", args=[child.id])
+    parent_url = reverse("admin:queue_app_workflow_change", args=[w.id])
+    parent_page, child_page = page(w.id), page(child.id)
+    assert f'<a href="{child_url}">wf_child #{child.id}</a>' in parent_page
+    assert f'<a href="{parent_url}">wf_parent #{w.id}</a> at step <code>child</code>' in child_page
+    assert parent_page.count(child_url) >= 2  # the children row and the graph's node of the step

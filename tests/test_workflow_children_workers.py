@@ -12,6 +12,10 @@ from queue_app.workflows.models import Workflow, WorkflowStep
 from tests import workflow_child_tasks  # noqa: F401  (registers the wf_parent* workflows)
 from tests.waiting import seen_waiting, wait_for
 
+# Sessions waiting for a lock this one holds: read from pg_locks (live), as pg_stat_activity is read once per
+# transaction and this one is held open while it looks.
+BLOCKED_BY_ME = "SELECT count(*) FROM pg_locks WHERE NOT granted AND pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
@@ -91,7 +95,7 @@ def test_a_start_arriving_while_the_keys_claim_is_held_gets_the_one_child(worker
     with transaction.atomic():
         mine = services.start("wf_child", {"x": 5}, key="shared-race", started_by="test")
         workers(1)
-        seen_waiting(what="the worker's start of the child, on the key's claim held by this transaction", timeout=180)
+        seen_waiting(BLOCKED_BY_ME, what="the worker's start of the child, on the key's claim held here", timeout=180)
     assert ended(w.id).state == "succeeded"
     assert WorkflowStep.objects.get(workflow_id=w.id, name="child").child_workflow_id == mine.id
     assert Workflow.objects.filter(name="wf_child").count() == 1
