@@ -8,7 +8,7 @@ import json
 
 import pytest
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, transaction
 
 from queue_app import engine
 from queue_app.models import ProbeEffect, QueueItem
@@ -17,6 +17,7 @@ from queue_app.workflows import WorkflowDefinitionError, child_steps, children, 
 from queue_app.workflows.definition import CHILD_CANCEL_TASK, CHILD_START_TASK, Graph
 from queue_app.workflows.models import Workflow, WorkflowStep
 from tests import workflow_child_tasks  # noqa: F401  (registers the wf_parent* workflows)
+from tests.tracing_fixtures import receiver_fixture, traced_fixture  # noqa: F401  fixtures
 
 pytestmark = pytest.mark.django_db
 
@@ -267,3 +268,35 @@ def test_the_admin_links_parent_and_child_both_ways(django_user_model):
     assert f'<a href="{child_url}">wf_child #{child.id}</a>' in parent_page
     assert f'<a href="{parent_url}">wf_parent #{w.id}</a> at step <code>child</code>' in child_page
     assert parent_page.count(child_url) >= 2  # the children row and the graph's node of the step
+
+
+@pytest.mark.django_db(transaction=True)
+def test_parent_and_child_are_one_trace_the_childs_start_under_the_parents(traced):
+    """The start item carries the parent's trace context and its handler runs under it (as a worker runs it), so
+    the child's start span, and with it every item of the child, is in the parent's trace."""
+    from queue_app.engine import tracing
+    from queue_app.worker.execute import Job, run_job
+    from tests.waiting import wait_for
+
+    w = services.start("wf_parent_slow")
+    w.refresh_from_db()
+    _, trace_id, start_span_id, _ = w.trace_context.split("-")
+    (held,) = engine.lease(None, 10, "otel-w", 60, traced=True)
+    assert held.task == CHILD_START_TASK and held.trace_context == w.trace_context
+    job = Job(
+        held.reservation_id, held.item_id, held.queue, held.task, held.payload, 1, 3, "otel-w", held.trace_context
+    )
+    outcome = run_job(job)
+    assert outcome.status == "settled", outcome  # transactional: handler and settle in one transaction
+    connection.close()  # the worker's transactional run leaves this thread's connection closed
+    child = child_of(w)
+    assert child.trace_context.split("-")[1] == trace_id
+    tracing.flush()
+    spans = wait_for(
+        lambda: [s for s in traced.spans() if s.trace_id == trace_id and s.name == "workflow wf_child_slow"],
+        20,
+        what="the child's start span",
+    )
+    assert spans[0].parent_id == start_span_id  # here the item's context; a worker puts its attempt's span between
+    (slow,) = WorkflowStep.objects.filter(workflow_id=child.id)
+    assert QueueItem.objects.get(id=slow.item_id).trace_context.split("-")[1] == trace_id
