@@ -300,3 +300,15 @@ def test_parent_and_child_are_one_trace_the_childs_start_under_the_parents(trace
     assert spans[0].parent_id == start_span_id  # here the item's context; a worker puts its attempt's span between
     (slow,) = WorkflowStep.objects.filter(workflow_id=child.id)
     assert QueueItem.objects.get(id=slow.item_id).trace_context.split("-")[1] == trace_id
+
+
+def test_workflows_that_start_each_other_stop_at_the_depth_limit(monkeypatch):
+    monkeypatch.setattr(child_steps, "MAX_DEPTH", 4)  # 20 in production: the same path, fewer rounds
+    w = services.start("wf_ping")
+    drive()
+    w.refresh_from_db()
+    assert w.state == "failed"
+    assert Workflow.objects.count() == child_steps.MAX_DEPTH
+    deepest = Workflow.objects.order_by("-id").first()
+    failed = WorkflowStep.objects.get(workflow_id=deepest.id)
+    assert failed.state == "failed" and "nest at most 4 deep" in failed.error

@@ -60,3 +60,13 @@ def parent_keyed(wf, params):
 @workflow("wf_grandparent")
 def grandparent(wf, params):
     wf.workflow("wf_parent", {"x": 2}, name="parent")
+
+
+@workflow("wf_ping")
+def ping(wf, params):
+    wf.workflow("wf_pong", name="pong")
+
+
+@workflow("wf_pong")
+def pong(wf, params):
+    wf.workflow("wf_ping", name="ping")

@@ -9,8 +9,12 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from ..engine.db import cursor
-from . import services, sql
+from . import children, services, sql
 from .models import StepKind, StepState, Workflow, WorkflowStartKey, WorkflowState, WorkflowStep
+
+# Sub-workflows nested deeper than this fail their step: a definition that starts itself through others (A starts B,
+# B starts A) would otherwise start children without end (a workflow naming itself is refused when it is built).
+MAX_DEPTH = 20
 
 
 def child_key(step: WorkflowStep) -> str:
@@ -45,6 +49,9 @@ def start_child(step_id: int) -> dict[str, Any]:
         if step.state != StepState.QUEUED or step.attempt != current:
             return {"started": False, "why": f"step {step.name!r} is {step.state}"}
         created = False
+        if child is None and children.depth_of(step.workflow_id, limit=MAX_DEPTH) >= MAX_DEPTH - 1:
+            _fail_wait(step, f"child workflow {name!r} not started: sub-workflows nest at most {MAX_DEPTH} deep")
+            return {"started": False, "why": "too deep"}
         if child is None:
             try:
                 child = services.start(
