@@ -312,3 +312,21 @@ def test_workflows_that_start_each_other_stop_at_the_depth_limit(monkeypatch):
     deepest = Workflow.objects.order_by("-id").first()
     failed = WorkflowStep.objects.get(workflow_id=deepest.id)
     assert failed.state == "failed" and "nest at most 4 deep" in failed.error
+
+
+def test_a_spark_step_of_a_child_names_the_child_as_parent_run_and_the_top_as_root():
+    """OpenLineage's parent run facet (spark/openlineage.py): the run's workflow, and the root of its chain."""
+    from queue_app.datasets.openlineage import run_id
+    from queue_app.models import SparkRun
+    from queue_app.spark.openlineage import _parent
+
+    w = services.start("wf_grandparent")
+    drive()
+    parent = child_of(w, "parent")
+    child = child_of(parent)
+    a = WorkflowStep.objects.get(workflow_id=child.id, name="a")
+    run = SparkRun.objects.create(job="queue_analytics", state="succeeded", trigger="workflow", item_id=a.item_id)
+    WorkflowStep.objects.filter(id=a.id).update(spark_run_id=run.id)  # as if the child's step "a" were Spark's
+    facet = _parent(run, "shop")
+    assert (facet.run.runId, facet.job.name) == (run_id("workflow", child.id), "wf_child")
+    assert (facet.root.run.runId, facet.root.job.name) == (run_id("workflow", w.id), "wf_grandparent")
