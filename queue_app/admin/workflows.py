@@ -125,6 +125,9 @@ class BackfillForm(forms.Form):
     force = forms.BooleanField(
         required=False, help_text=f"Allow more than {workflows.MAX_BACKFILL_PARTITIONS} partitions."
     )
+    as_children = forms.BooleanField(
+        required=False, label="as children", help_text="A workflow's days as child workflows of one parent."
+    )
 
     def clean_params(self) -> dict[str, Any]:
         text = self.cleaned_data.get("params") or ""
@@ -410,6 +413,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
                             concurrency=data["concurrency"],
                             force=data["force"],
                             started_by=request.user.get_username(),
+                            as_children=data["as_children"],
                         )
                     except WorkflowError as exc:
                         form.add_error(None, str(exc))
@@ -440,6 +444,7 @@ def _check_backfill(data: dict[str, Any]) -> None:
                 params=data["params"],
                 concurrency=data["concurrency"],
                 force=data["force"],
+                as_children=data["as_children"],
             )
             raise _Checked
     except _Checked:
