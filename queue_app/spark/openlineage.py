@@ -12,7 +12,8 @@ An attempt that fails and is retried sends nothing (the run goes on: the next at
 same runId). The job is the Spark job or script (namespace: the setting's `namespace`); inputs and outputs are its
 declared datasets (namespace `dataset_namespace`, name the dataset's, a datasource facet with its location);
 a run of a workflow's Spark step carries the parent run facet naming the workflow (its name, and a runId stable
-for the workflow) and the root facet, the same.
+for the workflow) and the root facet: the same, or, in a child workflow (a sub-workflow step's), the top of its
+parent chain.
 """
 
 from __future__ import annotations
