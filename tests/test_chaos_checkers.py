@@ -13,7 +13,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F
 
 from jobsite.chaos.checks import Check
@@ -21,11 +21,12 @@ from jobsite.chaos.harness_checks import check_faults, check_webhooks, check_wor
 from jobsite.chaos.trigger_checks import CHECKED, CONSUMERS, TriggerRun, check_triggers
 from jobsite.chaos.wait_checks import EVENT, WaitRun, check_waits
 from jobsite.chaos.workflow_checks import AT_LEAST_ONCE, TRANSACTIONAL, WorkflowRun, check_workflows
+from jobsite.chaos.workflow_tasks import CHILD
 from queue_app import engine
 from queue_app.models import ExecutionLog, ProbeEffect, QueueItem, Reservation
-from queue_app.workflows import services
-from queue_app.workflows.definition import Graph
-from queue_app.workflows.models import WorkflowEvent, WorkflowStep
+from queue_app.workflows import child_steps, services
+from queue_app.workflows.definition import CHILD_START_TASK, Graph
+from queue_app.workflows.models import Workflow, WorkflowEvent, WorkflowStep
 
 FAIL_TASK = "queue_app.fail"
 T_WEBHOOK = datetime(2026, 1, 1, tzinfo=UTC)  # when the receiver got each delivery (its signed timestamp)
@@ -48,7 +49,8 @@ def run_probe(held, worker: str = "w1") -> None:
 
 def drive(queue: str = "default") -> None:
     """Lease and settle every due item of `queue` until none is left, as a worker would: probes run and
-    complete, queue_app.fail dies (its step fails), anything else (the built-ins) completes."""
+    complete, queue_app.fail dies (its step fails), a sub-workflow step's start starts its child, anything else
+    (the built-ins) completes."""
     while leases := engine.lease([queue], 100, worker_id="w1"):
         for held in leases:
             if held.task == FAIL_TASK:
@@ -56,6 +58,10 @@ def drive(queue: str = "default") -> None:
                 continue
             if held.task in (TRANSACTIONAL, AT_LEAST_ONCE):
                 run_probe(held)
+            if held.task == CHILD_START_TASK:  # a sub-workflow step's start: its handler and settle, one transaction
+                with transaction.atomic():
+                    engine.complete(held, child_steps.start_child(held.payload["step_id"]))
+                continue
             engine.complete(held, None)
 
 
@@ -64,11 +70,13 @@ def drive(queue: str = "default") -> None:
 
 @pytest.fixture
 def workflows(db) -> WorkflowRun:
-    """The two workflows of the chaos run, small: S root -> fan_in (transactional) -> tail; F a -> b, c (all
-    compensated) -> fan_in (compensated) -> boom (fails) -> never. Driven to their end."""
+    """The two workflows of the chaos run, small: S root -> child a, child b (sub-workflow steps, each a
+    chaos_child) -> fan_in (transactional) -> tail; F a -> b, c (all compensated) -> fan_in (compensated) -> boom
+    (fails) -> never. Driven to their end."""
     s = Graph("chaos success")
     root = s.task(AT_LEAST_ONCE, name="root")
-    fan_in = s.task(TRANSACTIONAL, name="fan_in", after=[root])
+    subs = [s.workflow(CHILD, name=f"child {x}", after=[root]) for x in ("a", "b")]
+    fan_in = s.task(TRANSACTIONAL, name="fan_in", after=[root, *subs])
     s.task(AT_LEAST_ONCE, name="tail", after=[fan_in])
     f = Graph("chaos compensation")
     a = f.task(AT_LEAST_ONCE, name="a", compensate=AT_LEAST_ONCE)
@@ -94,10 +102,12 @@ def test_workflow_checks_pass_on_the_clean_end_state(workflows):
         "every step settled per its mode",
         "each fan-in fired once",
         "no step before its dependencies",
+        "each child ran once, its step ended once",
         "compensations: exactly the completed, in reverse",
         "workers behaved",
     ]
-    assert checks[4].figures == {"compensations": 4}  # a, b, c, fan_in: the completed steps with one
+    assert checks[4].figures == {"sub_workflow_steps": 2, "children": 2, "child_steps": 4}
+    assert checks[5].figures == {"compensations": 4}  # a, b, c, fan_in: the completed steps with one
 
 
 def test_a_workflow_finished_with_a_step_open_is_caught(workflows):
@@ -156,6 +166,31 @@ def test_a_step_after_the_failure_that_ran_is_caught(workflows):
         "boom is succeeded",
         "never is succeeded",
     ]
+
+
+def test_a_child_started_twice_or_a_step_ended_twice_is_caught(workflows):
+    a, b = step(workflows.success, "child a"), step(workflows.success, "child b")
+    first = Workflow.objects.get(id=a.child_workflow_id)
+    Workflow.objects.create(name=first.name, started_by=first.started_by, state="succeeded")  # a second child
+    QueueItem.objects.filter(id=b.item_id).update(attempts=1)  # its wait leased: not ended by its child's end
+    problems = failed(check_workflows("default", workflows))
+    assert list(problems) == ["each child ran once, its step ended once"]
+    assert problems["each child ran once, its step ended once"] == [
+        "3 child workflows started for 2 sub-workflow steps",
+        "child b: its wait item ('done', 1), not settled by its child",
+    ]
+
+
+def test_a_child_step_enqueued_twice_or_a_child_not_linked_is_caught(workflows):
+    a, b = step(workflows.success, "child a"), step(workflows.success, "child b")
+    second = WorkflowStep.objects.get(workflow_id=a.child_workflow_id, name="second")
+    item = QueueItem.objects.get(id=second.item_id)
+    item.pk, item.payload = None, {}
+    item.save()  # the child's second step enqueued twice
+    WorkflowStep.objects.filter(id=b.id).update(child_workflow_id=a.child_workflow_id)  # b's child is a's
+    problems = failed(check_workflows("default", workflows))["each child ran once, its step ended once"]
+    assert f"child workflow {a.child_workflow_id} linked to 2 steps" in problems
+    assert f"child {a.child_workflow_id} step second: succeeded, its item enqueued 2 times" in problems
 
 
 def test_a_crashed_worker_fails_the_workflow_run(workflows):

@@ -80,6 +80,17 @@ def test_backfill_page_confirms_then_starts_and_shows_the_partition_grid(wf_clie
     assert LogEntry.objects.filter(object_id=str(w.id)).count() == 1
 
 
+def test_backfill_page_runs_a_workflows_days_as_children(wf_client):
+    client = wf_client("start_workflow")
+    form = {"job": "wf_daily", "start": "2026-01-01", "end": "2026-01-03", "concurrency": "2", "params": ""}
+    first = client.post(url("backfill"), {**form, "as_children": "on"})
+    assert "3 partitions</strong>, at most 2 at a time, each a child workflow?" in first.content.decode()
+    client.post(url("backfill"), {**form, "as_children": "on", "_confirm": "1"})
+    w = Workflow.objects.get()
+    assert w.params["as_children"] is True
+    assert {s.kind for s in WorkflowStep.objects.filter(workflow=w)} == {"workflow"}
+
+
 @pytest.mark.parametrize(
     ("form", "message"),
     [
@@ -88,6 +99,7 @@ def test_backfill_page_confirms_then_starts_and_shows_the_partition_grid(wf_clie
         ({"job": "no.such.thing"}, "unknown task"),
         ({"params": "[1, 2]"}, "JSON object"),
         ({"concurrency": "0"}, "greater than or equal to 1"),
+        ({"as_children": "on"}, "only a workflow runs as child workflows"),
     ],
 )
 def test_a_bad_backfill_shows_the_error_and_starts_nothing(wf_client, form, message):

@@ -39,9 +39,10 @@ def test_the_migrated_workflow_functions_and_triggers_are_the_source_modules():
     with connection.cursor() as cur:
         cur.execute(workflow_sql.INSTALL)
     from_source = definitions()
-    # 0032 added queue_app_wf_decide, 0033 queue_app_wf_step_deadline and its trigger workflow_step_deadline
-    assert sum(name.startswith("function ") for name in migrated) == 11
-    assert sum(name.startswith("trigger ") for name in migrated) == 5
+    # 0032 added queue_app_wf_decide, 0033 queue_app_wf_step_deadline and its trigger workflow_step_deadline,
+    # 0043 the sub-workflows' four functions and three triggers
+    assert sum(name.startswith("function ") for name in migrated) == 15
+    assert sum(name.startswith("trigger ") for name in migrated) == 8
     # A function or trigger the module defines anew (or with another signature) would be an extra entry...
     assert from_source.keys() == migrated.keys()
     # ... one the migrations changed, or the module, a different text.
@@ -60,13 +61,14 @@ def test_the_source_module_defines_every_workflow_function_and_trigger_of_the_da
 def test_every_item_a_workflow_makes_is_written_by_the_one_fragment_with_no_literal_attempts():
     """The step-spec-to-item SQL is written once (_items_from_specs): a step's item, a callback's, an approval's
     webhook event, a step's deadline and a fan-out's are each that fragment, and no attempts are written as a
-    number (they fall back to the workflow's copy of the DEFAULT_MAX_ATTEMPTS setting)."""
+    number (they fall back to the workflow's copy of the DEFAULT_MAX_ATTEMPTS setting). So are a sub-workflow
+    step's start and its child's cancel."""
     fragment = workflow_sql._items_from_specs(
         "r", spec="s", payload="p", item_id="i", step_id="t", attempts="a", trace="c"
     )
     assert "COALESCE((s->>'max_attempts')::int, q.max_attempts, a)" in fragment
     insert = f"INSERT INTO {workflow_sql.ITEM} "
-    assert (workflow_sql.INSTALL.count(insert), workflow_sql.WORKFLOW_FAN_OUT.count(insert)) == (4, 1)
+    assert (workflow_sql.INSTALL.count(insert), workflow_sql.WORKFLOW_FAN_OUT.count(insert)) == (6, 1)
     for text in (workflow_sql.ENQUEUE_FUNCTION, workflow_sql.CALLBACK_FUNCTION, workflow_sql.WORKFLOW_FAN_OUT):
         assert re.search(r"q\.max_attempts, \w+\.default_max_attempts\)", text)
     assert not re.search(r"max_attempts, \d", workflow_sql.INSTALL + workflow_sql.WORKFLOW_FAN_OUT)

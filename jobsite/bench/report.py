@@ -62,6 +62,13 @@ GOALS = (
     Goal("rate limit held within +/-1 lease per window over 3 windows", "flow.rate_error", None, "<=", 1.0),
     Goal("a small group key out within 1.5x its fair share of leases", "flow.fair_share", None, "<=", 1.5),
     Goal("workflow step <= 1.5x a plain item", "workflow.step_ms", "workflow.item_ms", "<=", 1.5),
+    Goal(
+        "sub-workflow step overhead <= 2x a task step",
+        "workflow.sub_workflow_overhead_ms",
+        "workflow.task_step_wf_ms",
+        "<=",
+        2.0,
+    ),
     Goal("fan-in start delay p99 < 50 ms", "workflow.fan_in_p99", None, "<=", 50.0),
     # Traces (issue 40): tracing on costs little (bench/tracing_side.py: the medians of off/on pairs of one run).
     Goal("tracing on, 100% sampled >= 0.9x tracing off", "tracing.ratio_100", None, ">=", 0.9),

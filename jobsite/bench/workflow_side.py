@@ -9,7 +9,8 @@
   (its reservation's reserved_at) minus the settle of the last fan-out step (its finished_at), both the
   server's clock; p50 and p99 (goal: p99 under 50 ms on an idle machine). The reservation is read hot and archived
   alike (queue_app_reservation_all): the workers' archiver may have moved the finished fan-in item;
-- the settle cost of conditions (bench/workflow_conditions.py), before the worker starts.
+- the settle cost of conditions (bench/workflow_conditions.py), before the worker starts;
+- a sub-workflow step's overhead against a task step's (bench/workflow_children.py).
 """
 
 import time
@@ -23,6 +24,7 @@ from .context import BenchContext, django_child_env, log_tail, manage_args, spaw
 from .jobsite_side import ALIAS, NOOP_TASK, _clear_queue, _scalar, bench_database
 from .report import Figure, Results, percentile
 from .sizes import Sizes
+from .workflow_children import run as _children
 from .workflow_conditions import run as _conditions
 from .workflow_tasks import fan_out as _fan_out  # noqa: F401  registers bench.fan_out here too
 
@@ -128,6 +130,7 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
             results.add(
                 Figure("workflow.fan_in_p99", "fan-in start delay p99", percentile(delays, 0.99), "ms", detail=detail)
             )
+            _children(ctx, sizes, results, procs)  # a sub-workflow step's overhead vs a task step's (issue 48)
             ctx.progress(
                 "workflow",
                 f"per step {per_step * 1000:.3f} ms vs per plain item {per_item * 1000:.3f} ms = "

@@ -28,6 +28,7 @@ from .checks import Check
 from .fleet import Fleet
 from .runner import ALIAS, MIN_AGE, ChaosRun
 from .workflow_checks import AT_LEAST_ONCE, TRANSACTIONAL, WorkflowRun, check_workflows
+from .workflow_tasks import CHILD
 
 QUEUE = "default"  # the probes' queue
 QUEUE_LEASE = 20.0
@@ -46,7 +47,7 @@ class WorkflowSizes:
 
     @property
     def steps(self) -> int:
-        return 3 + 2 * self.fan_out + 6 + self.fan_out_failing
+        return 3 + 2 + 2 * self.fan_out + 6 + self.fan_out_failing  # the 2: sub-workflow steps
 
 
 QUICK = WorkflowSizes(
@@ -85,7 +86,9 @@ class WorkflowChaosRun(ChaosRun):
             name="fan_out",
             after=[root],
         )
-        fan_in = s.task(TRANSACTIONAL, name="fan_in", after=[fan])
+        # two sub-workflow steps (issue 48): each starts a child and ends with it, under the same kills
+        subs = [s.workflow(CHILD, name=f"child {x}", after=[root]) for x in ("a", "b")]
+        fan_in = s.task(TRANSACTIONAL, name="fan_in", after=[fan, *subs])
         s.task(AT_LEAST_ONCE, name="tail", after=[fan_in])
         f = Graph("chaos compensation")
         a = f.task(AT_LEAST_ONCE, name="a", compensate=AT_LEAST_ONCE)
@@ -117,7 +120,9 @@ class WorkflowChaosRun(ChaosRun):
 
     def _kill_phase(self) -> None:
         sizes = self.wf_sizes
-        self.fleet = Fleet(self._worker_env(), self.run_dir, sizes.concurrency, (QUEUE,))
+        self.fleet = Fleet(
+            self._worker_env(), self.run_dir, sizes.concurrency, (QUEUE,), imports=("jobsite.chaos.workflow_tasks",)
+        )
         for _ in range(sizes.workers):
             self.fleet.spawn()
         started = time.monotonic()

@@ -6,6 +6,9 @@ database alias (the run's private cluster, or a test database with planted rows:
   effect applied exactly once, an at-least-once probe run at least once;
 - each fan-in fired once: every step's item enqueued exactly once (no item both hot and archived);
 - no step before its dependencies: no step's item leased before each upstream step had succeeded;
+- each child ran once, its step ended once: every sub-workflow step has one child (one workflow started per
+  step, none twice), which succeeded with each of its steps' items enqueued once and done, and the step's wait
+  item was settled done by the child's end (never leased), the step ending after its child;
 - compensations: exactly the completed steps with a compensation were compensated, once each, all succeeded;
   the failing step failed and the step after it was cancelled;
 - workers behaved: no worker died unasked.
@@ -13,6 +16,7 @@ database alias (the run's private cluster, or a test database with planted rows:
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from queue_app.models import ExecutionLog, ItemHistory, ProbeEffect, QueueItem
 from queue_app.workflows.models import StepDependency, Workflow, WorkflowStep
@@ -48,7 +52,9 @@ def check_workflows(db: str, run: WorkflowRun) -> list[Check]:
     items = {}
     for model in (QueueItem, ItemHistory):
         for item in (
-            model.objects.using(db).filter(workflow_step_id__in=list(by_id)).only("id", "state", "workflow_step_id")
+            model.objects.using(db)
+            .filter(workflow_step_id__in=list(by_id))
+            .only("id", "state", "workflow_step_id", "attempts")
         ):
             items.setdefault(item.id, []).append(item)
     doubled = [i for i, found in items.items() if len(found) > 1]
@@ -111,6 +117,8 @@ def check_workflows(db: str, run: WorkflowRun) -> list[Check]:
             problems.append(f"{down.name} started at {started_at} before {up.name} ({up.state}, {up.finished_at})")
     checks.append(Check("no step before its dependencies", not problems, {"edges": len(edges)}, problems[:20]))
 
+    checks.append(_children_ran_once(db, every, items))
+
     problems = []
     f_steps = steps[failing.id]
     completed = {s.id for s in f_steps if s.kind != "compensation" and s.state == "succeeded" and s.compensate}
@@ -134,3 +142,44 @@ def check_workflows(db: str, run: WorkflowRun) -> list[Check]:
     )
     checks.append(Check("workers behaved", not run.crashes, {"kills": run.kills}, run.crashes))
     return checks
+
+
+def _children_ran_once(db: str, every: list[WorkflowStep], items: dict[int, Any]) -> Check:
+    """Each sub-workflow step's child started once and succeeded, every step of it enqueued once and done; the
+    step's wait settled done once, by the child's end (its item never leased), not before the child ended."""
+    problems = []
+    subs = [s for s in every if s.kind == "workflow"]
+    parents = sorted({s.workflow_id for s in subs})
+    kids = {w.id: w for w in Workflow.objects.using(db).filter(started_by__in=[f"workflow {p}" for p in parents])}
+    if len(kids) != len(subs):
+        problems.append(f"{len(kids)} child workflows started for {len(subs)} sub-workflow steps")
+    linked = Counter(s.child_workflow_id for s in subs)
+    problems += [f"child workflow {c} linked to {n} steps" for c, n in linked.items() if n != 1]
+    for s in subs:
+        child, wait = kids.get(s.child_workflow_id), items.get(s.item_id)
+        if s.state != "succeeded" or child is None or child.state != "succeeded":
+            problems.append(f"{s.name}: step {s.state}, child {child and (child.id, child.state)}")
+            continue
+        if wait is None or wait.state != "done" or wait.attempts != 0:
+            problems.append(f"{s.name}: its wait item {wait and (wait.state, wait.attempts)}, not settled by its child")
+        if s.finished_at is None or child.finished_at is None or s.finished_at < child.finished_at:
+            problems.append(f"{s.name}: ended at {s.finished_at}, its child at {child.finished_at}")
+    kid_steps = list(
+        WorkflowStep.objects.using(db).filter(workflow_id__in=list(kids)).only("id", "name", "state", "workflow_id")
+    )
+    enqueued: Counter[int] = Counter()
+    done: set[int] = set()
+    for model in (QueueItem, ItemHistory):
+        for item_step, state in (
+            model.objects.using(db)
+            .filter(workflow_step_id__in=[k.id for k in kid_steps])
+            .values_list("workflow_step_id", "state")
+        ):
+            enqueued[item_step] += 1
+            if state == "done":
+                done.add(item_step)
+    for k in kid_steps:
+        if k.state != "succeeded" or enqueued[k.id] != 1 or k.id not in done:
+            problems.append(f"child {k.workflow_id} step {k.name}: {k.state}, its item enqueued {enqueued[k.id]} times")
+    figures = {"sub_workflow_steps": len(subs), "children": len(kids), "child_steps": len(kid_steps)}
+    return Check("each child ran once, its step ended once", not problems, figures, problems[:20])

@@ -27,7 +27,7 @@ from django.utils.safestring import SafeString, mark_safe
 from ..datasets.checks_run import blocked_items
 from ..engine.alias import atomic
 from ..spark.forms import param_field
-from ..workflows import WorkflowError, registered_workflows
+from ..workflows import WorkflowError, children, registered_workflows
 from ..workflows import services as workflows
 from ..workflows.graph import COLOURS, SEVERITY, step_states, svg
 from ..workflows.models import WORKFLOW_FINAL_STATES, Workflow, WorkflowState, WorkflowStep
@@ -125,6 +125,9 @@ class BackfillForm(forms.Form):
     )
     force = forms.BooleanField(
         required=False, help_text=f"Allow more than {workflows.MAX_BACKFILL_PARTITIONS} partitions."
+    )
+    as_children = forms.BooleanField(
+        required=False, label="as children", help_text="A workflow's days as child workflows of one parent."
     )
 
     def clean_params(self) -> dict[str, Any]:
@@ -302,6 +305,12 @@ class WorkflowAdmin(ReadOnlyAdmin):
             versions_url=self.reverse("versions", workflow.id),
             fork_url=self.reverse("fork", workflow.id),
             forked_from_url=self.reverse("change", workflow.forked_from) if workflow.forked_from else "",
+            parent=(parent := children.parent_of(workflow.id)),
+            parent_url=self.reverse("change", parent["workflow_id"]) if parent else "",
+            children=[
+                {**c, "url": self.reverse("change", c["workflow_id"]), "badge": _badge(c["state"] or "")}
+                for c in children.children_of(workflow)
+            ],
             can_fork=workflow.state in WORKFLOW_FINAL_STATES,
             can_cancel=workflow.state not in (*WORKFLOW_FINAL_STATES, WorkflowState.CANCELLING),
             can_repair=workflow.state in (WorkflowState.FAILED, WorkflowState.CANCELLED),
@@ -311,6 +320,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
 
     @staticmethod
     def _step_link(step: WorkflowStep) -> str:
+        if step.child_workflow_id:  # a sub-workflow step: its child's page
+            return reverse("admin:queue_app_workflow_change", args=[step.child_workflow_id])
         if step.spark_run_id:
             return reverse("admin:queue_app_sparkrun_change", args=[step.spark_run_id])
         if step.item_id:
@@ -403,6 +414,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
                             concurrency=data["concurrency"],
                             force=data["force"],
                             started_by=request.user.get_username(),
+                            as_children=data["as_children"],
                         )
                     except WorkflowError as exc:
                         form.add_error(None, str(exc))
@@ -432,6 +444,7 @@ def _check_backfill(data: dict[str, Any]) -> None:
                 params=data["params"],
                 concurrency=data["concurrency"],
                 force=data["force"],
+                as_children=data["as_children"],
             )
             raise _Checked
     except _Checked:

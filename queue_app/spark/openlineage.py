@@ -12,7 +12,8 @@ An attempt that fails and is retried sends nothing (the run goes on: the next at
 same runId). The job is the Spark job or script (namespace: the setting's `namespace`); inputs and outputs are its
 declared datasets (namespace `dataset_namespace`, name the dataset's, a datasource facet with its location);
 a run of a workflow's Spark step carries the parent run facet naming the workflow (its name, and a runId stable
-for the workflow) and the root facet, the same.
+for the workflow) and the root facet: the same, or, in a child workflow (a sub-workflow step's), the top of its
+parent chain.
 """
 
 from __future__ import annotations
@@ -142,8 +143,12 @@ def location_uri(location: Any) -> str:
 
 
 def _parent(run: SparkRun, namespace: str) -> Any:
-    """The parent run facet of a workflow step's run: the workflow (its name; a runId stable for it)."""
+    """The parent run facet of a workflow step's run: the workflow (its name; a runId stable for it); its root
+    the top of the workflow's parent chain when it is a child workflow (issue 48: workflows/children.py), else
+    the workflow itself."""
     from openlineage.client.facet_v2 import parent_run
+
+    from ..workflows.children import root_of
 
     if run.trigger != SparkTrigger.WORKFLOW or run.item_id is None:
         return None
@@ -152,10 +157,12 @@ def _parent(run: SparkRun, namespace: str) -> Any:
     if workflow is None:
         return None
     workflow_run, workflow_job = run_id("workflow", workflow["id"]), workflow["name"]
+    root_id, root_job = root_of(workflow["id"])
+    root_run = run_id("workflow", root_id)
     return parent_run.ParentRunFacet(
         run=parent_run.Run(runId=workflow_run),
         job=parent_run.Job(namespace=namespace, name=workflow_job),
         root=parent_run.Root(
-            run=parent_run.RootRun(runId=workflow_run), job=parent_run.RootJob(namespace=namespace, name=workflow_job)
+            run=parent_run.RootRun(runId=root_run), job=parent_run.RootJob(namespace=namespace, name=root_job)
         ),
     )

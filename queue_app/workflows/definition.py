@@ -64,7 +64,12 @@ STEP_NAME = re.compile(r"^[^\x00-\x1f]{1,200}$")
 SLEEP_TASK = "queue_app.workflow_sleep"
 EVENT_TIMEOUT_TASK = "queue_app.workflow_event_timeout"
 APPROVAL_TIMEOUT_TASK = "queue_app.workflow_approval_timeout"
-DEADLINE_TASK = "queue_app.workflow_deadline"  # a workflow's or a step's deadline (workflows/deadlines.py)
+DEADLINE_TASK = "queue_app.workflow_deadline"
+# A sub-workflow step's (workflows/children.py): its wait (a delayed item never due, settled by the child's end),
+# its start (queued when it becomes ready) and its child's cancel (queued when it is cancelled while waiting).
+CHILD_WAIT_TASK = "queue_app.workflow_child_wait"
+CHILD_START_TASK = "queue_app.workflow_start_child"
+CHILD_CANCEL_TASK = "queue_app.workflow_cancel_child"  # a workflow's or a step's deadline (workflows/deadlines.py)
 ON_TIMEOUT = ("fail", "continue")
 # An approval without a timeout: its item (its timeout) is due in a century, a time no real wait reaches.
 NO_TIMEOUT = 100 * 365.25 * 86400
@@ -401,6 +406,74 @@ class Graph:
                 None,
                 name,
                 run_if,
+            )
+        )
+
+    def workflow(
+        self,
+        workflow: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        key: str | None = None,
+        name: str | None = None,
+        after: Iterable[StepRef | str] | StepRef | str = (),
+        on_failure: str = OnFailure.FAIL,
+        compensate: str | None = None,
+        group: str | None = None,
+        run_if: str = DEFAULT_RUN_IF,
+    ) -> StepRef:
+        """A sub-workflow step (workflows/children.py): when ready, it starts registered workflow `workflow` with
+        `params` (validated now) as its child, idempotent by `key` (a template over this workflow's parameters,
+        "{day}"; default: this workflow's id and the step's name, so a repair finds the same child), and ends
+        with it: succeeded with {"workflow_id", "state", "results"} (the child's last steps' results by name)
+        when the child succeeds, failed when it fails or is cancelled (then per `on_failure`, compensations
+        included). Cancelling this step (the workflow cancelled or failing) cancels the child; a repair of this
+        workflow repairs a failed child (a new attempt of the same child, its succeeded steps kept)."""
+        name = name or workflow
+        what = f"step {name!r}"
+        if workflow == self.name:
+            raise WorkflowDefinitionError(f"{what}: workflow {self.name!r} cannot start itself as a child")
+        try:
+            definition = get_workflow(workflow)
+        except UnknownWorkflow as exc:
+            raise WorkflowDefinitionError(f"{what}: {exc}") from None
+        try:
+            values = definition.validate(params)
+        except WorkflowParamError as exc:
+            raise WorkflowDefinitionError(f"{what}: {exc}") from None
+        dumped = definition.dump(values)
+        if key is not None:
+            try:
+                key = key.format_map(self.params) if isinstance(key, str) else key
+            except (KeyError, IndexError, ValueError) as exc:
+                raise WorkflowDefinitionError(f"{what}: key template {key!r}: no parameter {exc}") from None
+            if not isinstance(key, str) or not STEP_NAME.match(key):
+                raise WorkflowDefinitionError(f"{what}: bad key {key!r}: 1-200 characters, no control characters")
+        args = {"workflow": definition.name, "params": dumped, "key": key}
+        start = task_item_spec(CHILD_START_TASK, None, what=f"{what}: start")
+        start.pop("payload")
+        cancel = task_item_spec(CHILD_CANCEL_TASK, None, what=f"{what}: cancel")
+        cancel.pop("payload")
+        spec = task_item_spec(CHILD_WAIT_TASK, args, what=what) | {
+            "delay": NO_TIMEOUT,
+            "workflow": definition.name,
+            "params": dumped,
+            "key": key,
+            "start": start,
+            "cancel": cancel,
+        }
+        return self._add(
+            StepSpec(
+                name=name,
+                kind=StepKind.WORKFLOW,
+                target=definition.name,
+                args=args,
+                after=self._refs(after, what),
+                spec=spec,
+                on_failure=str(on_failure),
+                compensate=self._compensation(compensate, what),
+                group=group or name,
+                run_if=run_if,
             )
         )
 

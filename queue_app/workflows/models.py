@@ -144,6 +144,7 @@ class StepKind(models.TextChoices):
     SLEEP = "sleep"  # its item is a delayed no-op item: the step ends when a worker leases it, once due
     EVENT = "event"  # waits for an event (workflows/waits.py); its item is the delayed timeout
     APPROVAL = "approval"  # waits for a human decision (workflows/approvals.py); its item is the delayed timeout
+    WORKFLOW = "workflow"  # a sub-workflow (workflows/children.py): waits for its child; its item is the wait
 
 
 class StepState(models.TextChoices):
@@ -205,6 +206,9 @@ class WorkflowStep(models.Model):
     pending = models.PositiveIntegerField(default=0, help_text="Dependencies not finished yet.")
     item_id = models.BigIntegerField(null=True, blank=True)
     spark_run_id = models.BigIntegerField(null=True, blank=True)
+    # A sub-workflow step's child (workflows/children.py): set by its start, in the transaction that starts (or
+    # finds) the child; the child's end settles the item of every open step naming it (workflows/sql.py).
+    child_workflow_id = models.BigIntegerField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
@@ -218,6 +222,9 @@ class WorkflowStep(models.Model):
         ]
         indexes = [
             models.Index(fields=["item_id"], name="workflowstep_item", condition=Q(item_id__isnull=False)),
+            models.Index(
+                fields=["child_workflow_id"], name="workflowstep_child", condition=Q(child_workflow_id__isnull=False)
+            ),
             # The event waits open now, by event name and key: what an event sent looks up (workflows/sql.py).
             models.Index(
                 KT("spec__event"), KT("spec__key"), name="workflowstep_event", condition=Q(kind="event", state="queued")

@@ -26,7 +26,7 @@ from .models import StepDependency, StepKind, StepState, WorkflowStep
 
 # What a step row takes from its definition: a checked StepSpec, or an earlier attempt's row.
 DEFINED = ("name", "group", "kind", "target", "args", "spec", "on_failure", "compensate")
-KEPT = ("item_id", "spark_run_id", "result", "ready_at", "finished_at")
+KEPT = ("item_id", "spark_run_id", "child_workflow_id", "result", "ready_at", "finished_at")
 # The states a step is kept in (not run again) unless something upstream of it runs again.
 KEPT_STATES = (StepState.SUCCEEDED, StepState.SKIPPED)
 

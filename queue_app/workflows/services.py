@@ -26,7 +26,7 @@ from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
 from ..registry import Context
 from ..spark.registry import SparkJobError, get_job
-from . import deadlines, rebuild, sql, versions
+from . import children, deadlines, rebuild, sql, versions
 from .definition import (
     STEP_NAME,
     Graph,
@@ -154,6 +154,7 @@ def _write(
         [s.spec for s in steps]
         + [s.compensate for s in steps if s.compensate]
         + [s.spec["requested"] for s in steps if "requested" in s.spec]  # an approval's webhook event item
+        + [s.spec[k] for s in steps for k in ("start", "cancel") if k in s.spec]  # a sub-workflow's start, cancel
         + [s.spec["deadline"] for s in steps if "deadline" in s.spec]  # a step's deadline item
         + list(callbacks.values()),
         using,
@@ -414,7 +415,7 @@ def _onto_current(workflow: Workflow) -> tuple[Graph, list[str], str, dict[str, 
     _ensure_queues(
         [s.spec for s in graph.steps.values()]
         + [s.compensate for s in graph.steps.values() if s.compensate]
-        + [s.spec[k] for s in graph.steps.values() for k in ("requested", "deadline") if k in s.spec]
+        + [s.spec[k] for s in graph.steps.values() for k in ("requested", "deadline", "start", "cancel") if k in s.spec]
     )
     return graph, order, version, shape
 
@@ -601,10 +602,14 @@ def backfill(
     concurrency: int = 1,
     force: bool = False,
     started_by: str = "",
+    as_children: bool = False,
 ) -> Workflow:
     """Run `job` (a Spark job, a task, or a workflow with a date parameter) once per day from `start` to `end`
     (both included), at most `concurrency` days at a time: day i waits for day i-K (K lanes). A failed day does
-    not stop the others (a task or Spark job's step continues); repair re-runs just the failed days."""
+    not stop the others (a task or Spark job's step continues); repair re-runs just the failed days.
+
+    `as_children` (a workflow only): each day is a child workflow of this one, a sub-workflow step named by the
+    day (workflows/children.py) rather than the day's steps copied in; a repair re-runs the failed children."""
     first, last = _day(start, "--from"), _day(end, "--to")
     if first > last:
         raise WorkflowError(f"backfill range is empty: from {first} is after to {last}")
@@ -617,6 +622,8 @@ def backfill(
         raise WorkflowError(f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}, not {concurrency!r}")
     params = dict(params or {})
     kind, date_param = _partition_param(job)
+    if as_children and kind != "workflow":
+        raise WorkflowError(f"backfill of {job!r} as children: only a workflow runs as child workflows, not a {kind}")
     if date_param in params:
         raise WorkflowError(f"backfill of {job!r}: {date_param!r} is the partition; do not pass it as a parameter")
     graph = Graph(f"backfill {job}")
@@ -631,6 +638,10 @@ def backfill(
             lasts.append([day])
         elif kind == "task":
             graph.task(job, values, name=day, group=day, on_failure=OnFailure.CONTINUE)
+            firsts.append([day])
+            lasts.append([day])
+        elif as_children:
+            graph.workflow(job, values, name=day, group=day, on_failure=OnFailure.CONTINUE)
             firsts.append([day])
             lasts.append([day])
         else:
@@ -653,6 +664,8 @@ def backfill(
         "concurrency": concurrency,
         "params": params,
     }
+    if as_children:
+        summary["as_children"] = True
     return _create(f"backfill {job}", WorkflowKind.BACKFILL, summary, graph, order, started_by, order_edges=lanes)
 
 
@@ -664,6 +677,7 @@ WAITING_STATES = {
     (StepKind.SLEEP, StepState.QUEUED): "sleeping",
     (StepKind.EVENT, StepState.QUEUED): "waiting_event",
     (StepKind.APPROVAL, StepState.QUEUED): "waiting_approval",
+    (StepKind.WORKFLOW, StepState.QUEUED): "waiting_child",
 }
 
 
@@ -672,7 +686,10 @@ def status(workflow_id: int) -> dict[str, Any]:
     result, error). A queued
     step is "running" while its item is leased; a sleep step is "sleeping" before, an event wait
     "waiting_event", an approval "waiting_approval"; a Spark step parked because a dataset partition it reads
-    failed its blocking checks (or they still run) is "blocked", with `blocked_by` saying why."""
+    failed its blocking checks (or they still run) is "blocked", with `blocked_by` saying why; a sub-workflow
+    step is "waiting_child" while its child runs, with `child_workflow_id`. `parent` names the step that started
+    this workflow ({"workflow_id", "name", "step", "attempt"}, else None), `children` the children of this
+    attempt's sub-workflow steps ({"step", "workflow_id", "name", "state"})."""
     workflow = Workflow.objects.filter(id=workflow_id).first()
     if workflow is None:
         raise WorkflowError(f"no workflow {workflow_id}")
@@ -694,6 +711,8 @@ def status(workflow_id: int) -> dict[str, Any]:
             "result": s.result,
             "error": s.error or None,
         }
+        if s.kind == StepKind.WORKFLOW:  # a sub-workflow step's child (issue 48), once started
+            step["child_workflow_id"] = s.child_workflow_id
         if s.item_id in parked and s.id not in running:
             step.update(state="blocked", blocked_by=parked[s.item_id])
         steps.append(step)
@@ -709,6 +728,9 @@ def status(workflow_id: int) -> dict[str, Any]:
         "forked_from": workflow.forked_from,
         "fork_step": workflow.fork_step or None,
         "deadline_at": workflow.deadline_at.isoformat() if workflow.deadline_at else None,
+        # sub-workflows (issue 48): the step that started this one, and the children of this attempt's steps
+        "parent": children.parent_of(workflow.id),
+        "children": children.children_of(workflow),
     }
 
 

@@ -4,8 +4,8 @@ cancel, repair).
 
 The database runs what migrations installed, and a migration is frozen: each holds a literal copy of the texts
 it installs (never importing them from here or from another migration). The latest copies are in migrations
-0021_workflow_sql_one_home, 0024_workflow_waits, 0027_workflow_approvals, 0032_workflow_conditions and
-0033_workflow_versions.
+0021_workflow_sql_one_home, 0024_workflow_waits, 0027_workflow_approvals, 0032_workflow_conditions,
+0033_workflow_versions and 0043_sub48_subworkflows.
 tests/test_workflow_sql_source.py compares every `queue_app_wf_*` function and workflow trigger of a migrated
 database with this module, so a change here needs a new migration holding a copy of the changed texts (CREATE OR
 REPLACE), and a migration cannot change them without this module following.
@@ -619,6 +619,100 @@ END
 $$;
 """
 
+# Sub-workflows (workflows/children.py). A sub-workflow step that becomes ready (queue_app_wf_enqueue marked it
+# queued, its item written in the same statement: the wait, a delayed item never due) queues its start in that
+# transaction: one item of queue_app.workflow_start_child (the step's spec "start", its queue ensured at start)
+# naming the step, carrying the parent's trace context; its transactional handler starts (or finds, by the key)
+# the child and links it to the step (child_workflow_id), in one transaction.
+_CHILD_START_ITEM = _items_from_specs(
+    f"(SELECT default_max_attempts, trace_context FROM {WORKFLOW} WHERE id = NEW.workflow_id) AS w",
+    spec="NEW.spec->'start'",
+    payload="jsonb_build_object('workflow_id', NEW.workflow_id, 'attempt', NEW.attempt, 'step_id', NEW.id,\n"
+    "                          'step', NEW.name)",
+    item_id=f"nextval('{ITEM_SEQUENCE}')",
+    step_id="NULL",
+    attempts="w.default_max_attempts",
+    trace="w.trace_context",
+)
+CHILD_START_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION queue_app_wf_child_start() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    {_at(4, _CHILD_START_ITEM)};
+    PERFORM pg_notify(channel, NEW.spec->'start'->>'queue') FROM {WORKFLOW} WHERE id = NEW.workflow_id;
+    RETURN NULL;
+END
+$$;
+"""
+
+# A sub-workflow step cancelled while it waited (the parent cancelled, failed at another step, or past a deadline)
+# queues its child's cancel in that transaction: one item of queue_app.workflow_cancel_child (spec "cancel")
+# naming the step; its handler cancels the child (services.cancel) unless another open step waits for it. Not
+# the child's row here: its end takes its own row's lock, then the parent's step item's and the parent's row's,
+# and a cancel holding the parent's would take them in the other order.
+_CHILD_CANCEL_ITEM = _items_from_specs(
+    f"(SELECT default_max_attempts, trace_context FROM {WORKFLOW} WHERE id = NEW.workflow_id) AS w",
+    spec="NEW.spec->'cancel'",
+    payload="jsonb_build_object('workflow_id', NEW.workflow_id, 'attempt', NEW.attempt, 'step_id', NEW.id,\n"
+    "                          'step', NEW.name)",
+    item_id=f"nextval('{ITEM_SEQUENCE}')",
+    step_id="NULL",
+    attempts="w.default_max_attempts",
+    trace="w.trace_context",
+)
+CHILD_CANCEL_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION queue_app_wf_child_cancel() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    {_at(4, _CHILD_CANCEL_ITEM)};
+    PERFORM pg_notify(channel, NEW.spec->'cancel'->>'queue') FROM {WORKFLOW} WHERE id = NEW.workflow_id;
+    RETURN NULL;
+END
+$$;
+"""
+
+# A child workflow that ended settles the item (the wait) of every open sub-workflow step naming it, still ready
+# (locked: its parent's cancel or failure, which cancels it, and this take turns): done with the child's result
+# when it succeeded, dead (no dead letter: nothing failed to run) with why when it failed or was cancelled. The
+# settle trigger then ends the step, and moves the parent on, as for any step (its failure policy and
+# compensations included). Run by the trigger workflow_child_ended in the transaction that ends the child, and by
+# a start that finds its child already ended. The result: {"workflow_id", "state", "results"}, the last steps'
+# results (those no step depends on) by name. Returns how many steps it ended.
+CHILD_SETTLE_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION queue_app_wf_child_settle(child_id bigint) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    c {WORKFLOW}%ROWTYPE;
+    n integer;
+BEGIN
+    SELECT * INTO c FROM {WORKFLOW} WHERE id = child_id;
+    IF c.state NOT IN ('succeeded', 'failed', 'cancelled') THEN
+        RETURN 0;
+    END IF;
+    UPDATE {ITEM} i
+    SET state = CASE WHEN c.state = 'succeeded' THEN 'done' ELSE 'dead' END,
+        result = jsonb_build_object('workflow_id', c.id, 'state', c.state, 'results', COALESCE((
+            SELECT jsonb_object_agg(s.name, s.result) FROM queue_app_workflowstep s
+            WHERE s.workflow_id = c.id AND s.attempt = c.attempt AND s.state = 'succeeded' AND s.kind <> 'compensation'
+              AND NOT EXISTS (SELECT FROM queue_app_stepdependency d WHERE d.upstream_id = s.id AND NOT d.order_only)
+        ), '{{}}'::jsonb)),
+        error = CASE WHEN c.state = 'succeeded' THEN ''
+                     ELSE 'child workflow ' || c.id || ' ' || c.state || COALESCE(': ' || NULLIF(c.error, ''), '') END,
+        finished_at = now(), updated_at = now()
+    FROM queue_app_workflowstep p
+    WHERE p.child_workflow_id = c.id AND p.kind = 'workflow' AND p.state = 'queued' AND i.id = p.item_id
+      AND i.state = 'ready';
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+"""
+CHILD_ENDED_FUNCTION = """
+CREATE OR REPLACE FUNCTION queue_app_wf_child_ended() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM queue_app_wf_child_settle(NEW.id);
+    RETURN NULL;
+END
+$$;
+"""
+
 TRIGGERS = """
 CREATE OR REPLACE TRIGGER workflow_step_settled AFTER UPDATE OF state ON queue_app_queueitem FOR EACH ROW
     WHEN (NEW.workflow_step_id IS NOT NULL AND NEW.state IN ('done', 'dead', 'cancelled')
@@ -634,6 +728,15 @@ CREATE OR REPLACE TRIGGER workflow_approval_requested AFTER UPDATE OF state ON q
 CREATE OR REPLACE TRIGGER workflow_step_deadline AFTER UPDATE OF state ON queue_app_workflowstep FOR EACH ROW
     WHEN (NEW.state = 'queued' AND OLD.state = 'waiting' AND NEW.spec ? 'deadline')
     EXECUTE FUNCTION queue_app_wf_step_deadline();
+CREATE OR REPLACE TRIGGER workflow_child_start AFTER UPDATE OF state ON queue_app_workflowstep FOR EACH ROW
+    WHEN (NEW.kind = 'workflow' AND NEW.state = 'queued' AND OLD.state = 'waiting')
+    EXECUTE FUNCTION queue_app_wf_child_start();
+CREATE OR REPLACE TRIGGER workflow_child_cancel AFTER UPDATE OF state ON queue_app_workflowstep FOR EACH ROW
+    WHEN (NEW.kind = 'workflow' AND NEW.state = 'cancelled' AND OLD.state = 'queued')
+    EXECUTE FUNCTION queue_app_wf_child_cancel();
+CREATE OR REPLACE TRIGGER workflow_child_ended AFTER UPDATE OF state ON queue_app_workflow FOR EACH ROW
+    WHEN (NEW.state IN ('succeeded', 'failed', 'cancelled') AND OLD.state NOT IN ('succeeded', 'failed', 'cancelled'))
+    EXECUTE FUNCTION queue_app_wf_child_ended();
 """
 
 FUNCTIONS = (
@@ -648,6 +751,10 @@ FUNCTIONS = (
     WORKFLOW_DELETED_FUNCTION,
     APPROVAL_REQUESTED_FUNCTION,
     STEP_DEADLINE_FUNCTION,
+    CHILD_START_FUNCTION,
+    CHILD_CANCEL_FUNCTION,
+    CHILD_SETTLE_FUNCTION,
+    CHILD_ENDED_FUNCTION,
 )
 # Every function and trigger as they are now, idempotent (CREATE OR REPLACE): what a migration's frozen copy is
 # taken from, and what the source test installs to compare with a migrated database.
@@ -659,6 +766,8 @@ INSTALL = "".join(FUNCTIONS) + TRIGGERS
 # to run. Everything else happens inside the settling statement, through the triggers above.
 WORKFLOW_ENQUEUE = "SELECT queue_app_wf_enqueue(%(ids)s::bigint[], %(channel)s)"
 WORKFLOW_FINISH = "SELECT queue_app_wf_finish(%(workflow_id)s)"
+# A sub-workflow step's start found its child already ended: settle the step's wait now (workflows/children.py).
+WORKFLOW_CHILD_SETTLE = "SELECT queue_app_wf_child_settle(%(child_id)s)"
 # A repair's steps with nothing left to wait for: conditional ones are decided first (a branch kept from the
 # earlier attempt still skips the steps it did not choose); the caller then ends the workflow (WORKFLOW_FINISH)
 # if nothing is left open.

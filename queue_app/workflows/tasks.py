@@ -5,7 +5,16 @@ from typing import Any
 from ..registry import Context, Delivery, Retry, job
 from . import deadlines
 from .conditions import choose
-from .definition import APPROVAL_TIMEOUT_TASK, BRANCH_TASK, DEADLINE_TASK, EVENT_TIMEOUT_TASK, SLEEP_TASK
+from .definition import (
+    APPROVAL_TIMEOUT_TASK,
+    BRANCH_TASK,
+    CHILD_CANCEL_TASK,
+    CHILD_START_TASK,
+    CHILD_WAIT_TASK,
+    DEADLINE_TASK,
+    EVENT_TIMEOUT_TASK,
+    SLEEP_TASK,
+)
 from .models import Workflow
 from .signals import workflow_finished
 
@@ -84,3 +93,32 @@ def probe_fan_out(payload: Any, ctx: Context) -> dict[str, int]:
             compensate=payload.get("compensate"),
         )
     return {"added": payload["n"] * len(payload["groups"])}
+
+
+class ChildWaitTimeout(Exception):
+    pass
+
+
+@job(CHILD_WAIT_TASK, retry=Retry(times=1))
+def child_wait(payload: Any, ctx: Context) -> None:
+    """A sub-workflow step's wait (a delayed item due in a century): its child's end settles it while it is ready
+    (workflows/children.py). Leased only if nothing ended it in that time: the step fails."""
+    raise ChildWaitTimeout(f"child workflow {payload.get('workflow')!r} never ended")
+
+
+# Transactional: the child's start (or its repair, or the link to the one its key names) commits with this item's
+# settle, so a step starts its child once.
+@job(CHILD_START_TASK, delivery=Delivery.TRANSACTIONAL)
+def start_child(payload: Any, ctx: Context) -> dict[str, Any]:
+    """A sub-workflow step that became ready: start its child (workflows/children.py)."""
+    from . import child_steps
+
+    return child_steps.start_child(payload["step_id"])
+
+
+@job(CHILD_CANCEL_TASK)
+def cancel_child(payload: Any, ctx: Context) -> dict[str, Any]:
+    """A sub-workflow step cancelled while it waited: cancel its child (workflows/children.py)."""
+    from . import child_steps
+
+    return child_steps.cancel_child(payload["step_id"])

@@ -10,13 +10,16 @@
     python manage.py workflow approve 42 --step approve [--comment TEXT] [--user NAME] [--json]
     python manage.py workflow reject 42 --step approve [--comment TEXT] [--user NAME] [--json]
     python manage.py workflow backfill file_rollup --from 2026-11-01 --to 2026-11-07 [--param k=v] \
-        [--concurrency 2] [--force] [--wait] [--json]
+        [--concurrency 2] [--as-children] [--force] [--wait] [--json]
 
 `--json` prints {"id", "name", "state", "attempt", "steps": [{"name", "state", ...}]} (a step `skipped` when its
 run_if was not met or a branch chose another, docs/how-to/workflows.md "Conditions"); `start` adds "created"
-(false when --key named a workflow already started, which is then what it prints and follows). With --wait the command
-follows the workflow to its end and exits 0 only when it succeeded (1 otherwise). Bad input (unknown workflow
-or job, bad parameters, a bad range) is an error message, exit status 1, and nothing is written.
+(false when --key named a workflow already started, which is then what it prints and follows). Sub-workflows
+(issue 48): "parent" ({"workflow_id", "name", "step", "attempt"} or null), "children" ([{"step", "workflow_id",
+"name", "state"}]), and a sub-workflow step's "child_workflow_id". `backfill --as-children` runs a workflow's
+days as one parent with a child workflow per day (a sub-workflow step each, at most --concurrency at a time).
+With --wait the command follows the workflow to its end and exits 0 only when it succeeded (1 otherwise). Bad
+input (unknown workflow or job, bad parameters, a bad range) is an error message, exit status 1, and nothing is written.
 
 `cancel` cancels as the admin does (the same service): steps not started are cancelled, running ones asked to
 stop. It exits 0 when the workflow was cancelled now or had already ended (its `--json` adds "cancelled": true
@@ -135,6 +138,9 @@ class Command(JobsiteCommand):
         backfill.add_argument("--to", dest="end", required=True, metavar="DATE")
         backfill.add_argument("--param", action="append", default=[], metavar="K=V")
         backfill.add_argument("--concurrency", type=int, default=1, metavar="K")
+        backfill.add_argument(
+            "--as-children", action="store_true", help="a workflow's days as child workflows of one parent"
+        )
         backfill.add_argument("--force", action="store_true", help="allow more partitions than the limit")
         backfill.add_argument("--wait", action="store_true")
         backfill.add_argument("--json", action="store_true")
@@ -261,9 +267,16 @@ class Command(JobsiteCommand):
             verb = "approved" if approve else "rejected"
             self.stdout.write(f"step {decision.step!r} of workflow {decision.workflow_id} {verb} by {decision.by}")
 
-    def do_backfill(self, *, job, start, end, param, concurrency, force, wait, json, poll, **_):
+    def do_backfill(self, *, job, start, end, param, concurrency, force, wait, json, poll, as_children=False, **_):
         workflow = workflows.backfill(
-            job, start, end, params=parse_params(param), concurrency=concurrency, force=force, started_by="cli"
+            job,
+            start,
+            end,
+            params=parse_params(param),
+            concurrency=concurrency,
+            force=force,
+            started_by="cli",
+            as_children=as_children,
         )
         self.report(workflow.id, wait=wait, as_json=json, poll=poll)
 
@@ -289,11 +302,17 @@ class Command(JobsiteCommand):
             )
             if status.get("error"):
                 self.stdout.write(f"  error: {_short(status['error'])}")
+            if parent := status.get("parent"):
+                self.stdout.write(
+                    f"  parent: workflow {parent['workflow_id']} {parent['name']} step {parent['step']!r}"
+                )
             for step in status["steps"]:
                 why = f"  ({step['blocked_by']})" if "blocked_by" in step else ""
                 said = f"  error: {_short(step['error'])}" if step.get("error") else ""
                 if not said and step.get("result") is not None:
                     said = f"  result: {_short(_dumps(step['result']))}"
+                if step.get("child_workflow_id"):
+                    why += f"  (child workflow {step['child_workflow_id']})"
                 self.stdout.write(f"  {step['state']:<10} {step['name']}{why}{said}")
         if wait and status["state"] != "succeeded":
             sys.stdout.flush()

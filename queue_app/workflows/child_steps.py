@@ -1,0 +1,86 @@
+"""What a sub-workflow step's start and cancel items do (their tasks: workflows/tasks.py); the design and the
+order the locks are taken in: workflows/children.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from ..engine.db import cursor
+from . import children, services, sql
+from .models import StepKind, StepState, Workflow, WorkflowStartKey, WorkflowState, WorkflowStep
+
+# Sub-workflows nested deeper than this fail their step: a definition that starts itself through others (A starts B,
+# B starts A) would otherwise start children without end (a workflow naming itself is refused when it is built).
+MAX_DEPTH = 20
+
+
+def child_key(step: WorkflowStep) -> str:
+    """The key the step starts its child by: the declared one, else the parent's id and the step's name (the same
+    in every attempt of the parent: a repair finds the child the earlier attempt started)."""
+    return step.spec.get("key") or f"parent {step.workflow_id}/{step.name}"[:200]
+
+
+def _fail_wait(step: WorkflowStep, error: str) -> None:
+    """The child cannot start (its definition changed since: gone, or parameters it no longer takes): the step's
+    wait settles dead with why, and the step fails (per its policy) through the settle trigger."""
+    from ..models import QueueItem
+
+    QueueItem.objects.filter(id=step.item_id, state="ready").update(
+        state="dead", error=error[:2000], result=None, finished_at=Now(), updated_at=Now()
+    )
+
+
+def start_child(step_id: int) -> dict[str, Any]:
+    """The start item's work (queue_app.workflow_start_child): start the step's child, or find it by its key, and
+    link it, if the step is still waiting (else nothing: its workflow moved on). A child found failed or
+    cancelled is repaired (a new attempt, its succeeded steps kept); one found succeeded ends the step now."""
+    step = WorkflowStep.objects.filter(id=step_id, kind=StepKind.WORKFLOW).first()
+    if step is None:
+        return {"started": False, "why": "no such step"}
+    name, key = step.spec["workflow"], child_key(step)
+    with transaction.atomic():
+        holder = WorkflowStartKey.objects.filter(name=name, key=key).values_list("workflow_id", flat=True).first()
+        child = Workflow.objects.select_for_update().filter(id=holder).first() if holder else None
+        step = WorkflowStep.objects.select_for_update().get(id=step_id)
+        current = Workflow.objects.filter(id=step.workflow_id).values_list("attempt", flat=True).first()
+        if step.state != StepState.QUEUED or step.attempt != current:
+            return {"started": False, "why": f"step {step.name!r} is {step.state}"}
+        created = False
+        if child is None and children.depth_of(step.workflow_id, limit=MAX_DEPTH) >= MAX_DEPTH - 1:
+            _fail_wait(step, f"child workflow {name!r} not started: sub-workflows nest at most {MAX_DEPTH} deep")
+            return {"started": False, "why": "too deep"}
+        if child is None:
+            try:
+                child = services.start(
+                    name, step.spec.get("params") or {}, key=key, started_by=f"workflow {step.workflow_id}"
+                )
+            except Exception as exc:  # noqa: BLE001  (its builder's bug included: the step fails, never hangs)
+                _fail_wait(step, f"child workflow {name!r} could not start: {exc}")
+                return {"started": False, "why": str(exc)}
+            created = bool(child.created)
+            if not created:  # another start took the key meanwhile: its child, locked now
+                child = Workflow.objects.select_for_update().get(id=child.id)
+        WorkflowStep.objects.filter(id=step.id).update(child_workflow_id=child.id)
+        if child.state == WorkflowState.SUCCEEDED:
+            with cursor() as cur:
+                cur.execute(sql.WORKFLOW_CHILD_SETTLE, {"child_id": child.id})
+        elif child.state in (WorkflowState.FAILED, WorkflowState.CANCELLED):
+            services.repair(child.id, actor=f"workflow {step.workflow_id} (step {step.name!r})")
+    return {"child_workflow_id": child.id, "created": created}
+
+
+def cancel_child(step_id: int) -> dict[str, Any]:
+    """The cancel item's work (queue_app.workflow_cancel_child): the step was cancelled while it waited; its
+    child is cancelled too, unless it has ended or another open step waits for it (a repair's new attempt, or
+    another parent sharing its key)."""
+    child_id = WorkflowStep.objects.filter(id=step_id).values_list("child_workflow_id", flat=True).first()
+    if child_id is None:
+        return {"cancelled": False, "why": "no child started"}
+    if WorkflowStep.objects.filter(child_workflow_id=child_id, state=StepState.QUEUED).exists():
+        return {"cancelled": False, "child_workflow_id": child_id, "why": "another step waits for it"}
+    step = WorkflowStep.objects.get(id=step_id)
+    done = services.cancel(child_id, actor=f"workflow {step.workflow_id} (step {step.name!r} cancelled)")
+    return {"cancelled": done, "child_workflow_id": child_id}
