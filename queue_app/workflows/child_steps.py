@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
 from django.db.models.functions import Now
 
+from ..engine.alias import atomic
 from ..engine.db import cursor
 from . import children, services, sql
 from .models import StepKind, StepState, Workflow, WorkflowStartKey, WorkflowState, WorkflowStep
@@ -41,7 +41,7 @@ def start_child(step_id: int) -> dict[str, Any]:
     if step is None:
         return {"started": False, "why": "no such step"}
     name, key = step.spec["workflow"], child_key(step)
-    with transaction.atomic():
+    with atomic():
         holder = WorkflowStartKey.objects.filter(name=name, key=key).values_list("workflow_id", flat=True).first()
         child = Workflow.objects.select_for_update().filter(id=holder).first() if holder else None
         step = WorkflowStep.objects.select_for_update().get(id=step_id)
