@@ -65,7 +65,7 @@ def connect_server(django_db_setup, django_db_blocker, tmp_path_factory):
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    wait_for(lambda: connect.reachable(url), 120, what="the Spark Connect server to listen")
+    wait_for(lambda: connect.reachable(url), 300, what="the Spark Connect server to listen")
     yield url
     proc.send_signal(signal.SIGTERM)
     try:
