@@ -17,6 +17,7 @@ the tests that need it would only skip, and no test may skip in CI (tests/skip_g
 """
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -102,7 +103,16 @@ class Command(BaseCommand):
             return 1
         cmd = [sys.executable, "-m", "pytest", *parallel_args(args, workers), *args]
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=settings.BASE_DIR, env=os.environ.copy())
+        # pytest and its xdist workers in a process group of their own: a stop (Ctrl-C, the budget, SIGTERM) reaches
+        # them all, so each worker's tests end their fixtures (and the processes those started), not only the
+        # controller; and a SIGINT to pytest's group never reaches a script that runs this command (.ci/run).
+        proc = subprocess.Popen(cmd, cwd=settings.BASE_DIR, env=os.environ.copy(), start_new_session=True)
+
+        def stop(signum: int = signal.SIGINT) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signum)
+
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop(signal.SIGTERM))
         over_budget = False
         while True:
             try:
@@ -114,22 +124,24 @@ class Command(BaseCommand):
                 self.stderr.write(
                     self.style.ERROR(f"the tests passed their budget of {budget / 60:g} minutes: stopping them")
                 )
-                proc.send_signal(signal.SIGINT)
+                stop()
                 try:
                     code = proc.wait(timeout=REPORT_GRACE)
                 except subprocess.TimeoutExpired:
-                    proc.kill()
+                    stop(signal.SIGKILL)
                     code = proc.wait()
                 break
-            except KeyboardInterrupt:  # pytest got the Ctrl-C too; let it finish its report
+            except KeyboardInterrupt:  # Ctrl-C: passed on to pytest's group, which still writes its report
+                stop()
                 continue
         if over_budget:
             self.stderr.write(
                 self.style.ERROR(
                     f"FAILED: the test suite ran past its budget of {budget / 60:g} minutes "
-                    f"(JOBSITE_TEST_BUDGET_MINUTES) and was stopped after {(time.monotonic() - started) / 60:.1f}; "
+                    f"(JOBSITE_TEST_BUDGET_MINUTES) and was stopped after {(time.monotonic() - started) / 60:.1f} "
+                    "minutes; "
                     "the time per tier and group above says where it went. Make the slow tests cheaper "
-                    "(docs/development.md#tests) rather than raising the budget."
+                    "(docs/development.md#in-parallel) rather than raising the budget."
                 )
             )
             return 1
