@@ -29,7 +29,8 @@ def orphans() -> int:
 def deletes_waiting() -> int:
     with psycopg.connect(**connection.get_connection_params(), autocommit=True) as conn:
         return conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE%%'"
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            " AND query LIKE 'DELETE%%'"
         ).fetchone()[0]
 
 

@@ -102,7 +102,9 @@ def test_an_empty_queue_can_be_deleted_and_renamed():
 def lock_waiters(text: str) -> int:
     with raw_connection() as conn:
         return conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s", [text + "%"]
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            " AND query LIKE %s",
+            [text + "%"],
         ).fetchone()[0]
 
 

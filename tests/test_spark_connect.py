@@ -65,15 +65,17 @@ def connect_server(django_db_setup, django_db_blocker, tmp_path_factory):
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    wait_for(lambda: connect.reachable(url), 120, what="the Spark Connect server to listen")
-    yield url
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    log.close()
+    try:  # stopped however the wait ends: a server that never listened is not left running for the session
+        wait_for(lambda: connect.reachable(url), 300, what="the Spark Connect server to listen")
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
 
 
 @pytest.fixture(autouse=True)

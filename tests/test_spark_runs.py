@@ -77,7 +77,7 @@ def final(run_id: int) -> SparkRun | None:
 def tasks_running(run_id: int) -> SparkRun:
     return wait_for(
         lambda: (r := row(run_id)).state == "running" and r.progress.get("tasks_active") and r,
-        120,
+        300,  # a worker's boot, its lease and a JVM's start: over 120 s at load 15 with the suite in parallel
         what="the run's tasks to be running",
     )
 

@@ -1,23 +1,60 @@
 """``manage.py test [pytest args...]``: run the test suite with pytest (replaces Django's test runner).
 
 Everything after ``test`` goes to pytest untouched (``-x``, ``-k expr``, ``-m "not spark"``, paths, node ids).
+The tests run in parallel: pytest-xdist's ``-n N --dist loadgroup``, N worker processes each on a test database of
+its own, the tests that must not overlap (Spark, chaos runs, the browser) kept together by tests/xdist_groups.py.
+N is ``JOBSITE_TEST_WORKERS`` (``0``: one process, no xdist), by default the machine's cores plus one, since most
+tests wait on a worker process, a JVM or a browser rather than compute. Arguments that choose the parallelism
+themselves (``-n``/``--numprocesses``, ``--dist``, ``-p no:xdist``) are left alone.
+
+A run longer than ``JOBSITE_TEST_BUDGET_MINUTES`` (default 45; ``0``: no limit) is stopped at that mark like a
+Ctrl-C (pytest still prints its report, where the time went included) and fails, saying so: a suite that grew
+slow is found by the change that made it slow, not by CI's time limit.
+
 pytest's exit code becomes the command's; "no tests collected" (pytest's 5) counts as a failure. Under
 ``CI=true`` a system package that is missing after the install attempt fails the run at once (exit 1, naming it):
 the tests that need it would only skip, and no test may skip in CI (tests/skip_guard.py).
 """
 
 import argparse
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from jobsite import system_packages
 from jobsite.ci import in_ci
 
 NO_TESTS_COLLECTED = 5
+BUDGET_MINUTES = 45  # JOBSITE_TEST_BUDGET_MINUTES' default
+REPORT_GRACE = 300  # seconds pytest gets, once stopped at the budget, to finish its tests' teardown and report
+# Arguments that choose the parallelism themselves, or make it pointless (a collection only).
+PARALLEL_ARGS = ("-n", "--numprocesses", "--dist", "no:xdist", "-pno:xdist", "--collect-only", "--co")
+
+
+def env_number(name: str, default: float, *, error) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise error(f"{name}={raw!r}: expected a number, 0 or more")
+    return value
+
+
+def parallel_args(args: list[str], workers: int) -> list[str]:
+    """pytest-xdist's arguments for `workers` processes, unless `args` choose the parallelism themselves."""
+    if workers < 2 or any(arg.split("=", 1)[0] in PARALLEL_ARGS or arg.startswith("-n") for arg in args):
+        return []
+    return ["-n", str(workers), "--dist", "loadgroup"]
 
 
 class Command(BaseCommand):
@@ -58,14 +95,56 @@ class Command(BaseCommand):
                 )
             )
             return 1
-        cmd = [sys.executable, "-m", "pytest", *args]
-        proc = subprocess.Popen(cmd, cwd=settings.BASE_DIR, env=os.environ.copy())
+        try:
+            workers = int(env_number("JOBSITE_TEST_WORKERS", (os.cpu_count() or 1) + 1, error=CommandError))
+            budget = env_number("JOBSITE_TEST_BUDGET_MINUTES", BUDGET_MINUTES, error=CommandError) * 60
+        except CommandError as exc:
+            self.stderr.write(self.style.ERROR(str(exc)))
+            return 1
+        cmd = [sys.executable, "-m", "pytest", *parallel_args(args, workers), *args]
+        started = time.monotonic()
+        # pytest and its xdist workers in a process group of their own: a stop (Ctrl-C, the budget, SIGTERM) reaches
+        # them all, so each worker's tests end their fixtures (and the processes those started), not only the
+        # controller; and a SIGINT to pytest's group never reaches a script that runs this command (.ci/run).
+        proc = subprocess.Popen(cmd, cwd=settings.BASE_DIR, env=os.environ.copy(), start_new_session=True)
+
+        def stop(signum: int = signal.SIGINT) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signum)
+
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop(signal.SIGTERM))
+        over_budget = False
         while True:
             try:
-                code = proc.wait()
+                left = budget - (time.monotonic() - started) if budget and not over_budget else None
+                code = proc.wait(timeout=max(left, 0) if left is not None else None)
                 break
-            except KeyboardInterrupt:  # pytest got the Ctrl-C too; let it finish its report
+            except subprocess.TimeoutExpired:  # past the budget: stop it as Ctrl-C would, so it still reports
+                over_budget = True
+                self.stderr.write(
+                    self.style.ERROR(f"the tests passed their budget of {budget / 60:g} minutes: stopping them")
+                )
+                stop()
+                try:
+                    code = proc.wait(timeout=REPORT_GRACE)
+                except subprocess.TimeoutExpired:
+                    stop(signal.SIGKILL)
+                    code = proc.wait()
+                break
+            except KeyboardInterrupt:  # Ctrl-C: passed on to pytest's group, which still writes its report
+                stop()
                 continue
+        if over_budget:
+            self.stderr.write(
+                self.style.ERROR(
+                    f"FAILED: the test suite ran past its budget of {budget / 60:g} minutes "
+                    f"(JOBSITE_TEST_BUDGET_MINUTES) and was stopped after {(time.monotonic() - started) / 60:.1f} "
+                    "minutes; "
+                    "the time per tier and group above says where it went. Make the slow tests cheaper "
+                    "(docs/development.md#in-parallel) rather than raising the budget."
+                )
+            )
+            return 1
         if code == NO_TESTS_COLLECTED:
             self.stderr.write(self.style.ERROR("no tests ran (pytest collected none); counting that as a failure"))
             return 1
