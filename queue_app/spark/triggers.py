@@ -38,6 +38,8 @@ def partition_param(job: SparkJob) -> str | None:
 def start_run(job_name: str, param: str | None, partition: str, upstream: Mapping[str, int]) -> list[str]:
     """One run of `job_name` for `partition`, queued in the caller's transaction."""
     params = {param: partition} if param and partition else {}
+    if param and partition and "|" in param:  # one parameter per dimension ("day|region" takes "2026-11-30|eu")
+        params = dict(zip(param.split("|"), partition.split("|"), strict=False))
     requested_by = ", ".join(f"{name} #{mid}" for name, mid in sorted(upstream.items()))  # "events #12, ..."
     run = trigger_run(job_name, params, trigger=SparkTrigger.DATASET, requested_by=requested_by)
     return [f"spark_run:{run.id}"]
