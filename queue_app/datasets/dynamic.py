@@ -24,6 +24,7 @@ from . import partitions
 from .declarations import Dataset, DatasetError, get_dataset
 from .models import DynamicPartitionKey
 from .partitions import DynamicPartitions, MultiPartitions, PartitionError
+from .triggers import consumers
 
 MAX_KEYS = 10_000  # keys one call may add or remove
 
@@ -61,13 +62,31 @@ class Lookup:
 
 partitions.dynamic_lookup = Lookup()
 
-_open_runs: list[Callable[[str, list[str]], list[str]]] = []
-
 
 def add_open_runs(check: Callable[[str, list[str]], list[str]]) -> None:
     """Register `check(set name, keys) -> ["spark_run:12 (key acme)", ...]`: the open runs of those keys."""
     if check not in _open_runs:
         _open_runs.append(check)
+
+
+OPEN_TASK_ITEMS = """
+SELECT id, payload->>'partition' FROM queue_app_queueitem
+WHERE task = ANY(%s::text[]) AND state IN ('ready', 'reserved') AND payload ? 'partition'
+"""
+
+
+def _open_task_items(partition_set: str, keys: list[str]) -> list[str]:
+    """The open items of trigger tasks (triggers.trigger_task) whose partition names one of `keys`."""
+    tasks = [c.key[len("task:") :] for c in consumers().values() if c.key.startswith("task:")]
+    if not tasks:
+        return []
+    wanted = set(keys)
+    with connection.cursor() as cursor:
+        cursor.execute(OPEN_TASK_ITEMS, [tasks])
+        return [f"item:{i}" for i, partition in cursor.fetchall() if wanted & set((partition or "").split("|"))]
+
+
+_open_runs: list[Callable[[str, list[str]], list[str]]] = [_open_task_items]
 
 
 def sets_of(ds: Dataset) -> list[tuple[str, DynamicPartitions]]:
