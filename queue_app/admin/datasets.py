@@ -30,17 +30,25 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString, mark_safe
 
-from ..datasets import DatasetError, declared_datasets, get_dataset
+from ..datasets import DatasetError, declared_datasets, dynamic, get_dataset
 from ..datasets import services as datasets
 from ..datasets.graph import FRESHNESS_COLOURS, svg
 from ..datasets.lineage import Neighbourhood
 from ..datasets.models import Dataset, Materialization
 from ..datasets.producer_params import parse_pairs
-from ..datasets.status import PARTITIONS_COUNTED_UP_TO, Cell, partition_counts, partition_grid, summaries
+from ..datasets.status import (
+    PARTITIONS_COUNTED_UP_TO,
+    Cell,
+    Matrix,
+    partition_counts,
+    partition_grid,
+    partition_matrix,
+    summaries,
+)
 from ..datasets.sync import sync_datasets
 from ..spark import materialize as backfill
 from ..spark.datasets import lineage
@@ -49,11 +57,16 @@ from . import charts
 from .actions import ReadOnlyAdmin
 
 TEMPLATES = "admin/queue_app/dataset/"
-PERMISSIONS = {"observe": "queue_app.observe_dataset", "materialize": "queue_app.trigger_sparkrun"}
+PERMISSIONS = {
+    "observe": "queue_app.observe_dataset",
+    "materialize": "queue_app.trigger_sparkrun",
+    "partitions": "queue_app.change_dynamic_partitions",
+}
 # The dataset page's actions: (label, URL name suffix, permission).
 DATASET_TOOLS: list[tuple[str, str, str]] = [
     ("Observe", "observe", PERMISSIONS["observe"]),
     ("Materialize", "materialize", PERMISSIONS["materialize"]),
+    ("Partitions", "partitions", PERMISSIONS["partitions"]),  # a dataset with a dynamic dimension only
 ]
 HISTORY_CHART_POINTS = 500  # the chart's newest materializations
 HISTORY_ROWS = 50  # the table's
@@ -172,6 +185,7 @@ class DatasetAdmin(ReadOnlyAdmin):
             path("<str:name>/lineage/", view(self.lineage_view), name=self.url_name("lineage")),
             path("<str:name>/observe/", view(self.observe_view), name=self.url_name("observe")),
             path("<str:name>/materialize/", view(self.materialize_view), name=self.url_name("materialize")),
+            path("<str:name>/partitions/", view(self.partitions_view), name=self.url_name("partitions")),
             *super().get_urls(),
         ]
 
@@ -236,7 +250,7 @@ class DatasetAdmin(ReadOnlyAdmin):
             partitioning=_partitioning(ds.partitioning.describe()),
             producers=[(job, job_url(job)) for job in sorted(jobs.get("producers", []))],
             consumers=[(job, job_url(job)) for job in sorted(jobs.get("consumers", []))],
-            grid=grid_html(partition_grid(ds), partition),
+            grid=_grid(ds, partition),
             cell_states=[(state, badge(state, CELL_COLOURS)) for state in CELL_COLOURS],
             freshness_states=[(state, badge(state)) for state in FRESHNESS_COLOURS],
             partition=partition,
@@ -252,7 +266,7 @@ class DatasetAdmin(ReadOnlyAdmin):
             tools=[
                 (label, self.reverse(suffix, ds.name))
                 for label, suffix, permission in DATASET_TOOLS
-                if request.user.has_perm(permission)
+                if request.user.has_perm(permission) and (suffix != "partitions" or dynamic.sets_of(ds))
             ],
         )
         return TemplateResponse(request, TEMPLATES + "detail.html", context)
@@ -277,6 +291,46 @@ class DatasetAdmin(ReadOnlyAdmin):
             dataset_url=dataset_url(ds.name),
         )
         return TemplateResponse(request, TEMPLATES + "lineage.html", context)
+
+    def partitions_view(self, request: HttpRequest, name: str) -> HttpResponse:
+        """The keys of the dataset's dynamic partition sets, with their history; adding and removing them needs
+        queue_app.change_dynamic_partitions (logged)."""
+        ds = self._declared(request, name)
+        sets = dynamic.sets_of(ds)
+        if not sets:
+            raise Http404(f"dataset {ds.name!r} has no dynamic partitions")
+        allowed = request.user.has_perm(PERMISSIONS["partitions"])
+        form = DynamicKeysForm(request.POST or None, sets=[p.name for _n, p in sets])
+        if request.method == "POST":
+            if not allowed:
+                raise PermissionDenied
+            if form.is_valid():
+                verb, partition_set = form.cleaned_data["verb"], form.cleaned_data["partition_set"]
+                change = dynamic.add_keys if verb == "add" else dynamic.remove_keys
+                try:
+                    done = change(partition_set, form.cleaned_data["keys"].split(), by=f"admin:{request.user}")
+                except DatasetError as exc:
+                    form.add_error("keys", str(exc))
+                else:
+                    what = f"{'Added' if verb == 'add' else 'Removed'} {partition_set}: {', '.join(done) or 'nothing'}"
+                    LogEntry.objects.log_actions(
+                        user_id=request.user.pk,
+                        queryset=Dataset.objects.filter(pk=ds.name),
+                        action_flag=CHANGE,
+                        change_message=what,
+                    )
+                    self.message_user(request, what, messages.SUCCESS)
+                    return HttpResponseRedirect(self.reverse("partitions", ds.name))
+        listed = [(p.name, dynamic.list_keys(p.name, history=True)) for _n, p in sets]
+        context = self._context(
+            request,
+            f"Partitions of {ds.name}",
+            ds=ds,
+            form=form if allowed else None,
+            listed=listed,
+            dataset_url=dataset_url(ds.name),
+        )
+        return TemplateResponse(request, TEMPLATES + "partitions.html", context)
 
     def observe_view(self, request: HttpRequest, name: str) -> HttpResponse:
         if not self.has_observe_permission(request):
@@ -368,6 +422,20 @@ class MaterializeForm(forms.Form):
             raise forms.ValidationError(str(exc)) from None
 
 
+class DynamicKeysForm(forms.Form):
+    verb = forms.ChoiceField(choices=[("add", "Add"), ("remove", "Remove")])
+    partition_set = forms.ChoiceField(label="set")
+    keys = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}),
+        max_length=100_000,
+        help_text="Keys separated by spaces or lines: 1-100 letters, digits, '_', '.', '=' or '-'.",
+    )
+
+    def __init__(self, *args: Any, sets: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["partition_set"].choices = [(name, name) for name in sets]
+
+
 class ObserveForm(forms.Form):
     partition = forms.CharField(
         max_length=200, help_text="The partition's key (a day 2026-11-26, an hour 2026-11-26T05, a static key)."
@@ -377,6 +445,72 @@ class ObserveForm(forms.Form):
         super().__init__(*args, **kwargs)
         if not partitioned:
             del self.fields["partition"]
+
+
+def _grid(ds: Any, selected: str | None) -> SafeString:
+    matrix = partition_matrix(ds)
+    return matrix_html(matrix, selected) if matrix is not None else grid_html(partition_grid(ds), selected)
+
+
+def _cell_html(c: Cell, selected: str | None, label: str) -> SafeString:
+    fill, border = CELL_COLOURS[c.state]
+    title = f"{c.partition or '(unpartitioned)'}: {c.state}"
+    if c.at is not None:
+        title += f" at {c.at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
+    if c.rows is not None:
+        title += f", {c.rows} rows"
+    return format_html(
+        '<a href="?partition={}" class="state-{}{}" style="background:{};border:1px solid {}" title="{}">{}</a>',
+        quote_url(c.partition, safe="/"),
+        c.state,
+        " selected" if selected == c.partition else "",
+        fill,
+        border,
+        title,
+        label,
+    )
+
+
+def matrix_html(matrix: Matrix, selected: str | None) -> SafeString:
+    """A multi-dimension dataset's grid as a table: a row per time key (gap and older rows span the table), a
+    column per key of the other dimensions."""
+    head = format_html("<th>{}</th>", matrix.time_dimension) + format_html_join(
+        "", "<th>{}</th>", ((c,) for c in matrix.columns)
+    )
+    body = []
+    for row in matrix.rows:
+        if row.state in ("gap", "older"):
+            what = "never materialized" if row.state == "gap" else "older, none failed its checks"
+            body.append(
+                format_html(
+                    '<tr class="state-{}"><th>… {} …</th><td colspan="{}" title="{} to {}: {}">{} to {}</td></tr>',
+                    row.state,
+                    row.count,
+                    len(matrix.columns),
+                    row.partition,
+                    row.until,
+                    what,
+                    row.partition,
+                    row.until,
+                )
+            )
+            continue
+        cells = []
+        for column in matrix.columns:
+            c = matrix.cells.get((row.partition, column))
+            if c is None:
+                parts = column.split("|") if column else []
+                key = "|".join([row.partition, *parts]) if matrix.column_dimensions else row.partition
+                c = Cell(key, "missing")
+            cells.append(format_html("<td>{}</td>", _cell_html(c, selected, "·")))
+        body.append(format_html("<tr><th>{}</th>{}</tr>", row.partition, mark_safe("".join(cells))))  # noqa: S308
+    more = format_html('<p class="quiet">and {} more keys</p>', matrix.more_columns) if matrix.more_columns else ""
+    return format_html(
+        '<table class="ds-matrix"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>{}',
+        head,
+        mark_safe("".join(body)),  # noqa: S308  every part escaped by format_html
+        more,
+    )
 
 
 def grid_html(cells: list[Cell], selected: str | None) -> SafeString:
@@ -434,6 +568,10 @@ def _when(iso: str | None) -> Any:
 
 
 def _partitioning(described: Any) -> str:
+    if isinstance(described, dict) and "dimensions" in described:
+        return " × ".join(f"{d['name']} ({_partitioning(d['partitioning'])})" for d in described["dimensions"])
+    if isinstance(described, dict) and "dynamic" in described:
+        return f"dynamic ({described['dynamic']})"
     if isinstance(described, dict):
         return "static " + ", ".join(map(str, described.get("static", [])))
     return described or "unpartitioned"
