@@ -36,6 +36,7 @@ WHERE partition_set = %s AND removed_at IS NULL AND (%s::text[] IS NULL OR key =
 ADD_KEYS = """
 INSERT INTO queue_app_dynamicpartitionkey (partition_set, key, added_at, added_by, removed_by)
 SELECT %s, k, now(), %s, '' FROM unnest(%s::text[]) AS k
+WHERE NOT (%s AND EXISTS (SELECT 1 FROM queue_app_dynamicpartitionkey d WHERE d.partition_set = %s AND d.key = k))
 ON CONFLICT (partition_set, key) WHERE removed_at IS NULL DO NOTHING
 RETURNING key
 """
@@ -135,12 +136,13 @@ def _keys(keys: Iterable[Any], part: DynamicPartitions) -> list[str]:
         raise DatasetError(str(exc)) from None
 
 
-def add_keys(partition_set: str, keys: Iterable[Any], *, by: str = "code") -> list[str]:
-    """Add `keys` to the set (all checked first: a bad one adds nothing); returns those that were new."""
+def add_keys(partition_set: str, keys: Iterable[Any], *, by: str = "code", never_seen: bool = False) -> list[str]:
+    """Add `keys` to the set (all checked first: a bad one adds nothing); returns those that were new. With
+    `never_seen` (a watch), a key once removed is not added back."""
     name = _checked_set(partition_set)
     wanted = _keys(keys, DynamicPartitions(name))
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(ADD_KEYS, [name, by[:150], wanted])
+        cursor.execute(ADD_KEYS, [name, by[:150], wanted, never_seen, name])
         return sorted(row[0] for row in cursor.fetchall())
 
 
