@@ -142,14 +142,25 @@ ORDER BY k.partition DESC
 
 # -- data-aware triggers (triggers.py) ---------------------------------------------------------------------------
 
-# The (consumer, partition)'s state row, made sure of and locked in one statement: a concurrent recorder of
-# another upstream of the pair waits here until this transaction ends, then (READ COMMITTED: the conflicting row's
-# newest version) reads what it committed. Parameters: consumer, partition.
-TRIGGER_LOCK = """
+# The (consumer, partition) state rows one upstream partition moves (one; through a mapping, every partition it
+# feeds), made sure of and locked in one statement: a concurrent recorder of another upstream of a pair waits
+# here until this transaction ends, then (READ COMMITTED: the conflicting row's newest version) reads what it
+# committed. Locked in the order given (sorted by the caller: the rows are inserted, or
+# their conflicts locked, in the SELECT's order, so concurrent recorders lock them in one order). Parameters:
+# consumer, partitions.
+TRIGGER_LOCK_MANY = """
 INSERT INTO queue_app_triggerstate (consumer, partition, pending, seen, updated_at)
-VALUES (%s, %s, '{}'::jsonb, '{}'::jsonb, now())
+SELECT %s, t.p, '{}'::jsonb, '{}'::jsonb, now() FROM unnest(%s::text[]) WITH ORDINALITY AS t(p, n) ORDER BY t.n
 ON CONFLICT (consumer, partition) DO UPDATE SET updated_at = EXCLUDED.updated_at
-RETURNING id, pending, seen, timer_item_id
+RETURNING id, partition, pending, seen, timer_item_id
+"""
+
+# The state rows not ready, written back under their locks in one statement. Parameter: [{"id", "pending",
+# "seen"}] as JSON.
+TRIGGER_SAVE_MANY = """
+UPDATE queue_app_triggerstate s SET pending = v.pending, seen = v.seen, due_at = NULL, timer_item_id = NULL
+FROM jsonb_to_recordset(%s::jsonb) AS v(id bigint, pending jsonb, seen jsonb)
+WHERE s.id = v.id
 """
 
 # The state row written back under its lock. Parameters: pending, seen, debounce seconds (None: no timer),

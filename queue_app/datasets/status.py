@@ -295,7 +295,7 @@ def _time_grid(partitioning: Any, found: dict[str, Cell], now: dt.datetime, limi
     return shown + cells[-limit:]
 
 
-MATRIX_ROWS = 60  # a multi-dimension dataset's grid: this many time rows (newest), gaps and failures besides
+MATRIX_ROWS = 31  # a multi-dimension dataset's grid: this many time rows (newest), gaps and failures besides
 MATRIX_COLUMNS = 50  # and this many keys of its other dimensions
 
 
@@ -311,6 +311,13 @@ class Matrix:
     rows: list[Cell]
     cells: dict[tuple[str, str], Cell]
     more_columns: int = 0
+    time_index: int = 0
+
+    def key(self, time_key: str, column: str) -> str:
+        """The partition key of a cell: the time key at its dimension's place among the column's keys."""
+        parts = column.split("|") if column else []
+        parts.insert(self.time_index, time_key)
+        return "|".join(parts)
 
 
 SEVERITY = ["materialized", "observed", "checks-pending", "missing", "failed-checks"]  # a row's worst state
@@ -360,5 +367,11 @@ def partition_matrix(ds: Dataset, now: dt.datetime | None = None) -> Matrix | No
         except PartitionError:
             rows = [rows_found[k] for k in sorted(rows_found)]
     return Matrix(
-        part.names[index], others, columns[:MATRIX_COLUMNS], rows, cells, max(0, len(columns) - MATRIX_COLUMNS)
+        part.names[index],
+        others,
+        columns[:MATRIX_COLUMNS],
+        rows,
+        cells,
+        max(0, len(columns) - MATRIX_COLUMNS),
+        index,
     )

@@ -12,7 +12,8 @@ materialization usable (datasets/checks_run.py): its record when it has no block
 blocking check passes or its failures are overridden. For each
 consumer of the materialization's dataset, in consumer order (so concurrent recorders lock in one order):
 
-1. TRIGGER_LOCK upserts and locks the (consumer, partition) state row: a concurrent recorder of another upstream
+1. TRIGGER_LOCK_MANY upserts and locks the (consumer, partition) state rows (one; with a mapping, every consumer
+   partition the upstream partition feeds, in key order, in one statement): a concurrent recorder of another upstream
    of the same partition waits for this transaction, then reads what it committed (READ COMMITTED reads the
    conflicting row's newest version), so of two upstreams recorded at once the second committer sees both.
 2. The materialization joins `pending` ({dataset: id} since the consumer's last run); one already counted
@@ -61,9 +62,10 @@ from .sql import (
     TIMER_ALIVE,
     TRIGGER_CLEAR,
     TRIGGER_FIRED,
-    TRIGGER_LOCK,
+    TRIGGER_LOCK_MANY,
     TRIGGER_SAVE,
     TRIGGER_SAVE_AND_FIRE,
+    TRIGGER_SAVE_MANY,
     TRIGGER_TIMER,
     TRIGGER_TIMER_SET,
 )
@@ -189,10 +191,9 @@ def materialization_usable(materialization: Any) -> list[Fired]:
     fired = []
     for consumer in wanting:  # in key order, and each one's partitions in key order: one lock order for all
         ref = next(r for r in consumer.trigger.upstreams if r.name == materialization.dataset)
-        for partition in _fed(consumer, ref, materialization.partition):
-            done = _update(consumer, ref, partition, materialization.partition, int(materialization.id))
-            if done is not None:
-                fired.append(done)
+        partitions = _fed(consumer, ref, materialization.partition)
+        if partitions:
+            fired += _update(consumer, ref, partitions, materialization.partition, int(materialization.id))
     return fired
 
 
@@ -254,38 +255,57 @@ def needed(consumer: Consumer, partition: str) -> list[str] | None:
     return wanted
 
 
-def _update(consumer: Consumer, ref: DatasetRef, partition: str, key: str, materialization_id: int) -> Fired | None:
+def _update(consumer: Consumer, ref: DatasetRef, partitions: list[str], key: str, materialization_id: int) -> list:
+    """Move the consumer's state rows of `partitions` (sorted) for the upstream partition `key`: all locked in one
+    statement, those not ready written back in one more, each ready one fired (or its debounce timer set)."""
     trigger = consumer.trigger
     name = slot(ref, key)
+    ready_rows, saves = [], []
     with connection.cursor() as cursor:
-        cursor.execute(TRIGGER_LOCK, [consumer.key, partition])
-        state_id, pending, seen, timer_item_id = cursor.fetchone()
-        pending, seen = _loads(pending), _loads(seen)
-        if seen.get(name, 0) >= materialization_id:
-            return None  # counted already (reported twice, or an older one reported late)
-        seen[name] = pending[name] = materialization_id
-        if trigger.mode == "any":
-            ready = True
-        else:
-            wanted = needed(consumer, partition)
-            ready = wanted is not None and all(n in pending for n in wanted)
-        if ready and trigger.debounce > 0:
-            if timer_item_id is not None:
-                cursor.execute(TIMER_ALIVE, [timer_item_id])
-                timer_item_id = timer_item_id if cursor.fetchone()[0] else None
-            cursor.execute(
-                TRIGGER_SAVE,
-                [json.dumps(pending), json.dumps(seen), trigger.debounce, trigger.debounce, timer_item_id, state_id],
-            )
-            (due_at,) = cursor.fetchone()
-            if timer_item_id is None:  # the one delayed item of the pair; later updates only push due_at back
-                item = engine.enqueue(TIMER_TASK, {"consumer": consumer.key, "partition": partition}, run_at=due_at)
-                cursor.execute(TRIGGER_TIMER_SET, [item.id, state_id])
-            return None
-        if not ready:
-            cursor.execute(TRIGGER_SAVE, [json.dumps(pending), json.dumps(seen), None, None, None, state_id])
-            return None
-    return _fire(consumer, partition, dict(pending), saving=(json.dumps(seen), state_id))
+        cursor.execute(TRIGGER_LOCK_MANY, [consumer.key, partitions])
+        rows = {row[1]: row for row in cursor.fetchall()}
+        for partition in partitions:
+            state_id, _partition, pending, seen, timer_item_id = rows[partition]
+            pending, seen = _loads(pending), _loads(seen)
+            if seen.get(name, 0) >= materialization_id:
+                continue  # counted already (reported twice, or an older one reported late)
+            seen[name] = pending[name] = materialization_id
+            if trigger.mode == "any":
+                ready = True
+            else:
+                wanted = needed(consumer, partition)
+                ready = wanted is not None and all(n in pending for n in wanted)
+            if ready:
+                ready_rows.append((state_id, partition, pending, seen, timer_item_id))
+            else:
+                saves.append({"id": state_id, "pending": pending, "seen": seen})
+        if saves:
+            cursor.execute(TRIGGER_SAVE_MANY, [json.dumps(saves)])
+    fired = []
+    for state_id, partition, pending, seen, timer_item_id in ready_rows:
+        if trigger.debounce > 0:
+            _debounce(consumer, partition, state_id, pending, seen, timer_item_id)
+            continue
+        done = _fire(consumer, partition, dict(pending), saving=(json.dumps(seen), state_id))
+        if done is not None:
+            fired.append(done)
+    return fired
+
+
+def _debounce(consumer: Consumer, partition: str, state_id: int, pending: dict, seen: dict, timer_item_id: Any) -> None:
+    """A ready pair under debounce: `due_at` set (pushed back by every later update) and one delayed item kept."""
+    with connection.cursor() as cursor:
+        if timer_item_id is not None:
+            cursor.execute(TIMER_ALIVE, [timer_item_id])
+            timer_item_id = timer_item_id if cursor.fetchone()[0] else None
+        debounce = consumer.trigger.debounce
+        cursor.execute(
+            TRIGGER_SAVE, [json.dumps(pending), json.dumps(seen), debounce, debounce, timer_item_id, state_id]
+        )
+        (due_at,) = cursor.fetchone()
+        if timer_item_id is None:  # the one delayed item of the pair; later updates only push due_at back
+            item = engine.enqueue(TIMER_TASK, {"consumer": consumer.key, "partition": partition}, run_at=due_at)
+            cursor.execute(TRIGGER_TIMER_SET, [item.id, state_id])
 
 
 def _fire(consumer: Consumer, partition: str, upstream: dict[str, int], saving: tuple[str, int]) -> Fired | None:
