@@ -1,6 +1,6 @@
 """Datasets with two dimensions for tests/test_datasets_dimensions_surfaces.py (the children import them with
 `manage.py dataset --import tests.dimensions_declared`): sales by day and region (static), orders by day and
-customer (a dynamic set), and the Spark job that produces sales with one parameter per dimension."""
+customer (a dynamic set), and the Spark jobs that produce them with one parameter per dimension."""
 
 from queue_app.datasets import DynamicPartitions, MultiPartitions, StaticPartitions, dataset
 from queue_app.params import Param
@@ -26,4 +26,13 @@ dataset(
     produces={"dim_sales": "day|region"},
 )
 def build(spark, params):
+    return {}
+
+
+@spark_job(
+    "dim_orders_build",
+    params=[Param("day", "date", required=True), Param("customer", "str", required=True)],
+    produces={"dim_orders": "day|customer"},
+)
+def build_orders(spark, params):
     return {}

@@ -11,11 +11,13 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
-from queue_app.datasets import dynamic
+from queue_app.datasets import DatasetError, dynamic
 from queue_app.datasets.models import DynamicPartitionKey
 from queue_app.datasets.services import record_materialization
 from queue_app.datasets.sync import sync_datasets
 from queue_app.spark.models import SparkRun
+from queue_app.spark.registry import SparkParamError
+from queue_app.spark.runs import trigger_run
 from tests import dimensions_declared  # noqa: F401  (declares in this process what the children --import)
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
 
@@ -95,3 +97,16 @@ def test_the_admin_shows_a_matrix_and_changes_dynamic_keys_behind_their_permissi
     assert DynamicPartitionKey.objects.count() == 2
     other_set = editor.post(partitions_url, {"verb": "add", "partition_set": "elsewhere", "keys": "a"})
     assert other_set.status_code == 200 and DynamicPartitionKey.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_a_dynamic_key_is_not_removed_while_a_spark_run_of_it_is_open():
+    dynamic.add_keys("dim_customers", ["acme", "globex"])
+    run = trigger_run("dim_orders_build", {"day": "2026-11-30", "customer": "acme"}, trigger="cli")
+    with pytest.raises(DatasetError, match=rf"a run of these keys is open \(spark_run:{run.id}\)"):
+        dynamic.remove_keys("dim_customers", ["acme"])
+    assert dynamic.remove_keys("dim_customers", ["globex"]) == ["globex"]  # no run of it
+    with pytest.raises(SparkParamError, match="dimension 'customer': 'globex' is not a partition"):
+        trigger_run("dim_orders_build", {"day": "2026-11-30", "customer": "globex"}, trigger="cli")
+    SparkRun.objects.filter(id=run.id).update(state="succeeded")
+    assert dynamic.remove_keys("dim_customers", ["acme"]) == ["acme"]
