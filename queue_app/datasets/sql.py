@@ -140,6 +140,25 @@ ORDER BY k.partition DESC
 """
 
 
+# A multi-dimension dataset's matrix (status.partition_matrix), its time dimension first: the newest %(rows)s time
+# keys by probes (a key "2026-11-30|eu" sorts after "2026-11-30" and before "2026-12-01"), then every partition
+# from the oldest of them in one range scan, each with its latest materialization, at most %(cap)s, the newest.
+MATRIX_GRID = """
+WITH RECURSIVE times(t, n) AS (
+    (SELECT split_part(m.partition, '|', 1), 1 FROM queue_app_materialization m
+     WHERE m.dataset = %(ds)s ORDER BY m.partition DESC LIMIT 1)
+    UNION ALL
+    SELECT (SELECT split_part(m.partition, '|', 1) FROM queue_app_materialization m
+            WHERE m.dataset = %(ds)s AND m.partition < times.t ORDER BY m.partition DESC LIMIT 1), times.n + 1
+    FROM times WHERE times.t IS NOT NULL AND times.n < %(rows)s
+)
+SELECT DISTINCT ON (m.partition) m.partition, m.id, m.at, m.source, m.rows, m.bytes, m.spark_run_id, m.checks
+FROM queue_app_materialization m
+WHERE m.dataset = %(ds)s AND m.partition >= (SELECT min(t) FROM times)
+ORDER BY m.partition DESC, m.at DESC
+LIMIT %(cap)s
+"""
+
 # -- data-aware triggers (triggers.py) ---------------------------------------------------------------------------
 
 # The (consumer, partition) state rows one upstream partition moves (one; through a mapping, every partition it

@@ -25,7 +25,7 @@ from .declarations import Dataset
 from .freshness import freshness_state, overdue_since, staleness_seconds
 from .models import CheckState, DatasetCheckResult, Materialization
 from .partitions import MultiPartitions, PartitionError, all_keys
-from .sql import NEWEST, PARTITION_COUNTS, PARTITION_COUNTS_SCAN, PARTITION_GRID
+from .sql import MATRIX_GRID, NEWEST, PARTITION_COUNTS, PARTITION_COUNTS_SCAN, PARTITION_GRID
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -297,6 +297,7 @@ def _time_grid(partitioning: Any, found: dict[str, Cell], now: dt.datetime, limi
 
 MATRIX_ROWS = 31  # a multi-dimension dataset's grid: this many time rows (newest), gaps and failures besides
 MATRIX_COLUMNS = 50  # and this many keys of its other dimensions
+MATRIX_CAP = 20_000  # partitions read for it at most (the newest)
 
 
 @dataclass(frozen=True)
@@ -344,8 +345,11 @@ def partition_matrix(ds: Dataset, now: dt.datetime | None = None) -> Matrix | No
     if len(axes) == 1:
         columns_known = set(axes[0])
     with connection.cursor() as cursor:
-        limit = MATRIX_ROWS * max(1, min(len(columns_known) or MATRIX_COLUMNS, MATRIX_COLUMNS))
-        cursor.execute(PARTITION_GRID, [ds.name, ds.name, limit, ds.name])
+        if index == 0:  # the time dimension first: its newest keys, then one range scan
+            cursor.execute(MATRIX_GRID, {"ds": ds.name, "rows": MATRIX_ROWS, "cap": MATRIX_CAP})
+        else:  # the newest partitions by key, as the one-dimension grid reads them
+            limit = MATRIX_ROWS * max(1, min(len(columns_known) or MATRIX_COLUMNS, MATRIX_COLUMNS))
+            cursor.execute(PARTITION_GRID, [ds.name, ds.name, limit, ds.name])
         cells, rows_found = {}, {}
         for row in cursor.fetchall():
             parts = row[0].split("|")
