@@ -13,7 +13,10 @@ class QueueAppConfig(AppConfig):
         from . import checks as settings_checks  # noqa: F401  registers jobsite.E020-E023 (the JOBSITE dict)
         from . import registry  # installs the tasks' item defaults in the engine
         from .datasets import checks as dataset_checks  # noqa: F401  registers jobsite.E101-E105, E120-E122
-        from .datasets import openlineage  # noqa: F401  registers jobsite.E131 (the OPENLINEAGE setting)
+        from .datasets import (
+            dynamic,  # noqa: F401  the dynamic partition sets' lookup (partitions.py)
+            openlineage,  # noqa: F401  registers jobsite.E131 (the OPENLINEAGE setting)
+        )
         from .datasets.sync import sync_after_migrate
         from .engine import tracing
         from .engine.db import tune_connection

@@ -18,7 +18,7 @@ from django.db.models import F
 
 from jobsite.chaos.checks import Check
 from jobsite.chaos.harness_checks import check_faults, check_webhooks, check_workers
-from jobsite.chaos.trigger_checks import CHECKED, CONSUMERS, TriggerRun, check_triggers
+from jobsite.chaos.trigger_checks import CHECKED, CONSUMERS, MAPPED, TriggerRun, check_triggers
 from jobsite.chaos.wait_checks import EVENT, WaitRun, check_waits
 from jobsite.chaos.workflow_checks import AT_LEAST_ONCE, TRANSACTIONAL, WorkflowRun, check_workflows
 from jobsite.chaos.workflow_tasks import CHILD
@@ -247,7 +247,7 @@ class TriggerScene:
         )  # fmt: skip
         QueueItem.objects.filter(id=item_id).update(state="done", reservation_id=res.id, attempts=1)
         if ran:
-            self.record(CONSUMERS[task], day, at=leased)
+            self.record({**CONSUMERS, **MAPPED}[task], day, at=leased)
         return item_id
 
     def run(self, **changes) -> TriggerRun:
@@ -273,6 +273,7 @@ def test_trigger_checks_pass_on_the_clean_end_state(triggers):
         "each consumer queued once per usable set",
         "each consumer item ran exactly once",
         "no consumer before its upstreams",
+        "each mapped consumer queued once per set",
         "workers behaved",
     ]
 
@@ -587,3 +588,27 @@ def test_a_dead_letter_with_no_event_is_caught(webhooks):
     del webhooks.first[gone.webhook_id]
     gone.delete()
     assert webhooks.check().problems == [f"the dead letter of item {item_id} raised no event"]
+
+
+def test_a_mapped_consumer_fired_twice_or_for_an_incomplete_set_is_caught(triggers):
+    """A week of chaos_b recorded whole (2025-01-06 .. 12) and a day of chaos_region's every source: each mapped
+    consumer queued once passes; queued again, or for a week missing a day, is caught."""
+    week = [f"2025-01-{d:02d}" for d in range(6, 13)]
+    ids = {f"chaos_b[{d}]": triggers.record("chaos_b", d).id for d in week}
+    fan_in = {f"chaos_region[{GOOD}|{s}]": triggers.record("chaos_region", f"{GOOD}|{s}").id for s in ("s1", "s2")}
+    week_task, fanin_task = MAPPED
+    triggers.item(week_task, "2025-W02", ids)
+    triggers.item(fanin_task, GOOD, fan_in)
+
+    def judge():
+        run = TriggerRun([GOOD, OVERRIDDEN, REWRITTEN, *week], [OVERRIDDEN], [REWRITTEN], triggers.second_phase_from,
+                         sources=["s1", "s2"])  # fmt: skip
+        return failed(check_triggers("default", run)).get("each mapped consumer queued once per set", [])
+
+    assert judge() == []
+    triggers.item(week_task, "2025-W02", ids)  # the week's set fired a second time
+    triggers.item(fanin_task, OVERRIDDEN, {})  # a fan-in of a day whose sources were never recorded
+    assert judge() == [
+        "jobsite.chaos_consume_fanin[2025-01-02] queued 1 times for an incomplete set",
+        "jobsite.chaos_consume_week[2025-W02] queued 2 times",
+    ]

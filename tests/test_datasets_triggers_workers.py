@@ -77,3 +77,38 @@ def test_real_workers_run_each_consumer_once_per_upstream_set(declared, worker):
     with connection.cursor() as cursor:  # the failed upstream's item ended dead, not retried into a record
         cursor.execute("SELECT count(*) FROM queue_app_queueitem WHERE task = 'tests.trig_upstream' AND state = 'dead'")
         assert cursor.fetchone()[0] == 1
+
+
+@pytest.mark.slow  # real run_worker processes
+def test_real_workers_fire_each_mapped_consumer_once_per_set_of_upstream_partitions(declared, worker):
+    """Two workers record three weeks of tt_daily and ten days of tt_region in three regions, in a random order
+    with random holds, so the partitions one mapped consumer partition reads are recorded in overlapping
+    transactions: the weekly rollup (TimeWindow to weekly) fires once per week, after its seven days, and the
+    fan-in (AllOf region) once per day, after its three regions."""
+    rng = random.Random(48)
+    days = [f"2026-11-{d:02d}" for d in range(2, 23)]  # Monday 2026-11-02 (W45) to Sunday 11-22 (W47)
+    region_days = days[:10]
+    items = [{"dataset": "tt_daily", "partition": day, "hold": rng.uniform(0, 0.1)} for day in days]
+    items += [
+        {"dataset": "tt_region", "partition": f"{day}|{region}", "hold": rng.uniform(0, 0.1)}
+        for day in region_days
+        for region in trigger_tasks.REGIONS
+    ]
+    rng.shuffle(items)
+    engine.enqueue_many("tests.trig_upstream", items)
+    for name in ("w1", "w2"):
+        worker(name, "--concurrency", "4", "--pool", "thread", "--import", "tests.trigger_declared")
+    drained(60)
+
+    weekly = outputs("tt_weekly_out")
+    assert sorted(weekly) == ["2026-W45", "2026-W46", "2026-W47"]
+    recorded = {m.partition: m for m in Materialization.objects.filter(dataset="tt_daily")}
+    for week, runs in weekly.items():
+        assert len(runs) == 1, (week, runs)
+        read = runs[0].metadata["upstream"]
+        assert len(read) == 7 and all(recorded[k[len("tt_daily[") : -1]].id == v for k, v in read.items())
+        assert runs[0].at >= max(recorded[k[len("tt_daily[") : -1]].at for k in read)
+    fan_in = outputs("tt_regions_out")
+    assert sorted(fan_in) == region_days and all(len(runs) == 1 for runs in fan_in.values())
+    assert all(len(runs[0].metadata["upstream"]) == 3 for runs in fan_in.values())
+    assert TriggerFire.objects.filter(consumer="task:tests.trig_weekly").count() == 3

@@ -9,7 +9,7 @@ import pytest
 from django.core import checks
 from django.db import connection, transaction
 
-from queue_app.datasets import dataset
+from queue_app.datasets import DynamicPartitions, dataset, dynamic
 from queue_app.datasets.declarations import _code
 from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import Materialization
@@ -121,3 +121,19 @@ def test_a_glob_outside_the_roots_or_without_a_partition_segment_is_a_system_che
     assert any("one whole path segment" in m for m in found)
     assert any("unknown dataset 'dw_nope'" in m for m in found)
     assert check_watches() == [] and not os.path.exists(tmp_path / "elsewhere")  # only the valid watch runs
+
+
+def test_a_new_folder_becomes_a_key_of_a_dynamic_set_and_a_removed_one_does_not_come_back(root):
+    dataset("dw_sources", location="landing/{partition}", partitioning=DynamicPartitions("dw_sources"))
+    watch("dw_sources", "landing/{partition}/*.csv")
+    _land(root, "acme", "a.csv")
+    _land(root, "globex", "a.csv")
+    _land(root, "bad key!", "a.csv")  # not a key's shape: left out
+
+    assert sorted(m.partition for m in check_watches()) == ["acme", "globex"]
+    assert [k["added_by"] for k in dynamic.list_keys("dw_sources")] == ["watch:landing/{partition}/*.csv"] * 2
+    dynamic.remove_keys("dw_sources", ["globex"])
+    _land(root, "globex", "b.csv")  # new files in a removed key's folder
+    _land(root, "initech", "a.csv")
+    assert [m.partition for m in check_watches()] == ["initech"]
+    assert [k["key"] for k in dynamic.list_keys("dw_sources")] == ["acme", "initech"]

@@ -1,7 +1,8 @@
 """queue_chaos --triggers --quick passes end to end: real workers killed with -9 while 150 partitions' two upstreams
 are recorded (every tenth bad, failing its blocking check until overridden or recorded again) and the data-aware
 trigger queues their consumer; every check of jobsite/chaos/triggers.py passes (each consumer queued once per
-usable upstream set and run exactly once, never on a blocked partition nor before its upstreams, nothing stuck)."""
+usable upstream set and run exactly once, never on a blocked partition nor before its upstreams, nothing stuck),
+and the mapped consumers (a week of chaos_b's days, a fan-in over a dynamic set of sources) once per complete set."""
 
 import pytest
 
@@ -14,6 +15,7 @@ CHECKS = (
     "each consumer queued once per usable set",
     "each consumer item ran exactly once",
     "no consumer before its upstreams",
+    "each mapped consumer queued once per set",
     "workers behaved",
 )
 

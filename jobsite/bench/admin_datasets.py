@@ -7,6 +7,9 @@ this one), a third of them with a 26 h freshness policy. Job j (1..N-1) consumes
 dataset j: a binary tree, so dataset 0's lineage to depth 8 holds 511 datasets and 510 jobs (1,021 nodes).
 Materializations: M/N per dataset, one a day up to yesterday, loaded by INSERT ... SELECT generate_series in
 batches, then VACUUM ANALYZE; rows of earlier bench datasets are deleted first.
+
+Besides them, `bench_ds_matrix`: two dimensions, day by region (MATRIX_DAYS x MATRIX_REGIONS, 365 x 50), every
+partition materialized once (18,250 rows), so the page's time-by-region matrix can be timed.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import time
 from django.contrib.admin.utils import quote
 from django.db import connection, transaction
 
-from queue_app.datasets import Freshness, dataset
+from queue_app.datasets import Freshness, MultiPartitions, StaticPartitions, dataset
 from queue_app.datasets.declarations import _code
 from queue_app.datasets.models import Dataset, Materialization
 from queue_app.datasets.sync import sync_datasets
@@ -29,6 +32,16 @@ PREFIX = "bench_ds_"
 LINEAGE_DEPTH = 8  # dataset 0's neighbourhood to this depth: 2**9 - 1 datasets and as many jobs less one
 BATCH = 200_000
 MATERIALIZATIONS = Materialization._meta.db_table
+MATRIX, MATRIX_DAYS, MATRIX_REGIONS = f"{PREFIX}matrix", 365, 50
+REGIONS = [f"r{i:02d}" for i in range(MATRIX_REGIONS)]
+
+MATRIX_SQL = f"""
+INSERT INTO {MATERIALIZATIONS} (dataset, partition, at, rows, bytes, files, schema_fingerprint, metadata, source,
+    spark_run_id)
+SELECT %(name)s, to_char(current_date - d, 'YYYY-MM-DD') || '|' || r,
+       now() - d * interval '1 day', 1000, 48000, 4, '', '{{}}', 'spark_run', d
+FROM generate_series(1, %(days)s) d, unnest(%(regions)s::text[]) r
+"""
 
 LOAD_SQL = f"""
 INSERT INTO {MATERIALIZATIONS} (dataset, partition, at, rows, bytes, files, schema_fingerprint, metadata, source,
@@ -57,6 +70,12 @@ def declare(n: int) -> float:
                 partitioning="daily",
                 freshness=Freshness(max_age=dt.timedelta(hours=26)) if i % 3 == 0 else None,
             )
+    if _code.get(MATRIX) is None:
+        dataset(
+            MATRIX,
+            location=f"table:bench.{MATRIX}",
+            partitioning=MultiPartitions(day="daily", region=StaticPartitions(REGIONS)),
+        )
     day = [Param("day", "date")]
     for j in range(1, n):
         job = f"bench_job_{j:05d}"
@@ -83,6 +102,8 @@ def load(n: int, m: int, stdout) -> None:
         with transaction.atomic(), connection.cursor() as cur:
             cur.execute(LOAD_SQL, {"prefix": PREFIX, "n": n, "per": per, "lo": lo, "hi": hi})
         stdout.write(f"  loaded materializations {lo:,}..{hi:,} ({time.perf_counter() - started:.0f} s)")
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(MATRIX_SQL, {"name": MATRIX, "days": MATRIX_DAYS, "regions": REGIONS})
     with connection.cursor() as cur:
         cur.execute(f"VACUUM ANALYZE {MATERIALIZATIONS}")
         cur.execute(f"VACUUM ANALYZE {Dataset._meta.db_table}")
@@ -99,5 +120,6 @@ def cases(n: int) -> list[tuple[str, str, bool]]:
         ("datasets: list page 2", f"{base}?p=2", True),
         ("datasets: search", f"{base}?q={middle}", True),
         ("dataset page", f"{base}{quote(middle)}/change/", True),
+        (f"dataset page, {MATRIX_DAYS} x {MATRIX_REGIONS} matrix", f"{base}{quote(MATRIX)}/change/", True),
         (f"dataset lineage ({nodes:,} nodes)", f"{base}{name(0)}/lineage/?depth={LINEAGE_DEPTH}", True),
     ]

@@ -11,9 +11,14 @@ declares nothing).
   the `any` consumer twice (once per usable upstream), none of a blocked partition queued before the second phase;
 - each consumer item ran exactly once: one output row per consumer item;
 - no consumer before its upstreams: every consumer item's first lease after the upstreams it names were recorded;
+- each mapped consumer queued once per set (datasets/mappings.py): the weekly one (chaos_b's days, TimeWindow to
+  weekly) once per week whose seven days were all recorded, with their ids, none for another week; the fan-in
+  (chaos_region by day and a dynamic source, AllOf the source) once per day whose every source was recorded;
+  each item run once, after every upstream partition it names;
 - workers behaved: no worker died unasked.
 """
 
+import datetime as dt
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -26,6 +31,8 @@ from .history import first_leases
 UPSTREAMS = ("chaos_a", "chaos_b")
 CONSUMERS = {"jobsite.chaos_consume_all": "chaos_all_out", "jobsite.chaos_consume_any": "chaos_any_out"}
 CHECKED = "chaos_a"  # its blocking check fails a materialization recorded with "bad"
+REGION, SOURCES_SET = "chaos_region", "chaos_sources"  # by day and a source of the dynamic set chaos_sources
+MAPPED = {"jobsite.chaos_consume_week": "chaos_week_out", "jobsite.chaos_consume_fanin": "chaos_fanin_out"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class TriggerRun:
     second_phase_from: int
     crashes: list[str] = field(default_factory=list)
     kills: int = 0
+    sources: list[str] = field(default_factory=list)  # the dynamic set's keys (the fan-in reads all of them)
 
 
 def check_triggers(db: str, run: TriggerRun) -> list[Check]:
@@ -121,5 +129,60 @@ def check_triggers(db: str, run: TriggerRun) -> list[Check]:
             if len(recorded) != len(named) or leased is None or any(leased < at for at in recorded):
                 problems.append(f"{task}[{day}] leased at {leased} before its upstreams {named}")
     checks.append(Check("no consumer before its upstreams", not problems, {"items": len(items)}, problems[:20]))
+    checks.append(mapped_check(db, run, rows))
     checks.append(Check("workers behaved", not run.crashes, {"kills": run.kills}, run.crashes))
     return checks
+
+
+def mapped_check(db: str, run: TriggerRun, rows: dict) -> Check:
+    """Each mapped consumer queued once per complete set of the partitions its mapping names, ran once, after
+    them (see the module)."""
+    items: dict[int, object] = {}
+    for model in (QueueItem, ItemHistory):
+        for item in model.objects.using(db).filter(task__in=list(MAPPED)):
+            items.setdefault(item.id, item)
+    queued = defaultdict(list)
+    for item in items.values():
+        queued[item.task, item.payload.get("partition")].append(item)
+    expected: dict[tuple[str, str], dict[str, int]] = {}
+    weeks = defaultdict(list)
+    for day in run.days:
+        year, week, _ = dt.date.fromisoformat(day).isocalendar()
+        weeks[f"{year:04d}-W{week:02d}"].append(day)
+    week_task, fanin_task = list(MAPPED)
+    for week in weeks:
+        monday = dt.date.fromisocalendar(int(week[:4]), int(week[6:]), 1)
+        days = [(monday + dt.timedelta(days=i)).isoformat() for i in range(7)]
+        if all(len(rows["chaos_b", d]) == 1 for d in days):
+            expected[week_task, week] = {f"chaos_b[{d}]": rows["chaos_b", d][0].id for d in days}
+    for day in run.days:
+        parts = [rows[REGION, f"{day}|{s}"] for s in run.sources]
+        if run.sources and all(len(p) == 1 for p in parts):
+            expected[fanin_task, day] = {
+                f"{REGION}[{day}|{s}]": p[0].id for s, p in zip(run.sources, parts, strict=True)
+            }
+    problems = []
+    for key in sorted(set(expected) | set(queued)):
+        found = queued.get(key, [])
+        if key not in expected:
+            problems.append(f"{key[0]}[{key[1]}] queued {len(found)} times for an incomplete set")
+        elif len(found) != 1:
+            problems.append(f"{key[0]}[{key[1]}] queued {len(found)} times")
+        elif found[0].payload["upstream"] != expected[key]:
+            problems.append(f"{key[0]}[{key[1]}] got {found[0].payload['upstream']}")
+    for (task, partition), found in queued.items():
+        ran = len(rows[MAPPED[task], partition])
+        if ran != len(found):
+            problems.append(f"{MAPPED[task]}[{partition}]: {ran} runs for {len(found)} items")
+    recorded_at = {m.id: m.at for found in rows.values() for m in found}
+    first_lease = first_leases(db, list(items))
+    for item in items.values():
+        ats = [recorded_at.get(i) for i in item.payload.get("upstream", {}).values()]
+        leased = first_lease.get(item.id)
+        if leased is None or any(at is None or leased < at for at in ats):
+            problems.append(f"{item.task}[{item.payload.get('partition')}] leased at {leased} before its upstreams")
+    figures = {
+        "weeks": sum(k[0] == week_task for k in expected),
+        "fan_in_days": sum(k[0] == fanin_task for k in expected),
+    }
+    return Check("each mapped consumer queued once per set", not problems, figures, problems[:20])

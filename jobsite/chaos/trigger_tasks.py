@@ -8,7 +8,10 @@
 - jobsite.chaos_override {"partition"}: overrides the failed checks of chaos_a's partition as the user
   chaos-override (transactional: the override commits with the item, so once; already overridden: nothing);
 - jobsite.chaos_consume_all (chaos_a and chaos_b, all) and jobsite.chaos_consume_any (any): record their
-  output dataset's partition with the upstream ids they were given, transactional too, so a row is a run.
+  output dataset's partition with the upstream ids they were given, transactional too, so a row is a run;
+- mapped: jobsite.chaos_consume_week reads a week of chaos_b (TimeWindow to weekly) into chaos_week_out, and
+  jobsite.chaos_consume_fanin a day of every source of chaos_region (by day and the dynamic set chaos_sources,
+  AllOf the source) into chaos_fanin_out; the harness adds the sources' keys before planting.
 """
 
 import time
@@ -16,16 +19,17 @@ from typing import Any
 
 from django.contrib.auth.models import User
 
-from queue_app.datasets import dataset
+from queue_app.datasets import DynamicPartitions, MultiPartitions, dataset
 from queue_app.datasets.checks_run import override_failed_checks
 from queue_app.datasets.declarations import _code
+from queue_app.datasets.mappings import AllOf, TimeWindow
 from queue_app.datasets.models import CheckState, Materialization
 from queue_app.datasets.quality import CheckResult, all_checks, check
 from queue_app.datasets.services import record_materialization
 from queue_app.datasets.triggers import trigger_task
 from queue_app.registry import Context, Delivery, job
 
-from .trigger_checks import CHECKED, CONSUMERS, UPSTREAMS  # the names the checks judge by
+from .trigger_checks import CHECKED, CONSUMERS, MAPPED, REGION, SOURCES_SET, UPSTREAMS  # what the checks judge
 
 UPSTREAM_TASK = "jobsite.chaos_upstream"
 OVERRIDE_TASK = "jobsite.chaos_override"
@@ -36,6 +40,17 @@ for _name in (*UPSTREAMS, *CONSUMERS.values()):
         dataset(_name, location=f"table:chaos.{_name}", partitioning="daily")
 trigger_task("jobsite.chaos_consume_all", on_update=list(UPSTREAMS), mode="all", produces=["chaos_all_out"])
 trigger_task("jobsite.chaos_consume_any", on_update=list(UPSTREAMS), mode="any", produces=["chaos_any_out"])
+if _code.get(REGION) is None:
+    dataset(
+        REGION,
+        location=f"table:chaos.{REGION}",
+        partitioning=MultiPartitions(day="daily", source=DynamicPartitions(SOURCES_SET)),
+    )
+    dataset("chaos_week_out", location="table:chaos.chaos_week_out", partitioning="weekly")
+    dataset("chaos_fanin_out", location="table:chaos.chaos_fanin_out", partitioning="daily")
+WEEK_TASK, FANIN_TASK = MAPPED
+trigger_task(WEEK_TASK, on_update={"chaos_b": TimeWindow(to="weekly")}, produces=["chaos_week_out"])
+trigger_task(FANIN_TASK, on_update={REGION: AllOf("source")}, produces=["chaos_fanin_out"])
 
 
 def not_bad(part) -> CheckResult:
@@ -68,6 +83,16 @@ def consume_all(payload: dict, ctx: Context) -> None:
 @job("jobsite.chaos_consume_any", delivery=Delivery.TRANSACTIONAL, hard_timeout=30)
 def consume_any(payload: dict, ctx: Context) -> None:
     _consume(payload, ctx, "chaos_any_out")
+
+
+@job(WEEK_TASK, delivery=Delivery.TRANSACTIONAL, hard_timeout=30)
+def consume_week(payload: dict, ctx: Context) -> None:
+    _consume(payload, ctx, "chaos_week_out")
+
+
+@job(FANIN_TASK, delivery=Delivery.TRANSACTIONAL, hard_timeout=30)
+def consume_fanin(payload: dict, ctx: Context) -> None:
+    _consume(payload, ctx, "chaos_fanin_out")
 
 
 @job(OVERRIDE_TASK, delivery=Delivery.TRANSACTIONAL, hard_timeout=30)

@@ -15,6 +15,11 @@ every good one passed; a bad partition ran no consumer of its bad chaos_a while 
 it was queued after the second phase began, by its override) and ran the `all` consumer exactly once after its
 override or its new good record.
 
+Mappings and dynamic partitions (the same kills): a weekly consumer of chaos_b (TimeWindow to weekly) and a
+fan-in of chaos_region (by day and a source of the dynamic set chaos_sources, whose keys the harness adds first)
+each queued exactly once per complete set of the partitions its mapping names, with their ids, never for an
+incomplete one, run once, after all of them.
+
 Same private cluster and worker fleet as the item run (runner.py); the faults here are kill -9 only.
 """
 
@@ -25,6 +30,7 @@ from django.contrib.auth.models import User
 from django.db.models import Max
 
 from queue_app import engine
+from queue_app.datasets.models import DynamicPartitionKey
 from queue_app.models import ItemHistory, Queue, QueueItem
 
 from . import trigger_tasks
@@ -49,6 +55,8 @@ class TriggerSizes:
     bad_every: int = 10  # every Nth partition's chaos_a is recorded bad (its blocking check fails)
 
 
+SOURCES = ("s1", "s2", "s3")  # the keys of the dynamic set chaos_sources
+MAPPED_DAYS = 28  # the days whose chaos_region partitions are planted (every source)
 QUICK = TriggerSizes(partitions=150, workers=3, concurrency=4, kills=2, gap=2.0, deadline=300.0, sleep=0.05)
 FULL = TriggerSizes(partitions=1500, workers=3, concurrency=4, kills=6, gap=3.0, deadline=900.0, sleep=0.02)
 
@@ -88,6 +96,16 @@ class TriggerChaosRun(ChaosRun):
             | ({"bad": True} if name == trigger_tasks.CHECKED and day in bad else {})
             for day in self._partitions()
             for name in trigger_tasks.UPSTREAMS
+        ]
+        # The fan-in over a dynamic set: its keys added first (as `dataset partitions add` would), then each
+        # day's partition of every source of the first MAPPED_DAYS days, racing like the others.
+        DynamicPartitionKey.objects.using(ALIAS).bulk_create(
+            DynamicPartitionKey(partition_set=trigger_tasks.SOURCES_SET, key=k, added_by="queue_chaos") for k in SOURCES
+        )
+        items += [
+            {"dataset": trigger_tasks.REGION, "partition": f"{day}|{source}", "sleep": self.tr_sizes.sleep}
+            for day in self._partitions()[:MAPPED_DAYS]
+            for source in SOURCES
         ]
         self.rng.shuffle(items)
         engine.enqueue_many(trigger_tasks.UPSTREAM_TASK, items, queue=QUEUE, using=ALIAS)
@@ -146,7 +164,13 @@ class TriggerChaosRun(ChaosRun):
     def _judge(self) -> list[Check]:
         overridden, rewritten = self._bad()
         run = TriggerRun(
-            self._partitions(), overridden, rewritten, self.second_phase_from, self.crashes, len(self.kills)
+            self._partitions(),
+            overridden,
+            rewritten,
+            self.second_phase_from,
+            self.crashes,
+            len(self.kills),
+            list(SOURCES),
         )
         checks = check_triggers(ALIAS, run)
         days = run.days

@@ -9,6 +9,10 @@
                     the partition
       -> demo_analytics (queue_analytics under another name: consumes demo.rollup, produces demo.analytics)
     demo.analytics  the queue statistics table queue_analytics publishes
+    demo.region_events  the same files by day *and* region (two dimensions, "2025-01-13|north"), recorded by each
+                    sample_file step for its region
+    demo.weekly_rollup  a week of demo.rollup (ISO weeks, "2025-W03"): the task demo.weekly_rollup, triggered
+                    once all seven days of the week are rolled up (a TimeWindow mapping to weekly)
 
 The locations are relative, so they lie under the first dataset root (settings.VAR_DIR by default) whatever the
 roots are (no jobsite.E102); the demo writes its files where these locations resolve (demo_dir()). The sample
@@ -23,14 +27,18 @@ import dataclasses
 import datetime as dt
 import os
 
-from queue_app.datasets import Freshness, dataset
+from queue_app.datasets import Freshness, MultiPartitions, StaticPartitions, dataset
 from queue_app.datasets.locations import dataset_roots
+from queue_app.datasets.mappings import TimeWindow
 from queue_app.datasets.quality import CheckResult, check
 from queue_app.datasets.refs import dataset_refs
+from queue_app.datasets.triggers import trigger_task
 from queue_app.spark.pipelines import file_rollup, queue_analytics  # noqa: F401 (registers the jobs varied below)
+from queue_app.spark.pipelines.file_rollup import SAMPLE_REGIONS
 from queue_app.spark.registry import code_job, register
 
 EVENTS, ROLLUP, ANALYTICS = "demo.events", "demo.rollup", "demo.analytics"
+REGION_EVENTS, WEEKLY = "demo.region_events", "demo.weekly_rollup"
 DIRECTORY = "demo_pipeline"  # under the first dataset root
 BAD_DAY = dt.date(2025, 1, 13)  # the day the demo's sample data marks bad
 BAD_REGION_EMPTY, BAD_REGION_ZERO = "west", "east"
@@ -59,6 +67,23 @@ dataset(
     description="Per queue, task and hour: what the queue did (demo_analytics after the rollup).",
     freshness=Freshness(max_age=dt.timedelta(hours=26)),
 )
+
+dataset(
+    REGION_EVENTS,
+    location=f"{DIRECTORY}/input",
+    partitioning=MultiPartitions(day="daily", region=StaticPartitions(SAMPLE_REGIONS)),
+    owner="demo",
+    description="The demo's sample event files by day and region (each sample_file step records its region).",
+)
+dataset(
+    WEEKLY,
+    location=f"{DIRECTORY}/weekly/{{partition}}",
+    partitioning="weekly",
+    owner="demo",
+    description="A week of demo.rollup: rows summed over its seven days (the task demo.weekly_rollup).",
+)
+# The weekly rollup runs once per week, when each of its seven days of demo.rollup is materialized (and usable).
+trigger_task("demo.weekly_rollup", on_update={ROLLUP: TimeWindow(to="weekly")}, produces=[WEEKLY])
 
 
 def demo_dir(*parts: str) -> str:

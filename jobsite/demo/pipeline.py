@@ -23,6 +23,7 @@ import zlib
 from typing import Any
 
 from queue_app.datasets import services as datasets
+from queue_app.datasets.models import Materialization
 from queue_app.params import Param
 from queue_app.registry import Context, job
 from queue_app.spark.pipelines.file_rollup import SAMPLE_REGIONS, write_sample_input
@@ -60,8 +61,30 @@ def plan_files(payload: Any, ctx: Context) -> dict[str, Any]:
 
 @job("demo.sample_file")
 def sample_file(payload: Any, ctx: Context) -> dict[str, Any]:
-    """Write one region's sample events of the day (a temporary name, then renamed: a re-run replaces it)."""
-    return _write_region(dt.date.fromisoformat(payload["day"]), payload["region"], payload["input_dir"], ctx.item_id)
+    """Write one region's sample events of the day (a temporary name, then renamed: a re-run replaces it) and
+    record it as the day's partition of that region in demo.region_events ("2025-01-13|north")."""
+    written = _write_region(dt.date.fromisoformat(payload["day"]), payload["region"], payload["input_dir"], ctx.item_id)
+    datasets.record_materialization(
+        demo_data.REGION_EVENTS,
+        {"day": payload["day"], "region": payload["region"]},
+        rows=written["rows"],
+        files=1,
+        bytes=os.path.getsize(written["file"]),
+        item_id=ctx.item_id,
+    )
+    return written
+
+
+@job("demo.weekly_rollup")
+def weekly_rollup(payload: Any, ctx: Context) -> dict[str, Any]:
+    """A week of demo.rollup (the trigger's payload names its seven days' materializations): their rows summed,
+    recorded as the week's partition of demo.weekly_rollup."""
+    read = sorted(payload["upstream"].values())
+    rows = sum(m.rows or 0 for m in Materialization.objects.filter(id__in=read))
+    datasets.record_materialization(
+        demo_data.WEEKLY, payload["partition"], rows=rows, item_id=ctx.item_id, metadata={"days": len(read)}
+    )
+    return {"week": payload["partition"], "days": len(read), "rows": rows}
 
 
 def _write_region(day: dt.date, region: str, folder: str, item_id: int) -> dict[str, Any]:

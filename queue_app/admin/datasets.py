@@ -30,17 +30,25 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import escape, format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString, mark_safe
 
-from ..datasets import DatasetError, declared_datasets, get_dataset
+from ..datasets import DatasetError, declared_datasets, dynamic, get_dataset
 from ..datasets import services as datasets
 from ..datasets.graph import FRESHNESS_COLOURS, svg
 from ..datasets.lineage import Neighbourhood
 from ..datasets.models import Dataset, Materialization
 from ..datasets.producer_params import parse_pairs
-from ..datasets.status import PARTITIONS_COUNTED_UP_TO, Cell, partition_counts, partition_grid, summaries
+from ..datasets.status import (
+    PARTITIONS_COUNTED_UP_TO,
+    Cell,
+    Matrix,
+    partition_counts,
+    partition_grid,
+    partition_matrix,
+    summaries,
+)
 from ..datasets.sync import sync_datasets
 from ..spark import materialize as backfill
 from ..spark.datasets import lineage
@@ -49,11 +57,16 @@ from . import charts
 from .actions import ReadOnlyAdmin
 
 TEMPLATES = "admin/queue_app/dataset/"
-PERMISSIONS = {"observe": "queue_app.observe_dataset", "materialize": "queue_app.trigger_sparkrun"}
+PERMISSIONS = {
+    "observe": "queue_app.observe_dataset",
+    "materialize": "queue_app.trigger_sparkrun",
+    "partitions": "queue_app.change_dynamic_partitions",
+}
 # The dataset page's actions: (label, URL name suffix, permission).
 DATASET_TOOLS: list[tuple[str, str, str]] = [
     ("Observe", "observe", PERMISSIONS["observe"]),
     ("Materialize", "materialize", PERMISSIONS["materialize"]),
+    ("Partitions", "partitions", PERMISSIONS["partitions"]),  # a dataset with a dynamic dimension only
 ]
 HISTORY_CHART_POINTS = 500  # the chart's newest materializations
 HISTORY_ROWS = 50  # the table's
@@ -172,6 +185,7 @@ class DatasetAdmin(ReadOnlyAdmin):
             path("<str:name>/lineage/", view(self.lineage_view), name=self.url_name("lineage")),
             path("<str:name>/observe/", view(self.observe_view), name=self.url_name("observe")),
             path("<str:name>/materialize/", view(self.materialize_view), name=self.url_name("materialize")),
+            path("<str:name>/partitions/", view(self.partitions_view), name=self.url_name("partitions")),
             *super().get_urls(),
         ]
 
@@ -236,7 +250,7 @@ class DatasetAdmin(ReadOnlyAdmin):
             partitioning=_partitioning(ds.partitioning.describe()),
             producers=[(job, job_url(job)) for job in sorted(jobs.get("producers", []))],
             consumers=[(job, job_url(job)) for job in sorted(jobs.get("consumers", []))],
-            grid=grid_html(partition_grid(ds), partition),
+            grid=_grid(ds, partition),
             cell_states=[(state, badge(state, CELL_COLOURS)) for state in CELL_COLOURS],
             freshness_states=[(state, badge(state)) for state in FRESHNESS_COLOURS],
             partition=partition,
@@ -252,7 +266,7 @@ class DatasetAdmin(ReadOnlyAdmin):
             tools=[
                 (label, self.reverse(suffix, ds.name))
                 for label, suffix, permission in DATASET_TOOLS
-                if request.user.has_perm(permission)
+                if request.user.has_perm(permission) and (suffix != "partitions" or dynamic.sets_of(ds))
             ],
         )
         return TemplateResponse(request, TEMPLATES + "detail.html", context)
@@ -277,6 +291,46 @@ class DatasetAdmin(ReadOnlyAdmin):
             dataset_url=dataset_url(ds.name),
         )
         return TemplateResponse(request, TEMPLATES + "lineage.html", context)
+
+    def partitions_view(self, request: HttpRequest, name: str) -> HttpResponse:
+        """The keys of the dataset's dynamic partition sets, with their history; adding and removing them needs
+        queue_app.change_dynamic_partitions (logged)."""
+        ds = self._declared(request, name)
+        sets = dynamic.sets_of(ds)
+        if not sets:
+            raise Http404(f"dataset {ds.name!r} has no dynamic partitions")
+        allowed = request.user.has_perm(PERMISSIONS["partitions"])
+        form = DynamicKeysForm(request.POST or None, sets=[p.name for _n, p in sets])
+        if request.method == "POST":
+            if not allowed:
+                raise PermissionDenied
+            if form.is_valid():
+                verb, partition_set = form.cleaned_data["verb"], form.cleaned_data["partition_set"]
+                change = dynamic.add_keys if verb == "add" else dynamic.remove_keys
+                try:
+                    done = change(partition_set, form.cleaned_data["keys"].split(), by=f"admin:{request.user}")
+                except DatasetError as exc:
+                    form.add_error("keys", str(exc))
+                else:
+                    what = f"{'Added' if verb == 'add' else 'Removed'} {partition_set}: {', '.join(done) or 'nothing'}"
+                    LogEntry.objects.log_actions(
+                        user_id=request.user.pk,
+                        queryset=Dataset.objects.filter(pk=ds.name),
+                        action_flag=CHANGE,
+                        change_message=what,
+                    )
+                    self.message_user(request, what, messages.SUCCESS)
+                    return HttpResponseRedirect(self.reverse("partitions", ds.name))
+        listed = [(p.name, dynamic.list_keys(p.name, history=True)) for _n, p in sets]
+        context = self._context(
+            request,
+            f"Partitions of {ds.name}",
+            ds=ds,
+            form=form if allowed else None,
+            listed=listed,
+            dataset_url=dataset_url(ds.name),
+        )
+        return TemplateResponse(request, TEMPLATES + "partitions.html", context)
 
     def observe_view(self, request: HttpRequest, name: str) -> HttpResponse:
         if not self.has_observe_permission(request):
@@ -368,6 +422,20 @@ class MaterializeForm(forms.Form):
             raise forms.ValidationError(str(exc)) from None
 
 
+class DynamicKeysForm(forms.Form):
+    verb = forms.ChoiceField(choices=[("add", "Add"), ("remove", "Remove")])
+    partition_set = forms.ChoiceField(label="set")
+    keys = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}),
+        max_length=100_000,
+        help_text="Keys separated by spaces or lines: 1-100 letters, digits, '_', '.', '=' or '-'.",
+    )
+
+    def __init__(self, *args: Any, sets: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["partition_set"].choices = [(name, name) for name in sets]
+
+
 class ObserveForm(forms.Form):
     partition = forms.CharField(
         max_length=200, help_text="The partition's key (a day 2026-11-26, an hour 2026-11-26T05, a static key)."
@@ -377,6 +445,48 @@ class ObserveForm(forms.Form):
         super().__init__(*args, **kwargs)
         if not partitioned:
             del self.fields["partition"]
+
+
+def _grid(ds: Any, selected: str | None) -> SafeString:
+    matrix = partition_matrix(ds)
+    return matrix_html(matrix, selected) if matrix is not None else grid_html(partition_grid(ds), selected)
+
+
+def matrix_html(matrix: Matrix, selected: str | None) -> SafeString:
+    """A multi-dimension dataset's grid as a table: a row per time key (gap and older rows span the table), a
+    column per key of the other dimensions. Written with plain escaped strings, not format_html per cell: a
+    60 x 50 matrix is 3,000 links."""
+    head = f"<th>{escape(matrix.time_dimension)}</th>" + "".join(f"<th>{escape(c)}</th>" for c in matrix.columns)
+    colours = {state: f'style="background:{fill};border:1px solid {border}"' for state, (fill, border) in
+               CELL_COLOURS.items()}  # fmt: skip
+    body = []
+    for row in matrix.rows:
+        if row.state in ("gap", "older"):
+            what = "never materialized" if row.state == "gap" else "older, none failed its checks"
+            first, until = escape(row.partition), escape(row.until)
+            body.append(
+                f'<tr class="state-{row.state}"><th>… {row.count} …</th><td colspan="{len(matrix.columns)}" '
+                f'title="{first} to {until}: {what}">{first} to {until}</td></tr>'
+            )
+            continue
+        cells = []
+        for column in matrix.columns:
+            c = matrix.cells.get((row.partition, column))
+            key = c.partition if c is not None else matrix.key(row.partition, column)
+            state = c.state if c is not None else "missing"
+            title = f"{key}: {state}"
+            if c is not None and c.rows is not None:
+                title += f", {c.rows} rows"
+            chosen = " selected" if selected == key else ""
+            cells.append(
+                f'<td><a href="?partition={quote_url(key, safe="")}" class="state-{state}{chosen}" '
+                f'{colours[state]} title="{escape(title)}">·</a></td>'
+            )
+        body.append(f"<tr><th>{escape(row.partition)}</th>{''.join(cells)}</tr>")
+    more = f'<p class="quiet">and {matrix.more_columns} more keys</p>' if matrix.more_columns else ""
+    return mark_safe(  # noqa: S308  every value escaped above
+        f'<table class="ds-matrix"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>{more}'
+    )
 
 
 def grid_html(cells: list[Cell], selected: str | None) -> SafeString:
@@ -434,6 +544,10 @@ def _when(iso: str | None) -> Any:
 
 
 def _partitioning(described: Any) -> str:
+    if isinstance(described, dict) and "dimensions" in described:
+        return " × ".join(f"{d['name']} ({_partitioning(d['partitioning'])})" for d in described["dimensions"])
+    if isinstance(described, dict) and "dynamic" in described:
+        return f"dynamic ({described['dynamic']})"
     if isinstance(described, dict):
         return "static " + ", ".join(map(str, described.get("static", [])))
     return described or "unpartitioned"

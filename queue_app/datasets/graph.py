@@ -89,6 +89,8 @@ def fingerprint(seen: Neighbourhood, *, dataset_url: Callable[[str], str], job_u
         *seen.jobs,
         "\0edges",
         *(f"{up}>{down}" for up, down in sorted(seen.edges)),
+        "\0labels",
+        *(f"{up}>{down}:{label}" for (up, down), label in sorted(seen.labels.items())),
         "\0links",
         dataset_url("-"),
         job_url("-"),
@@ -138,7 +140,10 @@ def source(seen: Neighbourhood, *, dataset_url: Callable[[str], str], job_url: C
             **{"class": "ds-job"},
         )
         lines.append(f"{node_id(job_key(job))} {attrs}")
-    lines.extend(f"{node_id(up)} -> {node_id(down)}" for up, down in sorted(seen.edges))
+    for up, down in sorted(seen.edges):
+        label = seen.labels.get((up, down))
+        drawn_label = " " + _attrs(label=label, fontsize="9", fontcolor="#666666") if label else ""
+        lines.append(f"{node_id(up)} -> {node_id(down)}{drawn_label}")
     lines.append("}")
     return "\n".join(lines)
 

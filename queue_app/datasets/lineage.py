@@ -9,6 +9,7 @@ passes the declarations in (`spark.datasets.users()`: the jobs build on datasets
     seen = graph.neighbourhood("daily_revenue", depth=3)
     seen.upstream, seen.downstream, seen.jobs        # names, sorted
     seen.edges                                       # (from, to) pairs of node keys "dataset:X" / "job:Y"
+    seen.labels                                      # {edge: "window to weekly"}: a consumer's mapping (mappings.py)
 
 Upstream of D: the datasets its producers consume, and theirs, up to `depth` dataset hops (None: all the way).
 Downstream: the datasets its consumers produce, and so on. `jobs`: every job crossed on the way (D's producers
@@ -40,6 +41,7 @@ class Neighbourhood:
     downstream: list[str] = field(default_factory=list)
     jobs: list[str] = field(default_factory=list)
     edges: set[tuple[str, str]] = field(default_factory=set)
+    labels: dict[tuple[str, str], str] = field(default_factory=dict)
     truncated: bool = False
 
     def as_json(self) -> dict[str, object]:
@@ -54,7 +56,10 @@ class Neighbourhood:
 class LineageGraph:
     """The bipartite graph of datasets and jobs, from {dataset: {"producers": [jobs], "consumers": [jobs]}}."""
 
-    def __init__(self, users: Mapping[str, Mapping[str, Iterable[str]]]) -> None:
+    def __init__(
+        self, users: Mapping[str, Mapping[str, Iterable[str]]], labels: Mapping[tuple[str, str], str] | None = None
+    ) -> None:
+        self.labels = dict(labels or {})  # (dataset, job) -> the mapping the job reads the dataset through
         self.producers: dict[str, set[str]] = defaultdict(set)  # dataset -> jobs writing it
         self.consumers: dict[str, set[str]] = defaultdict(set)  # dataset -> jobs reading it
         self.produces: dict[str, set[str]] = defaultdict(set)  # job -> datasets it writes
@@ -86,11 +91,17 @@ class LineageGraph:
                 for job in sorted(jobs_of.get(current, ())):
                     if not self._admit(seen, nodes, job_key(job), max_nodes):
                         break
-                    seen.edges.add(_edge(direction, dataset_key(current), job_key(job)))
+                    edge = _edge(direction, dataset_key(current), job_key(job))
+                    seen.edges.add(edge)
+                    if direction == "down" and (label := self.labels.get((current, job))):
+                        seen.labels[edge] = label
                     for nxt in sorted(datasets_of.get(job, ())):
                         if not self._admit(seen, nodes, dataset_key(nxt), max_nodes):
                             break
-                        seen.edges.add(_edge(direction, job_key(job), dataset_key(nxt)))
+                        edge = _edge(direction, job_key(job), dataset_key(nxt))
+                        seen.edges.add(edge)
+                        if direction == "up" and (label := self.labels.get((nxt, job))):
+                            seen.labels[edge] = label
                         if nxt not in visited:
                             visited.add(nxt)
                             found[direction].add(nxt)

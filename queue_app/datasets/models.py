@@ -224,3 +224,31 @@ class TriggerFire(models.Model):
 
     def __str__(self) -> str:
         return f"{self.consumer}[{self.partition}] at {self.at}"
+
+
+class DynamicPartitionKey(models.Model):
+    """One key of a dynamic partition set (partitions.DynamicPartitions), from its addition to its removal
+    (datasets/dynamic.py). A removed key keeps its row (removed_at set) and its materializations; adding it again
+    writes a new row. At most one current row per (set, key)."""
+
+    id = models.BigAutoField(primary_key=True)
+    partition_set = models.CharField(max_length=100)
+    key = models.CharField(max_length=100)
+    added_at = models.DateTimeField(db_default=Now())
+    added_by = models.CharField(
+        max_length=150, blank=True, default="", help_text="code, cli:USER, watch:NAME, admin:USER"
+    )
+    removed_at = models.DateTimeField(null=True, blank=True)
+    removed_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        ordering = ["partition_set", "key", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["partition_set", "key"], condition=Q(removed_at__isnull=True), name="dynamic_key_current"
+            )
+        ]
+        permissions = [("change_dynamic_partitions", "Can add and remove a dynamic partition set's keys")]
+
+    def __str__(self) -> str:
+        return f"{self.partition_set}[{self.key}]"

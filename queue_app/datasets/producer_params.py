@@ -88,6 +88,8 @@ def producer_params(
     """The parameters of one start of `dataset`'s producer for `key`: the partition parameter, then the
     declaration's, then `given` (see the module)."""
     params: dict[str, Any] = {partition_param: key} if partition_param and key else {}
+    if partition_param and key and "|" in partition_param:  # one parameter per dimension: "day|region"
+        params = dict(zip(partition_param.split("|"), key.split("|"), strict=False))
     params.update(declared_params(dataset, key))
     params.update(given or {})
     return params

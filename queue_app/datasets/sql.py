@@ -140,16 +140,46 @@ ORDER BY k.partition DESC
 """
 
 
+# A multi-dimension dataset's matrix (status.partition_matrix), its time dimension first: the newest %(rows)s time
+# keys by probes (a key "2026-11-30|eu" sorts after "2026-11-30" and before "2026-12-01"), then every partition
+# from the oldest of them in one range scan, each with its latest materialization, at most %(cap)s, the newest.
+MATRIX_GRID = """
+WITH RECURSIVE times(t, n) AS (
+    (SELECT split_part(m.partition, '|', 1), 1 FROM queue_app_materialization m
+     WHERE m.dataset = %(ds)s ORDER BY m.partition DESC LIMIT 1)
+    UNION ALL
+    SELECT (SELECT split_part(m.partition, '|', 1) FROM queue_app_materialization m
+            WHERE m.dataset = %(ds)s AND m.partition < times.t ORDER BY m.partition DESC LIMIT 1), times.n + 1
+    FROM times WHERE times.t IS NOT NULL AND times.n < %(rows)s
+)
+SELECT DISTINCT ON (m.partition) m.partition, m.id, m.at, m.source, m.rows, m.bytes, m.spark_run_id, m.checks
+FROM queue_app_materialization m
+WHERE m.dataset = %(ds)s AND m.partition >= (SELECT min(t) FROM times)
+ORDER BY m.partition DESC, m.at DESC
+LIMIT %(cap)s
+"""
+
 # -- data-aware triggers (triggers.py) ---------------------------------------------------------------------------
 
-# The (consumer, partition)'s state row, made sure of and locked in one statement: a concurrent recorder of
-# another upstream of the pair waits here until this transaction ends, then (READ COMMITTED: the conflicting row's
-# newest version) reads what it committed. Parameters: consumer, partition.
-TRIGGER_LOCK = """
+# The (consumer, partition) state rows one upstream partition moves (one; through a mapping, every partition it
+# feeds), made sure of and locked in one statement: a concurrent recorder of another upstream of a pair waits
+# here until this transaction ends, then (READ COMMITTED: the conflicting row's newest version) reads what it
+# committed. Locked in the order given (sorted by the caller: the rows are inserted, or
+# their conflicts locked, in the SELECT's order, so concurrent recorders lock them in one order). Parameters:
+# consumer, partitions.
+TRIGGER_LOCK_MANY = """
 INSERT INTO queue_app_triggerstate (consumer, partition, pending, seen, updated_at)
-VALUES (%s, %s, '{}'::jsonb, '{}'::jsonb, now())
+SELECT %s, t.p, '{}'::jsonb, '{}'::jsonb, now() FROM unnest(%s::text[]) WITH ORDINALITY AS t(p, n) ORDER BY t.n
 ON CONFLICT (consumer, partition) DO UPDATE SET updated_at = EXCLUDED.updated_at
-RETURNING id, pending, seen, timer_item_id
+RETURNING id, partition, pending, seen, timer_item_id
+"""
+
+# The state rows not ready, written back under their locks in one statement. Parameter: [{"id", "pending",
+# "seen"}] as JSON.
+TRIGGER_SAVE_MANY = """
+UPDATE queue_app_triggerstate s SET pending = v.pending, seen = v.seen, due_at = NULL, timer_item_id = NULL
+FROM jsonb_to_recordset(%s::jsonb) AS v(id bigint, pending jsonb, seen jsonb)
+WHERE s.id = v.id
 """
 
 # The state row written back under its lock. Parameters: pending, seen, debounce seconds (None: no timer),

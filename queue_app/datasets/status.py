@@ -23,8 +23,8 @@ from ..engine.alias import connection
 from .declarations import Dataset
 from .freshness import freshness_state, overdue_since, staleness_seconds
 from .models import CheckState, DatasetCheckResult, Materialization
-from .partitions import PartitionError
-from .sql import NEWEST, PARTITION_COUNTS, PARTITION_COUNTS_SCAN, PARTITION_GRID
+from .partitions import MultiPartitions, PartitionError, all_keys
+from .sql import MATRIX_GRID, NEWEST, PARTITION_COUNTS, PARTITION_COUNTS_SCAN, PARTITION_GRID
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -246,7 +246,7 @@ def partition_grid(ds: Dataset, limit: int = GRID_PARTITIONS, now: dt.datetime |
             for row in cursor.fetchall()
         }
     kind = ds.partitioning.kind
-    if kind in ("daily", "hourly") and found:
+    if kind in ("daily", "hourly", "weekly") and found:
         try:
             return _time_grid(ds.partitioning, found, now or dt.datetime.now(dt.UTC), limit)
         except PartitionError:  # keys written under another partitioning
@@ -292,3 +292,89 @@ def _time_grid(partitioning: Any, found: dict[str, Cell], now: dt.datetime, limi
         else:
             shown.append(Cell(cell.partition, "older", until=cell.until or cell.partition, count=count))
     return shown + cells[-limit:]
+
+
+MATRIX_ROWS = 31  # a multi-dimension dataset's grid: this many time rows (newest), gaps and failures besides
+MATRIX_COLUMNS = 50  # and this many keys of its other dimensions
+MATRIX_CAP = 20_000  # partitions read for it at most (the newest)
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A multi-dimension dataset's grid: time rows by the other dimensions' keys (partition_matrix). `rows` are
+    Cells of the time dimension (a "gap" or "older" row stands for several); `cells[(time key, column)]` the
+    partition's Cell; `more_columns` the keys left out past MATRIX_COLUMNS."""
+
+    time_dimension: str
+    column_dimensions: list[str]
+    columns: list[str]
+    rows: list[Cell]
+    cells: dict[tuple[str, str], Cell]
+    more_columns: int = 0
+    time_index: int = 0
+
+    def key(self, time_key: str, column: str) -> str:
+        """The partition key of a cell: the time key at its dimension's place among the column's keys."""
+        parts = column.split("|") if column else []
+        parts.insert(self.time_index, time_key)
+        return "|".join(parts)
+
+
+SEVERITY = ["materialized", "observed", "checks-pending", "missing", "failed-checks"]  # a row's worst state
+
+
+def partition_matrix(ds: Dataset, now: dt.datetime | None = None) -> Matrix | None:
+    """The grid of a multi-dimension dataset with a time dimension: the range of time that exists (as
+    partition_grid: from the first materialized row to the last complete one, long runs of missing rows as one gap
+    row, failed rows kept past the limit) by the keys of its other dimensions (declared static keys, current
+    dynamic ones and any found). None for another partitioning."""
+    part = ds.partitioning
+    if not isinstance(part, MultiPartitions) or part.time is None:
+        return None
+    index, time = part.time
+    others = [n for i, n in enumerate(part.names) if i != index]
+    columns_known: set[str] = set()
+    axes = []
+    for i, (_n, p) in enumerate(part.dimensions):
+        if i != index:
+            try:
+                axes.append(all_keys(p))
+            except PartitionError:
+                axes.append([])
+    if len(axes) == 1:
+        columns_known = set(axes[0])
+    with connection.cursor() as cursor:
+        if index == 0:  # the time dimension first: its newest keys, then one range scan
+            cursor.execute(MATRIX_GRID, {"ds": ds.name, "rows": MATRIX_ROWS, "cap": MATRIX_CAP})
+        else:  # the newest partitions by key, as the one-dimension grid reads them
+            limit = MATRIX_ROWS * max(1, min(len(columns_known) or MATRIX_COLUMNS, MATRIX_COLUMNS))
+            cursor.execute(PARTITION_GRID, [ds.name, ds.name, limit, ds.name])
+        cells, rows_found = {}, {}
+        for row in cursor.fetchall():
+            parts = row[0].split("|")
+            if len(parts) != len(part.names):
+                continue  # written under another partitioning
+            key_time = parts[index]
+            column = "|".join(parts[:index] + parts[index + 1 :])
+            cell = Cell(row[0], cell_state(row[3], row[7]), row[1], row[2], row[4], row[5], row[6], row[7])
+            cells[key_time, column] = cell
+            columns_known.add(column)
+            worst = rows_found.get(key_time)
+            if worst is None or SEVERITY.index(cell.state) > SEVERITY.index(worst.state):
+                rows_found[key_time] = Cell(key_time, cell.state)
+    columns = sorted(columns_known)
+    rows: list[Cell] = []
+    if rows_found:
+        try:
+            rows = _time_grid(time, rows_found, now or dt.datetime.now(dt.UTC), MATRIX_ROWS)
+        except PartitionError:
+            rows = [rows_found[k] for k in sorted(rows_found)]
+    return Matrix(
+        part.names[index],
+        others,
+        columns[:MATRIX_COLUMNS],
+        rows,
+        cells,
+        max(0, len(columns) - MATRIX_COLUMNS),
+        index,
+    )

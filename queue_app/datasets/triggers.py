@@ -12,7 +12,8 @@ materialization usable (datasets/checks_run.py): its record when it has no block
 blocking check passes or its failures are overridden. For each
 consumer of the materialization's dataset, in consumer order (so concurrent recorders lock in one order):
 
-1. TRIGGER_LOCK upserts and locks the (consumer, partition) state row: a concurrent recorder of another upstream
+1. TRIGGER_LOCK_MANY upserts and locks the (consumer, partition) state rows (one; with a mapping, every consumer
+   partition the upstream partition feeds, in key order, in one statement): a concurrent recorder of another upstream
    of the same partition waits for this transaction, then reads what it committed (READ COMMITTED reads the
    conflicting row's newest version), so of two upstreams recorded at once the second committer sees both.
 2. The materialization joins `pending` ({dataset: id} since the consumer's last run); one already counted
@@ -24,6 +25,14 @@ consumer of the materialization's dataset, in consumer order (so concurrent reco
 4. Debounced (`debounce=SECONDS`): `due_at` is set (pushed back by every later update) and one delayed item of
    `queue_app.dataset_trigger_due` (tasks.py) is kept per pair; when it runs (due_timer) it fires the pending set
    if `due_at` has passed, or queues itself again at `due_at`. So several updates inside the window make one run.
+
+Mappings (mappings.py) on an upstream (`on_update={"events": ("day", TimeWindow(last=7))}`): an upstream
+materialization of partition u moves the state rows of every consumer partition its mapping feeds
+(downstream_keys), locked in key order; it joins `pending` as "events[u]" (an identity upstream keeps the plain
+name, so the rows of one-dimension consumers read as before), and `all` is ready when every partition the
+mapping names for the consumer's partition (upstream_keys) is pending, the one recorded last deciding in its
+transaction, as for several upstreams. A mapping that names no partition (a fan-in over an empty dynamic set)
+is never ready.
 
 A run that fails records no materialization and so triggers nothing. Consumers come from sources (add_source):
 the Spark jobs' (queue_app/spark/triggers.py), the workflows' (queue_app/workflows/triggers.py) and the tasks
@@ -46,14 +55,17 @@ from queue_app import engine
 
 from ..engine.alias import atomic, connection
 from .declarations import DatasetError, get_dataset
+from .mappings import IDENTITY
+from .partitions import PartitionError, Partitioning
 from .refs import DatasetRef, dataset_refs
 from .sql import (
     TIMER_ALIVE,
     TRIGGER_CLEAR,
     TRIGGER_FIRED,
-    TRIGGER_LOCK,
+    TRIGGER_LOCK_MANY,
     TRIGGER_SAVE,
     TRIGGER_SAVE_AND_FIRE,
+    TRIGGER_SAVE_MANY,
     TRIGGER_TIMER,
     TRIGGER_TIMER_SET,
 )
@@ -177,40 +189,123 @@ def materialization_usable(materialization: Any) -> list[Fired]:
     triggers, in the caller's transaction. Returns the fires it made (debounced ones fire later)."""
     wanting = [c for c in consumers().values() if materialization.dataset in c.trigger.names]
     fired = []
-    for consumer in wanting:  # in key order: concurrent recorders lock state rows in one order
-        done = _update(consumer, materialization.dataset, materialization.partition, int(materialization.id))
+    for consumer in wanting:  # in key order, and each one's partitions in key order: one lock order for all
+        ref = next(r for r in consumer.trigger.upstreams if r.name == materialization.dataset)
+        partitions = _fed(consumer, ref, materialization.partition)
+        if partitions:
+            fired += _update(consumer, ref, partitions, materialization.partition, int(materialization.id))
+    return fired
+
+
+def consumer_partitioning(consumer: Consumer) -> Partitioning | None:
+    """The consumer's partitioning: its produced partitioned dataset's, else what its upstreams' mappings imply
+    (an identity upstream: its own). None when nothing says (a system check reports it)."""
+    for name in consumer.produces:
+        try:
+            part = get_dataset(name).partitioning
+        except DatasetError:
+            continue
+        if part.describe() is not None:
+            return part
+    for ref in consumer.trigger.upstreams:
+        try:
+            implied = ref.mapping.target(get_dataset(ref.name).partitioning)
+        except (DatasetError, PartitionError):
+            continue
+        if implied is not None:
+            return implied
+    return None
+
+
+def _fed(consumer: Consumer, ref: DatasetRef, key: str) -> list[str]:
+    """The consumer partitions an upstream partition `key` feeds, in key order."""
+    if ref.mapping is IDENTITY or ref.mapping == IDENTITY:
+        return [key]
+    down = consumer_partitioning(consumer)
+    if down is None:
+        return []
+    try:
+        return sorted(set(ref.mapping.downstream_keys(get_dataset(ref.name).partitioning, down, key)))
+    except (DatasetError, PartitionError) as exc:
+        logger.error("dataset trigger %s: %s[%s] maps to no partition: %s", consumer.key, ref.name, key, exc)
+        return []
+
+
+def slot(ref: DatasetRef, key: str) -> str:
+    """An upstream partition's name in a state row's pending and seen sets."""
+    return ref.name if ref.mapping == IDENTITY else f"{ref.name}[{key}]"
+
+
+def needed(consumer: Consumer, partition: str) -> list[str] | None:
+    """Every slot the consumer's partition waits for in `all` mode; None when a mapping names none."""
+    wanted = []
+    down = None
+    for ref in consumer.trigger.upstreams:
+        if ref.mapping == IDENTITY:
+            wanted.append(ref.name)
+            continue
+        down = down or consumer_partitioning(consumer)
+        try:
+            keys = ref.mapping.upstream_keys(get_dataset(ref.name).partitioning, down, partition)  # type: ignore[arg-type]
+        except (DatasetError, PartitionError):
+            keys = []
+        if not keys:
+            return None
+        wanted += [slot(ref, k) for k in keys]
+    return wanted
+
+
+def _update(consumer: Consumer, ref: DatasetRef, partitions: list[str], key: str, materialization_id: int) -> list:
+    """Move the consumer's state rows of `partitions` (sorted) for the upstream partition `key`: all locked in one
+    statement, those not ready written back in one more, each ready one fired (or its debounce timer set)."""
+    trigger = consumer.trigger
+    name = slot(ref, key)
+    ready_rows, saves = [], []
+    with connection.cursor() as cursor:
+        cursor.execute(TRIGGER_LOCK_MANY, [consumer.key, partitions])
+        rows = {row[1]: row for row in cursor.fetchall()}
+        for partition in partitions:
+            state_id, _partition, pending, seen, timer_item_id = rows[partition]
+            pending, seen = _loads(pending), _loads(seen)
+            if seen.get(name, 0) >= materialization_id:
+                continue  # counted already (reported twice, or an older one reported late)
+            seen[name] = pending[name] = materialization_id
+            if trigger.mode == "any":
+                ready = True
+            else:
+                wanted = needed(consumer, partition)
+                ready = wanted is not None and all(n in pending for n in wanted)
+            if ready:
+                ready_rows.append((state_id, partition, pending, seen, timer_item_id))
+            else:
+                saves.append({"id": state_id, "pending": pending, "seen": seen})
+        if saves:
+            cursor.execute(TRIGGER_SAVE_MANY, [json.dumps(saves)])
+    fired = []
+    for state_id, partition, pending, seen, timer_item_id in ready_rows:
+        if trigger.debounce > 0:
+            _debounce(consumer, partition, state_id, pending, seen, timer_item_id)
+            continue
+        done = _fire(consumer, partition, dict(pending), saving=(json.dumps(seen), state_id))
         if done is not None:
             fired.append(done)
     return fired
 
 
-def _update(consumer: Consumer, dataset: str, partition: str, materialization_id: int) -> Fired | None:
-    trigger = consumer.trigger
+def _debounce(consumer: Consumer, partition: str, state_id: int, pending: dict, seen: dict, timer_item_id: Any) -> None:
+    """A ready pair under debounce: `due_at` set (pushed back by every later update) and one delayed item kept."""
     with connection.cursor() as cursor:
-        cursor.execute(TRIGGER_LOCK, [consumer.key, partition])
-        state_id, pending, seen, timer_item_id = cursor.fetchone()
-        pending, seen = _loads(pending), _loads(seen)
-        if seen.get(dataset, 0) >= materialization_id:
-            return None  # counted already (reported twice, or an older one reported late)
-        seen[dataset] = pending[dataset] = materialization_id
-        ready = trigger.mode == "any" or all(name in pending for name in trigger.names)
-        if ready and trigger.debounce > 0:
-            if timer_item_id is not None:
-                cursor.execute(TIMER_ALIVE, [timer_item_id])
-                timer_item_id = timer_item_id if cursor.fetchone()[0] else None
-            cursor.execute(
-                TRIGGER_SAVE,
-                [json.dumps(pending), json.dumps(seen), trigger.debounce, trigger.debounce, timer_item_id, state_id],
-            )
-            (due_at,) = cursor.fetchone()
-            if timer_item_id is None:  # the one delayed item of the pair; later updates only push due_at back
-                item = engine.enqueue(TIMER_TASK, {"consumer": consumer.key, "partition": partition}, run_at=due_at)
-                cursor.execute(TRIGGER_TIMER_SET, [item.id, state_id])
-            return None
-        if not ready:
-            cursor.execute(TRIGGER_SAVE, [json.dumps(pending), json.dumps(seen), None, None, None, state_id])
-            return None
-    return _fire(consumer, partition, dict(pending), saving=(json.dumps(seen), state_id))
+        if timer_item_id is not None:
+            cursor.execute(TIMER_ALIVE, [timer_item_id])
+            timer_item_id = timer_item_id if cursor.fetchone()[0] else None
+        debounce = consumer.trigger.debounce
+        cursor.execute(
+            TRIGGER_SAVE, [json.dumps(pending), json.dumps(seen), debounce, debounce, timer_item_id, state_id]
+        )
+        (due_at,) = cursor.fetchone()
+        if timer_item_id is None:  # the one delayed item of the pair; later updates only push due_at back
+            item = engine.enqueue(TIMER_TASK, {"consumer": consumer.key, "partition": partition}, run_at=due_at)
+            cursor.execute(TRIGGER_TIMER_SET, [item.id, state_id])
 
 
 def _fire(consumer: Consumer, partition: str, upstream: dict[str, int], saving: tuple[str, int]) -> Fired | None:
@@ -270,13 +365,29 @@ def trigger_problems(all_consumers: Mapping[str, Consumer]) -> list[tuple[str, s
     problems, graph = [], {}
     for consumer in all_consumers.values():
         partitionings = set()
+        down = consumer_partitioning(consumer)
         for ref in consumer.trigger.upstreams:
             try:
                 ds = get_dataset(ref.name)
             except DatasetError as exc:
                 problems.append(("jobsite.E107", f"{consumer.key} on_update: {exc}"))
                 continue
-            partitionings.add(repr(ds.partitioning.describe()))
+            if ref.mapping == IDENTITY:
+                partitionings.add(repr(ds.partitioning.describe()))
+            elif down is None:
+                problems.append(
+                    (
+                        "jobsite.E108",
+                        f"{consumer.key} on_update: {ref.name!r} has a {ref.mapping.label} mapping but nothing says "
+                        "how the consumer is partitioned (produce a partitioned dataset)",
+                    )
+                )
+            else:
+                partitionings.add(repr(down.describe()))
+                problems += [
+                    ("jobsite.E108", f"{consumer.key} on_update: {ref.name!r}: {p}")
+                    for p in ref.mapping.problems(ds.partitioning, down)
+                ]
         if len(partitionings) > 1:
             problems.append(
                 (
@@ -294,7 +405,11 @@ def trigger_problems(all_consumers: Mapping[str, Consumer]) -> list[tuple[str, s
                         "the partition (name it: on_update={'dataset': 'param'})",
                     )
                 )
-            elif consumer.param is not None and consumer.params and consumer.param not in consumer.params:
+            elif (
+                consumer.param is not None
+                and consumer.params
+                and not set(consumer.param.split("|")) <= set(consumer.params)
+            ):
                 problems.append(
                     ("jobsite.E108", f"{consumer.key} on_update: {consumer.param!r} is not a declared parameter")
                 )

@@ -15,6 +15,10 @@ and `watch_fingerprint`): under a transaction-scoped advisory lock per dataset a
 once (two schedulers, a manual run) observe a new set of files once, and the same set never twice. The system
 check jobsite.E110 reports a watch of an unknown dataset, a glob outside the roots, or a `{partition}` that does
 not fit the dataset.
+
+A dataset partitioned by one dynamic set (DynamicPartitions): a folder whose name is a key's shape and was never
+a key of the set becomes one (dynamic.add_keys, by "watch:GLOB") before its files are observed, in the same
+transaction; a key removed from the set is not added back by its folder.
 """
 
 from __future__ import annotations
@@ -32,9 +36,12 @@ from typing import Any
 from queue_app.conf import queue_settings
 
 from ..engine.alias import atomic, connection
+from . import partitions
 from .declarations import DatasetError, declared_datasets, get_dataset
+from .dynamic import add_keys
 from .locations import PLACEHOLDER, dataset_roots, within_roots
 from .models import Materialization
+from .partitions import STATIC_KEY, DynamicPartitions
 from .services import record_materialization
 
 logger = logging.getLogger("jobsite.datasets")
@@ -143,13 +150,20 @@ def scan(w: Watch) -> dict[str, list[tuple[str, int, int]]]:
         real = os.path.realpath(path)
         if not os.path.isfile(real) or not within_roots(real, roots):
             continue
+        segment = path.split(os.sep)[index] if index is not None else None
         try:
-            key = ds.partition_key(path.split(os.sep)[index] if index is not None else None)
+            key = ds.partition_key(segment)
         except DatasetError:
-            continue  # a directory that is not a partition of the dataset
+            if not isinstance(ds.partitioning, DynamicPartitions) or not STATIC_KEY.match(segment or ""):
+                continue  # a directory that is not a partition of the dataset
+            key = segment  # a new folder: a new key of the dynamic set (_observe adds it)
         stat = os.stat(real)
         found.setdefault(key, []).append((path, stat.st_size, stat.st_mtime_ns))
     return found
+
+
+def dynamic_lookup_has(part: DynamicPartitions, key: str) -> bool:
+    return key in partitions.dynamic_lookup.keys(part.name, [key])
 
 
 def fingerprint(files: list[tuple[str, int, int]]) -> str:
@@ -182,6 +196,10 @@ def _observe(w: Watch, key: str, files: list[tuple[str, int, int]]) -> Materiali
         )
         if last is not None and last.get("watch_fingerprint") == seen:
             return None
+        part = get_dataset(w.dataset).partitioning
+        new_key = isinstance(part, DynamicPartitions) and not dynamic_lookup_has(part, key)
+        if new_key and not add_keys(part.name, [key], by=f"watch:{w.glob}"[:150], never_seen=True):
+            return None  # removed from the set: its folder does not bring it back
         return record_materialization(
             w.dataset,
             key,

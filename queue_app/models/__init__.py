@@ -32,7 +32,7 @@ from .workers import Leader, Worker, WorkerState
 # isort: split
 # The models of the app's packages (imported after the core ones: importing a package runs its __init__, which may
 # import the core models back).
-from ..datasets.models import Dataset, DatasetCheckResult, Materialization, OpenLineageCounter
+from ..datasets.models import Dataset, DatasetCheckResult, DynamicPartitionKey, Materialization, OpenLineageCounter
 from ..probes.models import ExecutionLog, ProbeEffect
 from ..spark.models import (
     SPARK_FINAL_STATES,
@@ -57,6 +57,7 @@ __all__ = [
     "CatchUp",
     "Dataset",
     "DatasetCheckResult",
+    "DynamicPartitionKey",
     "DeadLetter",
     "DedupClaim",
     "ExecutionLog",

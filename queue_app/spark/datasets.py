@@ -29,6 +29,7 @@ from queue_app.datasets.checks_run import Unusable, unusable
 from queue_app.datasets.declarations import DatasetError, get_dataset
 from queue_app.datasets.lineage import LineageGraph
 from queue_app.datasets.locations import LocationError, dataset_roots
+from queue_app.datasets.mappings import IDENTITY
 from queue_app.datasets.partitions import PartitionError
 from queue_app.datasets.refs import PartitionParamError, partition_keys, ref_problems
 
@@ -177,7 +178,22 @@ def _users_of(jobs: list[SparkJob]) -> dict[str, dict[str, list[str]]]:
         for what, refs in (("producers", spark_job.produces), ("consumers", spark_job.consumes)):
             for ref in refs:
                 found.setdefault(ref.name, {"producers": [], "consumers": []})[what].append(spark_job.name)
+        for ref, _label in _mapped(spark_job):  # a mapped trigger upstream is read too
+            users = found.setdefault(ref.name, {"producers": [], "consumers": []})["consumers"]
+            if spark_job.name not in users:
+                users.append(spark_job.name)
     return found
+
+
+def _mapped(spark_job: SparkJob) -> list[tuple[Any, str]]:
+    """The job's trigger upstreams read through a mapping other than identity, with the mapping's label."""
+    refs = spark_job.on_update.upstreams if getattr(spark_job, "on_update", None) else ()
+    return [(ref, ref.mapping.label) for ref in refs if ref.mapping != IDENTITY]
+
+
+def mapping_labels(jobs: list[SparkJob]) -> dict[tuple[str, str], str]:
+    """{(dataset, job): the mapping's label} for the lineage graph's edges."""
+    return {(ref.name, job.name): label for job in jobs for ref, label in _mapped(job)}
 
 
 _lineage: list[Any] = [None, None, None]  # the key, users and graph last built
@@ -197,7 +213,8 @@ def lineage() -> tuple[dict[str, dict[str, list[str]]], LineageGraph]:
     kept_key, kept_users, kept_graph = _lineage
     if key == kept_key:
         return kept_users, kept_graph
-    found = _users_of(sorted([*code, *stored], key=lambda job: job.name))
-    graph = LineageGraph(found)
+    jobs = sorted([*code, *stored], key=lambda job: job.name)
+    found = _users_of(jobs)
+    graph = LineageGraph(found, mapping_labels(jobs))
     _lineage[:] = [key, found, graph]
     return found, graph

@@ -28,7 +28,7 @@ from django.db.models import Q
 
 from queue_app.datasets.declarations import DatasetError, get_dataset
 from queue_app.datasets.models import CheckState, Materialization
-from queue_app.datasets.partitions import PartitionError
+from queue_app.datasets.partitions import MultiPartitions, PartitionError
 from queue_app.datasets.producer_params import producer_params
 from queue_app.datasets.producers import Producer, producers_of
 from queue_app.datasets.sql import MATERIALIZED_KEYS
@@ -64,7 +64,9 @@ def partitions_of(name: str, partition: Any = None, start: Any = None, end: Any 
     ds = get_dataset(name)
     if partition is not None and (start is not None or end is not None):
         raise DatasetError("give a partition or a range (--from/--to), not both")
-    if partition is not None:
+    if isinstance(partition, str) and "*" in partition:  # "2026-11-30|*": every key of the other dimension
+        start = end = partition
+    elif partition is not None:
         return [ds.partition_key(partition)]
     if start is None and end is None:
         if ds.partitioning.describe() is not None:
@@ -125,7 +127,10 @@ def materialize(
     except (SparkJobError, InvalidEnqueue, UnknownTask, ValueError) as exc:
         raise DatasetError(f"dataset {name!r}: {exc}; nothing queued") from None
     state = "queued" if runs or items else "nothing to do"
-    return {"dataset": name, "partitions": keys, "runs": runs, "items": items, "state": state}
+    result = {"dataset": name, "partitions": keys, "runs": runs, "items": items, "state": state}
+    if isinstance(ds.partitioning, MultiPartitions):
+        result["dimensions"] = list(ds.partitioning.names)
+    return result
 
 
 def wait(result: dict[str, Any], *, timeout: float | None = None, poll: float = 0.5) -> dict[str, Any]:

@@ -19,6 +19,7 @@ parent chain.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import os
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ from urllib.parse import quote
 from ..datasets.declarations import DatasetError, get_dataset
 from ..datasets.locations import dataset_roots
 from ..datasets.openlineage import PRODUCER, config, emit_on_commit, enabled, run_id
+from ..datasets.partitions import MultiPartitions, PartitionError
 from ..workflows.models import Workflow, WorkflowStep
 from .models import SparkRun, SparkRunState, SparkTrigger
 from .registry import SparkJobError, get_job
@@ -95,6 +97,8 @@ def run_event(run: SparkRun, event_type: str, *, outputs: list[Mapping[str, Any]
             stats["outputStatistics"] = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
                 rowCount=out.get("rows"), size=out.get("bytes"), fileCount=out.get("files")
             )
+        if out and out.get("partition"):
+            stats["jobsitePartition"] = partition_facet(ref.name, out["partition"])
         written.append(
             OutputDataset(namespace=ds_namespace, name=ref.name, facets=facets(ref.name), outputFacets=stats)
         )
@@ -127,6 +131,30 @@ def run_event(run: SparkRun, event_type: str, *, outputs: list[Mapping[str, Any]
         outputs=written,
         producer=PRODUCER,
     )
+
+
+def partition_facet(name: str, key: str) -> Any:
+    """The output facet `jobsitePartition`: {"partition": the canonical key, "dimensions": {dimension: key}} (a
+    multi-dimension dataset; {} for one dimension), the key as the CLI and the admin print it."""
+    try:
+        part = get_dataset(name).partitioning
+        dimensions = part.parts(key) if isinstance(part, MultiPartitions) else {}
+    except (DatasetError, PartitionError):
+        dimensions = {}
+    return _partition_facet_class()(partition=key, dimensions=dimensions, producer=PRODUCER)
+
+
+@functools.cache
+def _partition_facet_class() -> Any:
+    import attr
+    from openlineage.client.generated.base import OutputDatasetFacet
+
+    @attr.define
+    class JobsitePartitionOutputDatasetFacet(OutputDatasetFacet):
+        partition: str
+        dimensions: dict
+
+    return JobsitePartitionOutputDatasetFacet
 
 
 def location_uri(location: Any) -> str:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from queue_app.datasets import triggers
+from queue_app.datasets import dynamic, triggers
 from queue_app.datasets.declarations import DatasetError, get_dataset
 
-from .models import SparkTrigger
+from .models import SPARK_OPEN_STATES, SparkRun, SparkTrigger
 from .registry import SparkJob, code_jobs
 from .runs import trigger_run
 
@@ -38,6 +38,8 @@ def partition_param(job: SparkJob) -> str | None:
 def start_run(job_name: str, param: str | None, partition: str, upstream: Mapping[str, int]) -> list[str]:
     """One run of `job_name` for `partition`, queued in the caller's transaction."""
     params = {param: partition} if param and partition else {}
+    if param and partition and "|" in param:  # one parameter per dimension ("day|region" takes "2026-11-30|eu")
+        params = dict(zip(param.split("|"), partition.split("|"), strict=False))
     requested_by = ", ".join(f"{name} #{mid}" for name, mid in sorted(upstream.items()))  # "events #12, ..."
     run = trigger_run(job_name, params, trigger=SparkTrigger.DATASET, requested_by=requested_by)
     return [f"spark_run:{run.id}"]
@@ -65,4 +67,28 @@ def spark_consumers() -> Iterator[triggers.Consumer]:
         )
 
 
+def open_runs(partition_set: str, keys: list[str]) -> list[str]:
+    """The open runs (queued or running) of jobs that produce, consume or are triggered by a dataset of the
+    dynamic set, whose parameters name one of `keys` (a value, or a part of a "day|customer" value)."""
+    jobs = []
+    for job in code_jobs():
+        refs = (*job.produces, *job.consumes, *(job.on_update.upstreams if job.on_update else ()))
+        for ref in refs:
+            try:
+                if any(p.name == partition_set for _n, p in dynamic.sets_of(get_dataset(ref.name))):
+                    jobs.append(job.name)
+                    break
+            except DatasetError:
+                continue
+    if not jobs:
+        return []
+    wanted, found = set(keys), []
+    for run in SparkRun.objects.filter(job__in=jobs, state__in=SPARK_OPEN_STATES).only("id", "params"):
+        values = {part for v in (run.params or {}).values() if isinstance(v, str) for part in v.split("|")}
+        if values & wanted:
+            found.append(f"spark_run:{run.id}")
+    return found
+
+
 triggers.add_source(spark_consumers)
+dynamic.add_open_runs(open_runs)

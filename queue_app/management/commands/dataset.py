@@ -7,23 +7,35 @@
     python manage.py dataset materialize NAME [--partition P | --from D --to D] [--param K=V ...] [--missing-only]
                                          [--wait] [--json]
     python manage.py dataset override NAME [--partition P] --comment TEXT [--user NAME] [--json]
+    python manage.py dataset partitions add|remove NAME KEY [KEY ...] [--dimension D] [--json]
+    python manage.py dataset partitions list NAME [--dimension D] [--history] [--json]
+
+A multi-dimension dataset's partition is its canonical key, one key per dimension in the order declared
+(`--partition '2026-11-30|eu'`); `materialize --from '2026-11-01|eu' --to '2026-11-30|eu'` runs over the time
+dimension with the others fixed, or `*` for every key of one (`--partition '2026-11-30|*'` too).
 
 `list --json` prints [{"name", "partitioning", "last_materialized", "freshness", "checks"}]; `show --json` prints
-{"name", "location", "partitioning", "producers", "consumers", "freshness", "materializations": [{"partition",
-"at", "rows", "bytes", "files", "run_id", "step_id", "checks"}]} newest first; `observe --json` prints the
-recorded materialization; `lineage --json` prints {"dataset", "upstream": [names], "downstream": [names],
-"jobs": [names]} (datasets/lineage.py); `materialize --json` prints {"dataset", "partitions", "runs", "items",
-"state"} (with --wait, exit status 0 only when every run or item succeeded and its materializations' blocking checks
-passed); its `--param NAME=VALUE` (repeatable) win over the dataset's declared params and the partition
-(datasets/producer_params.py); a malformed one is an error and nothing is queued.
+{"name", "location", "partitioning", "producers", "consumers", "freshness", "materializations": [{"partition", "at",
+"rows", "bytes", "files", "run_id", "step_id", "checks"}]} newest first; `observe --json` prints the recorded
+materialization; `lineage --json` prints {"dataset", "upstream": [names], "downstream": [names], "jobs": [names]}
+(datasets/lineage.py); `materialize --json` prints {"dataset", "partitions", "runs", "items", "state"}, plus
+"dimensions": [names] for a multi-dimension dataset (with --wait, exit status 0 only when every run or item
+succeeded and its materializations' blocking checks passed); its `--param NAME=VALUE` (repeatable) win over the
+dataset's declared params and the partition (datasets/producer_params.py); a malformed one is an error and nothing
+is queued.
 `override` makes the partition's latest materialization, whose blocking checks
 failed, usable (datasets/checks_run.override_failed_checks), as the Django user `--user NAME` or else the one
 named as the OS login, who must hold queue_app.override_dataset_check; `--json` prints {"dataset", "partition",
 "id", "checks"}. A user without the permission, no such user, or nothing failed to override: exit status 1 and
-nothing written. An unknown dataset, a partition that does not fit its partitioning, nothing to observe or no
+nothing written. `partitions` adds and removes the keys of the dynamic partition set NAME's dataset is partitioned
+by (NAME may also be `set:SETNAME`; `--dimension` when it has several): `--json` prints {"set", "added" or
+"removed": [keys]} or, for `list`, {"set", "keys": [{"key", "added_at", "added_by", "removed_at",
+"removed_by"}]} (removed keys with `--history`); a removal refused (a key not in the set, a run of one open)
+removes nothing. An unknown dataset, a partition that does not fit its partitioning, nothing to observe or no
 producer is an error message and exit status 1, and nothing is written.
 """
 
+import getpass
 import importlib
 import json
 
@@ -31,7 +43,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from queue_app.datasets import DatasetError, declared_datasets, get_dataset
+from queue_app.datasets import DatasetError, declared_datasets, dynamic, get_dataset
 from queue_app.datasets import services as datasets
 from queue_app.datasets.checks_run import latest, override_failed_checks
 from queue_app.datasets.lineage import LineageGraph
@@ -45,7 +57,7 @@ from queue_app.spark.models import SparkTrigger
 
 
 class Command(JobsiteCommand):
-    help = "Datasets: list, show, observe, override, materialize, lineage."
+    help = "Datasets: list, show, observe, override, materialize, lineage, partitions."
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -97,6 +109,14 @@ class Command(JobsiteCommand):
         override.add_argument("--comment", required=True, help="why: kept in the admin's log with the override")
         override.add_argument("--user", help="the Django user overriding (default: the one named as the OS login)")
         override.add_argument("--json", action="store_true")
+
+        parts = sub.add_parser("partitions", help="a dynamic partition set's keys: add, remove, list")
+        parts.add_argument("verb", choices=["add", "remove", "list"])
+        parts.add_argument("name", help="the dataset (or set:NAME for a set by its own name)")
+        parts.add_argument("keys", nargs="*", metavar="KEY")
+        parts.add_argument("--dimension", help="the dynamic dimension, when the dataset has several")
+        parts.add_argument("--history", action="store_true", help="list: removed keys too")
+        parts.add_argument("--json", action="store_true")
 
     def handle(self, *args, action, imports, **options):
         for module in imports:
@@ -228,10 +248,34 @@ class Command(JobsiteCommand):
         else:
             self.stdout.write(f"{done.dataset}[{done.partition or '-'}] materialization {done.id}: checks overridden")
 
+    def do_partitions(self, *, verb, name, keys, dimension, history, json: bool, **_):
+        partition_set = dynamic.set_of(name, dimension)
+        if verb == "list":
+            if keys:
+                raise CommandError("partitions list takes no keys")
+            found = dynamic.list_keys(partition_set, history=history)
+            if json:
+                self.stdout.write(_dumps({"set": partition_set, "keys": found}))
+            for row in [] if json else found:
+                removed = f"  removed {row['removed_at']} by {row['removed_by']}" if row["removed_at"] else ""
+                self.stdout.write(f"{row['key']}  added {row['added_at']} by {row['added_by']}{removed}")
+            return
+        by = f"cli:{getpass.getuser()}"
+        done = (dynamic.add_keys if verb == "add" else dynamic.remove_keys)(partition_set, keys, by=by)
+        what = "added" if verb == "add" else "removed"
+        if json:
+            self.stdout.write(_dumps({"set": partition_set, what: done}))
+        else:
+            self.stdout.write(f"{partition_set}: {what} {', '.join(done) or 'nothing (all there already)'}")
+
 
 def _partitioning(described) -> str:
-    if isinstance(described, dict):
+    if isinstance(described, dict) and "static" in described:
         return "static " + ",".join(described["static"])
+    if isinstance(described, dict) and "dynamic" in described:
+        return f"dynamic {described['dynamic']}"
+    if isinstance(described, dict) and "dimensions" in described:
+        return " x ".join(f"{d['name']} ({_partitioning(d['partitioning'])})" for d in described["dimensions"])
     return described or "unpartitioned"
 
 

@@ -1,0 +1,38 @@
+"""Datasets with two dimensions for tests/test_datasets_dimensions_surfaces.py (the children import them with
+`manage.py dataset --import tests.dimensions_declared`): sales by day and region (static), orders by day and
+customer (a dynamic set), and the Spark jobs that produce them with one parameter per dimension."""
+
+from queue_app.datasets import DynamicPartitions, MultiPartitions, StaticPartitions, dataset
+from queue_app.params import Param
+from queue_app.spark.registry import spark_job
+
+REGIONS = ["apac", "eu", "us"]
+
+dataset(
+    "dim_sales",
+    location="table:t.dim_sales",
+    partitioning=MultiPartitions(day="daily", region=StaticPartitions(REGIONS)),
+)
+dataset(
+    "dim_orders",
+    location="table:t.dim_orders",
+    partitioning=MultiPartitions(day="daily", customer=DynamicPartitions("dim_customers")),
+)
+
+
+@spark_job(
+    "dim_sales_build",
+    params=[Param("day", "date", required=True), Param("region", "str", required=True)],
+    produces={"dim_sales": "day|region"},
+)
+def build(spark, params):
+    return {}
+
+
+@spark_job(
+    "dim_orders_build",
+    params=[Param("day", "date", required=True), Param("customer", "str", required=True)],
+    produces={"dim_orders": "day|customer"},
+)
+def build_orders(spark, params):
+    return {}
