@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from django.db import connection, transaction
-
+from ..engine.alias import atomic, connection
 from . import partitions
 from .declarations import Dataset, DatasetError, get_dataset
 from .models import DynamicPartitionKey
@@ -141,7 +140,7 @@ def add_keys(partition_set: str, keys: Iterable[Any], *, by: str = "code", never
     `never_seen` (a watch), a key once removed is not added back."""
     name = _checked_set(partition_set)
     wanted = _keys(keys, DynamicPartitions(name))
-    with transaction.atomic(), connection.cursor() as cursor:
+    with atomic(), connection.cursor() as cursor:
         cursor.execute(ADD_KEYS, [name, by[:150], wanted, never_seen, name])
         return sorted(row[0] for row in cursor.fetchall())
 
@@ -151,7 +150,7 @@ def remove_keys(partition_set: str, keys: Iterable[Any], *, by: str = "code") ->
     one (nothing removed). Their rows and materializations stay; returns the keys removed."""
     name = _checked_set(partition_set)
     wanted = _keys(keys, DynamicPartitions(name))
-    with transaction.atomic(), connection.cursor() as cursor:
+    with atomic(), connection.cursor() as cursor:
         cursor.execute(LOCK_KEYS, [name, wanted])
         rows = cursor.fetchall()
         missing = sorted(set(wanted) - {key for _id, key in rows})
