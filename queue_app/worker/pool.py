@@ -31,6 +31,7 @@ from typing import Protocol
 from django.db import connections
 
 from ..engine import tracing
+from . import stages
 from .execute import Job, Outcome, failed, run_job
 
 _fork = multiprocessing.get_context("fork")
@@ -116,6 +117,8 @@ def _child_main(conn: Connection, inherited: list[Connection], parent_pid: int, 
             break
         if job is None:
             break
+        if stages.on:
+            stages.picked(job.reservation_id)
         outcome = runner(job)
         try:
             conn.send(outcome)
@@ -324,6 +327,8 @@ class ThreadPool:
             if self.queued.pop(job.reservation_id, None) is None:
                 continue  # stopped or taken back before any thread started it
             me.job, me.started = job, time.monotonic()
+            if stages.on:
+                stages.picked(job.reservation_id)
             self.taken[job.reservation_id] = me
             try:
                 outcome = self.runner(job)

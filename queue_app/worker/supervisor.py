@@ -45,6 +45,7 @@ from ..conf import queue_settings
 from ..engine import ALL_QUEUES, Lease, LeaseTerms, tracing
 from ..logcontext import attempt_ids, bind_process
 from ..registry import Delivery, Task, find_task, registered_tasks, warm_ups_for
+from . import stages
 from .execute import Job, Outcome
 from .leasing import LeaseCall
 from .listener import FOLLOW, Listener
@@ -120,6 +121,8 @@ class Supervisor:
         self.heartbeat_every = self._heartbeat_cap()
         self.away = False  # the loop was away (frozen, cut off): check leases and settle before anything else
         self.waited_from, self.waited_for = time.monotonic(), 0.0  # the last wait: since when, for how long
+        self.woken_at = 0.0  # the last notification's arrival (worker/stages.py, when on)
+        self.lease_stages: dict[int, tuple[float, float, float]] = {}  # held items' lease times (stages, when on)
 
     @property
     def stats(self) -> Stats:
@@ -183,6 +186,7 @@ class Supervisor:
         # process: out of the collector's sight, a full collection walks only what the loop made since, not a
         # pause of ~20 ms in the middle of a lease round (and a forked pool child shares those pages).
         gc.freeze()
+        stages.configure()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -440,6 +444,8 @@ class Supervisor:
         except DATABASE_DOWN:
             self._listener_lost()
             return
+        if notified and stages.on:
+            self.woken_at = time.time()
         if notified and self.listener.first:
             self.woken = True
         elif notified:
@@ -528,6 +534,9 @@ class Supervisor:
         # Nothing in hand or in the pool: no work to overlap with the statement, so run it here, sparing an
         # idle worker's first item the hand-over to the lease thread and back.
         here = not (self.running or self.leased)
+        if stages.on:
+            self.lease_call.woken_at = self.woken_at if self.woken or now >= self.wake_at else 0.0
+            self.woken_at = 0.0
         self.lease_call.send(sent, self.queues, want, self.worker_id, self.terms, here=here)
         self.woken = False
         self.wake_at = float("inf")
@@ -549,6 +558,11 @@ class Supervisor:
             self.woken = True  # the lease did not happen: try again as soon as the database allows
             raise error
         leases = out.leases
+        if stages.on:
+            call = self.lease_call
+            self.lease_stages.update(
+                (lease.reservation_id, (call.woken_at, call.sent_at, call.leased_at)) for lease in leases
+            )
         self.taken += len(leases)
         self.maybe_more = len(leases) == want
         if not self.maybe_more:
@@ -722,6 +736,18 @@ class Supervisor:
                     lease.step,
                 )
             )
+        if stages.on:
+            self._stage_times(starting)
+
+    def _stage_times(self, starting: list[tuple[Lease, Task]]) -> None:
+        """Write the lease times of the items about to be handed to the pool (worker/stages.py)."""
+        by_times: dict[tuple[float, float, float], list[int]] = {}
+        for lease, _ in starting:
+            times = self.lease_stages.pop(lease.reservation_id, None)
+            if times is not None:
+                by_times.setdefault(times, []).append(lease.reservation_id)
+        for times, reservation_ids in by_times.items():
+            stages.leased(reservation_ids, *times)
 
     def _start_span(self, lease: Lease) -> str | None:
         """Start the attempt's span (a child of the item's stored context); its traceparent for the handler. When
