@@ -522,8 +522,54 @@ class Supervisor:
             self._lease(now)  # completes what finished in the same round trip
             self._take_leased(now)  # at once when it ran here
             self._start_leased()
+        elif self._lease_beside_due(now):
+            self._lease_beside(now)
+            self._start_leased()
         elif self._settle_due(now):
+            self._settle()
+
+    def _settle(self) -> None:
+        """Complete what finished, no lease due: on the lease thread (a settle-and-lease that asks for nothing),
+        so the loop stays free to answer a notification meanwhile (_lease_beside); in the loop when stopping."""
+        if self.shutdown.stopping or self.lease_call.busy:
             self.settler.complete_done()
+            return
+        self.lease_call.send(self.settler.take_done(), self.queues, 0, self.worker_id, self.terms)
+
+    def _lease_beside_due(self, now: float) -> bool:
+        """The latency path: a notification came while the lease thread only settles (its call asks for no
+        items), and a slot waits idle with nothing held for it. Then the lease need not wait for that settle."""
+        call = self.lease_call
+        return (
+            call.busy
+            and call.asked == 0
+            and (self.woken or now >= self.wake_at)
+            and not self.leased
+            and not self.shutdown.stopping
+            and self.pool.idle_threads() > 0
+            and self._free() > 0
+        )
+
+    def _lease_beside(self, now: float) -> None:
+        """Lease in the loop, on its own connection, beside the lease thread's settle in flight (_lease_beside_due):
+        nothing settled, so a failure gives nothing back; the next notification or poll leases again."""
+        want = self._free()
+        woken_at = (self.woken_at if self.woken or now >= self.wake_at else 0.0) if stages.on else 0.0
+        sent_at = time.time() if stages.on else 0.0
+        self.woken, self.wake_at = False, float("inf")
+        self.next_poll = now + self.options.poll_interval
+        try:
+            out = engine.settle_and_lease(
+                [], self.queues, want, self.worker_id, terms=self.terms, traced=self.lease_call.traced
+            )
+        except BaseException:
+            self.woken = True  # try again as soon as the database allows
+            raise
+        if stages.on:
+            times = (woken_at, sent_at, time.time())
+            self.lease_stages.update((lease.reservation_id, times) for lease in out.leases)
+            self.woken_at = 0.0
+        self._took(out, [], want, now)
 
     def _lease(self, now: float) -> None:
         """Send the settle-and-lease statement (what finished, and as many items as there is room for) to the
@@ -557,21 +603,28 @@ class Supervisor:
             self.settler.give_back(sent)
             self.woken = True  # the lease did not happen: try again as soon as the database allows
             raise error
-        leases = out.leases
         if stages.on:
             call = self.lease_call
             self.lease_stages.update(
-                (lease.reservation_id, (call.woken_at, call.sent_at, call.leased_at)) for lease in leases
+                (lease.reservation_id, (call.woken_at, call.sent_at, call.leased_at)) for lease in out.leases
             )
+        self._took(out, sent, want, now)
+
+    def _took(self, out: engine.SettledAndLeased, sent: list, want: int, now: float) -> None:
+        """Count what a settle-and-lease settled, hold what it leased. `want` 0: a settle only (_settle), which
+        says nothing about what is ready."""
+        leases = out.leases
         self.taken += len(leases)
-        self.maybe_more = len(leases) == want
-        if not self.maybe_more:
-            self.pacing.ran_dry(now)  # the queues had fewer ready than asked: no backlog
+        if want:
+            self.maybe_more = len(leases) == want
+            if not self.maybe_more:
+                self.pacing.ran_dry(now)  # the queues had fewer ready than asked: no backlog
         # After the wake-up flags: a completed item's key may wake the next lease.
         self.settler.completed(out.stale, sent)
-        self.idle_after_lease = False
-        if self.options.burst and not leases and not (self.running or self.leased or self.settler.unsettled()):
-            self.idle_after_lease = not self._held_back()
+        if want:
+            self.idle_after_lease = False
+            if self.options.burst and not leases and not (self.running or self.leased or self.settler.unsettled()):
+                self.idle_after_lease = not self._held_back()
         for lease in leases:
             task = find_task(lease.task)
             if task is None:
