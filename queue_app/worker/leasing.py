@@ -7,7 +7,9 @@ round (building the leases, handing them to the pool, collecting outcomes) only 
 loop does that work while the server runs the statement; the thread's wait on the socket releases the GIL.
 
 One statement at a time (the supervisor sends the next only after taking this one's result), on this thread's
-own database connection (supervisor.OTHER_CONNECTIONS counts it). Nothing changes in what is settled or leased,
+own database connection (supervisor.OTHER_CONNECTIONS counts it). A settle with no lease due comes here too (a
+call asking for no items); while one runs, a notification may lease in the loop itself, beside it (the
+supervisor's latency path: a slot idle, nothing held). Nothing changes in what is settled or leased,
 only when the loop learns of it: a failed call hands its exception back to the loop, which keeps the outcomes it
 sent and settles them again (settles are fenced), as it did when the statement ran in the loop itself.
 """

@@ -557,6 +557,7 @@ class Supervisor:
         woken_at = (self.woken_at if self.woken or now >= self.wake_at else 0.0) if stages.on else 0.0
         sent_at = time.time() if stages.on else 0.0
         self.woken, self.wake_at = False, float("inf")
+        self.settler.forget_due(now)
         self.next_poll = now + self.options.poll_interval
         try:
             out = engine.settle_and_lease(
