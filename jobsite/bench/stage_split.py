@@ -10,9 +10,9 @@ enqueue's call returned to the bench, its commit made durable and the answer's t
 - to_send: to the settle-and-lease statement being sent (from the wake-up; from created_at for items leased
   otherwise: behind a lease in flight, a gathering of freed slots, a poll);
 - statement: the settle-and-lease round trip;
-- hand_off: its result to the job handed to the pool (the loop taking the result, the at-most-once record and
-  the lease renewal when there are any, the submit);
-- pickup: handed over to a thread or child taking it (a queue's wake-up, a pipe);
+- hand_off: its result to the hand-over of its batch to the pool begun (the loop taking the result, the
+  at-most-once record and the lease renewal when there are any);
+- pickup: the hand-over begun to a thread or child taking the job (the submit, a queue's wake-up, a pipe);
 - handler: taken to the handler's first statement (run_job's preamble, the connection's check, the statement's
   trip to the server).
 """

@@ -7,7 +7,8 @@ remains on the hot path is one check of a module attribute per batch and per job
 Lines, space-separated (a worker and its pool children append to the same file; each line is one write):
 - `L <reservation_id> <woken> <sent> <leased> <submitted>`: the notification that woke the loop for the lease
   that took the item (0 when the lease was not a wake-up's: a poll, a freed slot, more work known to wait), the
-  settle-and-lease statement sent and its result back, the job handed to the pool;
+  settle-and-lease statement sent and its result back, the hand-over of its batch to the pool begun (a child
+  woken by its job may take the core from the loop before the loop has handed over the rest);
 - `P <reservation_id> <picked>`: a pool thread or child took the job and is about to run it.
 """
 
@@ -35,8 +36,7 @@ def _write(line: str) -> None:
         os.write(_fd, line.encode())
 
 
-def leased(reservation_ids: list[int], woken: float, sent: float, leased_at: float) -> None:
-    submitted = time.time()
+def leased(reservation_ids: list[int], woken: float, sent: float, leased_at: float, submitted: float) -> None:
     _write("".join(f"L {r} {woken:.6f} {sent:.6f} {leased_at:.6f} {submitted:.6f}\n" for r in reservation_ids))
 
 

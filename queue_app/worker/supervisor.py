@@ -735,6 +735,7 @@ class Supervisor:
                 self.chunk_since.pop(name, None)
         timed: set[str] = set()  # tasks whose hard timeout and lease this batch has counted (once a task)
         running, submit, worker_id = self.running, self.pool.submit, self.worker_id
+        handing = time.time() if stages.on else 0.0  # the hand-over begins (a child may run before the loop ends)
         for unit in units:
             good: list[Lease] = []
             for lease, _ in unit:
@@ -791,9 +792,9 @@ class Supervisor:
                 )
             )
         if stages.on:
-            self._stage_times(starting)
+            self._stage_times(starting, handing)
 
-    def _stage_times(self, starting: list[tuple[Lease, Task]]) -> None:
+    def _stage_times(self, starting: list[tuple[Lease, Task]], handing: float) -> None:
         """Write the lease times of the items about to be handed to the pool (worker/stages.py)."""
         by_times: dict[tuple[float, float, float], list[int]] = {}
         for lease, _ in starting:
@@ -801,7 +802,7 @@ class Supervisor:
             if times is not None:
                 by_times.setdefault(times, []).append(lease.reservation_id)
         for times, reservation_ids in by_times.items():
-            stages.leased(reservation_ids, *times)
+            stages.leased(reservation_ids, *times, handing)
 
     def _start_span(self, lease: Lease) -> str | None:
         """Start the attempt's span (a child of the item's stored context); its traceparent for the handler. When
