@@ -105,6 +105,9 @@ DEFAULTS: dict[str, Any] = {
     # "json" when the project's log lines are JSON (queue_app/logconfig.py): the worker then leases the workflow
     # ids each line carries.
     "LOG_FORMAT": "plain",
+    # A file path: the worker appends each item's stage times there (queue_app/worker/stages.py), for the bench's
+    # split of the start latency. None: off, nothing timed.
+    "STAGE_TIMES": None,
 }
 
 

@@ -218,6 +218,8 @@ def test_a_worker_cut_off_briefly_settles_what_finished_meanwhile_once_the_datab
     assert set(Reservation.objects.filter(item_id__in=ids).values_list("worker_id", "outcome")) == {("blip", "done")}
     assert "database unavailable" in output(cut_off)  # it did lose the database meanwhile
     assert "stale item=" not in output(cut_off)
+    # Up before it is stopped: SIGTERMed while still importing (a loaded machine), it dies of the signal (-15).
+    wait_for(lambda: "worker started" in output(other), timeout=60, what="the bystander to start")
     for proc in (cut_off, other):
         proc.terminate()
         assert finish(proc, timeout=30) == 0, output(proc)[-3000:]

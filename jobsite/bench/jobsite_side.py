@@ -33,7 +33,7 @@ from queue_app import engine
 from queue_app.conf import queue_settings
 from queue_app.engine.sql import RESERVATION_SEQUENCE
 
-from . import ceiling
+from . import ceiling, stage_split
 from .context import ROOT, BenchContext, Drain, django_child_env, drain, log_tail, manage_args, spawn, stop, tune
 from .report import Figure, Results, percentile
 from .sizes import Sizes
@@ -438,9 +438,14 @@ def measure_latency(
     suffix = suffix if load_per_s else ""
     _clear_queue(queue)
     log = f"jobsite-latency-{suffix.strip('_') or 'idle'}"
-    procs = spawn_workers(ctx, settings, db, log, burst=False, env=worker_env, extra=worker_extra)
+    # The workers' stage times (worker/stages.py): where each probe's milliseconds went.
+    stage_file = ctx.log_path(f"{log}-stages")
+    stage_file.unlink(missing_ok=True)
+    stage_env = {**(worker_env or {}), "JOBSITE_STAGE_TIMES": str(stage_file)}
+    procs = spawn_workers(ctx, settings, db, log, burst=False, env=stage_env, extra=worker_extra)
     feeder = _Feeder(db, queue, load_per_s) if load_per_s else None
     ids: list[int] = []
+    returned: dict[int, float] = {}  # when each probe's enqueue returned here (committed), the host's clock
     try:
         if not all(_wait_for_worker(proc) for proc in procs):
             raise RuntimeError(f"run_worker did not start:\n{log_tail(ctx.log_path(f'{log}-0'))}")
@@ -450,6 +455,7 @@ def measure_latency(
             time.sleep(1.0)  # into the steady state
         for n in range(sizes.latency_samples):
             item = engine.enqueue(PROBE_TASK, {"n": n}, queue=queue, using=using)
+            returned[item.id] = time.time()
             ids.append(item.id)
             deadline = time.monotonic() + 10
             # The figure comes from the database's clocks, not from this wait; a query every millisecond from
@@ -471,13 +477,17 @@ def measure_latency(
     with connections[ALIAS].cursor() as cur:
         cur.execute(
             """SELECT EXTRACT(EPOCH FROM min(l.executed_at) - i.created_at) * 1000,
-                      EXTRACT(EPOCH FROM min(r.reserved_at) - i.created_at) * 1000
+                      EXTRACT(EPOCH FROM min(r.reserved_at) - i.created_at) * 1000,
+                      i.id, (array_agg(l.reservation_id ORDER BY l.executed_at))[1],
+                      EXTRACT(EPOCH FROM i.created_at), EXTRACT(EPOCH FROM min(l.executed_at))
                FROM queue_app_item_all i JOIN queue_app_executionlog l ON l.item_id = i.id
                JOIN queue_app_reservation_all r ON r.item_id = i.id
                WHERE i.id = ANY(%(ids)s) GROUP BY i.id, i.created_at""",
             {"ids": ids},
         )
-        rows = [(float(total), float(leased)) for total, leased in cur.fetchall()]
+        fetched = cur.fetchall()
+    rows = [(float(total), float(leased)) for total, leased, *_ in fetched]
+    stages = stage_split.split([(int(r), float(c), float(e), returned[i]) for *_, i, r, c, e in fetched], stage_file)
     ms = [total for total, _ in rows]
     to_lease, held = [leased for _, leased in rows], [total - leased for total, leased in rows]
     p50, p99 = percentile(ms, 0.50), percentile(ms, 0.99)
@@ -487,6 +497,7 @@ def measure_latency(
         f"{percentile(to_lease, 0.5):.2f} / p99 {percentile(to_lease, 0.99):.2f}, lease to start p50 "
         f"{percentile(held, 0.5):.2f} / p99 {percentile(held, 0.99):.2f})",
     )
+    ctx.progress("jobsite", f"{where} split (ms): {stage_split.describe(stages)}")
     detail = {
         "samples": len(ms),
         "mean_ms": round(statistics.fmean(ms), 3),
@@ -496,6 +507,7 @@ def measure_latency(
             for part, values in (("to_lease", to_lease), ("lease_to_start", held))
             for name, q in (("p50", 0.5), ("p99", 0.99))
         },
+        **stage_split.detail(stages),
     }
     if feeder:
         detail.update(fed=feeder.fed, load_per_s=load_per_s)

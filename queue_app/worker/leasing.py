@@ -7,7 +7,9 @@ round (building the leases, handing them to the pool, collecting outcomes) only 
 loop does that work while the server runs the statement; the thread's wait on the socket releases the GIL.
 
 One statement at a time (the supervisor sends the next only after taking this one's result), on this thread's
-own database connection (supervisor.OTHER_CONNECTIONS counts it). Nothing changes in what is settled or leased,
+own database connection (supervisor.OTHER_CONNECTIONS counts it). A settle with no lease due comes here too (a
+call asking for no items); while one runs, a notification may lease in the loop itself, beside it (the
+supervisor's latency path: a slot idle, nothing held). Nothing changes in what is settled or leased,
 only when the loop learns of it: a failed call hands its exception back to the loop, which keeps the outcomes it
 sent and settles them again (settles are fenced), as it did when the statement ran in the loop itself.
 """
@@ -16,6 +18,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +28,7 @@ from .. import engine
 from ..conf import queue_settings
 from ..engine import Terms, tracing
 from ..engine.alias import queue_connection
+from . import stages
 
 logger = logging.getLogger("jobsite.worker")
 
@@ -41,6 +45,7 @@ class LeaseCall:
         self.sent: list = []  # the (lease, result) pairs the call in flight settles
         self.asked = 0  # items the call in flight asked for
         self._result: tuple[Any, BaseException | None] | None = None
+        self.woken_at = self.sent_at = self.leased_at = 0.0  # the call's stage times (worker/stages.py), when on
         # The traced statement, whose leases carry the items' trace contexts and a workflow step's workflow id
         # and step name: with tracing on, and with JSON logs (a step's lines then name its workflow and step,
         # logcontext.py). Plain logs without tracing keep the plain statement (its plan, its columns).
@@ -61,9 +66,11 @@ class LeaseCall:
         if self.busy:
             raise RuntimeError("one settle_and_lease in flight at a time")
         self.busy, self.sent, self.asked, self._result = True, done, want, None
+        if stages.on:
+            self.sent_at = time.time()
         request = (done, queues, want, worker_id, terms, self.traced)
         if here:
-            self._result = self._call(request)
+            self._result = self._timed(request)
             return
         if self.thread is None or not self.thread.is_alive():
             self.thread = threading.Thread(target=self._serve, name="jobsite-lease", daemon=True)
@@ -85,12 +92,18 @@ class LeaseCall:
             request = self.requests.get()
             if request is None:
                 break
-            self._result = self._call(request)
+            self._result = self._timed(request)
             try:
                 self.wake()
             except Exception:  # the loop polls at least every --poll-interval: it finds the result then
                 logger.debug("could not wake the worker's loop after a lease", exc_info=True)
         connections.close_all()  # this thread's own connection
+
+    def _timed(self, request: tuple) -> tuple[Any, BaseException | None]:
+        result = self._call(request)
+        if stages.on:
+            self.leased_at = time.time()
+        return result
 
     @staticmethod
     def _call(request: tuple) -> tuple[Any, BaseException | None]:

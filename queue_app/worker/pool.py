@@ -20,6 +20,7 @@ import logging
 import multiprocessing
 import os
 import queue
+import select
 import signal
 import threading
 import time
@@ -29,9 +30,11 @@ from multiprocessing.connection import Connection
 from typing import Protocol
 
 from django.db import connections
+from psycopg.pq import TransactionStatus
 
 from ..engine import tracing
 from ..engine.alias import queue_connection
+from . import stages
 from .execute import Job, Outcome, failed, run_job
 
 _fork = multiprocessing.get_context("fork")
@@ -92,6 +95,25 @@ def _warm_connection() -> None:
         logging.getLogger("jobsite.worker").debug("could not open the handler connection ahead", exc_info=True)
 
 
+def _checked_by_socket() -> None:
+    """A thread or child that waited for its job: check its open database connections by a look at their
+    sockets, not by the round trip Django's CONN_HEALTH_CHECKS makes at the job's first query (a SELECT 1 ahead
+    of the handler's first statement: 0.1-1 ms of the item's start). An idle connection in good health has
+    nothing to read; one the server closed (a restart, a terminated backend) or wrote to has, and is left to
+    Django's check. A thread whose next job was already waiting (a backlog) leaves its check to Django as before."""
+    for wrapper in connections.all(initialized_only=True):
+        conn = wrapper.connection
+        if conn is None or wrapper.health_check_done or not wrapper.health_check_enabled:
+            continue
+        try:
+            readable = select.select([conn.fileno()], [], [], 0)[0]
+            idle = conn.info.transaction_status == TransactionStatus.IDLE
+        except (OSError, ValueError, AttributeError):
+            continue
+        if idle and not readable:
+            wrapper.health_check_done = True
+
+
 def _warm_up(warm_ups: Sequence[Callable[[], None]]) -> None:
     for warm_up in warm_ups:
         try:
@@ -117,6 +139,9 @@ def _child_main(conn: Connection, inherited: list[Connection], parent_pid: int, 
             break
         if job is None:
             break
+        _checked_by_socket()  # a child always waited for its job (it gets one only when idle)
+        if stages.on:
+            stages.picked(job.reservation_id)
         outcome = runner(job)
         try:
             conn.send(outcome)
@@ -315,8 +340,12 @@ class ThreadPool:
         with self._warm_ups_lock:
             warm_ups, self._warm_ups = self._warm_ups, []
         _warm_up(warm_ups)
+        jobs = self.jobs
         while True:
-            job = self.jobs.get()
+            try:
+                job, waited = jobs.get_nowait(), False
+            except queue.Empty:
+                job, waited = jobs.get(), True
             if job is None:
                 break
             if me.abandoned:  # replaced while it ran its last handler: leave the job to the others
@@ -324,7 +353,11 @@ class ThreadPool:
                 break
             if self.queued.pop(job.reservation_id, None) is None:
                 continue  # stopped or taken back before any thread started it
+            if waited:
+                _checked_by_socket()
             me.job, me.started = job, time.monotonic()
+            if stages.on:
+                stages.picked(job.reservation_id)
             self.taken[job.reservation_id] = me
             try:
                 outcome = self.runner(job)

@@ -45,6 +45,7 @@ from ..conf import queue_settings
 from ..engine import ALL_QUEUES, Lease, LeaseTerms, tracing
 from ..logcontext import attempt_ids, bind_process
 from ..registry import Delivery, Task, find_task, registered_tasks, warm_ups_for
+from . import stages
 from .execute import Job, Outcome
 from .leasing import LeaseCall
 from .listener import FOLLOW, Listener
@@ -120,6 +121,8 @@ class Supervisor:
         self.heartbeat_every = self._heartbeat_cap()
         self.away = False  # the loop was away (frozen, cut off): check leases and settle before anything else
         self.waited_from, self.waited_for = time.monotonic(), 0.0  # the last wait: since when, for how long
+        self.woken_at = 0.0  # the last notification's arrival (worker/stages.py, when on)
+        self.lease_stages: dict[int, tuple[float, float, float]] = {}  # held items' lease times (stages, when on)
 
     @property
     def stats(self) -> Stats:
@@ -183,6 +186,7 @@ class Supervisor:
         # process: out of the collector's sight, a full collection walks only what the loop made since, not a
         # pause of ~20 ms in the middle of a lease round (and a forked pool child shares those pages).
         gc.freeze()
+        stages.configure()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -440,6 +444,8 @@ class Supervisor:
         except DATABASE_DOWN:
             self._listener_lost()
             return
+        if notified and stages.on:
+            self.woken_at = time.time()
         if notified and self.listener.first:
             self.woken = True
         elif notified:
@@ -516,8 +522,55 @@ class Supervisor:
             self._lease(now)  # completes what finished in the same round trip
             self._take_leased(now)  # at once when it ran here
             self._start_leased()
+        elif self._lease_beside_due(now):
+            self._lease_beside(now)
+            self._start_leased()
         elif self._settle_due(now):
+            self._settle()
+
+    def _settle(self) -> None:
+        """Complete what finished, no lease due: on the lease thread (a settle-and-lease that asks for nothing),
+        so the loop stays free to answer a notification meanwhile (_lease_beside); in the loop when stopping."""
+        if self.shutdown.stopping or self.lease_call.busy:
             self.settler.complete_done()
+            return
+        self.lease_call.send(self.settler.take_done(), self.queues, 0, self.worker_id, self.terms)
+
+    def _lease_beside_due(self, now: float) -> bool:
+        """The latency path: a notification came while the lease thread only settles (its call asks for no
+        items), and a slot waits idle with nothing held for it. Then the lease need not wait for that settle."""
+        call = self.lease_call
+        return (
+            call.busy
+            and call.asked == 0
+            and (self.woken or now >= self.wake_at)
+            and not self.leased
+            and not self.shutdown.stopping
+            and self.pool.idle_threads() > 0
+            and self._free() > 0
+        )
+
+    def _lease_beside(self, now: float) -> None:
+        """Lease in the loop, on its own connection, beside the lease thread's settle in flight (_lease_beside_due):
+        nothing settled, so a failure gives nothing back; the next notification or poll leases again."""
+        want = self._free()
+        woken_at = (self.woken_at if self.woken or now >= self.wake_at else 0.0) if stages.on else 0.0
+        sent_at = time.time() if stages.on else 0.0
+        self.woken, self.wake_at = False, float("inf")
+        self.settler.forget_due(now)
+        self.next_poll = now + self.options.poll_interval
+        try:
+            out = engine.settle_and_lease(
+                [], self.queues, want, self.worker_id, terms=self.terms, traced=self.lease_call.traced
+            )
+        except BaseException:
+            self.woken = True  # try again as soon as the database allows
+            raise
+        if stages.on:
+            times = (woken_at, sent_at, time.time())
+            self.lease_stages.update((lease.reservation_id, times) for lease in out.leases)
+            self.woken_at = 0.0
+        self._took(out, [], want, now)
 
     def _lease(self, now: float) -> None:
         """Send the settle-and-lease statement (what finished, and as many items as there is room for) to the
@@ -528,6 +581,9 @@ class Supervisor:
         # Nothing in hand or in the pool: no work to overlap with the statement, so run it here, sparing an
         # idle worker's first item the hand-over to the lease thread and back.
         here = not (self.running or self.leased)
+        if stages.on:
+            self.lease_call.woken_at = self.woken_at if self.woken or now >= self.wake_at else 0.0
+            self.woken_at = 0.0
         self.lease_call.send(sent, self.queues, want, self.worker_id, self.terms, here=here)
         self.woken = False
         self.wake_at = float("inf")
@@ -548,16 +604,28 @@ class Supervisor:
             self.settler.give_back(sent)
             self.woken = True  # the lease did not happen: try again as soon as the database allows
             raise error
+        if stages.on:
+            call = self.lease_call
+            self.lease_stages.update(
+                (lease.reservation_id, (call.woken_at, call.sent_at, call.leased_at)) for lease in out.leases
+            )
+        self._took(out, sent, want, now)
+
+    def _took(self, out: engine.SettledAndLeased, sent: list, want: int, now: float) -> None:
+        """Count what a settle-and-lease settled, hold what it leased. `want` 0: a settle only (_settle), which
+        says nothing about what is ready."""
         leases = out.leases
         self.taken += len(leases)
-        self.maybe_more = len(leases) == want
-        if not self.maybe_more:
-            self.pacing.ran_dry(now)  # the queues had fewer ready than asked: no backlog
+        if want:
+            self.maybe_more = len(leases) == want
+            if not self.maybe_more:
+                self.pacing.ran_dry(now)  # the queues had fewer ready than asked: no backlog
         # After the wake-up flags: a completed item's key may wake the next lease.
         self.settler.completed(out.stale, sent)
-        self.idle_after_lease = False
-        if self.options.burst and not leases and not (self.running or self.leased or self.settler.unsettled()):
-            self.idle_after_lease = not self._held_back()
+        if want:
+            self.idle_after_lease = False
+            if self.options.burst and not leases and not (self.running or self.leased or self.settler.unsettled()):
+                self.idle_after_lease = not self._held_back()
         for lease in leases:
             task = find_task(lease.task)
             if task is None:
@@ -667,6 +735,7 @@ class Supervisor:
                 self.chunk_since.pop(name, None)
         timed: set[str] = set()  # tasks whose hard timeout and lease this batch has counted (once a task)
         running, submit, worker_id = self.running, self.pool.submit, self.worker_id
+        handing = time.time() if stages.on else 0.0  # the hand-over begins (a child may run before the loop ends)
         for unit in units:
             good: list[Lease] = []
             for lease, _ in unit:
@@ -722,6 +791,18 @@ class Supervisor:
                     lease.step,
                 )
             )
+        if stages.on:
+            self._stage_times(starting, handing)
+
+    def _stage_times(self, starting: list[tuple[Lease, Task]], handing: float) -> None:
+        """Write the lease times of the items about to be handed to the pool (worker/stages.py)."""
+        by_times: dict[tuple[float, float, float], list[int]] = {}
+        for lease, _ in starting:
+            times = self.lease_stages.pop(lease.reservation_id, None)
+            if times is not None:
+                by_times.setdefault(times, []).append(lease.reservation_id)
+        for times, reservation_ids in by_times.items():
+            stages.leased(reservation_ids, *times, handing)
 
     def _start_span(self, lease: Lease) -> str | None:
         """Start the attempt's span (a child of the item's stored context); its traceparent for the handler. When
