@@ -624,50 +624,40 @@ $$;
 # transaction: one item of queue_app.workflow_start_child (the step's spec "start", its queue ensured at start)
 # naming the step, carrying the parent's trace context; its transactional handler starts (or finds, by the key)
 # the child and links it to the step (child_workflow_id), in one transaction.
-_CHILD_START_ITEM = _items_from_specs(
-    f"(SELECT default_max_attempts, trace_context FROM {WORKFLOW} WHERE id = NEW.workflow_id) AS w",
-    spec="NEW.spec->'start'",
-    payload="jsonb_build_object('workflow_id', NEW.workflow_id, 'attempt', NEW.attempt, 'step_id', NEW.id,\n"
-    "                          'step', NEW.name)",
-    item_id=f"nextval('{ITEM_SEQUENCE}')",
-    step_id="NULL",
-    attempts="w.default_max_attempts",
-    trace="w.trace_context",
-)
-CHILD_START_FUNCTION = f"""
-CREATE OR REPLACE FUNCTION queue_app_wf_child_start() RETURNS trigger LANGUAGE plpgsql AS $$
+
+
+def _child_item_function(function: str, spec: str) -> str:
+    """A trigger function queueing the one built-in item of a sub-workflow step's `spec` ("start" or "cancel"),
+    naming the step and carrying the parent's trace context, then waking that item's queue."""
+    item = _items_from_specs(
+        f"(SELECT default_max_attempts, trace_context FROM {WORKFLOW} WHERE id = NEW.workflow_id) AS w",
+        spec=f"NEW.spec->'{spec}'",
+        payload="jsonb_build_object('workflow_id', NEW.workflow_id, 'attempt', NEW.attempt, 'step_id', NEW.id,\n"
+        "                          'step', NEW.name)",
+        item_id=f"nextval('{ITEM_SEQUENCE}')",
+        step_id="NULL",
+        attempts="w.default_max_attempts",
+        trace="w.trace_context",
+    )
+    return f"""
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    {_at(4, _CHILD_START_ITEM)};
-    PERFORM pg_notify(channel, NEW.spec->'start'->>'queue') FROM {WORKFLOW} WHERE id = NEW.workflow_id;
+    {_at(4, item)};
+    PERFORM pg_notify(channel, NEW.spec->'{spec}'->>'queue') FROM {WORKFLOW} WHERE id = NEW.workflow_id;
     RETURN NULL;
 END
 $$;
 """
+
+
+CHILD_START_FUNCTION = _child_item_function("queue_app_wf_child_start", "start")
 
 # A sub-workflow step cancelled while it waited (the parent cancelled, failed at another step, or past a deadline)
 # queues its child's cancel in that transaction: one item of queue_app.workflow_cancel_child (spec "cancel")
 # naming the step; its handler cancels the child (services.cancel) unless another open step waits for it. Not
 # the child's row here: its end takes its own row's lock, then the parent's step item's and the parent's row's,
 # and a cancel holding the parent's would take them in the other order.
-_CHILD_CANCEL_ITEM = _items_from_specs(
-    f"(SELECT default_max_attempts, trace_context FROM {WORKFLOW} WHERE id = NEW.workflow_id) AS w",
-    spec="NEW.spec->'cancel'",
-    payload="jsonb_build_object('workflow_id', NEW.workflow_id, 'attempt', NEW.attempt, 'step_id', NEW.id,\n"
-    "                          'step', NEW.name)",
-    item_id=f"nextval('{ITEM_SEQUENCE}')",
-    step_id="NULL",
-    attempts="w.default_max_attempts",
-    trace="w.trace_context",
-)
-CHILD_CANCEL_FUNCTION = f"""
-CREATE OR REPLACE FUNCTION queue_app_wf_child_cancel() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    {_at(4, _CHILD_CANCEL_ITEM)};
-    PERFORM pg_notify(channel, NEW.spec->'cancel'->>'queue') FROM {WORKFLOW} WHERE id = NEW.workflow_id;
-    RETURN NULL;
-END
-$$;
-"""
+CHILD_CANCEL_FUNCTION = _child_item_function("queue_app_wf_child_cancel", "cancel")
 
 # A child workflow that ended settles the item (the wait) of every open sub-workflow step naming it, still ready
 # (locked: its parent's cancel or failure, which cancels it, and this take turns): done with the child's result
