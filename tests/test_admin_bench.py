@@ -9,6 +9,7 @@ import pytest
 from django.core.management import call_command
 
 from jobsite.bench.admin_bench import AdminBench
+from jobsite.bench.admin_datasets import MATRIX, MATRIX_DAYS, MATRIX_REGIONS
 from queue_app.datasets.models import Materialization
 from queue_app.models import DeadLetter, ItemHistory, QueueItem, ReservationHistory
 
@@ -42,9 +43,11 @@ def test_a_small_run_loads_both_sides_and_times_every_list():
     assert "ratio" in text and "every change list under 60000 ms at p95" in text
     for label in ("items: created last hour", "dead letters: open, queue + task", "reservations: search item id"):
         assert label in text
-    assert Materialization.objects.filter(dataset__startswith="bench_ds_").count() == 400  # 10 days x 40
-    for label in ("datasets: list", "dataset page", "dataset lineage (79 nodes)"):  # depth 8 of 40: 40 + 39
-        assert label in text
+    loaded = Materialization.objects.filter(dataset__startswith="bench_ds_")
+    assert loaded.exclude(dataset=MATRIX).count() == 400  # 10 days x 40
+    assert loaded.filter(dataset=MATRIX).count() == MATRIX_DAYS * MATRIX_REGIONS  # the two-dimension page's rows
+    for label in ("datasets: list", "dataset page", "dataset lineage (79 nodes)", "dataset page, 365 x 50 matrix"):
+        assert label in text  # lineage at depth 8 of 40: 40 + 39 nodes
     only = io.StringIO()
     call_command(
         "admin_bench", "--reuse", "--items", "0", "--datasets", "40", "--only", "datasets", "--requests", "1",
