@@ -8,13 +8,22 @@ from opentelemetry.instrumentation.django import DjangoInstrumentor
 from jobsite.bench.otlp_receiver import Receiver
 from queue_app.engine import tracing
 
+_shared: Receiver | None = None  # the process's one receiver, whichever module asked first
+
 
 @pytest.fixture(scope="session", name="receiver")
 def receiver_fixture():
-    rec = Receiver()
-    yield rec
-    tracing.shutdown()  # the export thread ends with the session's receiver
-    rec.stop()
+    """One receiver for the whole process: each module that imports this fixture gets a session fixture of its
+    own, and the SDK's provider is global (configured once, towards the first receiver), so a second receiver
+    would never see a span (a workflow test after the tracing tests waited for one in vain)."""
+    global _shared
+    if _shared is None:
+        _shared = Receiver()
+    yield _shared
+    if _shared is not None:  # the first of these fixtures to end stops it, at the session's end
+        tracing.shutdown()  # the export thread ends with the session's receiver
+        _shared.stop()
+        _shared = None
 
 
 @pytest.fixture(name="traced")
