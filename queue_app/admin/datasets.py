@@ -157,7 +157,7 @@ class DatasetAdmin(ReadOnlyAdmin):
 
     @admin.display(description="partitioning")
     def partitioning(self, row: Dataset) -> str:
-        return _partitioning(row.config.get("partitioning"))
+        return _partitioning(row.config.get("partitioning"), short=True)
 
     @admin.display(description="partitions")
     def partitions(self, row: Dataset) -> str:
@@ -543,11 +543,21 @@ def _when(iso: str | None) -> Any:
     return dt.datetime.fromisoformat(iso) if iso else "never"
 
 
-def _partitioning(described: Any) -> str:
+STATIC_KEYS_LISTED = 3  # a static set of more keys is shown by its count in the list's column
+
+
+def _partitioning(described: Any, *, short: bool = False) -> str:
+    """How a dataset is partitioned, in words; `short` (the list's column, which must fit the page at 1,440 px):
+    several dimensions by their names, a static set of more than a few keys by its count."""
     if isinstance(described, dict) and "dimensions" in described:
+        if short:  # the dimensions' names: each one's partitioning is on the dataset's page
+            return " × ".join(d["name"] for d in described["dimensions"])
         return " × ".join(f"{d['name']} ({_partitioning(d['partitioning'])})" for d in described["dimensions"])
     if isinstance(described, dict) and "dynamic" in described:
         return f"dynamic ({described['dynamic']})"
     if isinstance(described, dict):
-        return "static " + ", ".join(map(str, described.get("static", [])))
+        keys = [str(k) for k in described.get("static", [])]
+        if short and len(keys) > STATIC_KEYS_LISTED:
+            return f"static, {len(keys)} keys"
+        return "static " + ", ".join(keys)
     return described or "unpartitioned"
