@@ -106,7 +106,9 @@ def test_demo_pipeline_runs_with_no_parameters(workers, manage):
     assert summary["analytics"]["rows"] > 0 and summary["analytics"]["attempts"] > 0  # the demo's own steps
     rollup_run = WorkflowStep.objects.get(workflow_id=status["id"], name="rollup").spark_run_id
     made = {m.dataset: m for m in Materialization.objects.filter(dataset__startswith="demo.")}
-    assert set(made) == {"demo.events", "demo.rollup", "demo.analytics"}
+    assert set(made) == {"demo.events", "demo.region_events", "demo.rollup", "demo.analytics"}
+    # One partition of the day by region per sample file; a single day makes no week (demo.weekly_rollup waits).
+    assert Materialization.objects.filter(dataset="demo.region_events").count() == 5
     assert made["demo.events"].files == 5 and made["demo.events"].checks == "passed"
     assert made["demo.rollup"].partition == made["demo.events"].partition
     assert made["demo.rollup"].spark_run_id == rollup_run and made["demo.rollup"].rows > 0
