@@ -10,6 +10,7 @@ import time
 
 from django.db import connections
 
+from ..engine.alias import queue_db
 from .options import DATABASE_DOWN
 from .status import fields
 
@@ -62,7 +63,7 @@ class Outage:
             self.backoff = BACKOFF_FIRST
 
 
-def wait_for_database(using: str = "default") -> bool:
+def wait_for_database(using: str | None = None) -> bool:
     """Block until the database answers, saying so once and backing off like the loop; False when SIGTERM or
     SIGINT came first (the caller exits 0: nothing was taken). A worker started while the server restarts or is
     not up yet waits for it rather than dying; Django's own system checks connect (a GeneratedField's check asks
@@ -73,7 +74,7 @@ def wait_for_database(using: str = "default") -> bool:
     try:
         while not stop.is_set():
             try:
-                connections[using].ensure_connection()
+                connections[queue_db(using)].ensure_connection()
             except DATABASE_DOWN as exc:
                 outage.lost(exc)
                 stop.wait(max(0.0, outage.retry_at - time.monotonic()))
