@@ -151,3 +151,27 @@ def test_a_worker_started_while_the_database_is_away_waits_for_it_then_runs(work
     proc.terminate()
     assert finish(proc, timeout=30) == 0, output(proc)[-3000:]
     assert "database back" in output(proc)
+
+
+def test_a_connection_lost_between_the_wait_and_the_checks_is_waited_out_not_a_crash():
+    """The waits chaos run caught a worker whose database answered its wait, then restarted before its system
+    checks ran: the checks got the dead connection ("the connection is closed") and the worker exited 1. Forced
+    here: the boot's connection is terminated by the server after the wait, before the step runs."""
+    import psycopg
+    from django.db import connection
+
+    from queue_app.worker.outage import boot_through_outages
+
+    killed, ran = [], []
+
+    def step():
+        if not killed:  # the server drops this process's connection right after the wait found it up
+            with psycopg.connect(**connection.get_connection_params(), autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid])
+            killed.append(1)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            ran.append(cursor.fetchone()[0])
+
+    assert boot_through_outages(step)
+    assert killed == [1] and ran == [1]  # the first try failed on the dead connection, the second ran

@@ -7,6 +7,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 from django.db import connections
 
@@ -85,3 +86,21 @@ def wait_for_database(using: str | None = None) -> bool:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def boot_through_outages(step: Callable[[], None], using: str | None = None) -> bool:
+    """Run `step` (the worker's boot: Django's system checks, which connect) once the database answers
+    (wait_for_database). A connection lost between that wait and the step, or during it (the server restarted just
+    then: the waits chaos run caught one), is an outage like the loop's: said, the broken connection closed (Django
+    would hand the dead one to the next query), waited out, and the step run again. False when SIGTERM or SIGINT
+    came first (the caller exits 0: nothing was taken)."""
+    outage = Outage()
+    while wait_for_database(using):
+        try:
+            step()
+        except DATABASE_DOWN as exc:
+            outage.lost(exc)
+            continue
+        outage.back()
+        return True
+    return False

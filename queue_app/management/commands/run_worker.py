@@ -24,7 +24,7 @@ from django.db import DatabaseError
 
 from queue_app.registry import publish_declarations
 from queue_app.worker import Supervisor, WorkerOptions
-from queue_app.worker.outage import wait_for_database
+from queue_app.worker.outage import boot_through_outages
 from queue_app.worker.replace import REPLACE, replace_process
 
 
@@ -101,11 +101,10 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         # Started while the server restarts or is not up yet, the worker waits for it (said once, with backoff)
         # instead of dying in Django's system checks, which connect (requires_system_checks is off: run here).
-        if not wait_for_database():
+        # A connection lost during the checks (the server restarted between the wait and them) is waited out too.
+        if not boot_through_outages(lambda: None if options["skip_checks"] else self.check()):
             logging.getLogger("jobsite.worker").info("stopped before the database answered; nothing was taken")
             return
-        if not options["skip_checks"]:
-            self.check()
         for module in options["imports"]:
             try:
                 importlib.import_module(module)
