@@ -18,6 +18,7 @@ from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import Materialization
 from queue_app.datasets.services import record_materialization
 from queue_app.datasets.sync import sync_datasets
+from queue_app.models import QueueItem
 from queue_app.spark.models import SparkRun
 from tests import datasets_declared, datasets_lineage_declared  # noqa: F401  (declare the datasets and jobs)
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
@@ -182,6 +183,21 @@ def test_materialize_takes_params_over_the_declarations_and_refuses_a_malformed_
     assert (run.job, run.params["day"], run.params["keys"]) == ("demo_rollup", day, "region")
     assert run.params["input_dir"] == f"{root}/demo_pipeline/input/{day}"
     assert run.params["output_dir"] == f"{root}/demo_pipeline/rollup"
+
+
+def test_materialize_of_a_dataset_a_task_produces_queues_the_task_and_logs_its_item(ds_client):
+    """Issue 50: demo.events, produced by the task demo.write_events (@job(produces=)), from the admin's button:
+    one item of the task for the partition, named in the LogEntry, no Spark run."""
+    runner = ds_client("trigger_sparkrun")
+    day = "2026-11-30"
+
+    done = runner.post(url("materialize", "demo.events"), {"partition": day, "params": ""})
+
+    assert done.status_code == 302, done.content.decode()[-2000:]
+    item = QueueItem.objects.get(task="demo.write_events")
+    assert (item.payload["dataset"], item.payload["partition"]) == ("demo.events", day)
+    assert LogEntry.objects.get().change_message == f"Materialize demo.events: 1 partitions, items {item.id}"
+    assert not SparkRun.objects.exists()
 
 
 def test_the_grid_shows_a_partition_whose_blocking_checks_failed(ds_client):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from django.db import connection, connections
 
-from queue_app import engine
+from queue_app import engine, services
 from queue_app.datasets import checks_run, dataset
 from queue_app.datasets.checks_run import unusable
 from queue_app.datasets.declarations import _code
@@ -32,6 +32,9 @@ from queue_app.spark.registry import _jobs
 from queue_app.spark.runs import QUEUE, TASK, cancel_run, timing_split, trigger_run
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
 from queue_app.spark.scripts import register_script
+from queue_app.workflows import services as workflows
+from queue_app.workflows.definition import Graph
+from queue_app.workflows.models import Workflow, WorkflowStep
 from tests.spark_fixtures import require_spark, spark_session  # noqa: F401  (`spark`)
 from tests.waiting import wait_for
 
@@ -119,6 +122,50 @@ def run_handler(run_id: int):
         held.result = get_task(TASK)(held.payload, ctx)
     settled = held.result  # the handler settles its item with the run's end (registry.Settled)
     return settled.result if isinstance(settled, Settled) and settled.fate == "done" else settled
+
+
+def handler_ends(run_id: int) -> dict:
+    """Run the Spark task's handler on the run's item as run_handler does, and read, inside the reservation's
+    block (after the handler returned, before the block's own settle could come), what a reader sees then."""
+    held = reserve(QUEUE, timeout=30, lease=120)
+    assert held is not None and held.payload == {"run_id": run_id}
+    ctx = Context(
+        item_id=held.item_id,
+        reservation_id=held.reservation_id,
+        attempt=held.attempt,
+        max_attempts=held.max_attempts,
+        task=TASK,
+        queue=QUEUE,
+        delivery=Delivery.AT_LEAST_ONCE,
+        worker_id="test",
+    )
+    with held:
+        held.result = get_task(TASK)(held.payload, ctx)
+        step = WorkflowStep.objects.get(spark_run_id=run_id)
+        return {
+            "run": SparkRun.objects.get(id=run_id).state,
+            "item": QueueItem.objects.get(id=held.item_id).state,
+            "step": step.state,
+            "workflow": Workflow.objects.get(id=step.workflow_id).state,
+        }
+
+
+def test_a_failed_runs_item_and_workflow_step_end_with_it_in_one_transaction(data, settings):
+    """Issue 50: a run read final while its item was still held (test_spark_policy_workers' failure on a fresh
+    clone). The run's end, its item's settle and so the workflow step the settle moves commit together: read
+    right after the handler returns, before anyone else settles, all four are final."""
+    settings.JOBSITE = {**settings.JOBSITE, "DEFAULT_MAX_ATTEMPTS": 2}  # a step's attempts: a retry, then the end
+    register_script("dsr_failing_step", path=str(SCRIPTS / "failing.py"))
+    graph = Graph("dsr_failing_flow")
+    graph.spark("dsr_failing_step", name="fails")
+    flow = workflows.start_graph(graph)
+    [step] = workflows.status(flow.id)["steps"]
+    assert QueueItem.objects.get(id=step["item_id"]).max_attempts == 2
+    first = handler_ends(step["spark_run_id"])  # a retry: all four say so
+    assert first == {"run": "queued", "item": "ready", "step": "queued", "workflow": "running"}, first
+    assert services.retry_now([step["item_id"]]) == 1  # its backoff not waited for
+    last = handler_ends(step["spark_run_id"])
+    assert last == {"run": "failed", "item": "dead", "step": "failed", "workflow": "failed"}, last
 
 
 def xmin(table: str, row_id: int) -> str:

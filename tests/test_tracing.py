@@ -99,6 +99,8 @@ def test_a_bulk_enqueue_links_only_the_items_whose_trace_is_sampled(traced, monk
     stored = [v.split("-") for v in QueueItem.objects.filter(id__in=ids).values_list("trace_context", flat=True)]
     sampled = {(trace_id, span_id) for _, trace_id, span_id, flags in stored if int(flags, 16) & 1}
     assert len(stored) == 40 and 0 < len(sampled) < 40  # 2 ** -39 odds of all or none
+    # a not-sampled item stores flags 02, as docs/how-to/tracing.md says the SDK writes them (random trace id set)
+    assert {flags for *_, flags in stored if not int(flags, 16) & 1} == {"02"}, stored
     tracing.flush()
     (bulk,) = wait_for(
         lambda: [

@@ -19,10 +19,12 @@ from queue_app.registry import get_task
 from queue_app.webhooks import InvalidEvent, publish_event
 from queue_app.webhooks import services as webhooks
 from queue_app.webhooks.delivery import ATTEMPTS, RETRY_SCHEDULE
+from queue_app.webhooks.events import WEBHOOK_QUEUE
 from queue_app.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from queue_app.webhooks.sender import RESPONSE_CHARS
 from queue_app.webhooks.triggers import ITEM_TRIGGER
 from queue_app.worker import Supervisor, WorkerOptions
+from queue_app.worker.execute import Job, run_job
 from tests.webhook_receiver import start_receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -76,6 +78,32 @@ def test_delivery_carries_standard_webhooks_headers_that_verify_with_the_library
     assert attempt.status_code == 200 and attempt.latency_ms > 0 and attempt.response_body == "ok"
     with pytest.raises(Exception, match="signature"):
         Webhook(webhooks.rotate_secret(hook.id) and "whsec_" + "A" * 43).verify(request.body, request.headers)
+
+
+def test_a_success_is_recorded_and_its_item_settled_in_one_transaction(receiver):
+    """Issue 50: no reader sees a delivery delivered (delivered_at, the attempt's 200) while its item is still
+    held. The handler runs here as the worker runs it (worker/execute.run_job), and the item is read before the
+    worker's own settle would come: it is done already, settled with the attempt's record."""
+    endpoint(receiver.url, "test")
+    (delivery,) = publish_event("test", {"n": 1})
+    (held,) = engine.lease([WEBHOOK_QUEUE], 1, "test")
+    assert held.item_id == delivery.item_id
+    job = Job(
+        reservation_id=held.reservation_id,
+        item_id=held.item_id,
+        queue=held.queue,
+        task=held.task,
+        payload=held.payload,
+        attempt=held.attempt,
+        max_attempts=held.max_attempts,
+        worker_id="test",
+    )
+    outcome = run_job(job)
+    assert (outcome.status, outcome.result) == ("settled", {"status_code": 200})  # nothing left for the worker
+    delivery.refresh_from_db()
+    assert delivery.delivered_at is not None
+    assert QueueItem.objects.get(id=delivery.item_id).state == ItemState.DONE
+    assert webhooks.delivery_states([delivery]) == {delivery.id: "delivered"}
 
 
 def test_retries_on_500_follow_the_providers_schedule_under_one_webhook_id(receiver):
@@ -281,6 +309,7 @@ def test_a_name_resolving_to_loopback_is_refused_at_send_time_and_nothing_is_sen
     run_worker()
     attempt = WebhookAttempt.objects.get(delivery=delivery)
     assert attempt.status_code is None and "refused" in attempt.error and "loopback" in attempt.error
+    assert "JOBSITE_WEBHOOKS_ALLOW_PRIVATE=1 allows it" in attempt.error  # what the deliveries list shows: the switch
     assert receiver.requests == []
 
 

@@ -31,6 +31,10 @@ def test_start_wait_json_prints_every_step_and_exits_0_on_success(manage, worker
     assert status["state"] == "succeeded"
     assert {s["name"]: s["state"] for s in status["steps"]} == dict.fromkeys("abcd", "succeeded")
     assert Workflow.objects.get(id=status["id"]).state == "succeeded"
+    text = manage("workflow", "status", str(status["id"])).stdout.splitlines()  # each step's result, as --json
+    for step in status["steps"]:
+        said = [line for line in text if line.split()[1:2] == [step["name"]]]
+        assert said and said[0].endswith(f"  result: {json.dumps(step['result'])}"), (step, text)
 
 
 @pytest.mark.slow

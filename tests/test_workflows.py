@@ -7,7 +7,9 @@ from django.db import connection, transaction
 
 from queue_app import engine
 from queue_app.models import ItemState, ProbeEffect, QueueItem, Reservation
+from queue_app.registry import Context, Delivery
 from queue_app.workflows import services
+from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import StepDependency, Workflow, WorkflowStep
 from tests import workflow_tasks  # noqa: F401  (registers the wf.* tasks and workflows)
 from tests.waiting import wait_for
@@ -456,3 +458,15 @@ def test_a_spark_step_reads_its_dependencies_results_through_its_run(workers, mo
     monkeypatch.setenv(RUN_ID_ENV, str(step.spark_run_id))  # what the run's child sets from its --run-id
     assert services.spark_upstream() == {"a": 5}
     assert services.cancel(w.id)
+
+
+def test_a_fan_outs_steps_are_named_by_their_task_or_their_group_and_key():
+    """The names docs/how-to/workflows.md gives them (issue 50's docs drift: the docs said `group[key]` only)."""
+    g = Graph("fan-names")
+    g.task("wf.add", {"x": 0}, name="parent")
+    w = services.start_graph(g)
+    parent = WorkflowStep.objects.get(workflow=w, name="parent")
+    ctx = Context(parent.item_id, 0, 1, 1, "wf.add", "default", Delivery.AT_LEAST_ONCE, "test")
+    services.fan_out(ctx, "wf.add", {"a": {"x": 1}})
+    services.fan_out(ctx, "wf.add", {"b": {"x": 2}}, group="part")
+    assert set(steps(Workflow.objects.get(id=w.id))) == {"parent", "wf.add[a]", "part[b]"}
