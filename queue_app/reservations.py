@@ -111,9 +111,9 @@ class HeldItem:
                     self._lost.set()
                     return
                 except psycopg.Error:  # the server is away: try again at the next beat, the lease may still hold
-                    connections[self._using].close()
+                    connections[queue_db(self._using)].close()
         finally:
-            connections[self._using].close()  # this thread's own connection
+            connections[queue_db(self._using)].close()  # this thread's own connection
 
     def __enter__(self) -> "HeldItem":
         if self._entered:
