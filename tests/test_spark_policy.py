@@ -149,3 +149,19 @@ def test_a_stored_scripts_policy_is_checked_when_saved(tmp_path, monkeypatch):
     row.policy = {"max_concurrent": 1, "keep_days": 7}
     save_script(row, actor="a")
     assert policy_for(get_job("s")).max_concurrent == 1
+
+
+def test_a_workflow_spark_steps_item_carries_its_jobs_attempts_and_priority():
+    """A Spark step is retried as its job's policy says, as a run triggered on its own is (an outside reader
+    found a script with attempts 1 retried as a step, under the workflow's DEFAULT_MAX_ATTEMPTS)."""
+    from queue_app.workflows import services
+    from queue_app.workflows.definition import Graph
+    from queue_app.workflows.models import WorkflowStep
+
+    with override_settings(JOBSITE={"SPARK_JOB_POLICIES": {"demo_sleep": {"priority": 5, "attempts": 1}}}):
+        graph = Graph("policy-step")
+        graph.spark("demo_sleep", {"tasks": 1, "seconds": 0.1}, name="spark")
+        workflow = services.start_graph(graph, started_by="test")
+    step = WorkflowStep.objects.get(workflow=workflow, name="spark")
+    item = QueueItem.objects.get(id=step.item_id)
+    assert (item.max_attempts, item.priority) == (1, 5)

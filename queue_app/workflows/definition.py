@@ -238,6 +238,7 @@ class Graph:
     ) -> StepRef:
         """A step that runs registered Spark job `job` with `params` (validated now) as a SparkRun."""
         from ..spark import runs
+        from ..spark.policy import policy_for
 
         name = name or job
         what = f"step {name!r}"
@@ -248,7 +249,11 @@ class Graph:
         except SparkJobError as exc:
             raise WorkflowDefinitionError(f"{what}: {exc}") from None
         dumped = spark_job.dump_params(values)
-        spec = task_item_spec(runs.TASK, None, what=what)
+        # The job's policy decides its item's attempts and priority, as for a run triggered on its own (runs.py).
+        policy = policy_for(spark_job)
+        spec = task_item_spec(runs.TASK, None, what=what, priority=policy.priority)
+        if policy.attempts is not None:
+            spec["max_attempts"] = policy.attempts
         spec.update(job=spark_job.name, params=dumped, timeout=seconds)
         return self._add(
             StepSpec(
