@@ -24,7 +24,7 @@ def missing_apps(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     """jobsite.E100: the datasets app is installed without an app it depends on."""
     return [
         checks.Error(
-            f"the datasets app (queue_app.datasets) needs {name!r} in INSTALLED_APPS (before it)",
+            f"the datasets app (queue_app.datasets) needs {name!r} in INSTALLED_APPS",
             hint=f'INSTALLED_APPS += ["{name}", "queue_app.datasets"] (docs/how-to/adopt.md)',
             id="jobsite.E100",
         )
