@@ -46,6 +46,7 @@ class DatasetsConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         from queue_app import hooks
+        from queue_app.spark import datasets as spark_datasets  # noqa: F401  registers jobsite.E106 (jobs' datasets)
 
         from . import (
             checks as dataset_checks,  # noqa: F401  registers jobsite.E101-E105, E120-E122
