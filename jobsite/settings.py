@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "queue_app",
+    "queue_app.datasets",  # the datasets layer (its models keep the label queue_app for now)
     # This project's own app (up, test, embedded_db, the bench and chaos commands, the admin's titles) and the
     # demo's jobs, datasets and workflows: what an adopter's project does not install.
     "jobsite",

@@ -12,23 +12,12 @@ class QueueAppConfig(AppConfig):
 
         from . import checks as settings_checks  # noqa: F401  registers jobsite.E020-E023 (the JOBSITE dict)
         from . import registry  # installs the tasks' item defaults in the engine
-        from .datasets import checks as dataset_checks  # noqa: F401  registers jobsite.E101-E105, E120-E122
-        from .datasets import (
-            dynamic,  # noqa: F401  the dynamic partition sets' lookup (partitions.py)
-            openlineage,  # noqa: F401  registers jobsite.E131 (the OPENLINEAGE setting)
-        )
-        from .datasets.sync import sync_after_migrate
         from .engine import tracing
         from .engine.db import tune_connection
         from .spark import checks  # noqa: F401  registers jobsite.W010 (Java for Spark runs)
-        from .spark import datasets as spark_datasets  # noqa: F401  registers jobsite.E106 (jobs' datasets)
-        from .spark import producers as spark_producers  # noqa: F401  the Spark jobs as producers (stale datasets)
-        from .spark import triggers as spark_triggers  # noqa: F401  the Spark jobs' data-aware triggers
         from .workflows import checks as workflow_checks  # noqa: F401  registers jobsite.E201 (conditions)
-        from .workflows import triggers as workflow_triggers  # noqa: F401  the workflows' data-aware triggers
 
         # OpenTelemetry traces, when OTEL_TRACES_EXPORTER=otlp says so: once per process (web, worker, commands).
         tracing.configure()
         connection_created.connect(tune_connection, dispatch_uid="jobsite-engine-session")
-        post_migrate.connect(sync_after_migrate, sender=self, dispatch_uid="jobsite-datasets-sync")
         post_migrate.connect(registry.publish_declarations, sender=self, dispatch_uid="jobsite-sql-api-publish")

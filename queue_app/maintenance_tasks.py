@@ -9,7 +9,7 @@ with --no-scheduler elsewhere.
 
 from typing import Any
 
-from . import engine
+from . import engine, hooks
 from .registry import Context, job
 
 PRUNE_ROUNDS = 100  # at most a million done items per run (rounds of engine.PRUNE_BATCH); the next fire takes the rest
@@ -26,18 +26,15 @@ def prune(payload: Any, ctx: Context) -> dict[str, int]:
 
 
 @job("queue_app.dataset_staleness", hard_timeout=60.0)
-def dataset_staleness(payload: Any, ctx: Context) -> dict[str, list[str]]:
+def dataset_staleness(payload: Any, ctx: Context) -> dict[str, Any]:
     """Send `dataset.stale` for each dataset that went past its freshness policy since the last check (once per
-    staleness episode: datasets/stale.py). The shipped "dataset-staleness" schedule runs it every minute."""
-    from .datasets.stale import publish_stale
-
-    return {"stale": publish_stale()}
+    staleness episode: datasets/stale.py), through the datasets app's maintenance unit (hooks.py). The shipped
+    "dataset-staleness" schedule runs it every minute; without the datasets app it says "skipped"."""
+    return hooks.run_maintenance("dataset_staleness")
 
 
 @job("queue_app.dataset_watch", hard_timeout=60.0)
-def dataset_watch(payload: Any, ctx: Context) -> dict[str, list[int]]:
-    """Observe each file-arrival watch's partitions whose set of files is new (once per set: datasets/watches.py).
-    The shipped "dataset-watch" schedule runs it every minute."""
-    from .datasets.watches import check_watches
-
-    return {"observed": [m.id for m in check_watches()]}
+def dataset_watch(payload: Any, ctx: Context) -> dict[str, Any]:
+    """Observe each file-arrival watch's partitions whose set of files is new (once per set: datasets/watches.py),
+    through the datasets app's maintenance unit. The shipped "dataset-watch" schedule runs it every minute."""
+    return hooks.run_maintenance("dataset_watch")

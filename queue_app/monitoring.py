@@ -23,11 +23,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from . import hooks
 from .autoscaling import Signals, signals
 from .conf import queue_settings
-from .datasets import declared_datasets
-from .datasets.openlineage import dropped_count
-from .datasets.status import Staleness, staleness
 from .engine import tracing
 from .engine.alias import atomic, connection
 from .flow import HeldBack, limited_queues
@@ -499,60 +497,19 @@ class SnapshotCollector:
         yield from (held, keys, spent)
 
 
-class DatasetFreshnessCollector:
-    """Per declared dataset with a freshness policy (docs/how-to/datasets.md): 1/0 fresh, and the seconds it is
-    past its policy (no staleness sample for a missing dataset: nothing to measure from; it reads fresh 0)."""
-
-    def __init__(self, datasets: Iterable[Staleness]) -> None:
-        self.datasets = list(datasets)
-
-    def collect(self) -> Iterable[Any]:
-        fresh = GaugeMetricFamily(
-            "jobsite_dataset_fresh",
-            "1 while the dataset meets its freshness policy, 0 when it is stale or has never been materialized.",
-            labels=["dataset"],
-        )
-        seconds = GaugeMetricFamily(
-            "jobsite_dataset_staleness_seconds",
-            "Seconds the dataset is past its freshness policy (0 while fresh; no sample while it has never been "
-            "materialized).",
-            labels=["dataset"],
-        )
-        for ds in self.datasets:
-            fresh.add_metric([ds.name], int(ds.freshness == "fresh"))
-            if ds.seconds is not None:
-                seconds.add_metric([ds.name], ds.seconds)
-        yield from (fresh, seconds)
-
-
-class OpenLineageCollector:
-    """The OpenLineage emitter's drops (datasets/openlineage.py), counted in one row shared by every process."""
-
-    def __init__(self, dropped: int) -> None:
-        self.dropped = dropped
-
-    def collect(self) -> Iterable[Any]:
-        yield CounterMetricFamily(
-            "jobsite_openlineage_events_dropped",
-            "OpenLineage events dropped: the transport failed or the emitter's queue was full.",
-            value=self.dropped,
-        )
-
-
 @require_GET
 @never_cache
 def metrics(request: HttpRequest) -> HttpResponse:
     try:
         snap = snapshot(window_minutes=METRICS_WINDOW_MINUTES)
         limited = limited_queues()
-        datasets = staleness(list(declared_datasets().values()), timezone.now())
-        lineage_dropped = dropped_count()
+        layers = [collector() for collector in hooks.metric_collectors]  # the layer apps' figures (hooks.py)
     except DatabaseError as exc:
         return HttpResponse(f"database unavailable: {exc}\n", status=503, content_type="text/plain")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(snap, limited))
-    registry.register(DatasetFreshnessCollector(datasets))
-    registry.register(OpenLineageCollector(lineage_dropped))
+    for collector in layers:
+        registry.register(collector)
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 

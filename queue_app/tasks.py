@@ -52,8 +52,6 @@ def fail(payload: Any, ctx: Context) -> None:
 
 
 from . import maintenance_tasks as _maintenance_tasks  # noqa: E402, F401  registers queue_app.prune
-from .datasets import checks_run as _dataset_checks  # noqa: E402, F401  registers queue_app.dataset_check
-from .datasets import tasks as _dataset_tasks  # noqa: E402, F401  registers queue_app.dataset_trigger_due
 from .probes import tasks as _probes  # noqa: E402, F401  registers the probes
 from .spark import runs as _spark_runs  # noqa: E402, F401  registers queue_app.spark_run
 from .webhooks import delivery as _webhooks  # noqa: E402, F401  registers queue_app.webhook_deliver and _publish

@@ -28,7 +28,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("pyspark", "plotly", "graphviz", "openlineage", "opentelemetry.sdk", "pandas", "httpx")
 
-pytestmark = pytest.mark.slow
+# django_db: pytest-django sets up only the databases the collected tests use, and the fixture below creates the
+# adopter's database on the test server (run alone, this file would otherwise talk to the development database).
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
 SETTINGS_TAIL = """
 INSTALLED_APPS += ["queue_app", "shop"]
@@ -281,7 +283,8 @@ def test_an_adopters_project_checks_migrates_enqueues_runs_and_shows_every_page(
     report = json.loads(shown.stdout.strip().splitlines()[-1])
     pages = report["pages"]
     assert {"overview", "queueitem detail", "reservation detail", "deadletter detail", "queue detail"} <= set(pages)
-    assert {"worker detail", "schedule detail", "sparkrun", "workflow", "dataset", "webhookdelivery"} <= set(pages)
+    assert {"worker detail", "schedule detail", "sparkrun", "workflow", "webhookdelivery"} <= set(pages)
+    assert "dataset" not in pages and "datasetcheckresult" not in pages  # the datasets app is not installed
     assert {what: answer for what, answer in pages.items() if answer[0] != 200} == {}
     assert report["heavy"] == []
     assert report["item_state"] == "done"
@@ -292,3 +295,39 @@ def test_the_adopters_test_command_is_djangos(adopter):
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert "Ran 1 test" in tested.stderr and "OK" in tested.stderr
     assert "pytest" not in tested.stdout + tested.stderr
+
+
+def test_the_datasets_app_is_added_with_its_extra(adopter):
+    """Last (it changes the shared project): without the datasets app there is no `dataset` command; with
+    `jobsite[datasets]` installed and `queue_app.datasets` added, check is clean, migrate runs, the datasets'
+    admin pages answer and `dataset list` runs."""
+    manage = adopter["manage"]
+    absent = manage("dataset", "list")
+    assert absent.returncode != 0 and "Unknown command: 'dataset'" in absent.stderr
+
+    wheel = next((adopter["base"] / "wheels").glob("jobsite-*.whl"))
+    installed = _run(
+        adopter["python"], "-m", "pip", "install", "-q", "--disable-pip-version-check",
+        f"jobsite[datasets] @ {wheel.as_uri()}", cwd=adopter["base"], timeout=600,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    settings = adopter["project"] / "mysite" / "settings.py"
+    settings.write_text(settings.read_text() + '\nINSTALLED_APPS += ["queue_app.datasets"]\n')
+
+    checked = manage("check")
+    assert checked.returncode == 0, checked.stderr
+    assert "no issues" in checked.stdout
+    migrated = manage("migrate", "-v", "0")
+    assert migrated.returncode == 0, migrated.stderr
+    listed = manage("dataset", "list")
+    assert listed.returncode == 0, listed.stderr
+    shown = manage(
+        "shell",
+        "-c",
+        "import json; from django.contrib.auth import get_user_model; from django.test import Client; "
+        "c = Client(HTTP_HOST='localhost'); c.force_login(get_user_model().objects.get(username='boss')); "
+        "pages = ['/admin/queue_app/dataset/', '/admin/queue_app/datasetcheckresult/']; "
+        "print(json.dumps({p: c.get(p).status_code for p in pages}))",
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert set(json.loads(shown.stdout.strip().splitlines()[-1]).values()) == {200}

@@ -141,8 +141,8 @@ def test_a_transactional_producer_records_with_its_settle_and_nothing_written_fa
     """In process (worker/execute.py): the record commits with the item's done settle; a producer that wrote
     nothing at the location fails its attempt, and neither the record nor the settle is kept."""
     from queue_app import engine
+    from queue_app.datasets.materialize import materialize
     from queue_app.registry import _tasks
-    from queue_app.spark.materialize import materialize
     from queue_app.worker.execute import Job, run_job
 
     monkeypatch.setenv(ROOTS_ENV, str(tmp_path))

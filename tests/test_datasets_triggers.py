@@ -1,4 +1,4 @@
-"""Data-aware triggers in process (datasets/triggers.py, spark/triggers.py): Spark jobs declared with on_update
+"""Data-aware triggers in process (datasets/triggers.py, datasets/spark_triggers.py): Spark jobs declared with on_update
 are queued (a SparkRun and its item, trigger "dataset") in the transaction that records the last upstream;
 all/any, a materialization counted once, a consumer that cannot start, the debounce timer, the system checks.
 The guarantees under concurrency are proved with real workers in tests/test_datasets_triggers_workers.py."""
@@ -15,6 +15,7 @@ from django.db import connections, transaction
 from queue_app.datasets import DatasetError, StaticPartitions, dataset
 from queue_app.datasets.checks_run import override_failed_checks, record_check_result
 from queue_app.datasets.declarations import _code
+from queue_app.datasets.materialize import materialize, wait
 from queue_app.datasets.models import Materialization, TriggerFire, TriggerState
 from queue_app.datasets.quality import _checks, check
 from queue_app.datasets.refs import DatasetRef
@@ -30,7 +31,6 @@ from queue_app.datasets.triggers import (
 from queue_app.models import QueueItem, SparkRun
 from queue_app.params import Param
 from queue_app.spark.datasets import output_figures, record_outputs
-from queue_app.spark.materialize import materialize, wait
 from queue_app.spark.registry import SparkParamError, _jobs, get_job, spark_job
 from queue_app.spark.runs import trigger_run, triggered
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV

@@ -1,7 +1,8 @@
 """MkDocs hook: the management command reference, rendered from each command's own argparse parser.
 
 `docs/reference/commands.md` holds the line `<!-- commands -->`; at build time it becomes one section per command
-of `queue_app/management/commands/` and `jobsite/management/commands/` (usage, description, every argument and
+of `queue_app/management/commands/`, `queue_app/datasets/management/commands/` and
+`jobsite/management/commands/` (usage, description, every argument and
 flag with its default and choices, sub-commands included). The page can therefore never list a flag that does
 not exist or miss one that does.
 """
@@ -97,8 +98,13 @@ def _usage(parser: argparse.ArgumentParser) -> list[str]:
     return ["```text", " ".join(usage.split()), "```", ""]
 
 
-# Whose commands: the app's (every project that installs queue_app has them) and the jobsite project's own.
-APPS = {"queue_app": "the app (`queue_app`)", "jobsite": "the jobsite project only (not in an adopter's project)"}
+# Whose commands: the core app's (every project that installs queue_app has them), the layer apps' (a project that
+# adds the layer) and the jobsite project's own.
+APPS = {
+    "queue_app": "the app (`queue_app`)",
+    "queue_app.datasets": "the datasets app (`queue_app.datasets`)",
+    "jobsite": "the jobsite project only (not in an adopter's project)",
+}
 
 
 def _render(name: str, app: str) -> list[str]:
@@ -125,7 +131,7 @@ def commands_markdown() -> str:
     commands = sorted(
         (p.stem, app)
         for app in APPS
-        for p in (ROOT / app / "management" / "commands").glob("*.py")
+        for p in (ROOT.joinpath(*app.split(".")) / "management" / "commands").glob("*.py")
         if p.stem != "__init__"
     )
     return "\n".join(line for name, app in commands for line in _render(name, app))

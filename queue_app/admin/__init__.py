@@ -30,7 +30,6 @@ admin.site.register(ItemHistory, ItemHistoryAdmin)
 admin.site.register(ReservationHistory, ReservationHistoryAdmin)
 admin.site.register(Queue, QueueAdmin)
 admin.site.register(Worker, WorkerAdmin)
-from . import datasets as _datasets  # noqa: E402, F401  registers Dataset (list, page, lineage, observe)
 from . import spark as _spark  # noqa: E402, F401  registers the Spark dashboard (SparkRun)
 from . import spark_scripts as _spark_scripts  # noqa: E402, F401  registers SparkScript
 from . import workflows as _workflows  # noqa: E402, F401  registers Workflow (graph, steps, start, backfill)
@@ -39,4 +38,3 @@ from .webhooks import WebhookDeliveryAdmin, WebhookEndpointAdmin  # noqa: E402
 
 admin.site.register(WebhookEndpoint, WebhookEndpointAdmin)
 admin.site.register(WebhookDelivery, WebhookDeliveryAdmin)
-from . import dataset_checks as _dataset_checks  # noqa: E402, F401  registers DatasetCheckResult (override action)

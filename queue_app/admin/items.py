@@ -16,8 +16,8 @@ from django.utils.safestring import SafeString
 
 from .. import services
 from ..conf import queue_settings
-from ..datasets.checks_run import blocked_items
 from ..flow import effective_priority
+from ..hooks import why_held
 from ..models import HISTORY_STATES, ItemHistory, ItemState, Queue, QueueItem
 from ..monitoring import history_count, shown_state
 from .actions import Operation, ReadOnlyAdmin
@@ -246,7 +246,7 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
             else None
         )
         if item is not None:  # the page's title and breadcrumb say the state as its State field does
-            state = "blocked" if blocked_items([item.id]) else shown_state(item.state, item.visible_at, timezone.now())
+            state = "blocked" if why_held([item.id]) else shown_state(item.state, item.visible_at, timezone.now())
             title = f"#{item.id} {item.task} ({state})"
             extra_context = {**(extra_context or {}), "subtitle": title, "shown_title": title}
         return super().changeform_view(request, object_id, form_url, extra_context)
@@ -260,7 +260,7 @@ class QueueItemAdmin(ItemFields, ReadOnlyAdmin):
     @admin.display(description="blocked by")
     def blocked_by(self, obj: QueueItem) -> str:
         """Why a parked item waits (a dataset partition it reads is not usable: datasets/checks_run.py)."""
-        return blocked_items([obj.id]).get(obj.id, "-")
+        return why_held([obj.id]).get(obj.id, "-")
 
     @admin.display(description="dead letter")
     def dead_letter(self, obj: QueueItem) -> SafeString | str:

@@ -26,7 +26,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
-from ..datasets.checks_run import blocked_items
+from ..hooks import why_held
 from ..models import SPARK_FINAL_STATES as SPARK_FINAL
 from ..models import QueueStatsHourly, SparkConnectServer, SparkRun, SparkRunState
 from ..spark import all_jobs, eventlog, get_job
@@ -303,7 +303,7 @@ class SparkRunAdmin(ReadOnlyAdmin):
             "refresh_seconds": LIVE_SECONDS,
             "event_log": eventlog.log_for(run.id, run.app_id) if run.app_id else None,
             "waiting_for": waiting_for(run),
-            "blocked": blocked_items([run.item_id]).get(run.item_id, "")
+            "blocked": why_held([run.item_id]).get(run.item_id, "")
             if run.state == SparkRunState.QUEUED and run.item_id
             else "",
             "triggered": triggered(run),

@@ -24,8 +24,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from ..datasets.checks_run import blocked_items
 from ..engine.alias import atomic
+from ..hooks import why_held
 from ..spark.forms import param_field
 from ..workflows import WorkflowError, children, registered_workflows
 from ..workflows import services as workflows
@@ -276,7 +276,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
         group = request.GET.get("group")
         rows = [(s, state) for s, state in steps if not group or s.group == group]
         page = Paginator(rows, STEPS_PER_PAGE).get_page(request.GET.get("page"))
-        parked = blocked_items(s.item_id for s, state in page if state == "blocked")  # why each waits
+        parked = why_held(s.item_id for s, state in page if state == "blocked")  # why each waits
         context = self._context(
             request,
             f"{workflow.name} #{workflow.id}",

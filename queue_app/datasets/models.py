@@ -1,7 +1,10 @@
 """The datasets' tables: one row per known dataset (a snapshot of its declaration) and one per materialization.
 
 Part of the queue_app app (app_label queue_app, tables queue_app_dataset and queue_app_materialization, migration
-0022_datasets); queue_app.models imports this module so Django registers them. Imports only Django.
+0022_datasets); queue_app.models imports this module so Django registers them. Imports only Django. The package is
+an app of its own now (queue_app.datasets, label jobsite_datasets: apps.py), which Django would make these
+models' app: each says `app_label = "queue_app"` until a later step moves their state to that app
+(SeparateDatabaseAndState, content types and admin URLs with them).
 
 A materialization names its dataset, run, step and item by plain value, not by foreign key (like the history
 tables and ExecutionLog): it is written in the transaction that settles a run or step, where a foreign key would
@@ -11,6 +14,8 @@ take a share lock on the dataset row and its run for every write, and it must ou
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
+
+APP_LABEL = "queue_app"  # the app whose migrations made these tables (not this package's app, yet)
 
 
 class DeclaredIn(models.TextChoices):
@@ -51,6 +56,7 @@ class Dataset(models.Model):
     synced_at = models.DateTimeField(db_default=Now())
 
     class Meta:
+        app_label = APP_LABEL
         permissions = [("observe_dataset", "Can observe a dataset's partition (record files written elsewhere)")]
 
     def __str__(self) -> str:
@@ -79,6 +85,7 @@ class Materialization(models.Model):
     )
 
     class Meta:
+        app_label = APP_LABEL
         ordering = ["-at", "-id"]
         indexes = [
             # The latest materialization of a (dataset, partition), and a dataset's partitions in a key range.
@@ -113,6 +120,7 @@ class DatasetCheckResult(models.Model):
     at = models.DateTimeField(null=True, blank=True, help_text="when the result was stored")
 
     class Meta:
+        app_label = APP_LABEL
         ordering = ["-id"]
         constraints = [models.UniqueConstraint(fields=["materialization_id", "check_name"], name="check_result_once")]
         indexes = [models.Index("dataset", models.F("id").desc(), name="check_result_dataset")]
@@ -139,6 +147,7 @@ class DatasetBlock(models.Model):
     since = models.DateTimeField(db_default=Now())
 
     class Meta:
+        app_label = APP_LABEL
         constraints = [models.UniqueConstraint(fields=["item_id", "dataset", "partition"], name="dataset_block_once")]
         indexes = [models.Index("dataset", "partition", name="dataset_block_partition")]
 
@@ -161,6 +170,7 @@ class StaleEpisode(models.Model):
     error = models.TextField(blank=True, default="")
 
     class Meta:
+        app_label = APP_LABEL
         constraints = [models.UniqueConstraint(fields=["dataset", "overdue_since"], name="stale_episode_once")]
 
     def __str__(self) -> str:
@@ -176,6 +186,9 @@ class OpenLineageCounter(models.Model):
     value = models.BigIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
     updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        app_label = APP_LABEL
 
     def __str__(self) -> str:
         return f"{self.name} {self.value}"
@@ -197,6 +210,7 @@ class TriggerState(models.Model):
     updated_at = models.DateTimeField(db_default=Now())
 
     class Meta:
+        app_label = APP_LABEL
         constraints = [models.UniqueConstraint(fields=["consumer", "partition"], name="trigger_state_once")]
 
     def __str__(self) -> str:
@@ -217,6 +231,7 @@ class TriggerFire(models.Model):
     at = models.DateTimeField(db_default=Now())
 
     class Meta:
+        app_label = APP_LABEL
         ordering = ["-at", "-id"]
         constraints = [
             models.UniqueConstraint(fields=["consumer", "partition", "fingerprint"], name="trigger_fire_once")
@@ -242,6 +257,7 @@ class DynamicPartitionKey(models.Model):
     removed_by = models.CharField(max_length=150, blank=True, default="")
 
     class Meta:
+        app_label = APP_LABEL
         ordering = ["partition_set", "key", "-id"]
         constraints = [
             models.UniqueConstraint(

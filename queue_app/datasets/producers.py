@@ -5,7 +5,7 @@ A dataset declared with `trigger_producer_when_stale=True` has its producer star
 episode wants (stale.py) once per episode. Producers come from sources, like the triggers' consumers:
 
 - the Spark jobs and scripts in code and settings that declare the dataset in `produces`
-  (queue_app/spark/producers.py, registered when Django is ready);
+  (queue_app/datasets/spark_producers.py, registered when Django is ready);
 - the tasks declared with `@job(..., produces=["events"])`: started as one item with payload {"dataset",
   "partition", "params", "reason"}; the item's success records the partition's materialization (record_produced,
   called by the worker: files counted at the location, rows from a result {"rows": N});
@@ -85,6 +85,11 @@ def declared_task_producers() -> Iterable[Producer]:
     for task in registered_tasks().values():
         for name in task.produces:
             yield _task_producer(task.name, name, f"@job({task.name!r}, produces=...)")
+
+
+def producer_succeeded(task: Any, payload: Any, result: Any, item_id: int) -> None:
+    """The core's `hooks.producer_succeeded`: a task declared with `produces=` succeeded (worker/execute.py)."""
+    record_produced(task.name, task.produces, payload, result, item_id)
 
 
 def record_produced(task: str, produces: Iterable[str], payload: Any, result: Any, item_id: int) -> None:

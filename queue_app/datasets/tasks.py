@@ -1,9 +1,12 @@
-"""The datasets' task: a debounced trigger's delayed item (triggers.py), `queue_app.dataset_trigger_due`."""
+"""The datasets app's tasks, found by the task registry in every installed app's `tasks.py`: a debounced
+trigger's delayed item (triggers.py), `queue_app.dataset_trigger_due`, and the checks' task
+`queue_app.dataset_check` (checks_run.py). The names keep the `queue_app.` prefix items already queued carry."""
 
 from typing import Any
 
 from queue_app.registry import Context, job
 
+from . import checks_run as _checks_run  # noqa: F401  registers queue_app.dataset_check
 from .triggers import TIMER_TASK, due_timer
 
 

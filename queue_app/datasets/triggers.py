@@ -35,8 +35,8 @@ transaction, as for several upstreams. A mapping that names no partition (a fan-
 is never ready.
 
 A run that fails records no materialization and so triggers nothing. Consumers come from sources (add_source):
-the Spark jobs' (queue_app/spark/triggers.py), the workflows' (queue_app/workflows/triggers.py) and the tasks
-registered here (trigger_task).
+the Spark jobs' (spark_triggers.py), the workflows' (workflow_triggers.py) and the tasks registered here
+(trigger_task).
 """
 
 from __future__ import annotations

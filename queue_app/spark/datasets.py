@@ -135,8 +135,16 @@ def output_figures(spark_job: SparkJob, params: Mapping[str, Any], run_id: int, 
                 files, on_disk = services.stat_files(path, dataset_roots(), data_only=True)
                 size = size if size is not None else on_disk
         found.append({"dataset": name, "partition": key, "rows": rows, "bytes": size, "files": files})
-    script_report.merge(found, script_report.read(run_id), run_id)  # what the program reported itself
+    script_report.merge(found, script_report.read(run_id), run_id, _partition_key)  # what the program reported
     return found
+
+
+def _partition_key(name: str, partition: str) -> str | None:
+    """A reported partition's canonical key in dataset `name`, None when it is not one (script_report.merge)."""
+    try:
+        return get_dataset(name).partition_key(partition)
+    except DatasetError:
+        return None
 
 
 def _event_log_output(run_id: int, app_id: str | None) -> tuple[int, int] | None:

@@ -75,9 +75,9 @@ class SparkJob:
     produces: tuple[DatasetRef, ...] = ()
     consumes: tuple[DatasetRef, ...] = ()
     # A data-aware trigger (datasets/triggers.py): the job runs for a partition when these datasets' partition is
-    # materialized (spark/triggers.py starts it in the recorder's transaction).
+    # materialized (datasets/spark_triggers.py starts it in the recorder's transaction).
     on_update: OnUpdate | None = None
-    # Backfill by data (spark/materialize.py): up to `backfill_batch` partitions in one run, their keys given
+    # Backfill by data (datasets/materialize.py): up to `backfill_batch` partitions in one run, their keys given
     # comma-separated in the str parameter `partitions_param` (the partition parameter gets the first).
     backfill_batch: int = 1
     partitions_param: str | None = None

@@ -183,7 +183,7 @@ def triggered(run: SparkRun) -> str:
     who = run.requested_by
     if run.trigger == SparkTrigger.SCHEDULE and who.startswith("schedule "):
         return f"triggered by {who}"
-    if run.trigger == SparkTrigger.DATASET and who:  # who: the upstream materializations (spark/triggers.py)
+    if run.trigger == SparkTrigger.DATASET and who:  # who: the upstream materializations (datasets/spark_triggers.py)
         return f"triggered by the update of {who}"
     how = _TRIGGERED.get(run.trigger, f"by {run.get_trigger_display()}")
     return f"triggered {how}" + (f" by {who}" if who else "")

@@ -4,8 +4,9 @@
   the run's event logs); prepare(run_id) empties it before an attempt starts (an earlier attempt's reports are
   not this one's) and gives the path the launcher puts in the child's JOBSITE_SPARK_REPORT.
 - read(run_id): the reports, one per (dataset, partition), later calls' figures over earlier ones'.
-- merge(outputs, reports, job): the run's output figures (spark/datasets.py) with the reported rows in place of
-  the event log's, and the reported metadata (and preview) added; read before the transaction that records them.
+- merge(outputs, reports, run_id, partition_key): the run's output figures (spark/datasets.py, which gives the
+  datasets' partition keys) with the reported rows in place of the event log's, and the reported metadata (and
+  preview) added; read before the transaction that records them.
   A report of a dataset or partition the run does not produce, or one that cannot be read, is left out with a
   warning: it never fails the run.
 """
@@ -16,10 +17,10 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from jobsite.spark_report import ENV, PREVIEW_ROWS
-from queue_app.datasets.declarations import DatasetError, get_dataset
 
 from . import eventlog
 
@@ -74,11 +75,18 @@ def read(run_id: int | str) -> dict[tuple[str, str | None], dict[str, Any]]:
     return found
 
 
-def merge(outputs: list[dict], reports: dict[tuple[str, str | None], dict[str, Any]], run_id: int | str) -> None:
-    """Apply `reports` to the run's `outputs` in place (see the module's docstring)."""
+def merge(
+    outputs: list[dict],
+    reports: dict[tuple[str, str | None], dict[str, Any]],
+    run_id: int | str,
+    partition_key: Callable[[str, str], str | None],
+) -> None:
+    """Apply `reports` to the run's `outputs` in place (see the module's docstring). `partition_key(dataset,
+    partition)` is a reported partition's canonical key (None: not a partition of that dataset), which the caller
+    that knows the datasets gives (spark/datasets.py): this module imports none of them."""
     by_key = {(out["dataset"], out["partition"]): out for out in outputs}
     for (name, partition), report in reports.items():
-        out = _target(name, partition, by_key, outputs)
+        out = _target(name, partition, by_key, outputs, partition_key)
         if out is None:
             logger.warning(
                 "spark run %s reported %s[%s], which it does not produce: left out", run_id, name, partition or ""
@@ -98,16 +106,15 @@ def merge(outputs: list[dict], reports: dict[tuple[str, str | None], dict[str, A
         out["metadata"] = metadata
 
 
-def _target(name: str, partition: str | None, by_key: dict, outputs: list[dict]) -> dict | None:
+def _target(
+    name: str, partition: str | None, by_key: dict, outputs: list[dict], partition_key: Callable[[str, str], str | None]
+) -> dict | None:
     """The output a report names: its canonical partition, or the run's one partition of the dataset."""
     if partition is None:
         mine = [out for out in outputs if out["dataset"] == name]
         return mine[0] if len(mine) == 1 else None
-    try:
-        key = get_dataset(name).partition_key(partition)
-    except DatasetError:
-        return None
-    return by_key.get((name, key))
+    key = partition_key(name, partition)
+    return None if key is None else by_key.get((name, key))
 
 
 def _size(metadata: dict[str, Any]) -> int:

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from django.db import connections
 
-from .. import engine
+from .. import engine, hooks
 from ..engine import tracing
 from ..engine.alias import atomic
 from ..engine.errors import InvalidEnqueue, StaleReservation
@@ -177,9 +177,10 @@ def _settled(reservation_id: int, settled: Settled) -> Outcome:
 
 
 def _record_produced(task: Task, payload: Any, result: Any, ctx: Context) -> None:
-    from ..datasets.producers import record_produced  # only producer tasks pay for the datasets' import
-
-    record_produced(task.name, task.produces, payload, result, ctx.item_id)
+    """A producer task's success, inside its settle's transaction: the layers registered on the hook (the
+    datasets app records the materializations) see it; without one, `produces=` changes nothing."""
+    for hook in hooks.producer_succeeded:
+        hook(task, payload, result, ctx.item_id)
 
 
 # A chunk's member as a Job carries it (Job.payload of a chunk: one of these per item, the first the Job's own).

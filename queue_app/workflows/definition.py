@@ -642,7 +642,7 @@ class WorkflowDefinition:
     description: str = ""
     version: str = ""  # declared (workflow(version=...)); else each run records its graph's fingerprint
     # A data-aware trigger (datasets/triggers.py): started for a partition when these datasets' partition is
-    # materialized (workflows/triggers.py).
+    # materialized (datasets/workflow_triggers.py).
     on_update: OnUpdate | None = None
 
     def validate(self, raw: Mapping[str, Any] | None) -> dict[str, Any]:

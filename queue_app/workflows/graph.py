@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from ..datasets.checks_run import blocked_items
 from ..drawing import drawn
+from ..hooks import why_held
 from .models import StepDependency, Workflow, WorkflowStep
 
 COLOURS = {  # fill, border: the admin's palette
@@ -53,7 +53,7 @@ def step_states(workflow: Workflow) -> list[tuple[WorkflowStep, str]]:
     steps = list(WorkflowStep.objects.filter(workflow=workflow, attempt=workflow.attempt).order_by("id"))
     queued = [s.item_id for s in steps if s.state == "queued" and s.item_id]
     leased = set(QueueItem.objects.filter(id__in=queued, state="reserved").values_list("id", flat=True))
-    parked = blocked_items(s.item_id for s in steps if s.kind == "spark" and s.state == "queued")
+    parked = why_held(s.item_id for s in steps if s.kind == "spark" and s.state == "queued")
 
     def shown(s: WorkflowStep) -> str:
         if s.state == "queued" and s.item_id in leased:

@@ -18,12 +18,12 @@ from django.db.models import F
 
 from .. import engine, services
 from ..conf import queue_settings
-from ..datasets.checks_run import blocked_items
 from ..engine import tracing
 from ..engine.alias import atomic, queue_db
 from ..engine.db import cursor
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
+from ..hooks import why_held
 from ..registry import Context
 from ..spark.registry import SparkJobError, get_job
 from . import children, deadlines, rebuild, sql, versions
@@ -699,7 +699,7 @@ def status(workflow_id: int) -> dict[str, Any]:
         .values_list("id", flat=True)
     )
     rows = list(WorkflowStep.objects.filter(workflow_id=workflow.id, attempt=workflow.attempt).order_by("id"))
-    parked = blocked_items(s.item_id for s in rows if s.kind == StepKind.SPARK and s.state == StepState.QUEUED)
+    parked = why_held(s.item_id for s in rows if s.kind == StepKind.SPARK and s.state == StepState.QUEUED)
     steps = []
     for s in rows:
         step = {

@@ -10,7 +10,7 @@ list syncs them at most once a minute per process.
 
 Actions plug in at DATASET_TOOLS: each is a (label, URL name suffix, permission) shown on the dataset page's
 object tools when the user holds it. The override of failed checks lives on Dataset check results
-(admin/dataset_checks.py).
+(admin/checks.py).
 """
 
 from __future__ import annotations
@@ -34,13 +34,18 @@ from django.utils.html import escape, format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString, mark_safe
 
-from ..datasets import DatasetError, declared_datasets, dynamic, get_dataset
-from ..datasets import services as datasets
-from ..datasets.graph import FRESHNESS_COLOURS, svg
-from ..datasets.lineage import Neighbourhood
-from ..datasets.models import Dataset, Materialization
-from ..datasets.producer_params import parse_pairs
-from ..datasets.status import (
+from ...admin import charts
+from ...admin.actions import ReadOnlyAdmin
+from ...spark.datasets import lineage
+from ...spark.models import SparkTrigger
+from .. import DatasetError, declared_datasets, dynamic, get_dataset
+from .. import materialize as backfill
+from .. import services as datasets
+from ..graph import FRESHNESS_COLOURS, svg
+from ..lineage import Neighbourhood
+from ..models import Dataset, Materialization
+from ..producer_params import parse_pairs
+from ..status import (
     PARTITIONS_COUNTED_UP_TO,
     Cell,
     Matrix,
@@ -49,12 +54,7 @@ from ..datasets.status import (
     partition_matrix,
     summaries,
 )
-from ..datasets.sync import sync_datasets
-from ..spark import materialize as backfill
-from ..spark.datasets import lineage
-from ..spark.models import SparkTrigger
-from . import charts
-from .actions import ReadOnlyAdmin
+from ..sync import sync_datasets
 
 TEMPLATES = "admin/queue_app/dataset/"
 PERMISSIONS = {

@@ -17,10 +17,10 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from ..datasets.checks_run import may_override, override_failed_checks
-from ..datasets.declarations import DatasetError
-from ..datasets.models import CheckState, DatasetCheckResult, Materialization
-from .display import cut, time_column
+from ...admin.display import cut, time_column
+from ..checks_run import may_override, override_failed_checks
+from ..declarations import DatasetError
+from ..models import CheckState, DatasetCheckResult, Materialization
 
 TEMPLATE = "admin/queue_app/datasets/override_confirm.html"
 

@@ -44,6 +44,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from queue_app.datasets import DatasetError, declared_datasets, dynamic, get_dataset
+from queue_app.datasets import materialize as backfill
 from queue_app.datasets import services as datasets
 from queue_app.datasets.checks_run import latest, override_failed_checks
 from queue_app.datasets.lineage import LineageGraph
@@ -51,7 +52,6 @@ from queue_app.datasets.producer_params import parse_pairs
 from queue_app.datasets.status import check_results, detail, history, summaries
 from queue_app.datasets.sync import sync_datasets
 from queue_app.management.base import JobsiteCommand, acting_user
-from queue_app.spark import materialize as backfill
 from queue_app.spark.datasets import users
 from queue_app.spark.models import SparkTrigger
 

@@ -2,20 +2,19 @@
 declared with `trigger_producer_when_stale=True` that goes stale starts the job that declares it in `produces`,
 one run for the wanted partition (its partition parameter set to the key, the dataset's declared params added:
 datasets/producer_params.py; trigger "dataset"), queued in the transaction that records the stale episode.
-Registered when Django is ready (apps.py)."""
+Registered when Django is ready (datasets/apps.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from queue_app.datasets import producers
-from queue_app.datasets.declarations import get_dataset
-from queue_app.datasets.producer_params import producer_params
-
-from .models import SparkTrigger
-from .registry import code_jobs
-from .runs import trigger_run
+from ..spark.models import SparkTrigger
+from ..spark.registry import code_jobs
+from ..spark.runs import trigger_run
+from . import producers
+from .declarations import get_dataset
+from .producer_params import producer_params
 
 
 def start_run(

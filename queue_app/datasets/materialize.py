@@ -26,20 +26,20 @@ from typing import Any
 
 from django.db.models import Q
 
-from queue_app.datasets.declarations import DatasetError, get_dataset
-from queue_app.datasets.models import CheckState, Materialization
-from queue_app.datasets.partitions import MultiPartitions, PartitionError
-from queue_app.datasets.producer_params import producer_params
-from queue_app.datasets.producers import Producer, producers_of
-from queue_app.datasets.sql import MATERIALIZED_KEYS
 from queue_app.engine.errors import InvalidEnqueue
 from queue_app.models import ItemState, QueueItem
 from queue_app.registry import UnknownTask
 
 from ..engine.alias import atomic, connection
-from .models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
-from .registry import SparkJob, SparkJobError, all_jobs
-from .runs import trigger_run
+from ..spark.models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
+from ..spark.registry import SparkJob, SparkJobError, all_jobs
+from ..spark.runs import trigger_run
+from .declarations import DatasetError, get_dataset
+from .models import CheckState, Materialization
+from .partitions import MultiPartitions, PartitionError
+from .producer_params import producer_params
+from .producers import Producer, producers_of
+from .sql import MATERIALIZED_KEYS
 
 MAX_PARTITIONS = 1000  # partitions one call may queue runs for
 ITEM_FINAL_STATES = (ItemState.DONE, ItemState.DEAD, ItemState.CANCELLED)

@@ -1,16 +1,15 @@
 """Registered workflows as consumers of data-aware triggers (datasets/triggers.py): a workflow declared with
 `on_update=` is started for a partition (services.start, its partition parameter set to the key) inside the
 transaction that records its last upstream materialization. Registered as a consumer source when Django is
-ready (apps.py)."""
+ready (datasets/apps.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from queue_app.datasets import triggers
-
-from . import services
-from .definition import registered_workflows
+from ..workflows import services
+from ..workflows.definition import registered_workflows
+from . import triggers
 
 
 def start_workflow(name: str, param: str | None, partition: str, upstream: Mapping[str, int]) -> list[str]:

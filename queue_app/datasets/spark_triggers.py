@@ -1,7 +1,7 @@
 """Spark jobs as consumers of data-aware triggers (datasets/triggers.py): a job declared with `on_update=` is
 started for a partition by trigger_run (one SparkRun and its item, trigger "dataset") inside the transaction
 that records its last upstream materialization. Registered as a consumer source when Django is ready
-(apps.py), so every process that records materializations knows the jobs' triggers.
+(datasets/apps.py), so every process that records materializations knows the jobs' triggers.
 
 The partition goes to the job's parameter named by the on_update reference (on_update={"events": "day"}), else
 the one its `consumes` or `produces` names for a partitioned dataset; the system checks say when there is none.
@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from queue_app.datasets import dynamic, triggers
-from queue_app.datasets.declarations import DatasetError, get_dataset
-
-from .models import SPARK_OPEN_STATES, SparkRun, SparkTrigger
-from .registry import SparkJob, code_jobs
-from .runs import trigger_run
+from ..spark.models import SPARK_OPEN_STATES, SparkRun, SparkTrigger
+from ..spark.registry import SparkJob, code_jobs
+from ..spark.runs import trigger_run
+from . import dynamic, triggers
+from .declarations import DatasetError, get_dataset
 
 
 def partition_param(job: SparkJob) -> str | None:

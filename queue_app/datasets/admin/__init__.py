@@ -1,0 +1,10 @@
+"""The datasets app's admin, found by the admin's autodiscovery in every installed app: the datasets (list, a
+dataset's page, lineage, observe, materialize, partitions: datasets.py) and their check results (the override of
+failed checks: checks.py). The models keep the app label `queue_app` this step, so the pages stay under
+/admin/queue_app/dataset/... and their templates under admin/queue_app/ (this app's templates/ folder)."""
+
+from ..apps import missing_apps
+
+if not missing_apps():  # without the apps it builds on, `check` says so (jobsite.E100) and no page is registered
+    from . import checks as _checks  # noqa: F401  registers DatasetCheckResult (override action)
+    from . import datasets as _datasets  # noqa: F401  registers Dataset (list, page, lineage, observe)

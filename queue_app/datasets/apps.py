@@ -1,0 +1,73 @@
+"""The datasets layer as a Django app a project adds to INSTALLED_APPS after `queue_app`:
+`INSTALLED_APPS += ["queue_app", "queue_app.datasets"]` (docs/how-to/adopt.md).
+
+It depends on the core app (`queue_app`), whose Spark runs and workflows its jobs' triggers, producers and
+backfills start (Spark is not an app of its own yet: the dependency is on `queue_app`). Installed without it,
+`check` says so (jobsite.E100) and nothing of the layer is wired. Its ready() registers what the core calls
+through its hooks (queue_app/hooks.py): why an item is held (a parked item's unusable inputs), a producer task's
+success (its materialization), /metrics' dataset figures, the shipped staleness and watch schedules' units; and
+the layer's own checks, triggers and producers, and the datasets' sync after `migrate`.
+
+Its models keep the app label `queue_app` this step (tables, migrations, content types and admin URLs unchanged:
+datasets/models.py); moving them to this app's label is a later step (SeparateDatabaseAndState).
+"""
+
+from typing import Any
+
+from django.apps import AppConfig, apps
+from django.core import checks
+
+REQUIRES = ("queue_app",)  # the apps this layer builds on (Spark runs and workflows live in queue_app for now)
+
+
+def missing_apps(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobsite.E100: the datasets app is installed without an app it depends on."""
+    return [
+        checks.Error(
+            f"the datasets app (queue_app.datasets) needs {name!r} in INSTALLED_APPS",
+            hint=f'INSTALLED_APPS += ["{name}", "queue_app.datasets"] (docs/how-to/adopt.md)',
+            id="jobsite.E100",
+        )
+        for name in REQUIRES
+        if not apps.is_installed(name)
+    ]
+
+
+class DatasetsConfig(AppConfig):
+    name = "queue_app.datasets"
+    label = "jobsite_datasets"
+    verbose_name = "Datasets"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        checks.register(missing_apps, "jobsite")
+        if missing_apps():
+            return  # `check` says what is missing; wiring the layer would only fail on an import
+        from django.db.models.signals import post_migrate
+
+        from queue_app import hooks
+        from queue_app.spark import datasets as spark_datasets  # noqa: F401  registers jobsite.E106 (jobs' datasets)
+
+        from . import (
+            checks as dataset_checks,  # noqa: F401  registers jobsite.E101-E105, E120-E122
+        )
+        from . import (
+            dynamic,  # noqa: F401  the dynamic partition sets' lookup (partitions.py)
+            maintenance,
+            metrics,
+            openlineage,  # noqa: F401  registers jobsite.E131 (the OPENLINEAGE setting)
+            spark_producers,  # noqa: F401  the Spark jobs as producers (stale datasets)
+            spark_triggers,  # noqa: F401  the Spark jobs' data-aware triggers
+            workflow_triggers,  # noqa: F401  the workflows' data-aware triggers
+        )
+        from .checks_run import blocked_items
+        from .producers import producer_succeeded
+        from .sync import sync_after_migrate
+
+        hooks.held_reasons.register(blocked_items)
+        hooks.producer_succeeded.register(producer_succeeded)
+        hooks.metric_collectors.register(metrics.freshness_collector)
+        hooks.metric_collectors.register(metrics.openlineage_collector)
+        hooks.maintenance_units["dataset_staleness"] = maintenance.staleness
+        hooks.maintenance_units["dataset_watch"] = maintenance.watch
+        post_migrate.connect(sync_after_migrate, sender=self, dispatch_uid="jobsite-datasets-sync")
