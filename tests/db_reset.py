@@ -1,0 +1,153 @@
+"""The reset after a transactional test: TRUNCATE only the tables that hold rows, instead of Django's `flush`.
+
+pytest-django runs a transactional test (``django_db(transaction=True)``, ``transactional_db``, ``live_server``)
+as a Django ``TransactionTestCase``, whose teardown (``_fixture_teardown``) runs ``flush``: one TRUNCATE of every
+model table, then the ``post_migrate`` signal again (content types, a permission for every model, the datasets'
+sync, the SQL API's published declarations). That cost about 0.25 s per test on an empty database (the TRUNCATE of
+47 tables about 0.22 s of it: every table, index and TOAST table gets a new file), whatever the test wrote.
+
+This reset leaves the database in the state the flush would, for less:
+
+1. One statement asks every model table whether it holds a row (``EXISTS``), and takes a fingerprint (md5 of
+   its rows) of each *seeded* table: a table that holds rows right after a full flush (``django_content_type``,
+   ``auth_permission``, ``queue_app_dataset``), found by looking, not by name.
+2. A seeded table whose fingerprint differs from the one taken after the last full flush (a test added a
+   permission, a worker synced datasets of its own) means the cheap way cannot restore it: Django's own flush
+   runs, as before, and the fingerprints are taken again. The first transactional test of a session gets the
+   full flush too (nothing to compare with yet).
+3. Otherwise the tables that hold rows are truncated in one TRUNCATE, with the tables that reference them (as
+   PostgreSQL requires: those are empty, or they hold rows and are in the list already). Whether a child
+   process or the test wrote the rows does not matter: the question is asked of the committed data.
+4. The project's own ``post_migrate`` receivers run again (``sync_after_migrate``, ``publish_declarations``;
+   both idempotent, a few ms): the SQL API's tables (``queue_app_sqltask``/``sqlsettings``) are not model
+   tables, the flush never truncated them, only re-published this process's declarations and settings, and so
+   does this. tests/test_db_reset.py fails if a ``post_migrate`` receiver appears that this module does not know.
+
+Like the flush it replaces (``reset_sequences=False``), it restarts no sequence: no test may rely on ids.
+A test class that sets ``available_apps`` or ``serialized_rollback`` (tests/django_suite) keeps Django's flush,
+and so does every test under ``JOBSITE_TEST_FULL_FLUSH=1``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.core.management import call_command
+from django.db import connections, transaction
+from django.test import TransactionTestCase
+
+_original_teardown = TransactionTestCase._fixture_teardown
+# Per database alias: the fingerprint of each seeded table taken right after the last full flush.
+_baseline: dict[str, dict[str, str]] = {}
+stats = {"fast": 0, "full": 0}  # how each reset went (tests/test_db_reset.py reads them)
+
+
+def _quote(connection, table: str) -> str:
+    return connection.ops.quote_name(table)
+
+
+def _model_tables(connection) -> list[str]:
+    return sorted(connection.introspection.django_table_names(only_existing=True, include_views=False))
+
+
+def _survey(connection, tables: list[str], seeded: set[str]) -> tuple[set[str], dict[str, str]]:
+    """(the unseeded tables that hold a row, each seeded table's fingerprint) in one statement."""
+    parts = []
+    for table in tables:
+        quoted = _quote(connection, table)
+        if table in seeded:
+            value = f"(SELECT md5(coalesce(string_agg(t::text, E'\\n' ORDER BY t::text), '')) FROM {quoted} t)"
+        else:
+            value = f"(SELECT CASE WHEN EXISTS (SELECT FROM {quoted}) THEN 'rows' END)"
+        parts.append(f"SELECT %s, {value}")
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(parts), tables)
+        rows = cursor.fetchall()
+    holding = {table for table, value in rows if table not in seeded and value is not None}
+    return holding, {table: value for table, value in rows if table in seeded}
+
+
+def _referencing_tables(connection) -> dict[str, set[str]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT parent.relname, child.relname FROM pg_constraint k"
+            " JOIN pg_class child ON child.oid = k.conrelid JOIN pg_class parent ON parent.oid = k.confrelid"
+            " WHERE k.contype = 'f' AND child.relnamespace = current_schema()::regnamespace"
+        )
+        found: dict[str, set[str]] = {}
+        for parent, child in cursor.fetchall():
+            found.setdefault(parent, set()).add(child)
+    return found
+
+
+def _closure(tables: set[str], referencing: dict[str, set[str]]) -> set[str]:
+    """`tables` and every table that references one of them, transitively (what TRUNCATE needs named)."""
+    todo, seen = list(tables), set(tables)
+    while todo:
+        for child in referencing.get(todo.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+    return seen
+
+
+def _full_flush(db_name: str) -> None:
+    """Django's flush, as TransactionTestCase runs it (no available_apps), then the seeded tables' fingerprints."""
+    call_command(
+        "flush",
+        verbosity=0,
+        interactive=False,
+        database=db_name,
+        reset_sequences=False,
+        allow_cascade=False,
+        inhibit_post_migrate=False,
+    )
+    connection = connections[db_name]
+    tables = _model_tables(connection)
+    holding, _ = _survey(connection, tables, set())
+    _, _baseline[db_name] = _survey(connection, tables, holding)
+    stats["full"] += 1
+
+
+def _rerun_project_receivers(db_name: str) -> None:
+    from queue_app import registry
+    from queue_app.datasets.sync import sync_after_migrate
+
+    sync_after_migrate(using=db_name)
+    registry.publish_declarations(using=db_name)
+
+
+def reset(db_name: str) -> None:
+    """Leave `db_name` as Django's flush would, truncating only what holds rows (module docstring)."""
+    connection = connections[db_name]
+    baseline = _baseline.get(db_name)
+    if baseline is None:
+        return _full_flush(db_name)
+    tables = _model_tables(connection)
+    holding, fingerprints = _survey(connection, tables, set(baseline))
+    if fingerprints != baseline:
+        return _full_flush(db_name)
+    truncate = _closure(holding, _referencing_tables(connection))  # the catalog each time: a test may migrate
+    if truncate & set(baseline):  # a seeded table references a table with rows: only the flush restores it
+        return _full_flush(db_name)
+    if truncate:
+        with transaction.atomic(using=db_name), connection.cursor() as cursor:
+            cursor.execute("TRUNCATE " + ", ".join(_quote(connection, t) for t in sorted(truncate)))
+    _rerun_project_receivers(db_name)
+    stats["fast"] += 1
+
+
+def _fixture_teardown(self) -> None:
+    if self.available_apps is not None or self.serialized_rollback:
+        return _original_teardown(self)
+    for db_name in self._databases_names(include_mirrors=False):
+        reset(db_name)
+
+
+def install() -> None:
+    """Put this reset in place of TransactionTestCase's flush (tests/conftest.py, at configure), unless
+    JOBSITE_TEST_FULL_FLUSH=1 asks for Django's flush after every transactional test (to compare times, or to
+    rule the reset out when a test's isolation is in doubt)."""
+    if os.environ.get("JOBSITE_TEST_FULL_FLUSH", "") not in ("", "0"):
+        return
+    TransactionTestCase._fixture_teardown = _fixture_teardown
