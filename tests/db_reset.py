@@ -8,16 +8,20 @@ sync, the SQL API's published declarations). That cost about 0.25 s per test on 
 
 This reset leaves the database in the state the flush would, for less:
 
-1. One statement asks every model table whether it holds a row (``EXISTS``), and takes a fingerprint (md5 of
-   its rows) of each *seeded* table: a table that holds rows right after a full flush (``django_content_type``,
-   ``auth_permission``, ``queue_app_dataset``), found by looking, not by name.
-2. A seeded table whose fingerprint differs from the one taken after the last full flush (a test added a
-   permission, a worker synced datasets of its own) means the cheap way cannot restore it: Django's own flush
-   runs, as before, and the fingerprints are taken again. The first transactional test of a session gets the
-   full flush too (nothing to compare with yet).
-3. Otherwise the tables that hold rows are truncated in one TRUNCATE, with the tables that reference them (as
-   PostgreSQL requires: those are empty, or they hold rows and are in the list already). Whether a child
-   process or the test wrote the rows does not matter: the question is asked of the committed data.
+1. In one transaction, SHARE locks on every model table (a writer still in flight, such as the backend of a
+   child process killed mid-statement, finishes first, and no new one starts until the commit: as with the
+   flush's TRUNCATE of every table), then one statement asks every model table whether it holds a row
+   (``EXISTS``) and takes a fingerprint (md5 of its rows) of each *seeded* table: a table that holds rows right
+   after a full flush (``django_content_type``, ``auth_permission``, ``queue_app_dataset``), found by looking,
+   not by name.
+2. A changed content type or permission table (a test added a permission) means the cheap way cannot restore
+   it: Django's own flush runs, as before, and the fingerprints are taken again. The first transactional test
+   of a session gets the flush too (nothing to compare with yet). A changed ``queue_app_dataset`` (a test or a
+   worker recorded or synced datasets of its own) is emptied like the tables with rows and synced again in 4.
+3. One TRUNCATE empties the tables that hold rows (and the changed datasets table), with the tables that
+   reference them (PostgreSQL requires them named: they are empty, or hold rows and are in the list already).
+   Whether the test, a thread, the live server or a child process wrote the rows does not matter: the question
+   is asked of the committed data.
 4. The project's own ``post_migrate`` receivers run again (``sync_after_migrate``, ``publish_declarations``;
    both idempotent, a few ms): the SQL API's tables (``queue_app_sqltask``/``sqlsettings``) are not model
    tables, the flush never truncated them, only re-published this process's declarations and settings, and so
@@ -39,6 +43,9 @@ from django.test import TransactionTestCase
 _original_teardown = TransactionTestCase._fixture_teardown
 # Per database alias: the fingerprint of each seeded table taken right after the last full flush.
 _baseline: dict[str, dict[str, str]] = {}
+# The seeded tables the project's post_migrate receivers fill again by themselves (sync_after_migrate): a change
+# to one is undone by emptying it and re-running them, without the flush.
+RESEEDED = {"queue_app_dataset"}
 stats = {"fast": 0, "full": 0}  # how each reset went (tests/test_db_reset.py reads them)
 
 
@@ -117,23 +124,37 @@ def _rerun_project_receivers(db_name: str) -> None:
     registry.publish_declarations(using=db_name)
 
 
+def _cheap_reset(connection, baseline: dict[str, str]) -> set[str] | None:
+    """Truncate what holds rows; the seeded tables it emptied (to be re-seeded), or None if only the flush will
+    do. SHARE locks on every model table first: a writer still in flight (the backend of a child process killed
+    mid-statement) finishes before the survey looks, and none starts until the TRUNCATE is committed, as with the
+    flush's TRUNCATE of every table."""
+    tables = _model_tables(connection)
+    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+        cursor.execute("LOCK TABLE " + ", ".join(_quote(connection, t) for t in tables) + " IN SHARE MODE")
+        holding, fingerprints = _survey(connection, tables, set(baseline))
+        changed = {t for t in baseline if fingerprints.get(t) != baseline[t]}
+        if changed - RESEEDED:  # content types or permissions: only the flush's post_migrate restores them
+            return None
+        truncate = _closure(holding | changed, _referencing_tables(connection))  # each time: a test may migrate
+        if truncate & (set(baseline) - changed):  # a seeded table references a table with rows
+            return None
+        if truncate:
+            cursor.execute("TRUNCATE " + ", ".join(_quote(connection, t) for t in sorted(truncate)))
+    return changed
+
+
 def reset(db_name: str) -> None:
     """Leave `db_name` as Django's flush would, truncating only what holds rows (module docstring)."""
     connection = connections[db_name]
     baseline = _baseline.get(db_name)
-    if baseline is None:
+    reseed = None if baseline is None else _cheap_reset(connection, baseline)
+    if reseed is None:
         return _full_flush(db_name)
-    tables = _model_tables(connection)
-    holding, fingerprints = _survey(connection, tables, set(baseline))
-    if fingerprints != baseline:
-        return _full_flush(db_name)
-    truncate = _closure(holding, _referencing_tables(connection))  # the catalog each time: a test may migrate
-    if truncate & set(baseline):  # a seeded table references a table with rows: only the flush restores it
-        return _full_flush(db_name)
-    if truncate:
-        with transaction.atomic(using=db_name), connection.cursor() as cursor:
-            cursor.execute("TRUNCATE " + ", ".join(_quote(connection, t) for t in sorted(truncate)))
     _rerun_project_receivers(db_name)
+    if reseed:  # re-synced: new timestamps, so new fingerprints
+        _, fingerprints = _survey(connection, sorted(reseed), reseed)
+        baseline.update(fingerprints)
     stats["fast"] += 1
 
 

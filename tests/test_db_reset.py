@@ -3,11 +3,14 @@ rows written by the test or by a child process are gone, the seeded rows (conten
 the SQL API's declarations) are as the flush's post_migrate leaves them, and a change to a seeded table falls
 back to the flush itself."""
 
+import threading
+
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.db.models.signals import post_migrate
 
 from tests import db_reset
+from tests.waiting import seen_waiting
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -98,6 +101,49 @@ def test_a_changed_seeded_table_gets_the_full_flush():
     assert db_reset.stats["full"] == full_before + 1
     assert not Permission.objects.filter(codename="reset_probe").exists()
     assert state() == expected
+
+
+def test_a_changed_datasets_table_is_synced_again_without_the_flush():
+    """A row of a dataset no module declares (as record_materialization or another process's sync writes) and a
+    changed declaration: the reset empties the table and syncs it, leaving what the flush's sync would."""
+    db_reset.reset("default")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO queue_app_dataset (name, config, declared_in, synced_at)"
+            " SELECT 'reset-probe', config, declared_in, now() FROM queue_app_dataset LIMIT 1"
+        )
+        cursor.execute(
+            "UPDATE queue_app_dataset SET config = '{}' WHERE name = (SELECT min(name) FROM queue_app_dataset)"
+        )
+    fast_before = db_reset.stats["fast"]
+
+    db_reset.reset("default")
+
+    assert db_reset.stats["fast"] == fast_before + 1
+    assert state() == flushed_state()
+
+
+def test_a_write_in_flight_is_waited_for_and_emptied():
+    """Another session (the backend of a child process killed mid-write, say) has inserted but not committed:
+    the reset waits for it (its SHARE locks), then sees the row and empties the table. Without the locks the
+    survey would miss the row and it would outlive the reset."""
+    db_reset.reset("default")
+    writer = connections.create_connection("default")
+    writer.set_autocommit(False)
+    with writer.cursor() as cursor:
+        cursor.execute("INSERT INTO django_session VALUES ('reset-probe', '', now() + interval '1 day')")
+    resetting = threading.Thread(target=lambda: (db_reset.reset("default"), connections.close_all()))
+    resetting.start()
+    try:
+        seen_waiting(what="the reset waiting for the uncommitted insert")
+        writer.commit()
+        resetting.join(60)
+    finally:
+        writer.close()
+    assert not resetting.is_alive()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM django_session")
+        assert cursor.fetchone()[0] == 0
 
 
 def test_a_child_process_writes_rows(manage):
