@@ -17,7 +17,9 @@ This reset leaves the database in the state the flush would, for less:
 2. A changed content type or permission table (a test added a permission) means the cheap way cannot restore
    it: Django's own flush runs, as before, and the fingerprints are taken again. The first transactional test
    of a session gets the flush too (nothing to compare with yet). A changed ``queue_app_dataset`` (a test or a
-   worker recorded or synced datasets of its own) is emptied like the tables with rows and synced again in 4.
+   worker recorded or synced datasets of its own), or a change to the datasets this process declares (a test
+   declared one or took one away: the flush's sync writes them from scratch), is emptied like the tables with
+   rows and synced again in 4.
 3. One TRUNCATE empties the tables that hold rows (and the changed datasets table), with the tables that
    reference them (PostgreSQL requires them named: they are empty, or hold rows and are in the list already).
    Whether the test, a thread, the live server or a child process wrote the rows does not matter: the question
@@ -43,6 +45,8 @@ from django.test import TransactionTestCase
 _original_teardown = TransactionTestCase._fixture_teardown
 # Per database alias: the fingerprint of each seeded table taken right after the last full flush.
 _baseline: dict[str, dict[str, str]] = {}
+# Per database alias: the datasets this process declared when the datasets table was last synced from scratch.
+_declared: dict[str, str] = {}
 # The seeded tables the project's post_migrate receivers fill again by themselves (sync_after_migrate): a change
 # to one is undone by emptying it and re-running them, without the flush.
 RESEEDED = {"queue_app_dataset"}
@@ -113,7 +117,15 @@ def _full_flush(db_name: str) -> None:
     tables = _model_tables(connection)
     holding, _ = _survey(connection, tables, set())
     _, _baseline[db_name] = _survey(connection, tables, holding)
+    _declared[db_name] = _declarations()
     stats["full"] += 1
+
+
+def _declarations() -> str:
+    """What the datasets' sync would write from this process: a test may declare a dataset, or take one away."""
+    from queue_app.datasets.declarations import declared_datasets
+
+    return repr(sorted((name, d.declared_in, repr(d.config())) for name, d in declared_datasets().items()))
 
 
 def _rerun_project_receivers(db_name: str) -> None:
@@ -130,10 +142,14 @@ def _cheap_reset(connection, baseline: dict[str, str]) -> set[str] | None:
     mid-statement) finishes before the survey looks, and none starts until the TRUNCATE is committed, as with the
     flush's TRUNCATE of every table."""
     tables = _model_tables(connection)
+    if not set(baseline) <= set(tables):  # a test migrated a seeded table away: the flush decides what to do
+        return None
     with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
         cursor.execute("LOCK TABLE " + ", ".join(_quote(connection, t) for t in tables) + " IN SHARE MODE")
         holding, fingerprints = _survey(connection, tables, set(baseline))
         changed = {t for t in baseline if fingerprints.get(t) != baseline[t]}
+        if "queue_app_dataset" in baseline and _declarations() != _declared.get(connection.alias):
+            changed.add("queue_app_dataset")  # the flush's sync would write other rows: sync from scratch
         if changed - RESEEDED:  # content types or permissions: only the flush's post_migrate restores them
             return None
         truncate = _closure(holding | changed, _referencing_tables(connection))  # each time: a test may migrate
@@ -155,6 +171,7 @@ def reset(db_name: str) -> None:
     if reseed:  # re-synced: new timestamps, so new fingerprints
         _, fingerprints = _survey(connection, sorted(reseed), reseed)
         baseline.update(fingerprints)
+        _declared[db_name] = _declarations()
     stats["fast"] += 1
 
 

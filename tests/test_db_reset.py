@@ -123,6 +123,31 @@ def test_a_changed_datasets_table_is_synced_again_without_the_flush():
     assert state() == flushed_state()
 
 
+def test_a_dataset_declared_or_taken_away_since_the_last_sync_is_synced_as_the_flush_would(tmp_path, monkeypatch):
+    """The flush's sync writes this process's declarations from scratch: one declared since (no row yet) gets its
+    row, one taken away since (its row unchanged) loses it, though the table itself did not change."""
+    from queue_app.datasets import dataset
+    from queue_app.datasets.declarations import _code
+    from queue_app.datasets.locations import ROOTS_ENV
+
+    monkeypatch.setenv(ROOTS_ENV, str(tmp_path))
+    db_reset.reset("default")
+    fast_before = db_reset.stats["fast"]
+    dataset("reset_probe_ds", location="probe", owner="ops")
+    try:
+        db_reset.reset("default")
+        assert ("reset_probe_ds",) in [row[:1] for row in state()["datasets"]]
+        assert state() == flushed_state()
+    finally:
+        _code.unregister("reset_probe_ds")
+
+    db_reset.reset("default")
+
+    assert db_reset.stats["fast"] == fast_before + 2
+    assert ("reset_probe_ds",) not in [row[:1] for row in state()["datasets"]]
+    assert state() == flushed_state()
+
+
 def test_a_write_in_flight_is_waited_for_and_emptied():
     """Another session (the backend of a child process killed mid-write, say) has inserted but not committed:
     the reset waits for it (its SHARE locks), then sees the row and empties the table. Without the locks the
