@@ -1,4 +1,4 @@
-"""The reset after a transactional test: TRUNCATE only the tables that hold rows, instead of Django's `flush`.
+"""The reset after a transactional test: TRUNCATE only the tables it wrote, instead of Django's `flush`.
 
 pytest-django runs a transactional test (``django_db(transaction=True)``, ``transactional_db``, ``live_server``)
 as a Django ``TransactionTestCase``, whose teardown (``_fixture_teardown``) runs ``flush``: one TRUNCATE of every
@@ -10,18 +10,19 @@ This reset leaves the database in the state the flush would, for less:
 
 1. In one transaction, SHARE locks on every model table (a writer still in flight, such as the backend of a
    child process killed mid-statement, finishes first, and no new one starts until the commit: as with the
-   flush's TRUNCATE of every table), then one statement asks every model table whether it holds a row
-   (``EXISTS``) and takes a fingerprint (md5 of its rows) of each *seeded* table: a table that holds rows right
-   after a full flush (``django_content_type``, ``auth_permission``, ``queue_app_dataset``), found by looking,
-   not by name.
+   flush's TRUNCATE of every table), then one statement asks every model table whether it was written since
+   its last TRUNCATE (its heap has a page: ``pg_relation_size``, summed over partitions; rows, or dead rows
+   of a table the test emptied again) and takes a fingerprint (md5 of its rows) of each *seeded* table: a
+   table that holds rows right after a full flush (``django_content_type``, ``auth_permission``,
+   ``queue_app_dataset``), found by looking, not by name.
 2. A changed content type or permission table (a test added a permission) means the cheap way cannot restore
    it: Django's own flush runs, as before, and the fingerprints are taken again. The first transactional test
    of a session gets the flush too (nothing to compare with yet). A changed ``queue_app_dataset`` (a test or a
    worker recorded or synced datasets of its own), or a change to the datasets this process declares (a test
-   declared one or took one away: the flush's sync writes them from scratch), is emptied like the tables with
-   rows and synced again in 4.
-3. One TRUNCATE empties the tables that hold rows (and the changed datasets table), with the tables that
-   reference them (PostgreSQL requires them named: they are empty, or hold rows and are in the list already).
+   declared one or took one away: the flush's sync writes them from scratch), is emptied like the written tables
+   and synced again in 4.
+3. One TRUNCATE empties the written tables (and the changed datasets table), with the tables that reference
+   them (PostgreSQL requires them named: they are unwritten, or written and in the list already).
    Whether the test, a thread, the live server or a child process wrote the rows does not matter: the question
    is asked of the committed data.
 4. The project's own ``post_migrate`` receivers run again (``sync_after_migrate``, ``publish_declarations``;
@@ -62,17 +63,26 @@ def _model_tables(connection) -> list[str]:
 
 
 def _survey(connection, tables: list[str], seeded: set[str]) -> tuple[set[str], dict[str, str]]:
-    """(the unseeded tables that hold a row, each seeded table's fingerprint) in one statement."""
-    parts = []
+    """(the unseeded tables that were written, each seeded table's fingerprint) in one statement. Written: its
+    heap has a page (summed over its partitions). TRUNCATE leaves a table none, any insert gives it one, and a
+    table the test emptied again keeps its pages (dead rows, until a vacuum): the flush gave such a table a
+    fresh file too, so it is truncated as well. Cheaper than EXISTS, which reads a bloated table's dead rows."""
+    parts, params = [], []
     for table in tables:
         quoted = _quote(connection, table)
         if table in seeded:
             value = f"(SELECT md5(coalesce(string_agg(t::text, E'\\n' ORDER BY t::text), '')) FROM {quoted} t)"
+            params.append(table)
         else:
-            value = f"(SELECT CASE WHEN EXISTS (SELECT FROM {quoted}) THEN 'rows' END)"
+            value = (  # pg_partition_tree: no row for a table that is not partitioned
+                "(SELECT CASE WHEN pg_relation_size(%s::regclass)"
+                " + coalesce((SELECT sum(pg_relation_size(relid)) FROM pg_partition_tree(%s::regclass)), 0) > 0"
+                " THEN 'written' END)"
+            )
+            params.extend([table, quoted, quoted])
         parts.append(f"SELECT %s, {value}")
     with connection.cursor() as cursor:
-        cursor.execute(" UNION ALL ".join(parts), tables)
+        cursor.execute(" UNION ALL ".join(parts), params)
         rows = cursor.fetchall()
     holding = {table for table, value in rows if table not in seeded and value is not None}
     return holding, {table: value for table, value in rows if table in seeded}
@@ -137,7 +147,7 @@ def _rerun_project_receivers(db_name: str) -> None:
 
 
 def _cheap_reset(connection, baseline: dict[str, str]) -> set[str] | None:
-    """Truncate what holds rows; the seeded tables it emptied (to be re-seeded), or None if only the flush will
+    """Truncate what was written; the seeded tables it emptied (to be re-seeded), or None if only the flush will
     do. SHARE locks on every model table first: a writer still in flight (the backend of a child process killed
     mid-statement) finishes before the survey looks, and none starts until the TRUNCATE is committed, as with the
     flush's TRUNCATE of every table."""
@@ -153,7 +163,7 @@ def _cheap_reset(connection, baseline: dict[str, str]) -> set[str] | None:
         if changed - RESEEDED:  # content types or permissions: only the flush's post_migrate restores them
             return None
         truncate = _closure(holding | changed, _referencing_tables(connection))  # each time: a test may migrate
-        if truncate & (set(baseline) - changed):  # a seeded table references a table with rows
+        if truncate & (set(baseline) - changed):  # a seeded table references a written table
             return None
         if truncate:
             cursor.execute("TRUNCATE " + ", ".join(_quote(connection, t) for t in sorted(truncate)))
@@ -161,7 +171,7 @@ def _cheap_reset(connection, baseline: dict[str, str]) -> set[str] | None:
 
 
 def reset(db_name: str) -> None:
-    """Leave `db_name` as Django's flush would, truncating only what holds rows (module docstring)."""
+    """Leave `db_name` as Django's flush would, truncating only what was written (module docstring)."""
     connection = connections[db_name]
     baseline = _baseline.get(db_name)
     reseed = None if baseline is None else _cheap_reset(connection, baseline)

@@ -85,6 +85,25 @@ def test_rows_of_the_test_and_of_a_child_process_are_gone_after_the_cheap_reset(
     assert after_reset == flushed_state()
 
 
+def test_a_table_emptied_again_is_truncated_and_an_unwritten_one_is_left_alone():
+    """Rows inserted then deleted leave dead rows (pages, until a vacuum) that the flush's TRUNCATE removed: the
+    reset truncates that table too. A table nobody wrote keeps its file: the reset is selective."""
+    db_reset.reset("default")
+    sizes = "SELECT pg_relation_size('django_session'), pg_relation_filenode('auth_group')"
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO django_session VALUES ('reset-probe', '', now())")
+        cursor.execute("DELETE FROM django_session")
+        cursor.execute(sizes)
+        written, unwritten = cursor.fetchone()
+    assert written > 0
+
+    db_reset.reset("default")
+
+    with connection.cursor() as cursor:
+        cursor.execute(sizes)
+        assert cursor.fetchone() == (0, unwritten)
+
+
 def test_a_changed_seeded_table_gets_the_full_flush():
     from django.contrib.auth.models import Permission
     from django.contrib.contenttypes.models import ContentType
