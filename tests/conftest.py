@@ -9,12 +9,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests import skip_guard, slow_guard, time_report, xdist_groups
+from tests import db_reset, skip_guard, slow_guard, time_report, xdist_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config):
+    db_reset.install()  # a transactional test's teardown truncates only the tables that hold rows (tests/db_reset.py)
     skip_guard.install(config)  # under CI=true a run in which any test skipped fails, naming them
     if not config.pluginmanager.has_plugin(slow_guard.PLUGIN):  # tests that start real workers are marked slow
         config.pluginmanager.register(slow_guard, slow_guard.PLUGIN)
