@@ -14,7 +14,7 @@ as materializations (rows) in the transaction that makes them. See docs/how-to/d
   models.py: the rows; sql.py: their statements; services.py: the state changes; status.py: what the CLI
   and admin read; sync.py: declarations -> rows; checks.py: the system checks jobsite.E101-E105 and E120-E122;
   dynamic.py: the dynamic partition sets' keys; mappings.py: which upstream partitions a consumer's partition
-  reads; refs.py: what jobs produce and consume (queue_app/spark/datasets.py records a Spark run's outputs, checks
+  reads; refs.py: what jobs produce and consume (spark_runs.py records a Spark run's outputs, checks
   jobsite.E106 and refuses a run whose inputs failed their blocking checks); quality.py: data checks (check(),
   schema_check()); checks_run.py: how they run, settle a materialization's checks state, and are overridden;
   triggers.py: the hook called when a materialization becomes usable; stale.py: the dataset.stale event and,

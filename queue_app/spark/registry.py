@@ -71,7 +71,7 @@ class SparkJob:
     # is triggered (an incremental pipeline's window), so a re-run of the run computes exactly the same.
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # The datasets its runs write and read (datasets/refs.py); a succeeded run records a materialization of
-    # each produced partition in the transaction that marks it succeeded (spark/datasets.py).
+    # each produced partition in the transaction that marks it succeeded (datasets/spark_runs.py).
     produces: tuple[DatasetRef, ...] = ()
     consumes: tuple[DatasetRef, ...] = ()
     # A data-aware trigger (datasets/triggers.py): the job runs for a partition when these datasets' partition is
