@@ -48,7 +48,7 @@ class DatasetsConfig(AppConfig):
             return  # `check` says what is missing; wiring the layer would only fail on an import
         from django.db.models.signals import post_migrate
 
-        from queue_app import hooks
+        from queue_app import dataset_refs, hooks
 
         from . import (
             checks as dataset_checks,  # noqa: F401  registers jobsite.E101-E105, E120-E122
@@ -66,6 +66,7 @@ class DatasetsConfig(AppConfig):
         )
         from .checks_run import blocked_items
         from .producers import producer_succeeded
+        from .refs import ref_problems
         from .sync import sync_after_migrate
 
         hooks.held_reasons.register(blocked_items)
@@ -74,6 +75,7 @@ class DatasetsConfig(AppConfig):
         hooks.metric_collectors.register(metrics.openlineage_collector)
         hooks.maintenance_units["dataset_staleness"] = maintenance.staleness
         hooks.maintenance_units["dataset_watch"] = maintenance.watch
+        dataset_refs.problems.register(ref_problems)  # the jobs' declared datasets (queue_app/dataset_refs.py)
         spark_runs.register()  # on the Spark run's hooks (spark/hooks.py)
         spark_lineage.register()
         post_migrate.connect(sync_after_migrate, sender=self, dispatch_uid="jobsite-datasets-sync")

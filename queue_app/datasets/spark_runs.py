@@ -38,7 +38,7 @@ from .checks_run import Unusable, unusable
 from .declarations import DatasetError, get_dataset
 from .lineage import LineageGraph
 from .locations import LocationError, dataset_roots
-from .mappings import IDENTITY
+from .mappings import IDENTITY, mapping_of
 from .partitions import PartitionError
 from .refs import PartitionParamError, partition_keys, ref_problems
 
@@ -240,7 +240,15 @@ def _users_of(jobs: list[SparkJob]) -> dict[str, dict[str, list[str]]]:
 def _mapped(spark_job: SparkJob) -> list[tuple[Any, str]]:
     """The job's trigger upstreams read through a mapping other than identity, with the mapping's label."""
     refs = spark_job.on_update.upstreams if getattr(spark_job, "on_update", None) else ()
-    return [(ref, ref.mapping.label) for ref in refs if ref.mapping != IDENTITY]
+    found = []
+    for ref in refs:
+        try:
+            mapping = mapping_of(ref.mapping)
+        except PartitionError:  # jobsite.E108 says so
+            continue
+        if mapping != IDENTITY:
+            found.append((ref, mapping.label))
+    return found
 
 
 def mapping_labels(jobs: list[SparkJob]) -> dict[tuple[str, str], str]:
