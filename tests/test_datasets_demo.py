@@ -18,7 +18,7 @@ from queue_app.datasets.checks_run import run_check
 from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import DatasetCheckResult
 from queue_app.datasets.services import observe
-from queue_app.spark.datasets import users
+from queue_app.datasets.spark_runs import users
 from queue_app.spark.pipelines.file_rollup import SAMPLE_REGIONS, write_sample_input
 from queue_app.spark.registry import get_job
 

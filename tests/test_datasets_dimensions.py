@@ -180,10 +180,16 @@ def test_mapped_upstreams_are_checked_against_the_consumer():
                 "task:ok": consumer("task:ok", DatasetRef("dim_days", None, TimeWindow(to="weekly"))),
                 "task:bad": consumer("task:bad", DatasetRef("dim_weeks", None, TimeWindow(to="daily"))),
                 "task:map": consumer("task:map", DatasetRef("dim_days", None, StaticMap({"a": "b"}))),
+                # Kept as declared (the core's vocabulary, queue_app/dataset_refs.py); parsed here, JSON or not
+                "task:json": consumer("task:json", DatasetRef("dim_days", None, {"window": {"to": "weekly"}})),
+                "task:junk": consumer("task:junk", DatasetRef("dim_days", None, {"bogus": 1})),
             }
         )
         messages = [m for _id, m in problems]
-        assert not any(m.startswith("task:ok") for m in messages)
+        assert not any(m.startswith(("task:ok", "task:json")) for m in messages)
+        assert ("jobsite.E108", "task:junk on_update: 'dim_days': mapping \"{'bogus': 1}\": use TimeWindow(...)") in [
+            (i, m.split(", AllOf")[0]) for i, m in problems
+        ]
         assert any(m.startswith("task:bad") and "reads finer partitions" in m for m in messages)
         assert any(m.startswith("task:map") and "nothing says how the consumer is partitioned" in m for m in messages)
     finally:

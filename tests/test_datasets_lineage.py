@@ -8,7 +8,7 @@ import pytest
 
 from queue_app.datasets import graph
 from queue_app.datasets.lineage import LineageGraph
-from queue_app.spark.datasets import users
+from queue_app.datasets.spark_runs import users
 from tests import datasets_lineage_declared  # noqa: F401  (declares in this process what the children --import)
 
 IMPORT = ("--import", "tests.datasets_lineage_declared")

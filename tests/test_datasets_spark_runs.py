@@ -24,10 +24,10 @@ from queue_app.datasets.declarations import _code
 from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import DatasetCheckResult, Materialization
 from queue_app.datasets.quality import CheckResult, all_checks, check, undeclare
+from queue_app.datasets.spark_runs import DatasetBlocked
 from queue_app.models import QueueItem, SparkRun
 from queue_app.registry import Context, Delivery, Settled, get_task
 from queue_app.reservations import reserve
-from queue_app.spark.datasets import DatasetBlocked
 from queue_app.spark.registry import _jobs
 from queue_app.spark.runs import QUEUE, TASK, cancel_run, timing_split, trigger_run
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV

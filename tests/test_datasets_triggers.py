@@ -20,6 +20,7 @@ from queue_app.datasets.models import Materialization, TriggerFire, TriggerState
 from queue_app.datasets.quality import _checks, check
 from queue_app.datasets.refs import DatasetRef
 from queue_app.datasets.services import record_materialization
+from queue_app.datasets.spark_runs import output_figures, record_outputs
 from queue_app.datasets.triggers import (
     TIMER_TASK,
     Consumer,
@@ -30,7 +31,6 @@ from queue_app.datasets.triggers import (
 )
 from queue_app.models import QueueItem, SparkRun
 from queue_app.params import Param
-from queue_app.spark.datasets import output_figures, record_outputs
 from queue_app.spark.registry import SparkParamError, _jobs, get_job, spark_job
 from queue_app.spark.runs import trigger_run, triggered
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV

@@ -10,9 +10,9 @@ from django.db import transaction
 from queue_app.datasets import dataset
 from queue_app.datasets.declarations import _code
 from queue_app.datasets.openlineage import check_openlineage, flush
+from queue_app.datasets.spark_lineage import emit_run, run_event
 from queue_app.params import Param
 from queue_app.spark import spark_job
-from queue_app.spark.openlineage import emit_run, run_event
 from queue_app.spark.registry import _jobs
 from queue_app.spark.runs import trigger_run
 

@@ -14,9 +14,9 @@ from queue_app.datasets import dataset
 from queue_app.datasets.declarations import _code
 from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import Materialization
+from queue_app.datasets.spark_runs import output_figures, record_outputs
 from queue_app.params import Param
 from queue_app.spark import script_report
-from queue_app.spark.datasets import output_figures, record_outputs
 from queue_app.spark.registry import _jobs, get_job, spark_job
 
 pytestmark = pytest.mark.django_db

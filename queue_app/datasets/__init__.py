@@ -14,8 +14,10 @@ as materializations (rows) in the transaction that makes them. See docs/how-to/d
   models.py: the rows; sql.py: their statements; services.py: the state changes; status.py: what the CLI
   and admin read; sync.py: declarations -> rows; checks.py: the system checks jobsite.E101-E105 and E120-E122;
   dynamic.py: the dynamic partition sets' keys; mappings.py: which upstream partitions a consumer's partition
-  reads; refs.py: what jobs produce and consume (queue_app/spark/datasets.py records a Spark run's outputs, checks
-  jobsite.E106 and refuses a run whose inputs failed their blocking checks); quality.py: data checks (check(),
+  reads; refs.py: what jobs produce and consume, read from the core's vocabulary (queue_app/dataset_refs.py);
+  spark_runs.py: a Spark run's dataset steps on its hooks (spark/hooks.py: records its outputs, checks
+  jobsite.E106, refuses or parks a run whose inputs failed their blocking checks), spark_lineage.py its
+  OpenLineage events; quality.py: data checks (check(),
   schema_check()); checks_run.py: how they run, settle a materialization's checks state, and are overridden;
   triggers.py: the hook called when a materialization becomes usable; stale.py: the dataset.stale event and,
   for a dataset declared with trigger_producer_when_stale, its producer (producers.py) started once per episode.

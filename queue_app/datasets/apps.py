@@ -5,7 +5,10 @@ It depends on the core app (`queue_app`), whose Spark runs and workflows its job
 backfills start (Spark is not an app of its own yet: the dependency is on `queue_app`). Installed without it,
 `check` says so (jobsite.E100) and nothing of the layer is wired. Its ready() registers what the core calls
 through its hooks (queue_app/hooks.py): why an item is held (a parked item's unusable inputs), a producer task's
-success (its materialization), /metrics' dataset figures, the shipped staleness and watch schedules' units; and
+success (its materialization), /metrics' dataset figures, the shipped staleness and watch schedules' units; on
+the Spark run's hooks (spark/hooks.py) its dataset steps (datasets/spark_runs.py: its partitions checked when it
+is triggered, parked on unusable inputs, its materializations recorded with its success) and its OpenLineage
+events (datasets/spark_lineage.py); and
 the layer's own checks, triggers and producers, and the datasets' sync after `migrate`.
 
 Its models keep the app label `queue_app` this step (tables, migrations, content types and admin URLs unchanged:
@@ -45,8 +48,7 @@ class DatasetsConfig(AppConfig):
             return  # `check` says what is missing; wiring the layer would only fail on an import
         from django.db.models.signals import post_migrate
 
-        from queue_app import hooks
-        from queue_app.spark import datasets as spark_datasets  # noqa: F401  registers jobsite.E106 (jobs' datasets)
+        from queue_app import dataset_refs, hooks
 
         from . import (
             checks as dataset_checks,  # noqa: F401  registers jobsite.E101-E105, E120-E122
@@ -56,12 +58,15 @@ class DatasetsConfig(AppConfig):
             maintenance,
             metrics,
             openlineage,  # noqa: F401  registers jobsite.E131 (the OPENLINEAGE setting)
+            spark_lineage,  # a Spark run's OpenLineage events
             spark_producers,  # noqa: F401  the Spark jobs as producers (stale datasets)
+            spark_runs,  # registers jobsite.E106 (the jobs' datasets); a Spark run's dataset steps
             spark_triggers,  # noqa: F401  the Spark jobs' data-aware triggers
             workflow_triggers,  # noqa: F401  the workflows' data-aware triggers
         )
         from .checks_run import blocked_items
         from .producers import producer_succeeded
+        from .refs import ref_problems
         from .sync import sync_after_migrate
 
         hooks.held_reasons.register(blocked_items)
@@ -70,4 +75,7 @@ class DatasetsConfig(AppConfig):
         hooks.metric_collectors.register(metrics.openlineage_collector)
         hooks.maintenance_units["dataset_staleness"] = maintenance.staleness
         hooks.maintenance_units["dataset_watch"] = maintenance.watch
+        dataset_refs.problems.register(ref_problems)  # the jobs' declared datasets (queue_app/dataset_refs.py)
+        spark_runs.register()  # on the Spark run's hooks (spark/hooks.py)
+        spark_lineage.register()
         post_migrate.connect(sync_after_migrate, sender=self, dispatch_uid="jobsite-datasets-sync")

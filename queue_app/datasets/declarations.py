@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from queue_app.conf import queue_settings
+from queue_app.dataset_refs import DatasetError  # the declarations' error, the core's vocabulary (re-exported)
 from queue_app.registries import Registry
 
 from .freshness import Freshness, freshness_of
@@ -44,10 +45,6 @@ SETTINGS_KEYS = {
     "trigger_producer_when_stale",
     "params",
 }
-
-
-class DatasetError(ValueError):
-    """A bad dataset declaration, an unknown dataset or a partition that does not fit; the message says why."""
 
 
 @dataclass(frozen=True)

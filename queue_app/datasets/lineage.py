@@ -3,7 +3,7 @@
 A job that consumes dataset A and produces dataset B is an edge A -> job -> B. The jobs are the Spark jobs and
 registered scripts with `produces=`/`consumes=` (code, settings and stored scripts): a workflow's Spark step
 runs one of them, so its step reads and writes what its job declares and adds no edge of its own. The caller
-passes the declarations in (`spark.datasets.users()`: the jobs build on datasets, not the other way round).
+passes the declarations in (`spark_runs.users()`: the jobs build on datasets, not the other way round).
 
     graph = LineageGraph(users())
     seen = graph.neighbourhood("daily_revenue", depth=3)

@@ -1,28 +1,26 @@
-"""What a job produces and consumes: references to declared datasets, each with the job parameter whose value
-names the partition (for a partitioned dataset).
-
-    produces=["rollup"]                         # unpartitioned: the whole dataset
-    produces={"daily_revenue": "day"}           # the job's `day` parameter names the partition
-    consumes=["events", ("regions", "region")]  # a list may mix names and (name, param) pairs
-    produces={"sales": "day|region"}            # a multi-dimension dataset: one parameter per dimension, in order
-    on_update={"events": ("day", TimeWindow(last=7))}  # a trigger's upstream may carry a mapping (mappings.py)
+"""The datasets' reading of what a job produces and consumes: the references themselves (DatasetRef,
+dataset_refs) are the core's vocabulary (queue_app/dataset_refs.py, re-exported here), plain values a Spark job,
+script or workflow keeps; this module checks them against the declared datasets and turns a run's parameters
+into partition keys.
 
 A job that produces a partitioned dataset must name the parameter; one that consumes it may leave it out (it
 reads every partition). Shapes are checked when a job is declared (DatasetError); what needs the declarations
-(an unknown dataset, a parameter the job does not declare) by the system check jobsite.E106, and a partition
-that does not fit when a run is triggered (partition_keys).
+(an unknown dataset, a parameter the job does not declare, a trigger upstream's mapping that does not parse)
+by the system check jobsite.E106 (ref_problems, registered on the core's dataset_refs.problems), and a
+partition that does not fit when a run is triggered (partition_keys).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from ..dataset_refs import DatasetRef, dataset_refs
 from .declarations import DatasetError, get_dataset
-from .mappings import IDENTITY, mapping_of
-from .mappings import Mapping as PartitionMapping
-from .partitions import SEPARATOR, MultiPartitions, PartitionError
+from .mappings import mapping_of
+from .partitions import MultiPartitions, PartitionError
+
+__all__ = ["DatasetRef", "PartitionParamError", "dataset_refs", "partition_keys", "ref_problems"]
 
 
 class PartitionParamError(DatasetError):
@@ -32,68 +30,6 @@ class PartitionParamError(DatasetError):
         self.param = param
         super().__init__(f"{param}: {message}")
         self.message = message
-
-
-@dataclass(frozen=True)
-class DatasetRef:
-    name: str
-    param: str | None = None  # the job parameter whose value is the partition ("day|region": one per dimension)
-    mapping: PartitionMapping = IDENTITY  # on a trigger's upstream: which of its partitions a consumer partition reads
-
-    @property
-    def params(self) -> list[str]:
-        return self.param.split(SEPARATOR) if self.param else []
-
-
-def dataset_refs(value: Any, *, what: str) -> tuple[DatasetRef, ...]:
-    """References from a list of names and (name, param) pairs, or a mapping {name: param or None}."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        raise DatasetError(f"{what} is a list of dataset names or a mapping {{name: param}}, not a string")
-    if isinstance(value, Mapping):
-        triples = [(name, *_value(v, what)) for name, v in value.items()]
-    else:
-        triples = [_pair(v, what) for v in _items(value, what)]
-    refs = []
-    for name, param, mapping in triples:
-        if not isinstance(name, str) or not name or (param is not None and not isinstance(param, str)):
-            raise DatasetError(f"{what}: {name!r}: a dataset name and a parameter name (or None)")
-        try:
-            refs.append(DatasetRef(name, param or None, mapping_of(mapping)))
-        except PartitionError as exc:
-            raise DatasetError(f"{what}: {name!r}: {exc}") from None
-    names = [r.name for r in refs]
-    if len(names) != len(set(names)):
-        raise DatasetError(f"{what} names a dataset twice: {names}")
-    return tuple(refs)
-
-
-def _items(value: Any, what: str) -> list[Any]:
-    if not isinstance(value, Iterable):
-        raise DatasetError(f"{what} is a list of dataset names or a mapping {{name: param}}")
-    return list(value)
-
-
-def _value(value: Any, what: str) -> tuple[Any, Any]:
-    """(param, mapping) of a mapping's value: a param, None, a Mapping, (param, mapping) or {"param", "mapping"}."""
-    if isinstance(value, PartitionMapping):
-        return None, value
-    if isinstance(value, list | tuple) and len(value) == 2:
-        return value[0], value[1]
-    if isinstance(value, dict) and set(value) <= {"param", "mapping"}:
-        return value.get("param"), value.get("mapping")
-    return value, None
-
-
-def _pair(item: Any, what: str) -> tuple[Any, Any, Any]:
-    if isinstance(item, DatasetRef):
-        return item.name, item.param, item.mapping
-    if isinstance(item, str):
-        return item, None, None
-    if isinstance(item, list | tuple) and len(item) in (2, 3):
-        return item[0], item[1], item[2] if len(item) == 3 else None
-    raise DatasetError(f"{what}: {item!r} is neither a dataset name nor a (name, param[, mapping]) tuple")
 
 
 def ref_problems(refs: Iterable[DatasetRef], params: Iterable[str], *, produced: bool) -> list[str]:
@@ -106,6 +42,10 @@ def ref_problems(refs: Iterable[DatasetRef], params: Iterable[str], *, produced:
         except DatasetError as exc:
             problems.append(str(exc))
             continue
+        try:
+            mapping_of(ref.mapping)
+        except PartitionError as exc:
+            problems.append(f"dataset {ref.name!r}: {exc}")
         partitioned = ds.partitioning.describe() is not None
         undeclared = [p for p in ref.params if p not in declared]
         if undeclared:

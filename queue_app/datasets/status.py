@@ -150,7 +150,7 @@ def detail(
     consumers: Iterable[str] = (),
 ) -> dict[str, Any]:
     """The dataset and its newest `limit` materializations (of one canonical `partition` when given), with the
-    jobs that produce and consume it (their declarations, given by the caller: spark/datasets.users())."""
+    jobs that produce and consume it (their declarations, given by the caller: datasets/spark_runs.users())."""
     newest_first = history(ds, partition=partition, limit=limit)
     return {
         "name": ds.name,

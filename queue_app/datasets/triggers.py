@@ -53,11 +53,12 @@ from django.core import checks
 
 from queue_app import engine
 
+from ..dataset_refs import DatasetRef, OnUpdate, on_update_of
 from ..engine.alias import atomic, connection
 from .declarations import DatasetError, get_dataset
-from .mappings import IDENTITY
+from .mappings import IDENTITY, mapping_of
+from .mappings import Mapping as PartitionMapping
 from .partitions import PartitionError, Partitioning
-from .refs import DatasetRef, dataset_refs
 from .sql import (
     TIMER_ALIVE,
     TRIGGER_CLEAR,
@@ -72,38 +73,13 @@ from .sql import (
 
 logger = logging.getLogger("jobsite.datasets")
 
-MODES = ("all", "any")
-MAX_DEBOUNCE = 7 * 86400.0
 TIMER_TASK = "queue_app.dataset_trigger_due"
 
 
-@dataclass(frozen=True)
-class OnUpdate:
-    """A consumer's trigger: the upstream datasets (each with the consumer's parameter taking the partition, or
-    None), `all` or `any` per partition, and a debounce window in seconds (0: none)."""
-
-    upstreams: tuple[DatasetRef, ...]
-    mode: str = "all"
-    debounce: float = 0.0
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(ref.name for ref in self.upstreams)
-
-
-def on_update_of(value: Any, *, mode: Any = "all", debounce: Any = 0, what: str) -> OnUpdate | None:
-    """An OnUpdate from `on_update=` (a list of names or (name, param) pairs, or {name: param}); None for none.
-    DatasetError on a bad shape, mode or debounce (when the consumer is declared)."""
-    refs = dataset_refs(value, what=f"{what}: on_update")
-    if not refs:
-        if value is not None:
-            raise DatasetError(f"{what}: on_update names no dataset")
-        return None
-    if mode not in MODES:
-        raise DatasetError(f"{what}: trigger mode is 'all' or 'any', got {mode!r}")
-    if isinstance(debounce, bool) or not isinstance(debounce, int | float) or not 0 <= debounce <= MAX_DEBOUNCE:
-        raise DatasetError(f"{what}: debounce is a number of seconds from 0 to {MAX_DEBOUNCE:g}, got {debounce!r}")
-    return OnUpdate(refs, mode, float(debounce))
+def mapping(ref: DatasetRef) -> PartitionMapping:
+    """The upstream's mapping, parsed from its declaration (None: identity; PartitionError: one that does not
+    parse, which the system check jobsite.E108 reports)."""
+    return mapping_of(ref.mapping)
 
 
 @dataclass(frozen=True)
@@ -209,7 +185,7 @@ def consumer_partitioning(consumer: Consumer) -> Partitioning | None:
             return part
     for ref in consumer.trigger.upstreams:
         try:
-            implied = ref.mapping.target(get_dataset(ref.name).partitioning)
+            implied = mapping(ref).target(get_dataset(ref.name).partitioning)
         except (DatasetError, PartitionError):
             continue
         if implied is not None:
@@ -219,13 +195,13 @@ def consumer_partitioning(consumer: Consumer) -> Partitioning | None:
 
 def _fed(consumer: Consumer, ref: DatasetRef, key: str) -> list[str]:
     """The consumer partitions an upstream partition `key` feeds, in key order."""
-    if ref.mapping is IDENTITY or ref.mapping == IDENTITY:
-        return [key]
-    down = consumer_partitioning(consumer)
-    if down is None:
-        return []
     try:
-        return sorted(set(ref.mapping.downstream_keys(get_dataset(ref.name).partitioning, down, key)))
+        if mapping(ref) == IDENTITY:
+            return [key]
+        down = consumer_partitioning(consumer)
+        if down is None:
+            return []
+        return sorted(set(mapping(ref).downstream_keys(get_dataset(ref.name).partitioning, down, key)))
     except (DatasetError, PartitionError) as exc:
         logger.error("dataset trigger %s: %s[%s] maps to no partition: %s", consumer.key, ref.name, key, exc)
         return []
@@ -233,7 +209,7 @@ def _fed(consumer: Consumer, ref: DatasetRef, key: str) -> list[str]:
 
 def slot(ref: DatasetRef, key: str) -> str:
     """An upstream partition's name in a state row's pending and seen sets."""
-    return ref.name if ref.mapping == IDENTITY else f"{ref.name}[{key}]"
+    return ref.name if mapping(ref) == IDENTITY else f"{ref.name}[{key}]"
 
 
 def needed(consumer: Consumer, partition: str) -> list[str] | None:
@@ -241,12 +217,16 @@ def needed(consumer: Consumer, partition: str) -> list[str] | None:
     wanted = []
     down = None
     for ref in consumer.trigger.upstreams:
-        if ref.mapping == IDENTITY:
+        try:
+            identity = mapping(ref) == IDENTITY
+        except PartitionError:
+            return None
+        if identity:
             wanted.append(ref.name)
             continue
         down = down or consumer_partitioning(consumer)
         try:
-            keys = ref.mapping.upstream_keys(get_dataset(ref.name).partitioning, down, partition)  # type: ignore[arg-type]
+            keys = mapping(ref).upstream_keys(get_dataset(ref.name).partitioning, down, partition)  # type: ignore[arg-type]
         except (DatasetError, PartitionError):
             keys = []
         if not keys:
@@ -372,21 +352,26 @@ def trigger_problems(all_consumers: Mapping[str, Consumer]) -> list[tuple[str, s
             except DatasetError as exc:
                 problems.append(("jobsite.E107", f"{consumer.key} on_update: {exc}"))
                 continue
-            if ref.mapping == IDENTITY:
+            try:
+                upstream_mapping = mapping(ref)
+            except PartitionError as exc:
+                problems.append(("jobsite.E108", f"{consumer.key} on_update: {ref.name!r}: {exc}"))
+                continue
+            if upstream_mapping == IDENTITY:
                 partitionings.add(repr(ds.partitioning.describe()))
             elif down is None:
                 problems.append(
                     (
                         "jobsite.E108",
-                        f"{consumer.key} on_update: {ref.name!r} has a {ref.mapping.label} mapping but nothing says "
-                        "how the consumer is partitioned (produce a partitioned dataset)",
+                        f"{consumer.key} on_update: {ref.name!r} has a {upstream_mapping.label} mapping but "
+                        "nothing says how the consumer is partitioned (produce a partitioned dataset)",
                     )
                 )
             else:
                 partitionings.add(repr(down.describe()))
                 problems += [
                     ("jobsite.E108", f"{consumer.key} on_update: {ref.name!r}: {p}")
-                    for p in ref.mapping.problems(ds.partitioning, down)
+                    for p in upstream_mapping.problems(ds.partitioning, down)
                 ]
         if len(partitionings) > 1:
             problems.append(

@@ -1,5 +1,7 @@
-"""System check jobsite.W010: Spark runs need a Java runtime. A warning, not an error: the queue, the worker and
-the admin work without Java; only launching a Spark run fails (with the same hint)."""
+"""System checks of Spark jobs. jobsite.W010: Spark runs need a Java runtime. A warning, not an error: the queue,
+the worker and the admin work without Java; only launching a Spark run fails (with the same hint). jobsite.E113:
+a job in code or settings names datasets (produces, consumes, on_update) and no installed app reads them (the
+datasets app registers on queue_app/dataset_refs.py's `problems`)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ from typing import Any
 
 from django.core import checks
 
+from .. import dataset_refs
 from .java import INSTALL_HINT, JavaNotFound, check_java
+from .registry import code_jobs
 
 
 @checks.register("jobsite")
@@ -23,3 +27,14 @@ def java_runtime(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             )
         ]
     return []
+
+
+@checks.register("jobsite")
+def datasets_unread(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    if dataset_refs.problems:
+        return []
+    return [
+        checks.Error(f"Spark job {job.name!r}: {dataset_refs.NO_READER}", obj=job.name, id="jobsite.E113")
+        for job in code_jobs()
+        if job.produces or job.consumes or job.on_update
+    ]

@@ -12,8 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from queue_app.datasets.refs import DatasetRef, dataset_refs
-from queue_app.datasets.triggers import OnUpdate, on_update_of
+from queue_app.dataset_refs import DatasetRef, OnUpdate, dataset_refs, on_update_of
 from queue_app.params import Param, ParamError, validate_params
 from queue_app.registries import Registry, origin_of
 
@@ -70,8 +69,8 @@ class SparkJob:
     # Called by trigger_run() on the validated values before they are stored: fills what is fixed when the run
     # is triggered (an incremental pipeline's window), so a re-run of the run computes exactly the same.
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-    # The datasets its runs write and read (datasets/refs.py); a succeeded run records a materialization of
-    # each produced partition in the transaction that marks it succeeded (spark/datasets.py).
+    # The datasets its runs write and read (queue_app/dataset_refs.py); a succeeded run records a materialization of
+    # each produced partition in the transaction that marks it succeeded (datasets/spark_runs.py).
     produces: tuple[DatasetRef, ...] = ()
     consumes: tuple[DatasetRef, ...] = ()
     # A data-aware trigger (datasets/triggers.py): the job runs for a partition when these datasets' partition is
@@ -125,7 +124,7 @@ def spark_job(
     partitions_param: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register `func(spark, params) -> dict | JobResult` as the Spark job `name`. `produces` and `consumes`
-    name datasets: a list of names, or {name: the parameter naming the partition} (datasets/refs.py).
+    name datasets: a list of names, or {name: the parameter naming the partition} (dataset_refs.py).
     `on_update` (same shape) makes it run for a partition when those datasets' partition is materialized, with
     `trigger_mode` "all" (every one updated since its last run) or "any", and `debounce` seconds
     (datasets/triggers.py). `backfill_batch=N` lets a backfill by data give one run up to N partitions, listed

@@ -37,17 +37,14 @@ from django.utils import timezone
 
 from .. import engine, services
 from ..conf import queue_settings
-from ..datasets import checks_run
 from ..engine import tracing
 from ..engine.alias import atomic
 from ..logcontext import log_context
 from ..registry import Context, Retry, Settled, job
-from . import eventlog
-from .datasets import check_consumed, consumed_reads, output_figures, record_outputs, run_partitions
+from . import eventlog, hooks
 from .java import JavaNotFound, check_java
 from .launcher import LaunchResult, launch
 from .models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
-from .openlineage import emit_run
 from .policy import SparkPolicy, policy_for
 from .registry import SparkParamError, UnknownSparkJob, all_jobs, get_job
 from .session import job_group
@@ -113,16 +110,15 @@ def trigger_run(
 ) -> SparkRun:
     """Validate `params` for the job, then create its SparkRun and enqueue the run's item in one transaction.
 
-    Raises UnknownSparkJob or SparkParamError (every bad field at once; a partition that does not fit a
-    dataset the job produces; DatasetBlocked: a partition it consumes failed its blocking checks, or they
-    still run) before anything is written.
+    Raises UnknownSparkJob or SparkParamError (every bad field at once; what a layer's trigger check refuses,
+    spark/hooks.py: a partition that does not fit a dataset the job produces; RunBlocked: a partition it
+    consumes failed its blocking checks, or they still run) before anything is written.
     """
     spark_job = get_job(job)
     values = spark_job.validate(params or {})
     if spark_job.prepare is not None:
         values = spark_job.validate(spark_job.dump_params(spark_job.prepare(values)))
-    run_partitions(spark_job, spark_job.dump_params(values))
-    check_consumed(spark_job, spark_job.dump_params(values))
+    hooks.check_trigger(spark_job, spark_job.dump_params(values))
     policy = policy_for(spark_job)
     seconds = check_timeout(job, timeout if timeout not in (None, "") else policy.timeout)
     trigger = SparkTrigger(trigger).value
@@ -358,7 +354,7 @@ def _claim(run_id: int, ctx: Context) -> SparkRun | None:
         if run.state == SparkRunState.CANCELLING:  # cancel asked while an earlier attempt was lost
             run.state, run.finished_at = SparkRunState.CANCELLED, timezone.now()
             run.save(update_fields=["state", "finished_at"])
-            emit_run(run, SparkRunState.CANCELLED)  # OpenLineage ABORT, after commit
+            hooks.changed(run, SparkRunState.CANCELLED)  # OpenLineage ABORT, after commit
             return None
         kill_orphan(run)
         run.state = SparkRunState.STARTING
@@ -371,15 +367,16 @@ def _claim(run_id: int, ctx: Context) -> SparkRun | None:
         run.metrics = None
         run.timings = None
         run.save()
-        emit_run(run, SparkRunState.STARTING)  # OpenLineage START, after commit (spark/openlineage.py)
+        hooks.changed(run, SparkRunState.STARTING)  # OpenLineage START, after commit (datasets/spark_lineage.py)
         return run
 
 
 def _blocked(run_id: int, ctx: Context) -> dict[str, Any] | None:
-    """None when a queued run may start. A run reading a partition whose latest materialization's blocking checks
-    failed or still run is parked: its item handed back to the queue (the attempt not spent) with a DatasetBlock
-    row per partition, in one transaction; the transaction that makes the partition usable (its checks pass, a
-    new materialization, an override) makes the item due again (datasets/checks_run.py)."""
+    """None when a queued run may start. A layer may hold it (hook start_checks, spark/hooks.py): the datasets
+    park a run reading a partition whose latest materialization's blocking checks failed or still run, its item
+    handed back to the queue (the attempt not spent) until the partition is usable (datasets/spark_runs.py)."""
+    if not hooks.start_checks:
+        return None
     run = SparkRun.objects.filter(id=run_id, state=SparkRunState.QUEUED).first()
     if run is None:
         return None
@@ -387,21 +384,9 @@ def _blocked(run_id: int, ctx: Context) -> dict[str, Any] | None:
         spark_job = get_job(run.job)
     except UnknownSparkJob:
         return None  # the claim and the launcher say so
-    reads = consumed_reads(spark_job, run.params)
-    found = checks_run.unusable(reads)
-    if found:
-        with atomic():
-            # Read again under the materializations' locks, the rows written with their reasons: a release that
-            # committed meanwhile is seen now (a new materialization's record committing later misses these rows:
-            # the item checks again after checks_run.park_recheck()); a check result waits for this transaction,
-            # then rewrites the reasons.
-            found = checks_run.park(ctx.item_id, reads, spark_run_id=run.id)
-            if found:
-                engine.release(ctx, delay=checks_run.park_recheck())
-    if not found:
-        checks_run.unpark(ctx.item_id)
+    reasons = hooks.blocked_reason(run, spark_job, ctx)
+    if reasons is None:
         return None
-    reasons = "; ".join(u.reason() for u in found)
     logger.info("spark run %s blocked: %s", run.id, reasons)
     return {"run_id": run.id, "state": "blocked", "reason": reasons}
 
@@ -413,15 +398,16 @@ def retried(result: LaunchResult, policy: SparkPolicy, ctx: Context) -> bool:
 
 
 def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Context) -> tuple[str, Settled | None]:
-    """Write the attempt's end in one transaction: the run's state, the job's publish and the materializations of
-    the datasets it produces when it succeeded, and the settle of its queue item (_settle_item), so no reader
-    sees a final run whose item is still held (nor a workflow step behind it: the item's settle moves the step).
+    """Write the attempt's end in one transaction: the run's state, the job's publish and what the layers record of
+    a success (hook succeeded, spark/hooks.py: the materializations of the datasets it produces), and the settle
+    of its queue item (_settle_item), so no reader sees a final run whose item is still held (nor a workflow step
+    behind it: the item's settle moves the step).
     Returns the state and the item's settle (None: this attempt kept nothing, or a cancel settled it)."""
     spark_job = get_job(run.job)
-    outputs = []  # read before the transaction: the event log and the partitions' files
+    outputs = []  # read before the transaction (hook success_outputs): the event log and the partitions' files
     if result.outcome == "succeeded":
         try:
-            outputs = output_figures(spark_job, run.params, run.id, result.app_id)
+            outputs = hooks.outputs_of(spark_job, run.params, run.id, result.app_id)
         except SparkParamError as exc:  # its datasets' declarations changed since it was triggered
             logger.error("spark run %s succeeded but its materializations cannot be recorded: %s", run.id, exc)
     with atomic():
@@ -436,7 +422,7 @@ def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Con
         if outcome == "succeeded":
             if spark_job.publish is not None and result.outputs is not None:
                 spark_job.publish(result.outputs, run.id)
-            record_outputs(outputs, run.id, run.job)
+            hooks.record_success(outputs, run.id, run.job)  # in this transaction (the materializations)
             state = SparkRunState.SUCCEEDED
         elif (
             outcome in ("failed", "timed_out")
@@ -467,7 +453,7 @@ def _finish(run: SparkRun, result: LaunchResult, reporter: RunReporter, ctx: Con
         )
         # After the run's row: the settle moves a workflow's Spark step, reading the run's state and metrics.
         settled = None if state == SparkRunState.CANCELLED else _settle_item(run.id, state, result, policy, ctx)
-        emit_run(row, state, outputs=outputs, error=row.error)  # COMPLETE, FAIL or ABORT, after commit
+        hooks.changed(row, state, outputs=outputs, error=row.error)  # OpenLineage COMPLETE, FAIL, ABORT after commit
     return state, settled
 
 

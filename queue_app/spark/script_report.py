@@ -4,7 +4,7 @@
   the run's event logs); prepare(run_id) empties it before an attempt starts (an earlier attempt's reports are
   not this one's) and gives the path the launcher puts in the child's JOBSITE_SPARK_REPORT.
 - read(run_id): the reports, one per (dataset, partition), later calls' figures over earlier ones'.
-- merge(outputs, reports, run_id, partition_key): the run's output figures (spark/datasets.py, which gives the
+- merge(outputs, reports, run_id, partition_key): the run's output figures (datasets/spark_runs.py, which gives the
   datasets' partition keys) with the reported rows in place of the event log's, and the reported metadata (and
   preview) added; read before the transaction that records them.
   A report of a dataset or partition the run does not produce, or one that cannot be read, is left out with a
@@ -83,7 +83,7 @@ def merge(
 ) -> None:
     """Apply `reports` to the run's `outputs` in place (see the module's docstring). `partition_key(dataset,
     partition)` is a reported partition's canonical key (None: not a partition of that dataset), which the caller
-    that knows the datasets gives (spark/datasets.py): this module imports none of them."""
+    that knows the datasets gives (datasets/spark_runs.py): this module imports none of them."""
     by_key = {(out["dataset"], out["partition"]): out for out in outputs}
     for (name, partition), report in reports.items():
         out = _target(name, partition, by_key, outputs, partition_key)

@@ -27,9 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queue_app.conf import queue_settings
-from queue_app.datasets.declarations import DatasetError
-from queue_app.datasets.refs import DatasetRef, dataset_refs, ref_problems
-from queue_app.datasets.triggers import OnUpdate, on_update_of
+from queue_app.dataset_refs import DatasetError, DatasetRef, OnUpdate, dataset_refs, on_update_of, ref_problems
 from queue_app.spark.policy import PolicyError, SparkPolicy
 from queue_app.spark.registry import JobSource, Param, SparkJob, SparkJobError, SparkParamError, add_source, register
 

@@ -3,7 +3,10 @@ WorkflowConditionError: a branch naming a step that is not directly downstream o
 
 Each workflow whose parameters all have defaults is built with them (building writes nothing). Only condition
 errors are reported: a build that fails otherwise (a file a Spark step's parameters name is missing here, the
-database is not migrated yet) says nothing about its conditions, and fails at start with its own message."""
+database is not migrated yet) says nothing about its conditions, and fails at start with its own message.
+
+jobsite.E113: a workflow declared with `on_update=` (datasets) while no installed app reads them (the datasets
+app registers on queue_app/dataset_refs.py's `problems`)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from typing import Any
 
 from django.core import checks
 
+from .. import dataset_refs
 from .definition import WorkflowConditionError, registered_workflows
 
 
@@ -32,3 +36,14 @@ def workflow_conditions(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         except Exception:  # noqa: BLE001, S112  not a condition error: reported when it starts
             continue
     return errors
+
+
+@checks.register("jobsite")
+def datasets_unread(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    if dataset_refs.problems:
+        return []
+    return [
+        checks.Error(f"workflow {w.name!r}: {dataset_refs.NO_READER}", obj=w.name, id="jobsite.E113")
+        for w in registered_workflows()
+        if w.on_update
+    ]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..conf import queue_settings
-from ..datasets.triggers import OnUpdate, on_update_of
+from ..dataset_refs import OnUpdate, on_update_of
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
 from ..params import Param, ParamError, validate_params

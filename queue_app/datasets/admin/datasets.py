@@ -36,7 +36,6 @@ from django.utils.safestring import SafeString, mark_safe
 
 from ...admin import charts
 from ...admin.actions import ReadOnlyAdmin
-from ...spark.datasets import lineage
 from ...spark.models import SparkTrigger
 from .. import DatasetError, declared_datasets, dynamic, get_dataset
 from .. import materialize as backfill
@@ -45,6 +44,7 @@ from ..graph import FRESHNESS_COLOURS, svg
 from ..lineage import Neighbourhood
 from ..models import Dataset, Materialization
 from ..producer_params import parse_pairs
+from ..spark_runs import lineage
 from ..status import (
     PARTITIONS_COUNTED_UP_TO,
     Cell,

@@ -30,7 +30,7 @@ from django.core.management.base import CommandError
 from queue_app.management.base import JobsiteCommand
 from queue_app.models import SparkRun
 from queue_app.spark import SparkParamError, UnknownSparkJob, all_jobs
-from queue_app.spark.datasets import DatasetBlocked
+from queue_app.spark.hooks import RunBlocked
 from queue_app.spark.protocol import COUNTED
 from queue_app.spark.runs import cancel_run, timing_split, trigger_run, waiting_for
 from queue_app.spark.scripts import ADHOC_JOB
@@ -132,7 +132,7 @@ class Command(JobsiteCommand):
             run = trigger_run(job, params, trigger="cli", requested_by=os_user(), timeout=timeout)
         except UnknownSparkJob as exc:
             raise CommandError(str(exc)) from None
-        except DatasetBlocked as exc:  # an input failed its blocking checks, or they still run
+        except RunBlocked as exc:  # an input failed its blocking checks, or they still run
             raise CommandError(f"{exc.errors['blocked']}; nothing was queued") from None
         except SparkParamError as exc:
             lines = "\n".join(f"  {name}: {message}" for name, message in exc.errors.items())

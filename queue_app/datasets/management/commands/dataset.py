@@ -49,10 +49,10 @@ from queue_app.datasets import services as datasets
 from queue_app.datasets.checks_run import latest, override_failed_checks
 from queue_app.datasets.lineage import LineageGraph
 from queue_app.datasets.producer_params import parse_pairs
+from queue_app.datasets.spark_runs import users
 from queue_app.datasets.status import check_results, detail, history, summaries
 from queue_app.datasets.sync import sync_datasets
 from queue_app.management.base import JobsiteCommand, acting_user
-from queue_app.spark.datasets import users
 from queue_app.spark.models import SparkTrigger
 
 

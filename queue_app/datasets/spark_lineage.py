@@ -1,5 +1,7 @@
 """OpenLineage run events of Spark runs (issue 38), sent by datasets/openlineage.py once the transaction that
-moves the run commits. Only a run whose job produces or consumes datasets emits, and only while OPENLINEAGE is set:
+moves the run commits: emit_run is registered (from the datasets app's ready()) on the Spark run's hook
+state_changed (spark/hooks.py), which spark/runs.py calls inside that transaction. Only a run whose job
+produces or consumes datasets emits, and only while OPENLINEAGE is set:
 
 | the run | event |
 |---|---|
@@ -26,13 +28,14 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from ..datasets.declarations import DatasetError, get_dataset
-from ..datasets.locations import dataset_roots
-from ..datasets.openlineage import PRODUCER, config, emit_on_commit, enabled, run_id
-from ..datasets.partitions import MultiPartitions, PartitionError
+from ..spark import hooks
+from ..spark.models import SparkRun, SparkRunState, SparkTrigger
+from ..spark.registry import SparkJobError, get_job
 from ..workflows.models import Workflow, WorkflowStep
-from .models import SparkRun, SparkRunState, SparkTrigger
-from .registry import SparkJobError, get_job
+from .declarations import DatasetError, get_dataset
+from .locations import dataset_roots
+from .openlineage import PRODUCER, config, emit_on_commit, enabled, run_id
+from .partitions import MultiPartitions, PartitionError
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,11 @@ def emit_run(run: SparkRun, state: str, *, outputs: list[Mapping[str, Any]] = ()
         logger.exception("OpenLineage: the %s event of spark run %s could not be built", state, run.id)
         return
     emit_on_commit(event)
+
+
+def register() -> None:
+    """Send a Spark run's events (the datasets app's ready())."""
+    hooks.state_changed.register(emit_run)
 
 
 def run_event(run: SparkRun, event_type: str, *, outputs: list[Mapping[str, Any]] = (), error: str = "") -> Any:

@@ -1,19 +1,23 @@
-"""Spark jobs and the datasets they produce and consume (declared with `produces=`/`consumes=`, datasets/refs.py):
+"""Spark jobs and the datasets they produce and consume (declared with `produces=`/`consumes=`, datasets/refs.py).
+The datasets' side of a Spark run: register() puts its steps on the hooks a run publishes (spark/hooks.py),
+from the datasets app's ready(); the Spark run names no dataset.
 
 - jobsite.E106 (a system check): a job naming an unknown dataset, or a partition parameter it does not declare
   (or one an unpartitioned dataset cannot take, or none for a partitioned dataset it produces);
-- run_partitions(): the partitions a run will produce, when it is triggered (a partition that does not fit its
-  dataset: SparkParamError, nothing queued);
-- output_figures() and record_outputs(): when a run succeeds, one materialization per produced partition,
-  written by runs._finish in the transaction that marks the run succeeded. Rows and bytes come from the run's
+- run_partitions() (hook trigger_checks): the partitions a run will produce, when it is triggered (a partition
+  that does not fit its dataset: SparkParamError, nothing queued);
+- output_figures() (hook success_outputs) and record_outputs() (hook succeeded): when a run succeeds, one
+  materialization per produced partition, written in the transaction that marks the run succeeded (runs._finish
+  calls the hook inside it). Rows and bytes come from the run's
   event log (its tasks' output metrics) when the run produces one partition of one dataset; files (and bytes,
   when it produces several datasets, or several partitions in a batched backfill) are counted at the partition's
   location (data files only: not Spark's _SUCCESS or .crc files). A figure that cannot be known is null. What
   the program reported through jobsite/spark_report.py (script_report.py) replaces the rows and adds metadata.
 - users(): the jobs producing and consuming each dataset (`dataset show`).
-- consumed_unusable() and check_consumed(): a run reading a partition whose latest materialization failed its
-  blocking checks, or whose blocking checks still run (datasets/checks_run.py), may not start: the trigger is
-  refused (DatasetBlocked), and a queued run meeting one when it starts is held or refused (runs.spark_run).
+- consumed_unusable() and check_consumed() (hook trigger_checks), park_blocked() (hook start_checks): a run
+  reading a partition whose latest materialization failed its blocking checks, or whose blocking checks still
+  run (datasets/checks_run.py), may not start: the trigger is refused (DatasetBlocked), and a queued run meeting
+  one when it starts is held (runs.spark_run).
 """
 
 from __future__ import annotations
@@ -24,17 +28,19 @@ from typing import Any
 
 from django.core import checks
 
-from queue_app.datasets import services
-from queue_app.datasets.checks_run import Unusable, unusable
-from queue_app.datasets.declarations import DatasetError, get_dataset
-from queue_app.datasets.lineage import LineageGraph
-from queue_app.datasets.locations import LocationError, dataset_roots
-from queue_app.datasets.mappings import IDENTITY
-from queue_app.datasets.partitions import PartitionError
-from queue_app.datasets.refs import PartitionParamError, partition_keys, ref_problems
-
-from . import eventlog, script_report
-from .registry import SparkJob, SparkParamError, all_jobs, code_jobs, stored_jobs
+from ..engine import release
+from ..engine.alias import atomic
+from ..spark import eventlog, hooks, script_report
+from ..spark.hooks import RunBlocked
+from ..spark.registry import SparkJob, SparkParamError, all_jobs, code_jobs, stored_jobs
+from . import checks_run, services
+from .checks_run import Unusable, unusable
+from .declarations import DatasetError, get_dataset
+from .lineage import LineageGraph
+from .locations import LocationError, dataset_roots
+from .mappings import IDENTITY, mapping_of
+from .partitions import PartitionError
+from .refs import PartitionParamError, partition_keys, ref_problems
 
 
 @checks.register("jobsite")
@@ -76,12 +82,12 @@ def _with_partition(spark_job: SparkJob, params: Mapping[str, Any], value: str) 
     return {**params, **{ref.param: value for ref in spark_job.produces if ref.param}}
 
 
-class DatasetBlocked(SparkParamError):
+class DatasetBlocked(RunBlocked):
     """A run that reads a partition whose latest materialization is not usable; `unusable` says which."""
 
     def __init__(self, job: str, found: list[Unusable]) -> None:
         self.unusable = found
-        super().__init__(job, {"blocked": "; ".join(u.reason() for u in found)})
+        super().__init__(job, "; ".join(u.reason() for u in found))
 
 
 def consumed_reads(spark_job: SparkJob, params: Mapping[str, Any]) -> list[tuple[str, str | None]]:
@@ -113,6 +119,36 @@ def check_consumed(spark_job: SparkJob, params: Mapping[str, Any]) -> None:
     found = consumed_unusable(spark_job, params)
     if found:
         raise DatasetBlocked(spark_job.name, found)
+
+
+def check_trigger(spark_job: SparkJob, params: Mapping[str, Any]) -> None:
+    """When a run is triggered (hook trigger_checks): its partitions fit the datasets it produces, and the
+    partitions it reads are usable (SparkParamError, DatasetBlocked)."""
+    run_partitions(spark_job, params)
+    check_consumed(spark_job, params)
+
+
+def park_blocked(run: Any, spark_job: SparkJob, ctx: Any) -> str | None:
+    """When a queued run's attempt begins (hook start_checks): None when it may start. A run reading a partition
+    whose latest materialization's blocking checks failed or still run is parked: its item handed back to the
+    queue (the attempt not spent) with a DatasetBlock row per partition, in one transaction; the transaction that
+    makes the partition usable (its checks pass, a new materialization, an override) makes the item due again
+    (datasets/checks_run.py). Returns why it is parked."""
+    reads = consumed_reads(spark_job, run.params)
+    found = checks_run.unusable(reads)
+    if found:
+        with atomic():
+            # Read again under the materializations' locks, the rows written with their reasons: a release that
+            # committed meanwhile is seen now (a new materialization's record committing later misses these rows:
+            # the item checks again after checks_run.park_recheck()); a check result waits for this transaction,
+            # then rewrites the reasons.
+            found = checks_run.park(ctx.item_id, reads, spark_run_id=run.id)
+            if found:
+                release(ctx, delay=checks_run.park_recheck())
+    if not found:
+        checks_run.unpark(ctx.item_id)
+        return None
+    return "; ".join(u.reason() for u in found)
 
 
 def output_figures(spark_job: SparkJob, params: Mapping[str, Any], run_id: int, app_id: str | None) -> list[dict]:
@@ -175,6 +211,14 @@ def record_outputs(outputs: list[dict], run_id: int, job: str) -> None:
         )
 
 
+def register() -> None:
+    """Put the datasets' steps on a Spark run's hooks (the datasets app's ready())."""
+    hooks.trigger_checks.register(check_trigger)
+    hooks.start_checks.register(park_blocked)
+    hooks.success_outputs.register(output_figures)
+    hooks.succeeded.register(record_outputs)
+
+
 def users() -> dict[str, dict[str, list[str]]]:
     """{dataset: {"producers": [job names], "consumers": [job names]}} from the jobs' declarations."""
     return _users_of(all_jobs())
@@ -196,7 +240,15 @@ def _users_of(jobs: list[SparkJob]) -> dict[str, dict[str, list[str]]]:
 def _mapped(spark_job: SparkJob) -> list[tuple[Any, str]]:
     """The job's trigger upstreams read through a mapping other than identity, with the mapping's label."""
     refs = spark_job.on_update.upstreams if getattr(spark_job, "on_update", None) else ()
-    return [(ref, ref.mapping.label) for ref in refs if ref.mapping != IDENTITY]
+    found = []
+    for ref in refs:
+        try:
+            mapping = mapping_of(ref.mapping)
+        except PartitionError:  # jobsite.E108 says so
+            continue
+        if mapping != IDENTITY:
+            found.append((ref, mapping.label))
+    return found
 
 
 def mapping_labels(jobs: list[SparkJob]) -> dict[tuple[str, str], str]:
