@@ -175,3 +175,22 @@ def test_a_connection_lost_between_the_wait_and_the_checks_is_waited_out_not_a_c
 
     assert boot_through_outages(step)
     assert killed == [1] and ran == [1]  # the first try failed on the dead connection, the second ran
+
+
+def test_the_loops_first_statement_after_a_restart_at_the_end_of_the_boot_finds_a_connection_that_works():
+    """The next window of the same boot (a sweep of restarts through a starting worker found it): the publish
+    of the task declarations lost its connection, said so, and the supervisor's first statement (the engine's
+    session settings on the connection it found open) got the dead connection and the worker exited 1. The
+    engine's session call now drops a connection the server closed (the next one it opens is tuned)."""
+    import psycopg
+    from django.db import connection
+
+    from queue_app.engine.db import engine_session_here
+
+    connection.ensure_connection()
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid])
+    engine_session_here()  # raised OperationalError ("the connection is lost") before
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone()[0] == 1

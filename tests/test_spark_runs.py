@@ -167,10 +167,11 @@ def test_cancelling_the_runs_queue_item_stops_the_run_like_the_dashboard(spark_w
 def test_worker_killed_mid_run_redelivers_the_run_without_duplicating_its_output(spark_worker, tmp_path):
     input_dir, output_dir = tmp_path / "in", tmp_path / "out"
     write_sample_input(str(input_dir), rows=3000, days=3)
-    # The first worker allows runs of at most 40 s, so its spark task's hard timeout, and with it the lease
-    # (hard timeout + margin, see runs.py), is ~51 s instead of an hour: the run comes back that long after the
-    # kill. The second worker has the defaults.
-    first = spark_worker(JOBSITE_SPARK_MAX_TIMEOUT="40", JOBSITE_SPARK_STOP_GRACE="1")
+    # The first worker allows runs of at most 75 s, so its spark task's hard timeout, and with it the lease
+    # (hard timeout + margin, see runs.py), is ~86 s instead of an hour: the run comes back that long after the
+    # kill. (40 s was too short at load 8: the first attempt's JVM timed out before it wrote anything.) The second
+    # worker has the defaults.
+    first = spark_worker(JOBSITE_SPARK_MAX_TIMEOUT="75", JOBSITE_SPARK_STOP_GRACE="1")
     run = trigger_run(
         "file_rollup", {"input_dir": str(input_dir), "output_dir": str(output_dir)}, trigger="orm", requested_by="t"
     )

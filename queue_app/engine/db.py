@@ -22,6 +22,7 @@ from array import array
 from typing import Any
 
 import psycopg
+from django.db import InterfaceError, OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from psycopg.adapt import Dumper
 
@@ -190,7 +191,10 @@ def engine_session_here(using: str | None = None) -> None:
     _engine_thread.pid = os.getpid()
     wrapper = queue_connection(using)
     if wrapper.connection is not None:
-        _apply_engine_session(wrapper)
+        try:
+            _apply_engine_session(wrapper)
+        except (OperationalError, InterfaceError):  # the server dropped it (restarted since): the next one is tuned
+            wrapper.close()
 
 
 def _is_engine_thread() -> bool:

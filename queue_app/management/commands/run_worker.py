@@ -24,6 +24,7 @@ from django.db import DatabaseError
 
 from queue_app.registry import publish_declarations
 from queue_app.worker import Supervisor, WorkerOptions
+from queue_app.worker.options import DATABASE_DOWN
 from queue_app.worker.outage import boot_through_outages
 from queue_app.worker.replace import REPLACE, replace_process
 
@@ -101,7 +102,8 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         # Started while the server restarts or is not up yet, the worker waits for it (said once, with backoff)
         # instead of dying in Django's system checks, which connect (requires_system_checks is off: run here).
-        # A connection lost during the checks (the server restarted between the wait and them) is waited out too.
+        # A connection lost during the checks or the publish (the server restarted between the wait and them) is
+        # waited out too, and the step run again: the loop starts on a connection that works.
         if not boot_through_outages(lambda: None if options["skip_checks"] else self.check()):
             logging.getLogger("jobsite.worker").info("stopped before the database answered; nothing was taken")
             return
@@ -110,10 +112,9 @@ class Command(BaseCommand):
                 importlib.import_module(module)
             except ImportError as exc:
                 raise CommandError(f"--import {module}: {exc}") from exc
-        try:  # the tasks this worker declares (its --import too), for the SQL API's jobsite_enqueue
-            publish_declarations()
-        except DatabaseError:  # the database not reachable yet: the worker still starts, and waits for it
-            logging.getLogger(__name__).warning("could not publish the task declarations for SQL", exc_info=True)
+        if not boot_through_outages(_publish):
+            logging.getLogger("jobsite.worker").info("stopped before the database answered; nothing was taken")
+            return
         worker_options = WorkerOptions(
             queues=_queues(options["queues"]),
             concurrency=options["concurrency"],
@@ -137,3 +138,15 @@ class Command(BaseCommand):
             replace_process(supervisor.worker_id, supervisor.taken)
         if code:
             raise SystemExit(code)
+
+
+def _publish() -> None:
+    """The tasks this worker declares (its --import too), for the SQL API's jobsite_enqueue. A lost connection
+    goes up to boot_through_outages (waited out, published again); any other database error is said and the
+    worker starts anyway."""
+    try:
+        publish_declarations()
+    except DATABASE_DOWN:
+        raise
+    except DatabaseError:
+        logging.getLogger(__name__).warning("could not publish the task declarations for SQL", exc_info=True)
