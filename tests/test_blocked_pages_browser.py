@@ -12,16 +12,10 @@ import pytest
 
 from queue_app.datasets.checks_run import run_check
 from queue_app.datasets.models import DatasetBlock
-from queue_app.datasets.services import record_materialization
 from queue_app.spark.runs import _blocked
-from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
-from queue_app.spark.scripts import register_script
-from queue_app.workflows import Graph
-from queue_app.workflows import services as workflows
-from tests import datasets_checked
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
 from tests.test_admin_browser import browser_page, log_in  # noqa: F401 (fixture)
-from tests.test_datasets_checks import DAY, SCRIPTS, root, spark_ctx  # noqa: F401 (fixture)
+from tests.test_datasets_checks import park_a_step, root, spark_ctx  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -47,17 +41,7 @@ SHOWN = """words => {
 def parked_step(data_root, monkeypatch) -> dict:
     """A workflow whose Spark step is parked on dsc_daily[2026-11-26], whose blocking check no_bad_marker then
     failed (a BAD marker in its files) and whose other checks ran: the paths of its three pages."""
-    monkeypatch.setenv(SCRIPT_ROOTS_ENV, str(SCRIPTS))
-    datasets_checked.declare()
-    register_script("dsc_reader", path=str(SCRIPTS / "pi.py"), params=[DAY], consumes={"dsc_daily": "day"})
-    graph = Graph("dsc_flow")
-    graph.spark("dsc_reader", {"day": "2026-11-26"}, name="read")
-    flow = workflows.start_graph(graph)
-    day = data_root / "dsc/day=2026-11-26"
-    day.mkdir(parents=True)
-    (day / "BAD").write_text("x")
-    m = record_materialization(datasets_checked.DATASET, "2026-11-26", rows=50)  # its checks still to run
-    [step] = workflows.status(flow.id)["steps"]
+    flow, m, step, _ = park_a_step(data_root, monkeypatch)
     run_id = step["spark_run_id"]
     assert _blocked(run_id, spark_ctx(run_id))["state"] == "blocked"
     run_check(m.id, "no_bad_marker")

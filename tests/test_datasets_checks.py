@@ -392,12 +392,10 @@ def test_the_admin_lists_results_and_overrides_only_with_the_permission(root, cl
     assert b"overridden" in client.get(url).content
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_parked_steps_reason_names_the_failed_check_on_the_workflow_run_and_item_pages(
-    root, monkeypatch, admin_client
-):
-    """A Spark step parked while its input's blocking check runs: the check then fails on the partition's files
-    (a real check run), and the transaction that stores that result rewrites the reason the three pages show."""
+def park_a_step(root, monkeypatch):
+    """A workflow whose Spark step reads dsc_daily[2026-11-26], whose partition has a BAD marker in its files
+    and a materialization whose checks are still to run: (the workflow, the materialization, the step's status,
+    the partition's folder)."""
     monkeypatch.setenv(SCRIPT_ROOTS_ENV, str(SCRIPTS))
     datasets_checked.declare()
     register_script("dsc_reader", path=str(SCRIPTS / "pi.py"), params=[DAY], consumes={"dsc_daily": "day"})
@@ -409,6 +407,16 @@ def test_a_parked_steps_reason_names_the_failed_check_on_the_workflow_run_and_it
     (day / "BAD").write_text("x")
     m = record_materialization(datasets_checked.DATASET, "2026-11-26", rows=50)  # its checks still to run
     [step] = workflows.status(flow.id)["steps"]
+    return flow, m, step, day
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_parked_steps_reason_names_the_failed_check_on_the_workflow_run_and_item_pages(
+    root, monkeypatch, admin_client
+):
+    """A Spark step parked while its input's blocking check runs: the check then fails on the partition's files
+    (a real check run), and the transaction that stores that result rewrites the reason the three pages show."""
+    flow, m, step, day = park_a_step(root, monkeypatch)
     run_id = step["spark_run_id"]
     parked = _blocked(run_id, spark_ctx(run_id))
     assert parked["reason"] == (

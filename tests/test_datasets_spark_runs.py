@@ -103,9 +103,8 @@ def run_check_item(materialization_id: int) -> dict:
     return held.result
 
 
-def run_handler(run_id: int):
-    """Reserve the run's item and run the Spark task's handler on it here, as a worker would; the item is
-    settled when the handler returns (or raises)."""
+def reserve_run_item(run_id: int):
+    """Reserve the run's item as a worker would, and the Context its handler gets."""
     held = reserve(QUEUE, timeout=30, lease=120)
     assert held is not None and held.payload == {"run_id": run_id}
     ctx = Context(
@@ -118,6 +117,13 @@ def run_handler(run_id: int):
         delivery=Delivery.AT_LEAST_ONCE,
         worker_id="test",
     )
+    return held, ctx
+
+
+def run_handler(run_id: int):
+    """Reserve the run's item and run the Spark task's handler on it here, as a worker would; the item is
+    settled when the handler returns (or raises)."""
+    held, ctx = reserve_run_item(run_id)
     with held:
         held.result = get_task(TASK)(held.payload, ctx)
     settled = held.result  # the handler settles its item with the run's end (registry.Settled)
@@ -127,18 +133,7 @@ def run_handler(run_id: int):
 def handler_ends(run_id: int) -> dict:
     """Run the Spark task's handler on the run's item as run_handler does, and read, inside the reservation's
     block (after the handler returned, before the block's own settle could come), what a reader sees then."""
-    held = reserve(QUEUE, timeout=30, lease=120)
-    assert held is not None and held.payload == {"run_id": run_id}
-    ctx = Context(
-        item_id=held.item_id,
-        reservation_id=held.reservation_id,
-        attempt=held.attempt,
-        max_attempts=held.max_attempts,
-        task=TASK,
-        queue=QUEUE,
-        delivery=Delivery.AT_LEAST_ONCE,
-        worker_id="test",
-    )
+    held, ctx = reserve_run_item(run_id)
     with held:
         held.result = get_task(TASK)(held.payload, ctx)
         step = WorkflowStep.objects.get(spark_run_id=run_id)
