@@ -77,6 +77,16 @@ def ref_problems(refs: Iterable[DatasetRef], params: Iterable[str], *, produced:
     return [found for check in problems for found in check(refs, params, produced=produced)]
 
 
+def unread(declarers: Iterable[tuple[str, bool]]) -> list[Any]:
+    """jobsite.E113 for each (what, names datasets) that names datasets while no app reads them (the datasets
+    app not installed): the system checks of Spark jobs and workflows."""
+    if problems:
+        return []
+    from django.core import checks
+
+    return [checks.Error(f"{what}: {NO_READER}", obj=what, id="jobsite.E113") for what, names in declarers if names]
+
+
 def is_mapping(value: Any) -> bool:
     """A partition mapping object (datasets/mappings.py): it says which upstream partitions a partition reads."""
     return callable(getattr(value, "upstream_keys", None))

@@ -60,19 +60,25 @@ def test_a_maintenance_unit_no_app_registers_is_skipped_not_an_error():
     }
 
 
-def test_the_datasets_app_without_the_core_is_a_check_error(tmp_path):
-    (tmp_path / "layer_settings.py").write_text(SETTINGS)
-    (tmp_path / "layer_urls.py").write_text(URLS)
+def django_check(tmp_path, settings_module: str) -> subprocess.CompletedProcess:
+    """`django check` as its own process, a project of `settings_module` (written under tmp_path) on jobsite's
+    checkout."""
     env = {
         "PATH": "/usr/bin:/bin",
         "PYTHONPATH": f"{tmp_path}:{ROOT}",
-        "DJANGO_SETTINGS_MODULE": "layer_settings",
+        "DJANGO_SETTINGS_MODULE": settings_module,
         "JOBSITE_NO_BOOTSTRAP": "1",
         "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres",  # check opens no connection
     }
-    checked = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "django", "check"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
+
+
+def test_the_datasets_app_without_the_core_is_a_check_error(tmp_path):
+    (tmp_path / "layer_settings.py").write_text(SETTINGS)
+    (tmp_path / "layer_urls.py").write_text(URLS)
+    checked = django_check(tmp_path, "layer_settings")
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert "(jobsite.E100) the datasets app (queue_app.datasets) needs 'queue_app' in INSTALLED_APPS" in checked.stderr
     assert "Traceback" not in checked.stderr
@@ -109,16 +115,7 @@ def test_the_core_without_the_datasets_app_says_a_declaration_naming_datasets_is
     (tmp_path / "shop" / "__init__.py").write_text("")
     (tmp_path / "shop" / "spark_jobs.py").write_text(SHOP_SPARK_JOBS)
     (tmp_path / "shop" / "tasks.py").write_text(SHOP_TASKS)
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "PYTHONPATH": f"{tmp_path}:{ROOT}",
-        "DJANGO_SETTINGS_MODULE": "core_settings",
-        "JOBSITE_NO_BOOTSTRAP": "1",
-        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres",  # check opens no connection
-    }
-    checked = subprocess.run(
-        [sys.executable, "-m", "django", "check"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
-    )
+    checked = django_check(tmp_path, "core_settings")
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert "Traceback" not in checked.stderr
     said = "it names datasets, but the datasets app is not installed"

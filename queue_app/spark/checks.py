@@ -31,10 +31,6 @@ def java_runtime(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
 
 @checks.register("jobsite")
 def datasets_unread(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    if dataset_refs.problems:
-        return []
-    return [
-        checks.Error(f"Spark job {job.name!r}: {dataset_refs.NO_READER}", obj=job.name, id="jobsite.E113")
-        for job in code_jobs()
-        if job.produces or job.consumes or job.on_update
-    ]
+    return dataset_refs.unread(
+        (f"Spark job {job.name!r}", bool(job.produces or job.consumes or job.on_update)) for job in code_jobs()
+    )

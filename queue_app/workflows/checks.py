@@ -40,10 +40,4 @@ def workflow_conditions(app_configs: Any = None, **kwargs: Any) -> list[checks.C
 
 @checks.register("jobsite")
 def datasets_unread(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    if dataset_refs.problems:
-        return []
-    return [
-        checks.Error(f"workflow {w.name!r}: {dataset_refs.NO_READER}", obj=w.name, id="jobsite.E113")
-        for w in registered_workflows()
-        if w.on_update
-    ]
+    return dataset_refs.unread((f"workflow {w.name!r}", bool(w.on_update)) for w in registered_workflows())
