@@ -295,6 +295,24 @@ def test_spark_run_command_refuses_bad_params_and_queues_nothing(args, message):
     assert all_rows() == before
 
 
+IMPORT_CASES = {
+    "dataset": ["dataset", "--import", "tests.no_such_module", "list"],
+    "workflow": ["workflow", "--import", "tests.no_such_module", "list"],
+    "run_worker": ["run_worker", "--burst", "--skip-checks", "--import", "tests.no_such_module"],
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("args", IMPORT_CASES.values(), ids=IMPORT_CASES.keys())
+def test_an_import_that_fails_names_the_module_and_runs_nothing(args):
+    before = all_rows()
+
+    with pytest.raises(CommandError, match=r"--import tests.no_such_module: No module named 'tests.no_such_module'"):
+        call_command(*args, stdout=StringIO(), stderr=StringIO())
+
+    assert all_rows() == before
+
+
 # -- the schedule form ----------------------------------------------------------------------------------------
 
 INVALID_CRON = "is not a valid cron expression; use five fields"

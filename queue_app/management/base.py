@@ -3,6 +3,8 @@
 - `JobsiteCommand`: a BaseCommand whose `--json` runs (an option named `json` or `as_json`, on the command or
   a subcommand) log only warnings and errors, so that `manage.py ... --json 2>&1` still parses as JSON: the
   process's INFO and DEBUG lines are disabled for the command's run (logging.disable) and restored after.
+- `add_import_argument(parser, what)` and `import_modules(names)`: the repeatable `--import MODULE` of the commands
+  that read declarations (`run_worker`, `workflow`, `dataset`), and its import with a clear CommandError.
 - `acting_user(name, permission)`: the Django user a command acts as (`--user NAME`, else the OS login name);
   a clear CommandError listing up to five active users who hold the permission when there is none.
 """
@@ -10,7 +12,9 @@
 from __future__ import annotations
 
 import getpass
+import importlib
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -34,6 +38,27 @@ class JobsiteCommand(BaseCommand):
             return super().execute(*args, **options)
         finally:
             logging.disable(before)
+
+
+def add_import_argument(parser: Any, what: str) -> None:
+    """The repeatable `--import MODULE` (dest `imports`): a module imported for its `what` before the command runs."""
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help=f"also import this module for its {what}; repeatable",
+    )
+
+
+def import_modules(names: Iterable[str]) -> None:
+    """Import each `--import` module; CommandError naming the first that does not import."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise CommandError(f"--import {name}: {exc}") from None
 
 
 def users_with(permission: str, limit: int = SHOWN_USERS) -> list[str]:

@@ -14,7 +14,6 @@ of its work has settled: the same command again, by exec, in the same pid (queue
 code 75 if that exec fails.
 """
 
-import importlib
 import logging
 import os
 
@@ -22,6 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
+from queue_app.management.base import add_import_argument, import_modules
 from queue_app.registry import publish_declarations
 from queue_app.worker import Supervisor, WorkerOptions
 from queue_app.worker.options import DATABASE_DOWN
@@ -90,14 +90,7 @@ class Command(BaseCommand):
             help="do not fire due cron schedules from this worker (default: every worker may; each fire time "
             "fires once)",
         )
-        parser.add_argument(
-            "--import",
-            dest="imports",
-            action="append",
-            default=[],
-            metavar="MODULE",
-            help="also import this module for its tasks (besides every installed app's tasks.py); repeatable",
-        )
+        add_import_argument(parser, "tasks (besides every installed app's tasks.py)")
 
     def handle(self, *args, **options):
         # Started while the server restarts or is not up yet, the worker waits for it (said once, with backoff)
@@ -107,11 +100,7 @@ class Command(BaseCommand):
         if not boot_through_outages(lambda: None if options["skip_checks"] else self.check()):
             logging.getLogger("jobsite.worker").info("stopped before the database answered; nothing was taken")
             return
-        for module in options["imports"]:
-            try:
-                importlib.import_module(module)
-            except ImportError as exc:
-                raise CommandError(f"--import {module}: {exc}") from exc
+        import_modules(options["imports"])
         if not boot_through_outages(_publish):
             logging.getLogger("jobsite.worker").info("stopped before the database answered; nothing was taken")
             return

@@ -47,7 +47,6 @@ permission, with nothing written. `--json` prints {"workflow_id", "step", "step_
 "comment"}.
 """
 
-import importlib
 import json
 import sys
 import time
@@ -55,7 +54,7 @@ import time
 from django.core.management.base import CommandError
 
 from queue_app.engine.payload import PAYLOAD_RULE
-from queue_app.management.base import JobsiteCommand, acting_user
+from queue_app.management.base import JobsiteCommand, acting_user, add_import_argument, import_modules
 from queue_app.management.commands.spark_run import parse_params
 from queue_app.workflows import WorkflowError, approvals, registered_workflows, waits
 from queue_app.workflows import services as workflows
@@ -70,14 +69,7 @@ class Command(JobsiteCommand):
     help = "Workflows: list, start, status, repair, fork, cancel, send-event, approve, reject, backfill."
 
     def add_arguments(self, parser):
-        parser.add_argument(
-            "--import",
-            dest="imports",
-            action="append",
-            default=[],
-            metavar="MODULE",
-            help="also import this module for its workflows (besides every installed app's tasks.py); repeatable",
-        )
+        add_import_argument(parser, "workflows (besides every installed app's tasks.py)")
         sub = parser.add_subparsers(dest="action", required=True)
         listing = sub.add_parser("list", help="the registered workflows and their parameters")
         listing.add_argument("--json", action="store_true")
@@ -148,11 +140,7 @@ class Command(JobsiteCommand):
             p.add_argument("--poll", type=float, default=0.5, help=__import__("argparse").SUPPRESS)
 
     def handle(self, *args, action, imports, **options):
-        for module in imports:
-            try:
-                importlib.import_module(module)
-            except ImportError as exc:
-                raise CommandError(f"--import {module}: {exc}") from None
+        import_modules(imports)
         try:
             getattr(self, f"do_{action.replace('-', '_')}")(**options)
         except WorkflowError as exc:

@@ -36,7 +36,6 @@ producer is an error message and exit status 1, and nothing is written.
 """
 
 import getpass
-import importlib
 import json
 
 from django.core.exceptions import PermissionDenied
@@ -52,7 +51,7 @@ from queue_app.datasets.producer_params import parse_pairs
 from queue_app.datasets.spark_runs import users
 from queue_app.datasets.status import check_results, detail, history, summaries
 from queue_app.datasets.sync import sync_datasets
-from queue_app.management.base import JobsiteCommand, acting_user
+from queue_app.management.base import JobsiteCommand, acting_user, add_import_argument, import_modules
 from queue_app.spark.models import SparkTrigger
 
 
@@ -60,14 +59,7 @@ class Command(JobsiteCommand):
     help = "Datasets: list, show, observe, override, materialize, lineage, partitions."
 
     def add_arguments(self, parser):
-        parser.add_argument(
-            "--import",
-            dest="imports",
-            action="append",
-            default=[],
-            metavar="MODULE",
-            help="also import this module for its datasets (besides every app's datasets.py); repeatable",
-        )
+        add_import_argument(parser, "datasets (besides every app's datasets.py)")
         sub = parser.add_subparsers(dest="action", required=True)
         listing = sub.add_parser("list", help="every declared dataset: partitioning, last materialized, freshness")
         listing.add_argument("--json", action="store_true")
@@ -119,11 +111,7 @@ class Command(JobsiteCommand):
         parts.add_argument("--json", action="store_true")
 
     def handle(self, *args, action, imports, **options):
-        for module in imports:
-            try:
-                importlib.import_module(module)
-            except ImportError as exc:
-                raise CommandError(f"--import {module}: {exc}") from None
+        import_modules(imports)
         try:
             getattr(self, f"do_{action}")(**options)
         except (DatasetError, PermissionDenied) as exc:
