@@ -194,5 +194,9 @@ def test_a_run_of_day_region_partitions_names_them_with_their_dimensions(flow, s
         assert_schema_valid(event)
         [written], [read] = event["outputs"], event["inputs"]
         assert (written["name"], read["name"]) == ("ol_regional", "ol_orders")
-        for facet in (written["outputFacets"]["jobsitePartition"], read["inputFacets"]["jobsitePartition"]):
+        for side, facet in (
+            ("Output", written["outputFacets"]["jobsitePartition"]),
+            ("Input", read["inputFacets"]["jobsitePartition"]),
+        ):
             assert {k: v for k, v in facet.items() if not k.startswith("_")} == expected, event
+            assert facet["_schemaURL"].endswith(f"#/$defs/{side}DatasetFacet")  # the spec's facet of its side
