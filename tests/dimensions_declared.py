@@ -1,6 +1,7 @@
 """Datasets with two dimensions for tests/test_datasets_dimensions_surfaces.py (the children import them with
 `manage.py dataset --import tests.dimensions_declared`): sales by day and region (static), orders by day and
-customer (a dynamic set), and the Spark jobs that produce them with one parameter per dimension."""
+customer (a dynamic set), the Spark jobs that produce them with one parameter per dimension, and one that reads
+a day of a region of sales."""
 
 from queue_app.datasets import DynamicPartitions, MultiPartitions, StaticPartitions, dataset
 from queue_app.params import Param
@@ -35,4 +36,13 @@ def build(spark, params):
     produces={"dim_orders": "day|customer"},
 )
 def build_orders(spark, params):
+    return {}
+
+
+@spark_job(
+    "dim_sales_report",
+    params=[Param("day", "date", required=True), Param("region", "str", required=True)],
+    consumes={"dim_sales": "day|region"},
+)
+def report(spark, params):
     return {}

@@ -1,9 +1,10 @@
 """Datasets in the admin (issue 38): the list (partitions, last materialized, freshness), a dataset's page
 (partition grid by state, the materialization chart and table, the lineage drawn by Graphviz with freshness on
-its nodes, failed-check partitions on the grid), the full lineage page, and observe and materialize behind their
-permissions, logged, refused without them."""
+its nodes, failed-check partitions on the grid, an edge read through a mapping labelled with it), the full lineage
+page, and observe and materialize behind their permissions, logged, refused without them."""
 
 import datetime as dt
+import html
 import json
 import re
 
@@ -14,12 +15,17 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from queue_app.datasets import MultiPartitions, StaticPartitions, dataset
+from queue_app.datasets.declarations import _code
 from queue_app.datasets.locations import ROOTS_ENV
+from queue_app.datasets.mappings import AllOf, StaticMap, TimeWindow
 from queue_app.datasets.models import Materialization
 from queue_app.datasets.services import record_materialization
 from queue_app.datasets.sync import sync_datasets
 from queue_app.models import QueueItem
+from queue_app.params import Param
 from queue_app.spark.models import SparkRun
+from queue_app.spark.registry import _jobs, spark_job
 from tests import datasets_declared, datasets_lineage_declared  # noqa: F401  (declare the datasets and jobs)
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
 
@@ -246,3 +252,80 @@ def test_the_grid_spans_the_range_that_exists_a_long_gap_is_one_cell_and_a_faile
     assert [(c.partition, c.state) for c in few][0] == ("2025-01-13", "failed-checks")
     assert few[1].state == "older" and few[1].until == "2026-11-27"
     assert [c.partition for c in few[2:]] == ["2026-11-28", "2026-11-29", "2026-11-30", "2026-12-01"]
+
+
+@pytest.fixture
+def mapped_jobs():
+    """Consumers reading their upstreams through each kind of mapping (issue 48), and one through identity."""
+    datasets_before, jobs_before = set(_code.entries()), set(_jobs.entries())
+    regions = MultiPartitions(day="daily", region=StaticPartitions(["eu", "us"]))
+    for name, partitioning in {
+        "lm_days": "daily",
+        "lm_trailing": "daily",
+        "lm_plain": "daily",
+        "lm_weekly": "weekly",
+        "lm_regional": regions,
+        "lm_all_regions": "daily",
+        "lm_zones": StaticPartitions(["eu-north", "eu-west", "us-east"]),
+        "lm_areas": StaticPartitions(["eu", "us"]),
+    }.items():
+        dataset(name, location=f"table:mapped.{name}", partitioning=partitioning)
+    day, week, zone = Param("day", "date", required=True), Param("week", "str", required=True), Param("zone", "str")
+    for name, params, upstream, produced in (
+        ("lm_last7_job", [day], {"lm_days": ("day", TimeWindow(last=7))}, {"lm_trailing": "day"}),
+        ("lm_weekly_job", [week], {"lm_days": ("week", TimeWindow(to="weekly"))}, {"lm_weekly": "week"}),
+        ("lm_plain_job", [day], {"lm_days": "day"}, {"lm_plain": "day"}),
+        ("lm_fanin_job", [day], {"lm_regional": ("day", AllOf("region"))}, {"lm_all_regions": "day"}),
+        ("lm_area_job", [zone], {"lm_zones": ("zone", StaticMap(ZONES))}, {"lm_areas": "zone"}),
+    ):
+        read = upstream if name == "lm_plain_job" else None  # a trigger upstream read through identity: consumed
+        spark_job(name, params=params, on_update=upstream, consumes=read, produces=produced)(_no_op)
+    sync_datasets()
+    yield
+    for name in set(_jobs.entries()) - jobs_before:
+        _jobs.unregister(name)
+    for name in set(_code.entries()) - datasets_before:
+        _code.unregister(name)
+
+
+ZONES = {"eu-north": "eu", "eu-west": "eu", "us-east": "us"}
+
+
+def _no_op(spark, params):
+    return {}
+
+
+def edge_labels(page: str) -> dict[tuple[str, str], str]:
+    """{(from, to): label} of the drawn lineage's edges, by node name ("" for an edge without a label)."""
+    drawing = re.search(r'<div class="ds-graph" id="ds-lineage">(.*?)</div>', page, re.S).group(1)
+    names = {
+        node_id: html.unescape(name)
+        for node_id, name in re.findall(
+            r'class="node[^"]*">\s*<title>(\w+)</title>.*?<text[^>]*>([^<]+)</text>', drawing, re.S
+        )
+    }
+    found = {}
+    for body in re.findall(r'<g id="edge\d+" class="edge">(.*?)</g>', drawing, re.S):
+        up, down = html.unescape(re.search(r"<title>(.*?)</title>", body).group(1)).split("->")
+        label = re.search(r"<text[^>]*>([^<]+)</text>", body)
+        found[(names[up], names[down])] = html.unescape(label.group(1)) if label else ""
+    return found
+
+
+def test_the_lineage_labels_each_edge_read_through_a_mapping_with_the_mapping(mapped_jobs, ds_client):
+    client = ds_client()
+
+    days = edge_labels(client.get(url("change", "lm_days")).content.decode())
+    assert days[("lm_days", "lm_last7_job")] == "window last 7"
+    assert days[("lm_days", "lm_weekly_job")] == "window to weekly"
+    assert days[("lm_days", "lm_plain_job")] == ""  # identity: no label
+    assert days[("lm_last7_job", "lm_trailing")] == ""  # a job's output: no label
+    regional = edge_labels(client.get(url("change", "lm_regional")).content.decode())
+    assert regional[("lm_regional", "lm_fanin_job")] == "all of region"
+    zones = edge_labels(client.get(url("change", "lm_zones")).content.decode())
+    assert zones[("lm_zones", "lm_area_job")] == "map (3 keys)"
+    # Seen from the consumer's side (the walk upstream) and on the full lineage page, the same labels.
+    weekly = edge_labels(client.get(url("change", "lm_weekly")).content.decode())
+    assert weekly[("lm_days", "lm_weekly_job")] == "window to weekly"
+    whole = client.get(url("lineage", "lm_all_regions")).content.decode()
+    assert edge_labels(whole)[("lm_regional", "lm_fanin_job")] == "all of region"

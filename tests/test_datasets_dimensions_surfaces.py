@@ -1,7 +1,8 @@
 """Multi-dimension and dynamic partitions on the surfaces: `manage.py dataset partitions add|remove|list` and
 `dataset materialize --partition 'D|R'` / ranges with '*' as real processes (JSON shapes, errors naming the
 dimension, nothing queued or written on a bad input), and the admin (the dataset page's time-by-region matrix,
-the Partitions page behind queue_app.change_dynamic_partitions, logged)."""
+the Partitions page behind queue_app.change_dynamic_partitions, logged), and a consumer of one `day|region`
+partition held back by that partition's failed checks alone."""
 
 import json
 
@@ -12,8 +13,9 @@ from django.test import Client
 from django.urls import reverse
 
 from queue_app.datasets import DatasetError, dynamic
-from queue_app.datasets.models import DynamicPartitionKey
+from queue_app.datasets.models import DynamicPartitionKey, Materialization
 from queue_app.datasets.services import record_materialization
+from queue_app.datasets.spark_runs import DatasetBlocked
 from queue_app.datasets.sync import sync_datasets
 from queue_app.spark.models import SparkRun
 from queue_app.spark.registry import SparkParamError
@@ -110,3 +112,16 @@ def test_a_dynamic_key_is_not_removed_while_a_spark_run_of_it_is_open():
         trigger_run("dim_orders_build", {"day": "2026-11-30", "customer": "globex"}, trigger="cli")
     SparkRun.objects.filter(id=run.id).update(state="succeeded")
     assert dynamic.remove_keys("dim_customers", ["acme"]) == ["acme"]
+
+
+@pytest.mark.django_db
+def test_a_consumer_of_a_day_region_partition_is_held_back_by_that_partition_alone():
+    failed = record_materialization("dim_sales", "2026-11-29|us")
+    Materialization.objects.filter(id=failed.id).update(checks="failed")
+    record_materialization("dim_sales", "2026-11-30|eu")
+
+    run = trigger_run("dim_sales_report", {"day": "2026-11-30", "region": "eu"}, trigger="cli")
+
+    assert run.state == "queued"  # another partition's failed checks do not hold it back
+    with pytest.raises(DatasetBlocked, match=r"dim_sales\[2026-11-29\|us\]"):
+        trigger_run("dim_sales_report", {"day": "2026-11-29", "region": "us"}, trigger="cli")

@@ -7,7 +7,10 @@ The first two runs' partitions are checked on a Spark DataFrame (a blocking `on=
 queue item's handler here, as a worker would, reading the partition with a local SparkSession): the good day
 passes, the bad day (a region without revenue) fails with its null count stored and blocks its consumer.
 
-Three JVM runs in all (two cores shared with other suites): local[2], a start-up tuned JVM, small data; and one
+A run with one parameter per dimension (issue 48) records its `day|region` partition and, being the day's last
+region, starts the consumer that reads every region of the day (AllOf), once.
+
+Four JVM runs in all (two cores shared with other suites): local[2], a start-up tuned JVM, small data; and one
 local SparkSession in this process for the checks, stopped after the module.
 """
 
@@ -18,12 +21,14 @@ import pytest
 from django.db import connection, connections
 
 from queue_app import engine, services
-from queue_app.datasets import checks_run, dataset
+from queue_app.datasets import MultiPartitions, StaticPartitions, checks_run, dataset
 from queue_app.datasets.checks_run import unusable
 from queue_app.datasets.declarations import _code
 from queue_app.datasets.locations import ROOTS_ENV
-from queue_app.datasets.models import DatasetCheckResult, Materialization
+from queue_app.datasets.mappings import AllOf
+from queue_app.datasets.models import DatasetCheckResult, Materialization, TriggerFire
 from queue_app.datasets.quality import CheckResult, all_checks, check, undeclare
+from queue_app.datasets.services import record_materialization
 from queue_app.datasets.spark_runs import DatasetBlocked
 from queue_app.models import QueueItem, SparkRun
 from queue_app.registry import Context, Delivery, Settled, get_task
@@ -41,6 +46,7 @@ from tests.waiting import wait_for
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 SCRIPTS = Path(__file__).parent / "spark_scripts"
 DAY = {"name": "day", "type": "date", "required": True}
+REGIONAL = MultiPartitions(day="daily", region=StaticPartitions(["eu", "us"]))
 
 
 @pytest.fixture
@@ -246,6 +252,52 @@ def test_a_script_that_reports_its_own_figures_replaces_the_event_logs_rows_and_
     with pytest.raises(DatasetBlocked, match="dsr_revenue"):  # its consumer may not run on it
         trigger_run("dsr_revenue_reader", {"day": "2026-11-26"}, trigger="orm")
     assert not SparkRun.objects.filter(job="dsr_revenue_reader").exists()
+
+
+def test_a_run_per_dimension_records_its_day_region_partition_and_the_last_region_starts_the_fan_in_once(
+    data, tmp_path
+):
+    """Issue 48: a job producing `day|region` (one parameter per dimension) records `2026-11-30|eu` with its
+    parts; the consumer reading a day of every region (AllOf("region")) is started once, by the transaction
+    that records the day's last region: this run's success."""
+    dataset("dsr_regional", location="regional/key={partition}", partitioning=REGIONAL)
+    source = tmp_path / "eu.csv"
+    source.write_text("region,amount\n" + "".join(f"{r},{a}\n" for r in ("eu-west", "eu-north") for a in (1, 2)))
+    register_script(
+        "dsr_regional_sales",
+        path=str(SCRIPTS / "sales_report.py"),
+        args=[str(source), f"{data}/regional/key={{day}}|{{region}}"],
+        params=[DAY, {"name": "region", "type": "str", "required": True}],
+        conf={"spark.sql.shuffle.partitions": "2"},
+        produces={"dsr_regional": "day|region"},
+    )
+    register_script(
+        "dsr_all_regions",
+        path=str(SCRIPTS / "pi.py"),
+        params=[DAY],
+        on_update={"dsr_regional": ("day", AllOf("region"))},
+    )
+    record_materialization("dsr_regional", "2026-11-30|us")  # the other region, written outside jobsite
+    assert not TriggerFire.objects.exists()  # eu is missing
+
+    run = trigger_run("dsr_regional_sales", {"day": "2026-11-30", "region": "eu"}, trigger="orm")
+    assert run_handler(run.id)["state"] == "succeeded", SparkRun.objects.get(id=run.id).log_tail[-2000:]
+
+    m = Materialization.objects.get(spark_run_id=run.id)
+    assert (m.dataset, m.partition, m.source) == ("dsr_regional", "2026-11-30|eu", "spark_run")
+    assert REGIONAL.parts(m.partition) == {"day": "2026-11-30", "region": "eu"}
+    assert m.rows == 2  # one row per zone of the region, from the run's event log
+    parquet = list((data / "regional" / "key=2026-11-30|eu").glob("part-*.parquet"))
+    assert parquet and m.files == len(parquet) and m.bytes > 0
+    [fire] = TriggerFire.objects.filter(consumer="spark:dsr_all_regions")
+    [consumer] = SparkRun.objects.filter(job="dsr_all_regions")
+    assert fire.partition == "2026-11-30" and fire.started == [f"spark_run:{consumer.id}"]
+    assert sorted(fire.upstream) == ["dsr_regional[2026-11-30|eu]", "dsr_regional[2026-11-30|us]"], fire.upstream
+    assert consumer.params == {"day": "2026-11-30"} and consumer.state == "queued"
+    assert xmin(TriggerFire._meta.db_table, fire.id) == xmin(SparkRun._meta.db_table, run.id)  # one transaction
+
+    record_materialization("dsr_regional", "2026-11-30|us")  # one region again is not a new day of every region
+    assert TriggerFire.objects.count() == 1 and SparkRun.objects.filter(job="dsr_all_regions").count() == 1
 
 
 def test_a_failing_run_of_a_producer_records_nothing(data):

@@ -2,7 +2,8 @@
 run events to a real HTTP receiver on loopback, through the openlineage-python client, after the transactions
 that move the run commit: schema-valid, with the step's inputs and outputs (and the output's figures), the job's
 facets and the parent run facet naming the workflow. With the receiver down, the next workflow still succeeds and
-each event is dropped, logged and counted on /metrics.
+each event is dropped, logged and counted on /metrics. A run reading and writing `day|region` partitions (issue 48)
+names each partition in the `jobsitePartition` facet with its dimensions, at START and COMPLETE.
 
 One spark-submit per workflow (a script that starts no Spark session: the cheapest real run), the handler
 executed in this process under a real reservation of its item, as a worker would.
@@ -18,13 +19,14 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
-from queue_app.datasets import dataset
+from queue_app.datasets import MultiPartitions, StaticPartitions, dataset
 from queue_app.datasets.declarations import _code
 from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import Materialization
 from queue_app.datasets.openlineage import dropped_count, flush, run_id
 from queue_app.models import SparkRun
 from queue_app.spark.registry import _jobs
+from queue_app.spark.runs import trigger_run
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
 from queue_app.spark.scripts import register_script
 from queue_app.workflows import services
@@ -97,7 +99,11 @@ def assert_schema_valid(event: dict) -> None:
     assert event["job"]["namespace"] and event["job"]["name"]
     for ds in event["inputs"] + event["outputs"]:
         assert ds["namespace"] and ds["name"]
-        for facet in [*ds["facets"].values(), *ds.get("outputFacets", {}).values()]:
+        for facet in [
+            *ds["facets"].values(),
+            *ds.get("inputFacets", {}).values(),
+            *ds.get("outputFacets", {}).values(),
+        ]:
             assert_facet(facet)
     for facet in [*event["run"]["facets"].values(), *event["job"]["facets"].values()]:
         assert_facet(facet)
@@ -153,3 +159,44 @@ def test_a_workflow_spark_step_sends_its_run_events_and_a_receiver_down_fails_no
     assert dropped_count() == 2
     metrics = Client().get("/metrics").content.decode()
     assert "jobsite_openlineage_events_dropped_total 2.0" in metrics
+
+
+def test_a_run_of_day_region_partitions_names_them_with_their_dimensions(flow, settings, tmp_path):
+    """The facet docs/how-to/datasets.md gives: the canonical key and {"dimensions": {"day": ..., "region": ...}},
+    on the output the run writes and the input it reads, at START (from the run's parameters) and COMPLETE."""
+    regions = MultiPartitions(day="daily", region=StaticPartitions(["eu", "us"]))
+    dataset("ol_orders", location="table:raw.orders", partitioning=regions)
+    dataset("ol_regional", location="regional/key={partition}", partitioning=regions)
+    register_script(
+        "ol_touch_regions",
+        path=str(SCRIPTS / "touch_partition.py"),
+        args=[f"{tmp_path}/data/regional/key={{day}}|{{region}}"],
+        params=[{"name": "day", "type": "date", "required": True}, {"name": "region", "type": "str", "required": True}],
+        consumes={"ol_orders": "day|region"},
+        produces={"ol_regional": "day|region"},
+        policy={"attempts": 1},
+    )
+    receiver = start_receiver()
+    try:
+        lineage(settings, f"http://127.0.0.1:{receiver.server.server_address[1]}")
+        run = trigger_run("ol_touch_regions", {"day": "2026-11-30", "region": "eu"}, trigger="orm")
+        assert run_handler(run.id)["state"] == "succeeded", SparkRun.objects.get(id=run.id).log_tail
+        assert flush(10)
+        events = [json.loads(r.body) for r in receiver.wait_for(2)]
+    finally:
+        receiver.server.shutdown()
+        receiver.server.server_close()
+
+    assert [e["eventType"] for e in events] == ["START", "COMPLETE"]
+    assert Materialization.objects.get(spark_run_id=run.id).partition == "2026-11-30|eu"
+    expected = {"partition": "2026-11-30|eu", "dimensions": {"day": "2026-11-30", "region": "eu"}}
+    for event in events:
+        assert_schema_valid(event)
+        [written], [read] = event["outputs"], event["inputs"]
+        assert (written["name"], read["name"]) == ("ol_regional", "ol_orders")
+        for side, facet in (
+            ("Output", written["outputFacets"]["jobsitePartition"]),
+            ("Input", read["inputFacets"]["jobsitePartition"]),
+        ):
+            assert {k: v for k, v in facet.items() if not k.startswith("_")} == expected, event
+            assert facet["_schemaURL"].endswith(f"#/$defs/{side}DatasetFacet")  # the spec's facet of its side

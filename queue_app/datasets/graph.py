@@ -111,7 +111,7 @@ def source(seen: Neighbourhood, *, dataset_url: Callable[[str], str], job_url: C
         "digraph {",
         'graph [rankdir=LR bgcolor=transparent fontname="sans-serif" nodesep=0.25]',
         'node [fontname="sans-serif" fontsize=11]',
-        'edge [color="#999999" arrowsize=0.7]',
+        'edge [color="#999999" arrowsize=0.7 fontname="sans-serif"]',
     ]
     for i, name in enumerate(seen.datasets):
         attrs = _attrs(

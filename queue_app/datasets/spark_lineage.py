@@ -12,7 +12,8 @@ produces or consumes datasets emits, and only while OPENLINEAGE is set:
 
 An attempt that fails and is retried sends nothing (the run goes on: the next attempt sends START again, with the
 same runId). The job is the Spark job or script (namespace: the setting's `namespace`); inputs and outputs are its
-declared datasets (namespace `dataset_namespace`, name the dataset's, a datasource facet with its location);
+declared datasets (namespace `dataset_namespace`, name the dataset's, a datasource facet with its location, and
+the jobsitePartition facet naming the one partition the run writes or reads, with its dimensions);
 a run of a workflow's Spark step carries the parent run facet naming the workflow (its name, and a runId stable
 for the workflow) and the root facet: the same, or, in a child workflow (a sub-workflow step's), the top of its
 parent chain.
@@ -30,12 +31,13 @@ from urllib.parse import quote
 
 from ..spark import hooks
 from ..spark.models import SparkRun, SparkRunState, SparkTrigger
-from ..spark.registry import SparkJobError, get_job
+from ..spark.registry import SparkJobError, SparkParamError, get_job
 from ..workflows.models import Workflow, WorkflowStep
 from .declarations import DatasetError, get_dataset
 from .locations import dataset_roots
 from .openlineage import PRODUCER, config, emit_on_commit, enabled, run_id
 from .partitions import MultiPartitions, PartitionError
+from .spark_runs import consumed_reads, run_partitions
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +99,7 @@ def run_event(run: SparkRun, event_type: str, *, outputs: list[Mapping[str, Any]
         return {"dataSource": datasource_dataset.DatasourceDatasetFacet(name=name, uri=uri)}
 
     figures = {out["dataset"]: out for out in outputs}
+    produced, read = _partitions(spark_job, run.params or {})
     written = []
     for ref in spark_job.produces:
         out = figures.get(ref.name)
@@ -105,8 +108,8 @@ def run_event(run: SparkRun, event_type: str, *, outputs: list[Mapping[str, Any]
             stats["outputStatistics"] = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
                 rowCount=out.get("rows"), size=out.get("bytes"), fileCount=out.get("files")
             )
-        if out and out.get("partition"):
-            stats["jobsitePartition"] = partition_facet(ref.name, out["partition"])
+        if key := (out or {}).get("partition") or produced.get(ref.name):
+            stats["jobsitePartition"] = partition_facet(ref.name, key)
         written.append(
             OutputDataset(namespace=ds_namespace, name=ref.name, facets=facets(ref.name), outputFacets=stats)
         )
@@ -134,35 +137,58 @@ def run_event(run: SparkRun, event_type: str, *, outputs: list[Mapping[str, Any]
         run=Run(runId=run_id("spark_run", run.id), facets=run_facets),
         job=Job(namespace=namespace, name=spark_job.name, facets=job_facets),
         inputs=[
-            InputDataset(namespace=ds_namespace, name=ref.name, facets=facets(ref.name)) for ref in spark_job.consumes
+            InputDataset(
+                namespace=ds_namespace,
+                name=ref.name,
+                facets=facets(ref.name),
+                inputFacets={"jobsitePartition": partition_facet(ref.name, read[ref.name], "input")}
+                if ref.name in read
+                else {},
+            )
+            for ref in spark_job.consumes
         ],
         outputs=written,
         producer=PRODUCER,
     )
 
 
-def partition_facet(name: str, key: str) -> Any:
-    """The output facet `jobsitePartition`: {"partition": the canonical key, "dimensions": {dimension: key}} (a
-    multi-dimension dataset; {} for one dimension), the key as the CLI and the admin print it."""
+def _partitions(spark_job: Any, params: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """({dataset: the one partition the run writes}, {dataset: the one partition it reads}) from the run's
+    parameters: a dataset written or read whole, or in several partitions (a batched backfill), has none."""
+    try:
+        produced = {name: keys[0] for name, keys in run_partitions(spark_job, params).items() if len(keys) == 1}
+    except SparkParamError:
+        produced = {}
+    read = {name: key for name, key in consumed_reads(spark_job, params) if key}
+    return produced, read
+
+
+def partition_facet(name: str, key: str, side: str = "output") -> Any:
+    """The facet `jobsitePartition` of an output (and of an input: the partition a run reads):
+    {"partition": the canonical key, "dimensions": {dimension: key}} (a multi-dimension dataset; {} for one
+    dimension), the key as the CLI and the admin print it."""
     try:
         part = get_dataset(name).partitioning
         dimensions = part.parts(key) if isinstance(part, MultiPartitions) else {}
     except (DatasetError, PartitionError):
         dimensions = {}
-    return _partition_facet_class()(partition=key, dimensions=dimensions, producer=PRODUCER)
+    return _partition_facet_class(side)(partition=key, dimensions=dimensions, producer=PRODUCER)
 
 
 @functools.cache
-def _partition_facet_class() -> Any:
+def _partition_facet_class(side: str) -> Any:
+    """The facet's class for an "input" or an "output" (each with its side's schema URL)."""
     import attr
-    from openlineage.client.generated.base import OutputDatasetFacet
+    from openlineage.client.generated.base import InputDatasetFacet, OutputDatasetFacet
+
+    base = InputDatasetFacet if side == "input" else OutputDatasetFacet
 
     @attr.define
-    class JobsitePartitionOutputDatasetFacet(OutputDatasetFacet):
+    class JobsitePartitionDatasetFacet(base):  # type: ignore[misc,valid-type]
         partition: str
         dimensions: dict
 
-    return JobsitePartitionOutputDatasetFacet
+    return JobsitePartitionDatasetFacet
 
 
 def location_uri(location: Any) -> str:

@@ -100,6 +100,8 @@ def consumed_reads(spark_job: SparkJob, params: Mapping[str, Any]) -> list[tuple
             ds = get_dataset(ref.name)
             partitioned = ds.partitioning.describe() is not None
             value = params.get(ref.param) if ref.param is not None else None
+            if ref.param is not None and len(ref.params) > 1:  # one parameter per dimension: day|region
+                value = [params[p] for p in ref.params] if all(params.get(p) is not None for p in ref.params) else None
             if not partitioned:
                 reads.append((ds.name, ds.partition_key(None)))
             else:
