@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "queue_app",
     "queue_app.datasets",  # the datasets layer (its models keep the label queue_app for now)
+    "queue_app.webhooks",  # the webhooks layer (the same)
     # This project's own app (up, test, embedded_db, the bench and chaos commands, the admin's titles) and the
     # demo's jobs, datasets and workflows: what an adopter's project does not install.
     "jobsite",

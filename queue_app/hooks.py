@@ -1,4 +1,4 @@
-"""The hooks the core publishes for the layer apps (datasets today; Spark runs, workflows and webhooks as they
+"""The hooks the core publishes for the layer apps (datasets and webhooks today; Spark runs and workflows as they
 become apps): the core calls them, a layer registers its functions on them in its AppConfig.ready(). The core
 names no layer; a project without the layer installed has nothing registered and the core behaves as if the
 feature did not exist.
@@ -9,6 +9,9 @@ feature did not exist.
   of a task declared with `produces=` (the datasets record the materializations it produced).
 - `metric_collectors() -> collector`: a Prometheus collector for /metrics, built inside the request's try (a
   DatabaseError answers 503 like the core's own figures).
+- `event_published(event type, data) -> [what it made]`: inside the transaction that publishes an event
+  (events.publish: the core's and every layer's events); the webhooks app writes a delivery per subscribed
+  endpoint.
 - `maintenance_units[name]() -> dict`: a maintenance unit a core task runs by name; the core's shipped schedules
   "dataset-staleness" and "dataset-watch" (its migrations made them) fire `queue_app.dataset_staleness` and
   `queue_app.dataset_watch` (maintenance_tasks.py), which run the unit the datasets app registered, and say
@@ -50,6 +53,7 @@ class Hook[F: Callable[..., Any]]:
 held_reasons: Hook[Callable[[list[int]], dict[int, str]]] = Hook("held reasons")
 producer_succeeded: Hook[Callable[[Any, Any, Any, int], None]] = Hook("task succeeded")
 metric_collectors: Hook[Callable[[], Any]] = Hook("metric collectors")
+event_published: Hook[Callable[[str, Any], list[Any]]] = Hook("event published")
 maintenance_units: dict[str, Callable[[], dict[str, Any]]] = {}
 
 

@@ -22,8 +22,8 @@ from django.core.exceptions import ValidationError
 from django.db.models import Q
 from django.utils import timezone
 
+from . import events
 from .engine.alias import atomic, queue_connection
-from .webhooks.events import publish_event
 
 logger = logging.getLogger("jobsite.scheduler")
 
@@ -151,7 +151,7 @@ def _skipped(schedule: Any, fire_at: datetime, now: datetime) -> None:
     transaction, so a rolled-back tick publishes nothing)."""
     late = now - fire_at
     logger.info("schedule %s: skipping fire time %s (%.0fs late)", schedule.name, fire_at, late.total_seconds())
-    publish_event(
+    events.publish(
         "schedule.fire_missed",
         {
             "schedule": schedule.name,

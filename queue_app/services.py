@@ -14,6 +14,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.duration import duration_string
 
+from . import events
 from .conf import queue_settings
 from .engine import history, tracing
 from .engine.alias import atomic
@@ -32,7 +33,6 @@ from .models import (
     SparkRunState,
 )
 from .registry import item_defaults
-from .webhooks.events import publish_event
 
 REQUEUEABLE = (ItemState.DEAD, ItemState.CANCELLED)
 CANCELLABLE = (ItemState.READY, ItemState.RESERVED)
@@ -187,7 +187,7 @@ def pause_queue(name: str, *, actor: str = "") -> int:
     """Stop workers leasing from the queue; items in flight finish normally."""
     changed = Queue.objects.filter(name=name, paused=False).update(paused=True)
     if changed:
-        publish_event("queue.paused", {"queue": name, "by": actor})
+        events.publish("queue.paused", {"queue": name, "by": actor})
     return changed
 
 
@@ -196,7 +196,7 @@ def resume_queue(name: str, *, actor: str = "") -> int:
     changed = Queue.objects.filter(name=name, paused=True).update(paused=False)
     if changed:
         _notify([name])
-        publish_event("queue.resumed", {"queue": name, "by": actor})
+        events.publish("queue.resumed", {"queue": name, "by": actor})
     return changed
 
 

@@ -283,8 +283,9 @@ def test_an_adopters_project_checks_migrates_enqueues_runs_and_shows_every_page(
     report = json.loads(shown.stdout.strip().splitlines()[-1])
     pages = report["pages"]
     assert {"overview", "queueitem detail", "reservation detail", "deadletter detail", "queue detail"} <= set(pages)
-    assert {"worker detail", "schedule detail", "sparkrun", "workflow", "webhookdelivery"} <= set(pages)
+    assert {"worker detail", "schedule detail", "sparkrun", "workflow"} <= set(pages)
     assert "dataset" not in pages and "datasetcheckresult" not in pages  # the datasets app is not installed
+    assert "webhookendpoint" not in pages and "webhookdelivery" not in pages  # nor the webhooks app
     assert {what: answer for what, answer in pages.items() if answer[0] != 200} == {}
     assert report["heavy"] == []
     assert report["item_state"] == "done"
@@ -331,3 +332,51 @@ def test_the_datasets_app_is_added_with_its_extra(adopter):
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert set(json.loads(shown.stdout.strip().splitlines()[-1]).values()) == {200}
+
+
+def test_the_webhooks_app_is_added_with_its_extra(adopter):
+    """After the datasets (it changes the shared project too): without the webhooks app there is no `webhooks`
+    command and a published event goes nowhere; with `jobsite[webhooks]` and `queue_app.webhooks` added, check is
+    clean, migrate runs, its admin pages answer, `webhooks add` and `webhooks list` run, and the core's
+    events.publish reaches the endpoint as a delivery."""
+    manage = adopter["manage"]
+    absent = manage("webhooks", "list")
+    assert absent.returncode != 0 and "Unknown command: 'webhooks'" in absent.stderr
+    nowhere = manage("shell", "-c", "from queue_app import events; print(events.publish('test', {'n': 1}))")
+    assert nowhere.returncode == 0 and nowhere.stdout.strip().splitlines()[-1] == "[]", nowhere.stderr[-3000:]
+
+    wheel = next((adopter["base"] / "wheels").glob("jobsite-*.whl"))
+    installed = _run(
+        adopter["python"], "-m", "pip", "install", "-q", "--disable-pip-version-check",
+        f"jobsite[webhooks] @ {wheel.as_uri()}", cwd=adopter["base"], timeout=600,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    settings = adopter["project"] / "mysite" / "settings.py"
+    settings.write_text(settings.read_text() + '\nINSTALLED_APPS += ["queue_app.webhooks"]\n')
+
+    checked = manage("check")
+    assert checked.returncode == 0, checked.stderr
+    assert "no issues" in checked.stdout
+    migrated = manage("migrate", "-v", "0")
+    assert migrated.returncode == 0, migrated.stderr
+    added = manage("webhooks", "add", "https://93.184.216.34/in", "--event", "test")
+    assert added.returncode == 0, added.stderr[-3000:]
+    listed = manage("webhooks", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [e["url"] for e in json.loads(listed.stdout)] == ["https://93.184.216.34/in"]
+    shown = manage(
+        "shell",
+        "-c",
+        "import json; from django.contrib.auth import get_user_model; from django.test import Client; "
+        "from queue_app import events; "
+        "made = events.publish('test', {'n': 2}); "
+        "c = Client(HTTP_HOST='localhost'); c.force_login(get_user_model().objects.get(username='boss')); "
+        "pages = ['/admin/queue_app/webhookendpoint/', '/admin/queue_app/webhookdelivery/', "
+        "f'/admin/queue_app/webhookdelivery/{made[0].pk}/change/']; "
+        "print(json.dumps({'made': len(made), 'pages': {p: c.get(p).status_code for p in pages}}))",
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    report = json.loads(shown.stdout.strip().splitlines()[-1])
+    assert report["made"] == 1
+    assert set(report["pages"].values()) == {200}, report
+

@@ -541,7 +541,8 @@ class Webhooks:
     @staticmethod
     def publish(queue: str) -> None:
         """Run the publish items the dead letters' trigger queued, as their handler does: one delivery each."""
-        from queue_app.webhooks.events import PUBLISH_TASK, publish_event
+        from queue_app.events import PUBLISH_TASK
+        from queue_app.webhooks.events import publish_event
 
         for held in engine.lease([queue], 100, worker_id="w1"):
             assert held.task == PUBLISH_TASK

@@ -81,6 +81,7 @@ def test_the_datasets_app_without_the_core_is_a_check_error(tmp_path):
     checked = django_check(tmp_path, "layer_settings")
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert "(jobsite.E100) the datasets app (queue_app.datasets) needs 'queue_app' in INSTALLED_APPS" in checked.stderr
+    assert "(jobsite.E100) the webhooks app (queue_app.webhooks) needs 'queue_app' in INSTALLED_APPS" in checked.stderr
     assert "Traceback" not in checked.stderr
 
 

@@ -8,7 +8,9 @@
   commands do.
 - The engine (the SQL of the queue) imports nothing of the app but its settings: the worker, services and
   admin build on it, never the other way round.
-- The core (`queue_app` outside the datasets app, `queue_app/datasets/`) imports nothing of the datasets but
+- The core (`queue_app` outside the layer apps `queue_app/datasets/` and `queue_app/webhooks/`) imports nothing
+  of the webhooks but `queue_app.models` registering their models (it publishes its events through
+  `queue_app/events.py`, on which the webhooks app registers), and nothing of the datasets but
   `queue_app.models` registering their models; it reaches the layer through `queue_app/hooks.py` and Spark's
   `spark/hooks.py`, and declares datasets with its own vocabulary (`queue_app/dataset_refs.py`). NOT_YET_CUT
   (empty) would list an edge not cut yet.
@@ -277,6 +279,24 @@ def test_the_core_imports_nothing_of_the_datasets_app_but_its_models_registry():
     assert {name: sorted(found.get(name, ())) for name in NOT_YET_CUT} == {
         name: sorted(mods) for name, mods in NOT_YET_CUT.items()
     }
+
+
+# The webhooks layer is an app of its own too (queue_app.webhooks): the core publishes events (queue_app/events.py)
+# and the app registers on them; the same one edge is allowed: queue_app.models registering its models.
+WEBHOOKS = "queue_app.webhooks"
+CORE_TO_WEBHOOKS_ALLOWED = {"queue_app.models": ["queue_app.webhooks.models"]}
+
+
+def test_the_core_imports_nothing_of_the_webhooks_app_but_its_models_registry():
+    graph = import_graph()
+    layers = (DATASETS, WEBHOOKS)
+    found = {
+        name: sorted(m for m in graph[name] if m == WEBHOOKS or m.startswith(WEBHOOKS + "."))
+        for name in graph
+        if name.startswith("queue_app") and not any(name == app or name.startswith(app + ".") for app in layers)
+    }
+    assert {name: mods for name, mods in found.items() if mods} == CORE_TO_WEBHOOKS_ALLOWED
+    assert "queue_app.events" in graph["queue_app.services"]  # the core publishes its events through the hook
 
 
 def test_the_datasets_check_counts_function_level_imports():

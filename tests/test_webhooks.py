@@ -18,10 +18,10 @@ from queue_app.models import DeadLetter, ItemState, QueueItem, Reservation, Spar
 from queue_app.registry import get_task
 from queue_app.webhooks import InvalidEvent, publish_event
 from queue_app.webhooks import services as webhooks
-from queue_app.webhooks.delivery import ATTEMPTS, RETRY_SCHEDULE
 from queue_app.webhooks.events import WEBHOOK_QUEUE
 from queue_app.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from queue_app.webhooks.sender import RESPONSE_CHARS
+from queue_app.webhooks.tasks import ATTEMPTS, RETRY_SCHEDULE
 from queue_app.webhooks.triggers import ITEM_TRIGGER
 from queue_app.worker import Supervisor, WorkerOptions
 from queue_app.worker.execute import Job, run_job

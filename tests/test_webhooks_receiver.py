@@ -1,4 +1,4 @@
-"""The receiving helper (`queue_app.webhooks.receiver.webhook_receiver`) through real requests (Django's test
+"""The receiving helper (`queue_app.receiver.webhook_receiver`) through real requests (Django's test
 client, through URL routing and the middleware): 204 for a signed fresh event, 409 for a replay, 400 for missing
 or malformed headers or body, 401 for a bad signature, 401 with its own message for a stale timestamp. A refused
 request records nothing, so the genuine delivery under the same webhook-id is still accepted."""
@@ -11,8 +11,8 @@ import pytest
 from django.urls import path
 from django.utils import timezone
 
-from queue_app.webhooks.models import ReceivedWebhook
-from queue_app.webhooks.receiver import webhook_receiver
+from queue_app.models import ReceivedWebhook
+from queue_app.receiver import webhook_receiver
 from queue_app.webhooks.sender import headers
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]

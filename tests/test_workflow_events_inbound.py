@@ -10,7 +10,7 @@ import pytest
 from django.db.models import F
 from django.utils import timezone
 
-from queue_app.webhooks.models import ReceivedWebhook
+from queue_app.models import ReceivedWebhook
 from queue_app.webhooks.sender import headers
 from queue_app.worker.maintenance import Maintenance, default_units, drop_events
 from queue_app.worker.status import Stats

@@ -12,8 +12,6 @@ from ..models import (
     QueueItem,
     Reservation,
     ReservationHistory,
-    WebhookDelivery,
-    WebhookEndpoint,
     Worker,
 )
 from .dead_letters import DeadLetterAdmin
@@ -34,7 +32,3 @@ from . import spark as _spark  # noqa: E402, F401  registers the Spark dashboard
 from . import spark_scripts as _spark_scripts  # noqa: E402, F401  registers SparkScript
 from . import workflows as _workflows  # noqa: E402, F401  registers Workflow (graph, steps, start, backfill)
 from .schedules import ScheduleAdmin  # noqa: E402, F401  registers Schedule (with its fires inline)
-from .webhooks import WebhookDeliveryAdmin, WebhookEndpointAdmin  # noqa: E402
-
-admin.site.register(WebhookEndpoint, WebhookEndpointAdmin)
-admin.site.register(WebhookDelivery, WebhookDeliveryAdmin)

@@ -15,37 +15,16 @@ Its models keep the app label `queue_app` this step (tables, migrations, content
 datasets/models.py); moving them to this app's label is a later step (SeparateDatabaseAndState).
 """
 
-from typing import Any
-
-from django.apps import AppConfig, apps
-from django.core import checks
-
-REQUIRES = ("queue_app",)  # the apps this layer builds on (Spark runs and workflows live in queue_app for now)
+from queue_app import layer_apps  # the module, not the class: Django takes the one AppConfig class found here
 
 
-def missing_apps(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """jobsite.E100: the datasets app is installed without an app it depends on."""
-    return [
-        checks.Error(
-            f"the datasets app (queue_app.datasets) needs {name!r} in INSTALLED_APPS",
-            hint=f'INSTALLED_APPS += ["{name}", "queue_app.datasets"] (docs/how-to/adopt.md)',
-            id="jobsite.E100",
-        )
-        for name in REQUIRES
-        if not apps.is_installed(name)
-    ]
-
-
-class DatasetsConfig(AppConfig):
+class DatasetsConfig(layer_apps.LayerConfig):
     name = "queue_app.datasets"
     label = "jobsite_datasets"
     verbose_name = "Datasets"
-    default_auto_field = "django.db.models.BigAutoField"
+    requires = ("queue_app",)  # Spark runs and workflows, which its triggers start, live in queue_app for now
 
-    def ready(self) -> None:
-        checks.register(missing_apps, "jobsite")
-        if missing_apps():
-            return  # `check` says what is missing; wiring the layer would only fail on an import
+    def wire(self) -> None:
         from django.db.models.signals import post_migrate
 
         from queue_app import dataset_refs, hooks

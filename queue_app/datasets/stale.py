@@ -26,8 +26,8 @@ import logging
 
 from django.utils import timezone
 
+from .. import events
 from ..engine.alias import atomic, connection
-from ..webhooks.events import publish_event
 from .declarations import declared_datasets
 from .producers import the_producer
 from .sql import STALE_EPISODES, STALE_STARTED
@@ -52,7 +52,7 @@ def publish_stale(now: dt.datetime | None = None) -> list[str]:
             s = stale[name]
             if declared[name].trigger_producer_when_stale:
                 start_producer(s, episode_id)
-            publish_event(
+            events.publish(
                 "dataset.stale",
                 {
                     "dataset": name,

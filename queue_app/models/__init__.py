@@ -4,6 +4,7 @@
 - history.py: ItemHistory, ReservationHistory (finished items moved out of the hot tables)
 - workers.py: Worker, Leader (who does a duty that spans transactions)
 - schedules.py: Schedule, ScheduleFire
+- received.py: ReceivedWebhook (the inbound webhooks' replay guard, queue_app/receiver.py)
 
 The datasets, Spark, probes, webhooks and workflows models live with their packages (datasets/models.py,
 spark/models.py, probes/models.py, webhooks/models.py, workflows/models.py) and are imported last, so Django
@@ -26,6 +27,7 @@ from .queue import (
     Reservation,
     TransactionNow,
 )
+from .received import ReceivedWebhook
 from .schedules import CatchUp, Schedule, ScheduleFire, TargetKind
 from .workers import Leader, Worker, WorkerState
 
@@ -45,7 +47,7 @@ from ..spark.models import (
     SparkTrigger,
     SparkWatermark,
 )
-from ..webhooks.models import ReceivedWebhook, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from ..webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from ..workflows.models import StepDependency, Workflow, WorkflowStep
 
 __all__ = [

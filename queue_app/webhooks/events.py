@@ -1,5 +1,7 @@
-"""Event types and `publish_event`: an event becomes one delivery (and one queue item) per enabled endpoint that
-subscribes to its type, written in the caller's transaction, so nothing is sent if it rolls back.
+"""`publish_event`: an event becomes one delivery (and one queue item) per enabled endpoint that subscribes to its
+type, written in the caller's transaction, so nothing is sent if it rolls back. The app registers it on the
+core's events (queue_app/events.py: the event types, and `events.publish`, which the core and the other layers
+call), so every event the core publishes reaches it.
 
 Events raised inside the engine's SQL (a dead letter, a lost worker, an item done or failed) take one more hop:
 a trigger queues a `queue_app.webhook_publish` item only when an endpoint subscribes to the type (see
@@ -12,39 +14,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..engine.alias import atomic
-from ..engine.errors import InvalidEnqueue
-from ..engine.payload import encode_json
+from ..events import EVENT_TYPES, InvalidEvent, checked
 from .models import WebhookDelivery, WebhookEndpoint
 
 WEBHOOK_QUEUE = "webhooks"
 DELIVER_TASK = "queue_app.webhook_deliver"
-PUBLISH_TASK = "queue_app.webhook_publish"
 
-# type -> what it says. Workflow events are published by the workflow engine; `test` by the admin, the CLI and
-# anyone's code.
-EVENT_TYPES: dict[str, str] = {
-    "test": "A test or custom event (admin 'send test event', `webhooks test`, your own code).",
-    "item.dead_lettered": "A queue item became a dead letter (its last attempt failed, or it was poison).",
-    "item.done": "A queue item finished (opt-in per queue on the endpoint: one event per item).",
-    "item.failed": "An attempt at a queue item failed (retried or dead; opt-in per queue on the endpoint).",
-    "spark_run.finished": "A Spark run ended: succeeded, failed, cancelled or timed_out (data.outcome).",
-    "workflow.finished": "A workflow ended succeeded or cancelled (data.state says which).",
-    "workflow.failed": "A workflow failed: a step failed for good.",
-    "workflow.approval_requested": "A workflow's approval step started waiting for a decision (data.step).",
-    "dataset.stale": "A dataset went past its freshness policy (once per episode: data.overdue_since).",
-    "schedule.fire_missed": "A schedule skipped a fire time it was too late for (catch-up 'skip').",
-    "queue.paused": "A queue was paused.",
-    "queue.resumed": "A queue was resumed.",
-    "worker.lost": "A worker stopped heartbeating without saying goodbye (marked stopped by maintenance).",
-    "webhook_endpoint.disabled": "A webhook endpoint was disabled after failing continuously.",
-}
 # Per-item events: an endpoint gets them only from the queues it names (item_event_queues).
 ITEM_EVENTS = ("item.done", "item.failed")
 MAX_EVENT_TYPE = 100
-
-
-class InvalidEvent(ValueError):
-    """publish_event was given an unknown type or data that cannot be sent."""
 
 
 def check_event_types(types: Any) -> list[str]:
@@ -85,13 +63,7 @@ def publish_event(event_type: str, data: Any = None) -> list[WebhookDelivery]:
     Runs in the caller's transaction: the deliveries and their queue items commit with it, or not at all. Returns
     the deliveries made (none when nobody subscribes). InvalidEvent for an unknown type or data that is not JSON.
     """
-    if event_type not in EVENT_TYPES:
-        raise InvalidEvent(f"unknown event type {event_type!r}; known: {', '.join(EVENT_TYPES)}")
-    data = {} if data is None else data
-    try:
-        encode_json(data, "event data")
-    except InvalidEnqueue as exc:
-        raise InvalidEvent(str(exc)) from None
+    data = checked(event_type, data)
     with atomic():
         endpoints = _subscribers(event_type, data)
         if not endpoints:

@@ -105,17 +105,3 @@ class WebhookAttempt(models.Model):
     @property
     def ok(self) -> bool:
         return self.status_code is not None and 200 <= self.status_code < 300
-
-
-class ReceivedWebhook(models.Model):
-    """The receiving side's replay guard: a webhook-id seen once is refused again (queue_app.webhooks.receiver)."""
-
-    webhook_id = models.CharField(primary_key=True, max_length=200)
-    received_at = models.DateTimeField(db_default=Now())
-
-    class Meta:
-        app_label = "queue_app"
-        indexes = [models.Index("received_at", name="receivedwebhook_at")]
-
-    def __str__(self) -> str:
-        return self.webhook_id

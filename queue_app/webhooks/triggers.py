@@ -19,8 +19,9 @@ from psycopg import sql as pgsql
 
 from ..conf import queue_settings
 from ..engine.alias import connection
+from ..events import PUBLISH_TASK
 from ..models import SPARK_FINAL_STATES
-from .events import ITEM_EVENTS, PUBLISH_TASK, WEBHOOK_QUEUE
+from .events import ITEM_EVENTS, WEBHOOK_QUEUE
 
 ITEM_TRIGGER = "webhook_item_events"
 SPARK_FINAL = ", ".join(f"'{state}'" for state in SPARK_FINAL_STATES)

@@ -27,11 +27,11 @@ from ..conf import queue_settings
 from ..dataset_refs import OnUpdate, on_update_of
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
+from ..events import PUBLISH_TASK
 from ..params import Param, ParamError, validate_params
 from ..registries import Registry, origin_of
 from ..registry import find_task
 from ..spark.registry import SparkJobError, get_job
-from ..webhooks.events import PUBLISH_TASK
 from .models import OnFailure, StepKind
 
 

@@ -13,7 +13,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from ..conf import queue_settings
-from ..webhooks.receiver import DEFAULT_TOLERANCE, RejectedWebhook, verify
+from ..receiver import DEFAULT_TOLERANCE, RejectedWebhook, verify
 from .definition import WorkflowError
 from .waits import send_event
 

@@ -15,7 +15,7 @@ from ..engine.alias import atomic, queue_connection
 from ..engine.db import cursor
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
-from ..webhooks.receiver import claim_once
+from ..receiver import claim_once
 from . import sql
 from .definition import STEP_NAME, WorkflowError
 

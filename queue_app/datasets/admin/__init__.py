@@ -3,8 +3,9 @@ dataset's page, lineage, observe, materialize, partitions: datasets.py) and thei
 failed checks: checks.py). The models keep the app label `queue_app` this step, so the pages stay under
 /admin/queue_app/dataset/... and their templates under admin/queue_app/ (this app's templates/ folder)."""
 
-from ..apps import missing_apps
+from django.apps import apps
 
-if not missing_apps():  # without the apps it builds on, `check` says so (jobsite.E100) and no page is registered
+# Without the apps it builds on, `check` says so (jobsite.E100) and no page is registered.
+if not apps.get_app_config("jobsite_datasets").missing():
     from . import checks as _checks  # noqa: F401  registers DatasetCheckResult (override action)
     from . import datasets as _datasets  # noqa: F401  registers Dataset (list, page, lineage, observe)

@@ -1,4 +1,5 @@
-"""Webhooks in the admin: endpoints (added and changed through queue_app.webhooks.services; the secret shown once
+"""The webhooks' admin pages: endpoints (added and changed through
+queue_app.webhooks.services; the secret shown once
 at creation and at each rotation, never again), send a test event, enable or disable; deliveries with every
 attempt, replay one, or every failed one since a time after a confirmation page."""
 
@@ -21,12 +22,12 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
-from ..models import ItemState, QueueItem
-from ..webhooks import services as webhooks
-from ..webhooks.events import EVENT_TYPES, WEBHOOK_QUEUE
-from ..webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from .actions import BOTH_LOCATIONS, Operation, OperationsAdmin, ReadOnlyAdmin
-from .display import cut, preformatted, pretty_json, shorten, time_column
+from ...admin.actions import BOTH_LOCATIONS, Operation, OperationsAdmin, ReadOnlyAdmin
+from ...admin.display import cut, preformatted, pretty_json, shorten, time_column
+from ...models import ItemState, QueueItem
+from .. import services as webhooks
+from ..events import EVENT_TYPES, WEBHOOK_QUEUE
+from ..models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 FIELDS = ("url", "event_types", "description", "enabled", "ordered", "rate_limit", "item_event_queues")
 PERMISSIONS = {
@@ -422,3 +423,7 @@ class WebhookDeliveryAdmin(WebhookPermissions, ReadOnlyAdmin):
             "changelist_url": self.changelist_url(),
         }
         return TemplateResponse(request, "admin/queue_app/webhooks/replay_since.html", context)
+
+
+admin.site.register(WebhookEndpoint, WebhookEndpointAdmin)
+admin.site.register(WebhookDelivery, WebhookDeliveryAdmin)

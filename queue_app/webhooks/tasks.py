@@ -24,11 +24,12 @@ from .. import engine
 from ..conf import queue_settings
 from ..engine.alias import atomic, connection
 from ..engine.errors import StaleReservation
+from ..events import PUBLISH_TASK
 from ..registry import Context, Delivery, Retry, Settled, job
 from ..workflows.models import Workflow
 from ..workflows.signals import workflow_finished
 from . import sender
-from .events import DELIVER_TASK, PUBLISH_TASK, WEBHOOK_QUEUE, publish_event
+from .events import DELIVER_TASK, WEBHOOK_QUEUE, publish_event
 from .models import WebhookDelivery, WebhookEndpoint
 
 logger = logging.getLogger("jobsite.webhooks")

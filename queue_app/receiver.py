@@ -1,7 +1,7 @@
 """The receiving side, for a Django project that consumes jobsite webhooks (another jobsite, or any project with
 queue_app installed for the replay table):
 
-    from queue_app.webhooks.receiver import webhook_receiver
+    from queue_app.receiver import webhook_receiver
 
     @webhook_receiver(secrets=[os.environ["JOBSITE_WEBHOOK_SECRET"]])
     def on_event(request, event):
@@ -30,7 +30,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from ..engine.alias import atomic, queue_db
+from .engine.alias import atomic, queue_db
 from .models import ReceivedWebhook
 
 DEFAULT_TOLERANCE = 300.0
