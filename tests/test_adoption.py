@@ -298,6 +298,25 @@ def test_the_adopters_test_command_is_djangos(adopter):
     assert "pytest" not in tested.stdout + tested.stderr
 
 
+def add_layer(adopter, extra: str, app: str) -> None:
+    """Install `jobsite[extra]` from the wheel, add `app` to the project's INSTALLED_APPS: check is clean and
+    migrate runs."""
+    wheel = next((adopter["base"] / "wheels").glob("jobsite-*.whl"))
+    installed = _run(
+        adopter["python"], "-m", "pip", "install", "-q", "--disable-pip-version-check",
+        f"jobsite[{extra}] @ {wheel.as_uri()}", cwd=adopter["base"], timeout=600,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    settings = adopter["project"] / "mysite" / "settings.py"
+    settings.write_text(settings.read_text() + f'\nINSTALLED_APPS += ["{app}"]\n')
+
+    checked = adopter["manage"]("check")
+    assert checked.returncode == 0, checked.stderr
+    assert "no issues" in checked.stdout
+    migrated = adopter["manage"]("migrate", "-v", "0")
+    assert migrated.returncode == 0, migrated.stderr
+
+
 def test_the_datasets_app_is_added_with_its_extra(adopter):
     """Last (it changes the shared project): without the datasets app there is no `dataset` command; with
     `jobsite[datasets]` installed and `queue_app.datasets` added, check is clean, migrate runs, the datasets'
@@ -306,20 +325,7 @@ def test_the_datasets_app_is_added_with_its_extra(adopter):
     absent = manage("dataset", "list")
     assert absent.returncode != 0 and "Unknown command: 'dataset'" in absent.stderr
 
-    wheel = next((adopter["base"] / "wheels").glob("jobsite-*.whl"))
-    installed = _run(
-        adopter["python"], "-m", "pip", "install", "-q", "--disable-pip-version-check",
-        f"jobsite[datasets] @ {wheel.as_uri()}", cwd=adopter["base"], timeout=600,
-    )  # fmt: skip
-    assert installed.returncode == 0, installed.stderr[-3000:]
-    settings = adopter["project"] / "mysite" / "settings.py"
-    settings.write_text(settings.read_text() + '\nINSTALLED_APPS += ["queue_app.datasets"]\n')
-
-    checked = manage("check")
-    assert checked.returncode == 0, checked.stderr
-    assert "no issues" in checked.stdout
-    migrated = manage("migrate", "-v", "0")
-    assert migrated.returncode == 0, migrated.stderr
+    add_layer(adopter, "datasets", "queue_app.datasets")
     listed = manage("dataset", "list")
     assert listed.returncode == 0, listed.stderr
     shown = manage(
@@ -345,20 +351,7 @@ def test_the_webhooks_app_is_added_with_its_extra(adopter):
     nowhere = manage("shell", "-c", "from queue_app import events; print(events.publish('test', {'n': 1}))")
     assert nowhere.returncode == 0 and nowhere.stdout.strip().splitlines()[-1] == "[]", nowhere.stderr[-3000:]
 
-    wheel = next((adopter["base"] / "wheels").glob("jobsite-*.whl"))
-    installed = _run(
-        adopter["python"], "-m", "pip", "install", "-q", "--disable-pip-version-check",
-        f"jobsite[webhooks] @ {wheel.as_uri()}", cwd=adopter["base"], timeout=600,
-    )  # fmt: skip
-    assert installed.returncode == 0, installed.stderr[-3000:]
-    settings = adopter["project"] / "mysite" / "settings.py"
-    settings.write_text(settings.read_text() + '\nINSTALLED_APPS += ["queue_app.webhooks"]\n')
-
-    checked = manage("check")
-    assert checked.returncode == 0, checked.stderr
-    assert "no issues" in checked.stdout
-    migrated = manage("migrate", "-v", "0")
-    assert migrated.returncode == 0, migrated.stderr
+    add_layer(adopter, "webhooks", "queue_app.webhooks")
     added = manage("webhooks", "add", "https://93.184.216.34/in", "--event", "test")
     assert added.returncode == 0, added.stderr[-3000:]
     listed = manage("webhooks", "list", "--json")
@@ -379,4 +372,3 @@ def test_the_webhooks_app_is_added_with_its_extra(adopter):
     report = json.loads(shown.stdout.strip().splitlines()[-1])
     assert report["made"] == 1
     assert set(report["pages"].values()) == {200}, report
-
