@@ -72,18 +72,43 @@ def add_open_runs(check: Callable[[str, list[str]], list[str]]) -> None:
 OPEN_TASK_ITEMS = """
 SELECT id, payload->>'partition' FROM queue_app_queueitem
 WHERE task = ANY(%s::text[]) AND state IN ('ready', 'reserved') AND payload ? 'partition'
+  AND (%s::text[] IS NULL OR payload->>'dataset' = ANY(%s::text[]))
 """
+
+
+def open_items(tasks: list[str], keys: list[str], datasets: list[str] | None = None) -> list[str]:
+    """["item:12", ...]: the open (ready or reserved) items of `tasks` whose payload's partition names one of
+    `keys` (the key, or a part of a "day|customer" key); with `datasets`, only those whose payload's dataset is
+    one of them (a producer's items, started for a dataset)."""
+    if not tasks:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(OPEN_TASK_ITEMS, [tasks, datasets, datasets])
+        return [f"item:{i}" for i, partition in cursor.fetchall() if names_key({"p": partition}, keys)]
+
+
+def names_key(params: Any, keys: Iterable[str]) -> bool:
+    """Whether a run's parameters (a dict) name one of `keys`: a value, or a part of a "day|customer" value."""
+    values = {part for v in (params or {}).values() if isinstance(v, str) for part in v.split("|")}
+    return bool(values & set(keys))
+
+
+def uses_set(partition_set: str, refs: Iterable[Any]) -> bool:
+    """Whether one of the dataset references `refs` (DatasetRef, or a dataset name) names a dataset partitioned
+    by the dynamic set (in one of its dimensions); an unknown dataset names none."""
+    for ref in refs:
+        try:
+            ds = get_dataset(ref if isinstance(ref, str) else ref.name)
+        except DatasetError:
+            continue
+        if any(p.name == partition_set for _n, p in sets_of(ds)):
+            return True
+    return False
 
 
 def _open_task_items(partition_set: str, keys: list[str]) -> list[str]:
     """The open items of trigger tasks (triggers.trigger_task) whose partition names one of `keys`."""
-    tasks = [c.key[len("task:") :] for c in consumers().values() if c.key.startswith("task:")]
-    if not tasks:
-        return []
-    wanted = set(keys)
-    with connection.cursor() as cursor:
-        cursor.execute(OPEN_TASK_ITEMS, [tasks])
-        return [f"item:{i}" for i, partition in cursor.fetchall() if wanted & set((partition or "").split("|"))]
+    return open_items([c.key[len("task:") :] for c in consumers().values() if c.key.startswith("task:")], keys)
 
 
 _open_runs: list[Callable[[str, list[str]], list[str]]] = [_open_task_items]
