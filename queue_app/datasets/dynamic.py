@@ -7,10 +7,19 @@
 
 A key is a row (models.DynamicPartitionKey) from its addition to its removal; a removed key keeps its row and its
 materializations (history), takes no new materialization (partitions.DynamicPartitions.key reads the current
-keys here, FOR SHARE inside a transaction) and may be added again (a new row). Removal locks the key's row and
-refuses while a run of the key is open (the checks producers register with add_open_runs: the Spark jobs', the
-trigger tasks'): a run being started holds the row FOR SHARE while it validates its partition, so the removal
-waits for it and then sees it.
+keys here, FOR SHARE inside a transaction) and may be added again (a new row).
+
+Removal locks the key's row FOR UPDATE and refuses while a run of the key is open: the checks registered with
+add_open_runs name them, the Spark jobs' runs (spark_triggers.py), the workflows' (workflow_triggers.py: those
+triggered by a dataset of the set), the items of trigger tasks (here) and of producer tasks (`@job(produces=)`,
+producer_task: producers.py). Every start of a key validates it in the start's own transaction, so holds the row
+FOR SHARE until the start commits: a Spark run's trigger (spark/runs.trigger_run), a workflow's start (the core's
+hooks.workflow_start_checks), a trigger's fire (triggers.declared_consumer, in the recorder's transaction), a
+producer task's item (producers.py) and a materialization's record. A removal arriving meanwhile waits for that
+transaction, then sees its run and refuses; a start arriving after the removal took its lock waits for it, then
+finds the key gone and refuses. `removed_at` is the clock after the lock and the checks (clock_timestamp()): every
+start of the key's earlier life began before it and had ended by then, and none began after it (until the key is
+added again): what `queue_chaos --triggers` checks (jobsite/chaos/trigger_checks.py).
 """
 
 from __future__ import annotations
@@ -46,7 +55,9 @@ WHERE partition_set = %s AND key = ANY(%s::text[]) AND removed_at IS NULL
 ORDER BY key FOR UPDATE
 """
 
-REMOVE_KEYS = "UPDATE queue_app_dynamicpartitionkey SET removed_at = now(), removed_by = %s WHERE id = ANY(%s)"
+REMOVE_KEYS = """
+UPDATE queue_app_dynamicpartitionkey SET removed_at = clock_timestamp(), removed_by = %s WHERE id = ANY(%s)
+"""
 
 
 class Lookup:

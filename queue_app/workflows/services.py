@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db.models import F
 
-from .. import engine, services
+from .. import engine, hooks, services
 from ..conf import queue_settings
 from ..engine import tracing
 from ..engine.alias import atomic, queue_db
@@ -258,17 +258,20 @@ def start(
     spec = deadlines.parse(deadline)
     values = definition.validate(params)
     graph, order = definition.graph(values)
-    return _create(
-        definition.name,
-        WorkflowKind.WORKFLOW,
-        definition.dump(values),
-        graph,
-        order,
-        started_by,
-        key=claim,
-        version=definition.version,
-        deadline=spec,
-    )
+    with atomic():  # a layer's start checks (hooks.workflow_start_checks) hold what they read until it is written
+        for check in hooks.workflow_start_checks:
+            check(definition, definition.dump(values))
+        return _create(
+            definition.name,
+            WorkflowKind.WORKFLOW,
+            definition.dump(values),
+            graph,
+            order,
+            started_by,
+            key=claim,
+            version=definition.version,
+            deadline=spec,
+        )
 
 
 # -- from inside a running step -------------------------------------------------------------------------------
