@@ -14,9 +14,9 @@ feature did not exist.
   `queue_app.dataset_watch` (maintenance_tasks.py), which run the unit the datasets app registered, and say
   "skipped" without it.
 - `workflow_start_checks(definition, params)`: when a registered workflow is started (workflows/services.start),
-  with its dumped parameters, inside the transaction that writes it (so what a check reads with a lock is held
-  until the workflow is written); raises WorkflowParamError to refuse it (the datasets: a partition parameter
-  naming a dynamic key not in its set).
+  with its dumped parameters, first in the transaction that writes it (so what a check reads with a lock is held
+  until the workflow is written); raises WorkflowParamError to refuse it, nothing written (the datasets: a
+  partition parameter naming a dynamic key not in its set).
 - Tasks: a layer's tasks live in its own `tasks.py`, which the task registry finds in every installed app.
 
 A function registered again (the same module and name: ready() run twice in a test) replaces itself.
