@@ -49,6 +49,18 @@ class DatasetRef:
         return self.param.split(SEPARATOR) if self.param else []
 
 
+def partition_params(param: str | None, key: str) -> dict[str, str]:
+    """The parameters a partition `key` gives a job whose `param` takes it: {param: key}, or one per dimension
+    ("day|region" takes "2026-11-30|eu": {"day": "2026-11-30", "region": "eu"}); {} without either. The one
+    reading of a partition parameter: a trigger's consumers, a producer's start, a backfill."""
+    if not param or not key:
+        return {}
+    names = param.split(SEPARATOR)
+    if len(names) == 1:
+        return {param: key}
+    return dict(zip(names, key.split(SEPARATOR), strict=False))
+
+
 @dataclass(frozen=True)
 class OnUpdate:
     """A consumer's trigger: the upstream datasets (each with the consumer's parameter taking the partition, or

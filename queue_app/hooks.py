@@ -16,6 +16,10 @@ feature did not exist.
   "dataset-staleness" and "dataset-watch" (its migrations made them) fire `queue_app.dataset_staleness` and
   `queue_app.dataset_watch` (maintenance_tasks.py), which run the unit the datasets app registered, and say
   "skipped" without it.
+- `workflow_start_checks(definition, params)`: when a registered workflow is started (workflows/services.start),
+  with its dumped parameters, first in the transaction that writes it (so what a check reads with a lock is held
+  until the workflow is written); raises WorkflowParamError to refuse it, nothing written (the datasets: a
+  partition parameter naming a dynamic key not in its set).
 - Tasks: a layer's tasks live in its own `tasks.py`, which the task registry finds in every installed app.
 
 A function registered again (the same module and name: ready() run twice in a test) replaces itself.
@@ -54,6 +58,7 @@ held_reasons: Hook[Callable[[list[int]], dict[int, str]]] = Hook("held reasons")
 producer_succeeded: Hook[Callable[[Any, Any, Any, int], None]] = Hook("task succeeded")
 metric_collectors: Hook[Callable[[], Any]] = Hook("metric collectors")
 event_published: Hook[Callable[[str, Any], list[Any]]] = Hook("event published")
+workflow_start_checks: Hook[Callable[[Any, dict[str, Any]], None]] = Hook("workflow start checks")
 maintenance_units: dict[str, Callable[[], dict[str, Any]]] = {}
 
 

@@ -18,7 +18,19 @@ from django.db.models import F
 
 from jobsite.chaos.checks import Check
 from jobsite.chaos.harness_checks import check_faults, check_webhooks, check_workers
-from jobsite.chaos.trigger_checks import CHECKED, CONSUMERS, MAPPED, TriggerRun, check_triggers
+from jobsite.chaos.trigger_checks import (
+    CHECKED,
+    CHURN_CONSUMER,
+    CHURN_DATASET,
+    CHURN_PRODUCER,
+    CHURN_SET,
+    CHURN_TASK,
+    CONSUMERS,
+    MAPPED,
+    TriggerRun,
+    check_triggers,
+    watermark,
+)
 from jobsite.chaos.wait_checks import EVENT, WaitRun, check_waits
 from jobsite.chaos.workflow_checks import AT_LEAST_ONCE, TRANSACTIONAL, WorkflowRun, check_workflows
 from jobsite.chaos.workflow_tasks import CHILD
@@ -274,6 +286,7 @@ def test_trigger_checks_pass_on_the_clean_end_state(triggers):
         "each consumer item ran exactly once",
         "no consumer before its upstreams",
         "each mapped consumer queued once per set",
+        "dynamic keys: no run after removal",
         "workers behaved",
     ]
 
@@ -343,6 +356,86 @@ def test_an_item_left_open_is_caught(triggers):
     QueueItem.objects.filter(task=ANY_TASK).update(state="ready")
     assert triggers.judge()["no item stuck"] == []
     assert not check_triggers("default", triggers.run())[0].passed
+
+
+class ChurnScene:
+    """A dynamic key's life as the run leaves it, by hand: c1 of chaos_customers added by the harness; a producer
+    item of it (its materialization recorded) open while a churn item's removal is refused naming it, done
+    before the next churn item removes the key (its watermarks read then); a third adds it again, and a
+    producer item of it after that. With `in_gap`: an item and a materialization of c1 made while it was
+    removed."""
+
+    def __init__(self, t0, *, in_gap: bool = False) -> None:
+        from queue_app.datasets.models import DynamicPartitionKey, Materialization
+
+        self.t0 = t0
+        first = DynamicPartitionKey.objects.create(partition_set=CHURN_SET, key="c1", added_by="queue_chaos")
+        self.open_item = self.item(CHURN_PRODUCER, {"dataset": CHURN_DATASET, "partition": "c1"}, finished=10)
+        Materialization.objects.create(dataset=CHURN_DATASET, partition="c1", source="item", at=self.at(10))
+        named = [f"item:{self.open_item}"]
+        self.refusal = self.item(CHURN_TASK, {"key": "c1"}, result={"key": "c1", "op": "remove", "removed": False,
+                                                                     "named": named})  # fmt: skip
+        self.removal = self.item(CHURN_TASK, {"key": "c1"}, finished=20)
+        first.removed_at, first.removed_by = self.at(20), f"chaos:{self.removal}"
+        first.save()
+        self.result(self.removal, {"key": "c1", "op": "remove", "removed": True, "watermark": self.mark()})
+        if in_gap:
+            self.gap_item = self.item(CHURN_CONSUMER, {"partition": "c1", "upstream": {}}, finished=25)
+            self.gap_m = Materialization.objects.create(
+                dataset=CHURN_DATASET, partition="c1", source="item", at=self.at(25)
+            ).id
+        mark = self.mark()
+        readd = self.item(CHURN_TASK, {"key": "c1"}, finished=30)
+        DynamicPartitionKey.objects.create(partition_set=CHURN_SET, key="c1", added_by=f"chaos:{readd}")
+        self.result(readd, {"key": "c1", "op": "add", "added": True, "watermark": mark})
+        self.item(CHURN_PRODUCER, {"dataset": CHURN_DATASET, "partition": "c1"}, finished=40)
+
+    def at(self, seconds: float):
+        return self.t0 + timedelta(seconds=seconds)
+
+    def mark(self) -> dict:
+        with connection.cursor() as cursor:
+            return watermark(cursor)
+
+    def item(self, task: str, payload: dict, *, finished: float = 5, result=None) -> int:
+        item_id = engine.enqueue(task, payload).id
+        QueueItem.objects.filter(id=item_id).update(state="done", finished_at=self.at(finished), result=result)
+        return item_id
+
+    def result(self, item_id: int, result: dict) -> None:
+        QueueItem.objects.filter(id=item_id).update(result=result)
+
+
+def test_a_run_of_a_removed_key_or_a_removal_while_one_was_open_is_caught(triggers):
+    from queue_app.datasets.models import DynamicPartitionKey
+
+    check = "dynamic keys: no run after removal"
+    scene = ChurnScene(triggers.t0)
+    assert triggers.judge() == {}
+    (churn,) = [c for c in check_triggers("default", triggers.run()) if c.name == check]
+    assert churn.figures == {"removed": 1, "refused": 1, "added_again": 1, "runs": 3}
+
+    QueueItem.objects.filter(id=scene.open_item).update(finished_at=scene.at(21))  # settled after the removal
+    QueueItem.objects.filter(id=scene.refusal).update(
+        result={"key": "c1", "op": "remove", "removed": False, "named": ["item:1"]}  # a consumer of chaos_a's
+    )
+    stray = DynamicPartitionKey.objects.create(partition_set=CHURN_SET, key="c2", added_by="queue_chaos")
+    DynamicPartitionKey.objects.filter(id=stray.id).update(removed_at=scene.at(50), removed_by="cli:someone")
+    assert triggers.judge()[check] == [
+        "key rows removed by ['cli:someone'] no committed removal says; removals [] not in the rows",
+        f"item {scene.open_item} of c1 open at its removal (chaos:{scene.removal})",
+        f"chaos:{scene.refusal}: removal of c1 refused naming item:1, no run of it",
+    ]
+
+
+def test_an_item_or_a_materialization_of_a_key_made_while_it_was_removed_is_caught(triggers):
+    scene = ChurnScene(triggers.t0, in_gap=True)
+    assert triggers.judge() == {
+        "dynamic keys: no run after removal": [
+            f"item {scene.gap_item} of c1 started while it was removed (chaos:{scene.removal})",
+            f"materialization {scene.gap_m} of c1 started while it was removed (chaos:{scene.removal})",
+        ]
+    }
 
 
 # -- queue_chaos --waits --------------------------------------------------------------------------------------

@@ -5,23 +5,31 @@ the Partitions page behind queue_app.change_dynamic_partitions, logged), and a c
 partition held back by that partition's failed checks alone."""
 
 import json
+import threading
 
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
+from django.db import connections, transaction
 from django.test import Client
 from django.urls import reverse
 
 from queue_app.datasets import DatasetError, dynamic
+from queue_app.datasets.materialize import materialize
 from queue_app.datasets.models import DynamicPartitionKey, Materialization
 from queue_app.datasets.services import record_materialization
 from queue_app.datasets.spark_runs import DatasetBlocked
 from queue_app.datasets.sync import sync_datasets
+from queue_app.models import QueueItem
 from queue_app.spark.models import SparkRun
 from queue_app.spark.registry import SparkParamError
 from queue_app.spark.runs import trigger_run
+from queue_app.workflows import services
+from queue_app.workflows.definition import WorkflowParamError
+from queue_app.workflows.models import Workflow
 from tests import dimensions_declared  # noqa: F401  (declares in this process what the children --import)
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
+from tests.waiting import seen_waiting
 
 IMPORT = ("--import", "tests.dimensions_declared")
 
@@ -125,3 +133,73 @@ def test_a_consumer_of_a_day_region_partition_is_held_back_by_that_partition_alo
     assert run.state == "queued"  # another partition's failed checks do not hold it back
     with pytest.raises(DatasetBlocked, match=r"dim_sales\[2026-11-29\|us\]"):
         trigger_run("dim_sales_report", {"day": "2026-11-29", "region": "us"}, trigger="cli")
+
+
+@pytest.mark.django_db
+def test_a_dynamic_key_is_not_removed_while_a_workflow_or_a_producer_item_of_it_is_open():
+    dynamic.add_keys("dim_customers", ["acme", "globex"])
+    with transaction.atomic():  # the trigger starts the workflow with one parameter per dimension
+        record_materialization("dim_orders", "2026-11-30|acme")
+    flow = Workflow.objects.get(name="dim_orders_flow")
+    assert flow.params == {"day": "2026-11-30", "customer": "acme"}
+    (item_id,) = materialize("dim_accounts", partition="globex")["items"]  # the @job producer's item
+    with pytest.raises(DatasetError, match=rf"a run of these keys is open \(item:{item_id}, workflow:{flow.id}\)"):
+        dynamic.remove_keys("dim_customers", ["acme", "globex"])
+    assert [k["key"] for k in dynamic.list_keys("dim_customers")] == ["acme", "globex"]  # nothing removed
+    with pytest.raises(WorkflowParamError, match="'initech' is not a partition of the dynamic set"):
+        services.start("dim_orders_flow", {"day": "2026-11-30", "customer": "initech"})
+    with pytest.raises(DatasetError, match="'initech' is not a partition of the dynamic set"):
+        materialize("dim_accounts", partition="initech")
+    assert Workflow.objects.count() == 1 and not QueueItem.objects.filter(task="tests.dim_accounts_build")[1:]
+
+    Workflow.objects.filter(id=flow.id).update(state="succeeded")
+    QueueItem.objects.filter(id=item_id).update(state="done")
+    assert dynamic.remove_keys("dim_customers", ["acme", "globex"]) == ["acme", "globex"]
+    with pytest.raises(WorkflowParamError, match="'acme' is not a partition"):
+        services.start("dim_orders_flow", {"day": "2026-11-30", "customer": "acme"})
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("starter", ["workflow", "producer item"])
+def test_a_removal_arriving_while_a_start_holds_the_key_waits_for_it_then_refuses(starter):
+    """A start validated the key (its row FOR SHARE) and has not committed; the removal (FOR UPDATE) waits on
+    that row, then sees the run the start committed and refuses: nothing removed."""
+    dynamic.add_keys("dim_customers", ["acme"])
+    validated, release, started = threading.Event(), threading.Event(), []
+
+    def start():
+        try:
+            with transaction.atomic():
+                if starter == "workflow":
+                    started.append(
+                        f"workflow:{services.start('dim_orders_flow', {'day': '2026-11-30', 'customer': 'acme'}).id}"
+                    )
+                else:
+                    started.append(f"item:{materialize('dim_accounts', partition='acme')['items'][0]}")
+                validated.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    outcome = []
+
+    def remove():
+        try:
+            outcome.append(dynamic.remove_keys("dim_customers", ["acme"]))
+        except DatasetError as exc:
+            outcome.append(str(exc))
+        finally:
+            connections.close_all()
+
+    starting = threading.Thread(target=start)
+    starting.start()
+    assert validated.wait(10)
+    removing = threading.Thread(target=remove)
+    removing.start()
+    seen_waiting(what="the removal waiting on the key's row", timeout=10)
+    assert outcome == []
+    release.set()
+    starting.join(10)
+    removing.join(10)
+    assert outcome == [f"a run of these keys is open ({started[0]}): removal refused; nothing removed"]
+    assert [k["key"] for k in dynamic.list_keys("dim_customers")] == ["acme"]

@@ -12,7 +12,7 @@ from django.contrib.auth.models import Permission, User
 from django.core.checks import run_checks
 from django.db import connections, transaction
 
-from queue_app.datasets import DatasetError, StaticPartitions, dataset
+from queue_app.datasets import DatasetError, MultiPartitions, StaticPartitions, dataset
 from queue_app.datasets.checks_run import override_failed_checks, record_check_result
 from queue_app.datasets.declarations import _code
 from queue_app.datasets.materialize import materialize, wait
@@ -25,6 +25,7 @@ from queue_app.datasets.triggers import (
     TIMER_TASK,
     Consumer,
     OnUpdate,
+    consumers,
     due_timer,
     materialization_usable,
     trigger_problems,
@@ -298,6 +299,38 @@ def test_a_workflow_with_on_update_starts_for_the_partition(declared):
         assert fire.started == [f"workflow:{started.id}"]
     finally:
         _workflows.unregister("dtr_flow")
+
+
+def test_a_workflow_on_update_of_a_two_dimension_dataset_is_started_with_a_param_per_dimension(declared):
+    """As a Spark job's consumer does: "day|region" takes 2026-11-30|eu as day and region, the workflow started
+    in the transaction that records the last upstream; the checks hold its param against the dimensions."""
+    for name in ("dtr_sales", "dtr_stock"):
+        dataset(name, location=f"table:t.{name}", partitioning=MultiPartitions(day="daily", region=["eu", "us"]))
+    by_region = [Param("day", "date", required=True), Param("region", "str", required=True)]
+
+    @workflow("dtr_regional", params=by_region, on_update={"dtr_sales": "day|region", "dtr_stock": "day|region"})
+    def flow(wf, params):
+        wf.task("queue_app.noop", name="only")
+
+    @workflow("dtr_halfway", params=by_region, on_update={"dtr_sales": "day|region|day"})
+    def bad(wf, params):
+        wf.task("queue_app.noop", name="only")
+
+    try:
+        record_materialization("dtr_sales", "2026-11-30|eu")
+        with transaction.atomic():
+            last = record_materialization("dtr_stock", {"day": "2026-11-30", "region": "eu"})
+            [started] = Workflow.objects.filter(name="dtr_regional")  # in the recorder's transaction
+            assert started.params == {"day": "2026-11-30", "region": "eu"}
+            assert started.started_by.endswith(f"dtr_stock #{last.id}")
+        problems = [m for i, m in trigger_problems(consumers()) if i == "jobsite.E108"]
+        assert problems == [
+            "workflow:dtr_halfway on_update: 'day|region|day' names 3 parameters; give one per dimension "
+            "(<multi partitioning day|region>) or one taking the whole key"
+        ]
+    finally:
+        _workflows.unregister("dtr_regional")
+        _workflows.unregister("dtr_halfway")
 
 
 def test_materialize_wait_needs_the_blocking_checks_passed_and_missing_only_retakes_failed_ones(declared):

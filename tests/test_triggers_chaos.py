@@ -2,7 +2,8 @@
 are recorded (every tenth bad, failing its blocking check until overridden or recorded again) and the data-aware
 trigger queues their consumer; every check of jobsite/chaos/triggers.py passes (each consumer queued once per
 usable upstream set and run exactly once, never on a blocked partition nor before its upstreams, nothing stuck),
-and the mapped consumers (a week of chaos_b's days, a fan-in over a dynamic set of sources) once per complete set."""
+and the mapped consumers (a week of chaos_b's days, a fan-in over a dynamic set of sources) once per complete set;
+dynamic keys removed and added again while their partitions are asked for: no run of a key after its removal."""
 
 import pytest
 
@@ -16,6 +17,7 @@ CHECKS = (
     "each consumer item ran exactly once",
     "no consumer before its upstreams",
     "each mapped consumer queued once per set",
+    "dynamic keys: no run after removal",
     "workers behaved",
 )
 

@@ -15,6 +15,12 @@ declares nothing).
   weekly) once per week whose seven days were all recorded, with their ids, none for another week; the fan-in
   (chaos_region by day and a dynamic source, AllOf the source) once per day whose every source was recorded;
   each item run once, after every upstream partition it names;
+- dynamic keys removed and added again while their runs start (jobsite.chaos_churn items toggling the keys of
+  chaos_customers, racing the producer task's items that `dataset materialize` queues and the trigger task they
+  fire): no item or materialization of a key started while it was removed (its id after the watermark the removal
+  read holding the key's row, and not after the re-add's; an id is taken after the start validated the key), none
+  open at a removal (created before it, settled after its removed_at), a refusal names only runs of the key, and
+  the key rows' removals are the churn items' (a removal that did not commit removed nothing);
 - workers behaved: no worker died unasked.
 """
 
@@ -33,6 +39,22 @@ CONSUMERS = {"jobsite.chaos_consume_all": "chaos_all_out", "jobsite.chaos_consum
 CHECKED = "chaos_a"  # its blocking check fails a materialization recorded with "bad"
 REGION, SOURCES_SET = "chaos_region", "chaos_sources"  # by day and a source of the dynamic set chaos_sources
 MAPPED = {"jobsite.chaos_consume_week": "chaos_week_out", "jobsite.chaos_consume_fanin": "chaos_fanin_out"}
+# Dynamic keys removed and added again during the run: the set, its dataset, the task producing it (its items are
+# runs of a key), the trigger task it fires (its items too), the task asking for partitions and the one toggling keys.
+CHURN_SET, CHURN_DATASET = "chaos_customers", "chaos_cust"
+CHURN_PRODUCER, CHURN_CONSUMER = "jobsite.chaos_produce_cust", "jobsite.chaos_consume_cust"
+CHURN_REQUEST, CHURN_TASK = "jobsite.chaos_request_cust", "jobsite.chaos_churn"
+WATERMARKS = """
+SELECT (SELECT last_value FROM queue_app_queueitem_id_seq), (SELECT last_value FROM queue_app_materialization_id_seq)
+"""
+
+
+def watermark(cursor) -> dict[str, int]:
+    """The item and materialization sequences' last values (a churn item's result keeps them): every id taken
+    before is at most these, every id taken after is above."""
+    cursor.execute(WATERMARKS)
+    item, materialization = cursor.fetchone()
+    return {"item": item, "materialization": materialization}
 
 
 @dataclass(frozen=True)
@@ -130,8 +152,69 @@ def check_triggers(db: str, run: TriggerRun) -> list[Check]:
                 problems.append(f"{task}[{day}] leased at {leased} before its upstreams {named}")
     checks.append(Check("no consumer before its upstreams", not problems, {"items": len(items)}, problems[:20]))
     checks.append(mapped_check(db, run, rows))
+    checks.append(churn_check(db))
     checks.append(Check("workers behaved", not run.crashes, {"kills": run.kills}, run.crashes))
     return checks
+
+
+def churn_check(db: str) -> Check:
+    """No run of a dynamic key started while it was removed, none open at its removal, a refusal names runs of
+    the key (see the module). Each jobsite.chaos_churn item that committed left its result: {"key", "op"
+    ("remove" or "add"), "removed" (a removal that committed), "named" (a refusal's runs), "watermark" {"item",
+    "materialization"}: the sequences' last values read holding the key's row (a removal: after its lock; an
+    addition: before its insert)}."""
+    from queue_app.datasets.models import DynamicPartitionKey
+
+    items: dict[int, object] = {}
+    for model in (QueueItem, ItemHistory):
+        for item in model.objects.using(db).filter(task__in=[CHURN_PRODUCER, CHURN_CONSUMER, CHURN_TASK]):
+            items.setdefault(item.id, item)
+    results = {
+        f"chaos:{i.id}": i.result
+        for i in items.values()
+        if i.task == CHURN_TASK and i.state == "done" and isinstance(i.result, dict)
+    }
+    runs = defaultdict(list)  # key -> its runs: (kind, id, created, finished)
+    for item in items.values():
+        if item.task != CHURN_TASK and isinstance(item.payload, dict) and item.payload.get("partition"):
+            runs[item.payload["partition"]].append(("item", item.id, item.finished_at))
+    for m in Materialization.objects.using(db).filter(dataset=CHURN_DATASET).order_by("id"):
+        runs[m.partition].append(("materialization", m.id, None))
+    problems = []
+    rows = list(DynamicPartitionKey.objects.using(db).filter(partition_set=CHURN_SET).order_by("key", "id"))
+    removed_by = {r.removed_by for r in rows if r.removed_at is not None}
+    said_removed = {by for by, r in results.items() if r.get("op") == "remove" and r.get("removed")}
+    if removed_by != said_removed:
+        unsaid, unseen = sorted(removed_by - said_removed), sorted(said_removed - removed_by)
+        problems.append(f"key rows removed by {unsaid} no committed removal says; removals {unseen} not in the rows")
+    for at, row in enumerate(rows):
+        if row.removed_at is None:
+            continue
+        removal = results.get(row.removed_by, {}).get("watermark", {})
+        after = rows[at + 1] if at + 1 < len(rows) and rows[at + 1].key == row.key else None
+        readd = results.get(after.added_by, {}).get("watermark", {}) if after is not None else {}
+        for kind, run_id, finished in runs[row.key]:
+            if kind not in removal:
+                continue
+            if removal[kind] < run_id and (kind not in readd or run_id <= readd[kind]):
+                problems.append(f"{kind} {run_id} of {row.key} started while it was removed ({row.removed_by})")
+            elif kind == "item" and run_id <= removal[kind] and (finished is None or finished > row.removed_at):
+                problems.append(f"item {run_id} of {row.key} open at its removal ({row.removed_by})")
+    refusals = 0
+    for by, result in results.items():
+        if result.get("op") != "remove" or result.get("removed") or not result.get("named"):
+            continue
+        refusals += 1
+        ours = {f"item:{run_id}" for kind, run_id, _ in runs[result["key"]] if kind == "item"}
+        if strays := [n for n in result["named"] if n not in ours]:
+            problems.append(f"{by}: removal of {result['key']} refused naming {', '.join(strays[:5])}, no run of it")
+    figures = {
+        "removed": len(said_removed),
+        "refused": refusals,
+        "added_again": sum(r.get("op") == "add" and r.get("added", False) for r in results.values()),
+        "runs": sum(len(v) for v in runs.values()),
+    }
+    return Check("dynamic keys: no run after removal", not problems, figures, problems[:20])
 
 
 def mapped_check(db: str, run: TriggerRun, rows: dict) -> Check:

@@ -20,11 +20,18 @@ fan-in of chaos_region (by day and a source of the dynamic set chaos_sources, wh
 each queued exactly once per complete set of the partitions its mapping names, with their ids, never for an
 incomplete one, run once, after all of them.
 
+Dynamic keys removed while their runs start (the same kills): the keys of chaos_customers, added first, are
+removed and added again by jobsite.chaos_churn items planted among the others, racing jobsite.chaos_request_cust
+items that ask `materialize` for a key's partition of chaos_cust (its producer task's item, then the trigger task
+it fires). Checked: no item or materialization of a key started while it was removed, none open at a removal, a
+refusal names runs of the key, the key rows' removals are the committed churn items'.
+
 Same private cluster and worker fleet as the item run (runner.py); the faults here are kill -9 only.
 """
 
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.contrib.auth.models import User
 from django.db.models import Max
@@ -37,7 +44,7 @@ from . import trigger_tasks
 from .checks import Check
 from .fleet import Fleet
 from .runner import ALIAS, MIN_AGE, ChaosRun
-from .trigger_checks import TriggerRun, check_triggers
+from .trigger_checks import CHURN_SET, TriggerRun, check_triggers
 
 QUEUE = "default"
 QUEUE_LEASE = 10.0
@@ -53,12 +60,27 @@ class TriggerSizes:
     deadline: float
     sleep: float  # seconds each upstream item sleeps inside its transaction
     bad_every: int = 10  # every Nth partition's chaos_a is recorded bad (its blocking check fails)
+    requests: int = 40  # jobsite.chaos_request_cust items (a partition of a dynamic key asked for)
+    churns: int = 30  # jobsite.chaos_churn items (a key removed, or added again)
+    churn_seconds: float = 20.0  # they come due over this long (the upstreams' phase lasts about that long)
 
 
 SOURCES = ("s1", "s2", "s3")  # the keys of the dynamic set chaos_sources
+CUSTOMERS = ("c1", "c2", "c3")  # the keys of chaos_customers, removed and added again during the run
 MAPPED_DAYS = 28  # the days whose chaos_region partitions are planted (every source)
 QUICK = TriggerSizes(partitions=150, workers=3, concurrency=4, kills=2, gap=2.0, deadline=300.0, sleep=0.05)
-FULL = TriggerSizes(partitions=1500, workers=3, concurrency=4, kills=6, gap=3.0, deadline=900.0, sleep=0.02)
+FULL = TriggerSizes(
+    partitions=1500,
+    workers=3,
+    concurrency=4,
+    kills=6,
+    gap=3.0,
+    deadline=900.0,
+    sleep=0.02,
+    requests=400,
+    churns=300,
+    churn_seconds=120.0,
+)
 
 
 class TriggerChaosRun(ChaosRun):
@@ -72,8 +94,11 @@ class TriggerChaosRun(ChaosRun):
         checks: list[Check] = []
         try:
             self._setup()
-            engine.ensure_queue(QUEUE, using=ALIAS)
-            Queue.objects.using(ALIAS).filter(name=QUEUE).update(lease_timeout=QUEUE_LEASE)
+            for queue in (QUEUE, trigger_tasks.KEYS_QUEUE):
+                engine.ensure_queue(queue, using=ALIAS)
+            Queue.objects.using(ALIAS).filter(name__in=[QUEUE, trigger_tasks.KEYS_QUEUE]).update(
+                lease_timeout=QUEUE_LEASE
+            )
             self._plant_upstreams()
             self._kill_phase()
             checks = self._judge()
@@ -100,15 +125,28 @@ class TriggerChaosRun(ChaosRun):
         # The fan-in over a dynamic set: its keys added first (as `dataset partitions add` would), then each
         # day's partition of every source of the first MAPPED_DAYS days, racing like the others.
         DynamicPartitionKey.objects.using(ALIAS).bulk_create(
-            DynamicPartitionKey(partition_set=trigger_tasks.SOURCES_SET, key=k, added_by="queue_chaos") for k in SOURCES
+            [
+                DynamicPartitionKey(partition_set=trigger_tasks.SOURCES_SET, key=k, added_by="queue_chaos")
+                for k in SOURCES
+            ]
+            + [DynamicPartitionKey(partition_set=CHURN_SET, key=k, added_by="queue_chaos") for k in CUSTOMERS]
         )
+        churn = [(trigger_tasks.CHURN_REQUEST, self.rng.choice(CUSTOMERS)) for _ in range(self.tr_sizes.requests)]
+        churn += [(trigger_tasks.CHURN_TASK, self.rng.choice(CUSTOMERS)) for _ in range(self.tr_sizes.churns)]
         items += [
             {"dataset": trigger_tasks.REGION, "partition": f"{day}|{source}", "sleep": self.tr_sizes.sleep}
             for day in self._partitions()[:MAPPED_DAYS]
             for source in SOURCES
         ]
         self.rng.shuffle(items)
-        engine.enqueue_many(trigger_tasks.UPSTREAM_TASK, items, queue=QUEUE, using=ALIAS)
+        # Below the default priority: the dynamic keys' items (and the checks and consumers) come due among them
+        engine.enqueue_many(trigger_tasks.UPSTREAM_TASK, items, queue=QUEUE, priority=-1, using=ALIAS)
+        # Key removals and the partitions asked of those keys, spread over the upstreams' time (delayed items, on
+        # a queue of their own: each starts when due, not behind the upstreams' backlog)
+        now = self._db_now()
+        for task, key in churn:
+            run_at = now + timedelta(seconds=self.rng.uniform(0, self.tr_sizes.churn_seconds))
+            engine.enqueue(task, {"key": key}, queue=trigger_tasks.KEYS_QUEUE, run_at=run_at, using=ALIAS)
         self.say(f"planted {len(items):,} upstream records over {self.tr_sizes.partitions} partitions, {len(bad)} bad")
         User.objects.db_manager(ALIAS).create_superuser(trigger_tasks.OVERRIDE_USER, "chaos@example.com", None)
 
@@ -134,7 +172,11 @@ class TriggerChaosRun(ChaosRun):
     def _kill_phase(self) -> None:
         sizes = self.tr_sizes
         self.fleet = Fleet(
-            self._worker_env(), self.run_dir, sizes.concurrency, (QUEUE,), imports=("jobsite.chaos.trigger_tasks",)
+            self._worker_env(),
+            self.run_dir,
+            sizes.concurrency,
+            (QUEUE, trigger_tasks.KEYS_QUEUE),
+            imports=("jobsite.chaos.trigger_tasks",),
         )
         for _ in range(sizes.workers):
             self.fleet.spawn()

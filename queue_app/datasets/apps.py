@@ -41,7 +41,7 @@ class DatasetsConfig(layer_apps.LayerConfig):
             spark_producers,  # noqa: F401  the Spark jobs as producers (stale datasets)
             spark_runs,  # registers jobsite.E106 (the jobs' datasets); a Spark run's dataset steps
             spark_triggers,  # noqa: F401  the Spark jobs' data-aware triggers
-            workflow_triggers,  # noqa: F401  the workflows' data-aware triggers
+            workflow_triggers,  # the workflows' data-aware triggers, start checks and open runs of a key
         )
         from .checks_run import blocked_items
         from .producers import producer_succeeded
@@ -50,6 +50,7 @@ class DatasetsConfig(layer_apps.LayerConfig):
 
         hooks.held_reasons.register(blocked_items)
         hooks.producer_succeeded.register(producer_succeeded)
+        hooks.workflow_start_checks.register(workflow_triggers.check_start)  # a dynamic key held while it starts
         hooks.metric_collectors.register(metrics.freshness_collector)
         hooks.metric_collectors.register(metrics.openlineage_collector)
         hooks.maintenance_units["dataset_staleness"] = maintenance.staleness

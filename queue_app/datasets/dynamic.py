@@ -7,10 +7,19 @@
 
 A key is a row (models.DynamicPartitionKey) from its addition to its removal; a removed key keeps its row and its
 materializations (history), takes no new materialization (partitions.DynamicPartitions.key reads the current
-keys here, FOR SHARE inside a transaction) and may be added again (a new row). Removal locks the key's row and
-refuses while a run of the key is open (the checks producers register with add_open_runs: the Spark jobs', the
-trigger tasks'): a run being started holds the row FOR SHARE while it validates its partition, so the removal
-waits for it and then sees it.
+keys here, FOR SHARE inside a transaction) and may be added again (a new row).
+
+Removal locks the key's row FOR UPDATE and refuses while a run of the key is open: the checks registered with
+add_open_runs name them, the Spark jobs' runs (spark_triggers.py), the workflows' (workflow_triggers.py: those
+triggered by a dataset of the set), the items of trigger tasks (here) and of producer tasks (`@job(produces=)`,
+producer_task: producers.py). Every start of a key validates it in the start's own transaction, so holds the row
+FOR SHARE until the start commits: a Spark run's trigger (spark/runs.trigger_run), a workflow's start (the core's
+hooks.workflow_start_checks), a trigger's fire (triggers.declared_consumer, in the recorder's transaction), a
+producer task's item (producers.py) and a materialization's record. A removal arriving meanwhile waits for that
+transaction, then sees its run and refuses; a start arriving after the removal took its lock waits for it, then
+finds the key gone and refuses. `removed_at` is the clock after the lock and the checks (clock_timestamp()): every
+start of the key's earlier life began before it and had ended by then, and none began after it (until the key is
+added again): what `queue_chaos --triggers` checks (jobsite/chaos/trigger_checks.py).
 """
 
 from __future__ import annotations
@@ -46,7 +55,9 @@ WHERE partition_set = %s AND key = ANY(%s::text[]) AND removed_at IS NULL
 ORDER BY key FOR UPDATE
 """
 
-REMOVE_KEYS = "UPDATE queue_app_dynamicpartitionkey SET removed_at = now(), removed_by = %s WHERE id = ANY(%s)"
+REMOVE_KEYS = """
+UPDATE queue_app_dynamicpartitionkey SET removed_at = clock_timestamp(), removed_by = %s WHERE id = ANY(%s)
+"""
 
 
 class Lookup:
@@ -72,18 +83,43 @@ def add_open_runs(check: Callable[[str, list[str]], list[str]]) -> None:
 OPEN_TASK_ITEMS = """
 SELECT id, payload->>'partition' FROM queue_app_queueitem
 WHERE task = ANY(%s::text[]) AND state IN ('ready', 'reserved') AND payload ? 'partition'
+  AND (%s::text[] IS NULL OR payload->>'dataset' = ANY(%s::text[]))
 """
+
+
+def open_items(tasks: list[str], keys: list[str], datasets: list[str] | None = None) -> list[str]:
+    """["item:12", ...]: the open (ready or reserved) items of `tasks` whose payload's partition names one of
+    `keys` (the key, or a part of a "day|customer" key); with `datasets`, only those whose payload's dataset is
+    one of them (a producer's items, started for a dataset)."""
+    if not tasks:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(OPEN_TASK_ITEMS, [tasks, datasets, datasets])
+        return [f"item:{i}" for i, partition in cursor.fetchall() if names_key({"p": partition}, keys)]
+
+
+def names_key(params: Any, keys: Iterable[str]) -> bool:
+    """Whether a run's parameters (a dict) name one of `keys`: a value, or a part of a "day|customer" value."""
+    values = {part for v in (params or {}).values() if isinstance(v, str) for part in v.split("|")}
+    return bool(values & set(keys))
+
+
+def uses_set(partition_set: str, refs: Iterable[Any]) -> bool:
+    """Whether one of the dataset references `refs` (DatasetRef, or a dataset name) names a dataset partitioned
+    by the dynamic set (in one of its dimensions); an unknown dataset names none."""
+    for ref in refs:
+        try:
+            ds = get_dataset(ref if isinstance(ref, str) else ref.name)
+        except DatasetError:
+            continue
+        if any(p.name == partition_set for _n, p in sets_of(ds)):
+            return True
+    return False
 
 
 def _open_task_items(partition_set: str, keys: list[str]) -> list[str]:
     """The open items of trigger tasks (triggers.trigger_task) whose partition names one of `keys`."""
-    tasks = [c.key[len("task:") :] for c in consumers().values() if c.key.startswith("task:")]
-    if not tasks:
-        return []
-    wanted = set(keys)
-    with connection.cursor() as cursor:
-        cursor.execute(OPEN_TASK_ITEMS, [tasks])
-        return [f"item:{i}" for i, partition in cursor.fetchall() if wanted & set((partition or "").split("|"))]
+    return open_items([c.key[len("task:") :] for c in consumers().values() if c.key.startswith("task:")], keys)
 
 
 _open_runs: list[Callable[[str, list[str]], list[str]]] = [_open_task_items]

@@ -22,6 +22,7 @@ import string
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ..dataset_refs import partition_params
 from .locations import dataset_roots
 
 PLACEHOLDERS = ("partition", "root", "location")
@@ -87,9 +88,7 @@ def producer_params(
 ) -> dict[str, Any]:
     """The parameters of one start of `dataset`'s producer for `key`: the partition parameter, then the
     declaration's, then `given` (see the module)."""
-    params: dict[str, Any] = {partition_param: key} if partition_param and key else {}
-    if partition_param and key and "|" in partition_param:  # one parameter per dimension: "day|region"
-        params = dict(zip(partition_param.split("|"), key.split("|"), strict=False))
+    params: dict[str, Any] = partition_params(partition_param, key)  # one per dimension for "day|region"
     params.update(declared_params(dataset, key))
     params.update(given or {})
     return params

@@ -30,6 +30,7 @@ from queue_app import engine
 from queue_app.registry import registered_tasks
 
 from ..engine.alias import atomic
+from . import dynamic
 from .declarations import DatasetError, get_dataset
 from .locations import LocationError, dataset_roots
 from .producer_params import producer_params
@@ -73,8 +74,11 @@ def producer_task(task: str, *, produces: Iterable[str]) -> list[Producer]:
 
 def _task_producer(task: str, name: str, origin: str) -> Producer:
     def start(partition: str, reason: str, params: Mapping[str, Any] | None = None) -> list[str]:
-        given = producer_params(get_dataset(name), partition, None, params)
-        item = engine.enqueue(task, {"dataset": name, "partition": partition, "params": given, "reason": reason})
+        ds = get_dataset(name)
+        with atomic():  # the key checked in the enqueue's transaction: a dynamic key's row held until it commits
+            key = ds.partition_key(partition or None)
+            given = producer_params(ds, key, None, params)
+            item = engine.enqueue(task, {"dataset": name, "partition": key, "params": given, "reason": reason})
         return [f"item:{item.id}"]
 
     return Producer(f"task:{task}", name, start, origin=origin)
@@ -122,6 +126,18 @@ def record_produced(task: str, produces: Iterable[str], payload: Any, result: An
 def forget_task(task: str) -> None:
     for key in [k for k in _tasks if k[0] == task]:
         del _tasks[key]
+
+
+def open_producer_items(partition_set: str, keys: list[str]) -> list[str]:
+    """The open items of producer tasks (`@job(produces=...)`, producer_task) started for a dataset of the
+    dynamic set whose partition names one of `keys` (dynamic.add_open_runs: its removal is refused meanwhile)."""
+    pairs = [(task.name, ds) for task in registered_tasks().values() for ds in task.produces]
+    pairs += list(_tasks)
+    pairs = [(task, ds) for task, ds in pairs if dynamic.uses_set(partition_set, [ds])]
+    return dynamic.open_items(sorted({t for t, _ in pairs}), keys, sorted({d for _, d in pairs}))
+
+
+dynamic.add_open_runs(open_producer_items)
 
 
 def producers_of(dataset: str) -> list[Producer]:

@@ -18,7 +18,7 @@ from typing import Any
 from ..dataset_refs import DatasetRef, dataset_refs
 from .declarations import DatasetError, get_dataset
 from .mappings import mapping_of
-from .partitions import MultiPartitions, PartitionError
+from .partitions import MultiPartitions, PartitionError, Partitioning
 
 __all__ = ["DatasetRef", "PartitionParamError", "dataset_refs", "partition_keys", "ref_problems"]
 
@@ -52,18 +52,25 @@ def ref_problems(refs: Iterable[DatasetRef], params: Iterable[str], *, produced:
             problems.append(
                 f"dataset {ref.name!r}: the partition parameter {undeclared[0]!r} is not a declared parameter"
             )
-        elif len(ref.params) > 1 and (
-            not isinstance(ds.partitioning, MultiPartitions) or len(ref.params) != len(ds.partitioning.names)
-        ):
-            problems.append(
-                f"dataset {ref.name!r}: {ref.param!r} names {len(ref.params)} parameters; give one per dimension "
-                f"({ds.partitioning!r}) or one taking the whole key"
-            )
+        elif split := dimension_problem(ref.param, ds.partitioning):
+            problems.append(f"dataset {ref.name!r}: {split}")
         elif ref.param is not None and not partitioned:
             problems.append(f"dataset {ref.name!r} is not partitioned: it takes no partition parameter")
         elif ref.param is None and partitioned and produced:
             problems.append(f"dataset {ref.name!r} is partitioned: say which parameter names the partition")
     return problems
+
+
+def dimension_problem(param: str | None, partitioning: Partitioning | None) -> str | None:
+    """What is wrong with a partition parameter naming one parameter per dimension ("day|region") for
+    `partitioning`: not as many as its dimensions (a parameter without "|" takes the whole key: never wrong)."""
+    names = param.split("|") if param else []
+    if len(names) < 2 or (isinstance(partitioning, MultiPartitions) and len(names) == len(partitioning.names)):
+        return None
+    return (
+        f"{param!r} names {len(names)} parameters; give one per dimension ({partitioning!r}) or one taking the "
+        "whole key"
+    )
 
 
 def partition_keys(refs: Iterable[DatasetRef], params: Mapping[str, Any]) -> dict[str, str]:

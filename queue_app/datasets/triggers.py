@@ -53,12 +53,13 @@ from django.core import checks
 
 from queue_app import engine
 
-from ..dataset_refs import DatasetRef, OnUpdate, on_update_of
+from ..dataset_refs import DatasetRef, OnUpdate, on_update_of, partition_params
 from ..engine.alias import atomic, connection
 from .declarations import DatasetError, get_dataset
 from .mappings import IDENTITY, mapping_of
 from .mappings import Mapping as PartitionMapping
 from .partitions import PartitionError, Partitioning
+from .refs import dimension_problem
 from .sql import (
     TIMER_ALIVE,
     TRIGGER_CLEAR,
@@ -140,6 +141,77 @@ def trigger_task(
 
 def forget_task(task: str) -> None:
     _tasks.pop(f"task:{task}", None)
+
+
+# -- consumers declared on a job: a Spark job's or a workflow's on_update= (spark_triggers.py, workflow_triggers.py)
+
+
+def partition_param(trigger: OnUpdate, refs: Iterable[DatasetRef] = ()) -> str | None:
+    """The job's parameter taking its partition: the first on_update upstream naming one, else the first of
+    `refs` (what it produces or consumes) naming one for a partitioned dataset; None: it takes none."""
+    for ref in trigger.upstreams:
+        if ref.param:
+            return ref.param
+    for ref in refs:
+        try:
+            partitioned = get_dataset(ref.name).partitioning.describe() is not None
+        except DatasetError:
+            continue
+        if ref.param and partitioned:
+            return ref.param
+    return None
+
+
+def declared_consumer(
+    kind: str,
+    name: str,
+    trigger: OnUpdate,
+    start: Callable[[str, dict[str, str], str], str],
+    *,
+    params: Iterable[str] = (),
+    refs: Iterable[DatasetRef] = (),
+    produces: Iterable[str] = (),
+    origin: str = "",
+    atomic_start: bool = False,
+) -> Consumer:
+    """The consumer `kind:name` of a job declared with on_update=: a fire checks the partition against the
+    consumer's partitioning in the recorder's transaction (a dynamic key's row held FOR SHARE, so a removal of the
+    key waits for the start and then sees it: dynamic.py), then calls `start(name, params, requested_by)` with the
+    job's partition parameter set from the key (one per dimension for "day|region": dataset_refs.partition_params)
+    and "events #12, regions #13"; it returns what it started ("workflow:12")."""
+    param = partition_param(trigger, refs)
+    made: list[Consumer] = []
+
+    def start_for(partition: str, upstream: Mapping[str, int]) -> list[str]:
+        checked_partition(made[0], partition)
+        requested_by = ", ".join(f"{ds} #{mid}" for ds, mid in sorted(upstream.items()))
+        return [start(name, partition_params(param, partition), requested_by)]
+
+    made.append(
+        Consumer(
+            key=f"{kind}:{name}",
+            trigger=trigger,
+            start=start_for,
+            param=param,
+            params=tuple(params),
+            produces=tuple(produces),
+            origin=origin,
+            atomic_start=atomic_start,
+        )
+    )
+    return made[0]
+
+
+def checked_partition(consumer: Consumer, partition: str) -> str:
+    """`partition` as a key of the consumer's partitioning (a dynamic key read FOR SHARE in the caller's
+    transaction); DatasetError when it is none."""
+    part = consumer_partitioning(consumer)
+    if part is None or not partition:
+        return partition
+    try:
+        return part.key(partition)
+    except PartitionError as exc:
+        raise DatasetError(f"{consumer.key}: {partition!r} is not a partition: {exc}") from None
 
 
 def _loads(value: Any) -> dict[str, int]:
@@ -398,6 +470,8 @@ def trigger_problems(all_consumers: Mapping[str, Consumer]) -> list[tuple[str, s
                 problems.append(
                     ("jobsite.E108", f"{consumer.key} on_update: {consumer.param!r} is not a declared parameter")
                 )
+            elif split := dimension_problem(consumer.param, down):
+                problems.append(("jobsite.E108", f"{consumer.key} on_update: {split}"))
         for upstream in consumer.trigger.names:
             graph.setdefault(upstream, set())
             for produced in consumer.produces:

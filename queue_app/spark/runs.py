@@ -118,11 +118,11 @@ def trigger_run(
     values = spark_job.validate(params or {})
     if spark_job.prepare is not None:
         values = spark_job.validate(spark_job.dump_params(spark_job.prepare(values)))
-    hooks.check_trigger(spark_job, spark_job.dump_params(values))
     policy = policy_for(spark_job)
     seconds = check_timeout(job, timeout if timeout not in (None, "") else policy.timeout)
     trigger = SparkTrigger(trigger).value
-    with atomic():
+    with atomic():  # the layers' checks in the run's transaction: what they read with a lock stays held until then
+        hooks.check_trigger(spark_job, spark_job.dump_params(values))
         run = SparkRun.objects.create(
             job=spark_job.name,
             params=spark_job.dump_params(values),

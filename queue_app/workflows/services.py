@@ -11,12 +11,12 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.db.models import F
 
-from .. import engine, services
+from .. import engine, hooks, services
 from ..conf import queue_settings
 from ..engine import tracing
 from ..engine.alias import atomic, queue_db
@@ -98,6 +98,7 @@ def _create(
     version: str | None = None,
     deadline: dict[str, Any] | None = None,
     using: str | None = None,
+    start_checks: Callable[[], None] | None = None,
 ) -> Workflow:
     """Write a checked graph: the workflow, its steps and edges, and the items of the steps with nothing to wait
     for, in one transaction. With `key` (key, window in seconds or None), the key is claimed first: held by
@@ -106,9 +107,16 @@ def _create(
     is recorded with the graph's shape (workflows/versions.py); `deadline` (else the graph's, wf.deadline) is
     armed (workflows/deadlines.py): a time already past is an error, nothing written. With tracing on, the start
     is a span the workflow's row keeps the context of: every step's item carries it, so the workflow is one trace
-    (engine/tracing.py)."""
+    (engine/tracing.py). `start_checks()` (a layer's, hooks.workflow_start_checks) runs first in that
+    transaction: what it raises writes nothing, and what it locks stays held until the workflow is written."""
     options = dict(
-        callbacks=callbacks, order_edges=order_edges, key=key, version=version, deadline=deadline, using=using
+        callbacks=callbacks,
+        order_edges=order_edges,
+        key=key,
+        version=version,
+        deadline=deadline,
+        using=using,
+        start_checks=start_checks,
     )
     if tracing.enabled:
         with tracing.workflow_start(name, kind) as span:
@@ -136,6 +144,7 @@ def _write(
     deadline: dict[str, Any] | None,
     using: str,
     trace_context: str | None,
+    start_checks: Callable[[], None] | None,
 ) -> Workflow:
     deadline = deadline or graph.deadline_spec
     deadline_at = deadlines.due(deadline)
@@ -160,6 +169,8 @@ def _write(
         using,
     )
     with atomic(using):
+        if start_checks is not None:  # first: what they lock is held until the workflow is written
+            start_checks()
         workflow_id = None
         if key is not None:
             with cursor(using) as cur:
@@ -258,16 +269,23 @@ def start(
     spec = deadlines.parse(deadline)
     values = definition.validate(params)
     graph, order = definition.graph(values)
+    dumped = definition.dump(values)
+
+    def start_checks() -> None:  # a layer's (hooks.workflow_start_checks), in the transaction that writes it
+        for check in hooks.workflow_start_checks:
+            check(definition, dumped)
+
     return _create(
         definition.name,
         WorkflowKind.WORKFLOW,
-        definition.dump(values),
+        dumped,
         graph,
         order,
         started_by,
         key=claim,
         version=definition.version,
         deadline=spec,
+        start_checks=start_checks,
     )
 
 
