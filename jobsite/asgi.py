@@ -6,3 +6,7 @@ from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "jobsite.settings")
 application = get_asgi_application()
+
+from jobsite.serving import settle  # noqa: E402  (after the apps are loaded)
+
+settle()

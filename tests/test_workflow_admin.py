@@ -86,7 +86,7 @@ def test_backfill_page_runs_a_workflows_days_as_children(wf_client):
     first = client.post(url("backfill"), {**form, "as_children": "on"})
     assert "3 partitions</strong>, at most 2 at a time, each a child workflow?" in first.content.decode()
     client.post(url("backfill"), {**form, "as_children": "on", "_confirm": "1"})
-    w = Workflow.objects.get()
+    w = Workflow.objects.get(kind="backfill")  # its first K days' children started with it
     assert w.params["as_children"] is True
     assert {s.kind for s in WorkflowStep.objects.filter(workflow=w)} == {"workflow"}
 

@@ -155,10 +155,31 @@ def test_cancel_of_the_parent_goes_down_to_the_child():
 
 
 def test_a_step_cancelled_before_its_start_ran_starts_no_child():
-    w = services.start("wf_parent_slow")
+    w = services.start("wf_parent")
+    for held in engine.lease(None, 100, "test", lease_timeout=600):  # "first": the child's step becomes ready
+        engine.complete(held, 0)
+    assert QueueItem.objects.filter(task=CHILD_START_TASK, state="ready").count() == 1
     assert services.cancel(w.id)
     drive()
-    assert not Workflow.objects.filter(name="wf_child_slow").exists()
+    assert not Workflow.objects.filter(name="wf_child").exists()
+
+
+def test_a_first_step_starts_its_child_in_the_parents_start_transaction_and_cancel_goes_down():
+    """A sub-workflow step with nothing to wait for: its child is made and linked when the parent starts (no
+    start item), in the caller's transaction (rolled back with it); the parent's cancel goes down to it."""
+    with transaction.atomic():
+        services.start("wf_parent_slow")
+        transaction.set_rollback(True)
+    assert not Workflow.objects.exists()
+    w = services.start("wf_parent_slow")
+    child = child_of(w)
+    assert (child.state, child.started_by) == ("running", f"workflow {w.id}")
+    assert services.status(w.id)["steps"][0]["state"] == "waiting_child"
+    assert not QueueItem.objects.filter(task=CHILD_START_TASK).exists()
+    assert services.cancel(w.id, actor="me")
+    assert drive(skip=("wf.slow",)).count(CHILD_CANCEL_TASK) == 1
+    child.refresh_from_db()
+    assert child.state in ("cancelling", "cancelled")
 
 
 def test_starting_twice_yields_the_same_child_and_a_shared_key_ends_both_parents():
@@ -273,14 +294,23 @@ def test_the_admin_links_parent_and_child_both_ways(django_user_model):
 @pytest.mark.django_db(transaction=True)
 def test_parent_and_child_are_one_trace_the_childs_start_under_the_parents(traced):
     """The start item carries the parent's trace context and its handler runs under it (as a worker runs it), so
-    the child's start span, and with it every item of the child, is in the parent's trace."""
+    the child's start span, and with it every item of the child, is in the parent's trace. A child started in its
+    parent's start transaction (a first step's) is started under the parent's start span."""
     from queue_app.engine import tracing
     from queue_app.worker.execute import Job, run_job
     from tests.waiting import wait_for
 
-    w = services.start("wf_parent_slow")
+    first = services.start("wf_parent_slow")
+    first.refresh_from_db()
+    _, first_trace, first_span, _ = first.trace_context.split("-")
+    inline = child_of(first)
+    assert inline.trace_context.split("-")[1] == first_trace
+    w = services.start("wf_parent")
     w.refresh_from_db()
     _, trace_id, start_span_id, _ = w.trace_context.split("-")
+    for held in engine.lease(None, 10, "otel-w", 60, traced=True):
+        if held.task == "wf.add":  # wf_parent's "first" (the first child's wf.slow stays leased)
+            engine.complete(held, 0)
     (held,) = engine.lease(None, 10, "otel-w", 60, traced=True)
     assert held.task == CHILD_START_TASK and held.trace_context == w.trace_context
     job = Job(
@@ -293,22 +323,30 @@ def test_parent_and_child_are_one_trace_the_childs_start_under_the_parents(trace
     assert child.trace_context.split("-")[1] == trace_id
     tracing.flush()
     spans = wait_for(
-        lambda: [s for s in traced.spans() if s.trace_id == trace_id and s.name == "workflow wf_child_slow"],
+        lambda: [s for s in traced.spans() if s.trace_id == trace_id and s.name == "workflow wf_child"],
         20,
         what="the child's start span",
     )
     assert spans[0].parent_id == start_span_id  # here the item's context; a worker puts its attempt's span between
-    (slow,) = WorkflowStep.objects.filter(workflow_id=child.id)
-    assert QueueItem.objects.get(id=slow.item_id).trace_context.split("-")[1] == trace_id
+    (a,) = WorkflowStep.objects.filter(workflow_id=child.id, name="a")
+    assert QueueItem.objects.get(id=a.item_id).trace_context.split("-")[1] == trace_id
+    spans = wait_for(
+        lambda: [s for s in traced.spans() if s.trace_id == first_trace and s.name == "workflow wf_child_slow"],
+        20,
+        what="the first step's child's start span",
+    )
+    assert spans[0].parent_id == first_span
+    (slow,) = WorkflowStep.objects.filter(workflow_id=inline.id)
+    assert QueueItem.objects.get(id=slow.item_id).trace_context.split("-")[1] == first_trace
 
 
 def test_workflows_that_start_each_other_stop_at_the_depth_limit(monkeypatch):
-    monkeypatch.setattr(child_steps, "MAX_DEPTH", 4)  # 20 in production: the same path, fewer rounds
+    monkeypatch.setattr(children, "MAX_DEPTH", 4)  # 20 in production: the same path, fewer rounds
     w = services.start("wf_ping")
     drive()
     w.refresh_from_db()
     assert w.state == "failed"
-    assert Workflow.objects.count() == child_steps.MAX_DEPTH
+    assert Workflow.objects.count() == children.MAX_DEPTH
     deepest = Workflow.objects.order_by("-id").first()
     failed = WorkflowStep.objects.get(workflow_id=deepest.id)
     assert failed.state == "failed" and "nest at most 4 deep" in failed.error

@@ -53,7 +53,9 @@ def parent_slow(wf, params):
 
 @workflow("wf_parent_keyed", params=[Param("k", "str", required=True)])
 def parent_keyed(wf, params):
-    c = wf.workflow("wf_child", {"x": 5}, key="shared-{k}", name="child")
+    # after a first step: its start is an item a worker runs (the race test holds the key's claim against it)
+    first = wf.task("wf.add", {"x": 0}, name="first")
+    c = wf.workflow("wf_child", {"x": 5}, key="shared-{k}", name="child", after=[first])
     wf.task("wf.child_total", name="total", after=[c])
 
 

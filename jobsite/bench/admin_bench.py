@@ -31,6 +31,7 @@ from django.core.management.base import CommandError
 from django.db import connection, transaction
 from django.test import Client
 
+from jobsite import serving
 from jobsite.bench import admin_datasets
 from queue_app import engine
 from queue_app.conf import queue_settings
@@ -381,6 +382,7 @@ class AdminBench:
         ]
 
     def time_views(self, requests: int, budget_ms: float) -> None:
+        serving.settle()  # as a server process does once loaded (jobsite/wsgi.py): this one serves the pages
         user, _ = get_user_model().objects.get_or_create(
             username="admin-bench", defaults={"is_staff": True, "is_superuser": True}
         )

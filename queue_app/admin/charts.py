@@ -7,6 +7,7 @@ a click on a point opens what it stands for (`customdata[0]` is a URL: a run's p
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -14,9 +15,12 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.http import FileResponse, Http404, HttpRequest
 from django.urls import reverse
+from django.utils.html import format_html
 from django.utils.http import urlencode
+from django.utils.safestring import SafeString, mark_safe
 
 STATE_COLORS = {"succeeded": "#2e7d32", "failed": "#c62828", "cancelled": "#757575", "timed_out": "#ef6c00"}
 # How a run ended, as its point's symbol on the durations chart (the colour is its job's).
@@ -132,6 +136,19 @@ def _figure(data: list[Any], layout: dict[str, Any]) -> dict[str, Any]:
         return missing_figure()
 
     return go.Figure(data=data, layout=layout).to_plotly_json()
+
+
+# What json_script writes for the three characters it escapes (django.utils.html._json_script_escapes).
+_SCRIPT_ESCAPES = (("&", "\\u0026"), ("<", "\\u003C"), (">", "\\u003E"))
+
+
+def figure_script(figure: Any, element_id: str) -> SafeString:
+    """`figure|json_script:element_id`, the same text, written faster: json_script escapes with str.translate,
+    which on a 500-point figure's 115 KB of JSON cost three times its encoding (a sixth of a dataset page)."""
+    text = json.dumps(figure, cls=DjangoJSONEncoder)
+    for char, escaped in _SCRIPT_ESCAPES:
+        text = text.replace(char, escaped)
+    return format_html('<script id="{}" type="application/json">{}</script>', element_id, mark_safe(text))  # noqa: S308
 
 
 def run_url(run_id: int) -> str:

@@ -203,7 +203,7 @@ def partition_counts(
     return counts
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a matrix page makes 1,550 of them
 class Cell:
     """One partition in the dataset page's grid: its key, its state and its latest materialization (None when
     missing). States: "materialized" (by a run, step, item or code), "observed", "missing", and from the latest
@@ -349,19 +349,23 @@ def partition_matrix(ds: Dataset, now: dt.datetime | None = None) -> Matrix | No
         else:  # the newest partitions by key, as the one-dimension grid reads them
             limit = MATRIX_ROWS * max(1, min(len(columns_known) or MATRIX_COLUMNS, MATRIX_COLUMNS))
             cursor.execute(PARTITION_GRID, [ds.name, ds.name, limit, ds.name])
-        cells, rows_found = {}, {}
-        for row in cursor.fetchall():
-            parts = row[0].split("|")
-            if len(parts) != len(part.names):
-                continue  # written under another partitioning
-            key_time = parts[index]
-            column = "|".join(parts[:index] + parts[index + 1 :])
-            cell = Cell(row[0], cell_state(row[3], row[7]), row[1], row[2], row[4], row[5], row[6], row[7])
-            cells[key_time, column] = cell
-            columns_known.add(column)
-            worst = rows_found.get(key_time)
-            if worst is None or SEVERITY.index(cell.state) > SEVERITY.index(worst.state):
-                rows_found[key_time] = Cell(key_time, cell.state)
+        found = cursor.fetchall()
+    # (1,550 cells for the page: the loop kept to what each needs, the rows' worst states ranked by a dict)
+    cells, worst, width = {}, {}, len(part.names)
+    rank = {state: i for i, state in enumerate(SEVERITY)}.__getitem__
+    for row in found:
+        parts = row[0].split("|")
+        if len(parts) != width:
+            continue  # written under another partitioning
+        key_time = parts[index]
+        column = row[0][len(key_time) + 1 :] if index == 0 else "|".join(parts[:index] + parts[index + 1 :])
+        state = cell_state(row[3], row[7])
+        cells[key_time, column] = Cell(row[0], state, row[1], row[2], row[4], row[5], row[6], row[7])
+        columns_known.add(column)
+        was = worst.get(key_time)
+        if was is None or rank(state) > rank(was):
+            worst[key_time] = state
+    rows_found = {key: Cell(key, state) for key, state in worst.items()}
     columns = sorted(columns_known)
     rows: list[Cell] = []
     if rows_found:

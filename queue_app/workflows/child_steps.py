@@ -12,15 +12,10 @@ from ..engine.db import cursor
 from . import children, services, sql
 from .models import StepKind, StepState, Workflow, WorkflowStartKey, WorkflowState, WorkflowStep
 
-# Sub-workflows nested deeper than this fail their step: a definition that starts itself through others (A starts B,
-# B starts A) would otherwise start children without end (a workflow naming itself is refused when it is built).
-MAX_DEPTH = 20
-
 
 def child_key(step: WorkflowStep) -> str:
-    """The key the step starts its child by: the declared one, else the parent's id and the step's name (the same
-    in every attempt of the parent: a repair finds the child the earlier attempt started)."""
-    return step.spec.get("key") or f"parent {step.workflow_id}/{step.name}"[:200]
+    """The key the step starts its child by (children.child_key)."""
+    return children.child_key(step.workflow_id, step.name, step.spec)
 
 
 def _fail_wait(step: WorkflowStep, error: str) -> None:
@@ -49,14 +44,17 @@ def start_child(step_id: int) -> dict[str, Any]:
         if step.state != StepState.QUEUED or step.attempt != current:
             return {"started": False, "why": f"step {step.name!r} is {step.state}"}
         created = False
-        if child is None and children.depth_of(step.workflow_id, limit=MAX_DEPTH) >= MAX_DEPTH - 1:
-            _fail_wait(step, f"child workflow {name!r} not started: sub-workflows nest at most {MAX_DEPTH} deep")
+        limit = children.MAX_DEPTH
+        depth = children.depth_of(step.workflow_id, limit=limit) if child is None else 0
+        if child is None and depth >= limit - 1:
+            _fail_wait(step, f"child workflow {name!r} not started: sub-workflows nest at most {limit} deep")
             return {"started": False, "why": "too deep"}
         if child is None:
             try:
-                child = services.start(
-                    name, step.spec.get("params") or {}, key=key, started_by=f"workflow {step.workflow_id}"
-                )
+                with children.writing_at(depth + 1):  # its own first sub-workflow steps start theirs inline
+                    child = services.start(
+                        name, step.spec.get("params") or {}, key=key, started_by=f"workflow {step.workflow_id}"
+                    )
             except Exception as exc:  # noqa: BLE001  (its builder's bug included: the step fails, never hangs)
                 _fail_wait(step, f"child workflow {name!r} could not start: {exc}")
                 return {"started": False, "why": str(exc)}

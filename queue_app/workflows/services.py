@@ -202,8 +202,11 @@ def _write(
         if shape is not None:
             versions.record(name, version, fp, shape, using)
         deadlines.arm(workflow.id, 1, deadline_at, using)
+        first = [s for s in steps if s.kind == StepKind.WORKFLOW and waits[s.name] == 0]
+        linked = _start_children(workflow.id, first, using) if first else {}
         rows = WorkflowStep.objects.using(queue_db(using)).bulk_create(
-            [_step_row(workflow.id, 1, s, pending=waits[s.name]) for s in steps], batch_size=2000
+            [_step_row(workflow.id, 1, s, pending=waits[s.name], child_workflow_id=linked.get(s.name)) for s in steps],
+            batch_size=2000,
         )
         ids = {row.name: row.id for row in rows}
         StepDependency.objects.using(queue_db(using)).bulk_create(
@@ -215,8 +218,46 @@ def _write(
             batch_size=5000,
         )
         _enqueue([ids[n] for n in order if waits[n] == 0], channel, using)
+        if linked:  # a child that ended already (nothing of it left to run) ends its step now
+            with cursor(using) as cur:
+                cur.execute(sql.WORKFLOW_CHILDREN_SETTLE, {"ids": list(linked.values())})
     workflow.created = True
     return workflow
+
+
+def _start_children(workflow_id: int, steps: list[Any], using: str | None) -> dict[str, int]:
+    """Start the children of a starting workflow's sub-workflow steps with nothing to wait for, in its start
+    transaction (workflows/children.py): each made by its key as start() would, in a savepoint of its own.
+    Returns {step name: child id} of the children made here; a step left out (its key held by another workflow,
+    its definition not loaded in this process, its parameters refused, its builder raising, nested too deep)
+    queues its start item when it becomes ready, whose handler finds, repairs or fails as it does for any step."""
+    depth = children.writing_depth() + 1
+    if depth >= children.MAX_DEPTH:
+        return {}
+    linked = {}
+    for step in steps:
+        try:
+            with atomic(using):
+                definition = get_workflow(step.spec["workflow"])
+                values = definition.validate(step.spec.get("params") or {})
+                graph, order = definition.graph(values)
+                with children.writing_at(depth):  # its own first sub-workflow steps start theirs here too
+                    child = _create(
+                        definition.name,
+                        WorkflowKind.WORKFLOW,
+                        definition.dump(values),
+                        graph,
+                        order,
+                        f"workflow {workflow_id}",
+                        key=_start_key(children.child_key(workflow_id, step.name, step.spec), None),
+                        version=definition.version,
+                        using=using,
+                    )
+        except Exception:  # noqa: BLE001, S112  (the start item meets it again and fails the step with why)
+            continue
+        if child.created:
+            linked[step.name] = child.id
+    return linked
 
 
 def start_graph(graph: Graph, *, started_by: str = "", deadline: Any = None, using: str | None = None) -> Workflow:

@@ -620,7 +620,8 @@ $$;
 """
 
 # Sub-workflows (workflows/children.py). A sub-workflow step that becomes ready (queue_app_wf_enqueue marked it
-# queued, its item written in the same statement: the wait, a delayed item never due) queues its start in that
+# queued, its item written in the same statement: the wait, a delayed item never due) with no child linked yet
+# (one its workflow's start transaction made is linked as the step's row is written) queues its start in that
 # transaction: one item of queue_app.workflow_start_child (the step's spec "start", its queue ensured at start)
 # naming the step, carrying the parent's trace context; its transactional handler starts (or finds, by the key)
 # the child and links it to the step (child_workflow_id), in one transaction.
@@ -719,7 +720,8 @@ CREATE OR REPLACE TRIGGER workflow_step_deadline AFTER UPDATE OF state ON queue_
     WHEN (NEW.state = 'queued' AND OLD.state = 'waiting' AND NEW.spec ? 'deadline')
     EXECUTE FUNCTION queue_app_wf_step_deadline();
 CREATE OR REPLACE TRIGGER workflow_child_start AFTER UPDATE OF state ON queue_app_workflowstep FOR EACH ROW
-    WHEN (NEW.kind = 'workflow' AND NEW.state = 'queued' AND OLD.state = 'waiting')
+    WHEN (NEW.kind = 'workflow' AND NEW.state = 'queued' AND OLD.state = 'waiting'
+          AND NEW.child_workflow_id IS NULL)
     EXECUTE FUNCTION queue_app_wf_child_start();
 CREATE OR REPLACE TRIGGER workflow_child_cancel AFTER UPDATE OF state ON queue_app_workflowstep FOR EACH ROW
     WHEN (NEW.kind = 'workflow' AND NEW.state = 'cancelled' AND OLD.state = 'queued')
@@ -758,6 +760,8 @@ WORKFLOW_ENQUEUE = "SELECT queue_app_wf_enqueue(%(ids)s::bigint[], %(channel)s)"
 WORKFLOW_FINISH = "SELECT queue_app_wf_finish(%(workflow_id)s)"
 # A sub-workflow step's start found its child already ended: settle the step's wait now (workflows/children.py).
 WORKFLOW_CHILD_SETTLE = "SELECT queue_app_wf_child_settle(%(child_id)s)"
+# The same for the children a workflow's start made and linked (services._start_children).
+WORKFLOW_CHILDREN_SETTLE = "SELECT queue_app_wf_child_settle(c) FROM unnest(%(ids)s::bigint[]) AS c"
 # A repair's steps with nothing left to wait for: conditional ones are decided first (a branch kept from the
 # earlier attempt still skips the steps it did not choose); the caller then ends the workflow (WORKFLOW_FINISH)
 # if nothing is left open.
