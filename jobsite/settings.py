@@ -54,8 +54,10 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "queue_app",
-    "queue_app.datasets",  # the datasets layer (its models keep the label queue_app for now)
-    "queue_app.webhooks",  # the webhooks layer (the same)
+    "queue_app.spark",  # the layers, each an app (their models keep the label queue_app for now)
+    "queue_app.workflows",
+    "queue_app.datasets",
+    "queue_app.webhooks",
     # This project's own app (up, test, embedded_db, the bench and chaos commands, the admin's titles) and the
     # demo's jobs, datasets and workflows: what an adopter's project does not install.
     "jobsite",

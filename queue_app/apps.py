@@ -14,8 +14,6 @@ class QueueAppConfig(AppConfig):
         from . import registry  # installs the tasks' item defaults in the engine
         from .engine import tracing
         from .engine.db import tune_connection
-        from .spark import checks  # noqa: F401  registers jobsite.W010 (Java for Spark runs)
-        from .workflows import checks as workflow_checks  # noqa: F401  registers jobsite.E201 (conditions)
 
         # OpenTelemetry traces, when OTEL_TRACES_EXPORTER=otlp says so: once per process (web, worker, commands).
         tracing.configure()

@@ -1,7 +1,6 @@
-"""The hooks the core publishes for the layer apps (datasets and webhooks today; Spark runs and workflows as they
-become apps): the core calls them, a layer registers its functions on them in its AppConfig.ready(). The core
-names no layer; a project without the layer installed has nothing registered and the core behaves as if the
-feature did not exist.
+"""The hooks the core publishes for the layer apps (Spark runs, workflows, datasets, webhooks): the core calls them, a
+layer registers its functions on them in its AppConfig.ready(). The core names no layer; a project without the layer
+installed has nothing registered and the core behaves as if the feature did not exist.
 
 - `held_reasons(item_ids) -> {item id: why}`: why a ready item is held back by a layer (the datasets park an item
   whose input partitions are not usable). The item page, the Spark run page and the workflow pages say it.
@@ -20,6 +19,16 @@ feature did not exist.
   with its dumped parameters, first in the transaction that writes it (so what a check reads with a lock is held
   until the workflow is written); raises WorkflowParamError to refuse it, nothing written (the datasets: a
   partition parameter naming a dynamic key not in its set).
+- `schedule_targets[kind]`: a ScheduleTarget (`fire(schedule) -> item id or None`, in the fire's transaction;
+  `problems(target, payload) -> [(field, message, code)]` for the schedule form) for a schedule's target kind
+  other than a task: the Spark app registers "spark", the workflows app "workflow". A schedule of a kind no
+  installed app registers is refused by the form and fails its fire saying which app to add.
+- `prunes[name]() -> int`: what `queue_app.prune` removes besides the queue's own (the Spark app: runs past their
+  retention and their event logs), reported under `name`.
+- `expired_drops(limit) -> int`: a worker's maintenance round deleting what expired (the workflows app: inbound
+  events no wait claimed within their lookback), at most `limit` rows; counted as the worker's events_dropped.
+- `urls[name]`: a URL pattern of a layer under `include("queue_app.urls")` (the workflows app:
+  `/events/<source>/`).
 - Tasks: a layer's tasks live in its own `tasks.py`, which the task registry finds in every installed app.
 
 A function registered again (the same module and name: ready() run twice in a test) replaces itself.
@@ -28,7 +37,7 @@ A function registered again (the same module and name: ready() run twice in a te
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .registries import origin_of
 
@@ -60,6 +69,21 @@ metric_collectors: Hook[Callable[[], Any]] = Hook("metric collectors")
 event_published: Hook[Callable[[str, Any], list[Any]]] = Hook("event published")
 workflow_start_checks: Hook[Callable[[Any, dict[str, Any]], None]] = Hook("workflow start checks")
 maintenance_units: dict[str, Callable[[], dict[str, Any]]] = {}
+prunes: dict[str, Callable[[], int]] = {}
+expired_drops: Hook[Callable[[int], int]] = Hook("expired drops")
+urls: dict[str, Any] = {}
+
+
+class ScheduleTarget(NamedTuple):
+    """A schedule target kind a layer runs: `fire(schedule)` queues it in the caller's transaction (the item's id,
+    or None when it has none); `problems(target, payload)` says what the schedule form must refuse, as
+    (field, message, code)."""
+
+    fire: Callable[[Any], int | None]
+    problems: Callable[[str, Any], list[tuple[str, Any, str]]]
+
+
+schedule_targets: dict[str, ScheduleTarget] = {}
 
 
 def run_maintenance(name: str) -> dict[str, Any]:

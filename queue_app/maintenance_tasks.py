@@ -18,11 +18,10 @@ PRUNE_ROUNDS = 100  # at most a million done items per run (rounds of engine.PRU
 @job("queue_app.prune", hard_timeout=300.0)
 def prune(payload: Any, ctx: Context) -> dict[str, int]:
     """Delete done items past their queue's retention (in batches), the partitioned history's expired days
-    (and older rows of queues keeping less), expired dedup claims, Spark runs past their job's history retention
-    (policy keep_days) with their event logs, and the event logs of other runs past SPARK_EVENT_LOG_KEEP_DAYS."""
-    from .spark.runs import prune_event_logs, prune_runs
-
-    return {**engine.prune_rounds(PRUNE_ROUNDS), "spark_runs": prune_runs(), "spark_event_logs": prune_event_logs()}
+    (and older rows of queues keeping less), expired dedup claims, and what the layers prune (hooks.prunes: the
+    Spark app's runs past their job's history retention, policy keep_days, with their event logs, and the event
+    logs of other runs past SPARK_EVENT_LOG_KEEP_DAYS)."""
+    return {**engine.prune_rounds(PRUNE_ROUNDS), **{name: prune() for name, prune in hooks.prunes.items()}}
 
 
 @job("queue_app.dataset_staleness", hard_timeout=60.0)

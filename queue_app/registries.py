@@ -19,6 +19,14 @@ from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import autodiscover_modules
 
+NAMES_SHOWN = 20  # registered names listed in an "unknown name" message
+
+
+def shown_names(names: list[str]) -> str:
+    """The first NAMES_SHOWN of `names` for a message ("a, b and 3 more"; "(none)")."""
+    shown = ", ".join(names[:NAMES_SHOWN]) or "(none)"
+    return shown + (f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else "")
+
 
 class DuplicateName(ImproperlyConfigured, ValueError):
     """Two different origins register the same name."""

@@ -22,7 +22,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Q
 from django.utils import timezone
 
-from . import events
+from . import events, hooks
 from .engine.alias import atomic, queue_connection
 
 logger = logging.getLogger("jobsite.scheduler")
@@ -103,22 +103,30 @@ def latest_fire_at_or_before(expression: str, tz: str, now: datetime) -> datetim
     return it.get_prev(datetime).astimezone(UTC)
 
 
-def enqueue_target(schedule: Any, fire_at: datetime) -> tuple[int | None, bool]:
-    """Queue the schedule's target: a registered task with its payload, a Spark run with its params, or a
-    workflow with its params (no item id then). Returns (item id, whether the dedup window returned an earlier
-    item instead)."""
-    if schedule.target_kind == "workflow":
-        from .workflows import services as workflows
+class UnknownTargetKind(LookupError):
+    """A schedule's target kind no installed app runs (a Spark or workflow schedule without its app)."""
 
-        workflows.start(schedule.target, schedule.payload, started_by=f"schedule {schedule.name}")
-        return None, False
-    if schedule.target_kind == "spark":
-        from .spark.runs import trigger_run
 
-        run = trigger_run(
-            schedule.target, schedule.payload, trigger="schedule", requested_by=f"schedule {schedule.name}"
+APP_OF_KIND = {"spark": "queue_app.spark", "workflow": "queue_app.workflows"}
+
+
+def target_of(kind: str) -> hooks.ScheduleTarget:
+    """The layer's ScheduleTarget for `kind`; UnknownTargetKind naming the app to add when none is installed."""
+    found = hooks.schedule_targets.get(kind)
+    if found is None:
+        app = APP_OF_KIND.get(kind)
+        raise UnknownTargetKind(
+            f"no installed app runs {kind!r} schedule targets" + (f": add {app!r} to INSTALLED_APPS" if app else "")
         )
-        return run.item_id, False
+    return found
+
+
+def enqueue_target(schedule: Any, fire_at: datetime) -> tuple[int | None, bool]:
+    """Queue the schedule's target: a registered task with its payload, or a target of a layer's kind (a Spark
+    run with its params, a workflow with its params: hooks.schedule_targets; a workflow has no item id). Returns
+    (item id, whether the dedup window returned an earlier item instead)."""
+    if schedule.target_kind != "task":
+        return target_of(schedule.target_kind).fire(schedule), False
     from .registry import get_task
 
     dedup = {}

@@ -4,7 +4,8 @@
   `queue_app.fail` (always raises; retried with backoff, then a dead letter);
 - the probes, one per delivery mode (`queue_app.probe`, `queue_app.probe_at_most_once`,
   `queue_app.probe_transactional`), in queue_app/probes/ with their tables;
-- and, imported at the end, the tasks of the app's packages (prune, Spark runs, workflows).
+- and, imported at the end, the tasks of the app's packages (prune, the probes). A layer app's tasks are in its
+  own tasks.py (the Spark runs', the workflows', the webhooks', the datasets'), found because the app is installed.
 
 The registry itself (`@job`, `Task`, `Retry`) is queue_app.registry.
 """
@@ -53,5 +54,3 @@ def fail(payload: Any, ctx: Context) -> None:
 
 from . import maintenance_tasks as _maintenance_tasks  # noqa: E402, F401  registers queue_app.prune
 from .probes import tasks as _probes  # noqa: E402, F401  registers the probes
-from .spark import runs as _spark_runs  # noqa: E402, F401  registers queue_app.spark_run
-from .workflows import tasks as _workflow_tasks  # noqa: E402, F401  registers queue_app.workflow_finished

@@ -1,5 +1,5 @@
-"""jobsite's URLs for machines, as one `include()`: `/metrics` (Prometheus), `/healthz` and `/events/<source>/`
-(signed workflow events, workflows/inbound.py).
+"""jobsite's URLs for machines, as one `include()`: `/metrics` (Prometheus), `/healthz`, and the layers' (hooks.urls:
+the workflows app's `/events/<source>/`, signed workflow events, workflows/inbound.py).
 
     urlpatterns = [..., path("jobsite/", include("queue_app.urls"))]
 
@@ -8,13 +8,12 @@ The admin's pages come with the admin site (`admin.site.urls`), nothing to add f
 
 from django.urls import path
 
-from . import monitoring
-from .workflows import inbound
+from . import hooks, monitoring
 
 app_name = "jobsite"
 
 urlpatterns = [
     path("metrics", monitoring.metrics, name="metrics"),
     path("healthz", monitoring.healthz, name="healthz"),
-    path("events/<str:source>/", inbound.receive_event, name="workflow-events"),
+    *hooks.urls.values(),
 ]

@@ -283,8 +283,9 @@ def test_an_adopters_project_checks_migrates_enqueues_runs_and_shows_every_page(
     report = json.loads(shown.stdout.strip().splitlines()[-1])
     pages = report["pages"]
     assert {"overview", "queueitem detail", "reservation detail", "deadletter detail", "queue detail"} <= set(pages)
-    assert {"worker detail", "schedule detail", "sparkrun", "workflow"} <= set(pages)
-    assert "dataset" not in pages and "datasetcheckresult" not in pages  # the datasets app is not installed
+    assert {"worker detail", "schedule detail"} <= set(pages)
+    assert not {"sparkrun", "sparkscript", "workflow"} & set(pages)  # the Spark and workflows apps are not installed
+    assert "dataset" not in pages and "datasetcheckresult" not in pages  # nor the datasets app
     assert "webhookendpoint" not in pages and "webhookdelivery" not in pages  # nor the webhooks app
     assert {what: answer for what, answer in pages.items() if answer[0] != 200} == {}
     assert report["heavy"] == []
@@ -298,8 +299,8 @@ def test_the_adopters_test_command_is_djangos(adopter):
     assert "pytest" not in tested.stdout + tested.stderr
 
 
-def add_layer(adopter, extra: str, app: str) -> None:
-    """Install `jobsite[extra]` from the wheel, add `app` to the project's INSTALLED_APPS: check is clean and
+def add_layer(adopter, extra: str, *added: str) -> None:
+    """Install `jobsite[extra]` from the wheel, add the apps to the project's INSTALLED_APPS: check is clean and
     migrate runs."""
     wheel = next((adopter["base"] / "wheels").glob("jobsite-*.whl"))
     installed = _run(
@@ -308,7 +309,7 @@ def add_layer(adopter, extra: str, app: str) -> None:
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr[-3000:]
     settings = adopter["project"] / "mysite" / "settings.py"
-    settings.write_text(settings.read_text() + f'\nINSTALLED_APPS += ["{app}"]\n')
+    settings.write_text(settings.read_text() + f"\nINSTALLED_APPS += {list(added)!r}\n")
 
     checked = adopter["manage"]("check")
     assert checked.returncode == 0, checked.stderr
@@ -317,8 +318,34 @@ def add_layer(adopter, extra: str, app: str) -> None:
     assert migrated.returncode == 0, migrated.stderr
 
 
+def test_the_spark_and_workflows_apps_are_added_with_their_extras(adopter):
+    """First of the layers (each step changes the shared project): without them there is no `workflow` or
+    `spark_run` command; with `jobsite[spark,workflows]` and `queue_app.spark`, `queue_app.workflows` added, check
+    is clean, migrate runs, `workflow list` runs and their admin pages answer."""
+    manage = adopter["manage"]
+    for command in ("workflow", "spark_run"):
+        absent = manage(command, "--help")
+        assert absent.returncode != 0 and f"Unknown command: '{command}'" in absent.stderr
+
+    add_layer(adopter, "spark,workflows", "queue_app.spark", "queue_app.workflows")
+    listed = manage("workflow", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == []  # the adopter declares none; the demo's are not there
+    shown = manage(
+        "shell",
+        "-c",
+        "import json; from django.contrib.auth import get_user_model; from django.test import Client; "
+        "c = Client(HTTP_HOST='localhost'); c.force_login(get_user_model().objects.get(username='boss')); "
+        "pages = ['/admin/queue_app/sparkrun/', '/admin/queue_app/sparkscript/', '/admin/queue_app/workflow/', "
+        "'/admin/queue_app/workflow/start/']; "
+        "print(json.dumps({p: c.get(p).status_code for p in pages}))",
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert set(json.loads(shown.stdout.strip().splitlines()[-1]).values()) == {200}
+
+
 def test_the_datasets_app_is_added_with_its_extra(adopter):
-    """Last (it changes the shared project): without the datasets app there is no `dataset` command; with
+    """After Spark and workflows, which it builds on: without the datasets app there is no `dataset` command; with
     `jobsite[datasets]` installed and `queue_app.datasets` added, check is clean, migrate runs, the datasets'
     admin pages answer and `dataset list` runs."""
     manage = adopter["manage"]

@@ -8,12 +8,11 @@
   commands do.
 - The engine (the SQL of the queue) imports nothing of the app but its settings: the worker, services and
   admin build on it, never the other way round.
-- The core (`queue_app` outside the layer apps `queue_app/datasets/` and `queue_app/webhooks/`) imports nothing
-  of the webhooks but `queue_app.models` registering their models (it publishes its events through
-  `queue_app/events.py`, on which the webhooks app registers), and nothing of the datasets but
-  `queue_app.models` registering their models; it reaches the layer through `queue_app/hooks.py` and Spark's
-  `spark/hooks.py`, and declares datasets with its own vocabulary (`queue_app/dataset_refs.py`). NOT_YET_CUT
-  (empty) would list an edge not cut yet.
+- The core (`queue_app` outside the layer apps `queue_app/spark/`, `workflows/`, `datasets/`, `webhooks/`) imports
+  nothing of them but `queue_app.models` registering their models: it reaches them through `queue_app/hooks.py`
+  and publishes its events through `queue_app/events.py`, and declares datasets with its own vocabulary
+  (`queue_app/dataset_refs.py`). A layer imports only the layers its AppConfig requires (LAYERS), the webhooks
+  the workflows only when installed. NOT_YET_CUT (empty) would list a datasets edge not cut yet.
 - No two modules of `queue_app` or `jobsite` import each other, directly or through others (no import circle),
   counting imports inside functions too: a function-level import only hides a circle from Python, not from a
   reader. A package's `__init__` importing its own submodules is downward; a submodule importing its package's
@@ -281,22 +280,48 @@ def test_the_core_imports_nothing_of_the_datasets_app_but_its_models_registry():
     }
 
 
-# The webhooks layer is an app of its own too (queue_app.webhooks): the core publishes events (queue_app/events.py)
-# and the app registers on them; the same one edge is allowed: queue_app.models registering its models.
-WEBHOOKS = "queue_app.webhooks"
-CORE_TO_WEBHOOKS_ALLOWED = {"queue_app.models": ["queue_app.webhooks.models"]}
+# The layers are apps of their own (issue 45): Spark runs, workflows, datasets, webhooks. The core reaches them only
+# through the hooks it publishes (queue_app/hooks.py, queue_app/events.py); queue_app.models still registers their
+# models, which keep the app label queue_app until a later step moves their state. A layer imports only the layers
+# its AppConfig requires, and the webhooks the workflows only when that app is installed (webhooks/apps.py).
+LAYERS = {
+    "queue_app.spark": set(),
+    "queue_app.workflows": {"queue_app.spark"},
+    "queue_app.datasets": {"queue_app.spark", "queue_app.workflows"},
+    "queue_app.webhooks": {"queue_app.workflows"},
+}
+OPTIONAL = {"queue_app.webhooks": {"queue_app.workflows"}}
 
 
-def test_the_core_imports_nothing_of_the_webhooks_app_but_its_models_registry():
+def layer_of(module: str) -> str | None:
+    return next((app for app in LAYERS if module == app or module.startswith(app + ".")), None)
+
+
+def test_the_core_imports_no_layer_app_but_their_models_registry():
     graph = import_graph()
-    layers = (DATASETS, WEBHOOKS)
     found = {
-        name: sorted(m for m in graph[name] if m == WEBHOOKS or m.startswith(WEBHOOKS + "."))
+        name: sorted(m for m in graph[name] if layer_of(m))
         for name in graph
-        if name.startswith("queue_app") and not any(name == app or name.startswith(app + ".") for app in layers)
+        if name.startswith("queue_app") and not layer_of(name)
     }
-    assert {name: mods for name, mods in found.items() if mods} == CORE_TO_WEBHOOKS_ALLOWED
+    assert {name: mods for name, mods in found.items() if mods} == {
+        "queue_app.models": [f"{app}.models" for app in sorted(LAYERS)]
+    }
     assert "queue_app.events" in graph["queue_app.services"]  # the core publishes its events through the hook
+
+
+def test_a_layer_imports_only_the_layers_it_requires():
+    from django.apps import apps
+
+    graph = import_graph()
+    used = {app: set() for app in LAYERS}
+    for name, imported in graph.items():
+        if (app := layer_of(name)) is not None:
+            used[app] |= {other for m in imported if (other := layer_of(m)) not in (None, app)}
+    assert used == LAYERS
+    for app, others in LAYERS.items():  # what each imports is what its AppConfig declares (and checks: E100)
+        required = set(apps.get_app_config(app.replace("queue_app.", "jobsite_")).requires)
+        assert required - {"queue_app"} == others - OPTIONAL.get(app, set()), app
 
 
 def test_the_datasets_check_counts_function_level_imports():

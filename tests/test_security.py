@@ -483,7 +483,7 @@ def test_list_live_json_carries_text_for_text_content_only(admin_client, hostile
 
     assert response["Content-Type"] == "application/json"
     assert SCRIPT not in response.content.decode()
-    page = (ROOT / "queue_app/templates/admin/queue_app/spark/run_list.html").read_text()
+    page = (ROOT / "queue_app/spark/templates/admin/queue_app/spark/run_list.html").read_text()
     assert "innerHTML" not in page
 
 

@@ -1,8 +1,8 @@
 """MkDocs hook: the management command reference, rendered from each command's own argparse parser.
 
 `docs/reference/commands.md` holds the line `<!-- commands -->`; at build time it becomes one section per command
-of `queue_app/management/commands/`, the layer apps' (`queue_app/datasets/management/commands/`,
-`queue_app/webhooks/management/commands/`) and
+of `queue_app/management/commands/`, the layer apps' (`queue_app/<layer>/management/commands/`: spark,
+workflows, datasets, webhooks) and
 `jobsite/management/commands/` (usage, description, every argument and
 flag with its default and choices, sub-commands included). The page can therefore never list a flag that does
 not exist or miss one that does.
@@ -103,6 +103,8 @@ def _usage(parser: argparse.ArgumentParser) -> list[str]:
 # adds the layer) and the jobsite project's own.
 APPS = {
     "queue_app": "the app (`queue_app`)",
+    "queue_app.spark": "the Spark app (`queue_app.spark`)",
+    "queue_app.workflows": "the workflows app (`queue_app.workflows`)",
     "queue_app.datasets": "the datasets app (`queue_app.datasets`)",
     "queue_app.webhooks": "the webhooks app (`queue_app.webhooks`)",
     "jobsite": "the jobsite project only (not in an adopter's project)",

@@ -28,7 +28,4 @@ admin.site.register(ItemHistory, ItemHistoryAdmin)
 admin.site.register(ReservationHistory, ReservationHistoryAdmin)
 admin.site.register(Queue, QueueAdmin)
 admin.site.register(Worker, WorkerAdmin)
-from . import spark as _spark  # noqa: E402, F401  registers the Spark dashboard (SparkRun)
-from . import spark_scripts as _spark_scripts  # noqa: E402, F401  registers SparkScript
-from . import workflows as _workflows  # noqa: E402, F401  registers Workflow (graph, steps, start, backfill)
 from .schedules import ScheduleAdmin  # noqa: E402, F401  registers Schedule (with its fires inline)

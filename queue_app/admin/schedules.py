@@ -26,13 +26,14 @@ from ..conf import queue_settings
 from ..engine.errors import InvalidEnqueue
 from ..engine.payload import encode_json
 from ..models import Schedule, ScheduleFire, TargetKind
+from ..registries import shown_names
 from ..registry import find_task, registered_tasks
+from ..scheduling import UnknownTargetKind, target_of
 from .actions import Operation, OperationsAdmin
 from .display import preformatted, shorten
 
 UPCOMING = 5  # fire times shown on the detail page
 RECENT_FIRES = 20  # fires listed on the detail page
-KNOWN_NAMES_SHOWN = 20  # registered names listed in an "unknown target" message
 
 ENABLE = Operation(
     name="enable",
@@ -67,11 +68,6 @@ RUN_NOW = Operation(
     eligible_label="fired",
     apply=_run_now,
 )
-
-
-def _known(names: list[str]) -> str:
-    shown = ", ".join(names[:KNOWN_NAMES_SHOWN]) or "(none)"
-    return shown + (f" and {len(names) - KNOWN_NAMES_SHOWN} more" if len(names) > KNOWN_NAMES_SHOWN else "")
 
 
 def _django_task_payload_problem(payload: Any) -> str | None:
@@ -152,12 +148,15 @@ class ScheduleForm(forms.ModelForm):
         kind, target, payload = data.get("target_kind"), data.get("target"), data.get("payload")
         if not target or "payload" in self.errors:
             return data
-        if kind == TargetKind.SPARK:
-            self._clean_spark_target(target, payload)
-        elif kind == TargetKind.WORKFLOW:
-            self._clean_workflow_target(target, payload)
-        else:
+        if kind == TargetKind.TASK:
             self._clean_task_target(target, payload)
+            return data
+        try:  # a layer's kind: the app that runs it says what is wrong (hooks.schedule_targets)
+            problems = target_of(kind).problems(target, payload)
+        except UnknownTargetKind as exc:
+            problems = [("target_kind", str(exc), "unknown_kind")]
+        for field, message, code in problems:
+            self.add_error(field, ValidationError(message, code=code))
         return data
 
     def _clean_task_target(self, target: str, payload: Any) -> None:
@@ -168,46 +167,14 @@ class ScheduleForm(forms.ModelForm):
             self.add_error(
                 "target",
                 ValidationError(
-                    f"No task named {target!r} is registered. Registered tasks: {_known(list(registered_tasks()))}. "
+                    f"No task named {target!r} is registered. "
+                    f"Registered tasks: {shown_names(list(registered_tasks()))}. "
                     "A django.tasks function is named by its module path (e.g. 'billing.tasks.send_invoice').",
                     code="unknown_task",
                 ),
             )
         elif task.func is run_django_task and (problem := _django_task_payload_problem(payload)):
             self.add_error("payload", ValidationError(problem, code="invalid_payload"))
-
-    def _clean_workflow_target(self, target: str, payload: Any) -> None:
-        from ..workflows import UnknownWorkflow, WorkflowError, get_workflow
-
-        try:
-            get_workflow(target).validate(payload if isinstance(payload, dict) else {})
-        except UnknownWorkflow as exc:
-            self.add_error("target", ValidationError(str(exc), code="unknown_workflow"))
-        except WorkflowError as exc:
-            self.add_error("payload", ValidationError(str(exc), code="invalid_payload"))
-
-    def _clean_spark_target(self, target: str, payload: Any) -> None:
-        from ..spark.registry import SparkParamError, UnknownSparkJob, all_jobs, get_job
-
-        try:
-            job = get_job(target)
-        except UnknownSparkJob:
-            known = _known([job.name for job in all_jobs()])
-            self.add_error(
-                "target",
-                ValidationError(f"No Spark job named {target!r}. Registered Spark jobs: {known}.", code="unknown_job"),
-            )
-            return
-        try:
-            job.validate(payload if payload is not None else {})
-        except SparkParamError as exc:
-            lines = [
-                f"{name}: {message}" if name != "__all__" else message for name, message in sorted(exc.errors.items())
-            ]
-            self.add_error(
-                "payload",
-                ValidationError([f"Invalid params for Spark job {target!r}:", *lines], code="invalid_params"),
-            )
 
 
 class RecentFiresFormSet(BaseInlineFormSet):

@@ -22,7 +22,7 @@ class DatasetsConfig(layer_apps.LayerConfig):
     name = "queue_app.datasets"
     label = "jobsite_datasets"
     verbose_name = "Datasets"
-    requires = ("queue_app",)  # Spark runs and workflows, which its triggers start, live in queue_app for now
+    requires = ("queue_app", "queue_app.spark", "queue_app.workflows")  # its triggers start runs and workflows
 
     def wire(self) -> None:
         from django.db.models.signals import post_migrate

@@ -5,6 +5,7 @@
   process's INFO and DEBUG lines are disabled for the command's run (logging.disable) and restored after.
 - `add_import_argument(parser, what)` and `import_modules(names)`: the repeatable `--import MODULE` of the commands
   that read declarations (`run_worker`, `workflow`, `dataset`), and its import with a clear CommandError.
+- `parse_params(pairs)`: the `--param NAME=VALUE` of `spark_run` and `workflow`.
 - `acting_user(name, permission)`: the Django user a command acts as (`--user NAME`, else the OS login name);
   a clear CommandError listing up to five active users who hold the permission when there is none.
 """
@@ -59,6 +60,17 @@ def import_modules(names: Iterable[str]) -> None:
             importlib.import_module(name)
         except ImportError as exc:
             raise CommandError(f"--import {name}: {exc}") from None
+
+
+def parse_params(pairs: list[str]) -> dict[str, str]:
+    """`--param NAME=VALUE` pairs (repeatable) as a dict of strings; CommandError for a pair without a name or `=`."""
+    params: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise CommandError(f"--param takes NAME=VALUE, not {pair!r}")
+        params[name.strip()] = value
+    return params
 
 
 def users_with(permission: str, limit: int = SHOWN_USERS) -> list[str]:

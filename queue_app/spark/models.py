@@ -9,6 +9,10 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+# The layer is an app of its own (apps.py); its models keep the core's label, tables and migrations until a later
+# step moves their state.
+APP_LABEL = "queue_app"
+
 
 class SparkRunState(models.TextChoices):
     QUEUED = "queued"
@@ -50,6 +54,7 @@ class SparkConnectServer(models.Model):
     last_heartbeat = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        app_label = APP_LABEL
         verbose_name = "Spark Connect server"
 
     def __str__(self) -> str:
@@ -86,6 +91,7 @@ class SparkRun(models.Model):
     timings = models.JSONField(null=True, blank=True)
 
     class Meta:
+        app_label = APP_LABEL
         ordering = ["-id"]
         permissions = [
             ("trigger_sparkrun", "Can trigger Spark runs"),
@@ -129,6 +135,7 @@ class QueueStatsHourly(models.Model):
     as_of = models.DateTimeField(null=True)
 
     class Meta:
+        app_label = APP_LABEL
         db_table = "queue_app_queuestats_hourly"
         ordering = ["-hour"]
         indexes = [models.Index("hour", name="queuestats_hourly_hour")]
@@ -175,6 +182,7 @@ class SparkScript(models.Model):
     updated_by = models.CharField(max_length=150, blank=True, default="")
 
     class Meta:
+        app_label = APP_LABEL
         ordering = ["name"]
 
     def __str__(self) -> str:
@@ -191,6 +199,9 @@ class SparkWatermark(models.Model):
     as_of = models.DateTimeField()
     run_id = models.BigIntegerField(null=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        app_label = APP_LABEL
 
     def __str__(self) -> str:
         return f"{self.name} @ {self.value} ({self.as_of:%Y-%m-%d %H:%M:%S})"

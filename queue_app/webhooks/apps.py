@@ -4,7 +4,8 @@
 It builds on the core app (`queue_app`; installed without it, `check` says so: jobsite.E100). Its ready()
 registers on the core's events (queue_app/events.py, through hooks.event_published) the function that writes a
 delivery per subscribed endpoint in the publishing transaction, and its tasks (tasks.py: the delivery and the
-SQL-raised events' publish, and a workflow's end as an event). Its admin (endpoints, deliveries), its `webhooks`
+SQL-raised events' publish), and, when the workflows app is installed too, a workflow's end as an event
+(workflow_events.py). Its admin (endpoints, deliveries), its `webhooks`
 command and its templates are the app's.
 
 Its models keep the app label `queue_app` this step (tables, migrations, content types and admin URLs
@@ -22,9 +23,13 @@ class WebhooksConfig(layer_apps.LayerConfig):
     requires = ("queue_app",)
 
     def wire(self) -> None:
+        from django.apps import apps
+
         from queue_app import hooks
 
-        from . import tasks  # noqa: F401  registers the delivery and publish tasks, a workflow's end as an event
+        from . import tasks  # noqa: F401  registers the delivery and publish tasks
         from .events import publish_event
 
         hooks.event_published.register(publish_event)
+        if apps.is_installed("queue_app.workflows"):
+            from . import workflow_events  # noqa: F401  a workflow's end as an event (workflow_finished)

@@ -18,7 +18,6 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models.functions import Now
-from django.dispatch import receiver
 
 from .. import engine
 from ..conf import queue_settings
@@ -26,8 +25,6 @@ from ..engine.alias import atomic, connection
 from ..engine.errors import StaleReservation
 from ..events import PUBLISH_TASK
 from ..registry import Context, Delivery, Retry, Settled, job
-from ..workflows.models import Workflow
-from ..workflows.signals import workflow_finished
 from . import sender
 from .events import DELIVER_TASK, WEBHOOK_QUEUE, publish_event
 from .models import WebhookDelivery, WebhookEndpoint
@@ -202,23 +199,3 @@ def deliver(payload: Any, ctx: Context) -> dict[str, Any] | Settled:
 def publish(payload: Any, ctx: Context) -> dict[str, int]:
     deliveries = publish_event(payload["type"], payload.get("data"))
     return {"deliveries": len(deliveries)}
-
-
-@receiver(workflow_finished)
-def publish_workflow_end(sender: Any, workflow: Workflow, state: str, **kwargs: Any) -> None:
-    """A workflow's end as an event: `workflow.failed` when it failed, `workflow.finished` when it succeeded or was
-    cancelled (`data.state` says which). Sent from the transactional `queue_app.workflow_finished` item, so the
-    deliveries commit with its settle: one event per end."""
-    publish_event(
-        "workflow.failed" if state == "failed" else "workflow.finished",
-        {
-            "workflow_id": workflow.id,
-            "name": workflow.name,
-            "state": state,
-            "attempt": workflow.attempt,
-            "started_by": workflow.started_by,
-            "steps_total": workflow.steps_total,
-            "steps_failed": workflow.steps_failed,
-            "error": workflow.error[:1000],
-        },
-    )

@@ -20,10 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import engine, scheduling
+from .. import engine, hooks, scheduling
 from ..conf import queue_settings
 from ..engine.alias import atomic, connection
-from ..workflows.waits import drop_expired_events
 from .status import Stats
 
 logger = logging.getLogger("jobsite.worker")
@@ -237,9 +236,10 @@ def _sweep_workers() -> tuple[dict[str, int], bool]:
 
 
 def drop_events(stats: Stats | None = None) -> tuple[dict[str, int], bool]:
-    """Drop the workflow events no wait claimed by the end of their lookback (logged: dropped=N), counted in the
-    worker's stats (its Worker row, /metrics: jobsite_worker_events_dropped_total)."""
-    dropped = drop_expired_events(EVENT_DROP_BATCH)
+    """Drop what expired, as the layers say (hooks.expired_drops: the workflows app's events no wait claimed by the
+    end of their lookback; logged: dropped=N), counted in the worker's stats (its Worker row, /metrics:
+    jobsite_worker_events_dropped_total)."""
+    dropped = sum(drop(EVENT_DROP_BATCH) for drop in hooks.expired_drops)
     if stats is not None:
         stats.events_dropped += dropped
     return {"dropped": dropped}, dropped >= EVENT_DROP_BATCH

@@ -11,23 +11,16 @@ transaction that settles each step's item (the functions and triggers that do it
 
     from queue_app.workflows import services
     services.start("nightly", {"day": "2026-11-24"}, started_by="me")
+
+An app of its own (apps.py): `INSTALLED_APPS += ["queue_app.spark", "queue_app.workflows"]` after `queue_app`.
+The names below are looked up when first used (PEP 562): Django imports this package before the models may load,
+and the definitions import the models.
 """
 
-from ..params import Param
-from .definition import (
-    Graph,
-    StepRef,
-    UnknownWorkflow,
-    WorkflowDefinitionError,
-    WorkflowError,
-    get_workflow,
-    registered_workflows,
-    workflow,
-)
+from typing import Any
 
-__all__ = [
+_FROM_DEFINITION = (
     "Graph",
-    "Param",
     "StepRef",
     "UnknownWorkflow",
     "WorkflowDefinitionError",
@@ -35,4 +28,17 @@ __all__ = [
     "get_workflow",
     "registered_workflows",
     "workflow",
-]
+)
+__all__ = ["Param", *_FROM_DEFINITION]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Param":
+        from ..params import Param
+
+        return Param
+    if name in _FROM_DEFINITION:
+        from . import definition
+
+        return getattr(definition, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

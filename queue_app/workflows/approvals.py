@@ -1,6 +1,6 @@
 """Approvals (issue 39): a human step (`wf.approval`, workflows/definition.py) waits for a user holding its
 permission to approve or reject it. `decide` is the one state change, shared by the admin's "Pending approvals"
-page (queue_app/admin/approvals.py), `manage.py workflow approve|reject` and code: it settles the step's timeout
+page (workflows/admin/approvals.py), `manage.py workflow approve|reject` and code: it settles the step's timeout
 item while that is still ready, in one statement (workflows/sql.py, WORKFLOW_DECIDE_APPROVAL), so a second
 decision, or one after the timeout was leased, changes nothing and raises NotWaiting saying why. Each decision
 writes an admin LogEntry on the workflow, by the deciding user."""

@@ -14,6 +14,10 @@ from django.db.models.functions import Now
 
 from ..conf import queue_settings
 
+# The layer is an app of its own (apps.py); its models keep the core's label, tables and migrations until a later
+# step moves their state.
+APP_LABEL = "queue_app"
+
 
 class WorkflowState(models.TextChoices):
     RUNNING = "running"
@@ -78,6 +82,7 @@ class Workflow(models.Model):
     deadline_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        app_label = APP_LABEL
         ordering = ["-id"]
         permissions = [
             ("start_workflow", "Can start workflows and backfills"),
@@ -112,6 +117,7 @@ class WorkflowStartKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        app_label = APP_LABEL
         indexes = [models.Index("workflow_id", name="workflowstartkey_workflow")]  # freed with its workflow
 
     def __str__(self) -> str:
@@ -131,6 +137,7 @@ class WorkflowVersion(models.Model):
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:
+        app_label = APP_LABEL
         ordering = ["name", "created_at"]
 
     def __str__(self) -> str:
@@ -216,6 +223,7 @@ class WorkflowStep(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        app_label = APP_LABEL
         ordering = ["id"]
         constraints = [
             models.UniqueConstraint("workflow", "attempt", "name", name="workflowstep_name"),
@@ -253,6 +261,7 @@ class StepDependency(models.Model):
     order_only = models.BooleanField(default=False, db_default=False)
 
     class Meta:
+        app_label = APP_LABEL
         indexes = [models.Index("downstream", name="stepdependency_downstream")]
 
     def __str__(self) -> str:
@@ -274,6 +283,7 @@ class WorkflowEvent(models.Model):
     claimed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        app_label = APP_LABEL
         ordering = ["-id"]
         constraints = [
             models.UniqueConstraint(fields=["step_id"], name="workflowevent_step", condition=Q(step_id__isnull=False))

@@ -16,8 +16,8 @@ from django.template.response import TemplateResponse
 from django.utils.log import log_response
 from django.views.defaults import permission_denied
 
-from ..workflows import approvals
-from ..workflows.models import StepKind, WorkflowStep
+from queue_app.workflows import approvals
+from queue_app.workflows.models import StepKind, WorkflowStep
 
 TEMPLATE = "admin/queue_app/workflow/approvals.html"
 logger = logging.getLogger("jobsite.workflows")

@@ -14,8 +14,8 @@ from django.contrib.admin import ActionLocation
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from ..models import SparkScript
-from ..spark.scripts import allowed_roots, check_stored, delete_script, save_script
+from queue_app.models import SparkScript
+from queue_app.spark.scripts import allowed_roots, check_stored, delete_script, save_script
 
 # What a blank JSON field of the form stands for.
 BLANK = {"py_files": [], "args": [], "params": [], "conf": {}, "env": {}, "policy": {}, "produces": {}, "consumes": {}}

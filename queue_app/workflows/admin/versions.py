@@ -17,10 +17,10 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.utils.safestring import mark_safe
 
-from ..workflows import WorkflowError, versions
-from ..workflows import services as workflows
-from ..workflows.graph import diff_svg
-from ..workflows.models import WORKFLOW_FINAL_STATES, StepKind, Workflow, WorkflowStep, WorkflowVersion
+from queue_app.workflows import WorkflowError, versions
+from queue_app.workflows import services as workflows
+from queue_app.workflows.graph import diff_svg
+from queue_app.workflows.models import WORKFLOW_FINAL_STATES, StepKind, Workflow, WorkflowStep, WorkflowVersion
 
 TEMPLATES = "admin/queue_app/workflow/"
 CURRENT = "current"  # the `against` of the current definition (a version can be named anything else)

@@ -2,7 +2,7 @@
 workflow's page (its graph drawn by Graphviz, a backfill's partitions as a grid, the steps table), and the
 permissioned actions: start (a form per registered workflow, from its declared parameters), backfill (job, range,
 concurrency, parameters; a confirmation page says how many partitions), cancel and repair (a confirmation page
-each, and bulk from the list), and the pending approvals (admin/approvals.py). Every change goes through
+each, and bulk from the list), and the pending approvals (workflows/admin/approvals.py). Every change goes through
 queue_app/workflows/services.py (approvals.py for a decision) and writes a LogEntry.
 """
 
@@ -24,17 +24,19 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from ..engine.alias import atomic
-from ..hooks import why_held
-from ..spark.forms import param_field
-from ..workflows import WorkflowError, children, registered_workflows
-from ..workflows import services as workflows
-from ..workflows.graph import COLOURS, SEVERITY, step_states, svg
-from ..workflows.models import WORKFLOW_FINAL_STATES, Workflow, WorkflowState, WorkflowStep
-from . import approvals, workflow_versions
-from .actions import Operation, ReadOnlyAdmin
-from .display import cut, time_column
-from .overview import age
+from queue_app.admin.actions import Operation, ReadOnlyAdmin
+from queue_app.admin.display import cut, time_column
+from queue_app.admin.overview import age
+from queue_app.engine.alias import atomic
+from queue_app.hooks import why_held
+from queue_app.spark.forms import param_field
+from queue_app.workflows import WorkflowError, children, registered_workflows
+from queue_app.workflows import services as workflows
+from queue_app.workflows.graph import COLOURS, SEVERITY, step_states, svg
+from queue_app.workflows.models import WORKFLOW_FINAL_STATES, Workflow, WorkflowState, WorkflowStep
+
+from . import approvals
+from . import versions as workflow_versions
 
 TEMPLATES = "admin/queue_app/workflow/"
 PERMISSIONS = {
@@ -236,7 +238,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
         return [*links, *super().object_tool_links(request)]
 
     def approvals_view(self, request: HttpRequest) -> HttpResponse:
-        """Any staff user: the page lists only the approvals whose permission they hold (admin/approvals.py)."""
+        """Any staff user: the page lists only the approvals whose permission they hold (admin/approvals.py here)."""
         return approvals.pending_view(self, request)
 
     def versions_view(self, request: HttpRequest, workflow_id: int) -> HttpResponse:

@@ -26,17 +26,17 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
-from ..hooks import why_held
-from ..models import SPARK_FINAL_STATES as SPARK_FINAL
-from ..models import QueueStatsHourly, SparkConnectServer, SparkRun, SparkRunState
-from ..spark import all_jobs, eventlog, get_job
-from ..spark.forms import SparkRunForm
-from ..spark.registry import SparkParamError, UnknownSparkJob
-from ..spark.runs import cancel_run, rerun, timing_split, trigger_run, triggered, waiting_for
-from . import charts
-from .actions import Operation, ReadOnlyAdmin
-from .display import cut, shorten, time_column
-from .overview import age
+from queue_app.admin import charts
+from queue_app.admin.actions import Operation, ReadOnlyAdmin
+from queue_app.admin.display import cut, shorten, time_column
+from queue_app.admin.overview import age
+from queue_app.hooks import why_held
+from queue_app.models import SPARK_FINAL_STATES as SPARK_FINAL
+from queue_app.models import QueueStatsHourly, SparkConnectServer, SparkRun, SparkRunState
+from queue_app.spark import all_jobs, eventlog, get_job
+from queue_app.spark.forms import SparkRunForm
+from queue_app.spark.registry import SparkParamError, UnknownSparkJob
+from queue_app.spark.runs import cancel_run, rerun, timing_split, trigger_run, triggered, waiting_for
 
 PERMISSIONS = {"trigger": "queue_app.trigger_sparkrun", "cancel": "queue_app.cancel_sparkrun"}
 LIVE_SECONDS = 1  # the run page's refresh
@@ -145,7 +145,7 @@ def last_analytics() -> dict[str, Any]:
     """What the last finished queue_analytics run did, for a page with no statistics to chart: that it ran, how
     it ended, the range it read (its metrics; a run that did not succeed: its parameters' window) and the
     attempts it found there."""
-    from ..spark.pipelines.queue_analytics import window
+    from queue_app.spark.pipelines.queue_analytics import window
 
     run = SparkRun.objects.filter(job="queue_analytics", state__in=SPARK_FINAL).order_by("-id").first()
     if run is None:

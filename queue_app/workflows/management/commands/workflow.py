@@ -54,8 +54,7 @@ import time
 from django.core.management.base import CommandError
 
 from queue_app.engine.payload import PAYLOAD_RULE
-from queue_app.management.base import JobsiteCommand, acting_user, add_import_argument, import_modules
-from queue_app.management.commands.spark_run import parse_params
+from queue_app.management.base import JobsiteCommand, acting_user, add_import_argument, import_modules, parse_params
 from queue_app.workflows import WorkflowError, approvals, registered_workflows, waits
 from queue_app.workflows import services as workflows
 from queue_app.workflows.models import Workflow

@@ -1,0 +1,45 @@
+"""The Spark layer as a Django app a project adds to INSTALLED_APPS after `queue_app`:
+`INSTALLED_APPS += ["queue_app", "queue_app.spark"]`, with the `spark` extra (pyspark) and Java 17+.
+
+It builds on the core app (`queue_app`; installed without it, `check` says so: jobsite.E100). It owns the
+registered jobs and stored scripts, the runs as queue work (tasks.py: `queue_app.spark_run`), the launcher and
+the warm Spark Connect server, its admin (the runs' dashboard, scripts), templates and commands (`spark_run`,
+`spark_sample_data`, `spark_connect_server`), and publishes its own hooks (spark/hooks.py) for the datasets app.
+Its ready() registers on the core's hooks: "spark" schedule targets (schedules.py) and what `queue_app.prune`
+removes besides the queue's own (runs past their retention, event logs); and its checks (jobsite.W010: Java;
+E113: jobs declaring datasets without the datasets app).
+
+Its models keep the app label `queue_app` this step (tables, migrations, content types and admin URLs
+unchanged); moving them to this app's label is a later step.
+"""
+
+from queue_app import layer_apps  # the module, not the class: Django takes the one AppConfig class found here
+
+
+def prune_runs() -> int:
+    from .runs import prune_runs
+
+    return prune_runs()
+
+
+def prune_event_logs() -> int:
+    from .runs import prune_event_logs
+
+    return prune_event_logs()
+
+
+class SparkConfig(layer_apps.LayerConfig):
+    name = "queue_app.spark"
+    label = "jobsite_spark"
+    verbose_name = "Spark"
+    requires = ("queue_app",)
+
+    def wire(self) -> None:
+        from queue_app import hooks
+
+        from . import checks  # noqa: F401  registers jobsite.W010 (Java) and E113 (datasets without their app)
+        from .schedules import TARGET
+
+        hooks.schedule_targets["spark"] = TARGET
+        hooks.prunes["spark_runs"] = prune_runs  # the runs module is imported when the prune runs
+        hooks.prunes["spark_event_logs"] = prune_event_logs
