@@ -3,6 +3,7 @@ order the locks are taken in: workflows/children.py."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.db.models.functions import Now
@@ -10,20 +11,15 @@ from django.db.models.functions import Now
 from ..engine.alias import atomic
 from ..engine.db import cursor
 from . import children, services, sql
-from .models import StepKind, StepState, Workflow, WorkflowStartKey, WorkflowState, WorkflowStep
+from .models import StepState, Workflow, WorkflowState, WorkflowStep
 
 
-def child_key(step: WorkflowStep) -> str:
-    """The key the step starts its child by (children.child_key)."""
-    return children.child_key(step.workflow_id, step.name, step.spec)
-
-
-def _fail_wait(step: WorkflowStep, error: str) -> None:
+def _fail_wait(item_id: int, error: str) -> None:
     """The child cannot start (its definition changed since: gone, or parameters it no longer takes): the step's
     wait settles dead with why, and the step fails (per its policy) through the settle trigger."""
     from ..models import QueueItem
 
-    QueueItem.objects.filter(id=step.item_id, state="ready").update(
+    QueueItem.objects.filter(id=item_id, state="ready").update(
         state="dead", error=error[:2000], result=None, finished_at=Now(), updated_at=Now()
     )
 
@@ -31,42 +27,49 @@ def _fail_wait(step: WorkflowStep, error: str) -> None:
 def start_child(step_id: int) -> dict[str, Any]:
     """The start item's work (queue_app.workflow_start_child): start the step's child, or find it by its key, and
     link it, if the step is still waiting (else nothing: its workflow moved on). A child found failed or
-    cancelled is repaired (a new attempt, its succeeded steps kept); one found succeeded ends the step now."""
-    step = WorkflowStep.objects.filter(id=step_id, kind=StepKind.WORKFLOW).first()
-    if step is None:
-        return {"started": False, "why": "no such step"}
-    name, key = step.spec["workflow"], child_key(step)
-    with atomic():
-        holder = WorkflowStartKey.objects.filter(name=name, key=key).values_list("workflow_id", flat=True).first()
-        child = Workflow.objects.select_for_update().filter(id=holder).first() if holder else None
-        step = WorkflowStep.objects.select_for_update().get(id=step_id)
-        current = Workflow.objects.filter(id=step.workflow_id).values_list("attempt", flat=True).first()
-        if step.state != StepState.QUEUED or step.attempt != current:
-            return {"started": False, "why": f"step {step.name!r} is {step.state}"}
+    cancelled is repaired (a new attempt, its succeeded steps kept); one found succeeded ends the step now.
+
+    The step, its key's holder, its workflow's attempt and its depth are read in one statement, which also locks
+    the step when no workflow holds its key (the common case: the child is made here); a holder is locked
+    first, then the step (children.py, the lock order). No savepoint of its own: it runs in its item's
+    transaction (transactional), and what services.start writes is in a savepoint of that one's."""
+    limit = children.MAX_DEPTH
+    with atomic(savepoint=False):
+        with cursor() as cur:
+            cur.execute(sql.WORKFLOW_CHILD_START_READ, {"step_id": step_id, "limit": limit})
+            row = cur.fetchone()
+        if row is None:
+            return {"started": False, "why": "no such step"}
+        workflow_id, step_name, spec, item_id, key, holder, state, attempt, current, depth = row
+        spec = json.loads(spec) if isinstance(spec, str) else spec  # jsonb: Django's loader leaves it text
+        name, child = spec["workflow"], None
+        if holder is not None:
+            child = Workflow.objects.select_for_update().filter(id=holder).first()
+            state, attempt = WorkflowStep.objects.select_for_update().values_list("state", "attempt").get(id=step_id)
+        if state != StepState.QUEUED or attempt != current:
+            return {"started": False, "why": f"step {step_name!r} is {state}"}
         created = False
-        limit = children.MAX_DEPTH
-        depth = children.depth_of(step.workflow_id, limit=limit) if child is None else 0
         if child is None and depth >= limit - 1:
-            _fail_wait(step, f"child workflow {name!r} not started: sub-workflows nest at most {limit} deep")
+            _fail_wait(item_id, f"child workflow {name!r} not started: sub-workflows nest at most {limit} deep")
             return {"started": False, "why": "too deep"}
         if child is None:
             try:
                 with children.writing_at(depth + 1):  # its own first sub-workflow steps start theirs inline
                     child = services.start(
-                        name, step.spec.get("params") or {}, key=key, started_by=f"workflow {step.workflow_id}"
+                        name, spec.get("params") or {}, key=key, started_by=f"workflow {workflow_id}"
                     )
             except Exception as exc:  # noqa: BLE001  (its builder's bug included: the step fails, never hangs)
-                _fail_wait(step, f"child workflow {name!r} could not start: {exc}")
+                _fail_wait(item_id, f"child workflow {name!r} could not start: {exc}")
                 return {"started": False, "why": str(exc)}
             created = bool(child.created)
             if not created:  # another start took the key meanwhile: its child, locked now
                 child = Workflow.objects.select_for_update().get(id=child.id)
-        WorkflowStep.objects.filter(id=step.id).update(child_workflow_id=child.id)
+        WorkflowStep.objects.filter(id=step_id).update(child_workflow_id=child.id)
         if child.state == WorkflowState.SUCCEEDED:
             with cursor() as cur:
                 cur.execute(sql.WORKFLOW_CHILD_SETTLE, {"child_id": child.id})
         elif child.state in (WorkflowState.FAILED, WorkflowState.CANCELLED):
-            services.repair(child.id, actor=f"workflow {step.workflow_id} (step {step.name!r})")
+            services.repair(child.id, actor=f"workflow {workflow_id} (step {step_name!r})")
     return {"child_workflow_id": child.id, "created": created}
 
 

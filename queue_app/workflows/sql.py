@@ -762,6 +762,35 @@ WORKFLOW_FINISH = "SELECT queue_app_wf_finish(%(workflow_id)s)"
 WORKFLOW_CHILD_SETTLE = "SELECT queue_app_wf_child_settle(%(child_id)s)"
 # The same for the children a workflow's start made and linked (services._start_children).
 WORKFLOW_CHILDREN_SETTLE = "SELECT queue_app_wf_child_settle(c) FROM unnest(%(ids)s::bigint[]) AS c"
+# A sub-workflow step's start item (workflows/child_steps.py, start_child), in one statement what it read in
+# five or more: the step (its spec, state and attempt), its key (children.child_key's rule: the declared one,
+# else "parent <workflow id>/<step name>", 200 characters at most), the workflow its key names (the holder), its
+# workflow's current attempt, and how many ancestors that workflow has (counted up to %(limit)s, each level the
+# latest sub-workflow step naming it, as children.parent_of reads it). The step's row is locked here only when
+# no workflow holds its key: one that does is locked first, then the step (the lock order, children.py).
+WORKFLOW_CHILD_START_READ = f"""
+WITH RECURSIVE s AS (
+    SELECT id, workflow_id, name, spec, item_id,
+           COALESCE(NULLIF(spec->>'key', ''), left('parent ' || workflow_id || '/' || name, 200)) AS key
+    FROM queue_app_workflowstep WHERE id = %(step_id)s AND kind = 'workflow'
+), holder AS (
+    SELECT k.workflow_id FROM queue_app_workflowstartkey k JOIN s ON k.name = s.spec->>'workflow' AND k.key = s.key
+), locked AS (
+    SELECT l.state, l.attempt FROM queue_app_workflowstep l
+    WHERE l.id = %(step_id)s AND NOT EXISTS (SELECT FROM holder)
+    FOR UPDATE
+), up(id, depth) AS (
+    SELECT workflow_id, 0 FROM s
+    UNION ALL
+    SELECT (SELECT p.workflow_id FROM queue_app_workflowstep p
+            WHERE p.child_workflow_id = up.id AND p.kind = 'workflow' ORDER BY p.id DESC LIMIT 1), up.depth + 1
+    FROM up WHERE up.id IS NOT NULL AND up.depth < %(limit)s
+)
+SELECT s.workflow_id, s.name, s.spec, s.item_id, s.key, (SELECT workflow_id FROM holder), locked.state,
+       locked.attempt, (SELECT attempt FROM {WORKFLOW} WHERE id = s.workflow_id),
+       (SELECT max(depth) FROM up WHERE id IS NOT NULL)
+FROM s LEFT JOIN locked ON true
+"""
 # A repair's steps with nothing left to wait for: conditional ones are decided first (a branch kept from the
 # earlier attempt still skips the steps it did not choose); the caller then ends the workflow (WORKFLOW_FINISH)
 # if nothing is left open.
