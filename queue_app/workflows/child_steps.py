@@ -11,6 +11,7 @@ from django.db.models.functions import Now
 from ..engine.alias import atomic
 from ..engine.db import cursor
 from . import children, services, sql
+from .definition import get_workflow
 from .models import StepState, Workflow, WorkflowState, WorkflowStep
 
 
@@ -24,19 +25,32 @@ def _fail_wait(item_id: int, error: str) -> None:
     )
 
 
-def start_child(step_id: int) -> dict[str, Any]:
+def start_child(step_id: int, carried: dict[str, Any] | None = None) -> dict[str, Any]:
     """The start item's work (queue_app.workflow_start_child): start the step's child, or find it by its key, and
     link it, if the step is still waiting (else nothing: its workflow moved on). A child found failed or
     cancelled is repaired (a new attempt, its succeeded steps kept); one found succeeded ends the step now.
 
-    The step, its key's holder, its workflow's attempt and its depth are read in one statement, which also locks
-    the step when no workflow holds its key (the common case: the child is made here); a holder is locked
-    first, then the step (children.py, the lock order). No savepoint of its own: it runs in its item's
-    transaction (transactional), and what services.start writes is in a savepoint of that one's."""
-    limit = children.MAX_DEPTH
+    `carried`: the item's payload, with the child's definition name and parameters (its step's spec): the child's
+    graph is built first, and one statement then makes its queues and reads the step, its key's holder, its
+    workflow's attempt and its depth, locking the step when no workflow holds its key (the common case: the
+    child is made here); a holder is locked first, then the step (children.py, the lock order). No savepoint of
+    its own: it runs in its item's transaction (transactional), and what the child's start writes is in a
+    savepoint of that one's."""
+    from ..engine.enqueue import _queue_defaults  # sql.ENSURE_QUEUE's row, as engine.ensure_queue makes it
+
+    limit, prepared, failed = children.MAX_DEPTH, None, None
+    if carried is not None and "workflow" in carried:  # an item queued before 0046 carries only the step's id
+        try:
+            prepared = services.prepare(get_workflow(carried["workflow"]), carried.get("params") or {})
+        except Exception as exc:  # noqa: BLE001  (its builder's bug included: the step fails, never hangs)
+            failed = exc
+    queues = services.queues_of(prepared) if prepared is not None else []
     with atomic(savepoint=False):
         with cursor() as cur:
-            cur.execute(sql.WORKFLOW_CHILD_START_READ, {"step_id": step_id, "limit": limit})
+            cur.execute(
+                sql.WORKFLOW_CHILD_START_READ,
+                {"step_id": step_id, "limit": limit, "queues": queues, **_queue_defaults()},
+            )
             row = cur.fetchone()
         if row is None:
             return {"started": False, "why": "no such step"}
@@ -54,9 +68,13 @@ def start_child(step_id: int) -> dict[str, Any]:
             return {"started": False, "why": "too deep"}
         if child is None:
             try:
+                if failed is not None:
+                    raise failed
+                if prepared is None:
+                    prepared = services.prepare(get_workflow(name), spec.get("params") or {})
                 with children.writing_at(depth + 1):  # its own first sub-workflow steps start theirs inline
-                    child = services.start(
-                        name, spec.get("params") or {}, key=key, started_by=f"workflow {workflow_id}"
+                    child = services.start_prepared(
+                        prepared, key=(key, None), started_by=f"workflow {workflow_id}", queues_ready=bool(queues)
                     )
             except Exception as exc:  # noqa: BLE001  (its builder's bug included: the step fails, never hangs)
                 _fail_wait(item_id, f"child workflow {name!r} could not start: {exc}")

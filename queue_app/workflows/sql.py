@@ -627,14 +627,15 @@ $$;
 # the child and links it to the step (child_workflow_id), in one transaction.
 
 
-def _child_item_function(function: str, spec: str) -> str:
+def _child_item_function(function: str, spec: str, payload: str = "") -> str:
     """A trigger function queueing the one built-in item of a sub-workflow step's `spec` ("start" or "cancel"),
-    naming the step and carrying the parent's trace context, then waking that item's queue."""
+    naming the step (and `payload`'s further pairs) and carrying the parent's trace context, then waking that
+    item's queue."""
     item = _items_from_specs(
         f"(SELECT default_max_attempts, trace_context FROM {WORKFLOW} WHERE id = NEW.workflow_id) AS w",
         spec=f"NEW.spec->'{spec}'",
         payload="jsonb_build_object('workflow_id', NEW.workflow_id, 'attempt', NEW.attempt, 'step_id', NEW.id,\n"
-        "                          'step', NEW.name)",
+        f"                          'step', NEW.name{payload})",
         item_id=f"nextval('{ITEM_SEQUENCE}')",
         step_id="NULL",
         attempts="w.default_max_attempts",
@@ -651,7 +652,14 @@ $$;
 """
 
 
-CHILD_START_FUNCTION = _child_item_function("queue_app_wf_child_start", "start")
+# The start item carries the child's definition name, parameters and declared key (the step's spec, which never
+# changes): its handler builds the child's graph before its first statement (child_steps.start_child).
+CHILD_START_FUNCTION = _child_item_function(
+    "queue_app_wf_child_start",
+    "start",
+    ",\n                          'workflow', NEW.spec->'workflow', 'params', NEW.spec->'params',"
+    " 'key', NEW.spec->'key'",
+)
 
 # A sub-workflow step cancelled while it waited (the parent cancelled, failed at another step, or past a deadline)
 # queues its child's cancel in that transaction: one item of queue_app.workflow_cancel_child (spec "cancel")
@@ -767,9 +775,16 @@ WORKFLOW_CHILDREN_SETTLE = "SELECT queue_app_wf_child_settle(c) FROM unnest(%(id
 # else "parent <workflow id>/<step name>", 200 characters at most), the workflow its key names (the holder), its
 # workflow's current attempt, and how many ancestors that workflow has (counted up to %(limit)s, each level the
 # latest sub-workflow step naming it, as children.parent_of reads it). The step's row is locked here only when
-# no workflow holds its key: one that does is locked first, then the step (the lock order, children.py).
+# no workflow holds its key: one that does is locked first, then the step (the lock order, children.py). It
+# also makes the queues of the child's items (%(queues)s, engine sql.ENSURE_QUEUE's row; empty when the item
+# did not carry the child's definition to build it from first), which its start then does not.
 WORKFLOW_CHILD_START_READ = f"""
-WITH RECURSIVE s AS (
+WITH RECURSIVE ensured AS (
+    INSERT INTO {QUEUE} (name, paused, concurrency_limit, lease_timeout, max_attempts, retention, created_at)
+    SELECT q, false, NULL, %(queue_lease_timeout)s, %(queue_max_attempts)s, %(queue_retention)s, now()
+    FROM unnest(%(queues)s::text[]) AS q
+    ON CONFLICT (name) DO NOTHING
+), s AS (
     SELECT id, workflow_id, name, spec, item_id,
            COALESCE(NULLIF(spec->>'key', ''), left('parent ' || workflow_id || '/' || name, 200)) AS key
     FROM queue_app_workflowstep WHERE id = %(step_id)s AND kind = 'workflow'
