@@ -112,6 +112,7 @@ def _create(
     using: str | None = None,
     start_checks: Callable[[], None] | None = None,
     queues_ready: bool = False,
+    claimed: int | None = None,
 ) -> Workflow:
     """Write a checked graph: the workflow, its steps and edges, and the items of the steps with nothing to wait
     for, in one transaction. With `key` (key, window in seconds or None), the key is claimed first: held by
@@ -131,6 +132,7 @@ def _create(
         using=using,
         start_checks=start_checks,
         queues_ready=queues_ready,
+        claimed=claimed,
     )
     if tracing.enabled:
         with tracing.workflow_start(name, kind) as span:
@@ -160,6 +162,7 @@ def _write(
     trace_context: str | None,
     start_checks: Callable[[], None] | None,
     queues_ready: bool,
+    claimed: int | None,
 ) -> Workflow:
     deadline = deadline or graph.deadline_spec
     deadline_at = deadlines.due(deadline)
@@ -176,11 +179,12 @@ def _write(
     callbacks = _callbacks(callbacks)
     if not queues_ready:
         _ensure_queues(_item_specs(steps, callbacks), using)
-    with atomic(using):
+    # A caller that claimed the key (claimed: the id it drew) did so in a savepoint of its own, which this joins.
+    with atomic(using, savepoint=claimed is None):
         if start_checks is not None:  # first: what they lock is held until the workflow is written
             start_checks()
-        workflow_id = None
-        if key is not None:
+        workflow_id = claimed
+        if key is not None and claimed is None:
             with cursor(using) as cur:
                 claim = {"name": name, "key": key[0], "window": key[1]}
                 cur.execute(sql.WORKFLOW_CLAIM_KEY, claim)
@@ -349,8 +353,11 @@ def start_prepared(
     key: tuple[str, float | None] | None = None,
     deadline: dict[str, Any] | None = None,
     queues_ready: bool = False,
+    claimed: int | None = None,
 ) -> Workflow:
-    """start() of a prepared run: `key` and `deadline` as _start_key and deadlines.parse return them."""
+    """start() of a prepared run: `key` and `deadline` as _start_key and deadlines.parse return them.
+    `queues_ready`: the caller made queues_of(prepared); `claimed`: it claimed `key` for this id (sql
+    WORKFLOW_CLAIM_KEY's row), in a savepoint of its own that the start joins (what fails undoes the claim)."""
     definition, dumped = prepared.definition, prepared.params
 
     def start_checks() -> None:  # a layer's (hooks.workflow_start_checks), in the transaction that writes it
@@ -369,6 +376,7 @@ def start_prepared(
         deadline=deadline,
         start_checks=start_checks,
         queues_ready=queues_ready,
+        claimed=claimed,
     )
 
 

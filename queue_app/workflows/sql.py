@@ -770,42 +770,6 @@ WORKFLOW_FINISH = "SELECT queue_app_wf_finish(%(workflow_id)s)"
 WORKFLOW_CHILD_SETTLE = "SELECT queue_app_wf_child_settle(%(child_id)s)"
 # The same for the children a workflow's start made and linked (services._start_children).
 WORKFLOW_CHILDREN_SETTLE = "SELECT queue_app_wf_child_settle(c) FROM unnest(%(ids)s::bigint[]) AS c"
-# A sub-workflow step's start item (workflows/child_steps.py, start_child), in one statement what it read in
-# five or more: the step (its spec, state and attempt), its key (children.child_key's rule: the declared one,
-# else "parent <workflow id>/<step name>", 200 characters at most), the workflow its key names (the holder), its
-# workflow's current attempt, and how many ancestors that workflow has (counted up to %(limit)s, each level the
-# latest sub-workflow step naming it, as children.parent_of reads it). The step's row is locked here only when
-# no workflow holds its key: one that does is locked first, then the step (the lock order, children.py). It
-# also makes the queues of the child's items (%(queues)s, engine sql.ENSURE_QUEUE's row; empty when the item
-# did not carry the child's definition to build it from first), which its start then does not.
-WORKFLOW_CHILD_START_READ = f"""
-WITH RECURSIVE ensured AS (
-    INSERT INTO {QUEUE} (name, paused, concurrency_limit, lease_timeout, max_attempts, retention, created_at)
-    SELECT q, false, NULL, %(queue_lease_timeout)s, %(queue_max_attempts)s, %(queue_retention)s, now()
-    FROM unnest(%(queues)s::text[]) AS q
-    ON CONFLICT (name) DO NOTHING
-), s AS (
-    SELECT id, workflow_id, name, spec, item_id,
-           COALESCE(NULLIF(spec->>'key', ''), left('parent ' || workflow_id || '/' || name, 200)) AS key
-    FROM queue_app_workflowstep WHERE id = %(step_id)s AND kind = 'workflow'
-), holder AS (
-    SELECT k.workflow_id FROM queue_app_workflowstartkey k JOIN s ON k.name = s.spec->>'workflow' AND k.key = s.key
-), locked AS (
-    SELECT l.state, l.attempt FROM queue_app_workflowstep l
-    WHERE l.id = %(step_id)s AND NOT EXISTS (SELECT FROM holder)
-    FOR UPDATE
-), up(id, depth) AS (
-    SELECT workflow_id, 0 FROM s
-    UNION ALL
-    SELECT (SELECT p.workflow_id FROM queue_app_workflowstep p
-            WHERE p.child_workflow_id = up.id AND p.kind = 'workflow' ORDER BY p.id DESC LIMIT 1), up.depth + 1
-    FROM up WHERE up.id IS NOT NULL AND up.depth < %(limit)s
-)
-SELECT s.workflow_id, s.name, s.spec, s.item_id, s.key, (SELECT workflow_id FROM holder), locked.state,
-       locked.attempt, (SELECT attempt FROM {WORKFLOW} WHERE id = s.workflow_id),
-       (SELECT max(depth) FROM up WHERE id IS NOT NULL)
-FROM s LEFT JOIN locked ON true
-"""
 # A repair's steps with nothing left to wait for: conditional ones are decided first (a branch kept from the
 # earlier attempt still skips the steps it did not choose); the caller then ends the workflow (WORKFLOW_FINISH)
 # if nothing is left open.
@@ -861,16 +825,67 @@ FROM v
 # queue_app_workflow_deleted). A concurrent starter with the same key waits here for the first one's transaction;
 # once that commits, the conflict leaves the key with it, once it rolls back the second one inserts. The WHERE
 # reads only the key row: the conflicting row is read as committed, any other table as of the statement's start.
-WORKFLOW_CLAIM_KEY = f"""
+_CLAIM_KEY = """
 INSERT INTO queue_app_workflowstartkey AS k (name, key, workflow_id, created_at, expires_at)
-VALUES (%(name)s, %(key)s, nextval(pg_get_serial_sequence('{WORKFLOW}', 'id')), now(),
-        now() + make_interval(secs => %(window)s::float8))
+{source}
 ON CONFLICT (name, key) DO UPDATE
 SET workflow_id = EXCLUDED.workflow_id, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
 WHERE k.expires_at <= now()
-RETURNING workflow_id
-"""
+RETURNING workflow_id"""
+_NEW_WORKFLOW_ID = f"nextval(pg_get_serial_sequence('{WORKFLOW}', 'id'))"
+WORKFLOW_CLAIM_KEY = _CLAIM_KEY.format(
+    source=f"VALUES (%(name)s, %(key)s, {_NEW_WORKFLOW_ID}, now(),\n"
+    "        now() + make_interval(secs => %(window)s::float8))"
+)
 WORKFLOW_KEY_HOLDER = "SELECT workflow_id FROM queue_app_workflowstartkey WHERE name = %(name)s AND key = %(key)s"
+
+# A sub-workflow step's start item (workflows/child_steps.py, start_child), in one statement what it read in
+# five or more: the step (its spec, state and attempt), its key (children.child_key's rule: the declared one,
+# else "parent <workflow id>/<step name>", 200 characters at most), the workflow its key names (the holder), its
+# workflow's current attempt, and how many ancestors that workflow has (counted up to %(limit)s, each level the
+# latest sub-workflow step naming it, as children.parent_of reads it). The step's row is locked here only when
+# no workflow holds its key: one that does is locked first, then the step (the lock order, children.py). It
+# also makes the queues of the child's items (%(queues)s, engine sql.ENSURE_QUEUE's row; empty when the item
+# did not carry the child's definition to build it from first), which its start then does not, and, with
+# %(claim)s (the child's graph was built), claims the key for a new workflow id when the step is current, no
+# workflow holds the key and the child is not too deep (the claim's id last; NULL: not claimed). Run in a
+# savepoint: a start that fails after it undoes the claim.
+_CHILD_CLAIM = f"""SELECT s.spec->>'workflow', s.key, {_NEW_WORKFLOW_ID}, now(), NULL
+FROM s, locked, depth
+WHERE %(claim)s AND locked.state = 'queued' AND depth.depth < %(limit)s - 1
+  AND locked.attempt = (SELECT attempt FROM {WORKFLOW} WHERE id = s.workflow_id)"""
+WORKFLOW_CHILD_START_READ = f"""
+WITH RECURSIVE ensured AS (
+    INSERT INTO {QUEUE} (name, paused, concurrency_limit, lease_timeout, max_attempts, retention, created_at)
+    SELECT q, false, NULL, %(queue_lease_timeout)s, %(queue_max_attempts)s, %(queue_retention)s, now()
+    FROM unnest(%(queues)s::text[]) AS q
+    ON CONFLICT (name) DO NOTHING
+), s AS (
+    SELECT id, workflow_id, name, spec, item_id,
+           COALESCE(NULLIF(spec->>'key', ''), left('parent ' || workflow_id || '/' || name, 200)) AS key
+    FROM queue_app_workflowstep WHERE id = %(step_id)s AND kind = 'workflow'
+), holder AS (
+    SELECT k.workflow_id FROM queue_app_workflowstartkey k JOIN s ON k.name = s.spec->>'workflow' AND k.key = s.key
+), locked AS (
+    SELECT l.state, l.attempt FROM queue_app_workflowstep l
+    WHERE l.id = %(step_id)s AND NOT EXISTS (SELECT FROM holder)
+    FOR UPDATE
+), up(id, depth) AS (
+    SELECT workflow_id, 0 FROM s
+    UNION ALL
+    SELECT (SELECT p.workflow_id FROM queue_app_workflowstep p
+            WHERE p.child_workflow_id = up.id AND p.kind = 'workflow' ORDER BY p.id DESC LIMIT 1), up.depth + 1
+    FROM up WHERE up.id IS NOT NULL AND up.depth < %(limit)s
+), depth AS (
+    SELECT max(depth) AS depth FROM up WHERE id IS NOT NULL
+), claim AS (
+    {_at(4, _CLAIM_KEY.format(source=_CHILD_CLAIM))}
+)
+SELECT s.workflow_id, s.name, s.spec, s.item_id, s.key, (SELECT workflow_id FROM holder), locked.state,
+       locked.attempt, (SELECT attempt FROM {WORKFLOW} WHERE id = s.workflow_id), (SELECT depth FROM depth),
+       (SELECT workflow_id FROM claim)
+FROM s LEFT JOIN locked ON true
+"""
 
 # An event sent (workflows/waits.py, send_event), after WORKFLOW_EVENT_LOCK: stored, and matched in the same
 # statement to the oldest event wait open for its name and key whose timeout item is still ready (locked: a
