@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db.models.functions import Now
 
-from ..engine.alias import atomic
+from ..engine.alias import atomic, queue_connection
 from ..engine.db import cursor
 from . import children, services, sql
 from .definition import get_workflow
@@ -54,7 +54,9 @@ def start_child(step_id: int, carried: dict[str, Any] | None = None) -> dict[str
     with atomic(savepoint=False):
         try:
             with atomic():
-                with cursor() as cur:
+                # Django's cursor, not the engine's prepared one: a handler thread's connection is often cold (the
+                # pool's threads take items in turn), where preparing costs a round trip of its own.
+                with queue_connection().cursor() as cur:
                     cur.execute(sql.WORKFLOW_CHILD_START_READ, params | _queue_defaults())
                     row = cur.fetchone()
                 if row is None:
