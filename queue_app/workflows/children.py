@@ -92,14 +92,6 @@ def children_of(workflow: Workflow) -> list[dict[str, Any]]:
     return [{"step": s, "workflow_id": c, "name": t, "state": states.get(c)} for s, c, t in steps]
 
 
-def depth_of(workflow_id: int, *, limit: int) -> int:
-    """How many ancestors the workflow has (0 for a top-level one), counting up to `limit`."""
-    depth, current = 0, workflow_id
-    while depth < limit and (parent := parent_of(current)) is not None:
-        depth, current = depth + 1, parent["workflow_id"]
-    return depth
-
-
 def root_of(workflow_id: int, *, limit: int = 50) -> tuple[int, str]:
     """The top of its parent chain: (id, name) of the first ancestor with no parent (itself when it has none)."""
     current = Workflow.objects.filter(id=workflow_id).values_list("id", "name").first() or (workflow_id, "")

@@ -12,7 +12,7 @@ import datetime as dt
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db.models import F
 
@@ -75,6 +75,18 @@ def _ensure_queues(specs: Iterable[dict[str, Any]], using: str | None = None) ->
         engine.ensure_queue(queue, using=using)
 
 
+def _item_specs(steps: list[Any], callbacks: dict[str, Any]) -> list[dict[str, Any]]:
+    """The specs of every item a workflow of these steps may queue: their queues are made before it is written."""
+    return (
+        [s.spec for s in steps]
+        + [s.compensate for s in steps if s.compensate]
+        + [s.spec["requested"] for s in steps if "requested" in s.spec]  # an approval's webhook event item
+        + [s.spec[k] for s in steps for k in ("start", "cancel") if k in s.spec]  # a sub-workflow's start, cancel
+        + [s.spec["deadline"] for s in steps if "deadline" in s.spec]  # a step's deadline item
+        + list(callbacks.values())
+    )
+
+
 # What a step row takes from its definition: a checked StepSpec when a workflow starts, the earlier attempt's
 # row when a repair copies it.
 _DEFINED = ("name", "group", "kind", "target", "args", "spec", "on_failure", "compensate")
@@ -99,6 +111,8 @@ def _create(
     deadline: dict[str, Any] | None = None,
     using: str | None = None,
     start_checks: Callable[[], None] | None = None,
+    queues_ready: bool = False,
+    claimed: int | None = None,
 ) -> Workflow:
     """Write a checked graph: the workflow, its steps and edges, and the items of the steps with nothing to wait
     for, in one transaction. With `key` (key, window in seconds or None), the key is claimed first: held by
@@ -117,6 +131,8 @@ def _create(
         deadline=deadline,
         using=using,
         start_checks=start_checks,
+        queues_ready=queues_ready,
+        claimed=claimed,
     )
     if tracing.enabled:
         with tracing.workflow_start(name, kind) as span:
@@ -145,6 +161,8 @@ def _write(
     using: str,
     trace_context: str | None,
     start_checks: Callable[[], None] | None,
+    queues_ready: bool,
+    claimed: int | None,
 ) -> Workflow:
     deadline = deadline or graph.deadline_spec
     deadline_at = deadlines.due(deadline)
@@ -159,20 +177,14 @@ def _write(
         waits[down] += 1
     channel = queue_settings.NOTIFY_CHANNEL
     callbacks = _callbacks(callbacks)
-    _ensure_queues(
-        [s.spec for s in steps]
-        + [s.compensate for s in steps if s.compensate]
-        + [s.spec["requested"] for s in steps if "requested" in s.spec]  # an approval's webhook event item
-        + [s.spec[k] for s in steps for k in ("start", "cancel") if k in s.spec]  # a sub-workflow's start, cancel
-        + [s.spec["deadline"] for s in steps if "deadline" in s.spec]  # a step's deadline item
-        + list(callbacks.values()),
-        using,
-    )
-    with atomic(using):
+    if not queues_ready:
+        _ensure_queues(_item_specs(steps, callbacks), using)
+    # A caller that claimed the key (claimed: the id it drew) did so in a savepoint of its own, which this joins.
+    with atomic(using, savepoint=claimed is None):
         if start_checks is not None:  # first: what they lock is held until the workflow is written
             start_checks()
-        workflow_id = None
-        if key is not None:
+        workflow_id = claimed
+        if key is not None and claimed is None:
             with cursor(using) as cur:
                 claim = {"name": name, "key": key[0], "window": key[1]}
                 cur.execute(sql.WORKFLOW_CLAIM_KEY, claim)
@@ -308,9 +320,45 @@ def start(
     definition = get_workflow(name)
     claim = _start_key(key, key_window)
     spec = deadlines.parse(deadline)
+    return start_prepared(prepare(definition, params), started_by=started_by, key=claim, deadline=spec)
+
+
+class Prepared(NamedTuple):
+    """A registered workflow's run checked and built, not written yet (prepare(), then start_prepared())."""
+
+    definition: Any
+    params: dict[str, Any]  # as stored (dumped)
+    graph: Graph
+    order: list[str]
+
+
+def prepare(definition: Any, params: Mapping[str, Any] | None) -> Prepared:
+    """Validate `params` and build the graph (WorkflowError, WorkflowDefinitionError as start() raises them)."""
     values = definition.validate(params)
     graph, order = definition.graph(values)
-    dumped = definition.dump(values)
+    return Prepared(definition, definition.dump(values), graph, order)
+
+
+def queues_of(prepared: Prepared) -> list[str]:
+    """The queues its items may go to, which its start makes first (a caller that made them passes
+    queues_ready)."""
+    steps = [prepared.graph.steps[n] for n in prepared.order]
+    return sorted({spec["queue"] for spec in _item_specs(steps, _callbacks()) if spec})
+
+
+def start_prepared(
+    prepared: Prepared,
+    *,
+    started_by: str = "",
+    key: tuple[str, float | None] | None = None,
+    deadline: dict[str, Any] | None = None,
+    queues_ready: bool = False,
+    claimed: int | None = None,
+) -> Workflow:
+    """start() of a prepared run: `key` and `deadline` as _start_key and deadlines.parse return them.
+    `queues_ready`: the caller made queues_of(prepared); `claimed`: it claimed `key` for this id (sql
+    WORKFLOW_CLAIM_KEY's row), in a savepoint of its own that the start joins (what fails undoes the claim)."""
+    definition, dumped = prepared.definition, prepared.params
 
     def start_checks() -> None:  # a layer's (hooks.workflow_start_checks), in the transaction that writes it
         for check in hooks.workflow_start_checks:
@@ -320,13 +368,15 @@ def start(
         definition.name,
         WorkflowKind.WORKFLOW,
         dumped,
-        graph,
-        order,
+        prepared.graph,
+        prepared.order,
         started_by,
-        key=claim,
+        key=key,
         version=definition.version,
-        deadline=spec,
+        deadline=deadline,
         start_checks=start_checks,
+        queues_ready=queues_ready,
+        claimed=claimed,
     )
 
 

@@ -627,14 +627,15 @@ $$;
 # the child and links it to the step (child_workflow_id), in one transaction.
 
 
-def _child_item_function(function: str, spec: str) -> str:
+def _child_item_function(function: str, spec: str, payload: str = "") -> str:
     """A trigger function queueing the one built-in item of a sub-workflow step's `spec` ("start" or "cancel"),
-    naming the step and carrying the parent's trace context, then waking that item's queue."""
+    naming the step (and `payload`'s further pairs) and carrying the parent's trace context, then waking that
+    item's queue."""
     item = _items_from_specs(
         f"(SELECT default_max_attempts, trace_context FROM {WORKFLOW} WHERE id = NEW.workflow_id) AS w",
         spec=f"NEW.spec->'{spec}'",
         payload="jsonb_build_object('workflow_id', NEW.workflow_id, 'attempt', NEW.attempt, 'step_id', NEW.id,\n"
-        "                          'step', NEW.name)",
+        f"                          'step', NEW.name{payload})",
         item_id=f"nextval('{ITEM_SEQUENCE}')",
         step_id="NULL",
         attempts="w.default_max_attempts",
@@ -651,7 +652,14 @@ $$;
 """
 
 
-CHILD_START_FUNCTION = _child_item_function("queue_app_wf_child_start", "start")
+# The start item carries the child's definition name, parameters and declared key (the step's spec, which never
+# changes): its handler builds the child's graph before its first statement (child_steps.start_child).
+CHILD_START_FUNCTION = _child_item_function(
+    "queue_app_wf_child_start",
+    "start",
+    ",\n                          'workflow', NEW.spec->'workflow', 'params', NEW.spec->'params',"
+    " 'key', NEW.spec->'key'",
+)
 
 # A sub-workflow step cancelled while it waited (the parent cancelled, failed at another step, or past a deadline)
 # queues its child's cancel in that transaction: one item of queue_app.workflow_cancel_child (spec "cancel")
@@ -817,16 +825,67 @@ FROM v
 # queue_app_workflow_deleted). A concurrent starter with the same key waits here for the first one's transaction;
 # once that commits, the conflict leaves the key with it, once it rolls back the second one inserts. The WHERE
 # reads only the key row: the conflicting row is read as committed, any other table as of the statement's start.
-WORKFLOW_CLAIM_KEY = f"""
+_CLAIM_KEY = """
 INSERT INTO queue_app_workflowstartkey AS k (name, key, workflow_id, created_at, expires_at)
-VALUES (%(name)s, %(key)s, nextval(pg_get_serial_sequence('{WORKFLOW}', 'id')), now(),
-        now() + make_interval(secs => %(window)s::float8))
+{source}
 ON CONFLICT (name, key) DO UPDATE
 SET workflow_id = EXCLUDED.workflow_id, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
 WHERE k.expires_at <= now()
-RETURNING workflow_id
-"""
+RETURNING workflow_id"""
+_NEW_WORKFLOW_ID = f"nextval(pg_get_serial_sequence('{WORKFLOW}', 'id'))"
+WORKFLOW_CLAIM_KEY = _CLAIM_KEY.format(
+    source=f"VALUES (%(name)s, %(key)s, {_NEW_WORKFLOW_ID}, now(),\n"
+    "        now() + make_interval(secs => %(window)s::float8))"
+)
 WORKFLOW_KEY_HOLDER = "SELECT workflow_id FROM queue_app_workflowstartkey WHERE name = %(name)s AND key = %(key)s"
+
+# A sub-workflow step's start item (workflows/child_steps.py, start_child), in one statement what it read in
+# five or more: the step (its spec, state and attempt), its key (children.child_key's rule: the declared one,
+# else "parent <workflow id>/<step name>", 200 characters at most), the workflow its key names (the holder), its
+# workflow's current attempt, and how many ancestors that workflow has (counted up to %(limit)s, each level the
+# latest sub-workflow step naming it, as children.parent_of reads it). The step's row is locked here only when
+# no workflow holds its key: one that does is locked first, then the step (the lock order, children.py). It
+# also makes the queues of the child's items (%(queues)s, engine sql.ENSURE_QUEUE's row; empty when the item
+# did not carry the child's definition to build it from first), which its start then does not, and, with
+# %(claim)s (the child's graph was built), claims the key for a new workflow id when the step is current, no
+# workflow holds the key and the child is not too deep (the claim's id last; NULL: not claimed). Run in a
+# savepoint: a start that fails after it undoes the claim.
+_CHILD_CLAIM = f"""SELECT s.spec->>'workflow', s.key, {_NEW_WORKFLOW_ID}, now(), NULL
+FROM s, locked, depth
+WHERE %(claim)s AND locked.state = 'queued' AND depth.depth < %(limit)s - 1
+  AND locked.attempt = (SELECT attempt FROM {WORKFLOW} WHERE id = s.workflow_id)"""
+WORKFLOW_CHILD_START_READ = f"""
+WITH RECURSIVE ensured AS (
+    INSERT INTO {QUEUE} (name, paused, concurrency_limit, lease_timeout, max_attempts, retention, created_at)
+    SELECT q, false, NULL, %(queue_lease_timeout)s, %(queue_max_attempts)s, %(queue_retention)s, now()
+    FROM unnest(%(queues)s::text[]) AS q
+    ON CONFLICT (name) DO NOTHING
+), s AS (
+    SELECT id, workflow_id, name, spec, item_id,
+           COALESCE(NULLIF(spec->>'key', ''), left('parent ' || workflow_id || '/' || name, 200)) AS key
+    FROM queue_app_workflowstep WHERE id = %(step_id)s AND kind = 'workflow'
+), holder AS (
+    SELECT k.workflow_id FROM queue_app_workflowstartkey k JOIN s ON k.name = s.spec->>'workflow' AND k.key = s.key
+), locked AS (
+    SELECT l.state, l.attempt FROM queue_app_workflowstep l
+    WHERE l.id = %(step_id)s AND NOT EXISTS (SELECT FROM holder)
+    FOR UPDATE
+), up(id, depth) AS (
+    SELECT workflow_id, 0 FROM s
+    UNION ALL
+    SELECT (SELECT p.workflow_id FROM queue_app_workflowstep p
+            WHERE p.child_workflow_id = up.id AND p.kind = 'workflow' ORDER BY p.id DESC LIMIT 1), up.depth + 1
+    FROM up WHERE up.id IS NOT NULL AND up.depth < %(limit)s
+), depth AS (
+    SELECT max(depth) AS depth FROM up WHERE id IS NOT NULL
+), claim AS (
+    {_at(4, _CLAIM_KEY.format(source=_CHILD_CLAIM))}
+)
+SELECT s.workflow_id, s.name, s.spec, s.item_id, s.key, (SELECT workflow_id FROM holder), locked.state,
+       locked.attempt, (SELECT attempt FROM {WORKFLOW} WHERE id = s.workflow_id), (SELECT depth FROM depth),
+       (SELECT workflow_id FROM claim)
+FROM s LEFT JOIN locked ON true
+"""
 
 # An event sent (workflows/waits.py, send_event), after WORKFLOW_EVENT_LOCK: stored, and matched in the same
 # statement to the oldest event wait open for its name and key whose timeout item is still ready (locked: a

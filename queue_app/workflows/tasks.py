@@ -113,7 +113,7 @@ def start_child(payload: Any, ctx: Context) -> dict[str, Any]:
     """A sub-workflow step that became ready: start its child (workflows/children.py)."""
     from . import child_steps
 
-    return child_steps.start_child(payload["step_id"])
+    return child_steps.start_child(payload["step_id"], payload)
 
 
 @job(CHILD_CANCEL_TASK)
