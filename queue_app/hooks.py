@@ -15,10 +15,6 @@ installed has nothing registered and the core behaves as if the feature did not 
   "dataset-staleness" and "dataset-watch" (its migrations made them) fire `queue_app.dataset_staleness` and
   `queue_app.dataset_watch` (maintenance_tasks.py), which run the unit the datasets app registered, and say
   "skipped" without it.
-- `workflow_start_checks(definition, params)`: when a registered workflow is started (workflows/services.start),
-  with its dumped parameters, first in the transaction that writes it (so what a check reads with a lock is held
-  until the workflow is written); raises WorkflowParamError to refuse it, nothing written (the datasets: a
-  partition parameter naming a dynamic key not in its set).
 - `schedule_targets[kind]`: a ScheduleTarget (`fire(schedule) -> item id or None`, in the fire's transaction;
   `problems(target, payload) -> [(field, message, code)]` for the schedule form) for a schedule's target kind
   other than a task: the Spark app registers "spark", the workflows app "workflow". A schedule of a kind no
@@ -30,6 +26,8 @@ installed has nothing registered and the core behaves as if the feature did not 
 - `urls[name]`: a URL pattern of a layer under `include("queue_app.urls")` (the workflows app:
   `/events/<source>/`).
 - Tasks: a layer's tasks live in its own `tasks.py`, which the task registry finds in every installed app.
+
+A layer that others build on publishes its own hooks the same way (spark/hooks.py, workflows/hooks.py).
 
 A function registered again (the same module and name: ready() run twice in a test) replaces itself.
 """
@@ -67,7 +65,6 @@ held_reasons: Hook[Callable[[list[int]], dict[int, str]]] = Hook("held reasons")
 producer_succeeded: Hook[Callable[[Any, Any, Any, int], None]] = Hook("task succeeded")
 metric_collectors: Hook[Callable[[], Any]] = Hook("metric collectors")
 event_published: Hook[Callable[[str, Any], list[Any]]] = Hook("event published")
-workflow_start_checks: Hook[Callable[[Any, dict[str, Any]], None]] = Hook("workflow start checks")
 maintenance_units: dict[str, Callable[[], dict[str, Any]]] = {}
 prunes: dict[str, Callable[[], int]] = {}
 expired_drops: Hook[Callable[[int], int]] = Hook("expired drops")

@@ -300,16 +300,22 @@ def test_the_adopters_test_command_is_djangos(adopter):
 
 
 def add_layer(adopter, extra: str, *added: str) -> None:
-    """Install `jobsite[extra]` from the wheel, add the apps to the project's INSTALLED_APPS: check is clean and
-    migrate runs."""
+    """Add the apps to the project's INSTALLED_APPS before their extra: check fails naming each extra to install
+    (jobsite.E114), not an ImportError. Then install `jobsite[extra]` from the wheel: check is clean and migrate
+    runs."""
+    settings = adopter["project"] / "mysite" / "settings.py"
+    settings.write_text(settings.read_text() + f"\nINSTALLED_APPS += {list(added)!r}\n")
+    without = adopter["manage"]("check")
+    assert without.returncode != 0 and "Traceback" not in without.stderr, without.stderr[-3000:]
+    for name in extra.split(","):
+        assert "jobsite.E114" in without.stderr and f"pip install 'jobsite[{name}]'" in without.stderr, without.stderr
+
     wheel = next((adopter["base"] / "wheels").glob("jobsite-*.whl"))
     installed = _run(
         adopter["python"], "-m", "pip", "install", "-q", "--disable-pip-version-check",
         f"jobsite[{extra}] @ {wheel.as_uri()}", cwd=adopter["base"], timeout=600,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr[-3000:]
-    settings = adopter["project"] / "mysite" / "settings.py"
-    settings.write_text(settings.read_text() + f"\nINSTALLED_APPS += {list(added)!r}\n")
 
     checked = adopter["manage"]("check")
     assert checked.returncode == 0, checked.stderr

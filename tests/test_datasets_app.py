@@ -13,12 +13,14 @@ from pathlib import Path
 from django.apps import apps
 
 from queue_app import dataset_refs, hooks
+from queue_app.datasets import workflow_triggers
 from queue_app.datasets.checks_run import blocked_items
 from queue_app.datasets.producers import producer_succeeded
 from queue_app.datasets.refs import ref_problems
 from queue_app.datasets.spark_lineage import emit_run
 from queue_app.datasets.spark_runs import check_trigger, output_figures, park_blocked, record_outputs
 from queue_app.spark import hooks as spark_hooks
+from queue_app.workflows import hooks as workflow_hooks
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,6 +54,8 @@ def test_the_datasets_app_is_installed_with_its_label_and_registers_on_the_cores
     assert list(spark_hooks.succeeded) == [record_outputs]
     assert list(spark_hooks.state_changed) == [emit_run]
     assert list(dataset_refs.problems) == [ref_problems]
+    # A workflow's hooks (workflows/hooks.py): a partition parameter's dynamic key held while the workflow starts
+    assert list(workflow_hooks.start_checks) == [workflow_triggers.check_start]
 
 
 def test_a_maintenance_unit_no_app_registers_is_skipped_not_an_error():

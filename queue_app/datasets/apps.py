@@ -23,11 +23,14 @@ class DatasetsConfig(layer_apps.LayerConfig):
     label = "jobsite_datasets"
     verbose_name = "Datasets"
     requires = ("queue_app", "queue_app.spark", "queue_app.workflows")  # its triggers start runs and workflows
+    extra = "datasets"
+    extra_modules = ("graphviz", "openlineage.client")
 
     def wire(self) -> None:
         from django.db.models.signals import post_migrate
 
         from queue_app import dataset_refs, hooks
+        from queue_app.workflows import hooks as workflow_hooks
 
         from . import (
             checks as dataset_checks,  # noqa: F401  registers jobsite.E101-E105, E120-E122
@@ -50,11 +53,11 @@ class DatasetsConfig(layer_apps.LayerConfig):
 
         hooks.held_reasons.register(blocked_items)
         hooks.producer_succeeded.register(producer_succeeded)
-        hooks.workflow_start_checks.register(workflow_triggers.check_start)  # a dynamic key held while it starts
         hooks.metric_collectors.register(metrics.freshness_collector)
         hooks.metric_collectors.register(metrics.openlineage_collector)
         hooks.maintenance_units["dataset_staleness"] = maintenance.staleness
         hooks.maintenance_units["dataset_watch"] = maintenance.watch
+        workflow_hooks.start_checks.register(workflow_triggers.check_start)  # a dynamic key held while it starts
         dataset_refs.problems.register(ref_problems)  # the jobs' declared datasets (queue_app/dataset_refs.py)
         spark_runs.register()  # on the Spark run's hooks (spark/hooks.py)
         spark_lineage.register()

@@ -14,7 +14,7 @@ add_open_runs name them, the Spark jobs' runs (spark_triggers.py), the workflows
 triggered by a dataset of the set), the items of trigger tasks (here) and of producer tasks (`@job(produces=)`,
 producer_task: producers.py). Every start of a key validates it in the start's own transaction, so holds the row
 FOR SHARE until the start commits: a Spark run's trigger (spark/runs.trigger_run), a workflow's start (the core's
-hooks.workflow_start_checks), a trigger's fire (triggers.declared_consumer, in the recorder's transaction), a
+workflows/hooks.start_checks), a trigger's fire (triggers.declared_consumer, in the recorder's transaction), a
 producer task's item (producers.py) and a materialization's record. A removal arriving meanwhile waits for that
 transaction, then sees its run and refuses; a start arriving after the removal took its lock waits for it, then
 finds the key gone and refuses. `removed_at` is the clock after the lock and the checks (clock_timestamp()): every

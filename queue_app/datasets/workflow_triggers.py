@@ -5,7 +5,7 @@ its last upstream materialization. Registered as a consumer source when Django i
 
 A dynamic key (dynamic.py) and such workflows: any start of one (a trigger's, the CLI's, the admin's, code's)
 checks its partition parameter against the upstreams' partitioning in the start's transaction (check_start, on
-the core's hooks.workflow_start_checks), reading the key's row FOR SHARE; the key's removal is refused while a
+workflows/hooks.start_checks), reading the key's row FOR SHARE; the key's removal is refused while a
 workflow of it is open (open_workflows).
 """
 
@@ -46,7 +46,7 @@ def workflow_consumers() -> Iterator[triggers.Consumer]:
 
 
 def check_start(definition: Any, params: dict[str, Any]) -> None:
-    """hooks.workflow_start_checks: a workflow declared with on_update, started with its partition parameter(s)
+    """workflows/hooks.start_checks: a workflow declared with on_update, started with its partition parameter(s)
     set, names a partition of its upstreams (a dynamic key held FOR SHARE until the workflow is written);
     WorkflowParamError naming the parameter otherwise. A parameter left unset is not checked."""
     if getattr(definition, "on_update", None) is None:

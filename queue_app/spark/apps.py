@@ -33,6 +33,8 @@ class SparkConfig(layer_apps.LayerConfig):
     label = "jobsite_spark"
     verbose_name = "Spark"
     requires = ("queue_app",)
+    extra = "spark"
+    extra_modules = ("pyspark",)
 
     def wire(self) -> None:
         from queue_app import hooks

@@ -21,6 +21,8 @@ class WebhooksConfig(layer_apps.LayerConfig):
     label = "jobsite_webhooks"
     verbose_name = "Webhooks"
     requires = ("queue_app",)
+    extra = "webhooks"
+    extra_modules = ("httpx",)
 
     def wire(self) -> None:
         from django.apps import apps

@@ -36,6 +36,8 @@ class WorkflowsConfig(layer_apps.LayerConfig):
     label = "jobsite_workflows"
     verbose_name = "Workflows"
     requires = ("queue_app", "queue_app.spark")
+    extra = "workflows"
+    extra_modules = ("graphviz",)
 
     def wire(self) -> None:
         from django.urls import path

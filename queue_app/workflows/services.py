@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from django.db.models import F
 
-from .. import engine, hooks, services
+from .. import engine, services
 from ..conf import queue_settings
 from ..engine import tracing
 from ..engine.alias import atomic, queue_db
@@ -27,6 +27,7 @@ from ..hooks import why_held
 from ..registry import Context
 from ..spark.registry import SparkJobError, get_job
 from . import children, deadlines, rebuild, sql, versions
+from . import hooks as workflow_hooks
 from .definition import (
     STEP_NAME,
     Graph,
@@ -121,7 +122,7 @@ def _create(
     is recorded with the graph's shape (workflows/versions.py); `deadline` (else the graph's, wf.deadline) is
     armed (workflows/deadlines.py): a time already past is an error, nothing written. With tracing on, the start
     is a span the workflow's row keeps the context of: every step's item carries it, so the workflow is one trace
-    (engine/tracing.py). `start_checks()` (a layer's, hooks.workflow_start_checks) runs first in that
+    (engine/tracing.py). `start_checks()` (a layer's, workflows/hooks.start_checks) runs first in that
     transaction: what it raises writes nothing, and what it locks stays held until the workflow is written."""
     options = dict(
         callbacks=callbacks,
@@ -360,8 +361,8 @@ def start_prepared(
     WORKFLOW_CLAIM_KEY's row), in a savepoint of its own that the start joins (what fails undoes the claim)."""
     definition, dumped = prepared.definition, prepared.params
 
-    def start_checks() -> None:  # a layer's (hooks.workflow_start_checks), in the transaction that writes it
-        for check in hooks.workflow_start_checks:
+    def start_checks() -> None:  # a layer's (workflows/hooks.start_checks), in the transaction that writes it
+        for check in workflow_hooks.start_checks:
             check(definition, dumped)
 
     return _create(
