@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from croniter import croniter
 from django.core.exceptions import ValidationError
 from django.db.models import Q
 from django.utils import timezone
@@ -52,6 +51,13 @@ class Fired:
     duplicate: bool = False
 
 
+def _cron_iter(expression: str, start: datetime | None = None) -> Any:
+    """croniter's iterator (imported on first use: a project's start, and its admin's, do not load it)."""
+    from croniter import croniter as iterator
+
+    return iterator(expression, start)
+
+
 def validate_cron(expression: str) -> str:
     """The expression, whitespace normalised, if croniter accepts it as five cron fields; else ValidationError."""
     expression = " ".join((expression or "").split())
@@ -59,13 +65,19 @@ def validate_cron(expression: str) -> str:
         f"{expression!r} is not a valid cron expression; use five fields: minute hour day-of-month month "
         "day-of-week, e.g. '*/5 * * * *' (every five minutes) or '0 3 * * 1' (Mondays at 03:00)"
     )
-    if len(expression.split()) != 5 or not croniter.is_valid(expression):
+    if len(expression.split()) != 5 or not _is_valid(expression):
         raise ValidationError(message, code="invalid_cron")
     try:
-        croniter(expression, datetime.now(UTC)).get_next(datetime)
+        _cron_iter(expression, datetime.now(UTC)).get_next(datetime)
     except Exception:  # e.g. "0 0 31 2 *" parses but never matches
         raise ValidationError(message + " that matches at least one date", code="invalid_cron") from None
     return expression
+
+
+def _is_valid(expression: str) -> bool:
+    from croniter import croniter as iterator
+
+    return iterator.is_valid(expression)
 
 
 def validate_timezone(name: str) -> str:
@@ -90,7 +102,7 @@ def describe(expression: str) -> str:
 
 def fire_times(expression: str, tz: str, after: datetime, n: int = 5) -> list[datetime]:
     """The next `n` fire times strictly after `after`, as aware UTC datetimes."""
-    it = croniter(expression, after.astimezone(zoneinfo.ZoneInfo(tz)))
+    it = _cron_iter(expression, after.astimezone(zoneinfo.ZoneInfo(tz)))
     return [it.get_next(datetime).astimezone(UTC) for _ in range(n)]
 
 
@@ -99,7 +111,7 @@ def next_fire(expression: str, tz: str, after: datetime) -> datetime:
 
 
 def latest_fire_at_or_before(expression: str, tz: str, now: datetime) -> datetime:
-    it = croniter(expression, (now + timedelta(microseconds=1)).astimezone(zoneinfo.ZoneInfo(tz)))
+    it = _cron_iter(expression, (now + timedelta(microseconds=1)).astimezone(zoneinfo.ZoneInfo(tz)))
     return it.get_prev(datetime).astimezone(UTC)
 
 
@@ -184,7 +196,7 @@ def missed_fire_times(schedule: Any, now: datetime) -> list[datetime]:
     if schedule.catch_up != "all":
         return [latest]
     times: list[datetime] = []
-    it = croniter(
+    it = _cron_iter(
         schedule.cron,
         (schedule.next_fire_at - timedelta(microseconds=1)).astimezone(zoneinfo.ZoneInfo(schedule.timezone)),
     )

@@ -8,12 +8,12 @@ The admin's pages come with the admin site (`admin.site.urls`), nothing to add f
 
 from django.urls import path
 
-from . import hooks, monitoring
+from . import health, hooks, metrics
 
 app_name = "jobsite"
 
 urlpatterns = [
-    path("metrics", monitoring.metrics, name="metrics"),
-    path("healthz", monitoring.healthz, name="healthz"),
+    path("metrics", metrics.metrics, name="metrics"),
+    path("healthz", health.healthz, name="healthz"),
     *hooks.urls.values(),
 ]

@@ -12,7 +12,7 @@ from django.db import connection
 from django.db.models import F
 from prometheus_client.parser import text_string_to_metric_families
 
-from queue_app import monitoring
+from queue_app import health, monitoring
 from queue_app.models import QueueItem
 from tests.admin_fixtures import (
     dead,
@@ -263,8 +263,8 @@ def test_healthz_fails_without_a_live_worker(client):
 
 def test_healthz_fails_with_unapplied_migrations(client, monkeypatch):
     live_worker()
-    monkeypatch.setattr(monitoring, "_migrations_applied", False)
-    with mock.patch.object(monitoring.MigrationExecutor, "migration_plan", return_value=[("0099_next", False)]):
+    monkeypatch.setattr(health, "_migrations_applied", False)
+    with mock.patch.object(health.MigrationExecutor, "migration_plan", return_value=[("0099_next", False)]):
         response = client.get("/healthz")
 
     assert response.status_code == 503
