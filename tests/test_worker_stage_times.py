@@ -95,3 +95,20 @@ def test_a_lone_item_is_leased_alone_and_a_burst_in_batches(worker, tmp_path):
             assert (int(line[6]), line[7]) == (1, "loop") and float(line[2]) > 0, (pool, line)
         got = [int(by_reservation[reservation_of[item]][6]) for item in burst]
         assert max(got) > 1 and sum(g > 1 for g in got) > len(burst) // 2, (pool, sorted(got))
+
+
+def test_stamps_gathered_past_the_bound_are_written_out_of_memory(settings, tmp_path):
+    path = tmp_path / "stages"
+    settings.JOBSITE = {**getattr(settings, "JOBSITE", {}), "STAGE_TIMES": str(path)}
+    stages.configure()
+    for reservation_id in range(3):
+        stages.picked(reservation_id)
+    stages.flush(at_least=4)  # fewer than the bound: kept
+    assert not path.exists()
+    stages.first_line(2)
+    stages.flush(at_least=4)
+    assert [line.split()[:2] for line in path.read_text().splitlines()] == [
+        ["P", "0"], ["P", "1"], ["P", "2"], ["F", "2"]
+    ]  # fmt: skip
+    stages.flush()  # nothing left in memory: nothing written twice
+    assert len(path.read_text().splitlines()) == 4

@@ -151,6 +151,8 @@ def _child_main(conn: Connection, inherited: list[Connection], parent_pid: int, 
             break
         if outcome.fatal:  # the handler raised SystemExit or the like: reported, now exit as it asked
             break
+        if stages.on:
+            stages.flush(stages.FLUSH_AT)
     if tracing.enabled:  # the handlers' own spans (what they enqueued): the child ends with os._exit, no atexit
         tracing.flush()
     if stages.on:

@@ -6,7 +6,8 @@ line up with the item's created_at and the handler's first statement's clock_tim
 
 Off by default: `on` is read once, at the worker's start (configure); every call site checks it before calling
 anything here, so an off worker never calls a recording function (tests/test_worker_stage_times.py). On, a stamp
-is a time.time() and a list append; the file is written once, at the end, off the timed path.
+is a time.time() and a list append; the file is written at the end, off the timed path (and, in a long run, each
+time FLUSH_AT stamps have gathered: at the worker's heartbeat, or after a child's job).
 
 Lines, space-separated (a worker and its pool children append to the same file; each flush is one write):
 - `L <reservation_id> <woken> <sent> <leased> <asked> <got> <path>`: the notification that woke the loop for the
@@ -24,6 +25,8 @@ import time
 
 from ..conf import queue_settings
 
+FLUSH_AT = 50_000  # stamps kept in memory at most, about (a long run with the stamps on does not grow without end)
+
 on = False
 _path: str | None = None
 _stamps: list[tuple] = []
@@ -31,15 +34,16 @@ _stamps: list[tuple] = []
 
 def configure() -> None:
     """Read STAGE_TIMES once (run_worker's process, before its pool starts: the children inherit `on`)."""
-    global on, _path
+    global on, _path, _stamps
     _path = queue_settings.STAGE_TIMES or None
     on = _path is not None
-    _stamps.clear()
+    _stamps = []
 
 
 def forget() -> None:
     """Drop the stamps a forked pool child inherited from the worker (the worker writes those itself)."""
-    _stamps.clear()
+    global _stamps
+    _stamps = []
 
 
 def leased(reservation_ids: list[int], woken: float, sent: float, leased_at: float, asked: int, path: str) -> None:
@@ -65,12 +69,14 @@ def _lines(stamp: tuple) -> str:
     return "".join(f"L {r} {woken:.6f} {sent:.6f} {leased_at:.6f} {asked} {got} {path}\n" for r in ids)
 
 
-def flush() -> None:
-    """Append the stamps taken in this process to the file, and forget them (at a worker's or a child's end)."""
-    if _path is None or not _stamps:
+def flush(at_least: int = 1) -> None:
+    """Append the stamps taken in this process to the file, and forget them: at a worker's or a child's end, or
+    when `at_least` have gathered (FLUSH_AT, between two rounds of the loop or two jobs of a child)."""
+    global _stamps
+    if _path is None or len(_stamps) < at_least:
         return
-    text = "".join(_lines(stamp) for stamp in _stamps)
-    _stamps.clear()
+    taken, _stamps = _stamps, []  # a pool thread stamping meanwhile appends to the new list
+    text = "".join(_lines(stamp) for stamp in taken)
     fd = os.open(_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         data = memoryview(text.encode())

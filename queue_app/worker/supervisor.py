@@ -824,6 +824,8 @@ class Supervisor:
         self.listener.renewed(engine.leaders.renew(self.worker_id))
         engine.save_worker(self.row, "stopping" if self.shutdown.stopping else "running", self.row_stats())
         self.next_heartbeat = time.monotonic() + self.heartbeat_every
+        if stages.on:
+            stages.flush(stages.FLUSH_AT)
 
     def _listener_lost(self) -> None:
         self.listener.close(release=False)
