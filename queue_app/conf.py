@@ -105,8 +105,9 @@ DEFAULTS: dict[str, Any] = {
     # "json" when the project's log lines are JSON (queue_app/logconfig.py): the worker then leases the workflow
     # ids each line carries.
     "LOG_FORMAT": "plain",
-    # A file path: the worker appends each item's stage times there (queue_app/worker/stages.py), for the bench's
-    # split of the start latency. None: off, nothing timed.
+    # A file path: the worker (and each pool child) appends its stage stamps there when it ends, kept in memory
+    # until then (queue_app/worker/stages.py), for the bench's split of the start latency. None: off, nothing
+    # recorded (read once, at the worker's start).
     "STAGE_TIMES": None,
 }
 

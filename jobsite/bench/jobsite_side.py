@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from django.core.management import call_command, get_commands
-from django.db import connections
+from django.db import connections, transaction
 
 from queue_app import engine
 from queue_app.conf import queue_settings
@@ -426,13 +426,16 @@ def measure_latency(
     worker_env: dict[str, str] | None = None,
     worker_extra: list[str] | None = None,
     using: str = ALIAS,
+    commit_apart: bool = False,
 ) -> list[Figure]:
     """Enqueue-to-start: single probe items queued one at a time, each waited for; the handler's start
     (ExecutionLog.executed_at, the database clock) minus the item's created_at. Idle, or while a feeder keeps
     `load_per_s` no-op items a second flowing through the same queue and worker (`share` of the end to end; the
     figures' keys end in `suffix`: jobsite.latency{suffix}_p50 and _p99). `worker_env` and `worker_extra`: the
     worker's environment and arguments over the usual; `using`: the alias the items are enqueued on (the pooler
-    part's, through PgBouncer)."""
+    part's, through PgBouncer). `commit_apart`: each probe enqueued in a transaction block, so the split times its
+    COMMIT apart from its insert (one more round trip each: the split part's; the figures beside the peers enqueue
+    in one statement)."""
     queue = queue_settings.DEFAULT_QUEUE
     where = f"under a steady {load_per_s:,.0f} items/s" if load_per_s else "idle"
     suffix = suffix if load_per_s else ""
@@ -446,6 +449,7 @@ def measure_latency(
     feeder = _Feeder(db, queue, load_per_s) if load_per_s else None
     ids: list[int] = []
     returned: dict[int, float] = {}  # when each probe's enqueue returned here (committed), the host's clock
+    inserted: dict[int, float] = {}  # commit_apart: when its insert returned, before the COMMIT
     try:
         if not all(_wait_for_worker(proc) for proc in procs):
             raise RuntimeError(f"run_worker did not start:\n{log_tail(ctx.log_path(f'{log}-0'))}")
@@ -454,7 +458,12 @@ def measure_latency(
             feeder.start()
             time.sleep(1.0)  # into the steady state
         for n in range(sizes.latency_samples):
-            item = engine.enqueue(PROBE_TASK, {"n": n}, queue=queue, using=using)
+            if commit_apart:
+                with transaction.atomic(using=using):
+                    item = engine.enqueue(PROBE_TASK, {"n": n}, queue=queue, using=using)
+                    inserted[item.id] = time.time()
+            else:
+                item = engine.enqueue(PROBE_TASK, {"n": n}, queue=queue, using=using)
             returned[item.id] = time.time()
             ids.append(item.id)
             deadline = time.monotonic() + 10
@@ -487,7 +496,9 @@ def measure_latency(
         )
         fetched = cur.fetchall()
     rows = [(float(total), float(leased)) for total, leased, *_ in fetched]
-    stages = stage_split.split([(int(r), float(c), float(e), returned[i]) for *_, i, r, c, e in fetched], stage_file)
+    stages = stage_split.split(
+        [(int(r), float(c), float(e), returned[i], inserted.get(i)) for *_, i, r, c, e in fetched], stage_file
+    )
     ms = [total for total, _ in rows]
     to_lease, held = [leased for _, leased in rows], [total - leased for total, leased in rows]
     p50, p99 = percentile(ms, 0.50), percentile(ms, 0.99)
@@ -498,6 +509,7 @@ def measure_latency(
         f"{percentile(held, 0.5):.2f} / p99 {percentile(held, 0.99):.2f})",
     )
     ctx.progress("jobsite", f"{where} split (ms): {stage_split.describe(stages)}")
+    ctx.progress("jobsite", f"{where} the leases that took the probes: {stage_split.describe_leases(stages)}")
     detail = {
         "samples": len(ms),
         "mean_ms": round(statistics.fmean(ms), 3),

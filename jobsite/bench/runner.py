@@ -16,6 +16,7 @@ from . import (
     jobsite_side,
     peers,
     pooler_side,
+    split_side,
     tracing_side,
     waits_side,
     workflow_side,
@@ -24,7 +25,7 @@ from .context import BenchContext, Progress, server_from_django
 from .report import Results, default_json_path, machine_info, table, write_json
 from .sizes import Sizes
 
-PARTS = ("ceiling", "jobsite", "flow", "peers", "workflow", "waits", "datasets", "tracing", "pooler")
+PARTS = ("ceiling", "jobsite", "split", "flow", "peers", "workflow", "waits", "datasets", "tracing", "pooler")
 TRACEBACK_FRAMES = 4  # the innermost frames of a failed part's traceback kept in the report
 
 
@@ -78,6 +79,7 @@ def run_bench(
     steps: dict[str, Callable[[], None]] = {
         "ceiling": lambda: ceiling.run(ctx, sizes, results),
         "jobsite": lambda: jobsite_side.run(ctx, sizes, results),
+        "split": lambda: split_side.run(ctx, sizes, results),
         "flow": lambda: flow_control.run(ctx, sizes, results),
         "peers": lambda: peers.run(ctx, sizes, results, peer_names),
         "workflow": lambda: workflow_side.run(ctx, sizes, results),

@@ -50,6 +50,13 @@ class Sizes:
     # least, the smoke size's) and drains per variant, the best kept
     statement_jobs: int = 50_000
     statement_rounds: int = 2
+    # the latency split (bench/split_side.py): the workers of each pool measured, idle and at this steady load (the
+    # common load of the peers' side by side in issue 47's run), latency_samples probes each
+    split_workers: tuple[tuple[int, str, int, int, int], ...] = (
+        (2, "thread", 32, 500, 500),
+        (1, "process", 4, 100, 100),
+    )
+    split_load: float = 180.0
 
 
 QUICK = Sizes(

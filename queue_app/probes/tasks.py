@@ -22,6 +22,7 @@ import psycopg
 from .. import engine
 from ..engine.alias import connection
 from ..registry import ChunkItem, ChunkPolicy, Context, Delivery, ItemRetry, job
+from ..worker import stages
 
 
 class ProbeFailed(Exception):
@@ -105,6 +106,8 @@ def close_log_connection() -> None:
 
 
 def _probe(payload: Any, ctx: Context) -> dict[str, Any]:
+    if stages.on:  # the bench's latency split: the handler's first line (worker/stages.py)
+        stages.first_line(ctx.reservation_id)
     record = _run_record(ctx)
     if ctx.delivery is Delivery.TRANSACTIONAL:
         _log_execution(record)  # survives the rollback of the handler's transaction

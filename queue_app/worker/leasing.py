@@ -46,6 +46,7 @@ class LeaseCall:
         self.asked = 0  # items the call in flight asked for
         self._result: tuple[Any, BaseException | None] | None = None
         self.woken_at = self.sent_at = self.leased_at = 0.0  # the call's stage times (worker/stages.py), when on
+        self.path = "thread"  # where the call in flight runs: "thread", or "loop" (`here`); for the stage times
         # The traced statement, whose leases carry the items' trace contexts and a workflow step's workflow id
         # and step name: with tracing on, and with JSON logs (a step's lines then name its workflow and step,
         # logcontext.py). Plain logs without tracing keep the plain statement (its plan, its columns).
@@ -67,7 +68,7 @@ class LeaseCall:
             raise RuntimeError("one settle_and_lease in flight at a time")
         self.busy, self.sent, self.asked, self._result = True, done, want, None
         if stages.on:
-            self.sent_at = time.time()
+            self.sent_at, self.path = time.time(), "loop" if here else "thread"
         request = (done, queues, want, worker_id, terms, self.traced)
         if here:
             self._result = self._timed(request)

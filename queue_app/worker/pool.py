@@ -130,6 +130,8 @@ def _child_main(conn: Connection, inherited: list[Connection], parent_pid: int, 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for other in inherited:  # the supervisor's ends of the other children's pipes
         other.close()
+    if stages.on:
+        stages.forget()  # the worker's own stamps, copied by the fork: the worker writes them
     _warm_connection()
     _warm_up(warm_ups)
     while True:
@@ -139,9 +141,9 @@ def _child_main(conn: Connection, inherited: list[Connection], parent_pid: int, 
             break
         if job is None:
             break
-        _checked_by_socket()  # a child always waited for its job (it gets one only when idle)
         if stages.on:
             stages.picked(job.reservation_id)
+        _checked_by_socket()  # a child always waited for its job (it gets one only when idle)
         outcome = runner(job)
         try:
             conn.send(outcome)
@@ -149,8 +151,12 @@ def _child_main(conn: Connection, inherited: list[Connection], parent_pid: int, 
             break
         if outcome.fatal:  # the handler raised SystemExit or the like: reported, now exit as it asked
             break
+        if stages.on:
+            stages.flush(stages.FLUSH_AT)
     if tracing.enabled:  # the handlers' own spans (what they enqueued): the child ends with os._exit, no atexit
         tracing.flush()
+    if stages.on:
+        stages.flush()
     connections.close_all()
 
 
@@ -218,6 +224,8 @@ class ProcessPool:
     def submit(self, job: Job) -> None:
         child = next(c for c in self.children if c.job is None)
         child.job, child.started = job, time.monotonic()
+        if stages.on:
+            stages.submitted(job.reservation_id)
         try:
             child.conn.send(job)
         except OSError:  # it died while idle: its replacement takes the job
@@ -353,11 +361,11 @@ class ThreadPool:
                 break
             if self.queued.pop(job.reservation_id, None) is None:
                 continue  # stopped or taken back before any thread started it
+            if stages.on:
+                stages.picked(job.reservation_id)
             if waited:
                 _checked_by_socket()
             me.job, me.started = job, time.monotonic()
-            if stages.on:
-                stages.picked(job.reservation_id)
             self.taken[job.reservation_id] = me
             try:
                 outcome = self.runner(job)
@@ -394,6 +402,8 @@ class ThreadPool:
     def submit(self, job: Job) -> None:
         self.outstanding.add(job.reservation_id)
         self.queued[job.reservation_id] = job
+        if stages.on:
+            stages.submitted(job.reservation_id)
         self.jobs.put(job)
 
     def started_at(self, reservation_id: int) -> float | None:

@@ -122,7 +122,6 @@ class Supervisor:
         self.away = False  # the loop was away (frozen, cut off): check leases and settle before anything else
         self.waited_from, self.waited_for = time.monotonic(), 0.0  # the last wait: since when, for how long
         self.woken_at = 0.0  # the last notification's arrival (worker/stages.py, when on)
-        self.lease_stages: dict[int, tuple[float, float, float]] = {}  # held items' lease times (stages, when on)
 
     @property
     def stats(self) -> Stats:
@@ -308,6 +307,8 @@ class Supervisor:
         if self.pool is not None:
             self.pool.shutdown()
         self.lease_call.close()
+        if stages.on:
+            stages.flush()  # the loop's stamps and its pool threads' (a child writes its own)
         self.listener.close()
         try:
             engine.leaders.release(self.worker_id)  # every duty still held (renewed by the heartbeat)
@@ -567,8 +568,8 @@ class Supervisor:
             self.woken = True  # try again as soon as the database allows
             raise
         if stages.on:
-            times = (woken_at, sent_at, time.time())
-            self.lease_stages.update((lease.reservation_id, times) for lease in out.leases)
+            rids = [lease.reservation_id for lease in out.leases]
+            stages.leased(rids, woken_at, sent_at, time.time(), want, "beside")
             self.woken_at = 0.0
         self._took(out, [], want, now)
 
@@ -604,11 +605,10 @@ class Supervisor:
             self.settler.give_back(sent)
             self.woken = True  # the lease did not happen: try again as soon as the database allows
             raise error
-        if stages.on:
+        if stages.on and want:
             call = self.lease_call
-            self.lease_stages.update(
-                (lease.reservation_id, (call.woken_at, call.sent_at, call.leased_at)) for lease in out.leases
-            )
+            rids = [lease.reservation_id for lease in out.leases]
+            stages.leased(rids, call.woken_at, call.sent_at, call.leased_at, want, call.path)
         self._took(out, sent, want, now)
 
     def _took(self, out: engine.SettledAndLeased, sent: list, want: int, now: float) -> None:
@@ -735,7 +735,6 @@ class Supervisor:
                 self.chunk_since.pop(name, None)
         timed: set[str] = set()  # tasks whose hard timeout and lease this batch has counted (once a task)
         running, submit, worker_id = self.running, self.pool.submit, self.worker_id
-        handing = time.time() if stages.on else 0.0  # the hand-over begins (a child may run before the loop ends)
         for unit in units:
             good: list[Lease] = []
             for lease, _ in unit:
@@ -791,18 +790,6 @@ class Supervisor:
                     lease.step,
                 )
             )
-        if stages.on:
-            self._stage_times(starting, handing)
-
-    def _stage_times(self, starting: list[tuple[Lease, Task]], handing: float) -> None:
-        """Write the lease times of the items about to be handed to the pool (worker/stages.py)."""
-        by_times: dict[tuple[float, float, float], list[int]] = {}
-        for lease, _ in starting:
-            times = self.lease_stages.pop(lease.reservation_id, None)
-            if times is not None:
-                by_times.setdefault(times, []).append(lease.reservation_id)
-        for times, reservation_ids in by_times.items():
-            stages.leased(reservation_ids, *times, handing)
 
     def _start_span(self, lease: Lease) -> str | None:
         """Start the attempt's span (a child of the item's stored context); its traceparent for the handler. When
@@ -837,6 +824,8 @@ class Supervisor:
         self.listener.renewed(engine.leaders.renew(self.worker_id))
         engine.save_worker(self.row, "stopping" if self.shutdown.stopping else "running", self.row_stats())
         self.next_heartbeat = time.monotonic() + self.heartbeat_every
+        if stages.on:
+            stages.flush(stages.FLUSH_AT)
 
     def _listener_lost(self) -> None:
         self.listener.close(release=False)
