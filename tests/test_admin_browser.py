@@ -186,7 +186,8 @@ def long_valued_rows() -> None:
     from django.db import transaction
     from django.utils import timezone
 
-    from queue_app.models import ItemHistory, SparkRun, Worker
+    from queue_app.models import ItemHistory, Worker
+    from queue_app.spark.models import SparkRun
     from queue_app.webhooks import services as webhooks
     from queue_app.webhooks.models import WebhookAttempt
 

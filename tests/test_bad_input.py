@@ -27,9 +27,10 @@ from django.utils import timezone
 
 from queue_app import engine, services
 from queue_app.engine.errors import InvalidResult
-from queue_app.models import DeadLetter, ItemState, Queue, QueueItem, Reservation, Schedule, SparkRun
+from queue_app.models import DeadLetter, ItemState, Queue, QueueItem, Reservation, Schedule
 from queue_app.probes.tasks import close_log_connection
 from queue_app.registry import get_task
+from queue_app.spark.models import SparkRun
 from queue_app.spark.runs import trigger_run
 from tests import django_tasks_app
 from tests.admin_fixtures import (

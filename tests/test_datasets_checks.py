@@ -40,9 +40,10 @@ from queue_app.datasets.services import record_materialization
 from queue_app.datasets.spark_runs import DatasetBlocked
 from queue_app.datasets.status import check_results, detail, summaries
 from queue_app.engine import dedicated_connection
-from queue_app.models import QueueItem, SparkRun
+from queue_app.models import QueueItem
 from queue_app.registry import Context, Delivery
 from queue_app.reservations import reserve
+from queue_app.spark.models import SparkRun
 from queue_app.spark.registry import _jobs
 from queue_app.spark.runs import QUEUE, _blocked, trigger_run
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV

@@ -198,7 +198,7 @@ def test_checks_say_blocking_or_warn_deliveries_say_why_and_the_charts_have_a_ra
     admin_user,
     browser_page,  # noqa: F811
 ):
-    from queue_app.models import QueueStatsHourly
+    from queue_app.spark.models import QueueStatsHourly
     from tests.pages_fixtures import datasets, spark_runs, webhooks
 
     datasets(spark_runs()[0])

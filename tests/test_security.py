@@ -30,7 +30,8 @@ from django.urls import URLPattern, URLResolver, get_resolver, resolve
 from django.utils import timezone
 
 from queue_app import engine
-from queue_app.models import QueueItem, QueueStatsHourly, Reservation, Schedule, SparkRun, Worker
+from queue_app.models import QueueItem, Reservation, Schedule, Worker
+from queue_app.spark.models import QueueStatsHourly, SparkRun
 from queue_app.spark.runs import trigger_run
 from tests.admin_fixtures import (
     action_post,

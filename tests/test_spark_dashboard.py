@@ -10,7 +10,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from queue_app.models import QueueItem, QueueStatsHourly, SparkRun
+from queue_app.models import QueueItem
+from queue_app.spark.models import QueueStatsHourly, SparkRun
 from queue_app.spark.runs import trigger_run
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
 
@@ -257,7 +258,7 @@ def test_views_need_view_permission_and_staff(django_user_model):
 
 
 def test_run_list_shows_the_spark_connect_servers_health_and_a_run_page_its_path(spark_client, monkeypatch):
-    from queue_app.models import SparkConnectServer
+    from queue_app.spark.models import SparkConnectServer
 
     monkeypatch.setenv("JOBSITE_SPARK_CONNECT", "sc://127.0.0.1:15002")
     client = spark_client()

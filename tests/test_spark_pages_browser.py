@@ -18,7 +18,7 @@ def test_spark_pages_have_the_stock_admin_breadcrumbs_and_a_failure_at_the_top(l
 
     from django.utils import timezone
 
-    from queue_app.models import SparkRun
+    from queue_app.spark.models import SparkRun
 
     end = timezone.now()
     run = SparkRun.objects.create(
@@ -56,7 +56,7 @@ def test_the_charts_have_units_hover_values_a_time_range_and_click_through_to_a_
 
     from django.utils import timezone
 
-    from queue_app.models import SparkRun
+    from queue_app.spark.models import SparkRun
 
     end = timezone.now()
     run = SparkRun.objects.create(
@@ -115,7 +115,7 @@ def test_the_charts_fit_their_box_at_laptop_and_desktop_widths(live_server, admi
     from django.utils import timezone
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    from queue_app.models import SparkRun
+    from queue_app.spark.models import SparkRun
 
     end = timezone.now()
     for n in range(12):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from queue_app.models import SparkRun, SparkScript
 from queue_app.spark import scripts
 from queue_app.spark.launcher import launch
+from queue_app.spark.models import SparkRun, SparkScript
 from queue_app.spark.registry import SparkParamError, get_job, validate
 from queue_app.spark.runs import trigger_run
 

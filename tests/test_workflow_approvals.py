@@ -12,7 +12,8 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.urls import reverse
 
-from queue_app.models import QueueItem, WebhookEndpoint
+from queue_app.models import QueueItem
+from queue_app.webhooks.models import WebhookEndpoint
 from queue_app.workflows import WorkflowDefinitionError, approvals, services
 from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import Workflow, WorkflowStep

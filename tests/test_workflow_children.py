@@ -356,7 +356,7 @@ def test_a_spark_step_of_a_child_names_the_child_as_parent_run_and_the_top_as_ro
     """OpenLineage's parent run facet (datasets/spark_lineage.py): the run's workflow, and the root of its chain."""
     from queue_app.datasets.openlineage import run_id
     from queue_app.datasets.spark_lineage import _parent
-    from queue_app.models import SparkRun
+    from queue_app.spark.models import SparkRun
 
     w = services.start("wf_grandparent")
     drive()

@@ -31,10 +31,10 @@ from queue_app.admin.actions import Operation, ReadOnlyAdmin
 from queue_app.admin.display import cut, shorten, time_column
 from queue_app.admin.overview import age
 from queue_app.hooks import why_held
-from queue_app.models import SPARK_FINAL_STATES as SPARK_FINAL
-from queue_app.models import QueueStatsHourly, SparkConnectServer, SparkRun, SparkRunState
 from queue_app.spark import all_jobs, eventlog, get_job
 from queue_app.spark.forms import SparkRunForm
+from queue_app.spark.models import SPARK_FINAL_STATES as SPARK_FINAL
+from queue_app.spark.models import QueueStatsHourly, SparkConnectServer, SparkRun, SparkRunState
 from queue_app.spark.registry import SparkParamError, UnknownSparkJob
 from queue_app.spark.runs import cancel_run, rerun, timing_split, trigger_run, triggered, waiting_for
 
