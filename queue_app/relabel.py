@@ -8,8 +8,9 @@ into the kept one: its permissions are repointed to the kept row (a permission o
 its grants instead, and is deleted), whatever else points at it (LogEntry rows, any foreign key to the content
 type) is repointed, and the row is deleted.
 
-Raw SQL on the tables Django's contenttypes and auth apps make, found through the catalog: a project without
-those apps, or a database that does not hold them (a queue on a database of its own), has nothing to relabel.
+Raw SQL on the tables Django's contenttypes and auth apps make, found through the catalog, on the migration's
+database, or where the router writes content types when that one does not hold them (a queue on a database of its
+own); a project without those apps has nothing to relabel.
 """
 
 from __future__ import annotations
@@ -114,13 +115,15 @@ def _clear_cache() -> None:
 
 
 def _content_types_connection(schema_editor: Any) -> Any:
-    """Where the content types are written: the router's database for them (a queue on a database of its own
-    migrates there, the content types stay on theirs), else the migration's own."""
+    """Where the content types are: the migration's own database when it holds them, else the router's database
+    for them (a queue on a database of its own migrates there; the content types stay on theirs)."""
     from django.apps import apps
     from django.db import connections, router
 
-    if not apps.is_installed("django.contrib.contenttypes"):
-        return schema_editor.connection
+    connection = schema_editor.connection
+    installed = apps.is_installed("django.contrib.contenttypes")
+    if not installed or CONTENT_TYPES in connection.introspection.table_names():
+        return connection
     from django.contrib.contenttypes.models import ContentType
 
     return connections[router.db_for_write(ContentType)]

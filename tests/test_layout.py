@@ -10,9 +10,10 @@
   admin build on it, never the other way round.
 - The core (`queue_app` outside the layer apps `queue_app/spark/`, `workflows/`, `datasets/`, `webhooks/`) imports
   nothing of them (their models are their apps' own, each imported from its layer's `models` module): it reaches
-  them through `queue_app/hooks.py` and publishes its events through `queue_app/events.py`, and declares datasets with its own vocabulary
-  (`queue_app/dataset_refs.py`). A layer imports only the layers its AppConfig requires (LAYERS), the webhooks
-  the workflows only when installed. NOT_YET_CUT (empty) would list a datasets edge not cut yet.
+  them through `queue_app/hooks.py`, publishes its events through `queue_app/events.py`, and declares datasets
+  with its own vocabulary (`queue_app/dataset_refs.py`). A layer imports only the layers its AppConfig requires
+  (LAYERS), the webhooks the workflows only when installed. NOT_YET_CUT (empty) would list a datasets edge not cut
+  yet.
 - No two modules of `queue_app` or `jobsite` import each other, directly or through others (no import circle),
   counting imports inside functions too: a function-level import only hides a circle from Python, not from a
   reader. A package's `__init__` importing its own submodules is downward; a submodule importing its package's

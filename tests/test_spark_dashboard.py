@@ -13,13 +13,16 @@ from django.utils import timezone
 from queue_app.models import QueueItem
 from queue_app.spark.models import QueueStatsHourly, SparkRun
 from queue_app.spark.runs import trigger_run
-from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
+from tests.admin_fixtures import (
+    JOBSITE_LABELS,
+    fast_password_hashing_fixture,  # noqa: F401 (autouse)
+)
 
 pytestmark = pytest.mark.django_db
 
 
 def url(view: str, *args) -> str:
-    return reverse(f"admin:queue_app_sparkrun_{view}", args=args)
+    return reverse(f"admin:jobsite_spark_sparkrun_{view}", args=args)
 
 
 @pytest.fixture
@@ -29,7 +32,9 @@ def spark_client(django_user_model):
     def make(*codenames: str, username: str = "sparky", csrf: bool = False) -> Client:
         user = django_user_model.objects.create_user(username=username, password="pw", is_staff=True)
         user.user_permissions.set(
-            Permission.objects.filter(content_type__app_label="queue_app", codename__in=["view_sparkrun", *codenames])
+            Permission.objects.filter(
+                content_type__app_label__in=JOBSITE_LABELS, codename__in=["view_sparkrun", *codenames]
+            )
         )
         client = Client(enforce_csrf_checks=csrf)
         client.force_login(user)
