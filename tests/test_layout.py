@@ -313,6 +313,10 @@ def test_the_core_imports_no_layer_app():
     assert core_arrows_into_layers(graph) == {}
     assert "queue_app.events" in graph["queue_app.services"]  # the core publishes its events through the hook
     assert "queue_app.hooks" in graph["queue_app.services"]  # and cancels a layer's rows through one
+    from queue_app import hooks
+    from queue_app.spark.cancel import cancel_runs_of_items
+
+    assert list(hooks.cancel_requested) == [cancel_runs_of_items]  # the Spark app's ready() registered it
 
 
 def test_the_arrow_counter_sees_an_arrow_into_a_layer():
