@@ -39,7 +39,8 @@ def test_spark_pages_have_the_stock_admin_breadcrumbs_and_a_failure_at_the_top(l
         assert {k: mine[k] for k in ("tag", "bg", "color", "font", "pad")} == {
             k: stock[k] for k in ("tag", "bg", "color", "font", "pad")
         }, path
-        assert mine["links"] == ["Home", "Queue", "Spark runs"] and mine["items"] == 4
+        # the breadcrumbs name the run's app (jobsite_spark, "Spark"), whose page lists its models
+        assert mine["links"] == ["Home", "Spark", "Spark runs"] and mine["items"] == 4
         assert page.locator(".breadcrumbs li").last.inner_text() == last
     failure = page.locator("#run-failure")
     assert failure.inner_text() == "Failed: RuntimeError: demo_sleep failed on purpose"
