@@ -54,7 +54,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "queue_app",
-    "queue_app.spark",  # the layers, each an app (their models keep the label queue_app for now)
+    "queue_app.spark",  # the layers, each an app with its models (labels jobsite_spark, ...)
     "queue_app.workflows",
     "queue_app.datasets",
     "queue_app.webhooks",

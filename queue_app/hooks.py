@@ -23,6 +23,11 @@ installed has nothing registered and the core behaves as if the feature did not 
   retention and their event logs), reported under `name`.
 - `expired_drops(limit) -> int`: a worker's maintenance round deleting what expired (the workflows app: inbound
   events no wait claimed within their lookback), at most `limit` rows; counted as the worker's events_dropped.
+- `cancel_requested(item_ids, actor) -> (asked, kept)`: inside the transaction that cancels queue items
+  (services.cancel_items), before the items are locked; a layer whose rows ride on some of the items cancels its
+  own rows first (the Spark app: an open run is cancelled with its item, or moved to `cancelling`). `asked`
+  counts the cancels it asked of a running handler, `kept` are the items that handler settles itself (the core
+  leaves them alone).
 - `urls[name]`: a URL pattern of a layer under `include("queue_app.urls")` (the workflows app:
   `/events/<source>/`).
 - Tasks: a layer's tasks live in its own `tasks.py`, which the task registry finds in every installed app.
@@ -68,6 +73,7 @@ event_published: Hook[Callable[[str, Any], list[Any]]] = Hook("event published")
 maintenance_units: dict[str, Callable[[], dict[str, Any]]] = {}
 prunes: dict[str, Callable[[], int]] = {}
 expired_drops: Hook[Callable[[int], int]] = Hook("expired drops")
+cancel_requested: Hook[Callable[[list[int], str], tuple[int, set[int]]]] = Hook("cancel requested")
 urls: dict[str, Any] = {}
 
 

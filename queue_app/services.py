@@ -11,27 +11,16 @@ from datetime import timedelta
 
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
-from django.utils import timezone
 from django.utils.duration import duration_string
 
-from . import events
+from . import events, hooks
 from .conf import queue_settings
 from .engine import history, tracing
 from .engine.alias import atomic
 from .engine.db import cursor
 from .engine.enqueue import QUEUE_NAME, ensure_queue, is_group_key
 from .engine.sql import NOTIFY
-from .models import (
-    SPARK_OPEN_STATES,
-    DeadLetter,
-    ItemState,
-    Outcome,
-    Queue,
-    QueueItem,
-    Reservation,
-    SparkRun,
-    SparkRunState,
-)
+from .models import DeadLetter, ItemState, Outcome, Queue, QueueItem, Reservation
 from .registry import item_defaults
 
 REQUEUEABLE = (ItemState.DEAD, ItemState.CANCELLED)
@@ -126,29 +115,15 @@ def cancel_items(item_ids: Iterable[int], *, actor: str = "") -> int:
     """Ready or reserved items become cancelled. A worker holding one finds its reservation stale: its settle
     changes nothing, and its heartbeat tells it to stop the handler.
 
-    The item of an open Spark run is cancelled as its run (the dashboard's cancel calls this too): a run not
-    started yet is cancelled with its item; a started one goes to `cancelling` and keeps its item, whose handler
-    stops the spark-submit child (SIGTERM to its process group, SIGKILL after the grace), marks the run
-    cancelled and settles the item. Cancelling that item outright would have the worker kill the handler and
-    leave the run's row `running`. A run already `cancelling` is not counted again."""
+    A layer whose rows ride on items cancels them first, through the `cancel_requested` hook (hooks.py): the item
+    of an open Spark run is cancelled as its run (spark/cancel.py), and an item whose handler will stop and settle
+    it itself is left to that handler. Counted: the items cancelled here and the cancels asked of handlers."""
     ids = list(item_ids)
-    runs = list(
-        SparkRun.objects.select_for_update()  # run rows before item rows, as the Spark handler locks them
-        .filter(item_id__in=ids, state__in=SPARK_OPEN_STATES)
-        .order_by("id")
-    )
-    now = timezone.now()
-    asked = 0
-    for run in runs:
-        if run.state == SparkRunState.QUEUED:  # no child yet: the handler claims the row under its lock first
-            run.state, run.finished_at = SparkRunState.CANCELLED, now
-            run.error = f"cancelled by {actor} before it started" if actor else "cancelled before it started"
-        elif run.state != SparkRunState.CANCELLING:
-            run.state = SparkRunState.CANCELLING
-            asked += 1
-        run.cancel_requested_at = run.cancel_requested_at or now
-        run.save(update_fields=["state", "finished_at", "error", "cancel_requested_at"])
-    stopped_by_handler = {run.item_id for run in runs if run.state == SparkRunState.CANCELLING}
+    asked, stopped_by_handler = 0, set()
+    for cancel_rows in hooks.cancel_requested:
+        layer_asked, kept = cancel_rows(ids, actor)
+        asked += layer_asked
+        stopped_by_handler |= kept
     locked = list(
         QueueItem.objects.select_for_update()
         .filter(id__in=[i for i in ids if i not in stopped_by_handler], state__in=CANCELLABLE)

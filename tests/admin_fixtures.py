@@ -16,7 +16,23 @@ LONG = 3600.0
 
 
 def url(model: str, view: str = "changelist", *args) -> str:
-    return reverse(f"admin:queue_app_{model}_{view}", args=args)
+    """The admin URL of a jobsite model's view, under its app's label (the core's or a layer app's)."""
+    return reverse(f"admin:{app_label_of(model)}_{model}_{view}", args=args)
+
+
+JOBSITE_LABELS = ("queue_app", "jobsite_spark", "jobsite_workflows", "jobsite_datasets", "jobsite_webhooks")
+
+
+def app_label_of(model_name: str) -> str:
+    """The app label of jobsite's model `model_name` (lower case): queue_app, or the layer app that owns it."""
+    from django.apps import apps
+
+    return next(
+        model._meta.app_label
+        for label in JOBSITE_LABELS
+        for model in apps.get_app_config(label).get_models()
+        if model._meta.model_name == model_name
+    )
 
 
 def ready(task: str = "t.ready", payload=None, *, queue: str = "mail", **options) -> int:
@@ -123,7 +139,7 @@ def staff_client_fixture(db, django_user_model):
         user = django_user_model.objects.create_user(username=username, password="pw", is_staff=True)
         views = ["view_queueitem", "view_deadletter", "view_reservation", "view_queue", "view_worker"]
         user.user_permissions.set(
-            Permission.objects.filter(content_type__app_label="queue_app", codename__in=[*views, *codenames])
+            Permission.objects.filter(content_type__app_label__in=JOBSITE_LABELS, codename__in=[*views, *codenames])
         )
         client = Client()
         client.force_login(user)

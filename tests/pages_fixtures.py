@@ -20,7 +20,7 @@ DEMO_DAYS = 6  # demo.events and demo.rollup materialized for the last days, and
 
 
 def spark_runs() -> list[int]:
-    from queue_app.models import SparkRun
+    from queue_app.spark.models import SparkRun
 
     now = timezone.now()
     folder = "/root/jobsite/var/demo_pipeline"
@@ -98,7 +98,7 @@ def webhooks() -> None:
 def seed() -> dict[str, int]:
     """Everything above plus the laptop-window rows of test_admin_browser (long values in every list), a Spark
     script and the demo workflow started (its steps queued: no worker runs here)."""
-    from queue_app.models import SparkScript
+    from queue_app.spark.models import SparkScript
     from queue_app.workflows import services as workflows
     from tests.test_admin_browser import long_valued_rows
 

@@ -19,6 +19,7 @@ from django.db import connection
 
 from queue_app import engine
 from tests.admin_fixtures import dead, done, failed, fast_password_hashing_fixture  # noqa: F401
+from tests.admin_fixtures import url as admin_url
 
 CHROMIUM = os.environ.get("JOBSITE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -186,7 +187,8 @@ def long_valued_rows() -> None:
     from django.db import transaction
     from django.utils import timezone
 
-    from queue_app.models import ItemHistory, SparkRun, Worker
+    from queue_app.models import ItemHistory, Worker
+    from queue_app.spark.models import SparkRun
     from queue_app.webhooks import services as webhooks
     from queue_app.webhooks.models import WebhookAttempt
 
@@ -242,7 +244,7 @@ def test_every_list_shows_what_matters_in_a_laptop_window(live_server, admin_use
     log_in(page, base, admin_user, "/admin/queue_app/queueitem/")
     misfits = {}
     for model, columns in LISTS.items():
-        page.goto(f"{base}/admin/queue_app/{model}/")
+        page.goto(f"{base}{admin_url(model)}")
         fit = page.evaluate(FIT, list(columns))
         off_screen = [
             c for c, right in fit["columns"].items() if right is None or right > min(fit["window"], fit["box"])

@@ -409,9 +409,9 @@ def test_filtered_list_count_stops_at_the_cap(admin_client, monkeypatch):
 def test_spark_charts_say_what_the_last_analytics_run_covered_when_it_found_nothing(admin_client):
     """A queue_analytics run that read an empty range leaves no statistics: the page says it ran, over which
     range, and that it found no attempts (not "trigger a run")."""
-    from queue_app.models import SparkRun
+    from queue_app.spark.models import SparkRun
 
-    charts = reverse("admin:queue_app_sparkrun_charts")
+    charts = reverse("admin:jobsite_spark_sparkrun_charts")
     assert "no <code>queue_analytics</code> run has finished" in admin_client.get(charts).content.decode()
     run = SparkRun.objects.create(
         job="queue_analytics",

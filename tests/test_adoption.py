@@ -342,8 +342,8 @@ def test_the_spark_and_workflows_apps_are_added_with_their_extras(adopter):
         "-c",
         "import json; from django.contrib.auth import get_user_model; from django.test import Client; "
         "c = Client(HTTP_HOST='localhost'); c.force_login(get_user_model().objects.get(username='boss')); "
-        "pages = ['/admin/queue_app/sparkrun/', '/admin/queue_app/sparkscript/', '/admin/queue_app/workflow/', "
-        "'/admin/queue_app/workflow/start/']; "
+        "pages = ['/admin/jobsite_spark/sparkrun/', '/admin/jobsite_spark/sparkscript/', "
+        "'/admin/jobsite_workflows/workflow/', '/admin/jobsite_workflows/workflow/start/']; "
         "print(json.dumps({p: c.get(p).status_code for p in pages}))",
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr[-3000:]
@@ -366,7 +366,7 @@ def test_the_datasets_app_is_added_with_its_extra(adopter):
         "-c",
         "import json; from django.contrib.auth import get_user_model; from django.test import Client; "
         "c = Client(HTTP_HOST='localhost'); c.force_login(get_user_model().objects.get(username='boss')); "
-        "pages = ['/admin/queue_app/dataset/', '/admin/queue_app/datasetcheckresult/']; "
+        "pages = ['/admin/jobsite_datasets/dataset/', '/admin/jobsite_datasets/datasetcheckresult/']; "
         "print(json.dumps({p: c.get(p).status_code for p in pages}))",
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr[-3000:]
@@ -397,8 +397,8 @@ def test_the_webhooks_app_is_added_with_its_extra(adopter):
         "from queue_app import events; "
         "made = events.publish('test', {'n': 2}); "
         "c = Client(HTTP_HOST='localhost'); c.force_login(get_user_model().objects.get(username='boss')); "
-        "pages = ['/admin/queue_app/webhookendpoint/', '/admin/queue_app/webhookdelivery/', "
-        "f'/admin/queue_app/webhookdelivery/{made[0].pk}/change/']; "
+        "pages = ['/admin/jobsite_webhooks/webhookendpoint/', '/admin/jobsite_webhooks/webhookdelivery/', "
+        "f'/admin/jobsite_webhooks/webhookdelivery/{made[0].pk}/change/']; "
         "print(json.dumps({'made': len(made), 'pages': {p: c.get(p).status_code for p in pages}}))",
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr[-3000:]

@@ -27,12 +27,14 @@ from django.utils import timezone
 
 from queue_app import engine, services
 from queue_app.engine.errors import InvalidResult
-from queue_app.models import DeadLetter, ItemState, Queue, QueueItem, Reservation, Schedule, SparkRun
+from queue_app.models import DeadLetter, ItemState, Queue, QueueItem, Reservation, Schedule
 from queue_app.probes.tasks import close_log_connection
 from queue_app.registry import get_task
+from queue_app.spark.models import SparkRun
 from queue_app.spark.runs import trigger_run
 from tests import django_tasks_app
 from tests.admin_fixtures import (
+    JOBSITE_LABELS,
     LONG,
     action_post,
     dead,
@@ -55,7 +57,11 @@ SMALL_LIMIT = {"JOBSITE": {"MAX_PAYLOAD_BYTES": 1000}}
 
 def all_rows() -> dict[str, int]:
     """Row count of every queue_app table and of the admin log: what "nothing was written" is checked against."""
-    counts = {model.__name__: model.objects.count() for model in apps.get_app_config("queue_app").get_models()}
+    counts = {
+        model.__name__: model.objects.count()
+        for label in JOBSITE_LABELS
+        for model in apps.get_app_config(label).get_models()
+    }
     counts["LogEntry"] = LogEntry.objects.count()
     return counts
 

@@ -48,8 +48,8 @@ def parked_step(data_root, monkeypatch) -> dict:
     run_check(m.id, "enough_rows")
     assert DatasetBlock.objects.get().reason.startswith(f"{FAILED} (materialization {m.id}): a BAD marker")
     return {
-        "workflow": f"/admin/queue_app/workflow/{flow.id}/change/",
-        "run": f"/admin/queue_app/sparkrun/{run_id}/change/",
+        "workflow": f"/admin/jobsite_workflows/workflow/{flow.id}/change/",
+        "run": f"/admin/jobsite_spark/sparkrun/{run_id}/change/",
         "item": f"/admin/queue_app/queueitem/{step['item_id']}/change/",
     }
 

@@ -50,10 +50,12 @@ def test_no_such_user_names_the_users_holding_the_permission_and_writes_nothing(
         call_command("dataset", "override", "demo.events", "--partition", "2026-11-29", "--comment", "x",
                      "--user", "nobody")  # fmt: skip
     message = str(refused.value)
-    assert message.startswith("no Django user 'nobody' (from --user); users holding queue_app.override_dataset_check")
+    assert message.startswith(
+        "no Django user 'nobody' (from --user); users holding jobsite_datasets.override_dataset_check"
+    )
     assert ": admin, ana (e.g. --user admin); nothing was written" in message
     assert Materialization.objects.get(id=failed.id).checks == "failed" and not LogEntry.objects.exists()
     for n in range(SHOWN_USERS + 2):
         django_user_model.objects.create_superuser(f"s{n}", f"s{n}@example.com", "pw")
-    assert len(users_with("queue_app.override_dataset_check")) == SHOWN_USERS
+    assert len(users_with("jobsite_datasets.override_dataset_check")) == SHOWN_USERS
     assert users_with("nope.nothing") == ["admin", "s0", "s1", "s2", "s3"]  # superusers hold every permission

@@ -27,13 +27,16 @@ from queue_app.params import Param
 from queue_app.spark.models import SparkRun
 from queue_app.spark.registry import _jobs, spark_job
 from tests import datasets_declared, datasets_lineage_declared  # noqa: F401  (declare the datasets and jobs)
-from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
+from tests.admin_fixtures import (
+    JOBSITE_LABELS,
+    fast_password_hashing_fixture,  # noqa: F401 (autouse)
+)
 
 pytestmark = pytest.mark.django_db
 
 
 def url(view: str, *args) -> str:
-    return reverse(f"admin:queue_app_dataset_{view}", args=args)
+    return reverse(f"admin:jobsite_datasets_dataset_{view}", args=args)
 
 
 @pytest.fixture
@@ -44,7 +47,9 @@ def ds_client(django_user_model, tmp_path, monkeypatch):
     def make(*codenames: str, username: str = "data", csrf: bool = False) -> Client:
         user = django_user_model.objects.create_user(username=username, password="pw", is_staff=True)
         user.user_permissions.set(
-            Permission.objects.filter(content_type__app_label="queue_app", codename__in=["view_dataset", *codenames])
+            Permission.objects.filter(
+                content_type__app_label__in=JOBSITE_LABELS, codename__in=["view_dataset", *codenames]
+            )
         )
         client = Client(enforce_csrf_checks=csrf)
         client.force_login(user)
@@ -83,7 +88,9 @@ def test_the_dataset_page_draws_the_grid_the_chart_and_the_lineage_with_freshnes
     figure = json.loads(re.search(r'<script id="ds-figure" type="application/json">(.*?)</script>', page).group(1))
     assert [t["name"] for t in figure["data"]] == ["rows", "bytes"]
     assert figure["data"][0]["y"] == [10, 12] and figure["data"][1]["y"] == [2048, 4096]
-    assert reverse("admin:queue_app_sparkrun_change", args=[run.spark_run_id]) in figure["data"][0]["customdata"][0][0]
+    assert (
+        reverse("admin:jobsite_spark_sparkrun_change", args=[run.spark_run_id]) in figure["data"][0]["customdata"][0][0]
+    )
     assert reverse("admin:queue_app_queue_plotly_js") in page and "cdn" not in page.lower()
     lineage = re.search(r'<div class="ds-graph" id="ds-lineage">(.*?)</div>', page, re.S).group(1)
     assert lineage.startswith("<svg") and "ln_agg_job" in lineage and "ln_report" in lineage

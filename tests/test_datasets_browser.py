@@ -51,16 +51,16 @@ def test_the_dataset_pages_draw_their_chart_and_lineage_and_look_like_the_admin(
     stock = page.evaluate(STYLE)
     page.screenshot(path=str(SHOTS / "stock_admin.png"), full_page=True)
 
-    page.goto(f"{base}/admin/queue_app/dataset/")
+    page.goto(f"{base}/admin/jobsite_datasets/dataset/")
     assert page.locator("#result_list tbody tr").count() >= 8
     assert page.evaluate(STYLE) == stock
     page.screenshot(path=str(SHOTS / "datasets_list.png"), full_page=True)
 
     # the whole suite's modules declare more datasets than a page holds (50): find it as a user would, by search
-    page.goto(f"{base}/admin/queue_app/dataset/?q=ln_daily")
+    page.goto(f"{base}/admin/jobsite_datasets/dataset/?q=ln_daily")
     page.click("#result_list a:text-is('ln_daily')")
     # the admin quotes "_", and keeps the list's search in the link (?_changelist_filters=...)
-    page.wait_for_url(re.compile(r".*/admin/queue_app/dataset/ln_5Fdaily/change/(\?.*)?$"))
+    page.wait_for_url(re.compile(r".*/admin/jobsite_datasets/dataset/ln_5Fdaily/change/(\?.*)?$"))
     page.wait_for_selector("#chart-materializations .main-svg")  # plotly.js drew it
     assert page.locator("#chart-materializations .legend .traces").count() == 2  # rows and bytes
     assert page.locator("#ds-lineage svg g.node").count() == 8  # 5 datasets, 3 jobs within two hops

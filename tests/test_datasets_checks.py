@@ -40,9 +40,10 @@ from queue_app.datasets.services import record_materialization
 from queue_app.datasets.spark_runs import DatasetBlocked
 from queue_app.datasets.status import check_results, detail, summaries
 from queue_app.engine import dedicated_connection
-from queue_app.models import QueueItem, SparkRun
+from queue_app.models import QueueItem
 from queue_app.registry import Context, Delivery
 from queue_app.reservations import reserve
+from queue_app.spark.models import SparkRun
 from queue_app.spark.registry import _jobs
 from queue_app.spark.runs import QUEUE, _blocked, trigger_run
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
@@ -299,7 +300,7 @@ def test_a_workflow_step_meeting_a_failed_check_is_parked_blocked_and_released_b
     )
     assert SparkRun.objects.get(id=step["spark_run_id"]).state == "queued"
     assert [state for _, state in step_states(Workflow.objects.get(id=flow.id))] == ["blocked"]
-    assert b"state-blocked" in admin_client.get(f"/admin/queue_app/workflow/{flow.id}/change/").content
+    assert b"state-blocked" in admin_client.get(f"/admin/jobsite_workflows/workflow/{flow.id}/change/").content
 
     override_failed_checks(user("ana", may_override=True), m, "known")
     item.refresh_from_db()
@@ -364,7 +365,7 @@ def test_the_admin_lists_results_and_overrides_only_with_the_permission(root, cl
     record_check_result(m.id, "enough_rows", passed=True)
     record_check_result(m.id, "no_bad_marker", passed=False, message="a BAD marker")
     failed = DatasetCheckResult.objects.get(check_name="no_bad_marker")
-    url = "/admin/queue_app/datasetcheckresult/"
+    url = "/admin/jobsite_datasets/datasetcheckresult/"
     viewer = user("viewer", may_override=False)
     viewer.user_permissions.add(Permission.objects.get(codename="view_datasetcheckresult"))
     client.force_login(viewer)
@@ -423,8 +424,8 @@ def test_a_parked_steps_reason_names_the_failed_check_on_the_workflow_run_and_it
         f"dataset dsc_daily[2026-11-26] (materialization {m.id}): blocking check no_bad_marker still running"
     )
     pages = {
-        "workflow": f"/admin/queue_app/workflow/{flow.id}/change/",
-        "run": f"/admin/queue_app/sparkrun/{run_id}/change/",
+        "workflow": f"/admin/jobsite_workflows/workflow/{flow.id}/change/",
+        "run": f"/admin/jobsite_spark/sparkrun/{run_id}/change/",
         "item": f"/admin/queue_app/queueitem/{step['item_id']}/change/",
     }
 

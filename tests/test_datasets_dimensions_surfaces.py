@@ -1,7 +1,7 @@
 """Multi-dimension and dynamic partitions on the surfaces: `manage.py dataset partitions add|remove|list` and
 `dataset materialize --partition 'D|R'` / ranges with '*' as real processes (JSON shapes, errors naming the
 dimension, nothing queued or written on a bad input), and the admin (the dataset page's time-by-region matrix,
-the Partitions page behind queue_app.change_dynamic_partitions, logged), and a consumer of one `day|region`
+the Partitions page behind jobsite_datasets.change_dynamic_partitions, logged), and a consumer of one `day|region`
 partition held back by that partition's failed checks alone."""
 
 import json
@@ -28,7 +28,10 @@ from queue_app.workflows import services
 from queue_app.workflows.definition import WorkflowParamError
 from queue_app.workflows.models import Workflow
 from tests import dimensions_declared  # noqa: F401  (declares in this process what the children --import)
-from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
+from tests.admin_fixtures import (
+    JOBSITE_LABELS,
+    fast_password_hashing_fixture,  # noqa: F401 (autouse)
+)
 from tests.waiting import seen_waiting
 
 IMPORT = ("--import", "tests.dimensions_declared")
@@ -72,7 +75,7 @@ def test_the_cli_adds_lists_and_removes_dynamic_keys_and_materializes_over_dimen
 def _client(django_user_model, *codenames):
     user = django_user_model.objects.create_user(username="-".join(codenames) or "viewer", password="pw", is_staff=True)
     user.user_permissions.set(
-        Permission.objects.filter(content_type__app_label="queue_app", codename__in=["view_dataset", *codenames])
+        Permission.objects.filter(content_type__app_label__in=JOBSITE_LABELS, codename__in=["view_dataset", *codenames])
     )
     client = Client()
     client.force_login(user)
@@ -86,18 +89,18 @@ def test_the_admin_shows_a_matrix_and_changes_dynamic_keys_behind_their_permissi
         record_materialization("dim_sales", f"{day}|eu")
     record_materialization("dim_sales", "2026-11-02|us")
     viewer = _client(django_user_model)
-    page = viewer.get(reverse("admin:queue_app_dataset_change", args=["dim_sales"])).content.decode()
+    page = viewer.get(reverse("admin:jobsite_datasets_dataset_change", args=["dim_sales"])).content.decode()
     assert '<table class="ds-matrix">' in page and "<th>apac</th><th>eu</th><th>us</th>" in page
     assert "<th>2026-11-02</th>" in page and 'href="?partition=2026-11-02%7Cus"' in page
     assert "2026-11-03 to 2026-11-19" in page  # one gap row, not seventeen rows of missing days
     assert "/partitions/" not in page  # not a dynamic dataset
 
-    partitions_url = reverse("admin:queue_app_dataset_partitions", args=["dim_orders"])
+    partitions_url = reverse("admin:jobsite_datasets_dataset_partitions", args=["dim_orders"])
     seen = viewer.get(partitions_url)
     assert seen.status_code == 200 and 'name="keys"' not in seen.content.decode()  # no form without the permission
     refused = viewer.post(partitions_url, {"verb": "add", "partition_set": "dim_customers", "keys": "x"})
     assert refused.status_code == 403
-    assert viewer.get(reverse("admin:queue_app_dataset_partitions", args=["dim_sales"])).status_code == 404
+    assert viewer.get(reverse("admin:jobsite_datasets_dataset_partitions", args=["dim_sales"])).status_code == 404
     editor = _client(django_user_model, "change_dynamic_partitions")
     done = editor.post(partitions_url, {"verb": "add", "partition_set": "dim_customers", "keys": "acme\ninitech"})
     assert done.status_code == 302 and [k["key"] for k in dynamic.list_keys("dim_customers")] == ["acme", "initech"]

@@ -14,10 +14,10 @@ from queue_app.datasets.declarations import _code
 from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.refs import DatasetRef
 from queue_app.datasets.spark_runs import job_datasets
-from queue_app.models import QueueItem, SparkRun
+from queue_app.models import QueueItem
 from queue_app.params import Param
 from queue_app.spark import SparkParamError
-from queue_app.spark.models import SparkScript
+from queue_app.spark.models import SparkRun, SparkScript
 from queue_app.spark.registry import _jobs, spark_job
 from queue_app.spark.runs import trigger_run
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV

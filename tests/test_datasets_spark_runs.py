@@ -30,9 +30,10 @@ from queue_app.datasets.models import DatasetCheckResult, Materialization, Trigg
 from queue_app.datasets.quality import CheckResult, all_checks, check, undeclare
 from queue_app.datasets.services import record_materialization
 from queue_app.datasets.spark_runs import DatasetBlocked
-from queue_app.models import QueueItem, SparkRun
+from queue_app.models import QueueItem
 from queue_app.registry import Context, Delivery, Settled, get_task
 from queue_app.reservations import reserve
+from queue_app.spark.models import SparkRun
 from queue_app.spark.registry import _jobs
 from queue_app.spark.runs import QUEUE, TASK, cancel_run, timing_split, trigger_run
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV

@@ -30,8 +30,9 @@ from queue_app.datasets.triggers import (
     materialization_usable,
     trigger_problems,
 )
-from queue_app.models import QueueItem, SparkRun
+from queue_app.models import QueueItem
 from queue_app.params import Param
+from queue_app.spark.models import SparkRun
 from queue_app.spark.registry import SparkParamError, _jobs, get_job, spark_job
 from queue_app.spark.runs import trigger_run, triggered
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV

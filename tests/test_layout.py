@@ -9,10 +9,11 @@
 - The engine (the SQL of the queue) imports nothing of the app but its settings: the worker, services and
   admin build on it, never the other way round.
 - The core (`queue_app` outside the layer apps `queue_app/spark/`, `workflows/`, `datasets/`, `webhooks/`) imports
-  nothing of them but `queue_app.models` registering their models: it reaches them through `queue_app/hooks.py`
-  and publishes its events through `queue_app/events.py`, and declares datasets with its own vocabulary
-  (`queue_app/dataset_refs.py`). A layer imports only the layers its AppConfig requires (LAYERS), the webhooks
-  the workflows only when installed. NOT_YET_CUT (empty) would list a datasets edge not cut yet.
+  nothing of them (their models are their apps' own, each imported from its layer's `models` module): it reaches
+  them through `queue_app/hooks.py`, publishes its events through `queue_app/events.py`, and declares datasets
+  with its own vocabulary (`queue_app/dataset_refs.py`). A layer imports only the layers its AppConfig requires
+  (LAYERS), the webhooks the workflows only when installed. NOT_YET_CUT (empty) would list a datasets edge not cut
+  yet.
 - No two modules of `queue_app` or `jobsite` import each other, directly or through others (no import circle),
   counting imports inside functions too: a function-level import only hides a circle from Python, not from a
   reader. A package's `__init__` importing its own submodules is downward; a submodule importing its package's
@@ -244,11 +245,10 @@ def test_the_models_import_nothing_of_the_app_but_other_models():
     assert {name: sorted(graph[name] - allowed) for name in sorted(models) if graph[name] - allowed} == {}
 
 
-# The datasets layer is an app of its own (queue_app.datasets, issue 45); the core reaches it only through the
-# hooks it publishes (queue_app/hooks.py). One edge is allowed for now: queue_app.models registers the datasets'
-# models, which keep the app label queue_app until a later step moves their state to the layer's app.
+# The datasets layer is an app of its own (queue_app.datasets, issue 45), with its models (label jobsite_datasets);
+# the core reaches it only through the hooks it publishes (queue_app/hooks.py): no edge allowed.
 DATASETS = "queue_app.datasets"
-CORE_TO_DATASETS_ALLOWED = {"queue_app.models": {"queue_app.datasets.models"}}
+CORE_TO_DATASETS_ALLOWED: dict[str, set[str]] = {}
 # What Spark and workflows (packages of the core until they are apps of their own) still import of the datasets,
 # edge by edge: nothing. A Spark run reaches the datasets through the hooks it publishes (spark/hooks.py), and a
 # job's, script's or workflow's declared datasets are the core's vocabulary (queue_app/dataset_refs.py). Kept as
@@ -270,7 +270,7 @@ def core_imports_of_datasets() -> dict[str, set[str]]:
     }
 
 
-def test_the_core_imports_nothing_of_the_datasets_app_but_its_models_registry():
+def test_the_core_imports_nothing_of_the_datasets_app():
     found = core_imports_of_datasets()
     assert {name: sorted(mods) for name, mods in found.items() if name not in NOT_YET_CUT} == {
         name: sorted(mods) for name, mods in CORE_TO_DATASETS_ALLOWED.items()
@@ -280,9 +280,9 @@ def test_the_core_imports_nothing_of_the_datasets_app_but_its_models_registry():
     }
 
 
-# The layers are apps of their own (issue 45): Spark runs, workflows, datasets, webhooks. The core reaches them only
-# through the hooks it publishes (queue_app/hooks.py, queue_app/events.py); queue_app.models still registers their
-# models, which keep the app label queue_app until a later step moves their state. A layer imports only the layers
+# The layers are apps of their own (issue 45): Spark runs, workflows, datasets, webhooks, each with its models (its
+# own app label; the tables keep their names). The core reaches them only through the hooks it publishes
+# (queue_app/hooks.py, queue_app/events.py): no arrow from the core into a layer. A layer imports only the layers
 # its AppConfig requires, and the webhooks the workflows only when that app is installed (webhooks/apps.py).
 LAYERS = {
     "queue_app.spark": set(),
@@ -297,17 +297,46 @@ def layer_of(module: str) -> str | None:
     return next((app for app in LAYERS if module == app or module.startswith(app + ".")), None)
 
 
-def test_the_core_imports_no_layer_app_but_their_models_registry():
-    graph = import_graph()
+def core_arrows_into_layers(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """{core module: the layer modules it imports}: every arrow of the drawing running from the core up into a
+    layer (function-level imports count)."""
     found = {
         name: sorted(m for m in graph[name] if layer_of(m))
         for name in graph
         if name.startswith("queue_app") and not layer_of(name)
     }
-    assert {name: mods for name, mods in found.items() if mods} == {
-        "queue_app.models": [f"{app}.models" for app in sorted(LAYERS)]
-    }
+    return {name: mods for name, mods in found.items() if mods}
+
+
+def test_the_core_imports_no_layer_app():
+    graph = import_graph()
+    assert core_arrows_into_layers(graph) == {}
     assert "queue_app.events" in graph["queue_app.services"]  # the core publishes its events through the hook
+    assert "queue_app.hooks" in graph["queue_app.services"]  # and cancels a layer's rows through one
+    from queue_app import hooks
+    from queue_app.spark.cancel import cancel_runs_of_items
+
+    assert list(hooks.cancel_requested) == [cancel_runs_of_items]  # the Spark app's ready() registered it
+
+
+def test_the_arrow_counter_sees_an_arrow_into_a_layer():
+    """The check above is only as good as this: a core module importing a layer's models is one arrow."""
+    graph = {"queue_app.models": {"queue_app.spark.models", "queue_app.models.queue"}, "queue_app.spark.models": set()}
+    assert core_arrows_into_layers(graph) == {"queue_app.models": ["queue_app.spark.models"]}
+
+
+def test_the_core_models_register_no_layer_model():
+    """The core app's models are its own and the probes'; each layer's are its app's, under its label."""
+    from django.apps import apps
+
+    core = {model._meta.app_label for model in apps.get_app_config("queue_app").get_models()}
+    assert core == {"queue_app"}
+    modules = {model.__module__ for model in apps.get_app_config("queue_app").get_models()}
+    assert not {m for m in modules if layer_of(m)}, modules
+    for app in LAYERS:
+        config = apps.get_app_config(app.replace("queue_app.", "jobsite_"))
+        assert config.models_module is not None and config.models_module.__name__ == f"{app}.models"
+        assert {model.__module__ for model in config.get_models()} == {f"{app}.models"}
 
 
 def test_a_layer_imports_only_the_layers_it_requires():

@@ -24,7 +24,7 @@ from queue_app.datasets.declarations import _code
 from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import Materialization
 from queue_app.datasets.openlineage import dropped_count, flush, run_id
-from queue_app.models import SparkRun
+from queue_app.spark.models import SparkRun
 from queue_app.spark.registry import _jobs
 from queue_app.spark.runs import trigger_run
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV

@@ -16,7 +16,8 @@ import pytest
 from django.contrib import admin
 from django.utils import timezone
 
-from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
+from tests.admin_fixtures import JOBSITE_LABELS, fast_password_hashing_fixture  # noqa: F401 (autouse)
+from tests.admin_fixtures import url as admin_url
 from tests.pages_fixtures import DEMO_DAYS, REFUSAL, seed
 from tests.test_admin_browser import browser_page, log_in  # noqa: F401 (fixture)
 
@@ -63,7 +64,7 @@ def misfits_of(page) -> list:
 
 
 def jobsite_models() -> list[str]:
-    return sorted(m._meta.model_name for m in admin.site._registry if m._meta.app_label == "queue_app")
+    return sorted(m._meta.model_name for m in admin.site._registry if m._meta.app_label in JOBSITE_LABELS)
 
 
 def test_the_overview_heads_are_one_line_and_no_jobsite_page_has_a_table_wider_than_its_box(
@@ -87,13 +88,13 @@ def test_the_overview_heads_are_one_line_and_no_jobsite_page_has_a_table_wider_t
 
     misfits, visited = {}, []
     extra = [
-        f"/admin/queue_app/workflow/{ids['workflow']}/change/",
-        "/admin/queue_app/sparkrun/charts/",
-        "/admin/queue_app/dataset/demo.events/change/",
-        "/admin/queue_app/dataset/demo.events/lineage/",
+        f"/admin/jobsite_workflows/workflow/{ids['workflow']}/change/",
+        "/admin/jobsite_spark/sparkrun/charts/",
+        "/admin/jobsite_datasets/dataset/demo.events/change/",
+        "/admin/jobsite_datasets/dataset/demo.events/lineage/",
     ]
     for model in models:
-        pages = [f"/admin/queue_app/{model}/"]
+        pages = [admin_url(model)]
         for path in pages:
             page.goto(base + path)
             found = misfits_of(page)
@@ -125,7 +126,7 @@ def test_the_partition_grid_shows_the_range_that_exists_with_its_failed_day_and_
     page = browser_page()
     page.set_viewport_size({"width": 1440, "height": 900})
     base = live_server.url
-    log_in(page, base, admin_user, "/admin/queue_app/dataset/demo.events/change/")
+    log_in(page, base, admin_user, "/admin/jobsite_datasets/dataset/demo.events/change/")
 
     grid = page.locator("#ds-partitions")
     failed = grid.locator(f'a.state-failed-checks[href="?partition={BAD_DAY.isoformat()}"]')
@@ -140,7 +141,7 @@ def test_the_partition_grid_shows_the_range_that_exists_with_its_failed_day_and_
     assert axes["y"]["title"] == "bytes" and axes["y"]["ticks"], axes  # observed: bytes, not an empty rows axis
     assert axes["clipped"] == [] and axes["overlaps"] == [], axes
 
-    page.goto(f"{base}/admin/queue_app/dataset/demo.rollup/change/")
+    page.goto(f"{base}/admin/jobsite_datasets/dataset/demo.rollup/change/")
     settled(page, "#chart-materializations")
     axes = page.evaluate(AXES, "#chart-materializations")
     assert axes["y"]["title"] == "rows" and axes["y"]["ticks"], axes
@@ -198,7 +199,7 @@ def test_checks_say_blocking_or_warn_deliveries_say_why_and_the_charts_have_a_ra
     admin_user,
     browser_page,  # noqa: F811
 ):
-    from queue_app.models import QueueStatsHourly
+    from queue_app.spark.models import QueueStatsHourly
     from tests.pages_fixtures import datasets, spark_runs, webhooks
 
     datasets(spark_runs()[0])
@@ -210,7 +211,7 @@ def test_checks_say_blocking_or_warn_deliveries_say_why_and_the_charts_have_a_ra
     page = browser_page()
     page.set_viewport_size({"width": 1440, "height": 900})
     base = live_server.url
-    log_in(page, base, admin_user, "/admin/queue_app/datasetcheckresult/")
+    log_in(page, base, admin_user, "/admin/jobsite_datasets/datasetcheckresult/")
 
     kinds = page.locator("#result_list td.field-blocking_shown")
     assert set(kinds.all_inner_texts()) == {"blocking", "warn"}  # words: a warn check is no red cross
@@ -218,13 +219,13 @@ def test_checks_say_blocking_or_warn_deliveries_say_why_and_the_charts_have_a_ra
     warn = page.locator("#result_list tr", has_text="every_region").first
     assert warn.locator("td.field-blocking_shown").inner_text() == "warn"
 
-    page.goto(f"{base}/admin/queue_app/webhookdelivery/")
+    page.goto(f"{base}/admin/jobsite_webhooks/webhookdelivery/")
     refused = page.locator(f'#result_list td.field-last_error_short .cut[title="{REFUSAL}"]')
     assert refused.count() == 1 and refused.inner_text().startswith("refused: localhost")
     refused.locator("xpath=ancestor::tr").locator("th a, td a").first.click()
     assert page.locator(".field-last_error_shown .readonly").inner_text().strip() == REFUSAL  # whole on its page
 
-    page.goto(f"{base}/admin/queue_app/sparkrun/charts/?queue=mail")
+    page.goto(f"{base}/admin/jobsite_spark/sparkrun/charts/?queue=mail")
     page.wait_for_selector("#chart-durations .scatterlayer .point")
     page.wait_for_selector("#chart-processed .barlayer .point")
     page.screenshot(path=str(SHOTS / "pages-charts.png"), full_page=True)

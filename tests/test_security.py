@@ -30,9 +30,11 @@ from django.urls import URLPattern, URLResolver, get_resolver, resolve
 from django.utils import timezone
 
 from queue_app import engine
-from queue_app.models import QueueItem, QueueStatsHourly, Reservation, Schedule, SparkRun, Worker
+from queue_app.models import QueueItem, Reservation, Schedule, Worker
+from queue_app.spark.models import QueueStatsHourly, SparkRun
 from queue_app.spark.runs import trigger_run
 from tests.admin_fixtures import (
+    JOBSITE_LABELS,
     action_post,
     cancelled,
     dead,
@@ -53,7 +55,11 @@ ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
 
 def snapshot() -> dict[str, list[dict]]:
     """Every row of every queue_app table, and the admin log: "nothing changed" is this, unchanged."""
-    rows = {m.__name__: list(m.objects.order_by("pk").values()) for m in apps.get_app_config("queue_app").get_models()}
+    rows = {
+        m.__name__: list(m.objects.order_by("pk").values())
+        for label in JOBSITE_LABELS
+        for m in apps.get_app_config(label).get_models()
+    }
     rows["LogEntry"] = list(LogEntry.objects.order_by("pk").values())
     return rows
 
@@ -144,8 +150,9 @@ def staff_without(django_user_model):
         app_label, codename = missing.split(".")
         username = f"lacks-{codename}-{secrets.token_hex(3)}"
         user = django_user_model.objects.create_user(username=username, password="pw", is_staff=True)
-        perms = Permission.objects.filter(content_type__app_label="queue_app").exclude(codename=codename)
-        assert perms.count() == Permission.objects.filter(content_type__app_label="queue_app").count() - 1
+        every = Permission.objects.filter(content_type__app_label__in=JOBSITE_LABELS)
+        perms = every.exclude(content_type__app_label=app_label, codename=codename)
+        assert perms.count() == every.count() - 1
         user.user_permissions.set(perms)
         client = Client()
         client.force_login(user)
@@ -169,16 +176,16 @@ ACTION_PERMISSIONS = {
     ("schedule", "disable"): "queue_app.change_schedule",
     ("schedule", "run_now"): "queue_app.change_schedule",
     ("schedule", "delete_selected"): "queue_app.delete_schedule",
-    ("sparkrun", "cancel_runs"): "queue_app.cancel_sparkrun",
-    ("webhookendpoint", "send_test"): "queue_app.send_test_webhookendpoint",
-    ("webhookendpoint", "rotate_secret"): "queue_app.rotate_secret_webhookendpoint",
-    ("webhookendpoint", "enable"): "queue_app.change_webhookendpoint",
-    ("webhookendpoint", "disable"): "queue_app.change_webhookendpoint",
-    ("webhookendpoint", "delete_selected"): "queue_app.delete_webhookendpoint",
-    ("webhookdelivery", "replay"): "queue_app.replay_webhookdelivery",
-    ("workflow", "cancel_workflows"): "queue_app.cancel_workflow",
-    ("workflow", "repair_workflows"): "queue_app.repair_workflow",
-    ("datasetcheckresult", "override_checks"): "queue_app.override_dataset_check",
+    ("sparkrun", "cancel_runs"): "jobsite_spark.cancel_sparkrun",
+    ("webhookendpoint", "send_test"): "jobsite_webhooks.send_test_webhookendpoint",
+    ("webhookendpoint", "rotate_secret"): "jobsite_webhooks.rotate_secret_webhookendpoint",
+    ("webhookendpoint", "enable"): "jobsite_webhooks.change_webhookendpoint",
+    ("webhookendpoint", "disable"): "jobsite_webhooks.change_webhookendpoint",
+    ("webhookendpoint", "delete_selected"): "jobsite_webhooks.delete_webhookendpoint",
+    ("webhookdelivery", "replay"): "jobsite_webhooks.replay_webhookdelivery",
+    ("workflow", "cancel_workflows"): "jobsite_workflows.cancel_workflow",
+    ("workflow", "repair_workflows"): "jobsite_workflows.repair_workflow",
+    ("datasetcheckresult", "override_checks"): "jobsite_datasets.override_dataset_check",
 }
 
 
@@ -187,7 +194,7 @@ def registered_actions(request) -> set[tuple[str, str]]:
     return {
         (model._meta.model_name, name)
         for model, model_admin in admin.site._registry.items()
-        if model._meta.app_label == "queue_app"
+        if model._meta.app_label in JOBSITE_LABELS
         for name in model_admin.get_actions(request)
     }
 
@@ -235,9 +242,9 @@ def bulk_posts(world) -> list[tuple[str, str, str]]:
 
 CUSTOM_POSTS = {
     # id: (permission, view, args, data)
-    "spark-trigger": ("queue_app.trigger_sparkrun", "sparkrun", ("trigger",), {"job": "demo_sleep"}),
-    "spark-rerun": ("queue_app.trigger_sparkrun", "sparkrun", ("rerun", "finished"), {}),
-    "spark-cancel": ("queue_app.cancel_sparkrun", "sparkrun", ("cancel", "cancel_runs"), {}),
+    "spark-trigger": ("jobsite_spark.trigger_sparkrun", "sparkrun", ("trigger",), {"job": "demo_sleep"}),
+    "spark-rerun": ("jobsite_spark.trigger_sparkrun", "sparkrun", ("rerun", "finished"), {}),
+    "spark-cancel": ("jobsite_spark.cancel_sparkrun", "sparkrun", ("cancel", "cancel_runs"), {}),
     "dead-letter-purge": ("queue_app.delete_deadletter", "deadletter", ("purge",), {"older_than": "1d"}),
     "queue-options": (
         "queue_app.change_queue",
@@ -249,26 +256,26 @@ CUSTOM_POSTS = {
     "schedule-change": ("queue_app.change_schedule", "schedule", ("change", "run_now"), post_data(name="renamed")),
     "schedule-delete": ("queue_app.delete_schedule", "schedule", ("delete", "run_now"), {"post": "yes"}),
     "webhook-endpoint-add": (
-        "queue_app.add_webhookendpoint",
+        "jobsite_webhooks.add_webhookendpoint",
         "webhookendpoint",
         ("add",),
         {"url": "https://example.com/new", "event_types": ["test"], "enabled": "on"},
     ),
     "webhook-endpoint-delete": (
-        "queue_app.delete_webhookendpoint",
+        "jobsite_webhooks.delete_webhookendpoint",
         "webhookendpoint",
         ("delete", "send_test"),
         {"post": "yes"},
     ),
-    "workflow-start": ("queue_app.start_workflow", "workflow", ("start",), {"workflow": "demo_pipeline"}),
+    "workflow-start": ("jobsite_workflows.start_workflow", "workflow", ("start",), {"workflow": "demo_pipeline"}),
     "workflow-backfill": (
-        "queue_app.start_workflow",
+        "jobsite_workflows.start_workflow",
         "workflow",
         ("backfill",),
         {"job": "queue_app.noop", "start": "2026-01-01", "end": "2026-01-02", "concurrency": "1", "_confirm": "1"},
     ),
-    "workflow-cancel": ("queue_app.cancel_workflow", "workflow", ("cancel", "cancel_workflows"), {}),
-    "workflow-repair": ("queue_app.repair_workflow", "workflow", ("repair", "repair_workflows"), {}),
+    "workflow-cancel": ("jobsite_workflows.cancel_workflow", "workflow", ("cancel", "cancel_workflows"), {}),
+    "workflow-repair": ("jobsite_workflows.repair_workflow", "workflow", ("repair", "repair_workflows"), {}),
 }
 
 
@@ -320,7 +327,7 @@ def test_each_custom_view_works_with_its_permission(admin_client, world, case):
 
 
 def all_url_patterns(resolver: URLResolver | None = None, prefix: str = "") -> list[str]:
-    """Every URL pattern of the project as a route string ("admin/queue_app/sparkrun/<int:run_id>/cancel/")."""
+    """Every URL pattern of the project as a route string ("admin/jobsite_spark/sparkrun/<int:run_id>/cancel/")."""
     resolver = resolver or get_resolver()
     routes = []
     for entry in resolver.url_patterns:
@@ -483,7 +490,7 @@ def test_list_live_json_carries_text_for_text_content_only(admin_client, hostile
 
     assert response["Content-Type"] == "application/json"
     assert SCRIPT not in response.content.decode()
-    page = (ROOT / "queue_app/spark/templates/admin/queue_app/spark/run_list.html").read_text()
+    page = (ROOT / "queue_app/spark/templates/admin/jobsite_spark/spark/run_list.html").read_text()
     assert "innerHTML" not in page
 
 

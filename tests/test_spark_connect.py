@@ -15,10 +15,11 @@ import time
 
 import pytest
 
-from queue_app.models import ItemState, QueueItem, SparkConnectServer
+from queue_app.models import ItemState, QueueItem
 from queue_app.spark import connect, warm_pool
 from queue_app.spark.connect_server import Supervisor
 from queue_app.spark.launcher import launch
+from queue_app.spark.models import SparkConnectServer
 from queue_app.spark.runs import cancel_run, trigger_run
 from queue_app.spark.watch import group_members
 from tests import test_spark_runs

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from queue_app.models import SparkConnectServer
 from queue_app.spark import connect, warm_pool
 from queue_app.spark.launcher import launch
+from queue_app.spark.models import SparkConnectServer
 from tests import test_spark_launcher
 from tests.conftest import ROOT, child_env
 from tests.spark_fixtures import require_spark

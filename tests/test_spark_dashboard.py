@@ -10,15 +10,19 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from queue_app.models import QueueItem, QueueStatsHourly, SparkRun
+from queue_app.models import QueueItem
+from queue_app.spark.models import QueueStatsHourly, SparkRun
 from queue_app.spark.runs import trigger_run
-from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
+from tests.admin_fixtures import (
+    JOBSITE_LABELS,
+    fast_password_hashing_fixture,  # noqa: F401 (autouse)
+)
 
 pytestmark = pytest.mark.django_db
 
 
 def url(view: str, *args) -> str:
-    return reverse(f"admin:queue_app_sparkrun_{view}", args=args)
+    return reverse(f"admin:jobsite_spark_sparkrun_{view}", args=args)
 
 
 @pytest.fixture
@@ -28,7 +32,9 @@ def spark_client(django_user_model):
     def make(*codenames: str, username: str = "sparky", csrf: bool = False) -> Client:
         user = django_user_model.objects.create_user(username=username, password="pw", is_staff=True)
         user.user_permissions.set(
-            Permission.objects.filter(content_type__app_label="queue_app", codename__in=["view_sparkrun", *codenames])
+            Permission.objects.filter(
+                content_type__app_label__in=JOBSITE_LABELS, codename__in=["view_sparkrun", *codenames]
+            )
         )
         client = Client(enforce_csrf_checks=csrf)
         client.force_login(user)
@@ -257,7 +263,7 @@ def test_views_need_view_permission_and_staff(django_user_model):
 
 
 def test_run_list_shows_the_spark_connect_servers_health_and_a_run_page_its_path(spark_client, monkeypatch):
-    from queue_app.models import SparkConnectServer
+    from queue_app.spark.models import SparkConnectServer
 
     monkeypatch.setenv("JOBSITE_SPARK_CONNECT", "sc://127.0.0.1:15002")
     client = spark_client()

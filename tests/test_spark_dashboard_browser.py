@@ -24,7 +24,7 @@ def test_trigger_a_run_from_the_dashboard_and_watch_it_succeed(live_server, admi
     page = browser_page()
     base = live_server.url
 
-    log_in(page, base, admin_user, "/admin/queue_app/sparkrun/")
+    log_in(page, base, admin_user, "/admin/jobsite_spark/sparkrun/")
     page.get_by_role("link", name="Trigger a run").click()
 
     form = page.locator("#job-demo_sleep")
@@ -38,7 +38,7 @@ def test_trigger_a_run_from_the_dashboard_and_watch_it_succeed(live_server, admi
     form.locator("input[name=demo_sleep-tasks]").fill("4")
     form.locator("input[name=demo_sleep-seconds]").fill("1")
     form.locator("input[type=submit]").click()
-    page.wait_for_url("**/admin/queue_app/sparkrun/*/change/")
+    page.wait_for_url("**/admin/jobsite_spark/sparkrun/*/change/")
     assert "queued" in page.locator(".messagelist").inner_text()
 
     # The live part refreshes itself: running with progress, then succeeded with its metrics; no reload.
@@ -54,8 +54,8 @@ def test_trigger_a_run_from_the_dashboard_and_watch_it_succeed(live_server, admi
     assert page.locator("#rerun").is_visible() and page.locator("#cancel-run").count() == 0
     page.screenshot(path=os.environ.get("SPARK_RUN_SCREENSHOT", "/tmp/spark-run.png"), full_page=True)
 
-    page.goto(f"{base}/admin/queue_app/sparkrun/")
+    page.goto(f"{base}/admin/jobsite_spark/sparkrun/")
     assert page.locator(".spark-state").first.inner_text() == "succeeded"
-    page.goto(f"{base}/admin/queue_app/sparkrun/charts/")
+    page.goto(f"{base}/admin/jobsite_spark/sparkrun/charts/")
     page.wait_for_selector("#chart-durations .cartesianlayer .scatterlayer .point")
     assert page.locator("#chart-durations .cartesianlayer .scatterlayer .point").count() == 1

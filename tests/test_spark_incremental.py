@@ -7,7 +7,8 @@ import datetime as dt
 import pytest
 from django.db import connection, transaction
 
-from queue_app.models import Reservation, SparkWatermark
+from queue_app.models import Reservation
+from queue_app.spark.models import SparkWatermark
 from queue_app.spark.pipelines import queue_analytics
 from queue_app.spark.registry import get_job
 from tests.spark_fixtures import seed_queue_history, spark_session  # noqa: F401  (`spark`)

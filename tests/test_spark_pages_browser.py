@@ -18,7 +18,7 @@ def test_spark_pages_have_the_stock_admin_breadcrumbs_and_a_failure_at_the_top(l
 
     from django.utils import timezone
 
-    from queue_app.models import SparkRun
+    from queue_app.spark.models import SparkRun
 
     end = timezone.now()
     run = SparkRun.objects.create(
@@ -34,12 +34,13 @@ def test_spark_pages_have_the_stock_admin_breadcrumbs_and_a_failure_at_the_top(l
     stock = page.evaluate(STYLE)
     assert stock["tag"] == "OL"
     for path, last in (("trigger/", "Trigger"), ("charts/", "Charts"), (f"{run.id}/change/", f"#{run.id}")):
-        page.goto(f"{base}/admin/queue_app/sparkrun/{path}")
+        page.goto(f"{base}/admin/jobsite_spark/sparkrun/{path}")
         mine = page.evaluate(STYLE)
         assert {k: mine[k] for k in ("tag", "bg", "color", "font", "pad")} == {
             k: stock[k] for k in ("tag", "bg", "color", "font", "pad")
         }, path
-        assert mine["links"] == ["Home", "Queue", "Spark runs"] and mine["items"] == 4
+        # the breadcrumbs name the run's app (jobsite_spark, "Spark"), whose page lists its models
+        assert mine["links"] == ["Home", "Spark", "Spark runs"] and mine["items"] == 4
         assert page.locator(".breadcrumbs li").last.inner_text() == last
     failure = page.locator("#run-failure")
     assert failure.inner_text() == "Failed: RuntimeError: demo_sleep failed on purpose"
@@ -56,7 +57,7 @@ def test_the_charts_have_units_hover_values_a_time_range_and_click_through_to_a_
 
     from django.utils import timezone
 
-    from queue_app.models import SparkRun
+    from queue_app.spark.models import SparkRun
 
     end = timezone.now()
     run = SparkRun.objects.create(
@@ -64,7 +65,7 @@ def test_the_charts_have_units_hover_values_a_time_range_and_click_through_to_a_
     )
     page = browser_page()
     base = live_server.url
-    log_in(page, base, admin_user, "/admin/queue_app/sparkrun/charts/")
+    log_in(page, base, admin_user, "/admin/jobsite_spark/sparkrun/charts/")
     page.wait_for_selector("#chart-durations .cartesianlayer .scatterlayer .point")
     # The chart redraws when its box changes size (the admin's sidebar opens after the first draw): hover the
     # point only once the drawing has followed its box, or the point moves under the mouse (a miss under load).
@@ -84,7 +85,7 @@ def test_the_charts_have_units_hover_values_a_time_range_and_click_through_to_a_
     text = hover.text_content()
     assert f"demo_sleep run #{run.id} succeeded" in text and "42.0 s" in text  # the point names its job and run
     page.mouse.click(x, y)
-    page.wait_for_url(f"**/admin/queue_app/sparkrun/{run.id}/change/")
+    page.wait_for_url(f"**/admin/jobsite_spark/sparkrun/{run.id}/change/")
 
 
 # Where the charts' parts are: the page's overflow, each chart's drawing against its box, the title's box and
@@ -115,7 +116,7 @@ def test_the_charts_fit_their_box_at_laptop_and_desktop_widths(live_server, admi
     from django.utils import timezone
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    from queue_app.models import SparkRun
+    from queue_app.spark.models import SparkRun
 
     end = timezone.now()
     for n in range(12):
@@ -129,7 +130,7 @@ def test_the_charts_fit_their_box_at_laptop_and_desktop_widths(live_server, admi
     page = browser_page()
     page.set_viewport_size({"width": viewport[0], "height": viewport[1]})
     base = live_server.url
-    log_in(page, base, admin_user, "/admin/queue_app/sparkrun/charts/")
+    log_in(page, base, admin_user, "/admin/jobsite_spark/sparkrun/charts/")
     page.wait_for_selector("#chart-durations .scatterlayer .point")
     page.wait_for_selector("#chart-outcomes .barlayer .point")
     with contextlib.suppress(PlaywrightTimeout):  # drawn to their boxes (redrawn after the sidebar opened, if

@@ -12,10 +12,11 @@ from django.utils import timezone
 
 from queue_app.conf import queue_settings
 from queue_app.maintenance_tasks import prune
-from queue_app.models import QueueItem, SparkRun, SparkScript
+from queue_app.models import QueueItem
 from queue_app.registry import Context, Delivery
 from queue_app.spark import eventlog
 from queue_app.spark.launcher import LaunchResult
+from queue_app.spark.models import SparkRun, SparkScript
 from queue_app.spark.policy import PolicyError, SparkPolicy, policy_for
 from queue_app.spark.registry import SparkParamError, get_job
 from queue_app.spark.runs import prune_event_logs, prune_runs, retried, trigger_run, waiting_for

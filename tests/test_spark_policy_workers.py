@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from queue_app.conf import queue_settings
-from queue_app.models import ItemState, QueueItem, Reservation, SparkRun, SparkScript
+from queue_app.models import ItemState, QueueItem, Reservation
+from queue_app.spark.models import SparkRun, SparkScript
 from queue_app.spark.runs import trigger_run, waiting_for
 from queue_app.spark.scripts import ROOTS_ENV, save_script
 from tests.spark_fixtures import require_spark

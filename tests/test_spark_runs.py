@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from queue_app import services
-from queue_app.models import ItemState, QueueItem, SparkRun, Worker
+from queue_app.models import ItemState, QueueItem, Worker
+from queue_app.spark.models import SparkRun
 from queue_app.spark.pipelines.file_rollup import write_sample_input
 from queue_app.spark.runs import TIMING_STEPS, cancel_run, timing_split, trigger_run
 from queue_app.spark.watch import group_members

@@ -14,10 +14,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from queue_app import services
-from queue_app.models import ItemState, QueueItem, SparkRun
+from queue_app.models import ItemState, QueueItem
 from queue_app.registry import Context, Delivery, get_task
 from queue_app.spark import SparkParamError, UnknownSparkJob
 from queue_app.spark.checks import java_runtime
+from queue_app.spark.models import SparkRun
 from queue_app.spark.runs import (
     HARD_TIMEOUT,
     MAX_RUN_TIMEOUT,

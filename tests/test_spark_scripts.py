@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from queue_app.models import ItemState, QueueItem, SparkRun
+from queue_app.models import ItemState, QueueItem
 from queue_app.spark import eventlog, statusapi
 from queue_app.spark.launcher import launch
+from queue_app.spark.models import SparkRun
 from queue_app.spark.runs import cancel_run, trigger_run
 from queue_app.spark.scripts import ROOTS_ENV, register_script
 from queue_app.spark.watch import group_members

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from queue_app.models import SparkRun, SparkScript
 from queue_app.spark import scripts
 from queue_app.spark.launcher import launch
+from queue_app.spark.models import SparkRun, SparkScript
 from queue_app.spark.registry import SparkParamError, get_job, validate
 from queue_app.spark.runs import trigger_run
 
@@ -257,7 +257,7 @@ def test_admin_user_with_permission_registers_a_script_and_the_change_is_logged(
 
     user = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
     client.force_login(user)
-    url = "/admin/queue_app/sparkscript/add/"
+    url = "/admin/jobsite_spark/sparkscript/add/"
     assert client.post(url, _form(path=str(roots / "ok.py"))).status_code == 403  # no add permission
     user.user_permissions.add(*Permission.objects.filter(codename__in=["add_sparkscript", "view_sparkscript"]))
 

@@ -14,8 +14,9 @@ from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
 from queue_app import engine, services
-from queue_app.models import DeadLetter, ItemState, QueueItem, Reservation, SparkRun, Worker
+from queue_app.models import DeadLetter, ItemState, QueueItem, Reservation, Worker
 from queue_app.registry import get_task
+from queue_app.spark.models import SparkRun
 from queue_app.webhooks import InvalidEvent, publish_event
 from queue_app.webhooks import services as webhooks
 from queue_app.webhooks.events import WEBHOOK_QUEUE

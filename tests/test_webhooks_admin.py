@@ -13,6 +13,7 @@ from queue_app.models import ItemState, QueueItem
 from queue_app.webhooks import services as webhooks
 from queue_app.webhooks.models import WebhookDelivery, WebhookEndpoint
 from tests.admin_fixtures import (
+    JOBSITE_LABELS,
     action_post,
     detail_action_post,
     fast_password_hashing_fixture,  # noqa: F401 (autouse)
@@ -29,7 +30,7 @@ def client_with(django_user_model):
     def make(*codenames: str) -> Client:
         user = django_user_model.objects.create_user(username="staff", password="pw", is_staff=True)
         user.user_permissions.set(
-            Permission.objects.filter(content_type__app_label="queue_app", codename__in=[*VIEWS, *codenames])
+            Permission.objects.filter(content_type__app_label__in=JOBSITE_LABELS, codename__in=[*VIEWS, *codenames])
         )
         client = Client()
         client.force_login(user)

@@ -13,13 +13,16 @@ from queue_app.workflows import services
 from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import Workflow, WorkflowStep
 from tests import workflow_tasks  # noqa: F401  (registers wf_* workflows)
-from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
+from tests.admin_fixtures import (
+    JOBSITE_LABELS,
+    fast_password_hashing_fixture,  # noqa: F401 (autouse)
+)
 
 pytestmark = pytest.mark.django_db
 
 
 def url(view: str, *args) -> str:
-    return reverse(f"admin:queue_app_workflow_{view}", args=args)
+    return reverse(f"admin:jobsite_workflows_workflow_{view}", args=args)
 
 
 @pytest.fixture
@@ -27,7 +30,9 @@ def wf_client(django_user_model):
     def make(*codenames: str, username: str = "flow", csrf: bool = False) -> Client:
         user = django_user_model.objects.create_user(username=username, password="pw", is_staff=True)
         user.user_permissions.set(
-            Permission.objects.filter(content_type__app_label="queue_app", codename__in=["view_workflow", *codenames])
+            Permission.objects.filter(
+                content_type__app_label__in=JOBSITE_LABELS, codename__in=["view_workflow", *codenames]
+            )
         )
         client = Client(enforce_csrf_checks=csrf)
         client.force_login(user)

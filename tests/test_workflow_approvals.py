@@ -12,7 +12,8 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.urls import reverse
 
-from queue_app.models import QueueItem, WebhookEndpoint
+from queue_app.models import QueueItem
+from queue_app.webhooks.models import WebhookEndpoint
 from queue_app.workflows import WorkflowDefinitionError, approvals, services
 from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import Workflow, WorkflowStep
@@ -20,7 +21,7 @@ from tests import workflow_waits_tasks  # noqa: F401  (registers wf_approve)
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-PENDING = "admin:queue_app_workflow_approvals"
+PENDING = "admin:jobsite_workflows_workflow_approvals"
 
 
 @pytest.fixture
@@ -67,7 +68,7 @@ def test_an_approval_given_in_the_admin_ends_the_wait_and_the_workflow_goes_on(w
     waiting(w)
     shown = manage("workflow", "status", str(w.id), "--json")
     assert {s["name"]: s["state"] for s in json.loads(shown.stdout)["steps"]}["approve"] == "waiting_approval"
-    boss = staff("boss", "queue_app.repair_workflow")
+    boss = staff("boss", "jobsite_workflows.repair_workflow")
     client.force_login(boss)
     page = client.get(reverse(PENDING))
     assert page.status_code == 200 and listed(page, w) and 'name="csrfmiddlewaretoken"' in page.text
@@ -102,18 +103,18 @@ def test_a_rejection_fails_the_step_and_runs_the_compensations(worker, manage):
 def test_a_user_without_the_permission_gets_403_and_nothing_changes(worker, client):
     w = services.start("wf_approve")
     waiting(w)
-    clerk = staff("clerk", "queue_app.start_workflow")
+    clerk = staff("clerk", "jobsite_workflows.start_workflow")
     client.force_login(clerk)
     assert not listed(client.get(reverse(PENDING)), w)  # not listed for them
     refused = client.post(reverse(PENDING), {"step": step(w, "approve").id, "decision": "approve"})
     assert refused.status_code == 403
-    with pytest.raises(approvals.ApprovalDenied, match="queue_app.repair_workflow"):
+    with pytest.raises(approvals.ApprovalDenied, match="jobsite_workflows.repair_workflow"):
         approvals.decide(step(w, "approve").id, clerk, True)
     item = QueueItem.objects.get(id=step(w, "approve").item_id)
     assert item.state == "ready" and states(w)["approve"] == "waiting_approval"
     assert not LogEntry.objects.exists()
     # The one who may decide still can: the refusal left the wait as it was.
-    approvals.decide(step(w, "approve").id, staff("boss", "queue_app.repair_workflow"), True)
+    approvals.decide(step(w, "approve").id, staff("boss", "jobsite_workflows.repair_workflow"), True)
     assert finished(w).state == "succeeded"
 
 
@@ -121,7 +122,7 @@ def test_a_user_without_the_permission_gets_403_and_nothing_changes(worker, clie
 def test_a_second_decision_changes_nothing_and_says_so(worker, manage):
     w = services.start("wf_approve")
     waiting(w)
-    boss = staff("boss", "queue_app.repair_workflow")
+    boss = staff("boss", "jobsite_workflows.repair_workflow")
     approvals.decide(step(w, "approve").id, boss, True, "first")
     with pytest.raises(approvals.NotWaiting, match="already approved by boss"):
         approvals.decide(step(w, "approve").id, boss, False, "second")
@@ -143,7 +144,7 @@ def test_a_timeout_fails_the_approval_and_a_late_decision_changes_nothing(worker
     )
     assert step(w, "undo first").state == "succeeded"
     with pytest.raises(approvals.NotWaiting, match="timed out"):
-        approvals.decide(timed_out.id, staff("boss", "queue_app.repair_workflow"), True)
+        approvals.decide(timed_out.id, staff("boss", "jobsite_workflows.repair_workflow"), True)
     assert not LogEntry.objects.exists()
 
 
@@ -158,7 +159,7 @@ def test_a_timeout_with_continue_goes_on_without_a_decision(worker):
 def test_the_cli_approves_as_the_user_named_and_refuses_unknown_steps_and_users(worker, manage):
     w = services.start("wf_approve")
     waiting(w)
-    staff("boss", "queue_app.repair_workflow")
+    staff("boss", "jobsite_workflows.repair_workflow")
     for args, said in (
         (("999999", "--step", "approve", "--user", "boss"), "no workflow 999999"),
         ((str(w.id), "--step", "nope", "--user", "boss"), "has no step 'nope'"),
@@ -187,7 +188,7 @@ def test_an_approval_step_publishes_approval_requested_when_it_starts_waiting():
         url="https://example.com/hook", secret="whsec_test", event_types=["workflow.approval_requested"]
     )
     g = Graph("needs-approval")
-    g.approval("ok", permission="queue_app.repair_workflow", timeout=600)
+    g.approval("ok", permission="jobsite_workflows.repair_workflow", timeout=600)
     w = services.start_graph(g)
     assert states(w) == {"ok": "waiting_approval"}
     (published,) = QueueItem.objects.filter(task="queue_app.webhook_publish")
@@ -196,7 +197,7 @@ def test_an_approval_step_publishes_approval_requested_when_it_starts_waiting():
     assert (data["workflow_id"], data["step"], data["permission"], data["timeout"]) == (
         w.id,
         "ok",
-        "queue_app.repair_workflow",
+        "jobsite_workflows.repair_workflow",
         600.0,
     )
     assert data["expires_at"] is not None
@@ -204,7 +205,7 @@ def test_an_approval_step_publishes_approval_requested_when_it_starts_waiting():
 
 def test_no_endpoint_no_event_item():
     g = Graph("needs-approval")
-    g.approval("ok", permission="queue_app.repair_workflow")
+    g.approval("ok", permission="jobsite_workflows.repair_workflow")
     w = services.start_graph(g)
     assert states(w) == {"ok": "waiting_approval"}
     assert not QueueItem.objects.filter(task="queue_app.webhook_publish").exists()
@@ -212,10 +213,10 @@ def test_no_endpoint_no_event_item():
 
 def test_a_refusal_says_why_an_inactive_user_is_told_so_and_the_admin_logs_one_warning_line(client, caplog):
     g = Graph("refusals")
-    g.approval("ok", permission="queue_app.repair_workflow", timeout=600)
+    g.approval("ok", permission="jobsite_workflows.repair_workflow", timeout=600)
     g.wait_event("paid", event="partner.callback", key="k", timeout=600)
     w = services.start_graph(g)
-    former = staff("former", "queue_app.repair_workflow")
+    former = staff("former", "jobsite_workflows.repair_workflow")
     former.is_active = False
     former.save()
     with pytest.raises(approvals.ApprovalDenied) as refused:
@@ -225,10 +226,13 @@ def test_a_refusal_says_why_an_inactive_user_is_told_so_and_the_admin_logs_one_w
         approvals.find(w.id, "paid")
     assert str(wrong.value) == f"step 'paid' of workflow {w.id} is an event step, not an approval"
 
-    client.force_login(staff("clerk", "queue_app.start_workflow"))
+    client.force_login(staff("clerk", "jobsite_workflows.start_workflow"))
     with caplog.at_level("INFO"):
         page = client.post(reverse(PENDING), {"step": step(w, "ok").id, "decision": "approve"})
-    needs = f"'clerk' may not decide step 'ok' of workflow {w.id}: it needs the permission 'queue_app.repair_workflow'"
+    needs = (
+        f"'clerk' may not decide step 'ok' of workflow {w.id}: "
+        "it needs the permission 'jobsite_workflows.repair_workflow'"
+    )
     assert page.status_code == 403
     said = [(r.levelname, r.name, r.getMessage(), r.exc_info) for r in caplog.records if r.levelno >= 30]
     assert said == [("WARNING", "jobsite.workflows", f"approval refused: {needs}", None)]
@@ -240,8 +244,8 @@ def test_bad_approval_definitions_are_refused():
     for kwargs, said in (
         ({"permission": "nodot"}, "app_label.codename"),
         ({"permission": "queue_app.no_such_permission"}, "no permission"),
-        ({"permission": "queue_app.repair_workflow", "timeout": 0}, "timeout"),
-        ({"permission": "queue_app.repair_workflow", "on_timeout": "maybe"}, "on_timeout"),
+        ({"permission": "jobsite_workflows.repair_workflow", "timeout": 0}, "timeout"),
+        ({"permission": "jobsite_workflows.repair_workflow", "on_timeout": "maybe"}, "on_timeout"),
     ):
         with pytest.raises(WorkflowDefinitionError, match=said):
             g.approval("ok", **kwargs)
@@ -265,10 +269,10 @@ def test_the_cli_decides_as_the_django_user_named_like_the_os_login_when_no_user
 
 def test_two_decisions_at_once_one_wins_and_the_other_is_told():
     g = Graph("race")
-    g.approval("ok", permission="queue_app.repair_workflow")
+    g.approval("ok", permission="jobsite_workflows.repair_workflow")
     w = services.start_graph(g)
     ok = WorkflowStep.objects.get(workflow_id=w.id, name="ok")
-    deciders = [staff("alice", "queue_app.repair_workflow"), staff("bob", "queue_app.repair_workflow")]
+    deciders = [staff("alice", "jobsite_workflows.repair_workflow"), staff("bob", "jobsite_workflows.repair_workflow")]
     barrier = threading.Barrier(2)
     outcomes: dict[str, str] = {}
 

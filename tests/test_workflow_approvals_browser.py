@@ -29,7 +29,7 @@ def test_approve_in_the_pending_approvals_page_which_looks_like_a_stock_admin_li
     browser_page,  # noqa: F811  (the fixture imported above)
 ):
     g = Graph("refund")
-    g.approval("approve", permission="queue_app.repair_workflow", timeout=3600)
+    g.approval("approve", permission="jobsite_workflows.repair_workflow", timeout=3600)
     w = services.start_graph(g)  # no worker needed: the decision settles the step, which ends the workflow
     step_id = WorkflowStep.objects.get(workflow_id=w.id, name="approve").id
     page = browser_page()
@@ -44,7 +44,7 @@ def test_approve_in_the_pending_approvals_page_which_looks_like_a_stock_admin_li
     stock = page.evaluate(LOOKS)
     page.screenshot(path=str(SHOTS / "stock_admin_list.png"), full_page=True)
 
-    page.goto(f"{base}/admin/queue_app/workflow/approvals/")
+    page.goto(f"{base}/admin/jobsite_workflows/workflow/approvals/")
     ours = page.evaluate(LOOKS)
     page.screenshot(path=str(SHOTS / "pending_approvals.png"), full_page=True)
     assert ours == stock
@@ -52,9 +52,11 @@ def test_approve_in_the_pending_approvals_page_which_looks_like_a_stock_admin_li
     assert f"refund #{w.id}" in row.inner_text()
     row.locator("input[name=comment]").fill("refund ok")
     row.locator("input[name=decision][value=approve]").click()
-    page.wait_for_url("**/admin/queue_app/workflow/approvals/")
+    page.wait_for_url("**/admin/jobsite_workflows/workflow/approvals/")
     assert page.locator(".messagelist .success").inner_text() == f"Approved step 'approve' of refund #{w.id}"
     assert "No approval is waiting" in page.locator("#content-main").inner_text()
     page.screenshot(path=str(SHOTS / "pending_approvals_done.png"), full_page=True)
-    page.goto(f"{base}/admin/queue_app/workflow/{w.id}/change/")  # no ORM here: Playwright's loop runs in this thread
+    page.goto(
+        f"{base}/admin/jobsite_workflows/workflow/{w.id}/change/"
+    )  # no ORM here: Playwright's loop runs in this thread
     assert page.locator("#wf-summary tr").first.inner_text().endswith("succeeded")

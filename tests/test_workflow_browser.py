@@ -39,11 +39,11 @@ def test_start_a_workflow_and_watch_its_graph_turn_green_like_a_stock_admin_page
     )
     page.screenshot(path=str(SHOTS / "stock_admin.png"), full_page=True)
 
-    page.goto(f"{base}/admin/queue_app/workflow/start/")
+    page.goto(f"{base}/admin/jobsite_workflows/workflow/start/")
     page.locator("#wf-wf_fan summary").click()
     page.fill("#id_wf_fan-n", "12")
     page.click("#wf-wf_fan input[type=submit]")
-    page.wait_for_url("**/admin/queue_app/workflow/*/change/")
+    page.wait_for_url("**/admin/jobsite_workflows/workflow/*/change/")
     assert page.locator(".messagelist .success").inner_text().startswith("Started wf_fan")
     for _ in range(60):
         page.reload()
@@ -61,7 +61,7 @@ def test_start_a_workflow_and_watch_its_graph_turn_green_like_a_stock_admin_page
     )
     assert ours == stock  # the admin's own header and breadcrumbs
     page.screenshot(path=str(SHOTS / "workflow_detail.png"), full_page=True)
-    page.goto(f"{base}/admin/queue_app/workflow/")
+    page.goto(f"{base}/admin/jobsite_workflows/workflow/")
     assert page.locator("#result_list tbody tr").count() == 1
     assert page.locator("#result_list tbody tr td.field-progress").inner_text().strip() == "14/14"
     page.screenshot(path=str(SHOTS / "workflow_list.png"), full_page=True)

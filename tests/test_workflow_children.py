@@ -274,17 +274,19 @@ def test_the_admin_links_parent_and_child_both_ways(django_user_model):
     drive()
     child = child_of(w)
     user = django_user_model.objects.create_user(username="flow", password="pw", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label="queue_app", codename="view_workflow"))
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="jobsite_workflows", codename="view_workflow")
+    )
     client = Client()
     client.force_login(user)
 
     def page(workflow_id: int) -> str:
-        response = client.get(reverse("admin:queue_app_workflow_change", args=[workflow_id]))
+        response = client.get(reverse("admin:jobsite_workflows_workflow_change", args=[workflow_id]))
         assert response.status_code == 200
         return response.content.decode()
 
-    child_url = reverse("admin:queue_app_workflow_change", args=[child.id])
-    parent_url = reverse("admin:queue_app_workflow_change", args=[w.id])
+    child_url = reverse("admin:jobsite_workflows_workflow_change", args=[child.id])
+    parent_url = reverse("admin:jobsite_workflows_workflow_change", args=[w.id])
     parent_page, child_page = page(w.id), page(child.id)
     assert f'<a href="{child_url}">wf_child #{child.id}</a>' in parent_page
     assert f'<a href="{parent_url}">wf_parent #{w.id}</a> at step <code>child</code>' in child_page
@@ -356,7 +358,7 @@ def test_a_spark_step_of_a_child_names_the_child_as_parent_run_and_the_top_as_ro
     """OpenLineage's parent run facet (datasets/spark_lineage.py): the run's workflow, and the root of its chain."""
     from queue_app.datasets.openlineage import run_id
     from queue_app.datasets.spark_lineage import _parent
-    from queue_app.models import SparkRun
+    from queue_app.spark.models import SparkRun
 
     w = services.start("wf_grandparent")
     drive()

@@ -14,7 +14,7 @@ from tests import workflow_condition_tasks  # noqa: F401  (registers wf_branch, 
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-PENDING = "admin:queue_app_workflow_approvals"
+PENDING = "admin:jobsite_workflows_workflow_approvals"
 
 
 @pytest.fixture
@@ -88,7 +88,9 @@ def test_demo_waits_walked_from_the_cli_and_the_admin(worker, manage, client):
     assert sent.returncode == 0 and json.loads(sent.stdout)["matched"] is True, sent.stdout + sent.stderr
     wait_for(lambda: states(w)["approve"] == "waiting_approval", 30, what="the approval to wait")
     boss = User.objects.create_user("boss", password="pw", is_staff=True)
-    boss.user_permissions.add(Permission.objects.get(content_type__app_label="queue_app", codename="start_workflow"))
+    boss.user_permissions.add(
+        Permission.objects.get(content_type__app_label="jobsite_workflows", codename="start_workflow")
+    )
     client.force_login(User.objects.get(id=boss.id))
     approve_id = w.steps.get(name="approve").id
     done = client.post(reverse(PENDING), {"step": approve_id, "decision": "approve", "comment": "ok"})
@@ -105,5 +107,5 @@ def test_demo_waits_walked_from_the_cli_and_the_admin(worker, manage, client):
     }
     assert results(w)["summary"] == {"order": "walk-1", "big": {"order": "walk-1", "handled_as": "big"}}
     client.force_login(User.objects.create_superuser("root", password="pw"))
-    page = client.get(reverse("admin:queue_app_workflow_change", args=[w.id]))
+    page = client.get(reverse("admin:jobsite_workflows_workflow_change", args=[w.id]))
     assert page.status_code == 200 and "skipped" in page.content.decode()

@@ -4,7 +4,7 @@ metrics are its result, and cancelling the workflow stops a running Spark step."
 import pytest
 
 from queue_app.datasets.models import Materialization
-from queue_app.models import SparkRun
+from queue_app.spark.models import SparkRun
 from queue_app.spark.watch import group_members
 from queue_app.workflows import services
 from queue_app.workflows.definition import Graph

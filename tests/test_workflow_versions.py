@@ -293,10 +293,10 @@ def test_admin_versions_page_and_fork_behind_the_start_permission(django_user_mo
     user.user_permissions.set(Permission.objects.filter(codename__in=["view_workflow"]))
     client = Client()
     client.force_login(user)
-    html = client.get(reverse("admin:queue_app_workflow_versions", args=[w.id])).content.decode()
+    html = client.get(reverse("admin:jobsite_workflows_workflow_versions", args=[w.id])).content.decode()
     assert "<svg" in html and "change-added" in html and "1 step differs" not in html
     assert '<tr class="change-added">' in html and "<th>d</th>" in html
-    page = reverse("admin:queue_app_workflow_fork", args=[w.id])
+    page = reverse("admin:jobsite_workflows_workflow_fork", args=[w.id])
     assert client.get(page).status_code == 200
     assert client.post(page, {"step": "b"}).status_code == 403  # no start permission
     user.user_permissions.add(Permission.objects.get(codename="start_workflow"))
@@ -307,7 +307,7 @@ def test_admin_versions_page_and_fork_behind_the_start_permission(django_user_mo
     entry = LogEntry.objects.get(object_id=str(forked.id))
     assert entry.change_message == f"Forked from #{w.id} at step 'b' (the current definition)"
     assert client.post(page, {"step": "nope"}).status_code == 400
-    detail = client.get(reverse("admin:queue_app_workflow_change", args=[forked.id])).content.decode()
+    detail = client.get(reverse("admin:jobsite_workflows_workflow_change", args=[forked.id])).content.decode()
     assert f"#{w.id}</a> at step <code>b</code>" in detail and forked.version in detail
 
 
@@ -318,7 +318,7 @@ def test_admin_repair_onto_the_current_definition_is_its_own_confirmed_action(dj
     user.user_permissions.set(Permission.objects.filter(codename__in=["view_workflow"]))
     client = Client()
     client.force_login(user)
-    page = reverse("admin:queue_app_workflow_repair-current", args=[w.id])
+    page = reverse("admin:jobsite_workflows_workflow_repair-current", args=[w.id])
     assert client.post(page).status_code == 403 and Workflow.objects.get(id=w.id).attempt == 1
     user.user_permissions.add(Permission.objects.get(codename="repair_workflow"))
     client.force_login(django_user_model.objects.get(id=user.id))

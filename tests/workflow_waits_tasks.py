@@ -46,11 +46,11 @@ def paid(wf, params):
     params=[Param("timeout", "float", default=0.0), Param("policy", "str", default="fail")],
 )
 def approve(wf, params):
-    """first (compensated by wf.undo) -> approve (a human step: queue_app.repair_workflow) -> use."""
+    """first (compensated by wf.undo) -> approve (a human step: jobsite_workflows.repair_workflow) -> use."""
     first = wf.task("wf.add", {"x": 1}, name="first", compensate="wf.undo")
     ok = wf.approval(
         "approve",
-        permission="queue_app.repair_workflow",
+        permission="jobsite_workflows.repair_workflow",
         timeout=params["timeout"] or None,
         on_timeout=params["policy"],
         after=[first],

@@ -112,7 +112,7 @@ def load(n: int, m: int, stdout) -> None:
 
 def cases(n: int) -> list[tuple[str, str, bool]]:
     """(label, url, gated by the budget) of the dataset pages."""
-    base = "/admin/queue_app/dataset/"
+    base = "/admin/jobsite_datasets/dataset/"
     middle = name(n // 2)
     nodes = min(n, 2 ** (LINEAGE_DEPTH + 1) - 1) * 2 - 1
     return [

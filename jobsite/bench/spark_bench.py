@@ -340,7 +340,7 @@ def warm(out: Callable[[str], None], runs: int = 3, pause: float = 5.0) -> dict[
     finally:
         os.environ.pop(connect.ENV, None)
         supervisor.stop()
-        from queue_app.models import SparkConnectServer
+        from queue_app.spark.models import SparkConnectServer
 
         SparkConnectServer.objects.filter(url=str(url)).delete()
     best = min((r for r in warm_runs if r["first_task_s"] is not None), key=lambda r: r["total_s"], default=None)

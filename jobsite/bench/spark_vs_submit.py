@@ -85,7 +85,7 @@ def _bare(script: str, text: str, env: dict[str, str]) -> float:
 
 
 def _jobsite(script: str, text: str, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
-    from queue_app.models import SparkRun
+    from queue_app.spark.models import SparkRun
 
     began = time.time()
     t0 = time.perf_counter()

@@ -3,7 +3,7 @@ admin (docs/how-to/workflow-waits.md, "Walk the demo").
 
     nap (sleep 2 s)
       -> paid (waits for the event demo.paid with key = the order, at most 1 h)
-      -> approve (an approval: a user with queue_app.start_workflow approves or rejects it)
+      -> approve (an approval: a user with jobsite_workflows.start_workflow approves or rejects it)
       -> route (a branch on paid's "amount": over 100 runs big, else small; the other ends skipped)
       -> big | small
       -> summary (run_if none_failed: it runs after whichever of big and small ran)
@@ -18,7 +18,7 @@ from queue_app.workflows.definition import workflow
 
 EVENT = "demo.paid"
 THRESHOLD = 100
-PERMISSION = "queue_app.start_workflow"
+PERMISSION = "jobsite_workflows.start_workflow"
 
 
 @job("demo.big_order")

@@ -152,7 +152,7 @@ def figure_script(figure: Any, element_id: str) -> SafeString:
 
 
 def run_url(run_id: int) -> str:
-    return reverse("admin:queue_app_sparkrun_change", args=[run_id])
+    return reverse("admin:jobsite_spark_sparkrun_change", args=[run_id])
 
 
 def durations_figure(runs: Iterable[Any], duration_of) -> dict[str, Any] | None:

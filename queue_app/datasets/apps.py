@@ -11,8 +11,8 @@ is triggered, parked on unusable inputs, its materializations recorded with its 
 events (datasets/spark_lineage.py); and
 the layer's own checks, triggers and producers, and the datasets' sync after `migrate`.
 
-Its models keep the app label `queue_app` this step (tables, migrations, content types and admin URLs unchanged:
-datasets/models.py); moving them to this app's label is a later step (SeparateDatabaseAndState).
+Its models are this app's (label jobsite_datasets, migrations/0001_initial.py); their tables keep the names the
+core's migrations gave them (queue_app_dataset...).
 """
 
 from queue_app import layer_apps  # the module, not the class: Django takes the one AppConfig class found here

@@ -7,7 +7,7 @@
 - record_check_result(): one check's result, stored under the materialization's row lock; the transaction that
   stores the last one settles the state (`failed` when a blocking check failed, `warned` when another did,
   else `passed`) and, when a pending materialization becomes usable, announces it.
-- override_failed_checks(): someone with the `queue_app.override_dataset_check` permission makes a `failed`
+- override_failed_checks(): someone with the `jobsite_datasets.override_dataset_check` permission makes a `failed`
   materialization usable (`overridden`), logged as an admin LogEntry with their comment.
 - unusable(): what holds a consumer back: the latest materializations of the partitions it reads whose checks
   are pending or failed.
@@ -43,7 +43,7 @@ from .sql import CHECKS_PENDING, LOCK_MATERIALIZATIONS, RELEASE_BLOCKS, REWRITE_
 logger = logging.getLogger("jobsite.datasets")
 
 TASK = "queue_app.dataset_check"
-PERMISSION = "queue_app.override_dataset_check"
+PERMISSION = "jobsite_datasets.override_dataset_check"
 MAX_FIGURES_BYTES = 16_384
 
 
@@ -265,7 +265,7 @@ def may_override(user: Any) -> bool:
 
 def override_failed_checks(user: Any, materialization: Materialization | int, comment: str) -> Materialization:
     """Make a materialization whose blocking checks failed usable (`overridden`): `user` must hold
-    queue_app.override_dataset_check (PermissionDenied otherwise), `comment` says why; logged as a LogEntry.
+    jobsite_datasets.override_dataset_check (PermissionDenied otherwise), `comment` says why; logged as a LogEntry.
     DatasetError, nothing written, when it is not `failed`."""
     if not may_override(user):
         raise PermissionDenied(f"overriding failed dataset checks needs the {PERMISSION} permission")

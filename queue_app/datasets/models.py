@@ -1,10 +1,9 @@
 """The datasets' tables: one row per known dataset (a snapshot of its declaration) and one per materialization.
 
-Part of the queue_app app (app_label queue_app, tables queue_app_dataset and queue_app_materialization, migration
-0022_datasets); queue_app.models imports this module so Django registers them. Imports only Django. The package is
-an app of its own now (queue_app.datasets, label jobsite_datasets: apps.py), which Django would make these
-models' app: each says `app_label = "queue_app"` until a later step moves their state to that app
-(SeparateDatabaseAndState, content types and admin URLs with them).
+The models of the datasets app (queue_app.datasets, label jobsite_datasets); imports only Django. Their tables were
+made by the core's migrations (queue_app 0022_datasets and later) when these models were the core's, and keep
+those names (`db_table`, queue_app_*): queue_app 0047 and this app's 0001 moved the models' state only
+(SeparateDatabaseAndState; content types relabelled, so granted permissions stay).
 
 A materialization names its dataset, run, step and item by plain value, not by foreign key (like the history
 tables and ExecutionLog): it is written in the transaction that settles a run or step, where a foreign key would
@@ -15,7 +14,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-APP_LABEL = "queue_app"  # the app whose migrations made these tables (not this package's app, yet)
+APP_LABEL = "jobsite_datasets"
 
 
 class DeclaredIn(models.TextChoices):
@@ -57,6 +56,7 @@ class Dataset(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_dataset"
         permissions = [("observe_dataset", "Can observe a dataset's partition (record files written elsewhere)")]
 
     def __str__(self) -> str:
@@ -86,6 +86,7 @@ class Materialization(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_materialization"
         ordering = ["-at", "-id"]
         indexes = [
             # The latest materialization of a (dataset, partition), and a dataset's partitions in a key range.
@@ -121,6 +122,7 @@ class DatasetCheckResult(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_datasetcheckresult"
         ordering = ["-id"]
         constraints = [models.UniqueConstraint(fields=["materialization_id", "check_name"], name="check_result_once")]
         indexes = [models.Index("dataset", models.F("id").desc(), name="check_result_dataset")]
@@ -148,6 +150,7 @@ class DatasetBlock(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_datasetblock"
         constraints = [models.UniqueConstraint(fields=["item_id", "dataset", "partition"], name="dataset_block_once")]
         indexes = [models.Index("dataset", "partition", name="dataset_block_partition")]
 
@@ -171,6 +174,7 @@ class StaleEpisode(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_staleepisode"
         constraints = [models.UniqueConstraint(fields=["dataset", "overdue_since"], name="stale_episode_once")]
 
     def __str__(self) -> str:
@@ -189,6 +193,7 @@ class OpenLineageCounter(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_openlineagecounter"
 
     def __str__(self) -> str:
         return f"{self.name} {self.value}"
@@ -211,6 +216,7 @@ class TriggerState(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_triggerstate"
         constraints = [models.UniqueConstraint(fields=["consumer", "partition"], name="trigger_state_once")]
 
     def __str__(self) -> str:
@@ -232,6 +238,7 @@ class TriggerFire(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_triggerfire"
         ordering = ["-at", "-id"]
         constraints = [
             models.UniqueConstraint(fields=["consumer", "partition", "fingerprint"], name="trigger_fire_once")
@@ -258,6 +265,7 @@ class DynamicPartitionKey(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_dynamicpartitionkey"
         ordering = ["partition_set", "key", "-id"]
         constraints = [
             models.UniqueConstraint(

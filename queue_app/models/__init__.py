@@ -6,10 +6,10 @@
 - schedules.py: Schedule, ScheduleFire
 - received.py: ReceivedWebhook (the inbound webhooks' replay guard, queue_app/receiver.py)
 
-The datasets, Spark, probes, webhooks and workflows models live with their packages (datasets/models.py,
-spark/models.py, probes/models.py, webhooks/models.py, workflows/models.py) and are imported last, so Django
-registers them with the app; each of those modules imports only Django. Their names are re-exported here as
-well, so `from queue_app.models import SparkRun` keeps working; new code imports them from their own package.
+The probes' models (probes/models.py: ExecutionLog, ProbeEffect) are the core's too and are imported last. The
+layer apps' models (Spark runs, workflows, datasets, webhooks) belong to their own apps (jobsite_spark,
+jobsite_workflows, jobsite_datasets, jobsite_webhooks) and are imported from their `models` modules
+(`from queue_app.spark.models import SparkRun`): the core imports no layer.
 """
 
 from .history import ItemHistory, ReservationHistory
@@ -32,67 +32,32 @@ from .schedules import CatchUp, Schedule, ScheduleFire, TargetKind
 from .workers import Leader, Worker, WorkerState
 
 # isort: split
-# The models of the app's packages (imported after the core ones: importing a package runs its __init__, which may
-# import the core models back).
-from ..datasets.models import Dataset, DatasetCheckResult, DynamicPartitionKey, Materialization, OpenLineageCounter
+# The probes' models (imported after the core ones: importing the package runs its __init__).
 from ..probes.models import ExecutionLog, ProbeEffect
-from ..spark.models import (
-    SPARK_FINAL_STATES,
-    SPARK_OPEN_STATES,
-    QueueStatsHourly,
-    SparkConnectServer,
-    SparkRun,
-    SparkRunState,
-    SparkScript,
-    SparkTrigger,
-    SparkWatermark,
-)
-from ..webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from ..workflows.models import StepDependency, Workflow, WorkflowStep
 
 __all__ = [
     "HISTORY_STATES",
     "HISTORY_STATES_SQL",
     "OPEN_STATES",
-    "SPARK_FINAL_STATES",
-    "SPARK_OPEN_STATES",
     "CatchUp",
-    "Dataset",
-    "DatasetCheckResult",
-    "DynamicPartitionKey",
     "DeadLetter",
     "DedupClaim",
     "ExecutionLog",
     "IdMark",
     "ItemHistory",
     "ItemState",
-    "Materialization",
-    "OpenLineageCounter",
     "Outcome",
     "ProbeEffect",
     "Queue",
     "QueueItem",
-    "QueueStatsHourly",
     "ReceivedWebhook",
     "Reservation",
     "ReservationHistory",
     "Schedule",
     "ScheduleFire",
-    "SparkConnectServer",
-    "SparkRun",
-    "SparkRunState",
-    "SparkScript",
-    "SparkTrigger",
-    "SparkWatermark",
-    "StepDependency",
     "TargetKind",
     "TransactionNow",
-    "WebhookAttempt",
-    "WebhookDelivery",
-    "WebhookEndpoint",
     "Leader",
     "Worker",
     "WorkerState",
-    "Workflow",
-    "WorkflowStep",
 ]

@@ -9,8 +9,9 @@ Its ready() registers on the core's hooks: "spark" schedule targets (schedules.p
 removes besides the queue's own (runs past their retention, event logs); and its checks (jobsite.W010: Java;
 E113: jobs declaring datasets without the datasets app).
 
-Its models keep the app label `queue_app` this step (tables, migrations, content types and admin URLs
-unchanged); moving them to this app's label is a later step.
+Its models are this app's (label jobsite_spark, migrations/0001_initial.py); their tables keep the names the
+core's migrations gave them (queue_app_sparkrun...). Cancelling a run's queue item cancels the run through the
+core's `cancel_requested` hook (cancel.py).
 """
 
 from queue_app import layer_apps  # the module, not the class: Django takes the one AppConfig class found here
@@ -40,8 +41,10 @@ class SparkConfig(layer_apps.LayerConfig):
         from queue_app import hooks
 
         from . import checks  # noqa: F401  registers jobsite.W010 (Java) and E113 (datasets without their app)
+        from .cancel import cancel_runs_of_items
         from .schedules import TARGET
 
         hooks.schedule_targets["spark"] = TARGET
+        hooks.cancel_requested.register(cancel_runs_of_items)  # an open run is cancelled with its item
         hooks.prunes["spark_runs"] = prune_runs  # the runs module is imported when the prune runs
         hooks.prunes["spark_event_logs"] = prune_event_logs

@@ -1,17 +1,16 @@
 """The Spark control plane's tables: runs, the Connect servers' health, the scripts registered from the admin,
 the analytics pipeline's output and the incremental pipelines' watermarks.
 
-Part of the queue_app app (app_label queue_app, tables queue_app_*); queue_app.models imports this module so
-Django registers the models when it loads the app.
+The models of the Spark app (queue_app.spark, label jobsite_spark); imports only Django. Their tables were made by
+the core's migrations when these models were the core's, and keep those names (`db_table`, queue_app_*):
+queue_app 0047 and this app's 0001 moved the models' state only (SeparateDatabaseAndState).
 """
 
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-# The layer is an app of its own (apps.py); its models keep the core's label, tables and migrations until a later
-# step moves their state.
-APP_LABEL = "queue_app"
+APP_LABEL = "jobsite_spark"
 
 
 class SparkRunState(models.TextChoices):
@@ -55,6 +54,7 @@ class SparkConnectServer(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_sparkconnectserver"
         verbose_name = "Spark Connect server"
 
     def __str__(self) -> str:
@@ -92,6 +92,7 @@ class SparkRun(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_sparkrun"
         ordering = ["-id"]
         permissions = [
             ("trigger_sparkrun", "Can trigger Spark runs"),
@@ -183,6 +184,7 @@ class SparkScript(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_sparkscript"
         ordering = ["name"]
 
     def __str__(self) -> str:
@@ -202,6 +204,7 @@ class SparkWatermark(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_sparkwatermark"
 
     def __str__(self) -> str:
         return f"{self.name} @ {self.value} ({self.as_of:%Y-%m-%d %H:%M:%S})"

@@ -8,8 +8,8 @@ SQL-raised events' publish), and, when the workflows app is installed too, a wor
 (workflow_events.py). Its admin (endpoints, deliveries), its `webhooks`
 command and its templates are the app's.
 
-Its models keep the app label `queue_app` this step (tables, migrations, content types and admin URLs
-unchanged); moving them to this app's label is a later step. The receiving side (queue_app/receiver.py, the
+Its models are this app's (label jobsite_webhooks, migrations/0001_initial.py); their tables keep the names the
+core's migrations gave them (queue_app_webhookendpoint...). The receiving side (queue_app/receiver.py, the
 replay table) is the core's: inbound events reach workflows without this app.
 """
 

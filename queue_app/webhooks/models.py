@@ -11,6 +11,10 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+# The models of the webhooks app (label jobsite_webhooks); their tables keep the names the core's migrations gave
+# them (queue_app_*, `db_table`): queue_app 0047 and this app's 0001 moved the models' state only.
+APP_LABEL = "jobsite_webhooks"
+
 
 class WebhookEndpoint(models.Model):
     id = models.BigAutoField(primary_key=True)
@@ -41,7 +45,8 @@ class WebhookEndpoint(models.Model):
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:
-        app_label = "queue_app"
+        app_label = APP_LABEL
+        db_table = "queue_app_webhookendpoint"
         ordering = ["id"]
         permissions = [
             ("send_test_webhookendpoint", "Can send test events to webhook endpoints"),
@@ -68,7 +73,8 @@ class WebhookDelivery(models.Model):
     delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        app_label = "queue_app"
+        app_label = APP_LABEL
+        db_table = "queue_app_webhookdelivery"
         ordering = ["-id"]
         verbose_name_plural = "webhook deliveries"
         permissions = [("replay_webhookdelivery", "Can replay webhook deliveries")]
@@ -95,7 +101,8 @@ class WebhookAttempt(models.Model):
     started_at = models.DateTimeField(db_default=Now())
 
     class Meta:
-        app_label = "queue_app"
+        app_label = APP_LABEL
+        db_table = "queue_app_webhookattempt"
         ordering = ["-id"]
         indexes = [models.Index("delivery", "id", name="webhookattempt_delivery")]
 

@@ -20,10 +20,12 @@ from psycopg import sql as pgsql
 from ..conf import queue_settings
 from ..engine.alias import connection
 from ..events import PUBLISH_TASK
-from ..models import SPARK_FINAL_STATES
 from .events import ITEM_EVENTS, WEBHOOK_QUEUE
 
 ITEM_TRIGGER = "webhook_item_events"
+# The final states of a Spark run (queue_app/spark/models.py, SPARK_FINAL_STATES), as the trigger on its table reads
+# them: the webhooks app does not build on the Spark app (a test holds the two equal).
+SPARK_FINAL_STATES = ("succeeded", "failed", "cancelled", "timed_out")
 SPARK_FINAL = ", ".join(f"'{state}'" for state in SPARK_FINAL_STATES)
 
 _QUEUE_PUBLISH_ITEMS = """

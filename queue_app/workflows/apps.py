@@ -10,8 +10,8 @@ schedule targets (schedules.py), the inbound events endpoint `/events/<source>/`
 (inbound.py), the worker's drop of events no wait claimed within their lookback (waits.py); and its checks
 (jobsite.E201: conditions; E113: workflows declaring datasets without the datasets app).
 
-Its models keep the app label `queue_app` this step (tables, migrations, content types and admin URLs
-unchanged); moving them to this app's label is a later step.
+Its models are this app's (label jobsite_workflows, migrations/0001_initial.py); their tables keep the names the
+core's migrations gave them (queue_app_workflow...).
 """
 
 from typing import Any

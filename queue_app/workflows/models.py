@@ -14,9 +14,9 @@ from django.db.models.functions import Now
 
 from ..conf import queue_settings
 
-# The layer is an app of its own (apps.py); its models keep the core's label, tables and migrations until a later
-# step moves their state.
-APP_LABEL = "queue_app"
+# The models of the workflows app (label jobsite_workflows); their tables keep the names the core's migrations gave
+# them (queue_app_*, `db_table`): queue_app 0047 and this app's 0001 moved the models' state only.
+APP_LABEL = "jobsite_workflows"
 
 
 class WorkflowState(models.TextChoices):
@@ -83,6 +83,7 @@ class Workflow(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_workflow"
         ordering = ["-id"]
         permissions = [
             ("start_workflow", "Can start workflows and backfills"),
@@ -118,6 +119,7 @@ class WorkflowStartKey(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_workflowstartkey"
         indexes = [models.Index("workflow_id", name="workflowstartkey_workflow")]  # freed with its workflow
 
     def __str__(self) -> str:
@@ -138,6 +140,7 @@ class WorkflowVersion(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_workflowversion"
         ordering = ["name", "created_at"]
 
     def __str__(self) -> str:
@@ -224,6 +227,7 @@ class WorkflowStep(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_workflowstep"
         ordering = ["id"]
         constraints = [
             models.UniqueConstraint("workflow", "attempt", "name", name="workflowstep_name"),
@@ -262,6 +266,7 @@ class StepDependency(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_stepdependency"
         indexes = [models.Index("downstream", name="stepdependency_downstream")]
 
     def __str__(self) -> str:
@@ -284,6 +289,7 @@ class WorkflowEvent(models.Model):
 
     class Meta:
         app_label = APP_LABEL
+        db_table = "queue_app_workflowevent"
         ordering = ["-id"]
         constraints = [
             models.UniqueConstraint(fields=["step_id"], name="workflowevent_step", condition=Q(step_id__isnull=False))

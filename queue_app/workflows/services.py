@@ -407,7 +407,7 @@ def spark_upstream(run_id: int | None = None) -> dict[str, Any]:
     child process) to read the results of the steps the run's step waited for, by step name. The run is the
     child's own (the child names it in its environment from its --run-id) unless `run_id` is given. Empty when
     the run is not a workflow step."""
-    from ..models import SparkRun
+    from ..spark.models import SparkRun
     from ..spark.protocol import RUN_ID_ENV
 
     if run_id is None:

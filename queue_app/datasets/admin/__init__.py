@@ -1,7 +1,8 @@
 """The datasets app's admin, found by the admin's autodiscovery in every installed app: the datasets (list, a
 dataset's page, lineage, observe, materialize, partitions: datasets.py) and their check results (the override of
-failed checks: checks.py). The models keep the app label `queue_app` this step, so the pages stay under
-/admin/queue_app/dataset/... and their templates under admin/queue_app/ (this app's templates/ folder)."""
+failed checks: checks.py). The models are this app's (label jobsite_datasets): the pages live under
+/admin/jobsite_datasets/dataset/... and their templates under admin/jobsite_datasets/ (this app's templates/
+folder; they extend the core's admin/queue_app/ ones)."""
 
 from django.apps import apps
 

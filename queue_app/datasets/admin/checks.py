@@ -22,7 +22,7 @@ from ..checks_run import may_override, override_failed_checks
 from ..declarations import DatasetError
 from ..models import CheckState, DatasetCheckResult, Materialization
 
-TEMPLATE = "admin/queue_app/datasets/override_confirm.html"
+TEMPLATE = "admin/jobsite_datasets/datasets/override_confirm.html"
 
 
 class ResultFilter(admin.SimpleListFilter):
@@ -85,7 +85,7 @@ class DatasetCheckResultAdmin(admin.ModelAdmin):
     @admin.display(description="result")
     def result(self, obj: DatasetCheckResult) -> SafeString:
         if obj.passed is None:
-            return format_html('<span class="check-result">pending</span>')
+            return format_html('<span class="check-result">{}</span>', "pending")
         head = "passed" if obj.passed else "failed"
         shown = f"{head}: {obj.message}" if obj.message else head
         return format_html('<span class="check-result check-{}">{}</span>', head, cut(shown) if obj.message else shown)
@@ -108,13 +108,17 @@ class DatasetCheckResultAdmin(admin.ModelAdmin):
             and request.POST.get("action") == "override_checks"
             and not may_override(request.user)
         ):
-            raise PermissionDenied("overriding dataset checks needs the queue_app.override_dataset_check permission")
+            raise PermissionDenied(
+                "overriding dataset checks needs the jobsite_datasets.override_dataset_check permission"
+            )
         return super().changelist_view(request, extra_context)
 
     @admin.action(permissions=["override"], description="Override the failed checks of the selected results")
     def override_checks(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         if not may_override(request.user):
-            raise PermissionDenied("overriding dataset checks needs the queue_app.override_dataset_check permission")
+            raise PermissionDenied(
+                "overriding dataset checks needs the jobsite_datasets.override_dataset_check permission"
+            )
         ids = sorted(set(queryset.values_list("materialization_id", flat=True)))
         failed = list(Materialization.objects.filter(id__in=ids, checks=CheckState.FAILED).order_by("id"))
         comment = request.POST.get("comment", "").strip()
@@ -137,7 +141,7 @@ class DatasetCheckResultAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": "Override failed dataset checks",
-            "changelist_url": reverse(f"{self.admin_site.name}:queue_app_datasetcheckresult_changelist"),
+            "changelist_url": reverse(f"{self.admin_site.name}:jobsite_datasets_datasetcheckresult_changelist"),
             "materializations": failed,
             "selected": queryset.values_list("pk", flat=True),
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,

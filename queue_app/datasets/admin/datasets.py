@@ -58,11 +58,11 @@ from ..status import (
 )
 from ..sync import sync_datasets
 
-TEMPLATES = "admin/queue_app/dataset/"
+TEMPLATES = "admin/jobsite_datasets/dataset/"
 PERMISSIONS = {
-    "observe": "queue_app.observe_dataset",
-    "materialize": "queue_app.trigger_sparkrun",
-    "partitions": "queue_app.change_dynamic_partitions",
+    "observe": "jobsite_datasets.observe_dataset",
+    "materialize": "jobsite_spark.trigger_sparkrun",
+    "partitions": "jobsite_datasets.change_dynamic_partitions",
 }
 # The dataset page's actions: (label, URL name suffix, permission).
 DATASET_TOOLS: list[tuple[str, str, str]] = [
@@ -104,11 +104,11 @@ def badge(state: str, colours: dict[str, tuple[str, str]] = FRESHNESS_COLOURS) -
 
 
 def dataset_url(name: str) -> str:
-    return reverse("admin:queue_app_dataset_change", args=[quote(name)])
+    return reverse("admin:jobsite_datasets_dataset_change", args=[quote(name)])
 
 
 def job_url(job: str) -> str:
-    return reverse("admin:queue_app_sparkrun_changelist") + "?" + urlencode({"job": job})
+    return reverse("admin:jobsite_spark_sparkrun_changelist") + "?" + urlencode({"job": job})
 
 
 def _link_makers() -> tuple:
@@ -116,7 +116,7 @@ def _link_makers() -> tuple:
     reverse() calls cost more than the rest of a 1,000-node page)."""
     marker = "DATASET-NAME-MARKER"
     datasets_at = dataset_url(marker)
-    runs_at = reverse("admin:queue_app_sparkrun_changelist") + "?"
+    runs_at = reverse("admin:jobsite_spark_sparkrun_changelist") + "?"
     return (lambda name: datasets_at.replace(marker, quote(name))), (lambda job: runs_at + urlencode({"job": job}))
 
 
@@ -173,7 +173,7 @@ class DatasetAdmin(ReadOnlyAdmin):
     @admin.display(description="freshness")
     def freshness(self, row: Dataset) -> SafeString:
         summary = getattr(row, "summary", None)
-        return badge(summary["freshness"]) if summary else format_html('<span class="quiet">not declared</span>')
+        return badge(summary["freshness"]) if summary else format_html('<span class="quiet">{}</span>', "not declared")
 
     @admin.display(description="checks")
     def checks(self, row: Dataset) -> str:
@@ -298,7 +298,7 @@ class DatasetAdmin(ReadOnlyAdmin):
 
     def partitions_view(self, request: HttpRequest, name: str) -> HttpResponse:
         """The keys of the dataset's dynamic partition sets, with their history; adding and removing them needs
-        queue_app.change_dynamic_partitions (logged)."""
+        jobsite_datasets.change_dynamic_partitions (logged)."""
         ds = self._declared(request, name)
         sets = dynamic.sets_of(ds)
         if not sets:

@@ -1,7 +1,7 @@
 """The Spark app's admin, found by the admin's autodiscovery in every installed app: the runs' dashboard (list, a
-run's page, trigger, cancel, re-run: runs.py) and the stored scripts (scripts.py). The models keep the app label
-`queue_app` this step, so the pages stay under /admin/queue_app/sparkrun/... and their templates under
-admin/queue_app/spark/ (this app's templates/ folder)."""
+run's page, trigger, cancel, re-run: runs.py) and the stored scripts (scripts.py). The models are this app's
+(label jobsite_spark): the pages live under /admin/jobsite_spark/sparkrun/... and their templates under
+admin/jobsite_spark/ (this app's templates/ folder; they extend the core's admin/queue_app/ ones)."""
 
 from django.apps import apps
 

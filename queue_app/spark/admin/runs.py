@@ -31,19 +31,19 @@ from queue_app.admin.actions import Operation, ReadOnlyAdmin
 from queue_app.admin.display import cut, shorten, time_column
 from queue_app.admin.overview import age
 from queue_app.hooks import why_held
-from queue_app.models import SPARK_FINAL_STATES as SPARK_FINAL
-from queue_app.models import QueueStatsHourly, SparkConnectServer, SparkRun, SparkRunState
 from queue_app.spark import all_jobs, eventlog, get_job
 from queue_app.spark.forms import SparkRunForm
+from queue_app.spark.models import SPARK_FINAL_STATES as SPARK_FINAL
+from queue_app.spark.models import QueueStatsHourly, SparkConnectServer, SparkRun, SparkRunState
 from queue_app.spark.registry import SparkParamError, UnknownSparkJob
 from queue_app.spark.runs import cancel_run, rerun, timing_split, trigger_run, triggered, waiting_for
 
-PERMISSIONS = {"trigger": "queue_app.trigger_sparkrun", "cancel": "queue_app.cancel_sparkrun"}
+PERMISSIONS = {"trigger": "jobsite_spark.trigger_sparkrun", "cancel": "jobsite_spark.cancel_sparkrun"}
 LIVE_SECONDS = 1  # the run page's refresh
 LIST_LIVE_SECONDS = 2  # the run list's refresh
 CHART_RUNS = 200  # finished runs in the durations chart
 STATS_HOURS = 48  # hours of QueueStatsHourly in the analytics charts
-TEMPLATES = "admin/queue_app/spark/"
+TEMPLATES = "admin/jobsite_spark/spark/"
 
 CANCEL = Operation(
     name="cancel_runs",

@@ -14,7 +14,7 @@ from django.contrib.admin import ActionLocation
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from queue_app.models import SparkScript
+from queue_app.spark.models import SparkScript
 from queue_app.spark.scripts import allowed_roots, check_stored, delete_script, save_script
 
 # What a blank JSON field of the form stands for.

@@ -1,6 +1,7 @@
 """The webhooks app's admin, found by the admin's autodiscovery in every installed app: endpoints and deliveries
-(pages.py). The models keep the app label `queue_app` this step, so the pages stay under
-/admin/queue_app/webhookendpoint/... and their template under admin/queue_app/ (this app's templates/ folder)."""
+(pages.py). The models are this app's (label jobsite_webhooks): the pages live under
+/admin/jobsite_webhooks/webhookendpoint/... and their template under admin/jobsite_webhooks/ (this app's
+templates/ folder)."""
 
 from django.apps import apps
 

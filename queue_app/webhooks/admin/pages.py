@@ -31,10 +31,10 @@ from ..models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 FIELDS = ("url", "event_types", "description", "enabled", "ordered", "rate_limit", "item_event_queues")
 PERMISSIONS = {
-    "send_test": "queue_app.send_test_webhookendpoint",
-    "rotate": "queue_app.rotate_secret_webhookendpoint",
-    "replay": "queue_app.replay_webhookdelivery",
-    "endpoint_change": "queue_app.change_webhookendpoint",
+    "send_test": "jobsite_webhooks.send_test_webhookendpoint",
+    "rotate": "jobsite_webhooks.rotate_secret_webhookendpoint",
+    "replay": "jobsite_webhooks.replay_webhookdelivery",
+    "endpoint_change": "jobsite_webhooks.change_webhookendpoint",
 }
 
 
@@ -205,7 +205,7 @@ class WebhookEndpointAdmin(WebhookPermissions, OperationsAdmin):
 
     @admin.display(description="rows")
     def links(self, obj: WebhookEndpoint) -> SafeString:
-        url = reverse("admin:queue_app_webhookdelivery_changelist")
+        url = reverse("admin:jobsite_webhooks_webhookdelivery_changelist")
         return format_html('<a href="{}?endpoint__id__exact={}">deliveries</a>', url, obj.pk)
 
 
@@ -422,7 +422,7 @@ class WebhookDeliveryAdmin(WebhookPermissions, ReadOnlyAdmin):
             "form": form,
             "changelist_url": self.changelist_url(),
         }
-        return TemplateResponse(request, "admin/queue_app/webhooks/replay_since.html", context)
+        return TemplateResponse(request, "admin/jobsite_webhooks/webhooks/replay_since.html", context)
 
 
 admin.site.register(WebhookEndpoint, WebhookEndpointAdmin)

@@ -1,7 +1,8 @@
 """The workflows app's admin, found by the admin's autodiscovery in every installed app: workflows (list, graph,
 steps, start, backfill, repair: workflows.py), their versions and forks (versions.py) and the approvals
-(approvals.py). The models keep the app label `queue_app` this step, so the pages stay under
-/admin/queue_app/workflow/... and their templates under admin/queue_app/workflow/ (this app's templates/ folder)."""
+(approvals.py). The models are this app's (label jobsite_workflows): the pages live under
+/admin/jobsite_workflows/workflow/... and their templates under admin/jobsite_workflows/ (this app's templates/
+folder; they extend the core's admin/queue_app/ ones)."""
 
 from django.apps import apps
 

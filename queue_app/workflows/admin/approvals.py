@@ -19,7 +19,7 @@ from django.views.defaults import permission_denied
 from queue_app.workflows import approvals
 from queue_app.workflows.models import StepKind, WorkflowStep
 
-TEMPLATE = "admin/queue_app/workflow/approvals.html"
+TEMPLATE = "admin/jobsite_workflows/workflow/approvals.html"
 logger = logging.getLogger("jobsite.workflows")
 
 

@@ -22,7 +22,7 @@ from queue_app.workflows import services as workflows
 from queue_app.workflows.graph import diff_svg
 from queue_app.workflows.models import WORKFLOW_FINAL_STATES, StepKind, Workflow, WorkflowStep, WorkflowVersion
 
-TEMPLATES = "admin/queue_app/workflow/"
+TEMPLATES = "admin/jobsite_workflows/workflow/"
 CURRENT = "current"  # the `against` of the current definition (a version can be named anything else)
 
 

@@ -38,12 +38,12 @@ from queue_app.workflows.models import WORKFLOW_FINAL_STATES, Workflow, Workflow
 from . import approvals
 from . import versions as workflow_versions
 
-TEMPLATES = "admin/queue_app/workflow/"
+TEMPLATES = "admin/jobsite_workflows/workflow/"
 PERMISSIONS = {
-    "start": "queue_app.start_workflow",
-    "cancel": "queue_app.cancel_workflow",
-    "repair": "queue_app.repair_workflow",
-    "repair-current": "queue_app.repair_workflow",
+    "start": "jobsite_workflows.start_workflow",
+    "cancel": "jobsite_workflows.cancel_workflow",
+    "repair": "jobsite_workflows.repair_workflow",
+    "repair-current": "jobsite_workflows.repair_workflow",
 }
 STEPS_PER_PAGE = 100
 # The detail page's actions, each confirmed on a page of its own: (what the page asks, service, what is done).
@@ -323,9 +323,9 @@ class WorkflowAdmin(ReadOnlyAdmin):
     @staticmethod
     def _step_link(step: WorkflowStep) -> str:
         if step.child_workflow_id:  # a sub-workflow step: its child's page
-            return reverse("admin:queue_app_workflow_change", args=[step.child_workflow_id])
+            return reverse("admin:jobsite_workflows_workflow_change", args=[step.child_workflow_id])
         if step.spark_run_id:
-            return reverse("admin:queue_app_sparkrun_change", args=[step.spark_run_id])
+            return reverse("admin:jobsite_spark_sparkrun_change", args=[step.spark_run_id])
         if step.item_id:
             return reverse("admin:queue_app_queueitem_change", args=[step.item_id])
         return ""

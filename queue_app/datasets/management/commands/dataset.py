@@ -25,7 +25,7 @@ dataset's declared params and the partition (datasets/producer_params.py); a mal
 is queued.
 `override` makes the partition's latest materialization, whose blocking checks
 failed, usable (datasets/checks_run.override_failed_checks), as the Django user `--user NAME` or else the one
-named as the OS login, who must hold queue_app.override_dataset_check; `--json` prints {"dataset", "partition",
+named as the OS login, who must hold jobsite_datasets.override_dataset_check; `--json` prints {"dataset", "partition",
 "id", "checks"}. A user without the permission, no such user, or nothing failed to override: exit status 1 and
 nothing written. `partitions` adds and removes the keys of the dynamic partition set NAME's dataset is partitioned
 by (NAME may also be `set:SETNAME`; `--dimension` when it has several): `--json` prints {"set", "added" or
@@ -228,7 +228,7 @@ class Command(JobsiteCommand):
     def do_override(self, *, name, partition, comment, user, json: bool, **_):
         ds = get_dataset(name)
         key = ds.partition_key(partition)
-        by = acting_user(user, "queue_app.override_dataset_check")
+        by = acting_user(user, "jobsite_datasets.override_dataset_check")
         done = override_failed_checks(by, latest(ds.name, key), comment)
         fields = {"dataset": done.dataset, "partition": done.partition, "id": done.id, "checks": done.checks}
         if json:

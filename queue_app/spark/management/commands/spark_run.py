@@ -28,9 +28,9 @@ import time
 from django.core.management.base import CommandError
 
 from queue_app.management.base import JobsiteCommand, parse_params
-from queue_app.models import SparkRun
 from queue_app.spark import SparkParamError, UnknownSparkJob, all_jobs
 from queue_app.spark.hooks import RunBlocked
+from queue_app.spark.models import SparkRun
 from queue_app.spark.protocol import COUNTED
 from queue_app.spark.runs import cancel_run, timing_split, trigger_run, waiting_for
 from queue_app.spark.scripts import ADHOC_JOB
