@@ -11,7 +11,6 @@ import random
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +19,8 @@ from jobsite.chaos.debounce import DebounceFeed, check_chunks, check_debounce
 from jobsite.chaos.history import load
 from queue_app import engine
 from queue_app.models import DeadLetter, ExecutionLog, ProbeEffect, QueueItem, Reservation
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 

@@ -10,7 +10,6 @@ import io
 import json
 import threading
 import time
-from pathlib import Path
 
 import pandas as pd
 import pandera.pandas as pa
@@ -53,11 +52,12 @@ from queue_app.workflows.graph import step_states
 from queue_app.workflows.models import Workflow
 from tests import datasets_checked
 from tests.datasets_checked import CONSUMER
+from tests.paths import SPARK_SCRIPTS
 from tests.spark_fixtures import require_spark
 from tests.waiting import seen_waiting
 from tests.waiting import wait_for as wait_until
 
-SCRIPTS = Path(__file__).parent / "spark_scripts"
+SCRIPTS = SPARK_SCRIPTS
 DAY = {"name": "day", "type": "date", "required": True}
 
 

@@ -40,11 +40,12 @@ from queue_app.spark.scripts import register_script
 from queue_app.workflows import services as workflows
 from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import Workflow, WorkflowStep
+from tests.paths import SPARK_SCRIPTS
 from tests.spark_fixtures import require_spark, spark_session  # noqa: F401  (`spark`)
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
-SCRIPTS = Path(__file__).parent / "spark_scripts"
+SCRIPTS = SPARK_SCRIPTS
 DAY = {"name": "day", "type": "date", "required": True}
 REGIONAL = MultiPartitions(day="daily", region=StaticPartitions(["eu", "us"]))
 
