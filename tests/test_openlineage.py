@@ -31,9 +31,9 @@ from queue_app.spark.scripts import register_script
 from queue_app.workflows import services
 from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import Workflow
+from tests.datasets_spark_helpers import run_handler
 from tests.paths import SPARK_SCRIPTS
 from tests.spark_fixtures import require_spark
-from tests.test_datasets_spark_runs import run_handler
 from tests.webhook_receiver import start_receiver
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
