@@ -1,4 +1,5 @@
-"""Helpers shared by test modules (moved out of tests/test_admin_browser.py: a test module imports no other)."""
+"""The browser tests' Playwright page in headless Debian Chromium (`browser_page`, skipped where either is missing) and
+the admin's log-in."""
 
 import os
 import shutil

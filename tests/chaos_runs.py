@@ -1,4 +1,5 @@
-"""Helpers shared by test modules (moved out of tests/test_chaos.py: a test module imports no other)."""
+"""`queue_chaos --quick` as its own process on a private embedded server, and whether PostgreSQL's server binaries are
+here: for the chaos runs' tests."""
 
 import os
 import subprocess

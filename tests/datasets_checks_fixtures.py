@@ -1,4 +1,5 @@
-"""Helpers shared by test modules (moved out of tests/test_datasets_checks.py: a test module imports no other)."""
+"""The dataset checks tests' one allowed dataset root (`root` fixture), a Spark run's reservation context, and a
+workflow step parked on a failed check."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Helpers shared by test modules (moved out of tests/test_datasets_spark_runs.py: a test module imports no other)."""
+"""A Spark run's item reserved and its handler run here, as a worker would: for the datasets' Spark-run tests."""
 
 from queue_app.registry import Context, Delivery, Settled, get_task
 from queue_app.reservations import reserve

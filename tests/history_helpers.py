@@ -1,4 +1,5 @@
-"""Helpers shared by test modules (moved out of tests/test_history.py: a test module imports no other)."""
+"""Finished items with two attempts each, aged by an interval, and the archiver run until nothing moves: for the history
+tests in process and with workers."""
 
 from django.db import connection, transaction
 

@@ -1,4 +1,5 @@
-"""Helpers shared by test modules (moved out of tests/test_worker_execute.py: a test module imports no other)."""
+"""The runner the executor pools' tests give their children (`scripted`: the payload says what to do: exit, segfault,
+sleep), a job for it, and waiting for a pool's outcomes. A `-c` child imports it too."""
 
 import faulthandler
 import os

@@ -1,4 +1,5 @@
-"""Helpers shared by test modules (moved out of tests/test_engine_enqueue.py: a test module imports no other)."""
+"""Queue-table helpers several test modules use: nested payloads, the database's clock moved forward, a raw psycopg
+connection and lock waiters, the row count of every table, leases per rate window."""
 
 import psycopg
 from django.apps import apps

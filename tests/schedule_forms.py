@@ -1,4 +1,4 @@
-"""Helpers shared by test modules (moved out of tests/test_scheduling.py: a test module imports no other)."""
+"""The schedule admin form's POST data (its fields and an empty inline formset), for the tests that post it."""
 
 FORM_FIELDS = {
     "name": "nightly",

@@ -1,4 +1,5 @@
-"""Helpers shared by test modules (moved out of tests/test_spark_pipelines.py: a test module imports no other)."""
+"""The queue analytics job's expected SQL and PostgreSQL's own figures for it, its published table, and a run that
+publishes: for the Spark pipeline and incremental tests."""
 
 import datetime as dt
 

@@ -1,4 +1,5 @@
-"""Helpers shared by test modules (moved out of tests/test_spark_launcher.py: a test module imports no other)."""
+"""A Spark standalone master and worker on loopback (`standalone_cluster` fixture) from pyspark's own jars, their web
+UIs' state, a free port, and stopping a process group."""
 
 import contextlib
 import json

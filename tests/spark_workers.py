@@ -1,4 +1,5 @@
-"""Helpers shared by test modules (moved out of tests/test_spark_runs.py: a test module imports no other)."""
+"""A worker on the spark queue (`spark_worker` fixture), its environment and SPARK_CONF_DIR, and a Spark run's row, its
+end and its tasks running."""
 
 from pathlib import Path
 

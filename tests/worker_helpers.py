@@ -1,4 +1,5 @@
-"""Helpers shared by test modules (moved out of tests/test_worker_processes.py: a test module imports no other)."""
+"""What the tests of real worker processes share: a worker's output and exit, the runs per item, the items still open or
+held by a worker, short leases; and an in-process supervisor's burst run (run_worker)."""
 
 import subprocess
 from collections import Counter

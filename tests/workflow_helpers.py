@@ -1,4 +1,4 @@
-"""Helpers shared by test modules (moved out of tests/test_workflows.py: a test module imports no other)."""
+"""A workflow waited to its end, its steps by name and its items by step: for the workflow tests."""
 
 from queue_app.models import QueueItem
 from queue_app.workflows.models import Workflow, WorkflowStep
