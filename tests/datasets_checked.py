@@ -4,11 +4,11 @@ tests.datasets_checked_worker`). Paths are under the root the test passes in JOB
 tests/spark_scripts/pi.py (JOBSITE_SPARK_SCRIPT_ROOTS holds that directory)."""
 
 import os
-from pathlib import Path
 
 from queue_app.datasets import dataset
 from queue_app.datasets.quality import CheckResult, check
 from queue_app.spark.scripts import register_script
+from tests.paths import SPARK_SCRIPTS
 
 DATASET = "dsc_daily"
 CONSUMER = "dsc_consumer"
@@ -33,7 +33,7 @@ def declare() -> None:
 def declare_consumer() -> None:
     register_script(
         CONSUMER,
-        path=str(Path(__file__).parent / "spark_scripts" / "pi.py"),
+        path=str(SPARK_SCRIPTS / "pi.py"),
         params=[{"name": "day", "type": "date", "required": True}],
         consumes={DATASET: "day"},
     )

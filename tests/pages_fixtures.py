@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 
+from django.db import connection
 from django.utils import timezone
+
+from queue_app import engine
+from tests.admin_fixtures import dead, done, failed, fast_password_hashing_fixture  # noqa: F401
+from tests.browser_fixtures import browser_page  # noqa: F401, F811 (a fixture)
 
 REFUSAL = (
     "refused: localhost resolves to 127.0.0.1 is a loopback address (server-side request forgery guard; "
@@ -100,7 +105,7 @@ def seed() -> dict[str, int]:
     script and the demo workflow started (its steps queued: no worker runs here)."""
     from queue_app.spark.models import SparkScript
     from queue_app.workflows import services as workflows
-    from tests.test_admin_browser import long_valued_rows
+    from tests.pages_fixtures import long_valued_rows
 
     long_valued_rows()
     runs = spark_runs()
@@ -109,3 +114,65 @@ def seed() -> dict[str, int]:
     SparkScript.objects.create(name="pi", path="tests/spark_scripts/pi.py", description="The pi example script.")
     workflow = workflows.start("demo_pipeline", started_by="admin: a-rather-long-user-name@example.com")
     return {"workflow": workflow.id, "run": runs[0]}
+
+
+LONG_TASK = "billing.invoices.generate_monthly_statement_for_enterprise_customer"
+
+
+LONG_QUEUE = "billing-statements-eu-west-1-primary"
+
+
+LONG_HOST = "ip-10-0-12-34.eu-west-1.compute.internal"
+
+
+def long_valued_rows() -> None:
+    """Rows of every list with the long values a real install has: task, queue, keys, payloads, errors, a
+    webhook endpoint's URL, a worker's id and host, a Spark run's paths."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from queue_app.models import ItemHistory, Worker
+    from queue_app.spark.models import SparkRun
+    from queue_app.webhooks import services as webhooks
+    from queue_app.webhooks.models import WebhookAttempt
+
+    keys = {"dedup_key": "statement-2026-11-customer-000042-enterprise-plan", "group_key": "tenant-0042-acme-corp"}
+    payload = {"customer": "cust-000042", "lines": list(range(40)), "note": "x" * 300}
+    for n in range(3):
+        engine.enqueue(LONG_TASK, payload, queue=LONG_QUEUE, ordering_key=f"account-{n:06d}-eu-west-1", **keys)
+        keys = {}
+    error = "HTTPSConnectionPool(host='ledger.internal.example.com', port=443): Read timed out. (read timeout=30)"
+    dead(LONG_TASK, payload, queue=LONG_QUEUE, reason="poison: " + error, error=error)
+    failed(LONG_TASK, queue=LONG_QUEUE, error=error)
+    finished = done(LONG_TASK, queue=LONG_QUEUE, dedup_key="statement-2026-11-customer-000043-enterprise-plan")
+    with connection.cursor() as cur:
+        cur.execute("UPDATE queue_app_queueitem SET finished_at = now() - interval '1 hour' WHERE id = %s", [finished])
+    with transaction.atomic():
+        engine.archive(1000, grace=60)
+    assert ItemHistory.objects.filter(id=finished).exists()
+    url = "https://hooks.example-customer-with-a-long-domain-name.com/api/v2/webhooks/jobsite/receive?tenant=acme"
+    endpoint = webhooks.create_endpoint(url, ["test"]).endpoint
+    (delivery,) = webhooks.send_test_event([endpoint.pk])
+    WebhookAttempt.objects.create(delivery=delivery, attempt=1, status_code=503, error=error)
+    now = timezone.now()
+    Worker.objects.create(
+        id=f"worker-{LONG_HOST}-4242-7f3a9c",
+        host=LONG_HOST,
+        pid=4242,
+        queues=[LONG_QUEUE, "mail", "webhooks", "notifications-high-priority"],
+        concurrency=16,
+        state="running",
+        started_at=now,
+        last_heartbeat=now,
+        stats={"processed": 123456, "failed": 12, "timed_out": 0, "dead": 3, "rate": 412.5},
+    )
+    folder = "/var/lib/jobsite/demo_pipeline"
+    SparkRun.objects.create(
+        job="file_rollup",
+        state="succeeded",
+        trigger="workflow",
+        requested_by="workflow demo_pipeline #12 step rollup",
+        params={"input_dir": f"{folder}/input/2026-11-26", "output_dir": f"{folder}/rollup", "day": "2026-11-26"},
+        started_at=now,
+        finished_at=now,
+    )

@@ -10,30 +10,21 @@ keeps an event loop running in this thread, and Django refuses ORM calls there.
 """
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from django.db import connection
 
 from queue_app import engine
+from tests import browser_fixtures
 from tests.admin_fixtures import dead, done, failed, fast_password_hashing_fixture  # noqa: F401
 from tests.admin_fixtures import url as admin_url
+from tests.browser_fixtures import log_in
+from tests.pages_fixtures import LONG_TASK, long_valued_rows
 
-CHROMIUM = os.environ.get("JOBSITE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+browser_page = browser_fixtures.browser_page  # the fixture
+
 SCREENSHOT = Path(os.environ.get("OVERVIEW_SCREENSHOT", "/tmp/overview.png"))
-TIMEOUT_MS = 20_000
 # Pairs of a plotly chart's labels (legend, tick labels) whose boxes intersect.
 OVERLAPS = """chart => {
   const box = e => e.getBoundingClientRect();
@@ -49,37 +40,6 @@ OVERLAPS = """chart => {
 }"""
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def browser_page():
-    """A Playwright page in headless Debian Chromium (skips when either is missing)."""
-    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
-        pytest.skip(f"{CHROMIUM} not found: apt-get install chromium (manage.py test installs it when run as root)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
-
-    def open_page():
-        playwright = sync_api.sync_playwright().start()
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(TIMEOUT_MS)
-        opened.append((playwright, browser))
-        return page
-
-    opened: list = []
-    yield open_page
-    for playwright, browser in opened:
-        browser.close()
-        playwright.stop()
-
-
-def log_in(page, base: str, user, then: str) -> None:
-    """Log `user` in on the admin's login page and land on the admin path `then`."""
-    page.goto(f"{base}/admin/login/?next={then}")
-    page.fill("#id_username", user.username)
-    page.fill("#id_password", "password")
-    page.click("input[type=submit]")
-    page.wait_for_url(f"**{then}")
 
 
 @pytest.mark.slow  # a real run_worker --burst
@@ -155,9 +115,6 @@ def test_requeue_a_dead_letter_and_watch_a_worker_complete_it(live_server, admin
 
 # -- a laptop's window ----------------------------------------------------------------------------------------
 
-LONG_TASK = "billing.invoices.generate_monthly_statement_for_enterprise_customer"
-LONG_QUEUE = "billing-statements-eu-west-1-primary"
-LONG_HOST = "ip-10-0-12-34.eu-west-1.compute.internal"
 # Per list, the columns that must be on screen (their `column-<name>` heads).
 LISTS = {
     "queueitem": ("state_shown", "attempts_of", "run_at_short"),
@@ -179,59 +136,6 @@ FIT = """columns => {
           window: window.innerWidth, box: Math.round(results.getBoundingClientRect().right),
           columns: Object.fromEntries(columns.map(c => [c, right(c)]))};
 }"""
-
-
-def long_valued_rows() -> None:
-    """Rows of every list with the long values a real install has: task, queue, keys, payloads, errors, a
-    webhook endpoint's URL, a worker's id and host, a Spark run's paths."""
-    from django.db import transaction
-    from django.utils import timezone
-
-    from queue_app.models import ItemHistory, Worker
-    from queue_app.spark.models import SparkRun
-    from queue_app.webhooks import services as webhooks
-    from queue_app.webhooks.models import WebhookAttempt
-
-    keys = {"dedup_key": "statement-2026-11-customer-000042-enterprise-plan", "group_key": "tenant-0042-acme-corp"}
-    payload = {"customer": "cust-000042", "lines": list(range(40)), "note": "x" * 300}
-    for n in range(3):
-        engine.enqueue(LONG_TASK, payload, queue=LONG_QUEUE, ordering_key=f"account-{n:06d}-eu-west-1", **keys)
-        keys = {}
-    error = "HTTPSConnectionPool(host='ledger.internal.example.com', port=443): Read timed out. (read timeout=30)"
-    dead(LONG_TASK, payload, queue=LONG_QUEUE, reason="poison: " + error, error=error)
-    failed(LONG_TASK, queue=LONG_QUEUE, error=error)
-    finished = done(LONG_TASK, queue=LONG_QUEUE, dedup_key="statement-2026-11-customer-000043-enterprise-plan")
-    with connection.cursor() as cur:
-        cur.execute("UPDATE queue_app_queueitem SET finished_at = now() - interval '1 hour' WHERE id = %s", [finished])
-    with transaction.atomic():
-        engine.archive(1000, grace=60)
-    assert ItemHistory.objects.filter(id=finished).exists()
-    url = "https://hooks.example-customer-with-a-long-domain-name.com/api/v2/webhooks/jobsite/receive?tenant=acme"
-    endpoint = webhooks.create_endpoint(url, ["test"]).endpoint
-    (delivery,) = webhooks.send_test_event([endpoint.pk])
-    WebhookAttempt.objects.create(delivery=delivery, attempt=1, status_code=503, error=error)
-    now = timezone.now()
-    Worker.objects.create(
-        id=f"worker-{LONG_HOST}-4242-7f3a9c",
-        host=LONG_HOST,
-        pid=4242,
-        queues=[LONG_QUEUE, "mail", "webhooks", "notifications-high-priority"],
-        concurrency=16,
-        state="running",
-        started_at=now,
-        last_heartbeat=now,
-        stats={"processed": 123456, "failed": 12, "timed_out": 0, "dead": 3, "rate": 412.5},
-    )
-    folder = "/var/lib/jobsite/demo_pipeline"
-    SparkRun.objects.create(
-        job="file_rollup",
-        state="succeeded",
-        trigger="workflow",
-        requested_by="workflow demo_pipeline #12 step rollup",
-        params={"input_dir": f"{folder}/input/2026-11-26", "output_dir": f"{folder}/rollup", "day": "2026-11-26"},
-        started_at=now,
-        finished_at=now,
-    )
 
 
 def test_every_list_shows_what_matters_in_a_laptop_window(live_server, admin_user, browser_page):

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
+
 HEAVY = ("pyspark", "plotly", "graphviz", "openlineage", "opentelemetry.sdk", "pandas", "httpx")
 
 # django_db: pytest-django sets up only the databases the collected tests use, and the fixture below creates the

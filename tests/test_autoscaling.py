@@ -7,7 +7,6 @@ import math
 import re
 import socket
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
@@ -17,11 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from queue_app import engine, services
 from queue_app.models import QueueItem
 from tests.admin_fixtures import done, live_worker, ready, reserved
+from tests.paths import ROOT
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "how-to" / "autoscaling.md"
+PAGE = ROOT / "docs" / "how-to" / "autoscaling.md"
 # A PromQL instant vector selector: metric{label="value", ...}, possibly inside an aggregation (max(...)).
 SELECTOR = re.compile(r"\b(jobsite_[a-z_]+)\s*\{([^}]*)\}")
 MATCHER = re.compile(r'(\w+)\s*=\s*"([^"]*)"')

@@ -18,8 +18,6 @@ import sys
 from io import StringIO
 
 import pytest
-from django.apps import apps
-from django.contrib.admin.models import LogEntry
 from django.contrib.messages import get_messages
 from django.core.management import CommandError, call_command
 from django.test import override_settings
@@ -34,7 +32,6 @@ from queue_app.spark.models import SparkRun
 from queue_app.spark.runs import trigger_run
 from tests import django_tasks_app
 from tests.admin_fixtures import (
-    JOBSITE_LABELS,
     LONG,
     action_post,
     dead,
@@ -48,22 +45,11 @@ from tests.admin_fixtures import (
     url,
 )
 from tests.conftest import ROOT, child_env
-from tests.test_engine_enqueue import nested
-from tests.test_scheduling import post_data
-from tests.test_worker_supervisor import run_worker
+from tests.queue_helpers import all_rows, nested
+from tests.schedule_forms import post_data
+from tests.worker_helpers import run_worker
 
 SMALL_LIMIT = {"JOBSITE": {"MAX_PAYLOAD_BYTES": 1000}}
-
-
-def all_rows() -> dict[str, int]:
-    """Row count of every queue_app table and of the admin log: what "nothing was written" is checked against."""
-    counts = {
-        model.__name__: model.objects.count()
-        for label in JOBSITE_LABELS
-        for model in apps.get_app_config(label).get_models()
-    }
-    counts["LogEntry"] = LogEntry.objects.count()
-    return counts
 
 
 def messages_of(response) -> list[str]:

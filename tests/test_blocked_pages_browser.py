@@ -14,8 +14,15 @@ from queue_app.datasets.checks_run import run_check
 from queue_app.datasets.models import DatasetBlock
 from queue_app.spark.runs import _blocked
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
-from tests.test_admin_browser import browser_page, log_in  # noqa: F401 (fixture)
-from tests.test_datasets_checks import park_a_step, root, spark_ctx  # noqa: F401 (fixture)
+from tests.browser_fixtures import (
+    browser_page,  # noqa: F401, F811 (a fixture)
+    log_in,
+)
+from tests.datasets_checks_fixtures import (
+    park_a_step,
+    root,  # noqa: F401, F811 (a fixture)
+    spark_ctx,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -10,9 +10,9 @@ import pytest
 from queue_app import engine, services
 from queue_app.models import ExecutionLog, ItemState, QueueItem
 from queue_app.registry import get_task
-from tests.test_flow_control_workers import leases_per_window
-from tests.test_worker_processes import finish, output
+from tests.queue_helpers import leases_per_window
 from tests.waiting import wait_for
+from tests.worker_helpers import finish, output
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

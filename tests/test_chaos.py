@@ -6,12 +6,8 @@ timestamps) and hand it to jobsite/chaos/checks.py, so what they prove is the ch
 """
 
 import json
-import os
 import random
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -20,40 +16,9 @@ from jobsite.chaos.debounce import DebounceFeed, check_chunks, check_debounce
 from jobsite.chaos.history import load
 from queue_app import engine
 from queue_app.models import DeadLetter, ExecutionLog, ProbeEffect, QueueItem, Reservation
+from tests.chaos_runs import _has_postgres_binaries, run_quick_chaos
 
-ROOT = Path(__file__).resolve().parent.parent
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def _has_postgres_binaries() -> bool:
-    from jobsite.chaos.cluster import find_bindir
-
-    try:
-        find_bindir()
-    except RuntimeError:
-        return False
-    return True
-
-
-def run_quick_chaos(tmp_path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run `queue_chaos --quick ARGS` as its own process on a private embedded server under tmp_path (no
-    DATABASE_URL needed: the command starts one), stopped afterwards whatever happened; assert it passed."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env.update(JOBSITE_NO_BOOTSTRAP="1", JOBSITE_VAR_DIR=str(tmp_path / "var"))
-    manage = [sys.executable, str(ROOT / "manage.py")]
-    try:
-        result = subprocess.run(
-            [*manage, "queue_chaos", "--quick", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    finally:
-        subprocess.run([*manage, "embedded_db", "stop"], cwd=ROOT, env=env, capture_output=True, timeout=120)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    return result
 
 
 @pytest.mark.slow

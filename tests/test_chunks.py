@@ -14,8 +14,8 @@ from queue_app.models import DeadLetter, QueueItem, Worker
 from queue_app.registry import ChunkPolicy, job
 from queue_app.worker.execute import Job, run_job
 from tests import chunk_tasks  # noqa: F401 (registers the chunked tasks in this process too)
-from tests.test_worker_processes import finish, short_leases
 from tests.waiting import wait_for
+from tests.worker_helpers import finish, short_leases
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

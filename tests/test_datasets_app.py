@@ -8,7 +8,6 @@ the other way round: the core without the datasets app, whose Spark jobs and wor
 
 import subprocess
 import sys
-from pathlib import Path
 
 from django.apps import apps
 
@@ -21,8 +20,7 @@ from queue_app.datasets.spark_lineage import emit_run
 from queue_app.datasets.spark_runs import check_trigger, output_figures, park_blocked, record_outputs
 from queue_app.spark import hooks as spark_hooks
 from queue_app.workflows import hooks as workflow_hooks
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
 
 SETTINGS = """
 from jobsite.settings import *  # noqa: F403

@@ -16,7 +16,7 @@ from queue_app.datasets.services import record_materialization
 from queue_app.datasets.sync import sync_datasets
 from tests import datasets_declared, datasets_lineage_declared  # noqa: F401  (declare the datasets and jobs)
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401
-from tests.test_admin_browser import browser_page  # noqa: F401  (the fixture)
+from tests.browser_fixtures import browser_page  # noqa: F401, F811 (a fixture)
 
 SHOTS = Path(os.environ.get("DATASET_SCREENSHOT_DIR", "/tmp"))
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

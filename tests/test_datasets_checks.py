@@ -10,7 +10,6 @@ import io
 import json
 import threading
 import time
-from pathlib import Path
 
 import pandas as pd
 import pandera.pandas as pa
@@ -32,19 +31,15 @@ from queue_app.datasets.checks_run import (
     run_check,
     unusable,
 )
-from queue_app.datasets.declarations import _code
-from queue_app.datasets.locations import ROOTS_ENV
 from queue_app.datasets.models import DatasetBlock, DatasetCheckResult, Materialization
-from queue_app.datasets.quality import _checks, check, schema_check
+from queue_app.datasets.quality import check, schema_check
 from queue_app.datasets.services import record_materialization
 from queue_app.datasets.spark_runs import DatasetBlocked
 from queue_app.datasets.status import check_results, detail, summaries
 from queue_app.engine import dedicated_connection
 from queue_app.models import QueueItem
-from queue_app.registry import Context, Delivery
 from queue_app.reservations import reserve
 from queue_app.spark.models import SparkRun
-from queue_app.spark.registry import _jobs
 from queue_app.spark.runs import QUEUE, _blocked, trigger_run
 from queue_app.spark.scripts import ROOTS_ENV as SCRIPT_ROOTS_ENV
 from queue_app.spark.scripts import register_script
@@ -52,29 +47,14 @@ from queue_app.workflows import Graph
 from queue_app.workflows import services as workflows
 from queue_app.workflows.graph import step_states
 from queue_app.workflows.models import Workflow
-from tests import datasets_checked
+from tests import datasets_checked, datasets_checks_fixtures
 from tests.datasets_checked import CONSUMER
+from tests.datasets_checks_fixtures import DAY, SCRIPTS, ctx_of, park_a_step, spark_ctx
 from tests.spark_fixtures import require_spark
 from tests.waiting import seen_waiting
 from tests.waiting import wait_for as wait_until
 
-SCRIPTS = Path(__file__).parent / "spark_scripts"
-DAY = {"name": "day", "type": "date", "required": True}
-
-
-@pytest.fixture
-def root(tmp_path, monkeypatch):
-    """The one allowed dataset root; the datasets, checks and jobs a test declares are forgotten after it."""
-    data = tmp_path / "data"
-    data.mkdir()
-    monkeypatch.setenv(ROOTS_ENV, str(data))
-    datasets, checks, jobs = set(_code.entries()), list(_checks), set(_jobs.entries())
-    yield data
-    for name in set(_code.entries()) - datasets:
-        _code.unregister(name)
-    for name in set(_jobs.entries()) - jobs:
-        _jobs.unregister(name)
-    _checks[:] = checks
+root = datasets_checks_fixtures.root  # the fixture
 
 
 @pytest.fixture
@@ -252,27 +232,6 @@ def test_an_override_needs_the_permission_and_a_comment_and_is_logged(root, usab
     ).items()
 
 
-def spark_ctx(run_id):
-    """A real reservation of the Spark run's item, as a worker's lease gives it (not settled here)."""
-    held = reserve(QUEUE, timeout=5, lease=60)
-    assert held is not None and held.payload == {"run_id": run_id}
-    return ctx_of(held)
-
-
-def ctx_of(held) -> Context:
-    """The Context a worker would give the Spark task's handler for the reservation `held`."""
-    return Context(
-        item_id=held.item_id,
-        reservation_id=held.reservation_id,
-        attempt=held.attempt,
-        max_attempts=held.max_attempts,
-        task="queue_app.spark_run",
-        queue=QUEUE,
-        delivery=Delivery.AT_LEAST_ONCE,
-        worker_id="test",
-    )
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_workflow_step_meeting_a_failed_check_is_parked_blocked_and_released_by_the_override(
     root, monkeypatch, admin_client
@@ -391,24 +350,6 @@ def test_the_admin_lists_results_and_overrides_only_with_the_permission(root, cl
     assert Materialization.objects.get(id=m.id).checks == "overridden"
     assert LogEntry.objects.get().change_message.endswith("known issue")
     assert b"overridden" in client.get(url).content
-
-
-def park_a_step(root, monkeypatch):
-    """A workflow whose Spark step reads dsc_daily[2026-11-26], whose partition has a BAD marker in its files
-    and a materialization whose checks are still to run: (the workflow, the materialization, the step's status,
-    the partition's folder)."""
-    monkeypatch.setenv(SCRIPT_ROOTS_ENV, str(SCRIPTS))
-    datasets_checked.declare()
-    register_script("dsc_reader", path=str(SCRIPTS / "pi.py"), params=[DAY], consumes={"dsc_daily": "day"})
-    graph = Graph("dsc_flow")
-    graph.spark("dsc_reader", {"day": "2026-11-26"}, name="read")
-    flow = workflows.start_graph(graph)
-    day = root / "dsc/day=2026-11-26"
-    day.mkdir(parents=True)
-    (day / "BAD").write_text("x")
-    m = record_materialization(datasets_checked.DATASET, "2026-11-26", rows=50)  # its checks still to run
-    [step] = workflows.status(flow.id)["steps"]
-    return flow, m, step, day
 
 
 @pytest.mark.django_db(transaction=True)

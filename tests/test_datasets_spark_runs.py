@@ -41,11 +41,13 @@ from queue_app.spark.scripts import register_script
 from queue_app.workflows import services as workflows
 from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import Workflow, WorkflowStep
+from tests.datasets_spark_helpers import reserve_run_item, run_handler
+from tests.paths import SPARK_SCRIPTS
 from tests.spark_fixtures import require_spark, spark_session  # noqa: F401  (`spark`)
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
-SCRIPTS = Path(__file__).parent / "spark_scripts"
+SCRIPTS = SPARK_SCRIPTS
 DAY = {"name": "day", "type": "date", "required": True}
 REGIONAL = MultiPartitions(day="daily", region=StaticPartitions(["eu", "us"]))
 
@@ -108,33 +110,6 @@ def run_check_item(materialization_id: int) -> dict:
     with held:
         held.result = task(held.payload, ctx)
     return held.result
-
-
-def reserve_run_item(run_id: int):
-    """Reserve the run's item as a worker would, and the Context its handler gets."""
-    held = reserve(QUEUE, timeout=30, lease=120)
-    assert held is not None and held.payload == {"run_id": run_id}
-    ctx = Context(
-        item_id=held.item_id,
-        reservation_id=held.reservation_id,
-        attempt=held.attempt,
-        max_attempts=held.max_attempts,
-        task=TASK,
-        queue=QUEUE,
-        delivery=Delivery.AT_LEAST_ONCE,
-        worker_id="test",
-    )
-    return held, ctx
-
-
-def run_handler(run_id: int):
-    """Reserve the run's item and run the Spark task's handler on it here, as a worker would; the item is
-    settled when the handler returns (or raises)."""
-    held, ctx = reserve_run_item(run_id)
-    with held:
-        held.result = get_task(TASK)(held.payload, ctx)
-    settled = held.result  # the handler settles its item with the run's end (registry.Settled)
-    return settled.result if isinstance(settled, Settled) and settled.fate == "done" else settled
 
 
 def handler_ends(run_id: int) -> dict:

@@ -5,7 +5,6 @@ The guarantees under concurrency are proved with real workers in tests/test_data
 
 import json
 import threading
-from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -40,10 +39,11 @@ from queue_app.spark.scripts import ScriptError, register_script
 from queue_app.workflows.definition import _workflows, workflow
 from queue_app.workflows.models import Workflow
 from tests import trigger_tasks
+from tests.paths import SPARK_SCRIPTS
 from tests.waiting import seen_waiting
 
 pytestmark = pytest.mark.django_db(transaction=True)
-SCRIPTS = Path(__file__).parent / "spark_scripts"
+SCRIPTS = SPARK_SCRIPTS
 TRIGGER_IDS = {"jobsite.E107", "jobsite.E108", "jobsite.E109"}
 
 

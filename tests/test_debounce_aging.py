@@ -16,8 +16,8 @@ from django.db import close_old_connections, connection, transaction
 from queue_app import engine, services
 from queue_app.flow import effective_priority
 from queue_app.models import Queue, QueueItem, Reservation, Worker
-from tests.test_worker_processes import finish
 from tests.waiting import wait_for
+from tests.worker_helpers import finish
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from queue_app.conf import DEFAULTS
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 CITED_TEST = re.compile(r"tests/([\w/]+\.py)::(\w+)")

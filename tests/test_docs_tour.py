@@ -14,12 +14,12 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from django.core.management import get_commands, load_command_class
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
+
 TOURS = {"README.md": "## A five-minute tour", "docs/getting-started.md": "## A five-minute tour"}
 FENCE = re.compile(r"^```sh\n(.*?)^```", re.M | re.S)
 EXPORT = re.compile(r"export (\w+)=([^\s;]+)")

@@ -14,6 +14,7 @@ from django.utils import timezone
 from queue_app import engine
 from queue_app.conf import queue_settings
 from queue_app.models import DeadLetter, DedupClaim, Queue, QueueItem, Reservation
+from tests.queue_helpers import nested
 
 
 def table_counts() -> dict[str, int]:
@@ -30,13 +31,6 @@ def listener() -> psycopg.Connection:
 def sleep_past(when) -> None:
     """Sleep until a database timestamp has passed, plus a margin (the database runs on this machine's clock)."""
     time.sleep(max(0.0, (when - timezone.now()).total_seconds()) + 0.3)
-
-
-def nested(depth: int) -> list:
-    value: list = []
-    for _ in range(depth - 1):
-        value = [value]
-    return value
 
 
 # -- what enqueue writes ------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from queue_app import engine, services
+from tests.queue_helpers import advance_database_clock
 
 GRAIN = 60  # seconds; every duration below is a multiple, see the module docstring
 QUEUES = ("qa", "qb")
@@ -136,24 +137,6 @@ def raw_rows() -> list[list[str]]:
             cur.execute(f"SELECT row_to_json(t)::text FROM {table} t ORDER BY 1")
             out.append([row[0] for row in cur.fetchall()])
     return out
-
-
-def advance_database_clock(seconds: int) -> None:
-    """Move the clock forward by `seconds`: every stored timestamp the engine compares with now() moves back."""
-    shift = f"make_interval(secs => {int(seconds)})"
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(
-            f"UPDATE queue_app_queueitem SET visible_at = visible_at - {shift}, run_at = run_at - {shift},"
-            f" created_at = created_at - {shift}, updated_at = updated_at - {shift},"
-            f" finished_at = finished_at - {shift}, debounce_until = debounce_until - {shift}"
-        )
-        cur.execute(
-            f"UPDATE queue_app_reservation SET reserved_at = reserved_at - {shift},"
-            f" lease_expires_at = lease_expires_at - {shift}, heartbeat_at = heartbeat_at - {shift},"
-            f" finished_at = finished_at - {shift}"
-        )
-        cur.execute(f"UPDATE queue_app_deadletter SET died_at = died_at - {shift}, requeued_at = requeued_at - {shift}")
-        cur.execute(f"UPDATE queue_app_dedupclaim SET expires_at = expires_at - {shift}")
 
 
 class EngineMachine(RuleBasedStateMachine):

@@ -11,13 +11,10 @@ from django.db import IntegrityError, connection, transaction
 
 from queue_app import engine
 from queue_app.models import Queue, QueueItem
+from tests.queue_helpers import lock_waiters, raw_connection
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def raw_connection() -> psycopg.Connection:
-    return psycopg.connect(**connection.get_connection_params())
 
 
 def item_sql(queue: str) -> str:
@@ -97,15 +94,6 @@ def test_an_empty_queue_can_be_deleted_and_renamed():
     Queue.objects.filter(name="gone").delete()
 
     assert list(Queue.objects.values_list("name", flat=True)) == ["renamed"]
-
-
-def lock_waiters(text: str) -> int:
-    with raw_connection() as conn:
-        return conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
-            " AND query LIKE %s",
-            [text + "%"],
-        ).fetchone()[0]
 
 
 def run_behind(holder: psycopg.Connection, statement: str) -> BaseException | None:

@@ -9,7 +9,7 @@ from django.contrib.auth.models import Permission, User
 from queue_app import engine, services
 from queue_app.models import Queue
 from tests.admin_fixtures import ready, url
-from tests.test_bad_input import all_rows
+from tests.queue_helpers import all_rows
 
 pytestmark = pytest.mark.django_db
 

@@ -367,7 +367,7 @@ def test_turning_groups_on_waits_for_an_enqueue_that_read_the_queue_ungrouped():
 
     from queue_app.conf import queue_settings
     from queue_app.engine import sql
-    from tests.test_engine_queue_integrity import lock_waiters, raw_connection
+    from tests.queue_helpers import lock_waiters, raw_connection
     from tests.waiting import wait_for
 
     engine.ensure_queue("tenants")

@@ -12,8 +12,9 @@ from queue_app import engine, services
 from queue_app.models import Reservation, Worker
 from queue_app.registry import get_task
 from tests.lease_sampler import LiveReservations
-from tests.test_worker_processes import finish, open_items
+from tests.queue_helpers import leases_per_window
 from tests.waiting import wait_for
+from tests.worker_helpers import finish, open_items
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -37,18 +38,6 @@ def stop(procs) -> None:
         proc.terminate()
     for proc in procs:
         assert finish(proc, timeout=30) == 0
-
-
-def leases_per_window(queue: str, period: int) -> dict[int, int]:
-    """Leases (reservations) of the queue's items per rate window, by the window's number since the epoch."""
-    with connection.cursor() as cur:
-        cur.execute(
-            """SELECT floor(extract(epoch FROM r.reserved_at) / %s)::bigint, count(*)
-               FROM queue_app_reservation r JOIN queue_app_queueitem i ON i.id = r.item_id
-               WHERE i.queue_id = %s GROUP BY 1 ORDER BY 1""",
-            [period, queue],
-        )
-        return dict(cur.fetchall())
 
 
 def test_rate_limit_holds_across_four_workers_window_after_window(worker):  # noqa: F811

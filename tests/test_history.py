@@ -9,11 +9,12 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
 from queue_app import engine, services
 from queue_app.engine import history, sql
 from queue_app.models import DeadLetter, ItemHistory, QueueItem, Reservation, ReservationHistory
+from tests.history_helpers import age, archive_all, finished
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,35 +23,6 @@ def columns(table: str) -> set[str]:
     with connection.cursor() as cur:
         cur.execute("SELECT column_name FROM information_schema.columns WHERE table_name = %s", [table])
         return {row[0] for row in cur.fetchall()}
-
-
-def age(ids: list[int], interval: str) -> None:
-    """Make these items (and nothing else) look finished `interval` earlier."""
-    with connection.cursor() as cur:
-        cur.execute(
-            f"UPDATE queue_app_queueitem SET finished_at = finished_at - interval '{interval}' WHERE id = ANY(%s)",
-            [ids],
-        )
-
-
-def finished(n: int, queue: str = "default") -> list[int]:
-    """n done items, each with two reservations (a failed attempt, then the completed one)."""
-    ids = engine.enqueue_many("t", [{"n": i} for i in range(n)], queue=queue, max_attempts=3)
-    for held in engine.lease([queue], n, "w1"):
-        engine.fail(held, "boom", retry_in=0)
-    for held in engine.lease([queue], n, "w1"):
-        engine.complete(held, {"ok": held.item_id})
-    return ids
-
-
-def archive_all(grace: float = 60.0) -> int:
-    moved = 0
-    while True:
-        with transaction.atomic():
-            batch = engine.archive(1000, grace=grace)
-        moved += batch
-        if not batch:
-            return moved
 
 
 def test_the_move_names_every_column_of_the_hot_tables():

@@ -10,8 +10,8 @@ from django.db import transaction
 from queue_app import engine
 from queue_app.models import ItemHistory, ReservationHistory
 from queue_app.spark.models import SparkWatermark
+from tests.spark_analytics import SINCE, expected_table, run_and_publish, table, trigger_values
 from tests.spark_fixtures import seed_queue_history, spark_session  # noqa: F401  (`spark`)
-from tests.test_spark_incremental import SINCE, expected_table, run_and_publish, table, trigger_values
 
 pytestmark = pytest.mark.spark
 

@@ -10,7 +10,7 @@ from queue_app.engine import history
 from queue_app.models import ExecutionLog, ItemHistory, QueueItem, ReservationHistory
 from queue_app.registry import get_task
 from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks the workers --import)
-from tests.test_history import age, archive_all, finished
+from tests.history_helpers import age, archive_all, finished
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # real workers

@@ -26,7 +26,9 @@ import ast
 from collections import deque
 from pathlib import Path
 
-APP = Path(__file__).resolve().parent.parent / "queue_app"
+from tests.paths import ROOT
+
+APP = ROOT / "queue_app"
 PROJECT = APP.parent / "jobsite"
 TOOLING = ("jobsite.bench", "jobsite.chaos")
 TOOLING_COMMANDS = {

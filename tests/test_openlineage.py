@@ -14,7 +14,6 @@ import json
 import re
 import socket
 import uuid
-from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -32,12 +31,13 @@ from queue_app.spark.scripts import register_script
 from queue_app.workflows import services
 from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import Workflow
+from tests.datasets_spark_helpers import run_handler
+from tests.paths import SPARK_SCRIPTS
 from tests.spark_fixtures import require_spark
-from tests.test_datasets_spark_runs import run_handler
 from tests.webhook_receiver import start_receiver
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
-SCRIPTS = Path(__file__).parent / "spark_scripts"
+SCRIPTS = SPARK_SCRIPTS
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 

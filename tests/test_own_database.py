@@ -8,7 +8,6 @@ admin and the commands read the queue's database."""
 import ast
 import json
 from collections import Counter
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -17,6 +16,7 @@ from django.test import override_settings
 
 from queue_app.engine.alias import check_database, cross_database_guard
 from tests import fresh_databases
+from tests.paths import ROOT
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -188,7 +188,7 @@ def _direct_uses(tree: ast.AST) -> list[tuple[int, str]]:
 def test_every_connection_and_transaction_of_jobsites_goes_through_the_queues_alias():
     """No module of queue_app reaches Django's "default" connection or opens a transaction on it by itself: each
     goes through engine/alias.py (connection, atomic, on_commit, queue_db), so JOBSITE["DATABASE"] moves them all."""
-    root = Path(__file__).resolve().parent.parent / "queue_app"
+    root = ROOT / "queue_app"
     found = [
         f"{path.relative_to(root)}:{line}: {what}"
         for path in sorted(root.rglob("*.py"))

@@ -18,8 +18,11 @@ from django.utils import timezone
 
 from tests.admin_fixtures import JOBSITE_LABELS, fast_password_hashing_fixture  # noqa: F401 (autouse)
 from tests.admin_fixtures import url as admin_url
+from tests.browser_fixtures import (
+    browser_page,  # noqa: F401, F811 (a fixture)
+    log_in,
+)
 from tests.pages_fixtures import DEMO_DAYS, REFUSAL, seed
-from tests.test_admin_browser import browser_page, log_in  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 SHOTS = Path(os.environ.get("PAGES_SCREENSHOT_DIR", "/tmp"))

@@ -13,7 +13,7 @@ import pytest
 from queue_app import engine, services
 from queue_app.models import ExecutionLog, ItemState, QueueItem, Reservation
 from queue_app.registry import get_task
-from tests import test_worker_processes as processes
+from tests import worker_helpers as processes
 from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks the workers --import)
 from tests.waiting import wait_for
 

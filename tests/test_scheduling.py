@@ -18,6 +18,7 @@ from django.utils import timezone
 from queue_app import scheduling
 from queue_app.admin.schedules import ScheduleForm
 from queue_app.models import CatchUp, ItemState, QueueItem, Schedule, ScheduleFire
+from tests.schedule_forms import FORM_FIELDS, post_data
 
 MONDAY = datetime(2031, 1, 6, tzinfo=UTC)  # a Monday, 00:00 UTC
 MINUTE = timedelta(minutes=1)
@@ -243,19 +244,6 @@ def test_fire_times_cross_the_spring_dst_change_in_local_time():
 # -- validation and the admin -----------------------------------------------------------------------------------
 
 
-FORM_FIELDS = {
-    "name": "nightly",
-    "enabled": "on",
-    "cron": "0 3 * * *",
-    "timezone": "UTC",
-    "catch_up": "skip",
-    "target_kind": "task",
-    "target": "queue_app.noop",
-    "payload": "{}",
-    "dedup_window": "",
-}
-
-
 def form(**overrides) -> ScheduleForm:
     data = {**FORM_FIELDS, **overrides}
     return ScheduleForm(data=data)
@@ -343,18 +331,6 @@ def test_admin_detail_shows_the_next_five_fire_times_and_recent_fires(admin_clie
         assert moment.astimezone(scheduling.zoneinfo.ZoneInfo("Europe/Paris")).strftime("%Y-%m-%d %H:%M") in page
     assert page.count("<li>") >= 5
     assert "Last 20 fires" in page and "2031-01-06 08:00" in page
-
-
-def post_data(**overrides) -> dict[str, str]:
-    data = {
-        **FORM_FIELDS,
-        "fires-TOTAL_FORMS": "0",
-        "fires-INITIAL_FORMS": "0",
-        "fires-MIN_NUM_FORMS": "0",
-        "fires-MAX_NUM_FORMS": "0",
-    }
-    data.update(overrides)
-    return data
 
 
 def test_admin_add_computes_the_next_fire_time(admin_client):

@@ -45,7 +45,7 @@ from tests.admin_fixtures import (
     url,
 )
 from tests.conftest import ROOT, child_env
-from tests.test_scheduling import post_data
+from tests.schedule_forms import post_data
 
 pytestmark = pytest.mark.django_db
 

@@ -22,12 +22,13 @@ from queue_app.spark.launcher import launch
 from queue_app.spark.models import SparkConnectServer
 from queue_app.spark.runs import cancel_run, trigger_run
 from queue_app.spark.watch import group_members
-from tests import test_spark_runs
+from tests import spark_workers
 from tests.conftest import ROOT, child_env
-from tests.test_spark_runs import final, row, tasks_running, worker_env
+from tests.spark_workers import final, row, tasks_running, worker_env
 from tests.waiting import wait_for
 
-spark_worker = test_spark_runs.spark_worker  # the fixture: `run_worker --queues spark --concurrency 1`
+spark_worker = spark_workers.spark_worker  # the fixture
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 

@@ -11,13 +11,13 @@ import pytest
 from queue_app.spark import connect, warm_pool
 from queue_app.spark.launcher import launch
 from queue_app.spark.models import SparkConnectServer
-from tests import test_spark_launcher
+from tests import spark_cluster
 from tests.conftest import ROOT, child_env
+from tests.spark_cluster import free_port, stop_group, ui_json
 from tests.spark_fixtures import require_spark
-from tests.test_spark_launcher import free_port, stop_group, ui_json
 from tests.waiting import wait_for
 
-standalone_cluster = test_spark_launcher.standalone_cluster  # the fixture: a master and one worker on loopback
+standalone_cluster = spark_cluster.standalone_cluster  # the fixture
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

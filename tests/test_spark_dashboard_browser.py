@@ -11,9 +11,12 @@ import os
 import pytest
 
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
+from tests.browser_fixtures import (
+    browser_page,  # noqa: F401, F811 (a fixture)
+    log_in,
+)
 from tests.spark_fixtures import require_spark
-from tests.test_admin_browser import browser_page, log_in  # noqa: F401 (fixture)
-from tests.test_spark_runs import WORKER_ENV
+from tests.spark_workers import WORKER_ENV
 
 pytestmark = [pytest.mark.browser, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 

@@ -5,47 +5,14 @@ of a run computes the same numbers and moves nothing back. Checked against Postg
 import datetime as dt
 
 import pytest
-from django.db import connection, transaction
 
 from queue_app.models import Reservation
 from queue_app.spark.models import SparkWatermark
-from queue_app.spark.pipelines import queue_analytics
 from queue_app.spark.registry import get_job
+from tests.spark_analytics import SINCE, expected_table, run_and_publish, table, trigger_values
 from tests.spark_fixtures import seed_queue_history, spark_session  # noqa: F401  (`spark`)
-from tests.test_spark_pipelines import EXPECTED_SQL
 
 pytestmark = pytest.mark.spark
-SINCE = dt.datetime(2025, 3, 10, tzinfo=dt.UTC)
-AS_OF_SQL = EXPECTED_SQL.replace(
-    "WHERE src.reserved_at >= %(since)s", "WHERE src.finished_at < %(as_of)s AND src.reserved_at >= %(since)s"
-)
-
-
-def expected_table(as_of):
-    """PostgreSQL's own figures for every hour, counting the attempts settled before `as_of`."""
-    params = {"since": dt.datetime(2000, 1, 1, tzinfo=dt.UTC), "until": as_of, "as_of": as_of}
-    with connection.cursor() as cursor:
-        cursor.execute(AS_OF_SQL, {**params, "all_queues": True, "queues": []})
-        return {(q, t, h.astimezone(dt.UTC)): (p, f, d, r) for q, t, h, p, f, d, r, _w, _r in cursor.fetchall()}
-
-
-def table():
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT queue, task, hour, processed, failed, dead, retries FROM {queue_analytics.TABLE}")
-        return {(q, t, h.astimezone(dt.UTC)): (p, f, d, r) for q, t, h, p, f, d, r in cursor.fetchall()}
-
-
-def trigger_values(**raw):
-    """What trigger_run stores for a manual trigger with `raw` (validate, then the job's prepare)."""
-    job = get_job("queue_analytics")
-    return job.validate(job.dump_params(job.prepare(job.validate(raw))))
-
-
-def run_and_publish(spark, values, run_id):
-    result = get_job("queue_analytics").func(spark, values)
-    with transaction.atomic():
-        queue_analytics.publish_hourly_stats(result.outputs, run_id)
-    return result
 
 
 def test_two_incremental_runs_count_each_reservation_once_and_a_rerun_gives_the_same(spark, transactional_db):

@@ -5,7 +5,10 @@ says why at the top. No JVM: the run is a row."""
 import pytest
 
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401 (autouse)
-from tests.test_admin_browser import browser_page, log_in  # noqa: F401 (fixture)
+from tests.browser_fixtures import (
+    browser_page,  # noqa: F401, F811 (a fixture)
+    log_in,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 STYLE = """() => { const e = document.querySelector('.breadcrumbs'); const s = getComputedStyle(e);

@@ -16,35 +16,13 @@ from queue_app.spark import db as spark_db
 from queue_app.spark.db import postgres_source
 from queue_app.spark.pipelines import file_rollup, queue_analytics
 from queue_app.spark.registry import get_job
+from tests.spark_analytics import EXPECTED_SQL
 from tests.spark_fixtures import require_jdbc_for_tcp, seed_queue_history, spark_session  # noqa: F401  (`spark`)
 
 pytestmark = pytest.mark.spark
 
 SINCE = dt.datetime(2025, 3, 10, tzinfo=dt.UTC)
 UNTIL = SINCE + dt.timedelta(days=2)
-
-EXPECTED_SQL = """
-WITH src AS (
-    SELECT r.id, r.item_id, r.attempt, r.reserved_at, r.finished_at, r.outcome,
-           i.queue_id AS queue, i.task, i.run_at, i.state AS item_state, i.reservation_id AS current_reservation_id
-    FROM queue_app_reservation r JOIN queue_app_queueitem i ON i.id = r.item_id
-), wait_sample AS (
-    SELECT DISTINCT ON (item_id) id FROM src WHERE reserved_at >= run_at ORDER BY item_id, reserved_at, id
-)
-SELECT src.queue, src.task, date_trunc('hour', src.reserved_at, 'UTC') AS hour,
-       count(*) FILTER (WHERE outcome = 'done') AS processed,
-       count(*) FILTER (WHERE outcome IN ('retry', 'dead', 'timed_out', 'expired')) AS failed,
-       count(*) FILTER (WHERE item_state = 'dead' AND current_reservation_id = src.id) AS dead,
-       count(*) FILTER (WHERE attempt > 1) AS retries,
-       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
-           ORDER BY extract(epoch FROM reserved_at - run_at)::float8) FILTER (WHERE ws.id IS NOT NULL) AS wait,
-       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
-           ORDER BY extract(epoch FROM finished_at - reserved_at)::float8)
-           FILTER (WHERE outcome IN ('done', 'retry', 'dead', 'timed_out')) AS run
-FROM src LEFT JOIN wait_sample ws ON ws.id = src.id
-WHERE src.reserved_at >= %(since)s AND src.reserved_at < %(until)s AND (%(all_queues)s OR src.queue = ANY(%(queues)s))
-GROUP BY 1, 2, 3
-"""
 
 
 def expected_stats(queues=None):

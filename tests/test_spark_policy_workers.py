@@ -3,7 +3,6 @@ served by two worker processes with two slots each, run one after another; the o
 And a failing run is retried as its policy says, after its own backoff, then ends failed."""
 
 import time
-from pathlib import Path
 
 import pytest
 
@@ -12,11 +11,12 @@ from queue_app.models import ItemState, QueueItem, Reservation
 from queue_app.spark.models import SparkRun, SparkScript
 from queue_app.spark.runs import trigger_run, waiting_for
 from queue_app.spark.scripts import ROOTS_ENV, save_script
+from tests.paths import SPARK_SCRIPTS
 from tests.spark_fixtures import require_spark
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-SCRIPTS = Path(__file__).parent / "spark_scripts"
+SCRIPTS = SPARK_SCRIPTS
 WORKER_ENV = {
     ROOTS_ENV: str(SCRIPTS),
     "SPARK_MASTER": "local[1]",

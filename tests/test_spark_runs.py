@@ -15,72 +15,22 @@ import pytest
 
 from queue_app import services
 from queue_app.models import ItemState, QueueItem, Worker
-from queue_app.spark.models import SparkRun
 from queue_app.spark.pipelines.file_rollup import write_sample_input
 from queue_app.spark.runs import TIMING_STEPS, cancel_run, timing_split, trigger_run
 from queue_app.spark.watch import group_members
-from tests.spark_fixtures import TEST_CONF, require_spark
+from tests import spark_workers
+from tests.spark_fixtures import require_spark
+from tests.spark_workers import final, row, tasks_running
 from tests.waiting import wait_for
 
-pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+spark_worker = spark_workers.spark_worker  # the fixture
 
-# The worker's Spark children: two local cores and a JVM tuned for start-up (as the in-process test session).
-WORKER_ENV = {
-    "SPARK_MASTER": "local[2]",
-    "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-    "JOBSITE_SPARK_STOP_GRACE": "3",
-}
+pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(autouse=True)
 def _spark_available():
     require_spark()
-
-
-def worker_env(conf_dir: Path, **extra: str) -> dict[str, str]:
-    """WORKER_ENV plus a SPARK_CONF_DIR whose spark-defaults.conf gives launched runs the test sizes (two
-    shuffle partitions instead of 200: a small rollup is then a few tasks, not hundreds)."""
-    conf_dir.mkdir(parents=True, exist_ok=True)
-    (conf_dir / "spark-defaults.conf").write_text(
-        "".join(f"{key} {value}\n" for key, value in TEST_CONF.items() if key != "spark.ui.enabled")
-    )
-    return {**WORKER_ENV, "SPARK_CONF_DIR": str(conf_dir), **extra}
-
-
-@pytest.fixture
-def spark_worker(spawn, tmp_path_factory):
-    conf_dir = tmp_path_factory.mktemp("spark-conf")
-
-    def start(**env: str):
-        return spawn(
-            "run_worker",
-            "--queues",
-            "spark",
-            "--concurrency",
-            "1",
-            "--poll-interval",
-            "0.5",
-            env=worker_env(conf_dir, **env),
-        )
-
-    return start
-
-
-def row(run_id: int) -> SparkRun:
-    return SparkRun.objects.get(id=run_id)
-
-
-def final(run_id: int) -> SparkRun | None:
-    run = row(run_id)
-    return run if run.is_final else None
-
-
-def tasks_running(run_id: int) -> SparkRun:
-    return wait_for(
-        lambda: (r := row(run_id)).state == "running" and r.progress.get("tasks_active") and r,
-        300,  # a worker's boot, its lease and a JVM's start: over 120 s at load 15 with the suite in parallel
-        what="the run's tasks to be running",
-    )
 
 
 def test_run_through_a_worker_reports_progress_while_running_and_metrics_at_the_end(spark_worker, record_property):

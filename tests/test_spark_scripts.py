@@ -9,7 +9,6 @@ One spark-submit at a time (two cores shared with other suites): local[2], a sta
 import json
 import os
 import zipfile
-from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -22,11 +21,12 @@ from queue_app.spark.runs import cancel_run, trigger_run
 from queue_app.spark.scripts import ROOTS_ENV, register_script
 from queue_app.spark.watch import group_members
 from tests.conftest import child_env
+from tests.paths import SPARK_SCRIPTS
 from tests.spark_fixtures import require_spark
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.spark
-SCRIPTS = Path(__file__).parent / "spark_scripts"
+SCRIPTS = SPARK_SCRIPTS
 FAST = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 
 

@@ -6,7 +6,6 @@ conf, env, memory) are checked field by field; a refused CLI call exits non-zero
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +14,9 @@ from queue_app.spark.launcher import launch
 from queue_app.spark.models import SparkRun, SparkScript
 from queue_app.spark.registry import SparkParamError, get_job, validate
 from queue_app.spark.runs import trigger_run
+from tests.paths import SPARK_SCRIPTS
 
-SCRIPTS = Path(__file__).parent / "spark_scripts"
+SCRIPTS = SPARK_SCRIPTS
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ caller's transaction with the Python enqueue's validation, defaults, dedup and N
 
 import importlib.util
 import json
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -14,11 +13,11 @@ import tests.worker_tasks  # noqa: F401  registers the tasks whose declarations 
 from queue_app import engine, registry
 from queue_app.engine import sql_api
 from queue_app.models import Queue, QueueItem, Reservation
+from tests.paths import ROOT
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("sql_consumer", ROOT / "docs" / "examples" / "sql_consumer.py")
 sql_consumer = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sql_consumer)

@@ -5,7 +5,6 @@ step is an existing PySpark script that traces itself with OpenTelemetry (tests/
 its own span continues the trace from TRACEPARENT, under the run's span."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -14,12 +13,13 @@ from queue_app.spark.models import SparkRun
 from queue_app.spark.scripts import ROOTS_ENV
 from queue_app.workflows import services as workflows
 from queue_app.workflows.definition import Graph
+from tests.paths import SPARK_SCRIPTS
 from tests.spark_fixtures import TEST_CONF, require_spark
 from tests.tracing_fixtures import otel_env, receiver_fixture, traced_fixture  # noqa: F401  fixtures
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-SCRIPTS = Path(__file__).parent / "spark_scripts"
+SCRIPTS = SPARK_SCRIPTS
 
 
 def test_a_workflow_with_a_spark_step_is_one_trace_down_to_its_stages(traced, worker, tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ dynamic keys removed and added again while their partitions are asked for: no ru
 
 import pytest
 
-from tests.test_chaos import _has_postgres_binaries, run_quick_chaos
+from tests.chaos_runs import _has_postgres_binaries, run_quick_chaos
 
 CHECKS = (
     "no item stuck",

@@ -5,7 +5,7 @@ check of jobsite/chaos/waits.py passes (each event wakes exactly one step once, 
 
 import pytest
 
-from tests.test_chaos import _has_postgres_binaries, run_quick_chaos
+from tests.chaos_runs import _has_postgres_binaries, run_quick_chaos
 
 CHECKS = (
     "every workflow succeeded",

@@ -9,7 +9,7 @@ from django.db import connection
 
 from queue_app.worker.execute import Job, Outcome
 from queue_app.worker.pool import ThreadPool, _checked_by_socket
-from tests.test_worker_execute import wait_outcomes
+from tests.pool_runner import wait_outcomes
 from tests.waiting import wait_for
 
 

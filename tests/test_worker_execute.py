@@ -1,6 +1,5 @@
 """What runs where the handler runs (worker/execute.py) and the executors (worker/pool.py), in process."""
 
-import faulthandler
 import os
 import signal
 import subprocess
@@ -13,12 +12,13 @@ from queue_app import engine
 from queue_app.models import ItemState, ProbeEffect, QueueItem
 from queue_app.probes.tasks import close_log_connection
 from queue_app.registry import get_task
-from queue_app.worker.execute import Job, Outcome, own_retry_in, run_job
+from queue_app.worker.execute import Job, own_retry_in, run_job
 from queue_app.worker.options import Running
 from queue_app.worker.pool import ProcessPool, ThreadPool
 from queue_app.worker.settling import Settler
 from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks)
 from tests.conftest import ROOT
+from tests.pool_runner import scripted, scripted_job, wait_outcomes
 
 
 @pytest.fixture(autouse=True)
@@ -45,6 +45,14 @@ def lease_one(task: str, payload=None) -> engine.Lease:
     (held,) = engine.lease(None, 1, "test")
     assert held.item_id == item.id
     return held
+
+
+@pytest.fixture(params=[ProcessPool, ThreadPool], ids=["process", "thread"])
+def pool(request):
+    pool = request.param(2, scripted)
+    pool.start()
+    yield pool
+    pool.shutdown()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -136,42 +144,6 @@ def test_handler_can_extend_its_own_lease():
 
 
 # -- pools ----------------------------------------------------------------------------------------------------
-
-
-def scripted(job: Job) -> Outcome:
-    """A runner for pool tests: the payload says what to do."""
-    action = job.payload.get("do")
-    if action == "exit":
-        os._exit(3)
-    if action == "segfault":
-        faulthandler.disable()  # pytest's, inherited: no traceback dump on stderr
-        os.kill(os.getpid(), signal.SIGSEGV)
-    if action == "system_exit":
-        raise SystemExit(4)
-    if action == "sleep":
-        time.sleep(job.payload["seconds"])
-    return Outcome(job.reservation_id, "ok", {"pid": os.getpid()})
-
-
-def scripted_job(reservation_id: int, **payload) -> Job:
-    return Job(reservation_id, reservation_id, "q", "t", payload, 1, 1, "test")
-
-
-def wait_outcomes(pool, n: int, timeout: float = 10.0) -> list[Outcome]:
-    outcomes: list[Outcome] = []
-    deadline = time.monotonic() + timeout
-    while len(outcomes) < n and time.monotonic() < deadline:
-        outcomes += pool.collect()
-        time.sleep(0.01)
-    return outcomes
-
-
-@pytest.fixture(params=[ProcessPool, ThreadPool], ids=["process", "thread"])
-def pool(request):
-    pool = request.param(2, scripted)
-    pool.start()
-    yield pool
-    pool.shutdown()
 
 
 def test_pool_runs_jobs_and_reports_outcomes(pool):
@@ -291,7 +263,7 @@ import time
 import django
 django.setup()
 from queue_app.worker.pool import ProcessPool
-from tests.test_worker_execute import scripted
+from tests.pool_runner import scripted
 pool = ProcessPool(1, scripted)
 pool.start()
 print(pool.children[0].process.pid, flush=True)

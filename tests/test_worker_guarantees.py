@@ -26,8 +26,8 @@ from queue_app.models import (
 )
 from queue_app.registry import get_task
 from tests.conftest import ROOT, child_env
-from tests.test_worker_processes import finish, held_by, output, runs_per_item
 from tests.waiting import wait_for
+from tests.worker_helpers import finish, held_by, output, runs_per_item
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -33,48 +33,17 @@ from queue_app.worker.replace import REPLACES_ENV, STOP_SIGNALS
 from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks the workers --import)
 from tests.lease_sampler import LiveReservations
 from tests.waiting import wait_for
+from tests.worker_helpers import finish, held_by, open_items, output, runs_per_item, short_leases
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 PROBE = "queue_app.probe"
 
 
-def output(proc: subprocess.Popen) -> str:
-    return proc.log.read_text()
-
-
-def finish(proc: subprocess.Popen, timeout: float) -> int:
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError(f"worker did not exit within {timeout}s; its output:\n{output(proc)[-3000:]}") from None
-
-
-def runs_per_item() -> Counter:
-    return Counter(dict(ExecutionLog.objects.values_list("item_id").annotate(n=Count("id"))))
-
-
 def past_first_lease(proc: subprocess.Popen) -> bool:
     """The worker's first loop step is over, its first lease with it: a fresh worker leases in that step's own
     thread (nothing in hand to overlap with) and logs its first status line at the end of the step."""
     return "status state=running" in output(proc)
-
-
-def open_items() -> int:
-    return QueueItem.objects.filter(state__in=[ItemState.READY, ItemState.RESERVED]).count()
-
-
-def held_by(worker_id: str) -> set[int]:
-    """Items whose attempt by `worker_id` never ended: in flight in it when it died."""
-    return set(Reservation.objects.filter(worker_id=worker_id, outcome__isnull=True).values_list("item_id", flat=True))
-
-
-def short_leases(queue: str = "default") -> None:
-    """Leases as short as the tasks allow (their hard timeout + margin), so a killed worker's items come back
-    within seconds."""
-    engine.ensure_queue(queue)
-    services.set_queue_options(queue, lease_timeout=1.0)
 
 
 def test_three_workers_run_each_of_10000_probes_exactly_once(worker):

@@ -26,6 +26,7 @@ from queue_app.worker.replace import REPLACE
 from queue_app.worker.status import Stats, StatusReporter
 from queue_app.worker.supervisor import OTHER_CONNECTIONS
 from tests import worker_tasks  # noqa: F401  (registers the tests.* tasks)
+from tests.worker_helpers import run_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,13 +35,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _close_probe_log_connection():
     yield
     close_log_connection()
-
-
-def run_worker(**options) -> Supervisor:
-    settings = {"pool": "thread", "concurrency": 2, "burst": True, "poll_interval": 0.1, **options}
-    supervisor = Supervisor(WorkerOptions(**settings))
-    assert supervisor.run() == 0
-    return supervisor
 
 
 def enqueue(task: str, payload=None, **options) -> int:

@@ -11,7 +11,7 @@ from queue_app.workflows import services
 from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import WorkflowStep
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401
-from tests.test_admin_browser import browser_page  # noqa: F401  (the fixture)
+from tests.browser_fixtures import browser_page  # noqa: F401, F811 (a fixture)
 
 SHOTS = Path(os.environ.get("WORKFLOW_SCREENSHOT_DIR", "/tmp"))
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -11,8 +11,8 @@ from queue_app.models import DeadLetter, ExecutionLog, QueueItem
 from queue_app.workflows import services
 from queue_app.workflows.definition import Graph
 from tests import workflow_tasks  # noqa: F401  (registers the wf.* tasks)
-from tests.test_workflows import finished, items_of, steps
 from tests.waiting import wait_for
+from tests.workflow_helpers import finished, items_of, steps
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests import workflow_tasks  # noqa: F401  (registers wf_fan here, for the live server)
 from tests.admin_fixtures import fast_password_hashing_fixture  # noqa: F401
-from tests.test_admin_browser import browser_page  # noqa: F401  (the fixture)
+from tests.browser_fixtures import browser_page  # noqa: F401, F811 (a fixture)
 
 SHOTS = Path(os.environ.get("WORKFLOW_SCREENSHOT_DIR", "/tmp"))
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -4,7 +4,7 @@ jobsite/chaos/workflow.py passes."""
 
 import pytest
 
-from tests.test_chaos import _has_postgres_binaries, run_quick_chaos
+from tests.chaos_runs import _has_postgres_binaries, run_quick_chaos
 
 
 @pytest.mark.slow

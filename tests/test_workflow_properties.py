@@ -29,7 +29,7 @@ from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import StepDependency, Workflow, WorkflowStep
 from queue_app.workflows.services import FINISHED_TASK
 from tests import workflow_tasks  # noqa: F401  (registers wf.add)
-from tests.test_engine_properties import advance_database_clock
+from tests.queue_helpers import advance_database_clock
 
 EXAMPLES = int(os.environ.get("JOBSITE_HYPOTHESIS_EXAMPLES", "50"))
 STEPS = int(os.environ.get("JOBSITE_HYPOTHESIS_STEPS", "40"))

@@ -11,7 +11,7 @@ from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import Workflow, WorkflowStep
 from tests import workflow_tasks  # noqa: F401  (registers the wf.* tasks)
 from tests.spark_fixtures import require_spark
-from tests.test_spark_runs import worker_env
+from tests.spark_workers import worker_env
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.django_db(transaction=True)]  # real workers

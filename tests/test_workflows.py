@@ -13,6 +13,7 @@ from queue_app.workflows.definition import Graph
 from queue_app.workflows.models import StepDependency, Workflow, WorkflowStep
 from tests import workflow_tasks  # noqa: F401  (registers the wf.* tasks and workflows)
 from tests.waiting import wait_for
+from tests.workflow_helpers import finished, items_of, steps
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,19 +41,6 @@ def workers(spawn):
     return start
 
 
-def finished(workflow_id: int, timeout: float = 60) -> Workflow:
-    def done():
-        w = Workflow.objects.get(id=workflow_id)
-        return w if w.is_final else None
-
-    return wait_for(done, timeout, what=f"workflow {workflow_id} to end")
-
-
-def steps(w: Workflow, attempt: int | None = None) -> dict[str, WorkflowStep]:
-    rows = WorkflowStep.objects.filter(workflow=w, attempt=attempt or w.attempt)
-    return {s.name: s for s in rows}
-
-
 def assert_started_after_dependencies(w: Workflow) -> None:
     """No step's item was created (it became ready) before every dependency had finished."""
     current = steps(w)
@@ -61,15 +49,6 @@ def assert_started_after_dependencies(w: Workflow) -> None:
         up, down = by_id.get(e.upstream_id), by_id[e.downstream_id]
         if down.ready_at is not None and up is not None and not up.kept:
             assert up.finished_at is not None and up.finished_at <= down.ready_at, (up.name, down.name)
-
-
-def items_of(w: Workflow) -> dict[str, list[QueueItem]]:
-    ids = WorkflowStep.objects.filter(workflow=w).values("id")
-    out: dict[str, list[QueueItem]] = {}
-    names = dict(WorkflowStep.objects.filter(workflow=w).values_list("id", "name"))
-    for item in QueueItem.objects.filter(workflow_step_id__in=ids):
-        out.setdefault(names[item.workflow_step_id], []).append(item)
-    return out
 
 
 @pytest.mark.slow
