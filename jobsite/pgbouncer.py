@@ -1,6 +1,6 @@
 """A PgBouncer in transaction mode on a free loopback port, in front of a PostgreSQL server: what the pooler test
-(tests/test_pgbouncer.py) and queue_bench's pooler part (jobsite/bench/pooler_side.py) start. Debian's package
-(jobsite/system_packages.py installs it); tooling, not product."""
+(tests/core/processes/test_pgbouncer.py) and queue_bench's pooler part (jobsite/bench/pooler_side.py) start. Debian's
+package (jobsite/system_packages.py installs it); tooling, not product."""
 
 import os
 import shutil

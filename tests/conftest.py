@@ -9,13 +9,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests import db_reset, skip_guard, slow_guard, time_report, xdist_groups
+from tests.support import db_reset, skip_guard, slow_guard, time_report, xdist_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config):
-    db_reset.install()  # a transactional test's teardown truncates only the tables that hold rows (tests/db_reset.py)
+    db_reset.install()  # a transactional test's teardown truncates only the tables that hold rows
+    # (tests/support/db_reset.py)
     skip_guard.install(config)  # under CI=true a run in which any test skipped fails, naming them
     if not config.pluginmanager.has_plugin(slow_guard.PLUGIN):  # tests that start real workers are marked slow
         config.pluginmanager.register(slow_guard, slow_guard.PLUGIN)
@@ -109,7 +110,7 @@ def worker(spawn, tmp_path):
             "--worker-id",
             name,
             "--import",
-            "tests.worker_tasks",
+            "tests.tasks.worker_tasks",
             "--poll-interval",
             "0.2",
             *args,
@@ -125,7 +126,7 @@ def worker(spawn, tmp_path):
 
 @pytest.fixture
 def waits_worker(spawn):
-    """Start `run_worker` with the workflow-waits test tasks (tests/workflow_waits_tasks.py) on threads."""
+    """Start `run_worker` with the workflow-waits test tasks (tests/tasks/workflow_waits_tasks.py) on threads."""
 
     def start(concurrency: int = 2) -> subprocess.Popen:
         return spawn(
@@ -135,7 +136,7 @@ def waits_worker(spawn):
             "--pool",
             "thread",
             "--import",
-            "tests.workflow_waits_tasks",
+            "tests.tasks.workflow_waits_tasks",
             "--poll-interval",
             "0.2",
         )

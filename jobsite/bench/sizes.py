@@ -116,7 +116,7 @@ FULL = Sizes(
 
 SIZES = {s.name: s for s in (QUICK, FULL)}
 
-# The test suite's run of every part (tests/test_bench_quick.py): each part's code path once, quickly.
+# The test suite's run of every part (tests/project/processes/test_bench_quick.py): each part's code path once, quickly.
 SMOKE = replace(
     QUICK,
     name="smoke",

@@ -1,6 +1,6 @@
 """The item run's checks of the run itself (runner.py), apart from the harness so they can be shown able to fail
-(tests/test_chaos_checkers.py): the fault schedule fired in full on work in flight, every dead letter's webhook
-delivered and signed, the workers behaved.
+(tests/project/in_process/test_chaos_checkers.py): the fault schedule fired in full on work in flight, every dead
+letter's webhook delivered and signed, the workers behaved.
 """
 
 import json

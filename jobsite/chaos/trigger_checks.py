@@ -1,7 +1,7 @@
 """The checks of `queue_chaos --triggers` (triggers.py), judged from the rows the run left: callable on any
-database alias (the run's private cluster, or a test database with planted rows: tests/test_chaos_checkers.py).
-Here too the names the run's datasets and tasks go by (trigger_tasks.py declares them; importing this module
-declares nothing).
+database alias (the run's private cluster, or a test database with planted rows:
+tests/project/in_process/test_chaos_checkers.py). Here too the names the run's datasets and tasks go by
+(trigger_tasks.py declares them; importing this module declares nothing).
 
 - no item stuck: no item ready or reserved;
 - every upstream recorded once (a bad partition recorded again good: chaos_a twice);

@@ -1,5 +1,6 @@
 """The checks of `queue_chaos --waits` (waits.py), judged from the rows the run left: callable on any database
-alias (the run's private cluster, or a test database with planted rows: tests/test_chaos_checkers.py).
+alias (the run's private cluster, or a test database with planted rows:
+tests/project/in_process/test_chaos_checkers.py).
 
 - every workflow succeeded (no wait lost, nothing stuck);
 - every event sent stored once: each planned nonce stored exactly once, nothing unplanned, the sender sent all

@@ -1,5 +1,6 @@
 """The checks of `queue_chaos --workflow` (workflow.py), judged from the rows the run left: callable on any
-database alias (the run's private cluster, or a test database with planted rows: tests/test_chaos_checkers.py).
+database alias (the run's private cluster, or a test database with planted rows:
+tests/project/in_process/test_chaos_checkers.py).
 
 - no workflow stuck: the success path succeeded, the compensation path failed, no step of either left open;
 - every step settled per its mode: each success-path step succeeded with its item done, a transactional probe's

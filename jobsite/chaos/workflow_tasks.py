@@ -1,5 +1,6 @@
 """The child workflow of `queue_chaos --workflow`'s sub-workflow steps (workflow.py), imported by its workers
-(`run_worker --import jobsite.chaos.workflow_tasks`), by the harness and by tests/test_chaos_checkers.py."""
+(`run_worker --import jobsite.chaos.workflow_tasks`), by the harness and by
+tests/project/in_process/test_chaos_checkers.py."""
 
 from queue_app.workflows import workflow
 

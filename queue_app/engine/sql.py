@@ -25,7 +25,7 @@ WORKFLOW_STEP = "queue_app_workflowstep"  # read by the traced lease (a step ite
 # cannot match it to a partial index's predicate. Planned on out-of-date statistics (a queue filled since its
 # last ANALYZE) a partial index looks empty, and reading it whole then looks cheaper than a primary-key probe:
 # every settle read the whole in-flight (item_in_flight) or done (item_task_history) set.
-# tests/test_engine_plans.py plans every statement on such statistics.
+# tests/core/in_process/test_engine_plans.py plans every statement on such statistics.
 def _state_is(state: str, alias: str = "") -> str:
     return f"({alias + '.' if alias else ''}state || '') = '{state}'"
 
@@ -705,8 +705,8 @@ DELETE FROM {ITEM} WHERE id IN (
 
 # -- history: finished rows out of the hot tables (engine/history.py) ----------------------------------------
 
-# Every column of an item and of a reservation, as the move copies them (tests/test_history.py checks that these
-# name every column of the hot tables, so a column added later is not silently dropped by the move).
+# Every column of an item and of a reservation, as the move copies them (tests/core/in_process/test_history.py checks
+# that these name every column of the hot tables, so a column added later is not silently dropped by the move).
 ITEM_FIELDS = (
     *("id", "queue_id", "task", "payload", "state", "priority", "run_at", "visible_at", "attempts", "max_attempts"),
     *("lease_timeout", "dedup_key", "ordering_key", "group_key", "reservation_id", "result", "error"),
@@ -951,9 +951,9 @@ TRY_MAINTENANCE_LOCK = """SELECT pg_try_advisory_xact_lock(%(namespace)s, hashte
 # makes its generic plan look dearer than a custom one (LIMIT %(n)s is estimated at 10% of the rows): at
 # 600,000 queued rows that was 1.2 ms of planning on each 0.4 ms lease. And a generic plan estimated that dear
 # turns JIT compilation on (50 ms a lease). The statements are written so their generic plans stay index work
-# whatever the estimates (tests/test_engine_plans.py checks each on large tables), so each is planned once per
-# connection and never compiled. Only prepared statements are affected by plan_cache_mode; jit = off goes with it
-# (the maintenance units' and the loop's other queries are not the analytic kind JIT pays for).
+# whatever the estimates (tests/core/in_process/test_engine_plans.py checks each on large tables), so each is planned
+# once per connection and never compiled. Only prepared statements are affected by plan_cache_mode; jit = off goes with
+# it (the maintenance units' and the loop's other queries are not the analytic kind JIT pays for).
 ENGINE_SESSION = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), set_config('jit', 'off', false)"
 
 # -- leader rows (engine/leaders.py) ---------------------------------------------------------------------------

@@ -5,7 +5,7 @@ One source: each function's data-changing statement IS the engine's own (sql.ENQ
 sql.DEDUP_OWNER, sql.ENQUEUE_DEBOUNCE, sql.LEASE, sql.COMPLETE_MANY, sql.FAIL) with its %(name)s parameters bound
 to PL/pgSQL variables here, so the item INSERT, the dedup claim, the debounce upsert, the lease and the fenced
 settles are written once. The migrations that install them hold frozen copies (0025, and jobsite_enqueue's with
-debounce in 0038); tests/test_sql_api_source.py compares the migrated functions with INSTALL.
+debounce in 0038); tests/core/in_process/test_sql_api_source.py compares the migrated functions with INSTALL.
 
 Task defaults (queue, attempts, dedup window, at-most-once) live in Python, in the @job declarations
 (registry.item_defaults). The database cannot read them there, so they are published into TASKS (publish(),

@@ -1,7 +1,7 @@
 """The workflow engine's SQL gets one home (issue 36): queue_app/workflows/sql.py holds the current text of
 every function and trigger; this migration installs a frozen copy of it as it is today. A later change to that
-module comes with a migration of its own holding a copy of what changed (tests/test_workflow_sql_source.py fails
-until the migrated database and the module agree).
+module comes with a migration of its own holding a copy of what changed
+(tests/workflows/in_process/test_workflow_sql_source.py fails until the migrated database and the module agree).
 
 What changes in the database:
 - An item a workflow makes (a step's, a callback's, a fan-out's) is written by one piece of SQL
@@ -459,8 +459,8 @@ BEGIN
                 SELECT id, parent_id FROM queue_app_workflowstep
                 WHERE workflow_id = w.id AND attempt = w.attempt AND kind <> 'compensation'
             ), edge(up, down) AS (
-                SELECT d.upstream_id, d.downstream_id FROM queue_app_stepdependency d JOIN steps s ON s.id = d.upstream_id
-                UNION SELECT parent_id, id FROM steps WHERE parent_id IS NOT NULL
+                SELECT d.upstream_id, d.downstream_id FROM queue_app_stepdependency d JOIN steps s ON s.id =
+                d.upstream_id UNION SELECT parent_id, id FROM steps WHERE parent_id IS NOT NULL
             ), below(anc, des) AS (
                 SELECT up, down FROM edge
                 UNION SELECT b.anc, e.down FROM below b JOIN edge e ON e.up = b.des
@@ -612,7 +612,8 @@ BEGIN
 END
 $function$
 ;
-CREATE OR REPLACE FUNCTION public.queue_app_wf_steps_ended(a_id bigint[], a_workflow bigint[], a_attempt integer[], a_state text[], a_kind text[], a_proceeds boolean[])
+CREATE OR REPLACE FUNCTION public.queue_app_wf_steps_ended(a_id bigint[], a_workflow bigint[], a_attempt integer[],
+a_state text[], a_kind text[], a_proceeds boolean[])
  RETURNS void
  LANGUAGE plpgsql
 AS $function$

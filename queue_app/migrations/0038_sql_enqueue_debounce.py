@@ -2,8 +2,8 @@
 same upsert (sql.ENQUEUE_DEBOUNCE) and the same refusals.
 
 A new signature, so the old function is dropped first (CREATE OR REPLACE would add an overload). INSTALL is a
-frozen copy of queue_app/engine/sql_api.py's jobsite_enqueue; tests/test_sql_api_source.py compares the migrated
-functions with the module's. The reverse restores 0025's function.
+frozen copy of queue_app/engine/sql_api.py's jobsite_enqueue; tests/core/in_process/test_sql_api_source.py compares the
+migrated functions with the module's. The reverse restores 0025's function.
 """
 
 from django.db import migrations
@@ -65,10 +65,12 @@ BEGIN
     v_queue := COALESCE(v_queue, declared.queue, s.default_queue);
     v_max_attempts := COALESCE(v_max_attempts, declared.max_attempts);
     IF v_queue !~ '^[A-Za-z0-9_.:\-]{1,100}$' THEN
-        RAISE EXCEPTION 'queue name must match ^[A-Za-z0-9_.:\-]{1,100}$, not %', quote_literal(v_queue) USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION 'queue name must match ^[A-Za-z0-9_.:\-]{1,100}$, not %', quote_literal(v_queue) USING ERRCODE =
+        'invalid_parameter_value';
     END IF;
     IF v_priority NOT BETWEEN -100 AND 100 THEN
-        RAISE EXCEPTION 'priority must be an integer from -100 to 100, not %', v_priority USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION 'priority must be an integer from -100 to 100, not %', v_priority USING ERRCODE =
+        'invalid_parameter_value';
     END IF;
     IF v_run_at IS NOT NULL AND jobsite_enqueue.delay IS NOT NULL THEN
         RAISE EXCEPTION 'give run_at or delay, not both' USING ERRCODE = 'invalid_parameter_value';
@@ -80,10 +82,12 @@ BEGIN
         RAISE EXCEPTION 'delay must be a finite number >= 0, not %', v_delay USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF v_max_attempts < 1 THEN
-        RAISE EXCEPTION 'max_attempts must be an integer >= 1, not %', v_max_attempts USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION 'max_attempts must be an integer >= 1, not %', v_max_attempts USING ERRCODE =
+        'invalid_parameter_value';
     END IF;
     IF v_lease_timeout < 0.001 OR v_lease_timeout IN ('NaN', 'Infinity') THEN
-        RAISE EXCEPTION 'lease_timeout must be a finite number >= 0.001, not %', v_lease_timeout USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION 'lease_timeout must be a finite number >= 0.001, not %', v_lease_timeout USING ERRCODE =
+        'invalid_parameter_value';
     END IF;
     IF v_ordering_key = '' OR length(v_ordering_key) > 200 OR v_group_key = '' OR length(v_group_key) > 200
        OR v_dedup_key = '' OR length(v_dedup_key) > 200 OR v_debounce_key = '' OR length(v_debounce_key) > 200 THEN
@@ -92,13 +96,16 @@ BEGIN
     END IF;
     IF v_debounce_key IS NOT NULL OR v_debounce IS NOT NULL OR v_debounce_max IS NOT NULL THEN
         IF v_dedup_key IS NOT NULL THEN
-            RAISE EXCEPTION 'give dedup_key (keep the first) or debounce_key (keep the latest), not both' USING ERRCODE = 'invalid_parameter_value';
+            RAISE EXCEPTION 'give dedup_key (keep the first) or debounce_key (keep the latest), not both' USING ERRCODE
+            = 'invalid_parameter_value';
         END IF;
         IF v_debounce_key IS NULL OR v_debounce IS NULL THEN
-            RAISE EXCEPTION 'a debounced enqueue takes both debounce_key and debounce (seconds)' USING ERRCODE = 'invalid_parameter_value';
+            RAISE EXCEPTION 'a debounced enqueue takes both debounce_key and debounce (seconds)' USING ERRCODE =
+            'invalid_parameter_value';
         END IF;
         IF v_debounce < 0.001 OR v_debounce IN ('NaN', 'Infinity') THEN
-            RAISE EXCEPTION 'debounce must be a finite number >= 0.001, not %', v_debounce USING ERRCODE = 'invalid_parameter_value';
+            RAISE EXCEPTION 'debounce must be a finite number >= 0.001, not %', v_debounce USING ERRCODE =
+            'invalid_parameter_value';
         END IF;
         IF v_debounce_max < v_debounce OR v_debounce_max IN ('NaN', 'Infinity') THEN
             RAISE EXCEPTION 'debounce_max (% s) must be a finite number of at least debounce (% s)', v_debounce_max,
@@ -114,7 +121,8 @@ BEGIN
             s.max_payload_bytes USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF jsonb_path_exists(v_payload, ('strict $.**{' || s.max_payload_depth || '}')::jsonpath) THEN
-        RAISE EXCEPTION 'payload nested deeper than % levels', s.max_payload_depth USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION 'payload nested deeper than % levels', s.max_payload_depth USING ERRCODE =
+        'invalid_parameter_value';
     END IF;
     v_channel := s.notify_channel;
     v_queue_lease_timeout := s.default_lease_timeout;
@@ -126,14 +134,17 @@ INSERT INTO queue_app_queue (name, paused, concurrency_limit, lease_timeout, max
 VALUES (v_queue, false, NULL, v_queue_lease_timeout, v_queue_max_attempts, v_queue_retention, now())
 ON CONFLICT (name) DO NOTHING
 ), up AS (
-    INSERT INTO queue_app_queueitem AS i (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts, max_attempts,
-    lease_timeout, dedup_key, ordering_key, group_key, error, created_at, updated_at, debounce_key, debounce_until)
-    VALUES (DEFAULT, v_queue, v_task, v_payload::jsonb, 'ready', v_priority, LEAST(now() + make_interval(secs => v_debounce),
+    INSERT INTO queue_app_queueitem AS i (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
+    max_attempts, lease_timeout, dedup_key, ordering_key, group_key, error, created_at, updated_at, debounce_key,
+    debounce_until) VALUES (DEFAULT, v_queue, v_task, v_payload::jsonb, 'ready', v_priority, LEAST(now() +
+    make_interval(secs => v_debounce),
            now() + make_interval(secs => v_debounce_max)),
             LEAST(now() + make_interval(secs => v_debounce),
-           now() + make_interval(secs => v_debounce_max)), 0, COALESCE(v_max_attempts, (SELECT max_attempts FROM queue_app_queue WHERE name = v_queue),
+           now() + make_interval(secs => v_debounce_max)), 0, COALESCE(v_max_attempts, (SELECT max_attempts FROM
+           queue_app_queue WHERE name = v_queue),
     v_queue_max_attempts), v_lease_timeout, NULL, v_ordering_key, COALESCE(v_group_key,
-    (SELECT CASE WHEN (fair OR group_concurrency IS NOT NULL) THEN '' END FROM queue_app_queue WHERE name = v_queue FOR KEY SHARE)), '',
+    (SELECT CASE WHEN (fair OR group_concurrency IS NOT NULL) THEN '' END FROM queue_app_queue WHERE name = v_queue FOR
+    KEY SHARE)), '',
             now(), now(), v_debounce_key, now() + make_interval(secs => v_debounce_max))
     ON CONFLICT (queue_id, debounce_key) WHERE state = 'ready' AND debounce_key IS NOT NULL AND reservation_id IS NULL
     DO UPDATE SET payload = EXCLUDED.payload, absorbed = i.absorbed + 1, updated_at = now(),
@@ -157,13 +168,14 @@ INSERT INTO queue_app_queue (name, paused, concurrency_limit, lease_timeout, max
 VALUES (v_queue, false, NULL, v_queue_lease_timeout, v_queue_max_attempts, v_queue_retention, now())
 ON CONFLICT (name) DO NOTHING
 ), ins AS (
-    INSERT INTO queue_app_queueitem (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts, max_attempts,
-    lease_timeout, dedup_key, ordering_key, group_key, error, created_at, updated_at)
-    VALUES (DEFAULT, v_queue, v_task, v_payload::jsonb, 'ready', v_priority, COALESCE(v_run_at::timestamptz, now() + make_interval(secs => v_delay)), COALESCE(v_run_at::timestamptz, now() + make_interval(secs => v_delay)), 0,
+    INSERT INTO queue_app_queueitem (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
+    max_attempts, lease_timeout, dedup_key, ordering_key, group_key, error, created_at, updated_at)
+    VALUES (DEFAULT, v_queue, v_task, v_payload::jsonb, 'ready', v_priority, COALESCE(v_run_at::timestamptz, now() +
+    make_interval(secs => v_delay)), COALESCE(v_run_at::timestamptz, now() + make_interval(secs => v_delay)), 0,
             COALESCE(v_max_attempts, (SELECT max_attempts FROM queue_app_queue WHERE name = v_queue),
     v_queue_max_attempts), v_lease_timeout, NULL, v_ordering_key, COALESCE(v_group_key,
-    (SELECT CASE WHEN (fair OR group_concurrency IS NOT NULL) THEN '' END FROM queue_app_queue WHERE name = v_queue FOR KEY SHARE)), '', now(), now())
-    RETURNING id, run_at, created_at
+    (SELECT CASE WHEN (fair OR group_concurrency IS NOT NULL) THEN '' END FROM queue_app_queue WHERE name = v_queue FOR
+    KEY SHARE)), '', now(), now()) RETURNING id, run_at, created_at
 )
 SELECT id, run_at, created_at, pg_notify(v_channel, v_queue)::text FROM ins
         INTO v_id, v_when, v_created, v_notified;
@@ -171,7 +183,8 @@ SELECT id, run_at, created_at, pg_notify(v_channel, v_queue)::text FROM ins
     END IF;
     v_dedup_window := COALESCE(v_dedup_window, declared.dedup_window, s.dedup_window);
     IF v_dedup_window < 0.001 OR v_dedup_window IN ('NaN', 'Infinity') THEN
-        RAISE EXCEPTION 'dedup_window must be a finite number >= 0.001, not %', v_dedup_window USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION 'dedup_window must be a finite number >= 0.001, not %', v_dedup_window USING ERRCODE =
+        'invalid_parameter_value';
     END IF;
     LOOP
         WITH q AS (
@@ -187,12 +200,14 @@ ON CONFLICT (name) DO NOTHING
         WHERE c.expires_at <= now()
     RETURNING item_id
 ), ins AS (
-    INSERT INTO queue_app_queueitem (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts, max_attempts,
-    lease_timeout, dedup_key, ordering_key, group_key, error, created_at, updated_at)
-    SELECT claim.item_id, v_queue, v_task, v_payload::jsonb, 'ready', v_priority, COALESCE(v_run_at::timestamptz, now() + make_interval(secs => v_delay)), COALESCE(v_run_at::timestamptz, now() + make_interval(secs => v_delay)), 0,
+    INSERT INTO queue_app_queueitem (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
+    max_attempts, lease_timeout, dedup_key, ordering_key, group_key, error, created_at, updated_at)
+    SELECT claim.item_id, v_queue, v_task, v_payload::jsonb, 'ready', v_priority, COALESCE(v_run_at::timestamptz, now()
+    + make_interval(secs => v_delay)), COALESCE(v_run_at::timestamptz, now() + make_interval(secs => v_delay)), 0,
            COALESCE(v_max_attempts, (SELECT max_attempts FROM queue_app_queue WHERE name = v_queue),
     v_queue_max_attempts), v_lease_timeout, v_dedup_key, v_ordering_key, COALESCE(v_group_key,
-    (SELECT CASE WHEN (fair OR group_concurrency IS NOT NULL) THEN '' END FROM queue_app_queue WHERE name = v_queue FOR KEY SHARE)), '', now(),
+    (SELECT CASE WHEN (fair OR group_concurrency IS NOT NULL) THEN '' END FROM queue_app_queue WHERE name = v_queue FOR
+    KEY SHARE)), '', now(),
            now()
     FROM claim
     RETURNING id, run_at, created_at
@@ -272,10 +287,12 @@ BEGIN
     v_queue := COALESCE(v_queue, declared.queue, s.default_queue);
     v_max_attempts := COALESCE(v_max_attempts, declared.max_attempts);
     IF v_queue !~ '^[A-Za-z0-9_.:\-]{1,100}$' THEN
-        RAISE EXCEPTION 'queue name must match ^[A-Za-z0-9_.:\-]{1,100}$, not %', quote_literal(v_queue) USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION 'queue name must match ^[A-Za-z0-9_.:\-]{1,100}$, not %', quote_literal(v_queue) USING ERRCODE =
+        'invalid_parameter_value';
     END IF;
     IF v_priority NOT BETWEEN -100 AND 100 THEN
-        RAISE EXCEPTION 'priority must be an integer from -100 to 100, not %', v_priority USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION 'priority must be an integer from -100 to 100, not %', v_priority USING ERRCODE =
+        'invalid_parameter_value';
     END IF;
     IF v_run_at IS NOT NULL AND jobsite_enqueue.delay IS NOT NULL THEN
         RAISE EXCEPTION 'give run_at or delay, not both' USING ERRCODE = 'invalid_parameter_value';
@@ -287,10 +304,12 @@ BEGIN
         RAISE EXCEPTION 'delay must be a finite number >= 0, not %', v_delay USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF v_max_attempts < 1 THEN
-        RAISE EXCEPTION 'max_attempts must be an integer >= 1, not %', v_max_attempts USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION 'max_attempts must be an integer >= 1, not %', v_max_attempts USING ERRCODE =
+        'invalid_parameter_value';
     END IF;
     IF v_lease_timeout < 0.001 OR v_lease_timeout IN ('NaN', 'Infinity') THEN
-        RAISE EXCEPTION 'lease_timeout must be a finite number >= 0.001, not %', v_lease_timeout USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION 'lease_timeout must be a finite number >= 0.001, not %', v_lease_timeout USING ERRCODE =
+        'invalid_parameter_value';
     END IF;
     IF v_ordering_key = '' OR length(v_ordering_key) > 200 OR v_group_key = '' OR length(v_group_key) > 200
        OR v_dedup_key = '' OR length(v_dedup_key) > 200 THEN
@@ -302,7 +321,8 @@ BEGIN
             s.max_payload_bytes USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF jsonb_path_exists(v_payload, ('strict $.**{' || s.max_payload_depth || '}')::jsonpath) THEN
-        RAISE EXCEPTION 'payload nested deeper than % levels', s.max_payload_depth USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION 'payload nested deeper than % levels', s.max_payload_depth USING ERRCODE =
+        'invalid_parameter_value';
     END IF;
     v_channel := s.notify_channel;
     v_queue_lease_timeout := s.default_lease_timeout;
@@ -314,13 +334,14 @@ INSERT INTO queue_app_queue (name, paused, concurrency_limit, lease_timeout, max
 VALUES (v_queue, false, NULL, v_queue_lease_timeout, v_queue_max_attempts, v_queue_retention, now())
 ON CONFLICT (name) DO NOTHING
 ), ins AS (
-    INSERT INTO queue_app_queueitem (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts, max_attempts,
-    lease_timeout, dedup_key, ordering_key, group_key, error, created_at, updated_at)
-    VALUES (DEFAULT, v_queue, v_task, v_payload::jsonb, 'ready', v_priority, COALESCE(v_run_at::timestamptz, now() + make_interval(secs => v_delay)), COALESCE(v_run_at::timestamptz, now() + make_interval(secs => v_delay)), 0,
+    INSERT INTO queue_app_queueitem (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
+    max_attempts, lease_timeout, dedup_key, ordering_key, group_key, error, created_at, updated_at)
+    VALUES (DEFAULT, v_queue, v_task, v_payload::jsonb, 'ready', v_priority, COALESCE(v_run_at::timestamptz, now() +
+    make_interval(secs => v_delay)), COALESCE(v_run_at::timestamptz, now() + make_interval(secs => v_delay)), 0,
             COALESCE(v_max_attempts, (SELECT max_attempts FROM queue_app_queue WHERE name = v_queue),
     v_queue_max_attempts), v_lease_timeout, NULL, v_ordering_key, COALESCE(v_group_key,
-    (SELECT CASE WHEN (fair OR group_concurrency IS NOT NULL) THEN '' END FROM queue_app_queue WHERE name = v_queue FOR KEY SHARE)), '', now(), now())
-    RETURNING id, run_at, created_at
+    (SELECT CASE WHEN (fair OR group_concurrency IS NOT NULL) THEN '' END FROM queue_app_queue WHERE name = v_queue FOR
+    KEY SHARE)), '', now(), now()) RETURNING id, run_at, created_at
 )
 SELECT id, run_at, created_at, pg_notify(v_channel, v_queue)::text FROM ins
         INTO v_id, v_when, v_created, v_notified;
@@ -328,7 +349,8 @@ SELECT id, run_at, created_at, pg_notify(v_channel, v_queue)::text FROM ins
     END IF;
     v_dedup_window := COALESCE(v_dedup_window, declared.dedup_window, s.dedup_window);
     IF v_dedup_window < 0.001 OR v_dedup_window IN ('NaN', 'Infinity') THEN
-        RAISE EXCEPTION 'dedup_window must be a finite number >= 0.001, not %', v_dedup_window USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION 'dedup_window must be a finite number >= 0.001, not %', v_dedup_window USING ERRCODE =
+        'invalid_parameter_value';
     END IF;
     LOOP
         WITH q AS (
@@ -344,12 +366,14 @@ ON CONFLICT (name) DO NOTHING
         WHERE c.expires_at <= now()
     RETURNING item_id
 ), ins AS (
-    INSERT INTO queue_app_queueitem (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts, max_attempts,
-    lease_timeout, dedup_key, ordering_key, group_key, error, created_at, updated_at)
-    SELECT claim.item_id, v_queue, v_task, v_payload::jsonb, 'ready', v_priority, COALESCE(v_run_at::timestamptz, now() + make_interval(secs => v_delay)), COALESCE(v_run_at::timestamptz, now() + make_interval(secs => v_delay)), 0,
+    INSERT INTO queue_app_queueitem (id, queue_id, task, payload, state, priority, run_at, visible_at, attempts,
+    max_attempts, lease_timeout, dedup_key, ordering_key, group_key, error, created_at, updated_at)
+    SELECT claim.item_id, v_queue, v_task, v_payload::jsonb, 'ready', v_priority, COALESCE(v_run_at::timestamptz, now()
+    + make_interval(secs => v_delay)), COALESCE(v_run_at::timestamptz, now() + make_interval(secs => v_delay)), 0,
            COALESCE(v_max_attempts, (SELECT max_attempts FROM queue_app_queue WHERE name = v_queue),
     v_queue_max_attempts), v_lease_timeout, v_dedup_key, v_ordering_key, COALESCE(v_group_key,
-    (SELECT CASE WHEN (fair OR group_concurrency IS NOT NULL) THEN '' END FROM queue_app_queue WHERE name = v_queue FOR KEY SHARE)), '', now(),
+    (SELECT CASE WHEN (fair OR group_concurrency IS NOT NULL) THEN '' END FROM queue_app_queue WHERE name = v_queue FOR
+    KEY SHARE)), '', now(),
            now()
     FROM claim
     RETURNING id, run_at, created_at

@@ -5,8 +5,8 @@ child) ends. Wall-clock times (time.time(), CLOCK_REALTIME: the database server'
 line up with the item's created_at and the handler's first statement's clock_timestamp(), across processes).
 
 Off by default: `on` is read once, at the worker's start (configure); every call site checks it before calling
-anything here, so an off worker never calls a recording function (tests/test_worker_stage_times.py). On, a stamp
-is a time.time() and a list append; the file is written at the end, off the timed path (and, in a long run, each
+anything here, so an off worker never calls a recording function (tests/core/processes/test_worker_stage_times.py). On,
+a stamp is a time.time() and a list append; the file is written at the end, off the timed path (and, in a long run, each
 time FLUSH_AT stamps have gathered: at the worker's heartbeat, or after a child's job).
 
 Lines, space-separated (a worker and its pool children append to the same file; each flush is one write):

@@ -6,9 +6,9 @@ The database runs what migrations installed, and a migration is frozen: each hol
 it installs (never importing them from here or from another migration). The latest copies are in migrations
 0021_workflow_sql_one_home, 0024_workflow_waits, 0027_workflow_approvals, 0032_workflow_conditions,
 0033_workflow_versions and 0043_sub48_subworkflows.
-tests/test_workflow_sql_source.py compares every `queue_app_wf_*` function and workflow trigger of a migrated
-database with this module, so a change here needs a new migration holding a copy of the changed texts (CREATE OR
-REPLACE), and a migration cannot change them without this module following.
+tests/workflows/in_process/test_workflow_sql_source.py compares every `queue_app_wf_*` function and workflow trigger of
+a migrated database with this module, so a change here needs a new migration holding a copy of the changed texts (CREATE
+OR REPLACE), and a migration cannot change them without this module following.
 
 Every function runs inside the transaction that settles an item (or starts, fans out, cancels or repairs a
 workflow) and takes the workflow's row lock first: one workflow's counters change one transaction at a time, so

@@ -3,7 +3,7 @@
 Everything after ``test`` goes to pytest untouched (``-x``, ``-k expr``, ``-m "not spark"``, paths, node ids).
 With ``JOBSITE_TEST_WORKERS=N`` (N > 0) the tests run in parallel: pytest-xdist's ``-n N --dist loadgroup``, N
 worker processes each on a test database of its own, the tests that must not overlap (Spark, chaos runs, the
-browser) kept together by tests/xdist_groups.py. The default is ``0``, one process: on a 2-core machine the
+browser) kept together by tests/support/xdist_groups.py. The default is ``0``, one process: on a 2-core machine the
 suite's Django boots and JVMs keep both cores busy, and the parallel run is not yet proven faster or as steady
 there (docs/development.md › In parallel). Arguments that choose the parallelism
 themselves (``-n``/``--numprocesses``, ``--dist``, ``-p no:xdist``) are left alone.
@@ -14,7 +14,7 @@ slow is found by the change that made it slow, not by CI's time limit.
 
 pytest's exit code becomes the command's; "no tests collected" (pytest's 5) counts as a failure. Under
 ``CI=true`` a system package that is missing after the install attempt fails the run at once (exit 1, naming it):
-the tests that need it would only skip, and no test may skip in CI (tests/skip_guard.py).
+the tests that need it would only skip, and no test may skip in CI (tests/support/skip_guard.py).
 """
 
 import argparse

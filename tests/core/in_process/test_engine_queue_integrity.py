@@ -1,0 +1,143 @@
+"""Every item names an existing queue, and a queue with items stays. The item table has no foreign-key constraint
+to the queue table (its per-row check was ~30% of a bulk enqueue); the triggers of migration 0008 keep the same
+rule once per statement. These tests break it every way there is — ORM, plain SQL, COPY, an update, a delete and
+a rename, and a delete racing an insert on two connections — and find it kept."""
+
+import threading
+
+import psycopg
+import pytest
+from django.db import IntegrityError, connection, transaction
+
+from queue_app import engine
+from queue_app.models import Queue, QueueItem
+from tests.support.queue_helpers import lock_waiters, raw_connection
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def item_sql(queue: str) -> str:
+    return (
+        "INSERT INTO queue_app_queueitem (queue_id, task, payload, state, priority, attempts, max_attempts, error)"
+        f" VALUES ('{queue}', 't', '{{}}', 'ready', 0, 0, 5, '')"
+    )
+
+
+def test_an_item_naming_a_missing_queue_is_refused_through_the_orm():
+    with pytest.raises(IntegrityError, match="names queue 'nowhere', which does not exist"):
+        QueueItem.objects.create(queue_id="nowhere", task="t")
+
+    assert not QueueItem.objects.exists()
+
+
+def test_one_missing_queue_refuses_the_whole_statement():
+    engine.ensure_queue("here")
+    with connection.cursor() as cur, pytest.raises(IntegrityError, match="'nowhere'"):
+        cur.execute(
+            "INSERT INTO queue_app_queueitem (queue_id, task, payload, state, priority, attempts, max_attempts, error)"
+            " SELECT q, 't', '{}', 'ready', 0, 0, 5, '' FROM unnest(ARRAY['here', 'nowhere', 'here']) AS q"
+        )
+
+    assert not QueueItem.objects.exists()
+
+
+def test_copy_into_a_missing_queue_is_refused():
+    with raw_connection() as conn, pytest.raises(psycopg.errors.ForeignKeyViolation):
+        columns = "queue_id, task, payload, state, priority, attempts, max_attempts, error"
+        with conn.cursor().copy(f"COPY queue_app_queueitem ({columns}) FROM STDIN") as cp:
+            cp.write_row(("nowhere", "t", "{}", "ready", 0, 0, 5, ""))
+
+    assert not QueueItem.objects.exists()
+
+
+def test_enqueue_creates_the_queue_it_names_in_the_same_statement():
+    single = engine.enqueue("t", queue="fresh-1")
+    deduped = engine.enqueue("t", queue="fresh-2", dedup_key="k")
+    bulk = engine.enqueue_many("t", [{}] * 3, queue="fresh-3")
+
+    assert set(Queue.objects.values_list("name", flat=True)) == {"fresh-1", "fresh-2", "fresh-3"}
+    assert QueueItem.objects.filter(id__in=[single.id, deduped.id, *bulk]).count() == 5
+
+
+def test_an_item_cannot_move_to_a_missing_queue_but_may_move_to_another():
+    item = QueueItem.objects.get(id=engine.enqueue("t", queue="a").id)
+    engine.ensure_queue("b")
+
+    item.queue_id = "nowhere"
+    with pytest.raises(IntegrityError, match="moved to queue 'nowhere'"), transaction.atomic():
+        item.save()
+    item.queue_id = "b"
+    item.save()
+
+    assert QueueItem.objects.get(id=item.id).queue_id == "b"
+
+
+@pytest.mark.parametrize("state", ["ready", "done"])
+def test_a_queue_with_items_cannot_be_deleted_or_renamed(state):
+    item = engine.enqueue("t", queue="busy")
+    QueueItem.objects.filter(id=item.id).update(state=state)
+
+    with pytest.raises(IntegrityError, match="'busy' still has items"), transaction.atomic():
+        Queue.objects.filter(name="busy").delete()
+    with pytest.raises(IntegrityError, match="'busy' still has items"), transaction.atomic():
+        Queue.objects.filter(name="busy").update(name="renamed")
+
+    assert Queue.objects.filter(name="busy").exists()
+
+
+def test_an_empty_queue_can_be_deleted_and_renamed():
+    engine.ensure_queue("idle")
+    engine.ensure_queue("gone")
+
+    Queue.objects.filter(name="idle").update(name="renamed")
+    Queue.objects.filter(name="gone").delete()
+
+    assert list(Queue.objects.values_list("name", flat=True)) == ["renamed"]
+
+
+def run_behind(holder: psycopg.Connection, statement: str) -> BaseException | None:
+    """Run `statement` on a connection of its own while `holder`'s open transaction holds the lock it needs:
+    wait until it waits on that lock, commit `holder`, and return what the statement then raised (None: it
+    committed)."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        with raw_connection() as conn:
+            try:
+                conn.execute(statement)
+                conn.commit()
+                outcome.append(None)
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: lock_waiters(statement) == 1, timeout=10, what=f"{statement!r} to wait on a lock")
+    holder.commit()
+    thread.join(10)
+    return outcome[0]
+
+
+def test_a_queue_delete_waits_for_an_open_enqueue_and_then_sees_its_items():
+    engine.ensure_queue("raced")
+
+    with raw_connection() as enqueuer:
+        enqueuer.execute(item_sql("raced"))  # its statement trigger locks the queue row until commit
+        outcome = run_behind(enqueuer, "DELETE FROM queue_app_queue WHERE name = 'raced'")
+
+    assert isinstance(outcome, psycopg.errors.ForeignKeyViolation)
+    assert QueueItem.objects.filter(queue_id="raced").count() == 1
+    assert Queue.objects.filter(name="raced").exists()
+
+
+def test_an_insert_racing_a_queue_delete_is_refused_when_the_delete_commits():
+    engine.ensure_queue("raced")
+
+    with raw_connection() as deleter:
+        assert deleter.execute("DELETE FROM queue_app_queue WHERE name = 'raced'").rowcount == 1
+        outcome = run_behind(deleter, item_sql("raced"))
+
+    assert isinstance(outcome, psycopg.errors.ForeignKeyViolation)
+    assert not QueueItem.objects.exists()
+    assert not Queue.objects.filter(name="raced").exists()

@@ -1,0 +1,114 @@
+"""The worker's stage times (queue_app/worker/stages.py, issue 47): off by default, an off worker never calls a
+recording function; on, every item it starts is stamped from its lease to its handler's first line; and what the
+stamps show of the latency path with real worker processes: a lone item on an idle queue is leased alone, while
+a burst is leased in batches."""
+
+import signal
+
+import pytest
+
+from queue_app import engine
+from queue_app.models import ExecutionLog, ItemState, QueueItem
+from queue_app.probes.tasks import close_log_connection
+from queue_app.worker import Supervisor, WorkerOptions, stages
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PROBE = "queue_app.probe"
+RECORDERS = ("leased", "submitted", "picked", "first_line", "flush")
+
+
+@pytest.fixture(autouse=True)
+def _stages_reset():
+    yield
+    close_log_connection()
+    stages.configure()  # back to the settings' (off), whatever the test turned on
+
+
+@pytest.fixture
+def recorded(monkeypatch) -> list[str]:
+    """Every call of a recording function, by name (the functions still record)."""
+    calls: list[str] = []
+    for name in RECORDERS:
+        real = getattr(stages, name)
+
+        def counting(*args, _name=name, _real=real, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(stages, name, counting)
+    return calls
+
+
+def _drain(pool: str, items: int) -> None:
+    engine.enqueue_many(PROBE, [{} for _ in range(items)])
+    Supervisor(WorkerOptions(pool=pool, concurrency=2, burst=True, scheduler=False)).run()
+    assert QueueItem.objects.filter(state=ItemState.DONE).count() == items
+
+
+def test_an_off_worker_never_calls_a_recording_function(recorded, settings):
+    settings.JOBSITE = {**getattr(settings, "JOBSITE", {}), "STAGE_TIMES": None}
+    _drain("thread", 5)
+    assert ExecutionLog.objects.count() == 5
+    assert recorded == []
+
+
+def test_an_on_worker_stamps_each_item_from_its_lease_to_its_handlers_first_line(recorded, settings, tmp_path):
+    path = tmp_path / "stages"
+    settings.JOBSITE = {**getattr(settings, "JOBSITE", {}), "STAGE_TIMES": str(path)}
+    _drain("thread", 5)
+    assert {"leased", "submitted", "picked", "first_line", "flush"} <= set(recorded)
+    lines = [line.split() for line in path.read_text().splitlines()]
+    reservations = set(ExecutionLog.objects.values_list("reservation_id", flat=True))
+    for kind in "LSPF":
+        assert {int(line[1]) for line in lines if line[0] == kind} == reservations, kind
+    for line in (line for line in lines if line[0] == "L"):
+        woken, sent, leased = map(float, line[2:5])
+        assert 0 < sent <= leased and int(line[6]) <= int(line[5]) and line[7] in ("loop", "thread", "beside")
+
+
+@pytest.mark.slow
+def test_a_lone_item_is_leased_alone_and_a_burst_in_batches(worker, tmp_path):
+    """Real run_worker processes (a thread pool and a process pool): a probe enqueued on an idle queue is taken by
+    a lease of its own, in the loop (nothing in hand), on its notification; a burst of 300 committed at once is
+    taken by leases of many items each."""
+    for pool in ("thread", "process"):
+        path = tmp_path / f"stages-{pool}"
+        proc = worker(f"w-{pool}", "--pool", pool, "--concurrency", "4", env={"JOBSITE_STAGE_TIMES": str(path)})
+        wait_for(lambda proc=proc: "status state=running" in proc.log.read_text(), 30, what="the worker to start")
+        lone = []
+        for _ in range(3):
+            item = engine.enqueue(PROBE, {}).id
+            wait_for(lambda item=item: ExecutionLog.objects.filter(item_id=item).exists(), 10, what="the probe")
+            lone.append(item)
+        burst = list(engine.enqueue_many(PROBE, [{} for _ in range(300)]))
+        wait_for(
+            lambda burst=burst: ExecutionLog.objects.filter(item_id__in=burst).count() == len(burst), 60, what="burst"
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, proc.log.read_text()[-3000:]
+        by_reservation = {int(p[1]): p for p in (line.split() for line in path.read_text().splitlines()) if p[0] == "L"}
+        reservation_of = dict(ExecutionLog.objects.values_list("item_id", "reservation_id"))
+        for item in lone:
+            line = by_reservation[reservation_of[item]]
+            assert (int(line[6]), line[7]) == (1, "loop") and float(line[2]) > 0, (pool, line)
+        got = [int(by_reservation[reservation_of[item]][6]) for item in burst]
+        assert max(got) > 1 and sum(g > 1 for g in got) > len(burst) // 2, (pool, sorted(got))
+
+
+def test_stamps_gathered_past_the_bound_are_written_out_of_memory(settings, tmp_path):
+    path = tmp_path / "stages"
+    settings.JOBSITE = {**getattr(settings, "JOBSITE", {}), "STAGE_TIMES": str(path)}
+    stages.configure()
+    for reservation_id in range(3):
+        stages.picked(reservation_id)
+    stages.flush(at_least=4)  # fewer than the bound: kept
+    assert not path.exists()
+    stages.first_line(2)
+    stages.flush(at_least=4)
+    assert [line.split()[:2] for line in path.read_text().splitlines()] == [
+        ["P", "0"], ["P", "1"], ["P", "2"], ["F", "2"]
+    ]  # fmt: skip
+    stages.flush()  # nothing left in memory: nothing written twice
+    assert len(path.read_text().splitlines()) == 4
