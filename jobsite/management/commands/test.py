@@ -58,6 +58,11 @@ def parallel_args(args: list[str], workers: int) -> list[str]:
     return ["-n", str(workers), "--dist", "loadgroup"]
 
 
+def _default_sigint() -> None:
+    """In the pytest child, before it runs: SIGINT as Python's start expects it to find it (not ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Command(BaseCommand):
     help = "Run the tests with pytest; all arguments are passed to pytest (see `manage.py test --help`)."
     requires_system_checks = []
@@ -107,7 +112,16 @@ class Command(BaseCommand):
         # pytest and its xdist workers in a process group of their own: a stop (Ctrl-C, the budget, SIGTERM) reaches
         # them all, so each worker's tests end their fixtures (and the processes those started), not only the
         # controller; and a SIGINT to pytest's group never reaches a script that runs this command (.ci/run).
-        proc = subprocess.Popen(cmd, cwd=settings.BASE_DIR, env=os.environ.copy(), start_new_session=True)
+        # SIGINT back to its default in the child, so Python there turns it into KeyboardInterrupt: a shell starts a
+        # background job (`cmd &`, nohup) with SIGINT ignored, a child inherits that, and the budget's stop would
+        # then be ignored until the grace's SIGKILL, with no report.
+        proc = subprocess.Popen(
+            cmd,
+            cwd=settings.BASE_DIR,
+            env=os.environ.copy(),
+            start_new_session=True,
+            preexec_fn=_default_sigint,
+        )
 
         def stop(signum: int = signal.SIGINT) -> None:
             with contextlib.suppress(ProcessLookupError):

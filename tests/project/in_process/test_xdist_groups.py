@@ -4,6 +4,7 @@ ran on; the tests of a group ran on one worker, and the time report names the gr
 its parallelism to pytest unless told otherwise, and stops a run past its budget with a clear failure."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -149,7 +150,7 @@ def test_the_test_command_adds_its_parallelism_unless_the_arguments_choose(args,
     assert parallel_args(args, count) == added
 
 
-def _test_command(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
+def _test_command(tmp_path, *args: str, preexec_fn=None, **env: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CI"))}
     environ |= {"JOBSITE_NO_BOOTSTRAP": "1", "JOBSITE_NO_SYSTEM_PACKAGES": "1", **env}
     return subprocess.run(
@@ -159,6 +160,7 @@ def _test_command(tmp_path, *args: str, **env: str) -> subprocess.CompletedProce
         capture_output=True,
         text=True,
         timeout=300,
+        preexec_fn=preexec_fn,
     )
 
 
@@ -174,7 +176,12 @@ def test_a_run_past_its_budget_is_stopped_reports_and_fails_saying_so(tmp_path):
         )
     )
     done = _test_command(
-        tmp_path, str(tmp_path / "test_stuck.py"), JOBSITE_TEST_WORKERS="0", JOBSITE_TEST_BUDGET_MINUTES="0.25"
+        tmp_path,
+        str(tmp_path / "test_stuck.py"),
+        # Started as a shell starts a background job (`.ci/run &`, nohup): SIGINT ignored, which a child inherits.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        JOBSITE_TEST_WORKERS="0",
+        JOBSITE_TEST_BUDGET_MINUTES="0.25",
     )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
