@@ -20,9 +20,12 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from jobsite.spark_report import ENV, PREVIEW_ROWS
-
 from . import eventlog
+
+# The channel's two ends agree on these: jobsite/spark_report.py, the writer a PySpark script imports, is plain Python
+# and imports no app, so it names them too (tests/spark/in_process/test_spark_report.py holds the two equal).
+ENV = "JOBSITE_SPARK_REPORT"  # the variable naming the run's report file
+PREVIEW_ROWS = 20  # rows of a preview kept, at most
 
 logger = logging.getLogger("jobsite.spark")
 

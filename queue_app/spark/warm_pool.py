@@ -19,9 +19,9 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from jobsite.spark_report import ENV as REPORT_ENV
 from queue_app.spark import connect, connect_health
 from queue_app.spark.commandline import CHILD_SCRIPT, child_environment
+from queue_app.spark.script_report import ENV as REPORT_ENV
 from queue_app.spark.watch import start_child
 
 if TYPE_CHECKING:

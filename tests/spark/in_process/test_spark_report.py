@@ -37,6 +37,12 @@ def job(tmp_path, monkeypatch):
         _jobs.unregister(name)
 
 
+def test_the_channels_two_ends_agree():
+    """The writer a script imports (plain Python, no app) and the Spark app's reader name the same channel."""
+    assert (spark_report.ENV, spark_report.PREVIEW_ROWS) == (script_report.ENV, script_report.PREVIEW_ROWS)
+    assert script_report.ENV == "JOBSITE_SPARK_REPORT"
+
+
 def test_outside_jobsite_a_report_does_nothing_and_bad_figures_are_refused(monkeypatch, tmp_path):
     monkeypatch.delenv(spark_report.ENV, raising=False)
     assert spark_report.materialized("events", "2026-11-26", rows=3) is False
