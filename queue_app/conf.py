@@ -106,7 +106,7 @@ DEFAULTS: dict[str, Any] = {
     # ids each line carries.
     "LOG_FORMAT": "plain",
     # A file path: the worker (and each pool child) appends its stage stamps there when it ends, kept in memory
-    # until then (queue_app/worker/stages.py), for the bench's split of the start latency. None: off, nothing
+    # until then (queue_app/stages.py), for the bench's split of the start latency. None: off, nothing
     # recorded (read once, at the worker's start).
     "STAGE_TIMES": None,
 }

@@ -23,7 +23,7 @@ Lines, space-separated (a worker and its pool children append to the same file; 
 import os
 import time
 
-from ..conf import queue_settings
+from .conf import queue_settings
 
 FLUSH_AT = 50_000  # stamps kept in memory at most, about (a long run with the stamps on does not grow without end)
 

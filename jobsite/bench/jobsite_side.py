@@ -441,7 +441,7 @@ def measure_latency(
     suffix = suffix if load_per_s else ""
     _clear_queue(queue)
     log = f"jobsite-latency-{suffix.strip('_') or 'idle'}"
-    # The workers' stage times (worker/stages.py): where each probe's milliseconds went.
+    # The workers' stage times (queue_app/stages.py): where each probe's milliseconds went.
     stage_file = ctx.log_path(f"{log}-stages")
     stage_file.unlink(missing_ok=True)
     stage_env = {**(worker_env or {}), "JOBSITE_STAGE_TIMES": str(stage_file)}

@@ -1,5 +1,5 @@
 """Where the start latency goes, stage by stage: the workers' stage times (JOBSITE["STAGE_TIMES"],
-queue_app/worker/stages.py) joined with the database's times of each probe (its created_at, the handler's first
+queue_app/stages.py) joined with the database's times of each probe (its created_at, the handler's first
 statement's executed_at: clock_timestamp(), the same host's clock) and the bench's own (the enqueue's return).
 
 The stages follow one another, so for each probe they add up to its total, created_at to executed_at:

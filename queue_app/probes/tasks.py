@@ -19,10 +19,9 @@ from typing import Any
 
 import psycopg
 
-from .. import engine
+from .. import engine, stages
 from ..engine.alias import connection
 from ..registry import ChunkItem, ChunkPolicy, Context, Delivery, ItemRetry, job
-from ..worker import stages
 
 
 class ProbeFailed(Exception):
@@ -106,7 +105,7 @@ def close_log_connection() -> None:
 
 
 def _probe(payload: Any, ctx: Context) -> dict[str, Any]:
-    if stages.on:  # the bench's latency split: the handler's first line (worker/stages.py)
+    if stages.on:  # the bench's latency split: the handler's first line (queue_app/stages.py)
         stages.first_line(ctx.reservation_id)
     record = _run_record(ctx)
     if ctx.delivery is Delivery.TRANSACTIONAL:

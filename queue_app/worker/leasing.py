@@ -24,11 +24,10 @@ from typing import Any
 
 from django.db import connections
 
-from .. import engine
+from .. import engine, stages
 from ..conf import queue_settings
 from ..engine import Terms, tracing
 from ..engine.alias import queue_connection
-from . import stages
 
 logger = logging.getLogger("jobsite.worker")
 
@@ -45,7 +44,7 @@ class LeaseCall:
         self.sent: list = []  # the (lease, result) pairs the call in flight settles
         self.asked = 0  # items the call in flight asked for
         self._result: tuple[Any, BaseException | None] | None = None
-        self.woken_at = self.sent_at = self.leased_at = 0.0  # the call's stage times (worker/stages.py), when on
+        self.woken_at = self.sent_at = self.leased_at = 0.0  # the call's stage times (queue_app/stages.py), when on
         self.path = "thread"  # where the call in flight runs: "thread", or "loop" (`here`); for the stage times
         # The traced statement, whose leases carry the items' trace contexts and a workflow step's workflow id
         # and step name: with tracing on, and with JSON logs (a step's lines then name its workflow and step,

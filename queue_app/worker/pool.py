@@ -32,9 +32,9 @@ from typing import Protocol
 from django.db import connections
 from psycopg.pq import TransactionStatus
 
+from .. import stages
 from ..engine import tracing
 from ..engine.alias import queue_connection
-from . import stages
 from .execute import Job, Outcome, failed, run_job
 
 _fork = multiprocessing.get_context("fork")

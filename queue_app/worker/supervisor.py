@@ -40,12 +40,11 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .. import engine
+from .. import engine, stages
 from ..conf import queue_settings
 from ..engine import ALL_QUEUES, Lease, LeaseTerms, tracing
 from ..logcontext import attempt_ids, bind_process
 from ..registry import Delivery, Task, find_task, registered_tasks, warm_ups_for
-from . import stages
 from .execute import Job, Outcome
 from .leasing import LeaseCall
 from .listener import FOLLOW, Listener
@@ -121,7 +120,7 @@ class Supervisor:
         self.heartbeat_every = self._heartbeat_cap()
         self.away = False  # the loop was away (frozen, cut off): check leases and settle before anything else
         self.waited_from, self.waited_for = time.monotonic(), 0.0  # the last wait: since when, for how long
-        self.woken_at = 0.0  # the last notification's arrival (worker/stages.py, when on)
+        self.woken_at = 0.0  # the last notification's arrival (queue_app/stages.py, when on)
 
     @property
     def stats(self) -> Stats:

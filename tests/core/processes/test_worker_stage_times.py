@@ -1,4 +1,4 @@
-"""The worker's stage times (queue_app/worker/stages.py, issue 47): off by default, an off worker never calls a
+"""The worker's stage times (queue_app/stages.py, issue 47): off by default, an off worker never calls a
 recording function; on, every item it starts is stamped from its lease to its handler's first line; and what the
 stamps show of the latency path with real worker processes: a lone item on an idle queue is leased alone, while
 a burst is leased in batches."""
@@ -7,10 +7,10 @@ import signal
 
 import pytest
 
-from queue_app import engine
+from queue_app import engine, stages
 from queue_app.models import ExecutionLog, ItemState, QueueItem
 from queue_app.probes.tasks import close_log_connection
-from queue_app.worker import Supervisor, WorkerOptions, stages
+from queue_app.worker import Supervisor, WorkerOptions
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
