@@ -1,6 +1,7 @@
 """Where the suite's time went: a pytest plugin (installed by tests/conftest.py) that sums each test's setup, call
-and teardown seconds by its tier (the first of its markers among spark, browser, slow; else in-process) and by its
-parallel group (tests/support/xdist_groups.py), and prints the sums at the end, so a run that grew slow says which tier
+and teardown seconds by its tier (the first of its markers among spark, browser, slow; else in-process), by its
+folder (`tests/<app>/<tier>/`: where an app's tests of a tier spend their time) and by its parallel group
+(tests/support/xdist_groups.py), and prints the sums at the end, so a run that grew slow says which tier, folder
 and group grew (`.ci/run` shows it).
 
 Under pytest-xdist the sums are made on the controller, from the reports the workers send: each test's tier and
@@ -22,8 +23,15 @@ GROUPS_SHOWN = 12  # the slowest groups listed; the rest summed on one line
 
 _tiers: dict[str, list] = defaultdict(lambda: [0.0, set()])  # tier -> [seconds, node ids]
 _groups: dict[str, list] = defaultdict(lambda: [0.0, set()])
+_folders: dict[str, list] = defaultdict(lambda: [0.0, set()])
 _workers: dict[str, float] = defaultdict(float)
 _started = time.monotonic()
+
+
+def folder(nodeid: str) -> str:
+    """`core/processes` for tests/core/processes/test_x.py::test_y: the test's folder under tests/."""
+    parts = nodeid.split("::", 1)[0].split("/")[:-1]
+    return "/".join(parts[1:] if parts[:1] == ["tests"] else parts) or "."
 
 
 def tier(item: pytest.Item) -> str:
@@ -45,7 +53,8 @@ def pytest_sessionstart(session) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     props = dict(report.user_properties)
-    for sums, key in ((_tiers, props.get(TIER, "in-process")), (_groups, props.get(GROUP, "?"))):
+    tier_, group = props.get(TIER, "in-process"), props.get(GROUP, "?")
+    for sums, key in ((_tiers, tier_), (_folders, folder(report.nodeid)), (_groups, group)):
         sums[key][0] += report.duration
         sums[key][1].add(report.nodeid)
     node = getattr(report, "node", None)  # the xdist worker that ran it (on the controller)
@@ -67,6 +76,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         return
     terminalreporter.section("time per tier (setup + call + teardown)")
     _write_sums(terminalreporter, _tiers)
+    terminalreporter.section("time per folder (tests/<app>/<tier>/), slowest first")
+    _write_sums(terminalreporter, _folders)
     if _workers:
         wall = time.monotonic() - _started
         terminalreporter.section("time per parallel group (tests/support/xdist_groups.py), slowest first")

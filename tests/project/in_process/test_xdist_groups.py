@@ -13,6 +13,7 @@ import pytest
 
 from jobsite.management.commands.test import parallel_args
 from tests.conftest import ROOT
+from tests.support import time_report
 from tests.support.xdist_groups import RANKS, rank
 
 RECORD = textwrap.dedent(
@@ -118,10 +119,18 @@ def test_a_parallel_run_reports_its_time_per_tier_and_per_group(parallel_run):
     out, _ = parallel_run
     tiers = out.split("time per tier", 1)[1]
     assert " spark: " in tiers and "3 tests" in tiers, out  # summed on the controller, from the workers' reports
+    folders = out.split("time per folder", 1)[1]
+    assert " .: " in folders and " 19 tests" in folders, out  # the tiny suite's modules sit in one folder
     groups = out.split("time per parallel group", 1)[1]
     for group in ("spark", "browser", "chaos", "slow:test_a.py", "test_a.py", "own"):
         assert f" {group}: " in groups, out
     assert "busy per worker: gw0" in groups, out
+
+
+def test_a_tests_folder_is_its_app_and_tier():
+    assert time_report.folder("tests/core/processes/test_x.py::test_y[1]") == "core/processes"
+    assert time_report.folder("tests/conftest.py::test_z") == "."
+    assert time_report.folder("test_a.py::test_b") == "."
 
 
 def test_the_long_groups_are_handed_out_first():
