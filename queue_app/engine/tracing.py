@@ -1,5 +1,6 @@
 """OpenTelemetry traces (issue 40): one home for the tracer, set up once per process, and the few helpers the
-engine, the worker, the workflows and the Spark launcher call.
+engine and the worker call. The layers' own spans are their apps' (a workflow's start: workflows/spans.py; a Spark
+run and its jobs and stages: spark/spans.py), on this module's tracer.
 
 Off by default. On when the SDK's standard environment says so: `OTEL_TRACES_EXPORTER=otlp` (and
 `OTEL_SDK_DISABLED` not true); the rest is the SDK's own variables, read by the SDK (`OTEL_SERVICE_NAME`,
@@ -253,15 +254,6 @@ def bulk_items(bulk: trace.Span, task: str, queue: str, ids: Sequence[int]) -> l
     return contexts
 
 
-@contextmanager
-def workflow_start(name: str, kind: str) -> Iterator[trace.Span]:
-    """The span of a workflow's start: the parent of every step's item (a workflow is one trace)."""
-    with tracer.start_as_current_span(
-        f"workflow {name}", kind=SpanKind.PRODUCER, attributes={"jobsite.workflow": name, "jobsite.workflow.kind": kind}
-    ) as span:
-        yield span
-
-
 def start_attempt(lease: Any, parent: str | None, worker_id: str) -> trace.Span | None:
     """The consumer span of one attempt, a child of its item's stored context (retries are siblings under the
     enqueue), ended by end_attempt when the worker knows the outcome; None when the sampler dropped it. The
@@ -314,39 +306,3 @@ def scalars(prefix: str, values: Any) -> dict[str, Any]:
     if not isinstance(values, dict):
         return {}
     return {f"{prefix}.{k}": v for k, v in values.items() if isinstance(v, int | float | str | bool)}
-
-
-@contextmanager
-def spark_run(run_id: int, job: str, attempt: int) -> Iterator[trace.Span]:
-    """The span of one Spark run's attempt, under the current one (the spark_run item's attempt)."""
-    with tracer.start_as_current_span(
-        f"spark run {job}",
-        attributes={"jobsite.spark_run_id": run_id, "jobsite.spark_job": job, "jobsite.attempt": attempt},
-    ) as span:
-        yield span
-
-
-def spark_timeline(run_span: trace.Span, timeline: list[dict[str, Any]]) -> None:
-    """Child spans of a Spark run from its event log (eventlog.timeline): a span per Spark job under the run's,
-    and per stage under its job's (the run's when its job is unknown), at the driver's times."""
-    parent = trace.set_span_in_context(run_span)
-    job_spans: dict[int, trace.Span] = {}
-    for entry in sorted(timeline, key=lambda e: (e["kind"] != "job", e["start"])):
-        context = parent
-        if entry["kind"] == "stage" and entry.get("job") in job_spans:
-            context = trace.set_span_in_context(job_spans[entry["job"]])
-        attributes = {f"spark.{entry['kind']}_id": entry["id"]}
-        if entry.get("tasks") is not None:
-            attributes["spark.tasks"] = entry["tasks"]
-        span = tracer.start_span(
-            entry["name"], context=context, start_time=int(entry["start"] * 1e9), attributes=attributes
-        )
-        if not entry.get("ok", True):
-            span.set_status(trace.StatusCode.ERROR)
-        if entry["kind"] == "job":
-            job_spans[entry["id"]] = span
-        else:
-            span.end(end_time=int(entry["end"] * 1e9))
-    for entry in timeline:  # jobs end after their stages were started under them
-        if entry["kind"] == "job":
-            job_spans[entry["id"]].end(end_time=int(entry["end"] * 1e9))

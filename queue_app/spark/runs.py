@@ -41,7 +41,7 @@ from ..engine import tracing
 from ..engine.alias import atomic
 from ..logcontext import log_context
 from ..registry import Context, Retry, Settled, job
-from . import eventlog, hooks
+from . import eventlog, hooks, spans
 from .java import JavaNotFound, check_java
 from .launcher import LaunchResult, launch
 from .models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
@@ -566,7 +566,7 @@ def _trace_result(span: Any, run_id: int, result: LaunchResult) -> None:
         timeline = eventlog.timeline(log)
         if not timeline:
             logger.info("spark run %s: no job and stage spans: its event log %s shows none ended", run_id, log)
-        tracing.spark_timeline(span, timeline)
+        spans.spark_timeline(span, timeline)
     except (OSError, KeyError, TypeError, ValueError):  # a log cut short: the run's span stands alone
         logger.warning("spark run %s: no job and stage spans from its event log", run_id, exc_info=True)
 
@@ -584,8 +584,8 @@ def spark_run(payload: Any, ctx: Context) -> dict[str, Any] | Settled:
             return {"run_id": run_id, "state": "skipped"}
         reporter = RunReporter(run.id, ctx.attempt)
         timeout = min(run.timeout or MAX_RUN_TIMEOUT, MAX_RUN_TIMEOUT)
-        if tracing.enabled:  # a span for the run, its jobs and stages under it (engine/tracing.py)
-            with tracing.spark_run(run.id, run.job, ctx.attempt) as span:
+        if tracing.enabled:  # a span for the run, its jobs and stages under it (spans.py)
+            with spans.spark_run(run.id, run.job, ctx.attempt) as span:
                 result = _launch(run, reporter, timeout)
                 _trace_result(span, run.id, result)
             # The run's, its jobs' and stages' spans leave now: a process-pool child ends with os._exit, which

@@ -26,7 +26,7 @@ from ..engine.payload import encode_json
 from ..hooks import why_held
 from ..registry import Context
 from ..spark.registry import SparkJobError, get_job
-from . import children, deadlines, rebuild, sql, versions
+from . import children, deadlines, rebuild, spans, sql, versions
 from . import hooks as workflow_hooks
 from .definition import (
     STEP_NAME,
@@ -136,7 +136,7 @@ def _create(
         claimed=claimed,
     )
     if tracing.enabled:
-        with tracing.workflow_start(name, kind) as span:
+        with spans.workflow_start(name, kind) as span:
             workflow = _write(
                 name, kind, params, graph, order, started_by, trace_context=tracing.traceparent(span), **options
             )

@@ -36,8 +36,8 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString, mark_safe
 
-from ...admin import charts
 from ...admin.actions import ReadOnlyAdmin
+from ...admin.charts import figure_script
 from ...spark.models import SparkTrigger
 from .. import DatasetError, declared_datasets, dynamic, get_dataset
 from .. import materialize as backfill
@@ -57,6 +57,7 @@ from ..status import (
     summaries,
 )
 from ..sync import sync_datasets
+from . import charts
 
 TEMPLATES = "admin/jobsite_datasets/dataset/"
 PERMISSIONS = {
@@ -262,7 +263,7 @@ class DatasetAdmin(ReadOnlyAdmin):
             history_newer=_page_query(request, page - 1) if page > 1 else None,
             history_older=_page_query(request, page + 1) if len(rows) > HISTORY_ROWS else None,
             figure=figure,
-            figure_script=charts.figure_script(figure, "ds-figure") if figure else "",
+            figure_script=figure_script(figure, "ds-figure") if figure else "",
             lineage=drawing,
             neighbourhood=seen,
             lineage_depth=PAGE_LINEAGE_DEPTH,

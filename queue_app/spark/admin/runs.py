@@ -5,8 +5,8 @@ output, QueueStatsHourly, per hour for a chosen queue).
 
 Rows change only through queue_app/spark/runs.py (trigger_run, cancel_run, rerun), behind the custom permissions
 trigger_sparkrun and cancel_sparkrun; viewing needs view_sparkrun. Live parts re-fetch a small fragment (the run
-page) or JSON (the list) every second or two and stop once the run is final. Charts are plotly figures (charts.py),
-like the queue overview's.
+page) or JSON (the list) every second or two and stop once the run is final. Charts are plotly figures (this app's
+charts.py, on the core's chart plumbing), like the queue overview's.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
-from queue_app.admin import charts
 from queue_app.admin.actions import Operation, ReadOnlyAdmin
 from queue_app.admin.display import cut, shorten, time_column
 from queue_app.admin.overview import age
@@ -37,6 +36,8 @@ from queue_app.spark.models import SPARK_FINAL_STATES as SPARK_FINAL
 from queue_app.spark.models import QueueStatsHourly, SparkConnectServer, SparkRun, SparkRunState
 from queue_app.spark.registry import SparkParamError, UnknownSparkJob
 from queue_app.spark.runs import cancel_run, rerun, timing_split, trigger_run, triggered, waiting_for
+
+from . import charts
 
 PERMISSIONS = {"trigger": "jobsite_spark.trigger_sparkrun", "cancel": "jobsite_spark.cancel_sparkrun"}
 LIVE_SECONDS = 1  # the run page's refresh

@@ -13,7 +13,9 @@
   them through `queue_app/hooks.py`, publishes its events through `queue_app/events.py`, and declares datasets
   with its own vocabulary (`queue_app/dataset_refs.py`). A layer imports only the layers its AppConfig requires
   (LAYERS), the webhooks the workflows only when installed. NOT_YET_CUT (empty) would list a datasets edge not cut
-  yet.
+  yet. Nor does the core's text name a layer: no core module or template names a layer's admin URL
+  (`admin:jobsite_...`, `/admin/jobsite_...`) or a layer model's CSS class (`.model-sparkrun`, a column only a
+  layer's list has); the layer's charts and list styles are its own.
 - No two modules of `queue_app` or `jobsite` import each other, directly or through others (no import circle),
   counting imports inside functions too: a function-level import only hides a circle from Python, not from a
   reader. A package's `__init__` importing its own submodules is downward; a submodule importing its package's
@@ -357,3 +359,66 @@ def test_the_datasets_check_counts_function_level_imports():
     graph = import_graph()
     assert {"queue_app.datasets.stale", "queue_app.datasets.watches"} <= graph["queue_app.datasets.maintenance"]
     assert "queue_app.hooks" in graph["queue_app.worker.execute"]
+
+
+# What the core's text may not name of a layer (issue 45): a layer's admin URL (its app label's `admin:jobsite_...`
+# name, `/admin/jobsite_...` path), a layer model's CSS class on the admin's pages (`.model-sparkrun`), a column
+# only a layer's list shows (`.field-webhook_id_short`). The layer's own module or template says it: its charts
+# (spark/admin/charts.py), its list's style (admin/jobsite_spark/change_list.html).
+LAYER_URL_NAMES = ("admin:jobsite_", "/admin/jobsite_")
+
+
+def core_texts() -> dict[str, str]:
+    """{path: text} of every core module (migrations aside) and every core template (queue_app/templates)."""
+    paths = [path for name, path in product_modules().items() if not layer_of(name)]
+    paths += sorted((APP / "templates").rglob("*.html"))
+    return {str(path.relative_to(APP.parent)): path.read_text() for path in paths}
+
+
+def layer_css_names() -> set[str]:
+    """The CSS classes the admin puts on a layer model's list: `.model-<model>` (the body's) and `.field-<column>`,
+    `.column-<column>` of a column only a layer's list has."""
+    from django.apps import apps
+    from django.contrib import admin
+
+    def columns(app_labels: set[str]) -> set[str]:
+        return {
+            column
+            for model, model_admin in admin.site._registry.items()
+            if model._meta.app_label in app_labels
+            for column in model_admin.list_display
+            if isinstance(column, str)
+        }
+
+    labels = {app.replace("queue_app.", "jobsite_") for app in LAYERS}
+    models = {
+        f".model-{model._meta.model_name}" for label in labels for model in apps.get_app_config(label).get_models()
+    }
+    only_layers = columns(labels) - columns({"queue_app"})
+    return models | {f".{kind}-{column}" for column in only_layers for kind in ("field", "column")}
+
+
+def layer_names_in(texts: dict[str, str], css: set[str]) -> dict[str, list[str]]:
+    found = {
+        path: sorted({name for name in LAYER_URL_NAMES if name in text} | {name for name in css if name in text})
+        for path, text in texts.items()
+    }
+    return {path: names for path, names in found.items() if names}
+
+
+def test_the_core_names_no_layer_url_or_css_class():
+    texts, css = core_texts(), layer_css_names()
+    assert "queue_app/admin/charts.py" in texts and "queue_app/templates/admin/queue_app/change_list.html" in texts
+    assert {".model-sparkrun", ".model-workflow", ".field-webhook_id_short"} <= css
+    assert ".field-payload_short" not in css  # the core's items list has it
+    assert layer_names_in(texts, css) == {}
+
+
+def test_the_layer_name_finder_sees_a_url_and_a_class():
+    """The check above is only as good as this: a layer's admin URL or a layer model's class is found."""
+    texts = {
+        "a.py": 'reverse("admin:jobsite_spark_sparkrun_change")',
+        "b.html": ".model-sparkrun #result_list .column-trigger { display: none; }",
+        "c.html": ".model-reservation #result_list .column-worker { display: none; }",
+    }
+    assert layer_names_in(texts, {".model-sparkrun"}) == {"a.py": ["admin:jobsite_"], "b.html": [".model-sparkrun"]}
