@@ -71,8 +71,10 @@ def test_an_on_worker_stamps_each_item_from_its_lease_to_its_handlers_first_line
 @pytest.mark.slow
 def test_a_lone_item_is_leased_alone_and_a_burst_in_batches(worker, tmp_path):
     """Real run_worker processes (a thread pool and a process pool): a probe enqueued on an idle queue is taken by
-    a lease of its own, in the loop (nothing in hand), on its notification; a burst of 300 committed at once is
-    taken by leases of many items each."""
+    a lease of its own, in the loop, on its notification; a burst of 300 committed at once is taken by leases of
+    many items each. Each probe is enqueued once the one before it is settled (done), so the queue is idle; the
+    worker may still be taking the settle's answer when the notification comes (under load it was: the lease ran
+    `beside` it, still in the loop, still alone). Not `thread`: the lease thread's paced path is the burst's."""
     for pool in ("thread", "process"):
         path = tmp_path / f"stages-{pool}"
         proc = worker(f"w-{pool}", "--pool", pool, "--concurrency", "4", env={"JOBSITE_STAGE_TIMES": str(path)})
@@ -80,7 +82,9 @@ def test_a_lone_item_is_leased_alone_and_a_burst_in_batches(worker, tmp_path):
         lone = []
         for _ in range(3):
             item = engine.enqueue(PROBE, {}).id
-            wait_for(lambda item=item: ExecutionLog.objects.filter(item_id=item).exists(), 10, what="the probe")
+            wait_for(
+                lambda item=item: QueueItem.objects.filter(id=item, state=ItemState.DONE).exists(), 10, what="the probe"
+            )
             lone.append(item)
         burst = list(engine.enqueue_many(PROBE, [{} for _ in range(300)]))
         wait_for(
@@ -92,7 +96,7 @@ def test_a_lone_item_is_leased_alone_and_a_burst_in_batches(worker, tmp_path):
         reservation_of = dict(ExecutionLog.objects.values_list("item_id", "reservation_id"))
         for item in lone:
             line = by_reservation[reservation_of[item]]
-            assert (int(line[6]), line[7]) == (1, "loop") and float(line[2]) > 0, (pool, line)
+            assert int(line[6]) == 1 and line[7] in ("loop", "beside") and float(line[2]) > 0, (pool, line)
         got = [int(by_reservation[reservation_of[item]][6]) for item in burst]
         assert max(got) > 1 and sum(g > 1 for g in got) > len(burst) // 2, (pool, sorted(got))
 
