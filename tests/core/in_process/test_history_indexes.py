@@ -65,7 +65,8 @@ def backlog_and_history() -> None:
     """60,000 items in two queues and two tasks: one in ten open (a drained queue's shape), the rest finished,
     and analyzed: the plans asserted are those of this table, not of the statistics an earlier test left (planned on
     a table last analyzed empty, the depth's hot count walked item_task_history as readily as item_history). The
-    ANALYZE sees this transaction's rows; its statistics go with the test's rollback."""
+    ANALYZE sees this transaction's rows; its column statistics (pg_statistic) go with the test's rollback, the row
+    count it writes in place into pg_class stays until the next ANALYZE or VACUUM."""
     for queue, task in (("qa", "billing.charge"), ("qb", "mail.send")):
         engine.enqueue_many(task, [{}] * 30_000, queue=queue)
     with connection.cursor() as cur:
