@@ -1,36 +1,41 @@
 """A worker on the spark queue (`spark_worker` fixture), its environment and SPARK_CONF_DIR, and a Spark run's row, its
 end and its tasks running."""
 
-from pathlib import Path
+import os
 
 import pytest
 
 from queue_app.spark.models import SparkRun
-from tests.support.spark_fixtures import TEST_CONF
+from tests.support.spark_archive import FAST_JVM_FLAGS, spark_conf_opts
 from tests.support.waiting import wait_for
 
 # The worker's Spark children: two local cores and a JVM tuned for start-up (as the in-process test session).
 WORKER_ENV = {
     "SPARK_MASTER": "local[2]",
-    "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "JAVA_TOOL_OPTIONS": FAST_JVM_FLAGS,
     "JOBSITE_SPARK_STOP_GRACE": "3",
 }
 
 
-def worker_env(conf_dir: Path, **extra: str) -> dict[str, str]:
-    """WORKER_ENV plus a SPARK_CONF_DIR whose spark-defaults.conf gives launched runs the test sizes (two
-    shuffle partitions instead of 200: a small rollup is then a few tasks, not hundreds)."""
-    conf_dir.mkdir(parents=True, exist_ok=True)
-    (conf_dir / "spark-defaults.conf").write_text(
-        "".join(f"{key} {value}\n" for key, value in TEST_CONF.items() if key != "spark.ui.enabled")
-    )
-    return {**WORKER_ENV, "SPARK_CONF_DIR": str(conf_dir), **extra}
+# The test sizes of launched runs: two shuffle partitions instead of 200, so a small rollup is a few tasks, not
+# hundreds. Given as the driver's system properties, not a SPARK_CONF_DIR: spark-submit puts that directory first
+# on the driver's class path, and the suite's class archive then no longer fits it (tests/support/spark_archive.py).
+RUN_SIZES = {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}
+
+
+def run_sizes_opts() -> str:
+    """SPARK_SUBMIT_OPTS for a child whose Spark runs take the test sizes, after what this process has (the
+    class archive)."""
+    return " ".join(part for part in (os.environ.get("SPARK_SUBMIT_OPTS"), spark_conf_opts(RUN_SIZES)) if part)
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """WORKER_ENV plus the test sizes of launched runs (RUN_SIZES)."""
+    return {**WORKER_ENV, "SPARK_SUBMIT_OPTS": run_sizes_opts(), **extra}
 
 
 @pytest.fixture
-def spark_worker(spawn, tmp_path_factory):
-    conf_dir = tmp_path_factory.mktemp("spark-conf")
-
+def spark_worker(spawn):
     def start(**env: str):
         return spawn(
             "run_worker",
@@ -40,7 +45,7 @@ def spark_worker(spawn, tmp_path_factory):
             "1",
             "--poll-interval",
             "0.5",
-            env=worker_env(conf_dir, **env),
+            env=worker_env(**env),
         )
 
     return start

@@ -137,9 +137,9 @@ def test_a_run_through_the_warm_server_succeeds_with_progress_and_metrics(connec
     assert len(taken) == 2 and taken[0] != taken[1], taken  # two runs, two different waiting children
 
 
-def test_cancel_interrupts_only_that_runs_operations_while_another_run_goes_on(connect_server, spawn, tmp_path):
+def test_cancel_interrupts_only_that_runs_operations_while_another_run_goes_on(connect_server, spawn):
     healthy(connect_server)
-    env = worker_env(tmp_path / "conf", JOBSITE_SPARK_CONNECT=str(connect_server))
+    env = worker_env(JOBSITE_SPARK_CONNECT=str(connect_server))
     spawn("run_worker", "--queues", "spark", "--concurrency", "2", "--poll-interval", "0.5", env=env)
     doomed = trigger_run("demo_sleep", {"tasks": 2, "seconds": 120}, trigger="orm")
     other = trigger_run("demo_sleep", {"tasks": 2, "seconds": 6}, trigger="orm")

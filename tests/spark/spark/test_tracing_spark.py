@@ -14,7 +14,9 @@ from queue_app.spark.scripts import ROOTS_ENV
 from queue_app.workflows import services as workflows
 from queue_app.workflows.definition import Graph
 from tests.support.paths import SPARK_SCRIPTS
-from tests.support.spark_fixtures import TEST_CONF, require_spark
+from tests.support.spark_archive import FAST_JVM_FLAGS
+from tests.support.spark_fixtures import require_spark
+from tests.support.spark_workers import run_sizes_opts
 from tests.support.tracing_fixtures import otel_env, receiver_fixture, traced_fixture  # noqa: F401  fixtures
 from tests.support.waiting import wait_for
 
@@ -22,14 +24,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.django_db(transac
 SCRIPTS = SPARK_SCRIPTS
 
 
-def test_a_workflow_with_a_spark_step_is_one_trace_down_to_its_stages(traced, worker, tmp_path, monkeypatch):
+def test_a_workflow_with_a_spark_step_is_one_trace_down_to_its_stages(traced, worker, monkeypatch):
     require_spark()
     monkeypatch.setenv(ROOTS_ENV, str(SCRIPTS))  # here (the step's parameters are checked) and in the worker
-    conf_dir = tmp_path / "spark-conf"
-    conf_dir.mkdir()
-    (conf_dir / "spark-defaults.conf").write_text(
-        "".join(f"{key} {value}\n" for key, value in TEST_CONF.items() if key != "spark.ui.enabled")
-    )
     graph = Graph("otel-spark-flow")
     first = graph.task("queue_app.noop", {}, name="prepare")
     script = {"path": str(SCRIPTS / "traced_count.py"), "args": json.dumps(["2"])}
@@ -40,8 +37,8 @@ def test_a_workflow_with_a_spark_step_is_one_trace_down_to_its_stages(traced, wo
     env = otel_env(
         traced,
         SPARK_MASTER="local[2]",
-        JAVA_TOOL_OPTIONS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-        SPARK_CONF_DIR=str(conf_dir),
+        JAVA_TOOL_OPTIONS=FAST_JVM_FLAGS,
+        SPARK_SUBMIT_OPTS=run_sizes_opts(),
     )
     proc = worker("otel-spark", "--burst", env=env)
     assert proc.wait(timeout=240) == 0, proc.log.read_text()[-3000:]

@@ -23,8 +23,8 @@ def _spark_available():
 
 
 @pytest.fixture
-def workers(spawn, tmp_path_factory):
-    env = worker_env(tmp_path_factory.mktemp("spark-conf"))
+def workers(spawn):
+    env = worker_env()
     return [
         spawn(
             "run_worker",

@@ -1,0 +1,33 @@
+"""The suite's Spark class archive (tests/support/spark_archive.py) reaches the drivers it is meant for: a run
+launched with a worker's environment maps Spark's classes from it and still takes the test sizes."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from queue_app.spark import eventlog
+from queue_app.spark.launcher import launch
+from tests.support import spark_archive
+from tests.support.spark_fixtures import FAST_JVM, require_spark
+from tests.support.spark_workers import run_sizes_opts
+
+pytestmark = pytest.mark.spark
+
+
+def test_a_launched_runs_driver_maps_sparks_classes_from_the_archive_and_takes_the_test_sizes(tmp_path, monkeypatch):
+    require_spark()
+    archive = spark_archive.current(wait=True)
+    assert archive is not None and archive.exists(), "no class archive was made: the run's stderr says why"
+    loads = tmp_path / "class-load.log"
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", f"{run_sizes_opts()} -Xlog:class+load=info:file={loads}")
+
+    result = launch("demo_sleep", {"tasks": "1", "seconds": "0"}, run_id="class-archive", conf=FAST_JVM)
+
+    assert result.outcome == "succeeded", result.log_tail
+    text = loads.read_text()
+    assert re.search(r"org\.apache\.spark\.SparkContext source: shared objects file \(top\)", text), text[-2000:]
+    shared = text.count("source: shared objects file (top)")
+    assert shared > 5000, f"only {shared} classes came from the archive"  # Spark's own, not just the JDK's
+    properties = "".join(p.read_text() for p in Path(eventlog.run_dir("class-archive")).rglob("*") if p.is_file())
+    assert '"spark.sql.shuffle.partitions":"2"' in properties  # the test sizes, as system properties
