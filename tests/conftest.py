@@ -9,7 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests.support import db_reset, skip_guard, slow_guard, spark_archive, time_report, xdist_groups
+from tests.support import db_reset, skip_guard, slow_guard, spark_jvm, time_report, xdist_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,8 +22,8 @@ def pytest_configure(config):
         config.pluginmanager.register(slow_guard, slow_guard.PLUGIN)
     if not config.pluginmanager.has_plugin(time_report.PLUGIN):  # where the run's time went, per tier
         config.pluginmanager.register(time_report, time_report.PLUGIN)
-    if not config.pluginmanager.has_plugin(spark_archive.PLUGIN):  # Spark's classes archived once for all JVMs
-        config.pluginmanager.register(spark_archive, spark_archive.PLUGIN)
+    if not config.pluginmanager.has_plugin(spark_jvm.PLUGIN):  # Spark's classes archived once for all JVMs
+        config.pluginmanager.register(spark_jvm, spark_jvm.PLUGIN)
     # In parallel (`manage.py test` runs pytest-xdist): the tests that must not overlap share a worker.
     if config.pluginmanager.hasplugin("xdist") and not config.pluginmanager.has_plugin(xdist_groups.PLUGIN):
         config.pluginmanager.register(xdist_groups, xdist_groups.PLUGIN)

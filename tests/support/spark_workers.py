@@ -1,12 +1,10 @@
-"""A worker on the spark queue (`spark_worker` fixture), its environment and SPARK_CONF_DIR, and a Spark run's row, its
-end and its tasks running."""
-
-import os
+"""A worker on the spark queue (`spark_worker` fixture), its environment, and a Spark run's row, its end and its tasks
+running."""
 
 import pytest
 
 from queue_app.spark.models import SparkRun
-from tests.support.spark_archive import FAST_JVM_FLAGS, spark_conf_opts
+from tests.support.spark_jvm import FAST_JVM_FLAGS
 from tests.support.waiting import wait_for
 
 # The worker's Spark children: two local cores and a JVM tuned for start-up (as the in-process test session).
@@ -17,21 +15,10 @@ WORKER_ENV = {
 }
 
 
-# The test sizes of launched runs: two shuffle partitions instead of 200, so a small rollup is a few tasks, not
-# hundreds. Given as the driver's system properties, not a SPARK_CONF_DIR: spark-submit puts that directory first
-# on the driver's class path, and the suite's class archive then no longer fits it (tests/support/spark_archive.py).
-RUN_SIZES = {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}
-
-
-def run_sizes_opts() -> str:
-    """SPARK_SUBMIT_OPTS for a child whose Spark runs take the test sizes, after what this process has (the
-    class archive)."""
-    return " ".join(part for part in (os.environ.get("SPARK_SUBMIT_OPTS"), spark_conf_opts(RUN_SIZES)) if part)
-
-
 def worker_env(**extra: str) -> dict[str, str]:
-    """WORKER_ENV plus the test sizes of launched runs (RUN_SIZES)."""
-    return {**WORKER_ENV, "SPARK_SUBMIT_OPTS": run_sizes_opts(), **extra}
+    """WORKER_ENV and `extra`. The test sizes of launched runs come with this process's SPARK_SUBMIT_OPTS
+    (tests/support/spark_jvm.py)."""
+    return {**WORKER_ENV, **extra}
 
 
 @pytest.fixture

@@ -79,6 +79,11 @@ def _read(spark, params: Mapping[str, Any]):
         Param("day", "date", help="Only this day (others in the input are left out, and left alone)."),
     ],
     check=_check,
+    # The rollup is cached and read three times. By default Spark keeps a cached plan's shuffle partitions
+    # (spark.sql.shuffle.partitions, 200) and every read of it runs 200 tasks: 1,015 tasks for the tour's 10,000
+    # rows. This lets adaptive execution coalesce them to what the data needs as it does for an uncached plan:
+    # 18.5 -> 11.0 s for that rollup in one local[2] driver, load 1-2. A run's own conf still overrides it.
+    conf={"spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true"},
 )
 def file_rollup(spark, params: Mapping[str, Any]) -> dict[str, Any]:
     from pyspark.sql import functions as F

@@ -14,9 +14,8 @@ from queue_app.spark.scripts import ROOTS_ENV
 from queue_app.workflows import services as workflows
 from queue_app.workflows.definition import Graph
 from tests.support.paths import SPARK_SCRIPTS
-from tests.support.spark_archive import FAST_JVM_FLAGS
 from tests.support.spark_fixtures import require_spark
-from tests.support.spark_workers import run_sizes_opts
+from tests.support.spark_jvm import FAST_JVM_FLAGS
 from tests.support.tracing_fixtures import otel_env, receiver_fixture, traced_fixture  # noqa: F401  fixtures
 from tests.support.waiting import wait_for
 
@@ -38,7 +37,6 @@ def test_a_workflow_with_a_spark_step_is_one_trace_down_to_its_stages(traced, wo
         traced,
         SPARK_MASTER="local[2]",
         JAVA_TOOL_OPTIONS=FAST_JVM_FLAGS,
-        SPARK_SUBMIT_OPTS=run_sizes_opts(),
     )
     proc = worker("otel-spark", "--burst", env=env)
     assert proc.wait(timeout=240) == 0, proc.log.read_text()[-3000:]

@@ -1,4 +1,4 @@
-"""The work whose classes `tests/support/spark_archive.py` archives: what the suite's Spark JVMs do at start and in
+"""The work whose classes `tests/support/spark_jvm.py` archives: what the suite's Spark JVMs do at start and in
 their first jobs (a local session with its UI and event log, a shuffle, SQL with a join, Parquet and JSON lines
 written and read, a Python UDF). Run by spark-submit: `class_archive_warmup.py WORKDIR`."""
 

@@ -1,6 +1,7 @@
-"""The suite's Spark class archive (tests/support/spark_archive.py) reaches the drivers it is meant for: a run
-launched with a worker's environment maps Spark's classes from it and still takes the test sizes."""
+"""The suite's Spark driver options (tests/support/spark_jvm.py) reach the drivers they are meant for: a launched
+run maps Spark's classes from the class archive and takes the test sizes."""
 
+import os
 import re
 from pathlib import Path
 
@@ -8,19 +9,18 @@ import pytest
 
 from queue_app.spark import eventlog
 from queue_app.spark.launcher import launch
-from tests.support import spark_archive
+from tests.support import spark_jvm
 from tests.support.spark_fixtures import FAST_JVM, require_spark
-from tests.support.spark_workers import run_sizes_opts
 
 pytestmark = pytest.mark.spark
 
 
 def test_a_launched_runs_driver_maps_sparks_classes_from_the_archive_and_takes_the_test_sizes(tmp_path, monkeypatch):
     require_spark()
-    archive = spark_archive.current(wait=True)
+    archive = spark_jvm.current(wait=True)
     assert archive is not None and archive.exists(), "no class archive was made: the run's stderr says why"
     loads = tmp_path / "class-load.log"
-    monkeypatch.setenv("SPARK_SUBMIT_OPTS", f"{run_sizes_opts()} -Xlog:class+load=info:file={loads}")
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", f"{os.environ['SPARK_SUBMIT_OPTS']} -Xlog:class+load=info:file={loads}")
 
     result = launch("demo_sleep", {"tasks": "1", "seconds": "0"}, run_id="class-archive", conf=FAST_JVM)
 

@@ -1,5 +1,11 @@
-"""One class-data-sharing archive of Spark's classes for every Spark JVM of the test run (a pytest plugin installed
-by tests/conftest.py).
+"""How the suite's Spark driver JVMs start (a pytest plugin installed by tests/conftest.py): at the first test marked
+`spark`, `SPARK_SUBMIT_OPTS` gives every driver this process and its children start the test sizes and a quick
+start's flags, and, once it is made, one class-data-sharing archive of Spark's classes.
+
+The test sizes (RUN_SIZES: two shuffle partitions instead of 200, so a small rollup is a few tasks, not a
+thousand) and the flags (C1 only, the serial GC) go as the driver's `-D`/`-XX` options: a job's or a run's own
+conf (`--conf`) still wins over them. SPARK_SUBMIT_OPTS reaches the driver's JVM only: not spark-submit's
+launcher JVM, whose class path differs, nor a standalone cluster's daemons.
 
 A cold Spark driver spends most of its start loading and verifying some ten thousand classes from pyspark's jars.
 A dynamic CDS archive (JDK 13+: `-XX:ArchiveClassesAtExit` once, `-XX:SharedArchiveFile` after) holds them
@@ -18,7 +24,7 @@ it off. An archive that cannot be made is reported once and the tests run withou
 The archive's class path must be the driver's: pyspark's jars and no non-empty directory (the JDK refuses to
 archive with one, and ignores an archive whose path differs). So the tests give their Spark runs the test conf
 as `spark.*` system properties in SPARK_SUBMIT_OPTS (`spark_conf_opts`), never a SPARK_CONF_DIR, which spark-submit
-puts first on the class path. Proof that the drivers use it: tests/spark/spark/test_spark_class_archive.py.
+puts first on the class path. Proof that the drivers use it: tests/spark/spark/test_spark_jvm.py.
 """
 
 from __future__ import annotations
@@ -36,9 +42,10 @@ from pathlib import Path
 
 import pytest
 
-PLUGIN = "jobsite_spark_archive"
+PLUGIN = "jobsite_spark_jvm"
 # The JVM flags of the suite's drivers (C1 only, the serial GC: a quick start); the archive is made with them.
 FAST_JVM_FLAGS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+RUN_SIZES = {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}
 # JVM log lines go to stderr, errors only: the JDK's notes about an archive (a class it skipped, a path that
 # differs) would otherwise go to the driver's stdout.
 QUIET_CDS = "-Xlog:disable -Xlog:all=error:stderr"
@@ -142,6 +149,10 @@ def spark_conf_opts(conf: dict[str, str]) -> str:
     return " ".join(f"-D{key}={value}" for key, value in conf.items())
 
 
+def _add_opts(opts: str) -> None:
+    os.environ["SPARK_SUBMIT_OPTS"] = " ".join(part for part in (os.environ.get("SPARK_SUBMIT_OPTS"), opts) if part)
+
+
 def _take_up() -> None:
     """Name the archive in SPARK_SUBMIT_OPTS once it is made: here, in the main thread (a child started meanwhile
     reads the environment), never from the thread that made it."""
@@ -150,13 +161,12 @@ def _take_up() -> None:
         return
     _state["archive"] = made[0]
     if made[0] is not None:
-        os.environ["SPARK_SUBMIT_OPTS"] = " ".join(
-            part for part in (os.environ.get("SPARK_SUBMIT_OPTS"), submit_opts(made[0])) if part
-        )
+        _add_opts(submit_opts(made[0]))
 
 
 def _start() -> None:
     _state["maker"] = None
+    _add_opts(f"{FAST_JVM_FLAGS} {spark_conf_opts(RUN_SIZES)}")
     if not enabled() or shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         _state["made"] = (None,)
         return
@@ -180,7 +190,8 @@ def _start() -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item) -> None:
-    """Before each Spark test's fixtures start a JVM: start making the archive at the first, name it once made."""
+    """Before each Spark test's fixtures start a JVM: the options and the archive's making at the first, the
+    archive named once made."""
     if item.get_closest_marker("spark") is None:
         return
     if "maker" not in _state:
