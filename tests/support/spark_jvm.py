@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,7 @@ import pytest
 PLUGIN = "jobsite_spark_jvm"
 # The JVM flags of the suite's drivers (C1 only, the serial GC: a quick start); the archive is made with them.
 FAST_JVM_FLAGS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+STALE_AFTER = 7 * 86400  # an archive no run has used for a week is deleted when another is made or used
 RUN_SIZES = {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}
 # JVM log lines go to stderr, errors only: the JDK's notes about an archive (a class it skipped, a path that
 # differs) would otherwise go to the driver's stdout.
@@ -63,13 +65,18 @@ def archive_dir() -> Path:
 
 
 def _key(spark_home: Path, java: str) -> str:
-    """What the archive depends on: the Java runtime (its modules file), pyspark's version and jars, the flags."""
+    """What the archive depends on: the Java runtime (its modules file), pyspark's jars where they are (the JDK
+    checks each jar's path, size and time, and ignores an archive made of other files), the flags, the warm-up."""
     runtime = Path(os.path.realpath(java)).parent.parent / "lib" / "modules"
     stat = runtime.stat() if runtime.exists() else None
+    jars = sorted(
+        (entry.name, entry.stat().st_size, int(entry.stat().st_mtime)) for entry in os.scandir(spark_home / "jars")
+    )
     parts = [
         str(runtime),
         stat and (stat.st_size, int(stat.st_mtime)),
-        sorted(os.listdir(spark_home / "jars")),
+        str(spark_home),
+        jars,
         FAST_JVM_FLAGS,
         WARMUP.read_text(),
     ]
@@ -124,6 +131,10 @@ def ensure(path: Path) -> Path | None:
                 print(f"\njobsite tests: no Spark class archive ({why}); Spark JVMs start without one", file=sys.stderr)
                 return None
             os.replace(staged, path)
+        os.utime(path)  # in use: kept by the pruning below
+        for other in path.parent.glob("spark-*.jsa"):  # archives of other checkouts or versions, 168 MB each
+            if other != path and time.time() - other.stat().st_mtime > STALE_AFTER:
+                other.unlink(missing_ok=True)
     return path
 
 
@@ -177,7 +188,7 @@ def _start() -> None:
         return
     path = target()
     if path is None or path.exists():
-        _state["made"] = (path,)
+        _state["made"] = (path and ensure(path),)  # found: marked in use, at once
         return
     # Made beside the first Spark tests (they start their JVMs without it), not before them: on a fresh machine
     # the warm-up run takes a minute or two of a core at the suite's load.
