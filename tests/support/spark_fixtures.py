@@ -11,14 +11,11 @@ import sys
 
 import pytest
 
+from tests.support.spark_jvm import FAST_JVM_FLAGS, RUN_SIZES
+
 # C1 only and the serial GC: a JVM that starts fast, for short test runs (launched runs take it too).
-FAST_JVM = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
-TEST_CONF = {
-    "spark.ui.enabled": "false",
-    "spark.sql.shuffle.partitions": "2",
-    "spark.default.parallelism": "2",
-    **FAST_JVM,
-}
+FAST_JVM = {"spark.driver.extraJavaOptions": FAST_JVM_FLAGS}
+TEST_CONF = {"spark.ui.enabled": "false", **RUN_SIZES, **FAST_JVM}
 
 
 def require_spark() -> None:

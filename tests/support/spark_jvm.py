@@ -13,18 +13,16 @@ parsed and verified, and every JVM that names it maps them instead: about a thir
 on the 2-core VM (user 17.7 -> 11.5 s for a local session and one small job, two pairs alternated, load 4-6).
 Nothing of what a test proves changes: each run still starts its own `spark-submit` JVM, cold, from the same jars.
 
-At the first test marked `spark`, the archive for this Java runtime, pyspark and JVM flags is found or, in a
-thread beside the tests, made (one spark-submit run of `tests/tasks/spark_scripts/class_archive_warmup.py`: 55 s
-of CPU at the suite's load; kept in `~/.cache/jobsite/spark-cds/`, or `JOBSITE_TEST_SPARK_CDS_DIR`, and reused
-while its key matches). From the next Spark test on, `SPARK_SUBMIT_OPTS` names it for this process and every child
-it starts. SPARK_SUBMIT_OPTS reaches the driver's
-JVM only (spark-submit's launcher JVM, whose class path differs, never sees it). `JOBSITE_TEST_SPARK_CDS=0` turns
-it off. An archive that cannot be made is reported once and the tests run without it.
+The archive for this Java runtime, pyspark's jars and the flags is found or, in a thread beside the first Spark
+tests, made (one spark-submit run of `tests/tasks/spark_scripts/class_archive_warmup.py`: 55 s of CPU at the
+suite's load), kept in `~/.cache/jobsite/spark-cds/` (or `JOBSITE_TEST_SPARK_CDS_DIR`) while its key matches, and
+named in SPARK_SUBMIT_OPTS from the next Spark test on. `JOBSITE_TEST_SPARK_CDS=0` turns it off; an archive that
+cannot be made is reported once and the tests run without it.
 
 The archive's class path must be the driver's: pyspark's jars and no non-empty directory (the JDK refuses to
-archive with one, and ignores an archive whose path differs). So the tests give their Spark runs the test conf
-as `spark.*` system properties in SPARK_SUBMIT_OPTS (`spark_conf_opts`), never a SPARK_CONF_DIR, which spark-submit
-puts first on the class path. Proof that the drivers use it: tests/spark/spark/test_spark_jvm.py.
+archive with one, and ignores an archive whose path differs). So the tests give Spark its test conf in
+SPARK_SUBMIT_OPTS (`spark_conf_opts`), never in a SPARK_CONF_DIR, which spark-submit puts first on the class path.
+Proof that the drivers use it: tests/spark/spark/test_spark_jvm.py.
 """
 
 from __future__ import annotations
