@@ -34,6 +34,7 @@ from jobsite.ci import in_ci
 NO_TESTS_COLLECTED = 5
 BUDGET_MINUTES = 84  # JOBSITE_TEST_BUDGET_MINUTES' default: inside CI's 90 minutes with the bootstrap
 REPORT_GRACE = 300  # seconds pytest gets, once stopped at the budget, to finish its tests' teardown and report
+TEST_PACKAGES = ["java", "jdbc", "chromium", "graphviz", "pgbouncer"]  # installed before the first test
 # Arguments that choose the parallelism themselves, or make it pointless (a collection only).
 PARALLEL_ARGS = ("-n", "--numprocesses", "--dist", "no:xdist", "-pno:xdist", "--collect-only", "--co")
 
@@ -91,13 +92,15 @@ class Command(BaseCommand):
         sys.exit(self.run_pytest(list(pytest_args)))
 
     def run_pytest(self, args):
-        # Spark tests need Java and the JDBC jar, browser tests Chromium: installed here where missing.
-        absent = system_packages.ensure(["java", "jdbc", "chromium", "graphviz"])
+        # Spark tests need Java and the JDBC jar, browser tests Chromium, the pooler's tests and the bench's pooler
+        # part PgBouncer: installed here where missing, before any test, so that no test depends on another having
+        # installed a package first and no two test processes run apt-get at once.
+        absent = system_packages.ensure(TEST_PACKAGES)
         if absent and in_ci():
             self.stderr.write(
                 self.style.ERROR(
                     f"CI=true: missing system packages {system_packages.describe(absent)} (see above why); "
-                    "the Spark, browser and workflow-graph tests would skip, and nothing may skip in CI"
+                    "the Spark, browser, workflow-graph and pooler tests would skip, and nothing may skip in CI"
                 )
             )
             return 1
