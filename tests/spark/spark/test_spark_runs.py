@@ -118,11 +118,12 @@ def test_cancelling_the_runs_queue_item_stops_the_run_like_the_dashboard(spark_w
 def test_worker_killed_mid_run_redelivers_the_run_without_duplicating_its_output(spark_worker, tmp_path):
     input_dir, output_dir = tmp_path / "in", tmp_path / "out"
     write_sample_input(str(input_dir), rows=3000, days=3)
-    # The first worker allows runs of at most 75 s, so its spark task's hard timeout, and with it the lease
-    # (hard timeout + margin, see runs.py), is ~86 s instead of an hour: the run comes back that long after the
-    # kill. (40 s was too short at load 8: the first attempt's JVM timed out before it wrote anything.) The second
-    # worker has the defaults.
-    first = spark_worker(JOBSITE_SPARK_MAX_TIMEOUT="75", JOBSITE_SPARK_STOP_GRACE="1")
+    # The run's lease is its hard timeout and a margin (an hour and more, see runs.py); what brings it back after
+    # a kill -9 is the killed worker's silence: the second worker rescues the leases of a worker silent for
+    # WORKER_LOST_AFTER seconds, 10 here instead of 60 (the first beats every 3.3 s). Before this, the test
+    # waited for a shortened lease to expire, 86 s after the kill.
+    quick = {"JOBSITE_WORKER_LOST_AFTER": "10"}
+    first = spark_worker(**quick)
     run = trigger_run(
         "file_rollup", {"input_dir": str(input_dir), "output_dir": str(output_dir)}, trigger="orm", requested_by="t"
     )
@@ -135,7 +136,7 @@ def test_worker_killed_mid_run_redelivers_the_run_without_duplicating_its_output
     assert killed.state == "running" and killed.attempt == 1
     wait_for(lambda: not group_members(killed.driver_pgid), 15, what="the first attempt's processes to die")
 
-    spark_worker()
+    spark_worker(**quick)
     ended = wait_for(lambda: final(run.id), 150, interval=0.5, what="the re-delivered run to end")
     assert ended.state == "succeeded", (ended.error, ended.log_tail[-2000:])
     assert ended.attempt == 2
