@@ -50,7 +50,8 @@ def test_a_worker_cut_off_past_the_silence_limit_sees_its_items_run_elsewhere_an
     )
     assert held_by("cut-off") == {plain.id, txn.id}
     # Cut off at once, before its handlers (2 s) finish: they finish while it cannot reach the database. Long
-    # enough for a rescuer started now (on a loaded machine, seconds) to see it silent, take its items and run them.
+    # enough for a rescuer started now (on a loaded machine, seconds) to see it silent, take its items and run them;
+    # reopened as soon as it has.
     assert db_proxy.cut(30) > 0
     rescuer = worker("rescuer", "--concurrency", "2", env=quick)
     wait_for(
@@ -59,6 +60,7 @@ def test_a_worker_cut_off_past_the_silence_limit_sees_its_items_run_elsewhere_an
         what="the rescuer to run both items",
     )
     assert db_proxy.refusing(), "the items should have run elsewhere while the first worker was still cut off"
+    db_proxy.cut(0)  # the database is reachable again: the rest of the 30 s would only wait
     rescuers = {r.item_id: r for r in Reservation.objects.filter(worker_id="rescuer")}
     assert set(rescuers) == {plain.id, txn.id}
     # Back online, the cut-off worker settles what its handlers finished: stale, it changes nothing.
