@@ -85,8 +85,10 @@ def with_room_in_window(period: int, room: float) -> None:
 @transactional
 def test_completed_items_do_not_give_back_rate_room():
     engine.enqueue_many("t", [{}] * 10, queue="api")
-    services.set_queue_options("api", rate_limit=2, rate_period=60)
-    with_room_in_window(60, room=30)  # the leases below all fall in one window
+    services.set_queue_options("api", rate_limit=2, rate_period=3600)
+    # The leases below all fall in one window: an hour's window has 30 s left but in its last 30 s (a 60 s window
+    # made this test sleep 15 s on average).
+    with_room_in_window(3600, room=30)
     held = lease("api")
     assert len(held) == 2
     for h in held:
