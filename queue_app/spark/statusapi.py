@@ -30,7 +30,8 @@ from queue_app.spark import eventlog, protocol
 
 TAG = "spark.jobsite.run"
 HTTP_TIMEOUT = 2.0
-API_AFTER = 30.0  # seconds a job runs before the driver's status API is asked for its tasks (its ~2 s then small)
+# Seconds a job runs before the driver's status API is asked for its tasks (its first answer ~2 s, then small).
+API_AFTER = float(os.environ.get("JOBSITE_SPARK_STATUS_API_AFTER", "30"))
 
 
 def free_port() -> int:

@@ -120,8 +120,7 @@ def test_a_failing_script_shows_its_python_exception():
     assert result.progress["jobs_done"] == result.progress["jobs_total"] >= 1  # its Spark jobs ran before it raised
 
 
-@pytest.fixture
-def script_worker(spawn, test_db_name):
+def start_script_worker(spawn, **extra: str):
     return spawn(
         "run_worker",
         "--queues",
@@ -136,8 +135,14 @@ def script_worker(spawn, test_db_name):
             "JOBSITE_SPARK_STOP_GRACE": "3",
             "JOBSITE_SPARK_EVENT_LOG_DIR": os.environ["JOBSITE_SPARK_EVENT_LOG_DIR"],
             **FAST,
+            **extra,
         },
     )
+
+
+@pytest.fixture
+def script_worker(spawn, test_db_name):
+    return start_script_worker(spawn)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -176,11 +181,13 @@ def test_cli_runs_a_script_through_a_worker_and_prints_one_json_object(script_wo
 
 
 @pytest.mark.django_db(transaction=True)
-def test_cancel_of_a_running_script_stops_its_process_group(script_worker):
+def test_cancel_of_a_running_script_stops_its_process_group(spawn, test_db_name):
+    # Its tasks are counted live by the status API, asked once its job has run API_AFTER: 2 s here, not 30.
+    start_script_worker(spawn, JOBSITE_SPARK_STATUS_API_AFTER="2")
     run = trigger_run("script", {"path": str(SCRIPTS / "slow.py"), "args": '["2", "120"]'}, trigger="orm")
     running = wait_for(
         lambda: (r := SparkRun.objects.get(id=run.id)).progress.get("tasks_active") and r,
-        180,  # its tasks are counted live by the status API, asked once its job has run API_AFTER (30 s)
+        180,
         what="the script's tasks to run",
     )
     assert running.state == "running" and running.app_id and running.ui_url.startswith("http://127.0.0.1:")
