@@ -70,8 +70,8 @@ def test_three_runs_triggered_at_once_against_a_limit_of_one_run_one_at_a_time(s
 
 
 def test_a_failing_run_is_retried_after_its_jobs_backoff_then_fails(spawn):
-    # The job's backoff (8 s, capped at 8 s) replaces the settings' (about 1 s after a first failure).
-    policy = {"attempts": 2, "backoff_base": 8, "backoff_max": 8}
+    # The job's backoff (4 s, capped at 4 s) replaces the settings' (1 s ± 20 % after a first failure).
+    policy = {"attempts": 2, "backoff_base": 4, "backoff_max": 4}
     save_script(SparkScript(name="failing_retried", path=str(SCRIPTS / "failing.py"), policy=policy), actor="test")
     run = trigger_run("failing_retried", {}, trigger="orm")
     workers(spawn, n=1, concurrency=1)
@@ -82,6 +82,6 @@ def test_a_failing_run_is_retried_after_its_jobs_backoff_then_fails(spawn):
     first, second = Reservation.objects.filter(item_id=run.item_id).order_by("attempt")
     assert (first.attempt, first.outcome, second.attempt) == (1, "retry", 2)
     # Both times are the database's: the failed settle put the item back at now() + the backoff, which is at
-    # least 8 s less the queue's jitter; the second lease cannot come sooner.
+    # least 4 s less the queue's jitter; the second lease cannot come sooner.
     jitter = queue_settings.BACKOFF_JITTER
-    assert (second.reserved_at - first.finished_at).total_seconds() >= 8 * (1 - jitter)
+    assert (second.reserved_at - first.finished_at).total_seconds() >= 4 * (1 - jitter)
