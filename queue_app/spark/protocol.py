@@ -12,10 +12,11 @@ with `emit()` and report progress about every PROGRESS_INTERVAL seconds.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 from typing import Any
+
+from queue_app.spark import envsettings
 
 PREFIX = "JOBSITE-"
 STARTED = "STARTED"  # {"app_id", "master", "pid", "spark_version", "setup_seconds"}: the session is up
@@ -34,7 +35,7 @@ EXIT_CONNECT_LOST = 69  # sysexits EX_UNAVAILABLE: the Spark Connect server did 
 
 
 # Seconds between a child's looks at its progress (JOBSITE_SPARK_PROGRESS_INTERVAL).
-PROGRESS_INTERVAL = float(os.environ.get("JOBSITE_SPARK_PROGRESS_INTERVAL", "1.0"))
+PROGRESS_INTERVAL = envsettings.seconds("JOBSITE_SPARK_PROGRESS_INTERVAL", 1.0)
 
 COUNTED = ("jobs", "stages", "tasks")
 # Every count a PROGRESS event carries, whichever side measures it (statusTracker in child.py, the driver's REST

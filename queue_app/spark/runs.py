@@ -41,7 +41,7 @@ from ..engine import tracing
 from ..engine.alias import atomic
 from ..logcontext import log_context
 from ..registry import Context, Retry, Settled, job
-from . import eventlog, hooks, spans
+from . import envsettings, eventlog, hooks, spans
 from .java import JavaNotFound, check_java
 from .launcher import LaunchResult, launch
 from .models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
@@ -55,8 +55,8 @@ logger = logging.getLogger("jobsite.spark")
 
 TASK = "queue_app.spark_run"
 QUEUE = "spark"
-MAX_RUN_TIMEOUT = float(os.environ.get("JOBSITE_SPARK_MAX_TIMEOUT", "3600"))
-STOP_GRACE = float(os.environ.get("JOBSITE_SPARK_STOP_GRACE", "10"))
+MAX_RUN_TIMEOUT = envsettings.seconds("JOBSITE_SPARK_MAX_TIMEOUT", 3600.0)
+STOP_GRACE = envsettings.seconds("JOBSITE_SPARK_STOP_GRACE", 10.0, zero_allowed=True)
 # After its timeout a run gets SIGTERM, SIGKILL after the grace, the launcher waits up to the grace twice more for
 # the group and 5 s for its pipes; then the handler writes the run's end.
 HARD_TIMEOUT = MAX_RUN_TIMEOUT + 3 * STOP_GRACE + 6.0
