@@ -428,8 +428,9 @@ def measure_latency(
     using: str = ALIAS,
     commit_apart: bool = False,
 ) -> list[Figure]:
-    """Enqueue-to-start: single probe items queued one at a time, each waited for; the handler's start
-    (ExecutionLog.executed_at, the database clock) minus the item's created_at. Idle, or while a feeder keeps
+    """Enqueue-to-start: single probe items queued one at a time, each waited for; from the clock read just before
+    the enqueue call to the handler's first line (the workers' stage times, queue_app/stages.py), as for every peer
+    (bench/peers/driver.py). Idle, or while a feeder keeps
     `load_per_s` no-op items a second flowing through the same queue and worker (`share` of the end to end; the
     figures' keys end in `suffix`: jobsite.latency{suffix}_p50 and _p99). `worker_env` and `worker_extra`: the
     worker's environment and arguments over the usual; `using`: the alias the items are enqueued on (the pooler
@@ -448,6 +449,7 @@ def measure_latency(
     procs = spawn_workers(ctx, settings, db, log, burst=False, env=stage_env, extra=worker_extra)
     feeder = _Feeder(db, queue, load_per_s) if load_per_s else None
     ids: list[int] = []
+    called: dict[int, float] = {}  # the clock just before each probe's enqueue call, the host's
     returned: dict[int, float] = {}  # when each probe's enqueue returned here (committed), the host's clock
     inserted: dict[int, float] = {}  # commit_apart: when its insert returned, before the COMMIT
     try:
@@ -458,13 +460,14 @@ def measure_latency(
             feeder.start()
             time.sleep(1.0)  # into the steady state
         for n in range(sizes.latency_samples):
+            began = time.time()
             if commit_apart:
                 with transaction.atomic(using=using):
                     item = engine.enqueue(PROBE_TASK, {"n": n}, queue=queue, using=using)
                     inserted[item.id] = time.time()
             else:
                 item = engine.enqueue(PROBE_TASK, {"n": n}, queue=queue, using=using)
-            returned[item.id] = time.time()
+            returned[item.id], called[item.id] = time.time(), began
             ids.append(item.id)
             deadline = time.monotonic() + 10
             # The figure comes from the database's clocks, not from this wait; a query every millisecond from
@@ -479,28 +482,29 @@ def measure_latency(
         if feeder:
             feeder.stop()
         stop(procs)
-    # Where the time went: enqueue to the lease that took the item (its commit and NOTIFY, the worker's wake-up,
-    # waiting in the queue behind earlier items), then lease to the handler's start (held in the worker's hand
-    # or its pool's queue behind the items leased with it, and the hand-over to a thread or child). Through the
-    # views over the hot and history tables: the archiver may have moved a probe by now.
+    # Where the time went, stage by stage to the handler's first line (stage_split.py): the database's times of
+    # each probe joined with the workers' stamps. Through the views over the hot and history tables: the archiver
+    # may have moved a probe by now.
     with connections[ALIAS].cursor() as cur:
         cur.execute(
-            """SELECT EXTRACT(EPOCH FROM min(l.executed_at) - i.created_at) * 1000,
-                      EXTRACT(EPOCH FROM min(r.reserved_at) - i.created_at) * 1000,
-                      i.id, (array_agg(l.reservation_id ORDER BY l.executed_at))[1],
-                      EXTRACT(EPOCH FROM i.created_at), EXTRACT(EPOCH FROM min(l.executed_at))
+            """SELECT i.id, (array_agg(l.reservation_id ORDER BY l.executed_at))[1], EXTRACT(EPOCH FROM i.created_at),
+                      EXTRACT(EPOCH FROM min(r.reserved_at)), EXTRACT(EPOCH FROM min(l.executed_at))
                FROM queue_app_item_all i JOIN queue_app_executionlog l ON l.item_id = i.id
                JOIN queue_app_reservation_all r ON r.item_id = i.id
                WHERE i.id = ANY(%(ids)s) GROUP BY i.id, i.created_at""",
             {"ids": ids},
         )
         fetched = cur.fetchall()
-    rows = [(float(total), float(leased)) for total, leased, *_ in fetched]
     stages = stage_split.split(
-        [(int(r), float(c), float(e), returned[i], inserted.get(i)) for *_, i, r, c, e in fetched], stage_file
+        [
+            (int(r), called[i], float(c), float(rv), float(e), returned[i], inserted.get(i))
+            for i, r, c, rv, e in fetched
+        ],
+        stage_file,
     )
-    ms = [total for total, _ in rows]
-    to_lease, held = [leased for _, leased in rows], [total - leased for total, leased in rows]
+    if not stages.totals:
+        raise RuntimeError(f"no probe has the workers' stage times ({where}): see {stage_file}")
+    ms, to_lease, held = stages.totals, stages.to_lease, stages.lease_to_start()
     p50, p99 = percentile(ms, 0.50), percentile(ms, 0.99)
     ctx.progress(
         "jobsite",
@@ -511,7 +515,8 @@ def measure_latency(
     ctx.progress("jobsite", f"{where} split (ms): {stage_split.describe(stages)}")
     ctx.progress("jobsite", f"{where} the leases that took the probes: {stage_split.describe_leases(stages)}")
     detail = {
-        "samples": len(ms),
+        "samples": len(ms),  # the probes stamped at every stage, of the `probes_sent`
+        "probes_sent": len(ids),
         "mean_ms": round(statistics.fmean(ms), 3),
         "max_ms": round(max(ms), 3),
         **{

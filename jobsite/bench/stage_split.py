@@ -1,10 +1,15 @@
 """Where the start latency goes, stage by stage: the workers' stage times (JOBSITE["STAGE_TIMES"],
-queue_app/stages.py) joined with the database's times of each probe (its created_at, the handler's first
-statement's executed_at: clock_timestamp(), the same host's clock) and the bench's own (the enqueue's return).
+queue_app/stages.py) joined with the database's times of each probe (its created_at, its lease's reserved_at, the
+handler's first statement's executed_at: clock_timestamp(), the same host's clock) and the bench's own (the clock
+read just before the enqueue call, the enqueue's return).
 
-The stages follow one another, so for each probe they add up to its total, created_at to executed_at:
-- insert: created_at (its transaction's start) to the enqueue's insert returned in the bench, when the probe was
-  enqueued in a transaction block (measure_latency's `commit_apart`); otherwise part of `commit`;
+The start is the handler's first line, as for every peer beside it (bench/peers/probe.py: the clock read just
+before the enqueue call to the handler's first line). The stages follow one another, so for each probe they add up
+to its total, that call to that first line:
+- call: the enqueue called to its transaction started on the server (created_at: the call's own work in Python and
+  the first statement's trip);
+- insert: created_at to the enqueue's insert returned in the bench, when the probe was enqueued in a transaction
+  block (measure_latency's `commit_apart`); otherwise part of `commit`;
 - commit: to the enqueue's return in the bench, its COMMIT made durable (the WAL flush: synchronous_commit on) and
   the answer's trip back;
 - notify: that return to the notification drained by the worker's loop (NOTIFY's delivery, the loop's wake-up
@@ -15,8 +20,10 @@ The stages follow one another, so for each probe they add up to its total, creat
 - statement: the settle-and-lease round trip (and what it asked for and got, where it ran: `leases`);
 - hand_off: its result to this item's job handed to the pool (the loop taking the result, the items ahead of it);
 - pickup: the job handed over to a thread or child taking it (a queue's wake-up; the process pool's pipe);
-- preamble: taken to the handler's first line (the connection's check, run_job's preamble);
-- first_query: the first line to the handler's first statement executing (its trip to the server).
+- preamble: taken to the handler's first line (the connection's check, run_job's preamble).
+After the start, apart from the total: first_query, the first line to the handler's first statement executing
+(its trip to the server, and its parse and plan on a backend that may not have run it yet: the handler's own work,
+which the figures measured to that statement until 2026-12-04 counted and no peer's does).
 """
 
 from collections import Counter
@@ -24,7 +31,8 @@ from pathlib import Path
 
 from .report import percentile
 
-STAGES = ("insert", "commit", "notify", "to_send", "statement", "hand_off", "pickup", "preamble", "first_query")
+STAGES = ("call", "insert", "commit", "notify", "to_send", "statement", "hand_off", "pickup", "preamble")
+AFTER_START = "first_query"  # measured, apart from the total
 
 
 def read_stage_file(path: Path) -> dict[str, dict[int, tuple]]:
@@ -42,30 +50,41 @@ def read_stage_file(path: Path) -> dict[str, dict[int, tuple]]:
 
 
 class Split:
-    """Per stage, the milliseconds of each probe that has all its times; the totals of those probes; and the
-    leases that took them (`leases`: (path, asked, got) -> probes)."""
+    """Per stage, the milliseconds of each probe that has all its times; the totals of those probes (the enqueue
+    called to the handler's first line), their parts to the lease (the call to reserved_at) and after it; the
+    handler's first statement after its first line (AFTER_START); and the leases that took them (`leases`:
+    (path, asked, got) -> probes)."""
 
     def __init__(self) -> None:
-        self.stages: dict[str, list[float]] = {stage: [] for stage in STAGES}
+        self.stages: dict[str, list[float]] = {stage: [] for stage in (*STAGES, AFTER_START)}
         self.totals: list[float] = []
+        self.to_lease: list[float] = []
         self.leases: Counter = Counter()
 
     def add(self, stage: str, ms: float) -> None:
         self.stages[stage].append(ms)
 
+    def lease_to_start(self) -> list[float]:
+        return [total - leased for total, leased in zip(self.totals, self.to_lease, strict=True)]
 
-def split(rows: list[tuple[int, float, float, float, float | None]], path: Path) -> Split:
-    """`rows`: (reservation id, created_at, executed_at, the enqueue's return, its insert's return or None) of each
-    probe's run, epoch seconds."""
+
+Probe = tuple[int, float, float, float, float, float, float | None]
+
+
+def split(rows: list[Probe], path: Path) -> Split:
+    """`rows`: (reservation id, the enqueue called, created_at, reserved_at, executed_at, the enqueue's return, its
+    insert's return or None) of each probe's run, epoch seconds. A probe the workers did not stamp at every stage
+    is left out of all of it."""
     stamps = read_stage_file(path)
     out = Split()
-    for reservation_id, created, executed, returned, inserted in rows:
+    for reservation_id, called, created, reserved, executed, returned, inserted in rows:
         lease = stamps["L"].get(reservation_id)
         times = [stamps[kind].get(reservation_id) for kind in "SPF"]
         if lease is None or None in times:
             continue
         woken, sent, leased, asked, got, where = lease
         submitted, picked, first = (t[0] for t in times)
+        out.add("call", (created - called) * 1000)
         if inserted is not None:
             out.add("insert", (inserted - created) * 1000)
         out.add("commit", (returned - (created if inserted is None else inserted)) * 1000)
@@ -78,27 +97,31 @@ def split(rows: list[tuple[int, float, float, float, float | None]], path: Path)
         out.add("hand_off", (submitted - leased) * 1000)
         out.add("pickup", (picked - submitted) * 1000)
         out.add("preamble", (first - picked) * 1000)
-        out.add("first_query", (executed - first) * 1000)
-        out.totals.append((executed - created) * 1000)
+        out.add(AFTER_START, (executed - first) * 1000)
+        out.totals.append((first - called) * 1000)
+        out.to_lease.append((reserved - called) * 1000)
         out.leases[(where, asked, got)] += 1
     return out
 
 
+def _p50_p99(name: str, values: list[float], share: str = "") -> str:
+    return f"{name} p50 {percentile(values, 0.5):.2f} / p99 {percentile(values, 0.99):.2f}{share}"
+
+
 def describe(parts: Split) -> str:
-    """ "commit p50 0.91 / p99 2.10; notify ... (180 of 200); ...; sum of p50s 3.2, total p50 3.3" for the stages
-    measured."""
+    """ "call p50 0.12 / p99 0.20; commit ... ; notify ... (180 of 200); ...; sum of the means 3.2 = total mean
+    3.2; then first_query p50 0.5 / p99 1.6" for the stages measured."""
     counted = len(parts.totals)
+    if not counted:
+        return "no stage times"
     said = []
     for stage in STAGES:
         values = parts.stages[stage]
-        if not values:
-            continue
-        share = "" if len(values) == counted else f" ({len(values)} of {counted})"
-        said.append(f"{stage} p50 {percentile(values, 0.5):.2f} / p99 {percentile(values, 0.99):.2f}{share}")
-    if not counted:
-        return "no stage times"
-    means = sum(sum(v) / counted for v in parts.stages.values())
+        if values:
+            said.append(_p50_p99(stage, values, "" if len(values) == counted else f" ({len(values)} of {counted})"))
+    means = sum(sum(parts.stages[stage]) / counted for stage in STAGES)
     said.append(f"sum of the means {means:.2f} = total mean {sum(parts.totals) / counted:.2f}")
+    said.append(f"then {_p50_p99(AFTER_START, parts.stages[AFTER_START])} (the handler's own, not in the total)")
     return "; ".join(said)
 
 

@@ -9,9 +9,9 @@
   enqueue call, waits until its start is in the file, and prints the milliseconds between as one JSON line.
 
 Both are processes of their own (the GIL would otherwise put the feeder's work into the probe's latency) and use
-the wall clock of this one machine. jobsite's figure beside it comes from its own probe (bench/jobsite_side.py:
-the item's created_at to its handler's start, the database's clock), read the same way: from the moment the
-enqueue begins to the moment the handler starts.
+the wall clock of this one machine. jobsite's figure beside it comes from its own probe (bench/jobsite_side.py),
+read the same way: from the clock read just before the enqueue call to the handler's first line (the workers'
+stage times).
 """
 
 import json
