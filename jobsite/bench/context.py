@@ -86,12 +86,16 @@ class BenchContext:
     def db_name(self, part: str) -> str:
         return f"{self.db_prefix}_{part}"
 
-    def fresh_database(self, part: str) -> str:
-        """Drop and create the scratch database for `part`; returns its name."""
+    def fresh_database(self, part: str, *, template: str | None = None) -> str:
+        """Drop and create the scratch database for `part` (a copy of the database `template`, which nobody may
+        be connected to, when given); returns its name."""
         name = self.db_name(part)
+        create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template is not None:
+            create += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
         with self.server.connect("postgres") as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            conn.execute(create)
         if name not in self.created:
             self.created.append(name)
         return name

@@ -116,6 +116,7 @@ def test_every_part_reads_finished_work_across_the_archive(manage, tmp_path):
     assert data["failures"] == [], data["failures"]
     figures = data["figures"]
     assert "FAILED" not in proc.stdout, proc.stdout
+    assert proc.stdout.count("each part's scratch database is a copy of it") == 1, proc.stdout  # migrated once
     assert "maintenance unit=archive archived=" in "".join(
         p.read_text(errors="replace") for p in _logs_of(proc.stdout).glob("flow-rate-*.log")
     ), "the archiver did not move anything: this run proves nothing"
