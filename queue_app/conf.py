@@ -7,6 +7,7 @@ and values of the wrong type.
 """
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -210,3 +211,31 @@ def from_env(environ: Mapping[str, str] | None = None, *, prefix: str = "JOBSITE
             except ValueError as exc:
                 raise ImproperlyConfigured(str(exc)) from None
     return values
+
+
+def env_number(
+    name: str,
+    default: float,
+    *,
+    zero_allowed: bool = True,
+    unit: str = "",
+    expected: str | None = None,
+    error: type[Exception] | None = None,
+) -> float:
+    """A numeric environment variable read apart from the JOBSITE dict (the Spark layer's, the test command's):
+    `default` when unset or blank; a finite number >= 0 (> 0 unless `zero_allowed`), else `error`
+    (ImproperlyConfigured by default) saying `<name>=<value>: expected <expected>`, by default "a number<unit>
+    >= 0 (default <default>)"."""
+    raw = os.environ.get(name, "")
+    if not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_allowed):
+        if error is None:
+            from django.core.exceptions import ImproperlyConfigured as error
+        bound = ">= 0" if zero_allowed else "> 0"
+        raise error(f"{name}={raw!r}: expected {expected or f'a number{unit} {bound} (default {default:g})'}")
+    return value

@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any
 
-from queue_app.spark import envsettings
+from queue_app.conf import env_number
 
 PREFIX = "JOBSITE-"
 STARTED = "STARTED"  # {"app_id", "master", "pid", "spark_version", "setup_seconds"}: the session is up
@@ -35,7 +35,7 @@ EXIT_CONNECT_LOST = 69  # sysexits EX_UNAVAILABLE: the Spark Connect server did 
 
 
 # Seconds between a child's looks at its progress (JOBSITE_SPARK_PROGRESS_INTERVAL).
-PROGRESS_INTERVAL = envsettings.seconds("JOBSITE_SPARK_PROGRESS_INTERVAL", 1.0)
+PROGRESS_INTERVAL = env_number("JOBSITE_SPARK_PROGRESS_INTERVAL", 1.0, zero_allowed=False, unit=" of seconds")
 
 COUNTED = ("jobs", "stages", "tasks")
 # Every count a PROGRESS event carries, whichever side measures it (statusTracker in child.py, the driver's REST

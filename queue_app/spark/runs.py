@@ -36,12 +36,12 @@ from typing import Any
 from django.utils import timezone
 
 from .. import engine, services
-from ..conf import queue_settings
+from ..conf import env_number, queue_settings
 from ..engine import tracing
 from ..engine.alias import atomic
 from ..logcontext import log_context
 from ..registry import Context, Retry, Settled, job
-from . import envsettings, eventlog, hooks, spans
+from . import eventlog, hooks, spans
 from .java import JavaNotFound, check_java
 from .launcher import LaunchResult, launch
 from .models import SPARK_FINAL_STATES, SparkRun, SparkRunState, SparkTrigger
@@ -55,8 +55,8 @@ logger = logging.getLogger("jobsite.spark")
 
 TASK = "queue_app.spark_run"
 QUEUE = "spark"
-MAX_RUN_TIMEOUT = envsettings.seconds("JOBSITE_SPARK_MAX_TIMEOUT", 3600.0)
-STOP_GRACE = envsettings.seconds("JOBSITE_SPARK_STOP_GRACE", 10.0, zero_allowed=True)
+MAX_RUN_TIMEOUT = env_number("JOBSITE_SPARK_MAX_TIMEOUT", 3600.0, zero_allowed=False, unit=" of seconds")
+STOP_GRACE = env_number("JOBSITE_SPARK_STOP_GRACE", 10.0, unit=" of seconds")
 # After its timeout a run gets SIGTERM, SIGKILL after the grace, the launcher waits up to the grace twice more for
 # the group and 5 s for its pipes; then the handler writes the run's end.
 HARD_TIMEOUT = MAX_RUN_TIMEOUT + 3 * STOP_GRACE + 6.0

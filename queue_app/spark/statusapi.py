@@ -26,12 +26,13 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from queue_app.spark import envsettings, eventlog, protocol
+from queue_app.conf import env_number
+from queue_app.spark import eventlog, protocol
 
 TAG = "spark.jobsite.run"
 HTTP_TIMEOUT = 2.0
 # Seconds a job runs before the driver's status API is asked for its tasks (its first answer ~2 s, then small).
-API_AFTER = envsettings.seconds("JOBSITE_SPARK_STATUS_API_AFTER", 30.0, zero_allowed=True)
+API_AFTER = env_number("JOBSITE_SPARK_STATUS_API_AFTER", 30.0, unit=" of seconds")
 
 
 def free_port() -> int:

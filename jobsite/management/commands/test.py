@@ -37,26 +37,15 @@ from django.core.management.base import BaseCommand, CommandError
 
 from jobsite import system_packages
 from jobsite.ci import in_ci
+from queue_app.conf import env_number
 
 NO_TESTS_COLLECTED = 5
 BUDGET_MINUTES = 84  # JOBSITE_TEST_BUDGET_MINUTES' default: inside CI's 90 minutes with the bootstrap
 REPORT_GRACE = 300  # seconds pytest gets, once stopped at the budget, to finish its tests' teardown and report
 TEST_PACKAGES = ["java", "jdbc", "chromium", "graphviz", "pgbouncer"]  # installed before the first test
 # Arguments that choose the parallelism themselves, or make it pointless (a collection only).
+NUMBER = "a number, 0 or more"  # what JOBSITE_TEST_WORKERS and _BUDGET_MINUTES take
 PARALLEL_ARGS = ("-n", "--numprocesses", "--dist", "no:xdist", "-pno:xdist", "--collect-only", "--co")
-
-
-def env_number(name: str, default: float, *, error) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise error(f"{name}={raw!r}: expected a number, 0 or more")
-    return value
 
 
 def parallel_args(args: list[str], workers: int) -> list[str]:
@@ -112,8 +101,8 @@ class Command(BaseCommand):
             )
             return 1
         try:
-            workers = int(env_number("JOBSITE_TEST_WORKERS", 0, error=CommandError))
-            budget = env_number("JOBSITE_TEST_BUDGET_MINUTES", BUDGET_MINUTES, error=CommandError) * 60
+            workers = int(env_number("JOBSITE_TEST_WORKERS", 0, expected=NUMBER, error=CommandError))
+            budget = env_number("JOBSITE_TEST_BUDGET_MINUTES", BUDGET_MINUTES, expected=NUMBER, error=CommandError) * 60
         except CommandError as exc:
             self.stderr.write(self.style.ERROR(str(exc)))
             return 1

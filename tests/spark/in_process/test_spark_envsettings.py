@@ -1,4 +1,4 @@
-"""The Spark layer's numeric environment variables (queue_app/spark/envsettings.py): a bad value stops the
+"""The Spark layer's numeric environment variables (read by queue_app.conf.env_number): a bad value stops the
 import that reads it with an error naming the variable, never a bare ValueError, and unset or blank means the
 default."""
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from queue_app.spark import envsettings
+from queue_app.conf import env_number
 
 
 @pytest.mark.parametrize("raw", ["abc", "nan", "inf", "-1", "0"])
@@ -18,18 +18,18 @@ def test_a_value_that_is_not_seconds_in_range_is_refused_by_name(monkeypatch, ra
     with pytest.raises(
         ImproperlyConfigured, match=rf"^JOBSITE_SPARK_MAX_TIMEOUT='{raw}': expected a number of seconds > 0"
     ):
-        envsettings.seconds("JOBSITE_SPARK_MAX_TIMEOUT", 3600.0)
+        env_number("JOBSITE_SPARK_MAX_TIMEOUT", 3600.0, zero_allowed=False, unit=" of seconds")
 
 
 def test_zero_is_taken_where_allowed_and_unset_or_blank_is_the_default(monkeypatch):
     monkeypatch.setenv("JOBSITE_SPARK_STOP_GRACE", "0")
-    assert envsettings.seconds("JOBSITE_SPARK_STOP_GRACE", 10.0, zero_allowed=True) == 0.0
+    assert env_number("JOBSITE_SPARK_STOP_GRACE", 10.0, unit=" of seconds") == 0.0
     monkeypatch.setenv("JOBSITE_SPARK_STOP_GRACE", " 2.5 ")
-    assert envsettings.seconds("JOBSITE_SPARK_STOP_GRACE", 10.0, zero_allowed=True) == 2.5
+    assert env_number("JOBSITE_SPARK_STOP_GRACE", 10.0, unit=" of seconds") == 2.5
     monkeypatch.setenv("JOBSITE_SPARK_STOP_GRACE", " ")
-    assert envsettings.seconds("JOBSITE_SPARK_STOP_GRACE", 10.0, zero_allowed=True) == 10.0
+    assert env_number("JOBSITE_SPARK_STOP_GRACE", 10.0, unit=" of seconds") == 10.0
     monkeypatch.delenv("JOBSITE_SPARK_STOP_GRACE")
-    assert envsettings.seconds("JOBSITE_SPARK_STOP_GRACE", 10.0, zero_allowed=True) == 10.0
+    assert env_number("JOBSITE_SPARK_STOP_GRACE", 10.0, unit=" of seconds") == 10.0
 
 
 @pytest.mark.parametrize(
