@@ -18,6 +18,7 @@ PEER_LABELS = {
     "celery_redis": "Celery+Redis",
     "pgqueuer": "PgQueuer",
     "django_q2": "django-q2",
+    "pg_floor": "PostgreSQL floor: psycopg",
 }
 
 

@@ -10,7 +10,14 @@ from . import leaders, pooler
 from .db import engine_session_here
 from .enqueue import Enqueued, enqueue, enqueue_many, ensure_queue, is_task_name, notify, use_task_defaults
 from .errors import CrossDatabaseEnqueue, InvalidEnqueue, QueueError, StaleReservation
-from .history import archive, drop_expired_partitions, ensure_partitions, prune_history, within_lock_timeout
+from .history import (
+    archive,
+    drop_expired_partitions,
+    ensure_partitions,
+    prune_history,
+    shortest_row_retention,
+    within_lock_timeout,
+)
 from .lease import ALL_QUEUES, Lease, SettledAndLeased, Terms, lease, ready_exists, settle_and_lease
 from .maintenance import (
     analyze,
@@ -73,6 +80,7 @@ __all__ = [
     "extend_many",
     "fail",
     "history_round",
+    "shortest_row_retention",
     "is_task_name",
     "lease",
     "lock_reserved",

@@ -134,6 +134,11 @@ def pruned_by_rows(kept: dict[str, float]) -> dict[str, float]:
     return {queue: seconds for queue, seconds in kept.items() if seconds < longest or seconds < PARTITION_SPAN}
 
 
+def shortest_row_retention(*, using: str | None = None) -> float | None:
+    """The shortest retention, in seconds, of the queues pruned row by row (`pruned_by_rows`); None when none is."""
+    return min(pruned_by_rows(retentions(using=using)).values(), default=None)
+
+
 def prune_history(limit: int = 10_000, *, using: str | None = None) -> int:
     """Delete archived items (and their reservations) older than their queue's retention, for the queues
     `pruned_by_rows` names (the rest goes by partition drop). At most `limit` per queue."""

@@ -32,6 +32,9 @@ ARCHIVE_BATCH = 5_000
 SCHEDULE_BATCH = 100  # due schedules claimed per round
 EVENT_DROP_BATCH = 1000  # unclaimed workflow events past their lookback deleted per round
 WORKER_FORGET_AFTER = 600.0  # seconds without a heartbeat before a Worker row is deleted
+HISTORY_EVERY = 30.0  # seconds between the history unit's turns, at most (_history_unit)
+HISTORY_EVERY_LEAST = 1.0  # ... and at least, however short a queue's retention
+SKIPPED_AGAIN = 1.0  # seconds until a unit that moves rows comes again when its turn found the thread busy
 SKIP_LOG_EVERY = 300.0  # seconds between the lines saying a VACUUM or ANALYZE was skipped (with how many times)
 
 
@@ -175,9 +178,12 @@ class _Rows(_Background):
         # Not the loop's lock of this unit: the loop holds that one until it commits, just after starting us.
         self.lock = f"{name}:rows"
         self.again: Callable[[], None] = lambda: None  # makes the unit due now (_rows_unit)
+        self.soon: Callable[[], None] = lambda: None  # makes it due within SKIPPED_AGAIN (_rows_unit)
 
     def __call__(self) -> tuple[dict[str, int], bool]:
-        if not self.busy():
+        if self.busy():  # another unit's turn: this one comes back soon, not a whole interval later
+            self.soon()
+        else:
             self._start(self._run)
         return {}, False
 
@@ -205,10 +211,32 @@ class _Rows(_Background):
 
 
 def _rows_unit(name: str, every: float, batch: Callable[[], tuple[dict[str, int], bool]], shared: list) -> Unit:
-    """A _Rows unit that is due again as soon as a turn ends with more to do (a backlog)."""
+    """A _Rows unit that is due again as soon as a turn ends with more to do (a backlog), and within SKIPPED_AGAIN
+    seconds when its turn found the maintenance thread busy with another unit's (all are due as a worker starts:
+    history_retention waited its whole 30 s behind prune_done's first turn)."""
     rows = _Rows(name, batch, shared)
     unit = Unit(name, every, rows)
     rows.again = lambda: setattr(unit, "due_at", 0.0)
+    rows.soon = lambda: setattr(unit, "due_at", min(unit.due_at, time.monotonic() + SKIPPED_AGAIN))
+    return unit
+
+
+def _history_unit(shared: list) -> Unit:
+    """The partitioned history's unit (engine.history_round), due every HISTORY_EVERY seconds, or every half of the
+    shortest retention of the queues pruned row by row when that is less (HISTORY_EVERY_LEAST at least): a queue
+    keeping a minute of history holds about 1.5 minutes of it, one keeping 2 s about 3 s (not 32). The interval is
+    read again after each batch (one small query); a shorter one takes effect at once, a longer one from the next
+    turn."""
+
+    @functools.wraps(engine.history_round)  # the prune task's round too (inspect.unwrap finds it)
+    def batch() -> tuple[dict[str, int], bool]:
+        counts, more = engine.history_round()
+        shortest = engine.shortest_row_retention()
+        unit.every = HISTORY_EVERY if shortest is None else min(HISTORY_EVERY, max(HISTORY_EVERY_LEAST, shortest / 2))
+        unit.due_at = min(unit.due_at, time.monotonic() + unit.every)
+        return counts, more
+
+    unit = _rows_unit("history_retention", HISTORY_EVERY, batch, shared)
     return unit
 
 
@@ -263,8 +291,8 @@ def default_units(*, scheduler: bool = True, stats: Stats | None = None, holder:
         _rows_unit("prune_done", 60.0, engine.prune_round, background),
         # Every 2 s, and at once after a turn that left more: 5,000 items a batch in ~0.1 s, tens of thousands a s.
         _rows_unit("archive", 2.0, _archive, background),
-        # Every 30 s: a queue keeping a minute of history (pruned row by row) holds about 1.5 minutes of it.
-        _rows_unit("history_retention", 30.0, engine.history_round, background),
+        # Every 30 s, or half the shortest retention of a queue pruned row by row when that is less (_history_unit).
+        _history_unit(background),
         # Often: a lease walks past every dead entry at the head of item_fetch until a VACUUM clears them (at
         # 10,000 items/s that is 300,000 more a minute); it only VACUUMs past bloated_tables' thresholds. Two
         # workers draining 300,000 no-ops: 10,800-17,700 items/s checking every 30 s, 19,000-20,300 every 5 s.

@@ -52,6 +52,7 @@ PEERS = {
     "celery_redis": "jobsite.bench.peers.celery_redis:CeleryRedisPeer",
     "pgqueuer": "jobsite.bench.peers.pgqueuer:PgQueuerPeer",
     "django_q2": "jobsite.bench.peers.django_q2:DjangoQ2Peer",
+    "pg_floor": "jobsite.bench.peers.pg_floor:PgFloorPeer",  # not a product: the durable floor (pg_floor.py)
 }
 
 

@@ -255,6 +255,59 @@ def test_a_turn_that_leaves_a_backlog_makes_the_archive_due_again_at_once(settin
     assert unit.due_at > time.monotonic(), "the last turn found no more: due in its interval"
 
 
+def test_a_unit_that_found_the_maintenance_thread_busy_comes_again_within_a_second():
+    """All units are due as a worker starts and take the one maintenance thread in turn: history_retention, behind
+    prune_done's first turn, used to wait its whole interval (30 s). A turn skipped because the thread is busy
+    makes the unit due again within SKIPPED_AGAIN; once the thread is free, it runs and is due in its interval."""
+    import threading
+
+    from queue_app.worker import maintenance
+    from queue_app.worker.maintenance import Maintenance
+
+    units = {u.name: u for u in maintenance.default_units(scheduler=False)}
+    prune, retention = units["prune_done"], units["history_retention"]
+    release = threading.Event()
+    prune.run.batch = lambda: (release.wait(30), ({}, False))[1]  # holds the shared thread until released
+    Maintenance([prune]).run_due()
+    assert prune.run.busy()
+    Maintenance([retention]).run_due()
+    assert retention.run.busy() and retention.due_at <= time.monotonic() + maintenance.SKIPPED_AGAIN
+    release.set()
+    prune.run.join(30)
+    retention.due_at = 0.0
+    Maintenance([retention]).run_due()
+    retention.run.join(30)
+    assert retention.due_at > time.monotonic() + maintenance.SKIPPED_AGAIN  # it ran: due in its interval
+
+
+def test_the_history_unit_comes_every_half_of_the_shortest_row_by_row_retention():
+    """Every 30 s with every queue on its days; a queue keeping 2 s (pruned row by row) has it every second (its
+    floor), one keeping 40 s every 20 s; a shorter interval holds from the turn that found it, not 30 s later, a
+    longer one from the next turn; back to 30 s once no queue keeps less."""
+    from queue_app.worker import maintenance
+    from queue_app.worker.maintenance import Maintenance
+
+    unit = next(u for u in maintenance.default_units(scheduler=False) if u.name == "history_retention")
+
+    def turn() -> float:
+        unit.due_at = 0.0
+        Maintenance([unit]).run_due()
+        unit.run.join(30)
+        return unit.due_at - time.monotonic()
+
+    engine.ensure_queue("default")
+    assert unit.every == maintenance.HISTORY_EVERY == 30.0 and 29 < turn() <= 30
+    services.set_queue_options("default", retention=timedelta(seconds=2))
+    left = turn()
+    assert unit.every == maintenance.HISTORY_EVERY_LEAST == 1.0 and 0 < left <= 1.0, left
+    services.set_queue_options("default", retention=timedelta(seconds=40))
+    turn()  # due again in the interval it was due in (1 s); the longer one counts from the next turn
+    assert 19 < turn() <= 20 and unit.every == 20.0
+    services.set_queue_options("default", retention=timedelta(days=7))
+    turn()
+    assert unit.every == 30.0
+
+
 def test_the_migration_moves_finished_data_of_the_old_layout():
     """Back to 0016 (the old layout, no history tables), rows of every state written there, then forward: the
     done and cancelled items without a dead letter are in history with their reservations, the rest stays."""
