@@ -50,7 +50,8 @@ def _handler(todo: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
 
 
 def work(threads: int, batch: int, drain: bool = True) -> None:
-    """One worker process: `threads` handler threads, at most twice as many jobs held, leases of up to `batch`.
+    """One worker process: `threads` handler threads, leases of up to `batch` jobs, at most `batch` (or twice the
+    threads, if more) held.
     Exits once the queue is empty (`drain`), else runs until killed. A notification that comes while the loop is
     busy waits on the listening connection, so none is missed between an empty lease and the wait."""
     dsn = os.environ[DSN_ENV]
@@ -61,7 +62,7 @@ def work(threads: int, batch: int, drain: bool = True) -> None:
     done: queue.SimpleQueue = queue.SimpleQueue()
     for _ in range(threads):
         threading.Thread(target=_handler, args=(todo, done), daemon=True).start()
-    held, cap = 0, 2 * threads
+    held, cap = 0, max(batch, 2 * threads)
     while True:
         finished = []
         while not done.empty():
