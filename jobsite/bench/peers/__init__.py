@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from ..context import BenchContext, Drain, drain, log_tail, stop, tune
+from ..context import BenchContext, Drain, drain, log_tail, spawn, stop, tune
 from ..report import PEER_LABELS, Figure, Results, percentile
 from ..sizes import Sizes
 from .probe import PROBE_FILE_ENV
@@ -106,6 +106,14 @@ class Peer:
         (the latency measure) they keep running until stopped and run `probe` jobs too, their starts written
         there (probe.record_start)."""
         raise NotImplementedError
+
+    def start_work(self, call: str, variant: Variant, log: str, probe_file: Path | None) -> list[subprocess.Popen]:
+        """`variant.processes` workers, each `python -c "from <the peer's module> import work; <call>"` with the
+        scratch database (and the probe file) in its environment: for the peers whose worker is a function of
+        their own module (pgqueuer, pg_floor)."""
+        args = [sys.executable, "-c", f"from {type(self).__module__} import work; {call}"]
+        env = {**os.environ, DSN_ENV: self.dsn, **({PROBE_FILE_ENV: str(probe_file)} if probe_file else {})}
+        return [spawn(args, env=env, log=self.ctx.log_path(log)) for _ in range(variant.processes)]
 
     @classmethod
     def open_client(cls) -> Client:

@@ -15,15 +15,13 @@ use; it is the shortest durable path from an enqueue to a handler, the physical 
 import os
 import queue
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import psycopg
 
-from ..context import spawn
 from . import DSN_ENV, Client, Peer, Variant
-from .probe import PROBE_FILE_ENV, record_start
+from .probe import record_start
 
 CHANNEL = "floor_job"
 SCHEMA = """
@@ -126,9 +124,7 @@ class PgFloorPeer(Peer):
     def start(self, variant: Variant, log: str, *, probe_file: Path | None = None) -> list[subprocess.Popen]:
         options = variant.options
         call = f"work({int(options['threads'])}, {int(options['batch'])}, drain={probe_file is None})"
-        args = [sys.executable, "-c", f"from {__name__} import work; {call}"]
-        env = {**os.environ, DSN_ENV: self.dsn, **({PROBE_FILE_ENV: str(probe_file)} if probe_file else {})}
-        return [spawn(args, env=env, log=self.ctx.log_path(log)) for _ in range(variant.processes)]
+        return self.start_work(call, variant, log, probe_file)
 
     @classmethod
     def open_client(cls) -> Client:

@@ -21,9 +21,8 @@ from pgqueuer import PsycopgDriver, Queries, QueueManager
 from pgqueuer.models import Job
 from pgqueuer.types import QueueExecutionMode
 
-from ..context import spawn
 from . import DSN_ENV, Client, Peer, Variant
-from .probe import PROBE_FILE_ENV, record_start
+from .probe import record_start
 
 
 @asynccontextmanager
@@ -113,10 +112,9 @@ class PgQueuerPeer(Peer):
         asyncio.run(go())
 
     def start(self, variant: Variant, log: str, *, probe_file: Path | None = None) -> list[subprocess.Popen]:
-        call = f"work({int(variant.options['batch'])}, drain={probe_file is None})"
-        args = [sys.executable, "-c", f"from {__name__} import work; {call}"]
-        env = {**os.environ, DSN_ENV: self.dsn, **({PROBE_FILE_ENV: str(probe_file)} if probe_file else {})}
-        return [spawn(args, env=env, log=self.ctx.log_path(log)) for _ in range(variant.processes)]
+        return self.start_work(
+            f"work({int(variant.options['batch'])}, drain={probe_file is None})", variant, log, probe_file
+        )
 
     @classmethod
     def open_client(cls) -> Client:
