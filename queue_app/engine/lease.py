@@ -174,7 +174,10 @@ def settle_and_lease(
         "results": JsonbArray([None if result is None else encode_json(result, "result") for _, result in pairs]),
     }
     with cursor(using) as cur:
-        cur.execute(sql.SETTLE_AND_LEASE_TRACED if traced else sql.SETTLE_AND_LEASE, params)
+        if pairs:
+            cur.execute(sql.SETTLE_AND_LEASE_TRACED if traced else sql.SETTLE_AND_LEASE, params)
+        else:  # nothing to settle: the statement without the complete's parts (sql.LEASE_OPEN)
+            cur.execute(sql.LEASE_OPEN_TRACED if traced else sql.LEASE_OPEN, params)
         stale_ids: set[int] = set()
         limited: list[str] = []
         leases: list[Lease] = []

@@ -531,14 +531,24 @@ _COMPLETE_CTES = f"""v AS (
 # up to their own record flushes every earlier relaxed one: the at-most-once start before a run
 # (COMPLETE_MANY), a transactional handler's settle, fails and dead letters. Inside a caller's transaction the
 # setting is left alone (it would apply to the caller's whole transaction).
-def _settle_and_lease(traced: bool) -> str:
+#
+# With nothing to settle (an idle worker's lease of a lone item, the latency path) the worker sends LEASE_OPEN:
+# the same statement without the complete's CTEs. Empty, they still cost their part of every execution: two
+# updates' executor set-up, the unnest and the stale reservations' subquery, 0.14 ms of a 0.84 ms lease of one
+# item on an idle machine (docs/benchmarks.md). Its 'm' row names no stale reservation.
+def _settle_and_lease(traced: bool, settles: bool = True) -> str:
     traced_nulls = ", NULL::text, NULL::bigint, NULL::varchar" if traced else ""
+    if settles:
+        excluded = " AND (i.state = 'ready' OR i.id <> ALL(%(item_ids)s::bigint[]))"
+        complete = f"{_COMPLETE_CTES},\n"
+        stale = """array(SELECT v.reservation_id FROM v
+                  WHERE v.reservation_id NOT IN (SELECT * FROM settled UNION ALL SELECT * FROM already))"""
+    else:
+        excluded, complete, stale = "", "", "ARRAY[]::bigint[]"
     return f"""
-WITH {_COMPLETE_CTES},
-{_lease_ctes(_OPEN_QUEUES, excluded=" AND (i.state = 'ready' OR i.id <> ALL(%(item_ids)s::bigint[]))", traced=traced)},
+WITH {complete}{_lease_ctes(_OPEN_QUEUES, excluded=excluded, traced=traced)},
 commit_mode AS (SELECT set_config('synchronous_commit', 'off', true) WHERE %(relaxed_commit)s)
-SELECT 'm', array(SELECT v.reservation_id FROM v
-                  WHERE v.reservation_id NOT IN (SELECT * FROM settled UNION ALL SELECT * FROM already)),
+SELECT 'm', {stale},
        array({_LIMITED_QUEUES}),
        NULL::bigint, NULL::bigint, NULL::varchar, NULL::varchar, NULL::jsonb, NULL::int, NULL::int,
        NULL::timestamptz, NULL::smallint, NULL::varchar, NULL::timestamptz, NULL::timestamptz{traced_nulls}
@@ -550,6 +560,8 @@ SELECT 'l', NULL, NULL, {_LEASED_COLUMNS_TRACED if traced else _LEASED_COLUMNS} 
 
 SETTLE_AND_LEASE = _settle_and_lease(traced=False)
 SETTLE_AND_LEASE_TRACED = _settle_and_lease(traced=True)  # tracing on: see _LEASED_COLUMNS_TRACED
+LEASE_OPEN = _settle_and_lease(traced=False, settles=False)
+LEASE_OPEN_TRACED = _settle_and_lease(traced=True, settles=False)
 
 # -- settle ---------------------------------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 (a reservation per attempt); lease expiry, rescue_expired and release."""
 
 import json
+import re
 import time
 from datetime import timedelta
 
@@ -443,6 +444,53 @@ def test_settle_and_lease_completes_the_finished_and_leases_the_next_in_one_call
     assert QueueItem.objects.get(id=b.item_id).state == "ready"  # the stale complete changed nothing
 
 
+def _runs_of_prepared() -> dict[str, int]:
+    """This session's prepared statements (the engine's: psycopg prepares each on first use), and how many times
+    each ran."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements")
+        return dict(cur.fetchall())
+
+
+def _positional(text: str) -> str:
+    """`text` as psycopg sends it to be prepared: each %(name)s numbered $n in the order names first appear."""
+    names: list[str] = []
+
+    def number(match: re.Match) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    return re.sub(r"%\((\w+)\)s", number, text)
+
+
+def _which_ran(call) -> list[str]:
+    """Which of the two statements `call` ran on this session."""
+    before = _runs_of_prepared()
+    call()
+    ran = {text for text, runs in _runs_of_prepared().items() if runs > before.get(text, 0)}
+    return [name for name in ("LEASE_OPEN", "SETTLE_AND_LEASE") if _positional(getattr(sql, name)) in ran]
+
+
+@pytest.mark.django_db
+def test_a_lease_with_nothing_to_settle_runs_the_statement_without_the_completes_parts():
+    engine.enqueue_many("t", [{}] * 3)
+    engine.enqueue_many("t", [{}] * 2, queue="limited")
+    services.set_queue_options("limited", concurrency_limit=1)
+
+    first: list = []
+    assert _which_ran(lambda: first.extend(engine.lease(None, 5, "w1", LONG))) == ["LEASE_OPEN"]
+    # Its 'm' row names the limited queues as the settling statement's does: the call leased the limited queue
+    # under its limit after it
+    assert sorted(h.queue for h in first) == ["default", "default", "default", "limited"]
+
+    out: list = []
+    done = [(h, None) for h in first]
+    assert _which_ran(lambda: out.append(engine.settle_and_lease(done, None, 3, "w1", LONG))) == ["SETTLE_AND_LEASE"]
+    assert out[0].stale == [] and [h.queue for h in out[0].leases] == ["limited"]  # the settle freed its slot
+    assert QueueItem.objects.filter(state="done").count() == 4
+
+
 @pytest.mark.django_db(transaction=True)
 def test_an_item_completed_by_its_expired_lease_is_not_leased_again_by_the_same_statement():
     # The lease half must not pick a row the settle half updates (one statement cannot update a row twice).
@@ -482,14 +530,17 @@ def _settle_and_lease_params(relaxed: bool) -> dict:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("statement", ["SETTLE_AND_LEASE", "LEASE_OPEN"])
 @pytest.mark.parametrize("relaxed, during, after", [(True, "off", "on"), (False, "on", "on")])
-def test_a_relaxed_settle_and_lease_turns_synchronous_commit_off_for_its_own_transaction_only(relaxed, during, after):
+def test_a_relaxed_settle_and_lease_turns_synchronous_commit_off_for_its_own_transaction_only(
+    statement, relaxed, during, after
+):
     engine.enqueue("t")
     conn = engine.dedicated_connection()
     try:
         conn.execute("SET synchronous_commit = on")
         with conn.transaction():
-            rows = conn.execute(sql.SETTLE_AND_LEASE, _settle_and_lease_params(relaxed)).fetchall()
+            rows = conn.execute(getattr(sql, statement), _settle_and_lease_params(relaxed)).fetchall()
             assert [row[0] for row in rows] == ["m", "l"]  # the 'm' row is still there, and the lease
             assert conn.execute("SELECT current_setting('synchronous_commit')").fetchone()[0] == during
         assert conn.execute("SELECT current_setting('synchronous_commit')").fetchone()[0] == after

@@ -151,6 +151,7 @@ def test_every_statement_keeps_to_index_probes_when_planned_on_out_of_date_stati
     checked = statements()
     assert {
         "SETTLE_AND_LEASE",
+        "LEASE_OPEN",
         "LEASE",
         "LEASE_FAIR",
         "LOCK_FLOW_QUEUE",
