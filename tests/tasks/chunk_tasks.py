@@ -10,11 +10,13 @@ from queue_app.registry import ChunkItem, ChunkPolicy, Delivery, ItemDead, ItemR
 def _outcomes(items: list[ChunkItem]) -> list:
     """Each item's outcome: `retry_once` fails its first attempt, `dead` goes to the dead letters; the others are
     done with the size of the chunk they ran in. `marker` (a path): touched when the chunk starts, then the
-    handler sleeps `sleep` seconds."""
+    handler sleeps `sleep` seconds (`sleep_first`: on the item's first attempt only)."""
     for item in items:
         if item.payload.get("marker"):
             Path(item.payload["marker"]).touch()
         time.sleep(item.payload.get("sleep", 0))
+        if item.ctx.attempt == 1:
+            time.sleep(item.payload.get("sleep_first", 0))
     out = []
     for item in items:
         if item.payload.get("retry_once") and item.ctx.attempt == 1:
@@ -33,6 +35,17 @@ def chunked(items: list[ChunkItem]) -> list:
 
 @job("tests.chunked_short", queue="chunks", chunk=ChunkPolicy(size=10, timeout=0.5), hard_timeout=3.0)
 def chunked_short(items: list[ChunkItem]) -> list:
+    return _outcomes(items)
+
+
+@job(
+    "tests.chunked_hard",
+    queue="chunk_hard",
+    chunk=ChunkPolicy(size=10, timeout=0.5),
+    hard_timeout=2.0,
+    retry=Retry(times=3, delay=0),
+)
+def chunked_hard(items: list[ChunkItem]) -> list:
     return _outcomes(items)
 
 

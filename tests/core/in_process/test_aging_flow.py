@@ -1,6 +1,7 @@
 """Priority aging together with the other rules of the lease (issue 49, gap 5), in process: an aged item that
 ranks first still counts against its queue's concurrency and rate limits, and still waits behind the items of
-its ordering key enqueued before it. The aged rank comes from backdating the item's due time (21 s at 10 points
+its ordering key enqueued before it; with aging off, a queue is leased by the one statement of a queue that never
+had it, and nothing more. The aged rank comes from backdating the item's due time (21 s at 10 points
 a second lifts priority -100 above 100), as tests/core/processes/test_debounce_aging.py does."""
 
 from datetime import timedelta
@@ -10,6 +11,7 @@ from django.db.models import F
 
 from queue_app import engine, services
 from queue_app.models import QueueItem
+from tests.support.prepared_statements import which_ran
 
 pytestmark = pytest.mark.django_db
 NOOP = "queue_app.noop"
@@ -70,3 +72,22 @@ def test_an_aged_item_still_waits_behind_the_earlier_items_of_its_ordering_key()
     assert lease("aged_key") == [head]  # the key's head; the aged item waits while it is out
     complete(head)
     assert lease("aged_key") == [aged]
+
+
+def test_aging_off_leases_with_the_statement_of_a_queue_that_never_had_it_and_nothing_more():
+    """What aging off costs: nothing. The lease of a queue whose aging was turned off runs the statement every
+    queue without aging runs (sql.LEASE_OPEN, the same prepared statement: its plan and its cost), and no other;
+    with aging on, the queue is leased apart (its row lock and the aged lease: a transaction more)."""
+    statements = ("LEASE_OPEN", "SETTLE_AND_LEASE", "LOCK_FLOW_QUEUE", "IN_FLIGHT", "LEASE", "LEASE_AGED")
+    for n in range(3):
+        enqueue("plain", 0)
+        enqueue("aging", n)
+    plain = which_ran(lambda: lease("plain", 1), statements)
+    services.set_queue_options("aging", aging_rate=10)
+    on = which_ran(lambda: lease("aging", 1), statements)
+    services.set_queue_options("aging", aging_rate=None)
+    off = which_ran(lambda: lease("aging", 1), statements)
+
+    assert plain == off == ["LEASE_OPEN"]
+    assert on == ["LEASE_OPEN", "LOCK_FLOW_QUEUE", "LEASE_AGED"]
+    assert QueueItem.objects.filter(queue_id="aging", state="reserved").count() == 2

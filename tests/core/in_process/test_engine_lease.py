@@ -2,7 +2,6 @@
 (a reservation per attempt); lease expiry, rescue_expired and release."""
 
 import json
-import re
 import time
 from datetime import timedelta
 
@@ -14,6 +13,7 @@ from queue_app import engine, services
 from queue_app.engine import sql
 from queue_app.engine.lease import _own_transaction
 from queue_app.models import DeadLetter, QueueItem, Reservation
+from tests.support.prepared_statements import which_ran
 
 LONG = 3600.0  # a retry/lease far beyond any test's duration
 
@@ -444,32 +444,8 @@ def test_settle_and_lease_completes_the_finished_and_leases_the_next_in_one_call
     assert QueueItem.objects.get(id=b.item_id).state == "ready"  # the stale complete changed nothing
 
 
-def _runs_of_prepared() -> dict[str, int]:
-    """This session's prepared statements (the engine's: psycopg prepares each on first use), and how many times
-    each ran."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements")
-        return dict(cur.fetchall())
-
-
-def _positional(text: str) -> str:
-    """`text` as psycopg sends it to be prepared: each %(name)s numbered $n in the order names first appear."""
-    names: list[str] = []
-
-    def number(match: re.Match) -> str:
-        if match.group(1) not in names:
-            names.append(match.group(1))
-        return f"${names.index(match.group(1)) + 1}"
-
-    return re.sub(r"%\((\w+)\)s", number, text)
-
-
 def _which_ran(call) -> list[str]:
-    """Which of the two statements `call` ran on this session."""
-    before = _runs_of_prepared()
-    call()
-    ran = {text for text, runs in _runs_of_prepared().items() if runs > before.get(text, 0)}
-    return [name for name in ("LEASE_OPEN", "SETTLE_AND_LEASE") if _positional(getattr(sql, name)) in ran]
+    return which_ran(call, ("LEASE_OPEN", "SETTLE_AND_LEASE"))
 
 
 @pytest.mark.django_db

@@ -17,6 +17,7 @@ from queue_app import engine
 from queue_app.engine import sql
 from queue_app.worker.maintenance import _analyze_unit
 from queue_app.workflows import sql as workflow_sql
+from tests.support.prepared_statements import positional
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -68,23 +69,12 @@ def statements() -> dict[str, str]:
     } | {name: getattr(workflow_sql, name) for name in ("WORKFLOW_ENQUEUE", "WORKFLOW_FINISH", "WORKFLOW_FAN_OUT")}
 
 
-def _positional(text: str) -> tuple[str, int]:
-    names: list[str] = []
-
-    def number(match: re.Match) -> str:
-        if match.group(1) not in names:
-            names.append(match.group(1))
-        return f"${names.index(match.group(1)) + 1}"
-
-    return re.sub(r"%\((\w+)\)s", number, text), len(names)
-
-
 def generic_plans(texts: dict[str, str]) -> dict[str, list[str]]:
     plans = {}
     with connection.cursor() as cur:
         for name, text in texts.items():
-            positional, n = _positional(text)
-            cur.execute("PREPARE planned AS " + positional)
+            numbered, n = positional(text)
+            cur.execute("PREPARE planned AS " + numbered)
             cur.execute("EXPLAIN EXECUTE planned" + (f"({', '.join(['NULL'] * n)})" if n else ""))
             plans[name] = [row[0] for row in cur.fetchall()]
             cur.execute("DEALLOCATE planned")
@@ -270,14 +260,14 @@ def test_plans_made_on_an_empty_table_are_made_again_once_the_analyze_unit_sees_
         found = {}
         with connection.cursor() as cur:
             for name in hot:
-                positional, n = _positional(hot[name])
+                _, n = positional(hot[name])
                 cur.execute(f"EXPLAIN EXECUTE {name}({', '.join(['NULL'] * n)})")
                 found[name] = reads_whole([row[0] for row in cur.fetchall()])
         return found
 
     with connection.cursor() as cur:
         for name, text in hot.items():
-            cur.execute(f"PREPARE {name} AS {_positional(text)[0]}")
+            cur.execute(f"PREPARE {name} AS {positional(text)[0]}")
     try:
         assert all(cached_plans().values())  # planned now, on the empty tables: they read them whole
         engine.enqueue_many("t", [{}] * 30_000, queue="filled")

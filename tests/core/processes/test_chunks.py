@@ -1,6 +1,8 @@
 """Chunked handlers (issue 41): one handler call for up to N items, each item settled on its own. The handler's
 outcomes in process (run_job), bad policies refused at declaration; then real workers: one item of 100 failing ->
-99 done, 1 retried; kill -9 mid-chunk -> every item re-delivered (at least once) or a dead letter (at most once)."""
+99 done, 1 retried; kill -9 mid-chunk -> every item re-delivered (at least once) or a dead letter (at most once); a
+chunk past its hard timeout -> every item failed and retried on its own; a queue's concurrency limit and ordering
+keys hold for a chunk's items as for any (issue 49)."""
 
 import os
 import signal
@@ -9,8 +11,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
-from queue_app import engine
-from queue_app.models import DeadLetter, QueueItem, Worker
+from queue_app import engine, services
+from queue_app.models import DeadLetter, QueueItem, Reservation, Worker
 from queue_app.registry import ChunkPolicy, job
 from queue_app.worker.execute import Job, run_job
 from tests.support.waiting import wait_for
@@ -114,3 +116,87 @@ def test_kill_9_mid_chunk_redelivers_each_item_per_its_delivery_mode(worker, tmp
     assert all(item.attempts == 2 for item in QueueItem.objects.filter(id__in=least))
     assert DeadLetter.objects.filter(item_id__in=most, reason__contains="at-most-once").count() == 5
     assert Worker.objects.filter(id="victim").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("empty_table_statistics")
+def test_a_chunk_past_its_hard_timeout_fails_every_item_each_retried_on_its_own(worker, tmp_path):
+    # One chunk of five; its first item sleeps past the task's hard timeout (2 s) on its first attempt.
+    ids = engine.enqueue_many(
+        "tests.chunked_hard", [{"sleep_first": 60, "marker": str(tmp_path / "started")}] + [{}] * 4, queue="chunk_hard"
+    )
+    proc = worker(
+        "hard", "--import", "tests.tasks.chunk_tasks", "--queues", "chunk_hard", "--pool", "process",
+        "--concurrency", "1", "--batch", "10", "--prefetch", "10",
+    )  # fmt: skip
+    try:
+        wait_for(
+            lambda: QueueItem.objects.filter(id__in=ids, state="done").count() == 5, timeout=60, what="5 items done"
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {_states(ids)}\n{proc.log.read_text()[-3000:]}") from None
+    proc.terminate()
+    assert finish(proc, timeout=30) == 0, proc.log.read_text()[-3000:]
+    assert (tmp_path / "started").exists()
+    # Every item of the chunk: its first attempt failed by the hard timeout, settled on its own reservation; its
+    # second ran (the whole chunk again, retried at once) and is done.
+    first = Reservation.objects.filter(item_id__in=ids, attempt=1)
+    assert sorted(first.values_list("item_id", flat=True)) == sorted(ids)
+    assert {(r.outcome, r.error.split(":")[0]) for r in first} == {("timed_out", "hard timeout")}, [
+        (r.outcome, r.error) for r in first
+    ]
+    assert "its child process was killed" in first[0].error
+    items = QueueItem.objects.filter(id__in=ids)
+    assert sorted((i.attempts, i.result["attempt"]) for i in items) == [(2, 2)] * 5
+    assert not DeadLetter.objects.exists()
+
+
+def _most_at_once(reservations) -> int:
+    """The most of these reservations held at one moment (reserved_at to finished_at)."""
+    edges = sorted([(r.reserved_at, 1) for r in reservations] + [(r.finished_at, -1) for r in reservations])
+    held = most = 0
+    for _, step in edges:  # at equal times an end (-1) sorts before a start: touching is not overlapping
+        held += step
+        most = max(most, held)
+    return most
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("empty_table_statistics")
+def test_a_chunk_takes_no_more_items_than_its_queues_concurrency_limit_leaves_room_for(worker):
+    ids = engine.enqueue_many("tests.chunked", [{"sleep": 0.02}] * 12, queue="chunk_limited")
+    services.set_queue_options("chunk_limited", concurrency_limit=3)
+    proc = worker(
+        "limited", "--import", "tests.tasks.chunk_tasks", "--queues", "chunk_limited",
+        "--concurrency", "4", "--batch", "100", "--prefetch", "100",
+    )  # fmt: skip
+    wait_for(lambda: QueueItem.objects.filter(id__in=ids, state="done").count() == 12, timeout=60, what="12 done")
+    proc.terminate()
+    assert finish(proc, timeout=30) == 0, proc.log.read_text()[-3000:]
+    chunks = [item.result["chunk"] for item in QueueItem.objects.filter(id__in=ids)]
+    assert max(chunks) == 3, chunks  # a chunk took the room the limit left (the chunk's size is 100), never more
+    assert _most_at_once(Reservation.objects.filter(item_id__in=ids)) <= 3
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("empty_table_statistics")
+def test_a_chunk_holds_one_item_of_an_ordering_key_at_a_time_and_each_keys_in_enqueue_order(worker):
+    by_key = {
+        key: engine.enqueue_many("tests.chunked", [{}] * 4, queue="chunk_ordered", ordering_key=key) for key in "abc"
+    }
+    ids = [i for key_ids in by_key.values() for i in key_ids]
+    proc = worker(
+        "ordered", "--import", "tests.tasks.chunk_tasks", "--queues", "chunk_ordered",
+        "--concurrency", "4", "--batch", "100", "--prefetch", "100",
+    )  # fmt: skip
+    wait_for(lambda: QueueItem.objects.filter(id__in=ids, state="done").count() == 12, timeout=60, what="12 done")
+    proc.terminate()
+    assert finish(proc, timeout=30) == 0, proc.log.read_text()[-3000:]
+    assert max(item.result["chunk"] for item in QueueItem.objects.filter(id__in=ids)) <= 3  # one of each key
+    for key_ids in by_key.values():
+        held = list(Reservation.objects.filter(item_id__in=key_ids).order_by("item_id"))
+        assert [r.item_id for r in held] == key_ids  # one attempt each
+        # Each item of the key leased only after the one before it was settled: one in flight, in enqueue order.
+        assert all(later.reserved_at >= earlier.finished_at for earlier, later in zip(held, held[1:], strict=False)), [
+            (r.item_id, r.reserved_at, r.finished_at) for r in held
+        ]

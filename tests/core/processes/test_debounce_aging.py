@@ -293,6 +293,12 @@ def test_a_low_priority_item_starts_under_a_steady_stream_of_higher_priority_wor
     reserved_at = Reservation.objects.get(item_id=low).reserved_at
     passed = QueueItem.objects.filter(queue_id="aged", priority=gap, reservation__reserved_at__lt=reserved_at)
     latest_passer = max(passed.values_list("run_at", flat=True))
+    # The scene the bound is tested in: the low item was leased past the bound (behind the backlog due before
+    # it), so items due after it had the time to pass it ...
+    assert reserved_at > item.run_at + timedelta(seconds=bound), (reserved_at, item.run_at)
+    # ... and those due within the bound did (the bound is reached, not kept by a stream that never came near it),
+    # those due later did not
+    assert item.run_at + timedelta(seconds=bound / 4) < latest_passer, (latest_passer, item.run_at)
     assert latest_passer <= item.run_at + timedelta(seconds=bound + 0.01)
     # ... while higher-priority work already due when it was leased still waited behind it (not leased then, or
     # only after it): without aging the low item would have waited for every such item.
