@@ -1,6 +1,7 @@
 """lease(): take up to n items for a worker, each with a new reservation (one attempt, one fencing token);
 settle_and_lease(): complete the items a worker finished and lease its next batch in one round trip."""
 
+import functools
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -9,7 +10,7 @@ from typing import Any, NamedTuple
 
 from . import sql
 from .alias import atomic, queue_connection
-from .db import Int8Array, JsonbArray, cursor
+from .db import Int8Array, JsonbArray, cursor, float8_array, text_array
 from .payload import decode_json, encode_json
 from .settle import Held
 
@@ -63,12 +64,17 @@ def _lease_traced(r: Sequence[Any]) -> Lease:
     )
 
 
-def _terms_params(terms: Terms | None) -> dict[str, list]:
-    names = list(terms or ())
+def _terms_params(terms: Terms | None) -> dict[str, Any]:
+    return _terms_arrays(tuple((terms or {}).items()))
+
+
+@functools.lru_cache(maxsize=32)
+def _terms_arrays(terms: tuple[tuple[str, tuple[float | None, float]], ...]) -> dict[str, Any]:
+    """The terms as the lease binds them, dumped once (a worker's are the same on every lease: db.text_array)."""
     return {
-        "term_tasks": names,
-        "term_leases": [terms[name][0] for name in names],
-        "term_floors": [float(terms[name][1]) for name in names],
+        "term_tasks": text_array([name for name, _ in terms]),
+        "term_leases": float8_array([lease for _, (lease, _) in terms]),
+        "term_floors": float8_array([floor for _, (_, floor) in terms]),
     }
 
 

@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from queue_app import engine, services
-from queue_app.engine import sql
+from queue_app.engine import db, sql
 from queue_app.engine.lease import _own_transaction
 from queue_app.models import DeadLetter, QueueItem, Reservation
 from tests.support.prepared_statements import which_ran
@@ -495,6 +495,28 @@ def test_task_terms_set_each_lease_to_its_tasks_lease_never_under_its_floor():
     assert 590 < seconds["slow"] <= 600  # the task's lease over the item's
     assert 35 < seconds["short"] <= 40  # never under the task's floor (hard timeout + margin)
     assert 0 < seconds["other"] <= 5  # a task without terms keeps the item's
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("prepared", [True, False])
+def test_task_terms_reach_the_lease_whatever_the_names_and_however_the_statement_is_bound(prepared, monkeypatch):
+    """The terms go as arrays dumped once (engine/db.py: text_array, float8_array): quoting survives names that
+    an array literal must escape, a task without a lease of its own keeps NULL, and Django's client-side cursor
+    (prepared statements off: behind a pooler) binds the same arrays as literals."""
+    monkeypatch.setattr(db, "prepared", lambda: prepared)
+    names = ['we"ird\\task', "with,comma", "{braces}", "NULL", " spaced "]
+    for name in [*names, "no_lease"]:
+        engine.enqueue(name, {}, lease_timeout=5)
+    terms = {name: (100.0 + 10 * n, 1.0) for n, name in enumerate(names)} | {"no_lease": (None, 30.0)}
+
+    leases = engine.lease(["default"], 10, "w1", terms=terms)
+
+    now = timezone.now()
+    seconds = {h.task: (h.lease_expires_at - now).total_seconds() for h in leases}
+    assert seconds.keys() == terms.keys()
+    for n, name in enumerate(names):
+        assert 100 + 10 * n - 5 < seconds[name] <= 100 + 10 * n, (name, seconds)
+    assert 25 < seconds["no_lease"] <= 30  # the item's 5 s, raised to the task's floor
 
 
 def _settle_and_lease_params(relaxed: bool) -> dict:
