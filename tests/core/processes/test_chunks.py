@@ -161,18 +161,25 @@ def _most_at_once(reservations) -> int:
     return most
 
 
+def _drain(worker, queue: str, ids: list[int]) -> None:
+    """A worker of four slots on `queue` (chunked tasks loaded) until every one of `ids` is done, then stopped."""
+    proc = worker(
+        queue, "--import", "tests.tasks.chunk_tasks", "--queues", queue,
+        "--concurrency", "4", "--batch", "100", "--prefetch", "100",
+    )  # fmt: skip
+    wait_for(
+        lambda: QueueItem.objects.filter(id__in=ids, state="done").count() == len(ids), timeout=60, what="all done"
+    )
+    proc.terminate()
+    assert finish(proc, timeout=30) == 0, proc.log.read_text()[-3000:]
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("empty_table_statistics")
 def test_a_chunk_takes_no_more_items_than_its_queues_concurrency_limit_leaves_room_for(worker):
     ids = engine.enqueue_many("tests.chunked", [{"sleep": 0.02}] * 12, queue="chunk_limited")
     services.set_queue_options("chunk_limited", concurrency_limit=3)
-    proc = worker(
-        "limited", "--import", "tests.tasks.chunk_tasks", "--queues", "chunk_limited",
-        "--concurrency", "4", "--batch", "100", "--prefetch", "100",
-    )  # fmt: skip
-    wait_for(lambda: QueueItem.objects.filter(id__in=ids, state="done").count() == 12, timeout=60, what="12 done")
-    proc.terminate()
-    assert finish(proc, timeout=30) == 0, proc.log.read_text()[-3000:]
+    _drain(worker, "chunk_limited", ids)
     chunks = [item.result["chunk"] for item in QueueItem.objects.filter(id__in=ids)]
     assert max(chunks) == 3, chunks  # a chunk took the room the limit left (the chunk's size is 100), never more
     assert _most_at_once(Reservation.objects.filter(item_id__in=ids)) <= 3
@@ -185,13 +192,7 @@ def test_a_chunk_holds_one_item_of_an_ordering_key_at_a_time_and_each_keys_in_en
         key: engine.enqueue_many("tests.chunked", [{}] * 4, queue="chunk_ordered", ordering_key=key) for key in "abc"
     }
     ids = [i for key_ids in by_key.values() for i in key_ids]
-    proc = worker(
-        "ordered", "--import", "tests.tasks.chunk_tasks", "--queues", "chunk_ordered",
-        "--concurrency", "4", "--batch", "100", "--prefetch", "100",
-    )  # fmt: skip
-    wait_for(lambda: QueueItem.objects.filter(id__in=ids, state="done").count() == 12, timeout=60, what="12 done")
-    proc.terminate()
-    assert finish(proc, timeout=30) == 0, proc.log.read_text()[-3000:]
+    _drain(worker, "chunk_ordered", ids)
     assert max(item.result["chunk"] for item in QueueItem.objects.filter(id__in=ids)) <= 3  # one of each key
     for key_ids in by_key.values():
         held = list(Reservation.objects.filter(item_id__in=key_ids).order_by("item_id"))
