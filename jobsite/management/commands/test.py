@@ -3,8 +3,8 @@
 Everything after ``test`` goes to pytest untouched (``-x``, ``-k expr``, ``-m "not spark"``, paths, node ids).
 With ``JOBSITE_TEST_WORKERS=N`` (N > 0) the tests run in parallel: pytest-xdist's ``-n N --dist loadgroup``, N
 worker processes each on a test database of its own, the tests that must not overlap (Spark, chaos runs, the
-browser) kept together by tests/support/xdist_groups.py. The default is ``0``, one process; ``.ci/run`` sets 3,
-which on CI's 2-core machine takes under half of the serial run's time (docs/development.md › In parallel).
+browser) kept together by tests/support/xdist_groups.py. The default is ``0``, one process; ``.ci/run`` sets 2,
+which on CI's 2-core machine takes about half of the serial run's time (docs/development.md › In parallel).
 Arguments that choose the parallelism themselves (``-n``/``--numprocesses``, ``--dist``, ``-p no:xdist``) are
 left alone.
 

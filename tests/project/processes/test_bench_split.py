@@ -38,5 +38,7 @@ def test_the_split_prints_every_stage_and_the_stages_add_up_to_the_total(manage,
             means = sum(detail[f"stage_{stage}_mean_ms"] for stage in STAGES if f"stage_{stage}_mean_ms" in detail)
             assert abs(means - detail["mean_ms"]) < 0.01, (pool, where, means, detail)
             leases = detail["stage_leases"]
-            if where == "idle":  # a lone probe on an idle queue: leased alone, in the loop
-                assert set(leases) == {k for k in leases if k.startswith("loop ") and k.endswith(" got 1")}, leases
+            if where == "idle":  # a lone probe on an idle queue: leased alone, on the latency path (in the loop, or
+                # beside the previous probe's settle still in flight: a loaded CI run saw one there)
+                latency_path = {k for k in leases if k.startswith(("loop ", "beside ")) and k.endswith(" got 1")}
+                assert set(leases) == latency_path, leases
