@@ -74,6 +74,7 @@ class _Background:
 
     def __init__(self, shared: list[threading.Thread | None] | None) -> None:
         self.shared = [None] if shared is None else shared  # the one thread these units run in, if any
+        self.closing = threading.Event()  # set by Maintenance.close: a turn in progress starts no new batch
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -198,7 +199,7 @@ class _Rows(_Background):
                     counts, more = self.batch()
                 for key, value in counts.items():
                     totals[key] = totals.get(key, 0) + value
-                if not more or time.monotonic() - t0 >= self.turn:
+                if not more or time.monotonic() - t0 >= self.turn or self.closing.is_set():
                     break
         except Exception as exc:  # e.g. the server went away: say so, try next turn
             more = False
@@ -345,3 +346,17 @@ class Maintenance:
             if more:
                 unit.due_at = now
             _log_counts(unit.name, counts)
+
+    def close(self, timeout: float) -> bool:
+        """Wait for the maintenance thread's turn in progress, which starts no new batch from now on: the worker
+        says it stopped, and lets its duties go, once no thread of its own writes any more. An embedded worker
+        (a burst run in a test, in an adopter's process) otherwise returned while its thread still archived or
+        pruned, its transaction open beside the caller's next one. False when the thread outlived `timeout`
+        seconds (a long VACUUM): the process's exit cuts its statement."""
+        background = [unit.run for unit in self.units if isinstance(unit.run, _Background)]
+        for run in background:
+            run.closing.set()
+        deadline = time.monotonic() + timeout
+        for thread in {run.thread for run in background} - {None}:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(run.busy() for run in background)

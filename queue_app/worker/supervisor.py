@@ -306,6 +306,8 @@ class Supervisor:
         if self.pool is not None:
             self.pool.shutdown()
         self.lease_call.close()
+        if not self.maintenance.close(max(self.options.grace_period, 5.0)):
+            logger.warning("the maintenance thread's statement is still running; the process's exit cuts it")
         if stages.on:
             stages.flush()  # the loop's stamps and its pool threads' (a child writes its own)
         self.listener.close()

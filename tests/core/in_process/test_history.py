@@ -5,6 +5,7 @@ archived item back; retention drops whole days (and deletes rows only for queues
 import datetime as dt
 import io
 import json
+import threading
 import time
 from datetime import timedelta
 
@@ -230,6 +231,45 @@ def test_the_archive_runs_in_the_maintenance_thread_and_the_loop_does_not_wait_f
         Maintenance([unit]).run_due()
         unit.run.join(30)
     assert ItemHistory.objects.filter(id__in=ids).count() == 3 and not QueueItem.objects.filter(id__in=ids).exists()
+
+
+def test_a_stopping_worker_waits_for_its_maintenance_thread_before_it_says_it_stopped(settings):
+    """An embedded worker (a burst run in a test or in an adopter's process) returned while its maintenance
+    thread still archived, its transaction open beside the caller's next statements: a test's reset after it
+    deadlocked with such a batch (CI, three test workers). Forced: a lock the archive's insert needs is held from
+    before the worker starts until after it has said "worker stopped"; at that line no thread of the worker may
+    still be running, so the batch has ended (here at its lock timeout, moving nothing) before the line."""
+    import logging
+
+    import psycopg
+
+    from queue_app.worker import Supervisor, WorkerOptions
+    from queue_app.worker.maintenance import Maintenance, default_units
+
+    settings.JOBSITE = {"ARCHIVE_AFTER": 0.0}
+    history.ensure_partitions()
+    ids = finished(3)
+    at_stop: list[list[str]] = []
+
+    class AtStop(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("worker stopped"):
+                at_stop.append([t.name for t in threading.enumerate() if t.name == "jobsite-archive"])
+
+    handler, log = AtStop(), logging.getLogger("jobsite.worker")
+    log.addHandler(handler)
+    try:
+        with psycopg.connect(**connection.get_connection_params()) as blocker:
+            blocker.execute("LOCK TABLE queue_app_itemhistory IN SHARE MODE")  # no insert until it ends
+            options = WorkerOptions(pool="thread", concurrency=1, burst=True, poll_interval=0.05, scheduler=False)
+            worker = Supervisor(options)
+            worker.maintenance = Maintenance([u for u in default_units(scheduler=False) if u.name == "archive"])
+            assert worker.run() == 0
+            blocker.rollback()
+    finally:
+        log.removeHandler(handler)
+    assert at_stop == [[]], at_stop  # said once, with the archive's thread gone
+    assert QueueItem.objects.filter(id__in=ids).count() == 3  # its batch gave up at the lock: nothing lost
 
 
 def test_a_turn_that_leaves_a_backlog_makes_the_archive_due_again_at_once(settings, monkeypatch):
