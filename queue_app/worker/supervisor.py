@@ -306,7 +306,9 @@ class Supervisor:
         if self.pool is not None:
             self.pool.shutdown()
         self.lease_call.close()
-        if not self.maintenance.close(max(self.options.grace_period, 5.0)):
+        # What is left of a signal's grace period (the whole period after --burst or --max-items), 1 s at least.
+        left = min(self.options.grace_period, self.shutdown.grace_deadline - time.monotonic())
+        if not self.maintenance.close(max(left, 1.0)):
             logger.warning("the maintenance thread's statement is still running; the process's exit cuts it")
         if stages.on:
             stages.flush()  # the loop's stamps and its pool threads' (a child writes its own)
