@@ -10,7 +10,6 @@ interval), and that wait counts as the worker's latency."""
 import json
 import signal
 import sys
-import threading
 import time
 
 NOOP_TASK = "queue_app.noop"
@@ -22,15 +21,15 @@ def main(queue: str, per_s: float) -> int:
 
     django.setup()
     from queue_app import engine
+    from queue_app.stop_signals import StopSignals
 
-    stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     fed, t0 = 0, time.monotonic()
-    print(json.dumps({"started": True}), flush=True)
-    while not stopped.wait(EVERY):
-        due = int((time.monotonic() - t0) * per_s) - fed
-        if due > 0:
-            fed += len(engine.enqueue_many(NOOP_TASK, [{}] * due, queue=queue))
+    with StopSignals((signal.SIGTERM,)) as stop:  # not an Event: its set() in the handler could hang (stop_signals)
+        print(json.dumps({"started": True}), flush=True)
+        while not stop.wait(EVERY):
+            due = int((time.monotonic() - t0) * per_s) - fed
+            if due > 0:
+                fed += len(engine.enqueue_many(NOOP_TASK, [{}] * due, queue=queue))
     print(json.dumps({"fed": fed}), flush=True)
     return 0
 

@@ -43,6 +43,7 @@ from typing import Any  # noqa: E402
 from queue_app.spark import protocol  # noqa: E402
 from queue_app.spark.child_run import run_job, write_failure  # noqa: E402
 from queue_app.spark.protocol import PROGRESS_INTERVAL, emit  # noqa: E402
+from queue_app.stop_signals import Wakeup  # noqa: E402
 
 log = logging.getLogger("queue_app.spark.child")
 
@@ -60,8 +61,9 @@ class ProgressMonitor(threading.Thread):
         self.group = group
         self.interval = interval
         self.emit = emit
-        self.cancel_requested = threading.Event()
-        self._wake = threading.Event()
+        # Set from the SIGTERM handler (child_run.run_job's on_cancel): a flag and a Wakeup, no lock to wait for.
+        self.cancel_requested = False
+        self._wake = Wakeup()
         self._stopping = False
         self._cancel_sent = False
         self._final: dict[int, dict[str, Any]] = {}
@@ -70,7 +72,7 @@ class ProgressMonitor(threading.Thread):
         self._lock = threading.Lock()
 
     def request_cancel(self) -> None:
-        self.cancel_requested.set()
+        self.cancel_requested = True
         self._wake.set()
 
     def stop(self) -> None:
@@ -82,8 +84,7 @@ class ProgressMonitor(threading.Thread):
     def run(self) -> None:
         while True:
             self._wake.wait(self.interval)
-            self._wake.clear()
-            if self.cancel_requested.is_set() and not self._cancel_sent:
+            if self.cancel_requested and not self._cancel_sent:
                 self._cancel_sent = True
                 try:
                     self.sc.cancelJobGroup(self.group)
@@ -94,7 +95,7 @@ class ProgressMonitor(threading.Thread):
             try:
                 self.report()
             except Exception:
-                if self.cancel_requested.is_set():
+                if self.cancel_requested:
                     return
                 log.warning("progress poll failed", exc_info=True)
 

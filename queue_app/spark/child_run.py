@@ -15,8 +15,8 @@ import os
 import signal
 import sys
 import tempfile
-import threading
 import traceback
+import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -68,28 +68,29 @@ def run_job(
     EXIT_CANCELLED (`on_cancelled` first). `divert(exc)` may name another exit code for a failure that is not
     the job's (it leaves at once too, writing nothing).
     """
-    cancel = threading.Event()
-    in_job = threading.Event()
+    # Plain flags, not threading.Events: the handler runs in this thread between two bytecodes, and an Event's set()
+    # or clear() there could wait for the lock this thread holds inside another call (queue_app/stop_signals.py).
+    flags = types.SimpleNamespace(cancel=False, in_job=False)
 
     def on_sigterm(signum, frame):
-        if not cancel.is_set():
-            cancel.set()
+        if not flags.cancel:
+            flags.cancel = True
             on_cancel()
-        if in_job.is_set():
-            in_job.clear()
+        if flags.in_job:
+            flags.in_job = False
             raise RunCancelled()
 
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        in_job.set()
-        if cancel.is_set():  # SIGTERM came while the session was starting
+        flags.in_job = True
+        if flags.cancel:  # SIGTERM came while the session was starting
             raise RunCancelled()
         try:
             result = job.func(spark, params)
         finally:
-            in_job.clear()
+            flags.in_job = False
     except BaseException as exc:
-        if cancel.is_set():
+        if flags.cancel:
             on_cancelled()
             write_output(output_file, {**base, "status": "cancelled", "error": "cancelled (SIGTERM)"})
             leave(protocol.EXIT_CANCELLED)  # connections may be mid-call and Spark going down: no teardown

@@ -4,14 +4,13 @@ to 10 s) and retries, keeping finished outcomes in memory (worker/settling.py) t
 LISTEN connection is retried on its own clock, never sooner than the database."""
 
 import logging
-import signal
-import threading
 import time
 from collections.abc import Callable
 
 from django.db import connections
 
 from ..engine.alias import queue_db
+from ..stop_signals import StopSignals
 from .options import DATABASE_DOWN
 from .status import fields
 
@@ -69,23 +68,18 @@ def wait_for_database(using: str | None = None) -> bool:
     SIGINT came first (the caller exits 0: nothing was taken). A worker started while the server restarts or is
     not up yet waits for it rather than dying; Django's own system checks connect (a GeneratedField's check asks
     the server's version), so they run after this (run_worker)."""
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     outage = Outage()
-    try:
-        while not stop.is_set():
+    with StopSignals() as stop:  # a handler that set a threading.Event could hang the process (stop_signals.py)
+        while not stop.stopped:
             try:
                 connections[queue_db(using)].ensure_connection()
             except DATABASE_DOWN as exc:
                 outage.lost(exc)
-                stop.wait(max(0.0, outage.retry_at - time.monotonic()))
+                stop.wait(outage.retry_at - time.monotonic())
                 continue
             outage.back()
             return True
         return False
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def boot_through_outages(step: Callable[[], None], using: str | None = None) -> bool:

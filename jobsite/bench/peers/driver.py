@@ -17,9 +17,10 @@ stage times).
 import json
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
+
+from queue_app.stop_signals import StopSignals
 
 from . import Client, load
 
@@ -67,15 +68,14 @@ def _client(name: str) -> Client:
 def feed(name: str, per_s: float) -> int:
     """Queue `per_s` no-ops a second with the peer's API until SIGTERM; then print how many as JSON."""
     client = _client(name)
-    stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     fed, t0 = 0, time.monotonic()
-    print(json.dumps({"started": True}), flush=True)
-    while not stopped.wait(FEED_EVERY):
-        due = int((time.monotonic() - t0) * per_s) - fed
-        if due > 0:
-            client.noops(due)
-            fed += due
+    with StopSignals((signal.SIGTERM,)) as stop:  # not an Event: its set() in the handler could hang (stop_signals)
+        print(json.dumps({"started": True}), flush=True)
+        while not stop.wait(FEED_EVERY):
+            due = int((time.monotonic() - t0) * per_s) - fed
+            if due > 0:
+                client.noops(due)
+                fed += due
     client.close()
     print(json.dumps({"fed": fed}), flush=True)
     return 0

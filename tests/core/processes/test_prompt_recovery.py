@@ -153,6 +153,18 @@ def test_a_worker_started_while_the_database_is_away_waits_for_it_then_runs(work
     assert "database back" in output(proc)
 
 
+def test_a_worker_waiting_for_the_database_stops_on_sigterm_and_exits_0(worker, db_proxy):
+    """SIGTERM while the worker waits for the database ends the wait: the handler only sets a flag and wakes the
+    wait (queue_app/stop_signals.py; a threading.Event set from the handler could hang the process), and the worker
+    exits 0 having taken nothing."""
+    db_proxy.cut(3600)
+    proc = worker("stop-while-waiting", "--concurrency", "1", env={"DATABASE_URL": db_proxy.url()})
+    wait_for(lambda: "database unavailable" in output(proc), timeout=60, what="the worker to say it waits")
+    proc.terminate()
+    assert finish(proc, timeout=30) == 0, output(proc)[-3000:]
+    assert "database back" not in output(proc) and "worker started" not in output(proc)
+
+
 def test_a_connection_lost_between_the_wait_and_the_checks_is_waited_out_not_a_crash():
     """The waits chaos run caught a worker whose database answered its wait, then restarted before its system
     checks ran: the checks got the dead connection ("the connection is closed") and the worker exited 1. Forced
