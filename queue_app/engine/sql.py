@@ -208,14 +208,11 @@ _LIMITED_QUEUES = f"""SELECT name FROM {QUEUE}
 
 
 # An item `i` with an ordering key is leasable only when no older item of its key is still open (one in flight
-# per key, in enqueue order, a retried item keeps blocking its key).
-_ORDERING_KEY_FREE = f"""(i.ordering_key IS NULL OR NOT EXISTS (
-                SELECT 1 FROM {ITEM} o
-                WHERE o.queue_id = i.queue_id AND o.ordering_key = i.ordering_key
-                  AND o.state IN ('ready', 'reserved') AND o.id <> i.id
-                  -- an older open item, or a younger one in flight: enqueues of one key may commit out of id
-                  -- order, and the younger one may already be out when the older one becomes visible
-                  AND (o.id < i.id OR (o.state = 'reserved' AND o.visible_at > now()))))"""
+# per key, in enqueue order, a retried item keeps blocking its key; see queue_app_ordering_key_free, migration
+# 0049). A function, called for an item with a key only, rather than a NOT EXISTS subquery here: PostgreSQL sets a
+# subquery's plan up on every execution of the statement, and an item without a key never reaches it (0.1 ms of a
+# 0.8 ms lease of one item; a lease of keyed items costs no more). It reads with the lease statement's snapshot.
+_ORDERING_KEY_FREE = "(i.ordering_key IS NULL OR queue_app_ordering_key_free(i.queue_id, i.ordering_key, i.id))"
 
 
 def _picked(queue_source: str, excluded: str) -> str:
@@ -243,6 +240,12 @@ def _picked(queue_source: str, excluded: str) -> str:
 )"""
 
 
+# A term of the item's task (its lease or its floor), NULL when the worker names none for it: the worker's terms
+# are three parallel arrays (term_tasks, term_leases, term_floors), looked up by position. Not a CTE over their
+# unnest with a subquery per term: those subqueries' plans were set up on every lease (see _ORDERING_KEY_FREE).
+_TERM = "(%({array})s::float8[])[array_position(%(term_tasks)s::text[], i.task::text)]"
+
+
 def _lease_ctes(queue_source: str, excluded: str = "", picked: str | None = None, *, traced: bool = False) -> str:
     """The CTEs of a lease, ending in `leased` (the leased items' rows).
 
@@ -258,23 +261,20 @@ def _lease_ctes(queue_source: str, excluded: str = "", picked: str | None = None
     and its workflow step (the traced statements: _LEASED_COLUMNS_TRACED).
     """
     traced_columns = "              , i.trace_context, i.workflow_step_id\n" if traced else ""
-    return f"""{picked or _picked(queue_source, excluded)}, terms AS (
-    SELECT * FROM unnest(%(term_tasks)s::text[], %(term_leases)s::float8[], %(term_floors)s::float8[])
-        AS t(task, lease, floor)
-), expired AS (
+    return f"""{picked or _picked(queue_source, excluded)}, expired AS (
     UPDATE {RESERVATION} r SET outcome = 'expired', finished_at = now()
     FROM picked p
     WHERE p.prev_state = 'reserved' AND r.id = p.prev_reservation AND r.outcome IS NULL
 ), leased AS (
     -- The picked rows by primary key alone, no join: a join to a CTE is planned on a guessed row count, and a
     -- guess of one row for 5,000 made each probe walk the whole id array (1.8 s). Everything the row needs is
-    -- on the row itself: its next attempt, its task's lease (from `terms`), a new reservation id.
+    -- on the row itself: its next attempt, its task's lease (from the terms), a new reservation id.
     UPDATE {ITEM} i
     SET state = 'reserved', reservation_id = nextval('{RESERVATION_SEQUENCE}'), attempts = i.attempts + 1,
         visible_at = now() + make_interval(secs => GREATEST(COALESCE(
-            (SELECT t.lease FROM terms t WHERE t.task = i.task), i.lease_timeout, %(lease_timeout)s,
+            {_TERM.format(array="term_leases")}, i.lease_timeout, %(lease_timeout)s,
             (SELECT q.lease_timeout FROM {QUEUE} q WHERE q.name = i.queue_id)
-        ), COALESCE((SELECT t.floor FROM terms t WHERE t.task = i.task), 0))),
+        ), COALESCE({_TERM.format(array="term_floors")}, 0))),
         updated_at = now()
     WHERE i.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING i.reservation_id, i.id AS item_id, i.queue_id, i.task, i.payload, i.attempts AS attempt,
