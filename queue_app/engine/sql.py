@@ -96,11 +96,29 @@ _MAX_ATTEMPTS = f"""COALESCE(%(max_attempts)s, (SELECT max_attempts FROM {QUEUE}
 _GROUP_KEY = f"""COALESCE(%(group_key)s,
     (SELECT CASE WHEN {_GROUPED} THEN '' END FROM {QUEUE} WHERE name = %(queue)s FOR KEY SHARE))"""
 
+# The plain enqueue reads its queue row once (`qr`): one probe of the primary key, locked FOR KEY SHARE (the lock
+# _GROUP_KEY and the trigger item_queue_exists take), for the queue's max_attempts and grouping both, and the
+# queue is created (as ENSURE_QUEUE does) only when that read found no row. The same outcomes as ENSURE_QUEUE's
+# upsert and the two subqueries, with one probe instead of three and no speculative insertion into an existing
+# queue. The lock makes the read current under READ COMMITTED: an uncommitted DELETE of the queue is waited for,
+# and a queue deleted (committed) since the statement's snapshot is read as missing, so it is created again, as
+# the upsert did (ON CONFLICT DO NOTHING still settles two enqueues creating one queue at once). A queue created
+# by this very statement is invisible to its snapshot: its defaults come from the parameters.
 _ENQUEUE = f"""
-WITH q AS ({ENSURE_QUEUE}), ins AS (
+WITH qr AS (
+    SELECT max_attempts, CASE WHEN {_GROUPED} THEN '' END AS group_default FROM {QUEUE}
+    WHERE name = %(queue)s FOR KEY SHARE
+), q AS (
+    INSERT INTO {QUEUE} (name, paused, concurrency_limit, lease_timeout, max_attempts, retention, created_at)
+    SELECT %(queue)s, false, NULL, %(queue_lease_timeout)s, %(queue_max_attempts)s, %(queue_retention)s, now()
+    WHERE NOT EXISTS (SELECT FROM qr)
+    ON CONFLICT (name) DO NOTHING
+), ins AS (
     INSERT INTO {ITEM} {_ITEM_COLUMNS}
     VALUES (DEFAULT, %(queue)s, %(task)s, %(payload)s::jsonb, 'ready', %(priority)s, {_DUE}, {_DUE}, 0,
-            {_MAX_ATTEMPTS}, %(lease_timeout)s, NULL, %(ordering_key)s, {_GROUP_KEY}, '', now(), now(){{trace_value}})
+            COALESCE(%(max_attempts)s, (SELECT max_attempts FROM qr), %(queue_max_attempts)s), %(lease_timeout)s,
+            NULL, %(ordering_key)s, COALESCE(%(group_key)s, (SELECT group_default FROM qr)), '', now(),
+            now(){{trace_value}})
     RETURNING id, run_at, created_at
 )
 SELECT id, run_at, created_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
