@@ -143,53 +143,46 @@ def test_an_insert_racing_a_queue_delete_is_refused_when_the_delete_commits():
     assert not Queue.objects.filter(name="raced").exists()
 
 
-def _enqueue_behind(holder: psycopg.Connection, *, commit: bool) -> tuple[list, list]:
-    """engine.enqueue() into 'raced' on a thread (its own connection) while `holder`'s open transaction holds the
-    queue row; once the enqueue is seen waiting for that lock, `holder` commits (or rolls back)."""
+def _enqueue_behind_a_delete(*, commit: bool) -> QueueItem:
+    """engine.enqueue() into 'raced' (max_attempts 9) on a thread (its own connection) while another connection's
+    open transaction has deleted the queue; once the enqueue is seen waiting for the queue row, the delete commits
+    (or rolls back). Returns the enqueued item; the enqueue must not raise."""
+    engine.ensure_queue("raced")
+    Queue.objects.filter(name="raced").update(max_attempts=9)
     done: list = []
     errors: list = []
 
     def run() -> None:
         try:
             done.append(engine.enqueue("t", {"n": 1}, queue="raced"))
-        except BaseException as exc:  # noqa: BLE001 - the test asserts there is none
+        except BaseException as exc:  # noqa: BLE001 - asserted below: there is none
             errors.append(exc)
         finally:
             connection.close()
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    wait_for(lambda: lock_waiters("\nWITH qr AS") == 1, timeout=10, what="the enqueue to wait for the queue row")
-    holder.commit() if commit else holder.rollback()
-    thread.join(10)
-    return done, errors
+    with raw_connection() as deleter:
+        assert deleter.execute("DELETE FROM queue_app_queue WHERE name = 'raced'").rowcount == 1
+        thread = threading.Thread(target=run)
+        thread.start()
+        wait_for(lambda: lock_waiters("\nWITH qr AS") == 1, timeout=10, what="the enqueue to wait for the queue row")
+        deleter.commit() if commit else deleter.rollback()
+        thread.join(10)
+    assert errors == [] and len(done) == 1
+    return QueueItem.objects.get(pk=done[0].id)
 
 
 def test_an_enqueue_waits_for_a_queue_delete_and_then_creates_the_queue_again():
     """The enqueue reads its queue row once, locked (sql._ENQUEUE): a DELETE of the queue open when it arrives is
     waited for, and once it commits the queue is missing, so the enqueue creates it with the defaults, as the
     upsert it replaced did. Forced: the deleter holds the row until the enqueue waits on it."""
-    engine.ensure_queue("raced")
-    Queue.objects.filter(name="raced").update(max_attempts=9)
+    item = _enqueue_behind_a_delete(commit=True)
 
-    with raw_connection() as deleter:
-        assert deleter.execute("DELETE FROM queue_app_queue WHERE name = 'raced'").rowcount == 1
-        done, errors = _enqueue_behind(deleter, commit=True)
-
-    assert errors == [] and len(done) == 1
-    item = QueueItem.objects.get(pk=done[0].id)
     recreated = Queue.objects.get(name="raced")
     assert recreated.max_attempts != 9 and item.max_attempts == recreated.max_attempts
 
 
 def test_an_enqueue_behind_a_queue_delete_that_rolls_back_takes_the_queue_as_it_is():
-    engine.ensure_queue("raced")
-    Queue.objects.filter(name="raced").update(max_attempts=9)
+    item = _enqueue_behind_a_delete(commit=False)
 
-    with raw_connection() as deleter:
-        assert deleter.execute("DELETE FROM queue_app_queue WHERE name = 'raced'").rowcount == 1
-        done, errors = _enqueue_behind(deleter, commit=False)
-
-    assert errors == [] and len(done) == 1
-    assert QueueItem.objects.get(pk=done[0].id).max_attempts == 9
+    assert item.max_attempts == 9
     assert Queue.objects.filter(name="raced").count() == 1
