@@ -16,6 +16,7 @@ import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from . import idle_floor
 from .context import BenchContext
 from .report import Figure, Results
 from .sizes import Sizes
@@ -198,6 +199,7 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results) -> None:
     with ctx.server.connect(db) as conn:
         major = int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10000
         conn.execute(CREATE_TABLE)
+    idle_floor.run(ctx, sizes, results, db)  # the idle path's floor on this machine, before pgbench loads it
     pgbench = find_pgbench(major)
     if pgbench is None:
         for load in WORKLOADS:

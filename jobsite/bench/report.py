@@ -103,6 +103,8 @@ CEILING_OF = {
     "jobsite.statement": "ceiling.lease_batch",
     "ceiling.lease_one": "ceiling.lease_batch",
     "ceiling.lease_batch_again": "ceiling.lease_batch",  # the machine's drift between the two measurements
+    # jobsite's idle enqueue-to-start over the floor of the same path on bare PostgreSQL (bench/idle_floor.py)
+    "jobsite.latency_p50": "ceiling.idle_start",
     **{f"peer.{name}": "ceiling.lease_batch" for name in PEER_LABELS},
 }
 LATENCY_PREFIX = "latency."  # enqueue-to-start at the peers' common load: jobsite's and each peer's, p50 and p99

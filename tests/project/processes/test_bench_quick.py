@@ -175,9 +175,16 @@ def test_every_part_reads_finished_work_across_the_archive(manage, tmp_path):
 def _check_ceiling(data: dict, stdout: str, out: Path) -> None:
     """pgbench ran against the same server: every workload positive, with its tries, ratios and the table."""
     measured = {k: f for k, f in data["figures"].items() if k.startswith("ceiling.")}
-    assert set(measured) == {"ceiling.lease_one", "ceiling.lease_batch", "ceiling.insert", ceiling.BATCH_AGAIN}
-    for figure in measured.values():
-        assert figure["value"] > 0 and figure["detail"]["tries"], figure
+    pgbench = {"ceiling.lease_one", "ceiling.lease_batch", "ceiling.insert", ceiling.BATCH_AGAIN}
+    floor = {"ceiling.idle_round_trip", "ceiling.idle_commit", "ceiling.idle_start"}  # bench/idle_floor.py
+    assert set(measured) == pgbench | floor
+    for key in pgbench:
+        assert measured[key]["value"] > 0 and measured[key]["detail"]["tries"], measured[key]
+    for key in floor:
+        assert measured[key]["value"] > 0 and measured[key]["unit"] == "ms", measured[key]
+    # jobsite's idle p50 beside that floor: the ratio the table prints.
+    idle = data["figures"]["jobsite.latency_p50"]["value"]
+    assert data["ratios"]["jobsite.latency_p50"]["ceiling"] == round(idle / measured["ceiling.idle_start"]["value"], 3)
     assert data["size"] == "smoke"
     assert data["ratios"]["ceiling.lease_one"]["ceiling"] > 0
     assert "ceiling: lease 100 + complete 100" in stdout
