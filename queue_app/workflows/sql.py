@@ -327,25 +327,8 @@ END
 $$;
 """
 
-# Each step item that ended is remembered for the end of the statement, where queue_app_wf_statement_settled
-# ends the steps of all of them in one go. The remembering is done by the WHEN of the row trigger
-# workflow_step_settled, as each row is updated (PostgreSQL evaluates an AFTER ROW trigger's WHEN just after the
-# row's update): it calls queue_app_wf_item_ended, which notes the item and answers false, so no row event is
-# queued. The statement trigger workflow_steps_settled has a WHEN of its own, evaluated as the statement's update
-# ends, after every row's: it fires only for a statement that noted a step item. A settle or a lease of items
-# that are no workflow's fires no workflow trigger at all (the statement trigger without a WHEN cost each of them
-# 0.05 ms, a seventh of a lease of one item; migration 0052). queue_app_wf_item_settled, the row trigger's
-# function, notes the item the same way should the row trigger ever fire.
-ITEM_ENDED_FUNCTION = """
-CREATE OR REPLACE FUNCTION queue_app_wf_item_ended(item_id bigint) RETURNS boolean LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM set_config('jobsite.workflow_items_ended',
-                       COALESCE(current_setting('jobsite.workflow_items_ended', true), '') || item_id::text || ',',
-                       true);
-    RETURN false;
-END
-$$;
-"""
+# Each step item that ended (the WHEN of the row trigger workflow_step_settled): remembered for the end of the
+# statement, where queue_app_wf_statement_settled ends the steps of all of them in one go.
 ITEM_SETTLED_FUNCTION = """
 CREATE OR REPLACE FUNCTION queue_app_wf_item_settled() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -357,11 +340,10 @@ END
 $$;
 """
 
-# Once per UPDATE statement on queue items that ended a step item (the trigger's WHEN, above): the steps of those
-# items end the same way, in one UPDATE, each at most once (the step row's state is the claim); a Spark step's
-# outcome and result are its run's (state and metrics). The UPDATE returns what moving their workflows forward
-# needs (queue_app_wf_steps_ended). The check of the setting here stays for a statement that did not note one
-# (an empty list: nothing to do).
+# Once per UPDATE statement on queue items: the steps of the step items it ended end the same way, in one UPDATE,
+# each at most once (the step row's state is the claim); a Spark step's outcome and result are its run's (state
+# and metrics). The UPDATE returns what moving their workflows forward needs (queue_app_wf_steps_ended). For a
+# statement that ended no step item (every plain settle) this is one lookup of a transaction-local setting.
 STATEMENT_SETTLED_FUNCTION = """
 CREATE OR REPLACE FUNCTION queue_app_wf_statement_settled() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -732,12 +714,10 @@ $$;
 
 TRIGGERS = """
 CREATE OR REPLACE TRIGGER workflow_step_settled AFTER UPDATE OF state ON queue_app_queueitem FOR EACH ROW
-    WHEN (CASE WHEN NEW.workflow_step_id IS NOT NULL AND NEW.state IN ('done', 'dead', 'cancelled')
-                    AND OLD.state IS DISTINCT FROM NEW.state
-               THEN queue_app_wf_item_ended(NEW.id) ELSE false END)
+    WHEN (NEW.workflow_step_id IS NOT NULL AND NEW.state IN ('done', 'dead', 'cancelled')
+          AND OLD.state IS DISTINCT FROM NEW.state)
     EXECUTE FUNCTION queue_app_wf_item_settled();
 CREATE OR REPLACE TRIGGER workflow_steps_settled AFTER UPDATE OF state ON queue_app_queueitem FOR EACH STATEMENT
-    WHEN (current_setting('jobsite.workflow_items_ended', true) <> '')
     EXECUTE FUNCTION queue_app_wf_statement_settled();
 CREATE OR REPLACE TRIGGER workflow_deleted AFTER DELETE ON queue_app_workflow REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION queue_app_workflow_deleted();
@@ -764,7 +744,6 @@ FUNCTIONS = (
     CALLBACK_FUNCTION,
     FINISH_FUNCTION,
     STEP_FAILED_FUNCTION,
-    ITEM_ENDED_FUNCTION,
     ITEM_SETTLED_FUNCTION,
     STATEMENT_SETTLED_FUNCTION,
     STEPS_ENDED_FUNCTION,
