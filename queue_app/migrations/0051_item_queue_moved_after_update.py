@@ -12,9 +12,10 @@ delete, then finds the queue gone and raises (before, the move itself waited). A
 move named: it waits for the mover's lock and then sees the moved item (tests/core/in_process/
 test_engine_queue_integrity.py forces both).
 
-Measured: the settle-and-lease statement alone (2 connections x batch 500, 20,000 items, drains in turns, 7
-pairs): about 7 % more items/s (34,100 against 31,900 on average), 60 fewer bytes of WAL per item (1,466 against
-1,527); docs/benchmarks.md.
+Measured on the settle-and-lease statement alone (2 connections x batch 500, drains of 20,000-40,000 items in
+turns): 50-60 bytes less WAL per item, the lock's record (1,459-1,472 against 1,507-1,530 in 16 of 19 pairs); its
+items/s within this VM's noise (means of four series: 34,100 / 31,900, 28,600 / 29,600, 31,500 / 29,800, 31,000 /
+31,100); docs/benchmarks.md.
 """
 
 from django.db import migrations
