@@ -98,22 +98,8 @@ def measure(connect: Callable[[], psycopg.Connection], samples: int, pause: floa
         leaser.execute(f"DROP TABLE {TABLE}", prepare=False)
     pause_ms = f"after {pause * 1000:.0f} ms idle"
     return [
-        Figure(
-            "ceiling.idle_round_trip",
-            f"floor: SELECT 1 round trip {pause_ms}, p50",
-            round(percentile(idle, 0.5), 3),
-            "ms",
-            note=f"back to back {percentile(back_to_back, 0.5):.2f} ms",
-            detail={"idle": _ms(idle), "back_to_back": _ms(back_to_back), "samples": samples},
-        ),
-        Figure(
-            "ceiling.idle_commit",
-            f"floor: durable INSERT + NOTIFY {pause_ms}, p50",
-            round(percentile(commits, 0.5), 3),
-            "ms",
-            note=f"back to back {percentile(commits_back_to_back, 0.5):.2f} ms",
-            detail={"idle": _ms(commits), "back_to_back": _ms(commits_back_to_back), "samples": samples},
-        ),
+        _step("ceiling.idle_round_trip", f"floor: SELECT 1 round trip {pause_ms}, p50", idle, back_to_back),
+        _step("ceiling.idle_commit", f"floor: durable INSERT + NOTIFY {pause_ms}, p50", commits, commits_back_to_back),
         Figure(
             "ceiling.idle_start",
             f"floor: enqueue to lease in hand {pause_ms} (bare psycopg), p50",
@@ -124,6 +110,18 @@ def measure(connect: Callable[[], psycopg.Connection], samples: int, pause: floa
             detail={"total": _ms(totals), **{name: _ms(v) for name, v in stages.items()}, "samples": samples},
         ),
     ]
+
+
+def _step(key: str, label: str, idle: list[float], back_to_back: list[float]) -> Figure:
+    """One step's p50 after the pause, its back-to-back p50 beside it."""
+    return Figure(
+        key,
+        label,
+        round(percentile(idle, 0.5), 3),
+        "ms",
+        note=f"back to back {percentile(back_to_back, 0.5):.2f} ms",
+        detail={"idle": _ms(idle), "back_to_back": _ms(back_to_back), "samples": len(idle)},
+    )
 
 
 def run(ctx: BenchContext, sizes: Sizes, results: Results, db: str) -> None:
