@@ -43,6 +43,10 @@ DEFAULTS: dict[str, Any] = {
     # The engine's statements are prepared on the server once per connection (see engine/db.py); off whatever
     # this says when CONNECTION_POOLER is "transaction".
     "PREPARED_STATEMENTS": True,
+    # An idle worker offers a slot that the next plain enqueue of its queues (in a transaction of its own) takes,
+    # writing its item already leased to that worker, which starts it from the notification: no lease round trip
+    # on an idle queue's path (queue_app/engine/handoff.py). False: every item is queued ready and leased.
+    "HANDOFF": True,
     # None, or "transaction": the database is reached through a connection pooler that pools by transaction
     # (PgBouncer's pool_mode = transaction, most managed poolers). Then nothing of jobsite's outlives a
     # transaction on a connection: no prepared statements, no session settings, no LISTEN on a pooled

@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 from ..conf import queue_settings
-from . import sql, tracing
+from . import handoff, sql, tracing
 from .alias import atomic, cross_database_guard
 from .db import cursor
 from .errors import InvalidEnqueue
@@ -241,8 +241,13 @@ def _write_one(params: dict[str, Any], task: str, dedup_key: str | None, using: 
     if dedup_key is None:
         # One statement (queue row, item, NOTIFY): atomic by itself, so no transaction block of its own — outside
         # the caller's transaction it commits in its own round trip; inside, it joins without a savepoint.
+        # Outside one, a plain item may be handed to an idle worker in the same statement (engine/handoff.py).
+        if "trace_context" in params:
+            statement = sql.ENQUEUE_TRACED
+        else:
+            statement = sql.ENQUEUE_HANDOFF if handoff.eligible(params, using) else sql.ENQUEUE
         with cursor(using) as cur:
-            cur.execute(sql.ENQUEUE if "trace_context" not in params else sql.ENQUEUE_TRACED, params)
+            cur.execute(statement, params)
             row = cur.fetchone()
         return Enqueued(row[0], params["queue"], task, row[1], duplicate=False, created_at=row[2])
     while True:

@@ -130,6 +130,94 @@ _TRACED = {"trace": ", trace_context", "trace_value": ", %(trace_context)s"}
 ENQUEUE = _ENQUEUE.format(**_UNTRACED)
 ENQUEUE_TRACED = _ENQUEUE.format(**_TRACED)
 
+# -- hand-off: an idle worker's offer taken by the enqueue itself (engine/handoff.py) ------------------------
+# A worker with room and nothing ready in its queues offers one slot (a HANDOFF row, inserted on its listening
+# connection, which holds the session advisory lock (HANDOFF_LOCK_NAMESPACE, lock_key) while it lives). A plain
+# enqueue in a transaction of its own then takes an offer of a live worker for its queue, writes its item already
+# reserved for that worker with its reservation, and NOTIFYs the worker's own channel with the leased row: the
+# worker starts the item from the notification, with no lease round trip. An offer is taken only when the queue
+# is not paused or under flow control and no due item of the same priority or a higher one waits at the head of
+# its fetch order (the item does not pass what is waiting), and
+# only one of a live worker (a try of the lock's shared form succeeds only once its session is gone, and never
+# blocks another enqueuer). SKIP LOCKED: two enqueues never take one offer. Otherwise the item is queued ready and
+# the queue's channel notified, as ENQUEUE does. The lease lasts what the worker's lease would have given it:
+# the task's term, else the item's, else the worker's, else the queue's (never under the term's floor).
+HANDOFF = "queue_app_handoff"
+HANDOFF_LOCK_NAMESPACE = 0x6A6F68  # "joh"
+
+_OFFER_TERM = "(SELECT (o.terms -> %(task)s::text ->> {index})::float8 FROM offer o)"
+ENQUEUE_HANDOFF = f"""
+WITH qr AS (
+    SELECT max_attempts, lease_timeout, (paused OR {_FLOW_CONTROLLED}) AS held,
+           CASE WHEN {_GROUPED} THEN '' END AS group_default
+    FROM {QUEUE} WHERE name = %(queue)s::text FOR KEY SHARE
+), q AS (
+    INSERT INTO {QUEUE} (name, paused, concurrency_limit, lease_timeout, max_attempts, retention, created_at)
+    SELECT %(queue)s::text, false, NULL, %(queue_lease_timeout)s, %(queue_max_attempts)s, %(queue_retention)s, now()
+    WHERE NOT EXISTS (SELECT FROM qr)
+    ON CONFLICT (name) DO NOTHING
+), offer AS (
+    DELETE FROM {HANDOFF} h WHERE h.id = (
+        SELECT o.id FROM {HANDOFF} o
+        WHERE (o.queues IS NULL OR o.queues ? %(queue)s::text)
+          AND EXISTS (SELECT FROM qr WHERE NOT held)
+          AND NOT EXISTS (
+              -- The head of the queue's fetch order (item_fetch) at this item's priority and above: at most 32
+              -- rows, so an enqueue never walks all the items in flight behind them.
+              SELECT FROM (
+                  SELECT i.state, i.visible_at, i.attempts, i.max_attempts FROM {ITEM} i
+                  WHERE i.queue_id = %(queue)s::text AND i.state IN ('ready', 'reserved')
+                    AND i.priority >= %(priority)s
+                  ORDER BY i.priority DESC, i.visible_at LIMIT 32
+              ) head
+              WHERE head.visible_at <= now() AND (head.state = 'ready' OR head.attempts < head.max_attempts))
+          AND NOT pg_try_advisory_xact_lock_shared({HANDOFF_LOCK_NAMESPACE}, o.lock_key)
+        LIMIT 1 FOR UPDATE SKIP LOCKED)
+    RETURNING h.id, h.worker_id, h.channel, h.terms, h.lease_timeout
+), ins AS (
+    INSERT INTO {ITEM} {_ITEM_COLUMNS.format(trace="")[:-1]}, reservation_id)
+    SELECT DEFAULT_ID, %(queue)s::text, %(task)s::text, %(payload)s::jsonb,
+           CASE WHEN handed THEN 'reserved' ELSE 'ready' END, %(priority)s, now(),
+           CASE WHEN handed THEN now() + make_interval(secs => GREATEST(COALESCE(
+               {_OFFER_TERM.format(index=0)}, %(lease_timeout)s, (SELECT lease_timeout FROM offer),
+               (SELECT lease_timeout FROM qr)), COALESCE({_OFFER_TERM.format(index=1)}, 0))) ELSE now() END,
+           CASE WHEN handed THEN 1 ELSE 0 END,
+           COALESCE(%(max_attempts)s, (SELECT max_attempts FROM qr), %(queue_max_attempts)s), %(lease_timeout)s,
+           NULL, NULL, (SELECT group_default FROM qr), '', now(), now(),
+           CASE WHEN handed THEN nextval('{RESERVATION_SEQUENCE}') END
+    FROM (SELECT EXISTS (SELECT FROM offer) AS handed) AS h
+    RETURNING id, run_at, created_at, reservation_id, visible_at, attempts, max_attempts
+), res AS (
+    INSERT INTO {RESERVATION}
+        (id, item_id, attempt, worker_id, reserved_at, lease_expires_at, heartbeat_at, error, traceback)
+    SELECT ins.reservation_id, ins.id, ins.attempts, offer.worker_id, now(), ins.visible_at, now(), '', ''
+    FROM ins, offer
+)
+SELECT id, run_at, created_at, reservation_id,
+       CASE WHEN reservation_id IS NULL THEN pg_notify(%(channel)s, %(queue)s::text)
+            ELSE pg_notify((SELECT channel FROM offer), json_build_object(
+                'h', (SELECT id FROM offer), 'r', reservation_id, 'i', id, 'q', %(queue)s::text,
+                't', %(task)s::text, 'p', %(payload)s::jsonb, 'a', attempts, 'm', max_attempts,
+                'e', visible_at, 'o', %(priority)s::int, 'u', run_at, 'c', created_at)::text) END::text
+FROM ins
+""".replace("DEFAULT_ID", f"nextval(pg_get_serial_sequence('{ITEM}', 'id'))")
+
+# The worker's offer, on its listening connection (whose session holds the lock): its rows of before (a listening
+# connection lost) and the offers of workers gone (their lock free) are cleared first.
+OFFER = f"""
+WITH cleared AS (
+    DELETE FROM {HANDOFF}
+    WHERE worker_id = %(worker_id)s OR pg_try_advisory_xact_lock_shared({HANDOFF_LOCK_NAMESPACE}, lock_key)
+)
+INSERT INTO {HANDOFF} (worker_id, channel, lock_key, queues, terms, lease_timeout, offered_at)
+VALUES (%(worker_id)s, %(channel)s, %(lock_key)s, %(queues)s::jsonb, %(terms)s::jsonb, %(lease_timeout)s, now())
+RETURNING id
+"""
+# Withdrawn: the row is gone; none: an enqueue took it (the DELETE waited for that enqueue to commit), and its
+# notification is on its way.
+WITHDRAW = f"DELETE FROM {HANDOFF} WHERE id = %(offer)s RETURNING id"
+HOLD_OFFER_LOCK = "SELECT pg_advisory_lock(%(namespace)s, %(lock_key)s)"
+
 # The claim row decides, under concurrency, which enqueue owns the key: the first inserts it; the others wait
 # on its row lock, then see an unexpired claim and get no row back (a duplicate). An expired claim is taken over.
 _ENQUEUE_DEDUP = f"""

@@ -2,7 +2,7 @@
 
 - queue.py: Queue, QueueItem, Reservation, DeadLetter, DedupClaim, IdMark (and the item states)
 - history.py: ItemHistory, ReservationHistory (finished items moved out of the hot tables)
-- workers.py: Worker, Leader (who does a duty that spans transactions)
+- workers.py: Worker, Leader (who does a duty that spans transactions), HandoffOffer (an idle worker's slot)
 - schedules.py: Schedule, ScheduleFire
 - received.py: ReceivedWebhook (the inbound webhooks' replay guard, queue_app/receiver.py)
 
@@ -29,7 +29,7 @@ from .queue import (
 )
 from .received import ReceivedWebhook
 from .schedules import CatchUp, Schedule, ScheduleFire, TargetKind
-from .workers import Leader, Worker, WorkerState
+from .workers import HandoffOffer, Leader, Worker, WorkerState
 
 # isort: split
 # The probes' models (imported after the core ones: importing the package runs its __init__).
@@ -57,6 +57,7 @@ __all__ = [
     "ScheduleFire",
     "TargetKind",
     "TransactionNow",
+    "HandoffOffer",
     "Leader",
     "Worker",
     "WorkerState",

@@ -248,8 +248,9 @@ class Reservation(models.Model):
     id = models.BigAutoField(primary_key=True)
     # No foreign-key constraint in the database: its check cost every lease a deferred trigger event and a
     # KEY SHARE lock on the item (~15% of end-to-end throughput). Only the lease statement writes reservations,
-    # for an item row it holds locked; the trigger reservation_cascade (migration 0007) deletes an item's
-    # reservations with the item, using reservation_item (item, id).
+    # for an item row it holds locked, and the hand-off's enqueue (sql.ENQUEUE_HANDOFF), for the item it inserts
+    # in the same statement; the trigger reservation_cascade (migration 0007) deletes an item's reservations with
+    # the item, using reservation_item (item, id).
     item = models.ForeignKey(
         QueueItem, on_delete=models.DO_NOTHING, db_constraint=False, related_name="reservations", db_index=False
     )

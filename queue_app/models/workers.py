@@ -44,3 +44,25 @@ class Leader(models.Model):
 
     def __str__(self) -> str:
         return f"{self.duty} ({self.holder})"
+
+
+class HandoffOffer(models.Model):
+    """One slot an idle worker offers to the next plain enqueue of its queues (engine/handoff.py): the enqueue
+    takes it (deletes the row), writes its item reserved for `worker_id` and notifies `channel`, the worker's own.
+    Valid while the session that inserted it holds the advisory lock (sql.HANDOFF_LOCK_NAMESPACE, `lock_key`): a
+    worker gone leaves a row no enqueue takes, cleared by the next offer."""
+
+    id = models.BigAutoField(primary_key=True)
+    worker_id = models.CharField(max_length=200)
+    channel = models.CharField(max_length=63)
+    lock_key = models.IntegerField()
+    queues = models.JSONField(null=True)  # the worker's queues; null: every queue
+    terms = models.JSONField(default=dict)  # {task: [lease seconds or null, floor seconds]}
+    lease_timeout = models.FloatField(null=True)  # the worker's --lease-timeout
+    offered_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "queue_app_handoff"
+
+    def __str__(self) -> str:
+        return f"offer {self.id} of {self.worker_id}"

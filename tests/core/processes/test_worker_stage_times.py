@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from queue_app import engine, stages
-from queue_app.models import ExecutionLog, ItemState, QueueItem
+from queue_app.models import ExecutionLog, HandoffOffer, ItemState, QueueItem
 from queue_app.probes.tasks import close_log_connection
 from queue_app.worker import Supervisor, WorkerOptions
 from tests.support.waiting import wait_for
@@ -69,18 +69,20 @@ def test_an_on_worker_stamps_each_item_from_its_lease_to_its_handlers_first_line
 
 
 @pytest.mark.slow
-def test_a_lone_item_is_leased_alone_and_a_burst_in_batches(worker, tmp_path):
-    """Real run_worker processes (a thread pool and a process pool): a probe enqueued on an idle queue is taken by
-    a lease of its own, in the loop, on its notification; a burst of 300 committed at once is taken by leases of
-    many items each. Each probe is enqueued once the one before it is settled (done), so the queue is idle; the
-    worker may still be taking the settle's answer when the notification comes (under load it was: the lease ran
-    `beside` it, still in the loop, still alone). Not `thread`: the lease thread's paced path is the burst's."""
+def test_a_lone_item_is_handed_off_and_a_burst_leased_in_batches(worker, tmp_path):
+    """Real run_worker processes (a thread pool and a process pool): a probe enqueued on an idle queue, once the
+    idle worker offers a slot, is handed to it by its enqueue (`handoff`: no lease statement); a burst of 300
+    committed at once is taken by leases of many items each. Each probe is enqueued once the one before it is
+    settled (done) and the worker offers again, so the queue is idle."""
+    engine.ensure_queue("default")  # the first enqueue into a queue not yet created is never handed off
     for pool in ("thread", "process"):
         path = tmp_path / f"stages-{pool}"
         proc = worker(f"w-{pool}", "--pool", pool, "--concurrency", "4", env={"JOBSITE_STAGE_TIMES": str(path)})
         wait_for(lambda proc=proc: "status state=running" in proc.log.read_text(), 30, what="the worker to start")
         lone = []
         for _ in range(3):
+            # The worker offers a slot once idle (engine/handoff.py): the probe is handed over in its enqueue.
+            wait_for(lambda: HandoffOffer.objects.exists(), 10, what="the idle worker's offer")
             item = engine.enqueue(PROBE, {}).id
             wait_for(
                 lambda item=item: QueueItem.objects.filter(id=item, state=ItemState.DONE).exists(), 10, what="the probe"
@@ -96,7 +98,7 @@ def test_a_lone_item_is_leased_alone_and_a_burst_in_batches(worker, tmp_path):
         reservation_of = dict(ExecutionLog.objects.values_list("item_id", "reservation_id"))
         for item in lone:
             line = by_reservation[reservation_of[item]]
-            assert int(line[6]) == 1 and line[7] in ("loop", "beside") and float(line[2]) > 0, (pool, line)
+            assert int(line[6]) == 1 and line[7] == "handoff" and float(line[2]) > 0, (pool, line)
         got = [int(by_reservation[reservation_of[item]][6]) for item in burst]
         assert max(got) > 1 and sum(g > 1 for g in got) > len(burst) // 2, (pool, sorted(got))
 

@@ -1,0 +1,284 @@
+"""Hand-off (engine/handoff.py, sql.ENQUEUE_HANDOFF): a plain enqueue in a transaction of its own takes a live idle
+worker's offer and writes its item already leased to it, notifying the worker's channel with the lease; every
+other enqueue, and every enqueue when no live offer fits, queues its item ready as before. The worker here is a
+connection that holds the offer lock and listens, as the worker's listening connection does."""
+
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+
+from queue_app import engine
+from queue_app.conf import queue_settings
+from queue_app.engine import handoff, sql
+from queue_app.models import HandoffOffer, QueueItem, Reservation
+from tests.support.queue_helpers import lock_waiters, raw_connection
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Worker:
+    """A listening session holding an offer lock: what a worker's listening connection does."""
+
+    def __init__(self, worker_id: str = "w-1") -> None:
+        self.worker_id = worker_id
+        self.conn = raw_connection()
+        self.conn.autocommit = True
+        self.lock_key, self.channel = handoff.new_key()
+        handoff.hold_lock(self.conn, self.lock_key)
+        self.conn.execute(f'LISTEN "{self.channel}"')
+
+    def offer(self, queues=("q",), terms=None) -> int:
+        return handoff.offer(self.conn, self.worker_id, self.channel, self.lock_key, list(queues), terms, None)
+
+    def notes(self, timeout: float = 2.0) -> list:
+        return [handoff.lease_from_note(n.payload) for n in self.conn.notifies(timeout=timeout, stop_after=1)]
+
+
+@pytest.fixture
+def listening() -> Iterator[Worker]:
+    engine.ensure_queue("q")
+    w = Worker()
+    yield w
+    w.conn.close()
+
+
+def state(item_id: int) -> str:
+    return QueueItem.objects.get(id=item_id).state
+
+
+def test_an_enqueue_takes_a_live_offer_and_the_worker_gets_the_lease(listening):
+    offer_id = listening.offer(terms={"t": (12.0, 3.0)})
+
+    item = engine.enqueue("t", {"n": 1}, queue="q", priority=5)
+
+    [(taken, lease)] = listening.notes()
+    row = QueueItem.objects.get(id=item.id)
+    reservation = Reservation.objects.get(item_id=item.id)
+    assert taken == offer_id and not HandoffOffer.objects.exists()
+    assert (row.state, row.attempts, row.reservation_id) == ("reserved", 1, reservation.id)
+    assert (reservation.worker_id, reservation.attempt, reservation.reserved_at) == ("w-1", 1, row.created_at)
+    assert row.visible_at - row.created_at == timedelta(seconds=12)  # the task's term, as a lease would give
+    assert lease == engine.Lease(
+        reservation.id,
+        item.id,
+        "q",
+        "t",
+        {"n": 1},
+        1,
+        row.max_attempts,
+        row.visible_at,
+        5,
+        None,
+        row.run_at,
+        row.created_at,
+    )
+    # The lease is fenced like any other: its complete takes, a second one finds it stale.
+    assert engine.complete(lease) is None
+    assert state(item.id) == "done"
+
+
+def test_without_a_term_the_lease_lasts_the_items_then_the_queues(listening):
+    listening.offer()
+    own = engine.enqueue("t", queue="q", lease_timeout=7)
+    listening.notes()
+    listening.offer()
+    plain = engine.enqueue("t", queue="q")
+    listening.notes()
+
+    leases = {i.id: i.visible_at - i.created_at for i in QueueItem.objects.all()}
+    assert leases[own.id] == timedelta(seconds=7)
+    assert leases[plain.id] == timedelta(seconds=queue_settings.DEFAULT_LEASE_TIMEOUT)
+
+
+def test_an_offer_of_a_session_gone_is_not_taken(listening):
+    listening.offer()
+    listening.conn.close()  # the worker died: its lock went with its session
+
+    item = engine.enqueue("t", queue="q")
+
+    assert state(item.id) == "ready"
+    assert HandoffOffer.objects.count() == 1  # left for the next offer to clear
+    other = Worker("w-2")
+    other.offer()
+    assert list(HandoffOffer.objects.values_list("worker_id", flat=True)) == ["w-2"]
+    other.conn.close()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"ordering_key": "k"},
+        {"group_key": "g"},
+        {"delay": 5},
+        {"dedup_key": "d"},
+        {"debounce_key": "b", "debounce": 1},
+        {"payload": {"big": "x" * handoff.PAYLOAD_MAX}},
+        {"payload": {"wide": "é" * (handoff.PAYLOAD_MAX // 2)}},  # few characters, too many bytes
+    ],
+    ids=lambda o: next(iter(o)),
+)
+def test_an_enqueue_that_cannot_be_handed_off_is_queued_ready(listening, options):
+    listening.offer()
+    payload = options.pop("payload", None)
+
+    item = engine.enqueue("t", payload, queue="q", **options)
+
+    assert state(item.id) == "ready"
+    assert HandoffOffer.objects.count() == 1 and listening.notes(timeout=0.2) == []
+
+
+def test_an_enqueue_in_a_transaction_is_queued_ready(listening):
+    listening.offer()
+
+    with transaction.atomic():
+        item = engine.enqueue("t", queue="q")
+
+    assert state(item.id) == "ready"
+    assert HandoffOffer.objects.count() == 1
+
+
+@pytest.mark.parametrize("change", ["paused", "concurrency_limit", "fair"])
+def test_a_paused_or_flow_controlled_queue_is_not_handed_off(listening, change):
+    with connection.cursor() as cur:
+        value = {"paused": "true", "concurrency_limit": "3", "fair": "true"}[change]
+        cur.execute(f"UPDATE queue_app_queue SET {change} = {value} WHERE name = 'q'")
+    listening.offer()
+
+    item = engine.enqueue("t", queue="q")
+
+    assert state(item.id) == "ready"
+
+
+def test_an_item_does_not_pass_a_due_item_waiting_in_its_queue(listening):
+    waiting = engine.enqueue("t", queue="q")  # no offer yet: queued ready
+    listening.offer()
+
+    item = engine.enqueue("t", queue="q")
+
+    assert (state(waiting.id), state(item.id)) == ("ready", "ready")
+    assert HandoffOffer.objects.count() == 1
+
+
+def test_the_first_enqueue_into_a_new_queue_is_not_handed_off(listening):
+    """Its queue is created by the very statement, invisible to its snapshot: it may not be what it will be when
+    committed (paused by an admin at the same moment), so the item is queued ready."""
+    handoff.offer(listening.conn, "w-1", listening.channel, listening.lock_key, None, None, None)
+
+    item = engine.enqueue("t", queue="brand-new")
+
+    assert state(item.id) == "ready"
+
+
+def test_an_offer_is_taken_only_for_the_queues_it_names(listening):
+    engine.ensure_queue("other")
+    listening.offer(queues=("other",))
+    mine = engine.enqueue("t", queue="q")
+    assert state(mine.id) == "ready"
+
+    QueueItem.objects.all().delete()
+    HandoffOffer.objects.all().delete()
+    handoff.offer(listening.conn, "w-1", listening.channel, listening.lock_key, None, None, None)  # every queue
+    anywhere = engine.enqueue("t", queue="q")
+    assert state(anywhere.id) == "reserved"
+
+
+def test_the_setting_off_queues_every_item_ready(listening):
+    listening.offer()
+
+    with override_settings(JOBSITE={"HANDOFF": False}):
+        item = engine.enqueue("t", queue="q")
+
+    assert state(item.id) == "ready"
+
+
+def test_two_enqueues_never_take_one_offer(listening):
+    """The first enqueue holds the offer's row (its transaction open); the second passes it (SKIP LOCKED) and
+    queues its item ready; the first then commits its hand-off."""
+    listening.offer()
+    params = {
+        "queue": "q",
+        "task": "t",
+        "payload": "{}",
+        "priority": 0,
+        "lease_timeout": None,
+        "max_attempts": None,
+        "channel": queue_settings.NOTIFY_CHANNEL,
+        "queue_lease_timeout": 60.0,
+        "queue_max_attempts": 5,
+        "queue_retention": timedelta(days=7),
+    }
+    with raw_connection() as first:
+        first_id = first.execute(sql.ENQUEUE_HANDOFF, params).fetchone()[0]  # not committed yet
+        second = engine.enqueue("t", queue="q")
+        first.commit()
+
+    assert (state(first_id), state(second.id)) == ("reserved", "ready")
+    assert [lease.item_id for _, lease in listening.notes()] == [first_id]
+
+
+def test_a_withdrawal_waits_for_an_enqueue_taking_the_offer_and_finds_it_taken(listening):
+    """The enqueue holds the offer (taken, not committed) when the worker withdraws it: the withdrawal waits for
+    the enqueue's commit, then finds it taken, and the lease arrives."""
+    offer_id = listening.offer()
+    params = {
+        "queue": "q",
+        "task": "t",
+        "payload": "{}",
+        "priority": 0,
+        "lease_timeout": None,
+        "max_attempts": None,
+        "channel": queue_settings.NOTIFY_CHANNEL,
+        "queue_lease_timeout": 60.0,
+        "queue_max_attempts": 5,
+        "queue_retention": timedelta(days=7),
+    }
+    withdrawn: list[bool] = []
+    with raw_connection() as enqueuer:
+        item_id = enqueuer.execute(sql.ENQUEUE_HANDOFF, params).fetchone()[0]
+        thread = threading.Thread(target=lambda: withdrawn.append(handoff.withdraw(listening.conn, offer_id)))
+        thread.start()
+        wait_for(lambda: lock_waiters(sql.WITHDRAW[:40]) == 1, timeout=10, what="the withdrawal to wait")
+        enqueuer.commit()
+        thread.join(10)
+
+    assert withdrawn == [False]
+    assert [lease.item_id for _, lease in listening.notes()] == [item_id]
+    assert state(item_id) == "reserved"
+
+
+def test_a_withdrawn_offer_is_not_taken(listening):
+    offer_id = listening.offer()
+
+    assert handoff.withdraw(listening.conn, offer_id) is True
+    item = engine.enqueue("t", queue="q")
+
+    assert state(item.id) == "ready"
+
+
+def test_a_new_offer_replaces_the_workers_earlier_ones(listening):
+    listening.offer()
+    listening.offer()
+
+    assert HandoffOffer.objects.count() == 1
+
+
+def test_the_offer_lock_is_the_session_lock_of_the_listening_connection(listening):
+    with raw_connection() as other:
+        other.autocommit = True
+        held = other.execute(
+            "SELECT pg_try_advisory_lock_shared(%s, %s)", (sql.HANDOFF_LOCK_NAMESPACE, listening.lock_key)
+        ).fetchone()[0]
+    assert held is False
+    assert listening.channel.startswith(queue_settings.NOTIFY_CHANNEL) and len(listening.channel) <= 63
+
+
+def test_a_malformed_note_is_refused_loudly():
+    with pytest.raises(KeyError):
+        handoff.lease_from_note('{"h": 1}')
+    with pytest.raises(ValueError):  # not JSON
+        handoff.lease_from_note("not json")
