@@ -93,6 +93,10 @@ class SnapshotCollector:
             ("processed", "Items the worker completed."),
             ("failed", "Attempts that failed."),
             ("events_dropped", "Workflow events no wait claimed, dropped by the worker past their lookback."),
+            (
+                "handed_off",
+                "Items the worker started from a hand-off: leased by their own enqueue, no lease statement.",
+            ),
             ("spans_dropped", "Trace spans the worker dropped: its export queue was full or the collector failed."),
         ):
             counter = CounterMetricFamily(f"jobsite_worker_{key}", help_text, labels=["worker"])

@@ -14,7 +14,7 @@ FIRST, LAST = 0.05, 0.70  # the faults fire between these shares of the work don
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # kill, kill_amo (a worker running at-most-once handlers), sigterm, restart, cut
+    kind: str  # kill, kill_amo (a worker running at-most-once handlers), kill_handoff, sigterm, restart, cut
     at: float  # share of the items settled when it may fire
     seconds: float = 0.0  # cut: how long new connections are refused
 
@@ -36,10 +36,18 @@ class Fired:
 
 
 def schedule(
-    rng: random.Random, *, kills: int, sigterms: int, restarts: int, cuts: int, cut_seconds: float, amo_kills: int = 0
+    rng: random.Random,
+    *,
+    kills: int,
+    sigterms: int,
+    restarts: int,
+    cuts: int,
+    cut_seconds: float,
+    amo_kills: int = 0,
+    handoff_kills: int = 0,
 ):
     kinds = ["sigterm"] * sigterms + ["restart"] * restarts + ["cut"] * cuts + ["kill"] * max(0, kills - 1)
-    kinds += ["kill_amo"] * amo_kills
+    kinds += ["kill_amo"] * amo_kills + ["kill_handoff"] * handoff_kills
     rng.shuffle(kinds)
     if kills:
         kinds.insert(0, "kill")

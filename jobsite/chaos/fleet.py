@@ -26,6 +26,7 @@ class WorkerProc:
     log: Path
     started: float  # time.monotonic()
     burst: bool = False
+    handoff: bool = False  # the hand-off worker: serves the hand-off queue alone (chaos/handoff.py)
     fate: str | None = None  # killed, sigterm, stopped (end of the fault phase)
     signalled_at: float | None = None
     exit_code: int | None = None
@@ -60,13 +61,17 @@ class Fleet:
     procs: list[WorkerProc] = field(default_factory=list)
     _seq: int = 0
 
-    def spawn(self, *, burst: bool = False, pool: str | None = None) -> WorkerProc:
-        pool = pool or ("process", "thread")[self._seq % 2]
-        worker_id = f"chaos-{self._seq:03d}-{pool}{'-burst' if burst else ''}"
+    def spawn(self, *, burst: bool = False, pool: str | None = None, handoff_queue: str | None = None) -> WorkerProc:
+        """A worker of the fleet's queues; or, `handoff_queue`, the hand-off worker, which serves that queue
+        alone (on threads)."""
+        pool = "thread" if handoff_queue else pool or ("process", "thread")[self._seq % 2]
+        role = "-burst" if burst else "-handoff" if handoff_queue else ""
+        worker_id = f"chaos-{self._seq:03d}-{pool}{role}"
         self._seq += 1
         log = self.log_dir / f"{worker_id}.log"
+        queues = handoff_queue or ",".join(self.queues)
         args = [
-            sys.executable, str(MANAGE), "run_worker", "--worker-id", worker_id, "--queues", ",".join(self.queues),
+            sys.executable, str(MANAGE), "run_worker", "--worker-id", worker_id, "--queues", queues,
             "--pool", pool, "--concurrency", str(self.concurrency), "--poll-interval", str(self.poll_interval),
         ]  # fmt: skip
         for module in self.imports:
@@ -77,7 +82,7 @@ class Fleet:
             popen = subprocess.Popen(
                 args, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        proc = WorkerProc(worker_id, pool, popen, log, time.monotonic(), burst=burst)
+        proc = WorkerProc(worker_id, pool, popen, log, time.monotonic(), burst=burst, handoff=bool(handoff_queue))
         self.procs.append(proc)
         return proc
 
@@ -85,11 +90,16 @@ class Fleet:
         """Workers alive and not asked to stop."""
         return [p for p in self.procs if p.fate is None and p.alive()]
 
-    def ripe(self, min_age: float, registered: set[str]) -> list[WorkerProc]:
+    def ripe(self, min_age: float, registered: set[str], *, handoff: bool = False) -> list[WorkerProc]:
         """Workers that have been working a while: registered in the Worker table (so their signal handlers are
-        installed: a SIGTERM before that is a plain kill) and at least `min_age` seconds old."""
+        installed: a SIGTERM before that is a plain kill) and at least `min_age` seconds old; the fleet's, or
+        (`handoff`) the hand-off worker."""
         now = time.monotonic()
-        return [p for p in self.running() if now - p.started >= min_age and p.worker_id in registered]
+        return [
+            p
+            for p in self.running()
+            if now - p.started >= min_age and p.worker_id in registered and p.handoff == handoff
+        ]
 
     def kill(self, proc: WorkerProc) -> None:
         """kill -9 the supervisor; its pool's children die with it (PR_SET_PDEATHSIG)."""
@@ -101,8 +111,10 @@ class Fleet:
         proc.fate, proc.signalled_at = fate, time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)
 
-    def pick(self, rng: random.Random, min_age: float, registered: set[str]) -> WorkerProc | None:
-        ripe = self.ripe(min_age, registered)
+    def pick(
+        self, rng: random.Random, min_age: float, registered: set[str], *, handoff: bool = False
+    ) -> WorkerProc | None:
+        ripe = self.ripe(min_age, registered, handoff=handoff)
         return rng.choice(ripe) if ripe else None
 
     def reap(self) -> list[WorkerProc]:

@@ -17,7 +17,7 @@ from queue_app.webhooks.models import WebhookDelivery
 from .checks import Check
 from .faults import Fired
 
-KINDS = ("kill", "kill_amo", "sigterm", "restart", "cut")
+KINDS = ("kill", "kill_amo", "kill_handoff", "sigterm", "restart", "cut")
 
 
 def check_faults(fired: list[Fired], wanted: dict[str, int]) -> Check:

@@ -20,7 +20,8 @@ from queue_app.registry import get_task
 QUEUE = "chaos"  # unordered items
 FIFO_QUEUE = "chaos_fifo"  # items with ordering keys
 FLOW_QUEUE = "chaos_flow"  # items with group keys, on a queue with a rate limit and a group limit
-QUEUES = (QUEUE, FIFO_QUEUE, FLOW_QUEUE)
+HANDOFF_QUEUE = "chaos_handoff"  # items fed one at a time during the faults, handed to an idle worker (handoff.py)
+QUEUES = (QUEUE, FIFO_QUEUE, FLOW_QUEUE, HANDOFF_QUEUE)
 # The flow queue's options (queue_app/flow.py): at most FLOW_RATE[0] leases per FLOW_RATE[1] seconds, at most
 # FLOW_GROUP_LIMIT items of a group key in flight, FLOW_KEYS keys leased in turn.
 FLOW_RATE = (20, 1)  # binds: the flow queue's items take several windows
@@ -85,6 +86,8 @@ class Sizes:
     amo_kills: int = 1  # kill -9 of a worker while it runs at-most-once handlers (their dead letters must say so)
     debounce_keys: int = 4  # debounce keys fed during the faults (debounce.py)
     debounce_per_key: int = 40  # enqueues per debounce key
+    handoff_items: int = 60  # plain enqueues fed during the faults into the hand-off worker's queue (handoff.py)
+    handoff_kills: int = 1  # kill -9 of the hand-off worker (mostly mid-run of a handed item)
 
     def scaled(self, items: int | None = None, workers: int | None = None) -> "Sizes":
         sizes = self if items is None else replace(self, items=items, poison=max(4, min(self.poison, items // 50)))
@@ -98,7 +101,7 @@ QUICK = Sizes(
 FULL = Sizes(
     items=100_000, workers=3, concurrency=4, kills=8, sigterms=3, restarts=1, cuts=2, cut_seconds=3.0, keys=20,
     ordered_share=0.05, flow_share=0.02, poison=100, sleep_share=0.02, sleep_seconds=0.2, min_gap=5.0, deadline=3600.0,
-    debounce_keys=8, debounce_per_key=200,
+    debounce_keys=8, debounce_per_key=200, handoff_items=400, handoff_kills=2,
 )  # fmt: skip
 
 

@@ -32,6 +32,7 @@ from .cluster import Cluster
 from .debounce import DebounceFeed, check_chunks, check_debounce
 from .faults import Fault, Fired, schedule
 from .fleet import Fleet
+from .handoff import HandoffFeed, check_handoff
 from .harness_checks import check_faults, check_webhooks, check_workers
 from .history import load
 from .proxy import Proxy
@@ -76,6 +77,7 @@ class ChaosRun:
         self.unfired: list[Fault] = []
         self.outages: list[tuple[datetime, datetime]] = []  # wall clock (UTC) of each restart and cut
         self.debounce: DebounceFeed | None = None  # debounced enqueues fed while the faults fire
+        self.handoff: HandoffFeed | None = None  # plain enqueues fed to the hand-off worker meanwhile
 
     def say(self, message: str) -> None:
         self._write(f"[{time.monotonic() - self.t0:7.1f}s] {message}")
@@ -235,19 +237,22 @@ class ChaosRun:
         self.fleet = Fleet(self._worker_env(), self.run_dir, sizes.concurrency, queues)
         for _ in range(sizes.workers):
             self.fleet.spawn()
+        self.fleet.spawn(handoff_queue=plan_mod.HANDOFF_QUEUE)
         self.work_started = time.monotonic()
         pending = schedule(
             self.rng, kills=sizes.kills, sigterms=sizes.sigterms, restarts=sizes.restarts, cuts=sizes.cuts,
-            cut_seconds=sizes.cut_seconds, amo_kills=sizes.amo_kills,
+            cut_seconds=sizes.cut_seconds, amo_kills=sizes.amo_kills, handoff_kills=sizes.handoff_kills,
         )  # fmt: skip
         self.say(f"{sizes.workers} workers started; faults: " + ", ".join(f"{f.kind}@{f.at:.0%}" for f in pending))
         next_fault, next_line = self.work_started + MIN_AGE, 0.0
         deadline = self.t0 + sizes.deadline
         # Its own random stream, so the fault schedule and victims of a seed stay what they were.
         self.debounce = DebounceFeed(sizes.debounce_keys, sizes.debounce_per_key, ALIAS, random.Random(self.opts.seed))
+        self.handoff = HandoffFeed(sizes.handoff_items, ALIAS)
         while pending and time.monotonic() < deadline:
             self._replace_crashed()
             self.debounce.tick()
+            self.handoff.tick()
             open_items = self._open()
             now = time.monotonic()
             if open_items is not None:
@@ -264,6 +269,8 @@ class ChaosRun:
         self.unfired = pending
         self.debounce.finish()
         self.say(f"debounced: {sum(map(len, self.debounce.sent.values()))} enqueues over {sizes.debounce_keys} keys")
+        self.handoff.finish()
+        self.say(f"hand-off feed: {len(self.handoff.sent)} plain enqueues ({self.handoff.failed} failed, sent again)")
         self.phase_times["faults"] = time.monotonic() - self.work_started
 
     def _replace_crashed(self) -> None:
@@ -271,8 +278,10 @@ class ChaosRun:
             if proc.fate == "crashed":
                 self.crashes.append(proc.unasked())
                 self.say(f"worker {proc.worker_id} CRASHED (exit {proc.exit_code}); replacing it")
-        while len(self.fleet.running()) < self.sizes.workers:
+        while sum(not p.handoff for p in self.fleet.running()) < self.sizes.workers:
             self.fleet.spawn()
+        if not any(p.handoff for p in self.fleet.running()):
+            self.fleet.spawn(handoff_queue=plan_mod.HANDOFF_QUEUE)
 
     def _fire(self, fault: Fault, progress: float, open_items: int) -> Fired | None:
         t = time.monotonic() - self.work_started
@@ -280,6 +289,16 @@ class ChaosRun:
         if fault.kind == "kill_amo":
             if not self._kill_amo(fired):
                 return None  # no worker is running an at-most-once handler right now: look again soon
+        elif fault.kind == "kill_handoff":
+            victim = self.fleet.pick(self.rng, MIN_AGE, self._registered(), handoff=True)
+            if victim is None:
+                return None  # the hand-off worker is brand new: wait for it to get going
+            fired.worker_id, fired.pid = victim.worker_id, victim.pid
+            self.fleet.kill(victim)
+            held = Reservation.objects.using(ALIAS).filter(worker_id=victim.worker_id, outcome__isnull=True)
+            fired.held = self._q(held.count, -1)
+            self.say(f"FAULT kill -9 the hand-off worker {victim.worker_id} (pid {victim.pid}), holding {fired.held}")
+            self.fleet.spawn(handoff_queue=plan_mod.HANDOFF_QUEUE)
         elif fault.kind in ("kill", "sigterm"):
             victim = self.fleet.pick(self.rng, MIN_AGE, self._registered())
             if victim is None:
@@ -383,6 +402,7 @@ class ChaosRun:
         modes.update(dict.fromkeys(self.planted.poison, POISON))
         # Debounced probes (at-least-once): the items the enqueues named, and any a lost reply left unnamed.
         modes.update(dict.fromkeys([*self.debounce.ids(), *self.debounce.unnamed()], AT_LEAST_ONCE))
+        modes.update(dict.fromkeys([*self.handoff.ids(), *self.handoff.unnamed()], AT_LEAST_ONCE))
         sigtermed = {p.worker_id for p in self.fleet.procs if p.fate in ("sigterm", "stopped")}
         amo_killed = {i: f.worker_id for f in self.fired if f.kind == "kill_amo" for i in f.amo_running}
         return Expect(
@@ -400,7 +420,8 @@ class ChaosRun:
         history = load(ALIAS, exclude_queues=(WEBHOOK_QUEUE,))  # the webhooks are judged by _check_webhooks
         expect = self._expect()
         checks = [*run_checks(history, expect), check_chunks(history, self.planted.chunked)]
-        checks += [check_debounce(self.debounce), self._check_webhooks(), self._check_faults(), self._check_workers()]
+        checks += [check_debounce(self.debounce), check_handoff(history, self.handoff, self.fleet.killed())]
+        checks += [self._check_webhooks(), self._check_faults(), self._check_workers()]
         self.phase_times["check"] = time.monotonic() - started
         elapsed = time.monotonic() - self.t0
         report = Report(self, history, expect, checks, elapsed)
@@ -415,7 +436,8 @@ class ChaosRun:
 
     def _check_faults(self) -> Check:
         wanted = {"kill": self.sizes.kills, "kill_amo": self.sizes.amo_kills, "sigterm": self.sizes.sigterms,
-                  "restart": self.sizes.restarts, "cut": self.sizes.cuts}  # fmt: skip
+                  "restart": self.sizes.restarts, "cut": self.sizes.cuts,
+                  "kill_handoff": self.sizes.handoff_kills}  # fmt: skip
         return check_faults(self.fired, wanted)
 
     def _check_webhooks(self) -> Check:

@@ -145,7 +145,6 @@ ENQUEUE_TRACED = _ENQUEUE.format(**_TRACED)
 HANDOFF = "queue_app_handoff"
 HANDOFF_LOCK_NAMESPACE = 0x6A6F68  # "joh"
 
-_OFFER_TERM = "(SELECT (o.terms -> %(task)s::text ->> {index})::float8 FROM offer o)"
 ENQUEUE_HANDOFF = f"""
 WITH qr AS (
     SELECT max_attempts, lease_timeout, (paused OR {_FLOW_CONTROLLED}) AS held,
@@ -160,14 +159,16 @@ WITH qr AS (
     DELETE FROM {HANDOFF} h WHERE h.id = (
         SELECT o.id FROM {HANDOFF} o
         WHERE (o.queues IS NULL OR o.queues ? %(queue)s::text)
-          AND EXISTS (SELECT FROM qr WHERE NOT held)
+          -- Both checks name the offer row (o.id), so each runs per offer found, and not at all on an enqueue
+          -- that finds none (the busy case): uncorrelated, they would run first on every enqueue.
+          AND EXISTS (SELECT FROM qr WHERE NOT held AND o.id IS NOT NULL)
           AND NOT EXISTS (
               -- The head of the queue's fetch order (item_fetch) at this item's priority and above: at most 32
               -- rows, so an enqueue never walks all the items in flight behind them.
               SELECT FROM (
                   SELECT i.state, i.visible_at, i.attempts, i.max_attempts FROM {ITEM} i
                   WHERE i.queue_id = %(queue)s::text AND i.state IN ('ready', 'reserved')
-                    AND i.priority >= %(priority)s
+                    AND i.priority >= %(priority)s AND o.id IS NOT NULL
                   ORDER BY i.priority DESC, i.visible_at LIMIT 32
               ) head
               WHERE head.visible_at <= now() AND (head.state = 'ready' OR head.attempts < head.max_attempts))
@@ -175,31 +176,33 @@ WITH qr AS (
         LIMIT 1 FOR UPDATE SKIP LOCKED)
     RETURNING h.id, h.worker_id, h.channel, h.terms, h.lease_timeout
 ), ins AS (
+    -- One row, joined to the offer taken (or none) and the queue row (or none: a queue created here).
     INSERT INTO {ITEM} {_ITEM_COLUMNS.format(trace="")[:-1]}, reservation_id)
     SELECT DEFAULT_ID, %(queue)s::text, %(task)s::text, %(payload)s::jsonb,
-           CASE WHEN handed THEN 'reserved' ELSE 'ready' END, %(priority)s, now(),
-           CASE WHEN handed THEN now() + make_interval(secs => GREATEST(COALESCE(
-               {_OFFER_TERM.format(index=0)}, %(lease_timeout)s, (SELECT lease_timeout FROM offer),
-               (SELECT lease_timeout FROM qr)), COALESCE({_OFFER_TERM.format(index=1)}, 0))) ELSE now() END,
-           CASE WHEN handed THEN 1 ELSE 0 END,
-           COALESCE(%(max_attempts)s, (SELECT max_attempts FROM qr), %(queue_max_attempts)s), %(lease_timeout)s,
-           NULL, NULL, (SELECT group_default FROM qr), '', now(), now(),
-           CASE WHEN handed THEN nextval('{RESERVATION_SEQUENCE}') END
-    FROM (SELECT EXISTS (SELECT FROM offer) AS handed) AS h
+           CASE WHEN o.id IS NULL THEN 'ready' ELSE 'reserved' END, %(priority)s, now(),
+           CASE WHEN o.id IS NULL THEN now() ELSE now() + make_interval(secs => GREATEST(
+               COALESCE((o.terms -> %(task)s::text ->> 0)::float8, %(lease_timeout)s, o.lease_timeout,
+                        qr.lease_timeout),
+               COALESCE((o.terms -> %(task)s::text ->> 1)::float8, 0))) END,
+           CASE WHEN o.id IS NULL THEN 0 ELSE 1 END,
+           COALESCE(%(max_attempts)s, qr.max_attempts, %(queue_max_attempts)s), %(lease_timeout)s,
+           NULL, NULL, qr.group_default, '', now(), now(),
+           CASE WHEN o.id IS NOT NULL THEN nextval('{RESERVATION_SEQUENCE}') END
+    FROM (SELECT) AS one LEFT JOIN offer o ON true LEFT JOIN qr ON true
     RETURNING id, run_at, created_at, reservation_id, visible_at, attempts, max_attempts
 ), res AS (
     INSERT INTO {RESERVATION}
         (id, item_id, attempt, worker_id, reserved_at, lease_expires_at, heartbeat_at, error, traceback)
-    SELECT ins.reservation_id, ins.id, ins.attempts, offer.worker_id, now(), ins.visible_at, now(), '', ''
-    FROM ins, offer
+    SELECT ins.reservation_id, ins.id, ins.attempts, o.worker_id, now(), ins.visible_at, now(), '', ''
+    FROM ins, offer o
 )
-SELECT id, run_at, created_at, reservation_id,
-       CASE WHEN reservation_id IS NULL THEN pg_notify(%(channel)s, %(queue)s::text)
-            ELSE pg_notify((SELECT channel FROM offer), json_build_object(
-                'h', (SELECT id FROM offer), 'r', reservation_id, 'i', id, 'q', %(queue)s::text,
-                't', %(task)s::text, 'p', %(payload)s::jsonb, 'a', attempts, 'm', max_attempts,
-                'e', visible_at, 'o', %(priority)s::int, 'u', run_at, 'c', created_at)::text) END::text
-FROM ins
+SELECT ins.id, ins.run_at, ins.created_at, ins.reservation_id,
+       CASE WHEN o.id IS NULL THEN pg_notify(%(channel)s, %(queue)s::text)
+            ELSE pg_notify(o.channel, json_build_object(
+                'h', o.id, 'r', ins.reservation_id, 'i', ins.id, 'q', %(queue)s::text, 't', %(task)s::text,
+                'p', %(payload)s::jsonb, 'a', ins.attempts, 'm', ins.max_attempts, 'e', ins.visible_at,
+                'o', %(priority)s::int, 'u', ins.run_at, 'c', ins.created_at)::text) END::text
+FROM ins LEFT JOIN offer o ON true
 """.replace("DEFAULT_ID", f"nextval(pg_get_serial_sequence('{ITEM}', 'id'))")
 
 # The worker's offer, on its listening connection (whose session holds the lock): its rows of before (a listening

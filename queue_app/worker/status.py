@@ -27,6 +27,7 @@ class Stats:
     dead: int = 0  # items this worker sent to the dead letters (poison, last attempt, at-most-once failures)
     stale: int = 0  # attempts whose reservation was lost or cancelled under them
     events_dropped: int = 0  # workflow events no wait claimed, dropped past their lookback (the drop_events unit)
+    handed_off: int = 0  # items started from a hand-off: leased by their own enqueue (engine/handoff.py)
 
     def as_dict(self) -> dict[str, int]:
         values = asdict(self)

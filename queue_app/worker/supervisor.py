@@ -600,6 +600,7 @@ class Supervisor:
             for lease in handed:
                 stages.leased([lease.reservation_id], at, at, at, 1, "handoff")  # its notification drained
         self.taken += len(handed)
+        self.stats.handed_off += len(handed)
         self._hold(handed, time.monotonic())
         # At once, from the wait that drained the notification. A database lost meanwhile: they stay held, and
         # the loop's database round meets the outage and starts them once it is over.

@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from queue_app import engine
-from queue_app.models import ExecutionLog, HandoffOffer, ItemState, QueueItem, Reservation
+from queue_app.models import ExecutionLog, HandoffOffer, ItemState, QueueItem, Reservation, Worker
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -48,6 +48,8 @@ def test_idle_workers_take_plain_enqueues_by_hand_off_and_each_item_runs_once(wo
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, proc.log.read_text()[-3000:]
     assert not HandoffOffer.objects.exists()  # each withdrew its offer as it stopped
+    counted = sum(w.stats["handed_off"] for w in Worker.objects.filter(id__in=["w-a", "w-b"]))
+    assert counted == handed  # each worker counts what it started from a hand-off (its row, /metrics)
 
 
 def test_the_offer_of_a_worker_killed_is_never_taken(worker):

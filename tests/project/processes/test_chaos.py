@@ -13,6 +13,7 @@ import pytest
 
 from jobsite.chaos import checks
 from jobsite.chaos.debounce import DebounceFeed, check_chunks, check_debounce
+from jobsite.chaos.handoff import HandoffFeed, check_handoff
 from jobsite.chaos.history import load
 from queue_app import engine
 from queue_app.models import DeadLetter, ExecutionLog, ProbeEffect, QueueItem, Reservation
@@ -75,6 +76,11 @@ EVERY_INVARIANT = [
     (
         "debounce: each key's latest payload ran",
         lambda f: f["enqueues"] == 160 and f["items"] > 4 and f["absorbed"] > 0 and f["double_ready"] == 0,
+    ),
+    # plain enqueues fed during the faults: some handed to the idle hand-off worker, none to a worker gone
+    (
+        "hand-off: handed items under the faults, never to a worker gone",
+        lambda f: f["fed"] >= 60 and f["handed"] > 0 and f["to_a_worker_gone"] == 0,
     ),
 ]
 
@@ -322,6 +328,28 @@ def test_a_debounced_key_whose_latest_payload_did_not_run_is_caught(db):
     assert not check_debounce(feed).passed
     QueueItem.objects.filter(id=item_id).update(payload={"debounce": "debounce-0", "seq": 2}, state="ready")
     assert not check_debounce(feed).passed
+
+
+def test_an_item_handed_to_a_worker_after_its_kill_is_caught(db):
+    """Two fed items reserved by their own enqueues for worker w-h: one before w-h was killed, one after. The
+    first passes (handed to a live worker, re-run after its death); the second is a hand-off to a worker gone.
+    Without any item reserved by its enqueue, the path was not exercised: that fails too."""
+    feed = HandoffFeed(total=2, using="default")
+    feed.finish()
+    before, after = sorted(feed.ids())
+    for item_id, at in ((before, 0), (after, 10)):
+        QueueItem.objects.filter(id=item_id).update(created_at=T0 + timedelta(seconds=at), state="done")
+        Reservation.objects.create(
+            item_id=item_id, attempt=1, worker_id="w-h", reserved_at=T0 + timedelta(seconds=at),
+            lease_expires_at=T0 + timedelta(seconds=at + 20), heartbeat_at=T0, finished_at=T0, outcome="done",
+        )  # fmt: skip
+    killed = {"w-h": T0 + timedelta(seconds=5)}
+    caught = check_handoff(load("default"), feed, killed)
+    assert not caught.passed and caught.figures["to_a_worker_gone"] == 1 and f"item {after}" in caught.problems[0]
+    assert check_handoff(load("default"), feed, {"w-h": T0 + timedelta(seconds=30)}).passed
+    Reservation.objects.update(reserved_at=T0 + timedelta(seconds=1))  # neither written by its enqueue
+    unexercised = check_handoff(load("default"), feed, {})
+    assert not unexercised.passed and unexercised.figures["handed"] == 0
 
 
 def test_chunked_items_each_run_alone_are_caught(scene):
