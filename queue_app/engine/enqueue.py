@@ -242,13 +242,16 @@ def _write_one(params: dict[str, Any], task: str, dedup_key: str | None, using: 
         # One statement (queue row, item, NOTIFY): atomic by itself, so no transaction block of its own — outside
         # the caller's transaction it commits in its own round trip; inside, it joins without a savepoint.
         # Outside one, a plain item may be handed to an idle worker in the same statement (engine/handoff.py).
-        if "trace_context" in params:
-            statement = sql.ENQUEUE_TRACED
+        eligible = "trace_context" not in params and handoff.eligible(params, using)
+        if eligible:
+            statement = handoff.statement(params["queue"])
         else:
-            statement = sql.ENQUEUE_HANDOFF if handoff.eligible(params, using) else sql.ENQUEUE
+            statement = sql.ENQUEUE if "trace_context" not in params else sql.ENQUEUE_TRACED
         with cursor(using) as cur:
             cur.execute(statement, params)
             row = cur.fetchone()
+        if eligible:
+            handoff.saw(params["queue"], row[3])
         return Enqueued(row[0], params["queue"], task, row[1], duplicate=False, created_at=row[2])
     while True:
         with atomic(using), cursor(using) as cur:

@@ -16,6 +16,7 @@ for a worker that never heard of it: its lease lapses and any worker leases it a
 """
 
 import random
+import time
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +32,16 @@ from .payload import decode_json, encode_json
 # characters, a queue name of 100, ids, times). A larger payload is queued ready and leased as before.
 PAYLOAD_MAX = 7_000
 
+# Which statement an eligible enqueue sends. Taking an offer (sql.ENQUEUE_HANDOFF) costs about 0.15 ms more than
+# ENQUEUE on an enqueue that finds none, mostly the set-up of its two writes that find nothing to write (0.46 ms
+# against 0.61, back to back, a quiet 2-core machine). So a process sends it only for a queue it saw an offer
+# for within OFFERS_FRESH seconds; otherwise it sends sql.ENQUEUE_PROBING, ENQUEUE with a read of the offer
+# table, whose answer says whether to try next time. Each statement says whether offers were there. A worker that
+# just went idle is seen by the next enqueue of its queue, and handed the one after; a busy deployment (no offer)
+# pays only the read. It only picks a statement: what either does is decided in the database.
+OFFERS_FRESH = 1.0
+_offers_seen: dict[str, float] = {}  # queue -> when an enqueue of this process last saw an offer for it
+
 
 def eligible(params: dict[str, Any], using: str | None = None) -> bool:
     """Whether this enqueue (enqueue._params's `params`, with its encoded payload) may take an offer."""
@@ -43,6 +54,22 @@ def eligible(params: dict[str, Any], using: str | None = None) -> bool:
         return False
     conn = queue_connection(using)
     return not conn.in_atomic_block and conn.get_autocommit()
+
+
+def statement(queue: str) -> str:
+    """The statement for an eligible enqueue into `queue` (see OFFERS_FRESH)."""
+    seen = _offers_seen.get(queue)
+    if seen is not None and time.monotonic() - seen < OFFERS_FRESH:
+        return sql.ENQUEUE_HANDOFF
+    return sql.ENQUEUE_PROBING
+
+
+def saw(queue: str, offers_there: bool) -> None:
+    """What an enqueue's statement said of the offers for `queue`."""
+    if offers_there:
+        _offers_seen[queue] = time.monotonic()
+    else:
+        _offers_seen.pop(queue, None)
 
 
 def new_key() -> tuple[int, str]:

@@ -33,6 +33,10 @@ class Worker:
         self.conn.execute(f'LISTEN "{self.channel}"')
 
     def offer(self, queues=("q",), terms=None) -> int:
+        """Offer a slot, and have this process know of offers for `queues` (as its enqueue of them would have
+        learnt: the statement choice's own tests are below)."""
+        for queue in queues:
+            handoff.saw(queue, True)
         return handoff.offer(self.conn, self.worker_id, self.channel, self.lock_key, list(queues), terms, None)
 
     def notes(self, timeout: float = 2.0) -> list:
@@ -42,9 +46,11 @@ class Worker:
 @pytest.fixture
 def listening() -> Iterator[Worker]:
     engine.ensure_queue("q")
+    handoff._offers_seen.clear()
     w = Worker()
     yield w
     w.conn.close()
+    handoff._offers_seen.clear()
 
 
 def state(item_id: int) -> str:
@@ -168,6 +174,7 @@ def test_the_first_enqueue_into_a_new_queue_is_not_handed_off(listening):
     """Its queue is created by the very statement, invisible to its snapshot: it may not be what it will be when
     committed (paused by an admin at the same moment), so the item is queued ready."""
     handoff.offer(listening.conn, "w-1", listening.channel, listening.lock_key, None, None, None)
+    handoff.saw("brand-new", True)
 
     item = engine.enqueue("t", queue="brand-new")
 
@@ -183,6 +190,7 @@ def test_an_offer_is_taken_only_for_the_queues_it_names(listening):
     QueueItem.objects.all().delete()
     HandoffOffer.objects.all().delete()
     handoff.offer(listening.conn, "w-1", listening.channel, listening.lock_key, None, None, None)  # every queue
+    handoff.saw("q", True)
     anywhere = engine.enqueue("t", queue="q")
     assert state(anywhere.id) == "reserved"
 
@@ -275,6 +283,32 @@ def test_the_offer_lock_is_the_session_lock_of_the_listening_connection(listenin
         ).fetchone()[0]
     assert held is False
     assert listening.channel.startswith(queue_settings.NOTIFY_CHANNEL) and len(listening.channel) <= 63
+
+
+def test_a_process_tries_an_offer_only_once_it_saw_one(listening):
+    """Taking an offer costs more than a plain enqueue when none is there, so a process that saw no offer lately
+    sends ENQUEUE with a read of the offer table: that item is queued ready, and the answer has the next enqueue
+    take the offer. A statement that finds none sends the process back to the plain one."""
+    handoff.offer(listening.conn, "w-1", listening.channel, listening.lock_key, ["q"], None, None)  # not seen
+
+    first = engine.enqueue("t", queue="q")
+    QueueItem.objects.filter(id=first.id).update(state="done")  # run (else the next would not pass it)
+    second = engine.enqueue("t", queue="q")
+
+    assert state(second.id) == "reserved"
+    assert handoff.statement("q") is sql.ENQUEUE_HANDOFF  # the offer taken was there: still worth a try
+    third = engine.enqueue("t", queue="q")  # no offer left: queued ready, and the process stops trying
+    assert state(third.id) == "ready" and handoff.statement("q") is sql.ENQUEUE_PROBING
+
+
+def test_an_offer_seen_long_ago_is_not_tried(listening, monkeypatch):
+    listening.offer()
+    monkeypatch.setitem(handoff._offers_seen, "q", handoff._offers_seen["q"] - handoff.OFFERS_FRESH - 0.1)
+
+    item = engine.enqueue("t", queue="q")
+
+    assert state(item.id) == "ready"  # probed, not taken
+    assert handoff.statement("q") is sql.ENQUEUE_HANDOFF  # and seen again
 
 
 def test_a_malformed_note_is_refused_loudly():

@@ -8,6 +8,7 @@ import signal
 import pytest
 
 from queue_app import engine, stages
+from queue_app.engine import handoff
 from queue_app.models import ExecutionLog, HandoffOffer, ItemState, QueueItem
 from queue_app.probes.tasks import close_log_connection
 from queue_app.worker import Supervisor, WorkerOptions
@@ -75,10 +76,15 @@ def test_a_lone_item_is_handed_off_and_a_burst_leased_in_batches(worker, tmp_pat
     committed at once is taken by leases of many items each. Each probe is enqueued once the one before it is
     settled (done) and the worker offers again, so the queue is idle."""
     engine.ensure_queue("default")  # the first enqueue into a queue not yet created is never handed off
+    handoff._offers_seen.clear()
     for pool in ("thread", "process"):
         path = tmp_path / f"stages-{pool}"
         proc = worker(f"w-{pool}", "--pool", pool, "--concurrency", "4", env={"JOBSITE_STAGE_TIMES": str(path)})
         wait_for(lambda proc=proc: "status state=running" in proc.log.read_text(), 30, what="the worker to start")
+        # This process learns of the offers by its first enqueue (engine/handoff.py: OFFERS_FRESH), not asserted.
+        wait_for(lambda: HandoffOffer.objects.exists(), 10, what="the idle worker's offer")
+        seen = engine.enqueue(PROBE, {}).id
+        wait_for(lambda seen=seen: QueueItem.objects.filter(id=seen, state=ItemState.DONE).exists(), 10, what="probe")
         lone = []
         for _ in range(3):
             # The worker offers a slot once idle (engine/handoff.py): the probe is handed over in its enqueue.
