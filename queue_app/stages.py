@@ -14,7 +14,8 @@ Lines, space-separated (a worker and its pool children append to the same file; 
   lease that took the item (0 when the lease was not a wake-up's: a poll, a freed slot, more work known to wait),
   the settle-and-lease statement sent and its result back, how many items it asked for and got, and where it ran
   (`loop`: in the loop of a worker with nothing in hand; `thread`: on the lease thread; `beside`: in the loop
-  beside the lease thread's settle, supervisor._lease_beside);
+  beside the lease thread's settle, supervisor._lease_beside; `handoff`: no statement, the enqueue leased it and
+  its notification was drained at the three times given, asked 1, got 1: engine/handoff.py);
 - `S <reservation_id> <submitted>`: the job handed to the pool (a thread pool's queue, a child's pipe);
 - `P <reservation_id> <picked>`: a pool thread or child took the job (a thread's get, a child's recv returned);
 - `F <reservation_id> <first_line>`: the handler's first line (the probe tasks stamp it: queue_app/probes).

@@ -17,7 +17,9 @@ to its total, that call to that first line:
   items leased on their wake-up;
 - to_send: to the settle-and-lease statement being sent (from the wake-up; from the enqueue's return for items
   leased otherwise: behind a lease in flight, a gathering of freed slots, a follower's turn, a poll);
-- statement: the settle-and-lease round trip (and what it asked for and got, where it ran: `leases`);
+- statement: the settle-and-lease round trip (and what it asked for and got, where it ran: `leases`); for an item
+  handed off (engine/handoff.py: its enqueue leased it), `to_send` and `statement` are 0 and `notify` is the
+  notification carrying its lease;
 - hand_off: its result to this item's job handed to the pool (the loop taking the result, the items ahead of it);
 - pickup: the job handed over to a thread or child taking it (a queue's wake-up; the process pool's pipe);
 - preamble: taken to the handler's first line (the connection's check, run_job's preamble).
