@@ -14,6 +14,7 @@ from django.test import override_settings
 from queue_app import engine
 from queue_app.conf import queue_settings
 from queue_app.engine import handoff, sql
+from queue_app.engine.enqueue import _params as enqueue_params
 from queue_app.models import HandoffOffer, QueueItem, Reservation
 from tests.support.queue_helpers import lock_waiters, raw_connection
 from tests.support.waiting import wait_for
@@ -51,6 +52,13 @@ def listening() -> Iterator[Worker]:
     yield w
     w.conn.close()
     handoff._offers_seen.clear()
+
+
+def statement_params() -> dict:
+    """sql.ENQUEUE_HANDOFF's parameters for a plain item of task t into queue q, as engine.enqueue binds them."""
+    params = enqueue_params("t", queue="q", priority=0, run_at=None, delay=None, ordering_key=None, group_key=None,
+                            max_attempts=None, lease_timeout=None)  # fmt: skip
+    return {**params, "payload": "{}"}
 
 
 def state(item_id: int) -> str:
@@ -208,20 +216,8 @@ def test_two_enqueues_never_take_one_offer(listening):
     """The first enqueue holds the offer's row (its transaction open); the second passes it (SKIP LOCKED) and
     queues its item ready; the first then commits its hand-off."""
     listening.offer()
-    params = {
-        "queue": "q",
-        "task": "t",
-        "payload": "{}",
-        "priority": 0,
-        "lease_timeout": None,
-        "max_attempts": None,
-        "channel": queue_settings.NOTIFY_CHANNEL,
-        "queue_lease_timeout": 60.0,
-        "queue_max_attempts": 5,
-        "queue_retention": timedelta(days=7),
-    }
     with raw_connection() as first:
-        first_id = first.execute(sql.ENQUEUE_HANDOFF, params).fetchone()[0]  # not committed yet
+        first_id = first.execute(sql.ENQUEUE_HANDOFF, statement_params()).fetchone()[0]  # not committed yet
         second = engine.enqueue("t", queue="q")
         first.commit()
 
@@ -233,21 +229,9 @@ def test_a_withdrawal_waits_for_an_enqueue_taking_the_offer_and_finds_it_taken(l
     """The enqueue holds the offer (taken, not committed) when the worker withdraws it: the withdrawal waits for
     the enqueue's commit, then finds it taken, and the lease arrives."""
     offer_id = listening.offer()
-    params = {
-        "queue": "q",
-        "task": "t",
-        "payload": "{}",
-        "priority": 0,
-        "lease_timeout": None,
-        "max_attempts": None,
-        "channel": queue_settings.NOTIFY_CHANNEL,
-        "queue_lease_timeout": 60.0,
-        "queue_max_attempts": 5,
-        "queue_retention": timedelta(days=7),
-    }
     withdrawn: list[bool] = []
     with raw_connection() as enqueuer:
-        item_id = enqueuer.execute(sql.ENQUEUE_HANDOFF, params).fetchone()[0]
+        item_id = enqueuer.execute(sql.ENQUEUE_HANDOFF, statement_params()).fetchone()[0]
         thread = threading.Thread(target=lambda: withdrawn.append(handoff.withdraw(listening.conn, offer_id)))
         thread.start()
         wait_for(lambda: lock_waiters(sql.WITHDRAW[:40]) == 1, timeout=10, what="the withdrawal to wait")
