@@ -28,8 +28,9 @@ from .alias import queue_connection
 from .lease import Lease, Terms
 from .payload import decode_json, encode_json
 
-# NOTIFY's payload is at most 8,000 bytes: the leased row's other fields take at most 600 (a task name of 200
-# characters, a queue name of 100, ids, times). A larger payload is queued ready and leased as before.
+# NOTIFY's payload is at most 8,000 bytes. A payload longer than this is queued ready and leased as before, without
+# asking; the statement measures the notification itself (the payload as jsonb renders it, the names) before it
+# takes an offer, so a shorter payload that renders too long is queued ready too.
 PAYLOAD_MAX = 7_000
 
 # Which statement an eligible enqueue sends. Taking an offer (sql.ENQUEUE_HANDOFF) costs about 0.15 ms more than

@@ -171,6 +171,11 @@ WITH qr AS (
           -- Both checks name the offer row (o.id), so each runs per offer found, and not at all on an enqueue
           -- that finds none (the busy case): uncorrelated, they would run first on every enqueue.
           AND EXISTS (SELECT FROM qr WHERE NOT held AND o.id IS NOT NULL)
+          -- The notification must fit NOTIFY's 8,000 bytes: the payload as jsonb renders it (a space after each
+          -- comma and colon: up to half as long again as the caller's JSON), the task and queue names, and less
+          -- than 400 bytes of ids and times.
+          AND octet_length(json_build_object('q', %(queue)s::text, 't', %(task)s::text, 'p', %(payload)s::jsonb)::text)
+              <= 7600
           AND NOT EXISTS (
               -- The head of the queue's fetch order (item_fetch) at this item's priority and above: at most 32
               -- rows, so an enqueue never walks all the items in flight behind them.

@@ -79,10 +79,6 @@ class Listener:
             raise
         self.conn = conn
 
-    @property
-    def offered(self) -> bool:
-        return self.offer_id is not None
-
     def offer(self, terms: Terms, lease_timeout: float | None) -> None:
         """Offer one slot to the next plain enqueue of our queues. Raises psycopg.OperationalError when the
         connection is lost."""
