@@ -18,6 +18,7 @@ seconds late); a follower tries to take it at each poll interval.
 """
 
 import contextlib
+import logging
 
 import psycopg
 from psycopg import sql
@@ -25,6 +26,8 @@ from psycopg import sql
 from .. import engine
 from ..conf import queue_settings
 from ..engine import Lease, Terms, handoff, leaders, pooler
+
+logger = logging.getLogger("jobsite.worker")
 
 # How long a follower waits after a notification before it leases: long enough for the first worker's lease
 # statement to take an idle item, short enough to be noise when there is more work than the first can take.
@@ -136,7 +139,12 @@ class Listener:
         return woken
 
     def _handed(self, payload: str) -> None:
-        offer_id, lease = handoff.lease_from_note(payload)
+        try:
+            offer_id, lease = handoff.lease_from_note(payload)
+        except (KeyError, ValueError, TypeError):  # not sql.ENQUEUE_HANDOFF's (someone's NOTIFY on our channel)
+            logger.warning("ignored a notification on the hand-off channel %s that carries no lease: %.200r",
+                           self.channel, payload)  # fmt: skip
+            return
         self.handed.append(lease)
         if offer_id == self.offer_id:
             self.offer_id = None  # taken

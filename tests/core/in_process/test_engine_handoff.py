@@ -16,6 +16,7 @@ from queue_app.conf import queue_settings
 from queue_app.engine import handoff, sql
 from queue_app.engine.enqueue import _params as enqueue_params
 from queue_app.models import HandoffOffer, QueueItem, Reservation
+from queue_app.worker.listener import Listener
 from tests.support.queue_helpers import lock_waiters, raw_connection
 from tests.support.waiting import wait_for
 
@@ -294,6 +295,23 @@ def test_an_offer_seen_long_ago_is_not_tried(listening, monkeypatch):
 
     assert state(item.id) == "ready"  # probed, not taken
     assert handoff.statement("q") is sql.ENQUEUE_HANDOFF  # and seen again
+
+
+def test_a_listener_ignores_a_note_on_its_channel_that_carries_no_lease(caplog):
+    listener = Listener(["q"], "w-1")
+    listener.connect()
+    try:
+        listener.offer_id = 7  # an offer out, as far as the listener knows
+        with raw_connection() as other:
+            other.autocommit = True
+            other.execute("SELECT pg_notify(%s, %s)", (listener.channel, '{"h": 7}'))
+            other.execute("SELECT pg_notify(%s, 'not json')", (listener.channel,))
+        wait_for(lambda: listener.drain() is False and len(caplog.records) >= 2, 5, what="the notes drained")
+        still = listener.offer_id
+    finally:
+        listener.close(release=False)
+    assert listener.take_handed() == [] and still == 7  # nothing held, the offer not taken for it
+    assert all("carries no lease" in r.getMessage() for r in caplog.records)
 
 
 def test_a_malformed_note_is_refused_loudly():
