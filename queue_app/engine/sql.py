@@ -121,12 +121,12 @@ WITH qr AS (
             now(){{trace_value}})
     RETURNING id, run_at, created_at
 )
-SELECT id, run_at, created_at, pg_notify(%(channel)s, %(queue)s)::text FROM ins
+SELECT id, run_at, created_at, {{probe}}pg_notify(%(channel)s, %(queue)s)::text FROM ins
 """
 # The item's trace context (engine/tracing.py) is a column only the traced variants name: with tracing off the
 # statements are the ones the SQL API (engine/sql_api.py) binds, unchanged.
-_UNTRACED = {"trace": "", "trace_value": ""}
-_TRACED = {"trace": ", trace_context", "trace_value": ", %(trace_context)s"}
+_UNTRACED = {"trace": "", "trace_value": "", "probe": ""}
+_TRACED = {"trace": ", trace_context", "trace_value": ", %(trace_context)s", "probe": ""}
 ENQUEUE = _ENQUEUE.format(**_UNTRACED)
 ENQUEUE_TRACED = _ENQUEUE.format(**_TRACED)
 
@@ -137,9 +137,8 @@ ENQUEUE_TRACED = _ENQUEUE.format(**_TRACED)
 # reserved for that worker with its reservation, and NOTIFYs the worker's own channel with the leased row: the
 # worker starts the item from the notification, with no lease round trip. An offer is taken only when the queue
 # is not paused or under flow control and no due item of the same priority or a higher one waits at the head of
-# its fetch order (the item does not pass what is waiting), and
-# only one of a live worker (a try of the lock's shared form succeeds only once its session is gone, and never
-# blocks another enqueuer). SKIP LOCKED: two enqueues never take one offer. Otherwise the item is queued ready and
+# its fetch order (the item does not pass what is waiting), and only one of a live worker (a try of the lock's
+# shared form succeeds only once its session is gone, and never blocks another enqueuer). SKIP LOCKED: two enqueues never take one offer. Otherwise the item is queued ready and
 # the queue's channel notified, as ENQUEUE does. The lease lasts what the worker's lease would have given it:
 # the task's term, else the item's, else the worker's, else the queue's (never under the term's floor).
 HANDOFF = "queue_app_handoff"
@@ -150,9 +149,7 @@ _OFFERS_THERE = f"EXISTS (SELECT FROM {HANDOFF} h WHERE h.queues IS NULL OR h.qu
 # ENQUEUE, and whether an offer is there: the statement of an eligible enqueue while no offer was seen lately
 # (a busy deployment's), which costs ENQUEUE and a read of the (empty) offer table; ENQUEUE_HANDOFF, whose
 # taking of an offer costs 0.15 ms more on every enqueue that finds none, is sent only once offers are seen.
-ENQUEUE_PROBING = _ENQUEUE.format(**_UNTRACED).replace(
-    "SELECT id, run_at, created_at, pg_notify(", f"SELECT id, run_at, created_at, {_OFFERS_THERE}, pg_notify("
-)
+ENQUEUE_PROBING = _ENQUEUE.format(**{**_UNTRACED, "probe": f"{_OFFERS_THERE}, "})
 
 ENQUEUE_HANDOFF = f"""
 WITH qr AS (
