@@ -138,8 +138,9 @@ ENQUEUE_TRACED = _ENQUEUE.format(**_TRACED)
 # worker starts the item from the notification, with no lease round trip. An offer is taken only when the queue
 # is not paused or under flow control and no due item of the same priority or a higher one waits at the head of
 # its fetch order (the item does not pass what is waiting), and only one of a live worker (a try of the lock's
-# shared form succeeds only once its session is gone, and never blocks another enqueuer). SKIP LOCKED: two enqueues never take one offer. Otherwise the item is queued ready and
-# the queue's channel notified, as ENQUEUE does. The lease lasts what the worker's lease would have given it:
+# shared form succeeds only once its session is gone, and never blocks another enqueuer). SKIP LOCKED: two
+# enqueues never take one offer. Otherwise the item is queued ready and the queue's channel notified, as ENQUEUE
+# does. The lease lasts what the worker's lease would have given it:
 # the task's term, else the item's, else the worker's, else the queue's (never under the term's floor).
 HANDOFF = "queue_app_handoff"
 HANDOFF_LOCK_NAMESPACE = 0x6A6F68  # "joh"
