@@ -92,7 +92,6 @@ def offer(
     lock_key: int,
     queues: list[str] | None,
     terms: Terms | None,
-    lease_timeout: float | None,
 ) -> int:
     """Offer one slot on `conn` (the session holding the lock); its id."""
     params = {
@@ -101,7 +100,6 @@ def offer(
         "lock_key": lock_key,
         "queues": None if queues is None else encode_json(sorted(queues)),
         "terms": encode_json({name: list(term) for name, term in (terms or {}).items()}),
-        "lease_timeout": lease_timeout,
     }
     return conn.execute(sql.OFFER, params).fetchone()[0]
 

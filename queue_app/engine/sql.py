@@ -141,7 +141,7 @@ ENQUEUE_TRACED = _ENQUEUE.format(**_TRACED)
 # shared form succeeds only once its session is gone, and never blocks another enqueuer). SKIP LOCKED: two
 # enqueues never take one offer. Otherwise the item is queued ready and the queue's channel notified, as ENQUEUE
 # does. The lease lasts what the worker's lease would have given it:
-# the task's term, else the item's, else the worker's, else the queue's (never under the term's floor).
+# the task's term, else the item's, else the queue's (never under the term's floor).
 HANDOFF = "queue_app_handoff"
 HANDOFF_LOCK_NAMESPACE = 0x6A6F68  # "joh"
 # Whether any worker offered a slot for the queue, as of the statement's start (the offer an enqueue takes
@@ -186,15 +186,14 @@ WITH qr AS (
               WHERE head.visible_at <= now() AND (head.state = 'ready' OR head.attempts < head.max_attempts))
           AND NOT pg_try_advisory_xact_lock_shared({HANDOFF_LOCK_NAMESPACE}, o.lock_key)
         LIMIT 1 FOR UPDATE SKIP LOCKED)
-    RETURNING h.id, h.worker_id, h.channel, h.terms, h.lease_timeout
+    RETURNING h.id, h.worker_id, h.channel, h.terms
 ), ins AS (
     -- One row, joined to the offer taken (or none) and the queue row (or none: a queue created here).
     INSERT INTO {ITEM} {_ITEM_COLUMNS.format(trace="")[:-1]}, reservation_id)
     SELECT DEFAULT_ID, %(queue)s::text, %(task)s::text, %(payload)s::jsonb,
            CASE WHEN o.id IS NULL THEN 'ready' ELSE 'reserved' END, %(priority)s, now(),
            CASE WHEN o.id IS NULL THEN now() ELSE now() + make_interval(secs => GREATEST(
-               COALESCE((o.terms -> %(task)s::text ->> 0)::float8, %(lease_timeout)s, o.lease_timeout,
-                        qr.lease_timeout),
+               COALESCE((o.terms -> %(task)s::text ->> 0)::float8, %(lease_timeout)s, qr.lease_timeout),
                COALESCE((o.terms -> %(task)s::text ->> 1)::float8, 0))) END,
            CASE WHEN o.id IS NULL THEN 0 ELSE 1 END,
            COALESCE(%(max_attempts)s, qr.max_attempts, %(queue_max_attempts)s), %(lease_timeout)s,
@@ -224,8 +223,8 @@ WITH cleared AS (
     DELETE FROM {HANDOFF}
     WHERE worker_id = %(worker_id)s OR pg_try_advisory_xact_lock_shared({HANDOFF_LOCK_NAMESPACE}, lock_key)
 )
-INSERT INTO {HANDOFF} (worker_id, channel, lock_key, queues, terms, lease_timeout, offered_at)
-VALUES (%(worker_id)s, %(channel)s, %(lock_key)s, %(queues)s::jsonb, %(terms)s::jsonb, %(lease_timeout)s, now())
+INSERT INTO {HANDOFF} (worker_id, channel, lock_key, queues, terms, offered_at)
+VALUES (%(worker_id)s, %(channel)s, %(lock_key)s, %(queues)s::jsonb, %(terms)s::jsonb, now())
 RETURNING id
 """
 # Withdrawn: the row is gone; none: an enqueue took it (the DELETE waited for that enqueue to commit), and its

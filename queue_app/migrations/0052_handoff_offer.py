@@ -19,7 +19,6 @@ class Migration(migrations.Migration):
                 ('lock_key', models.IntegerField()),
                 ('queues', models.JSONField(null=True)),
                 ('terms', models.JSONField(default=dict)),
-                ('lease_timeout', models.FloatField(null=True)),
                 ('offered_at', models.DateTimeField()),
             ],
             options={

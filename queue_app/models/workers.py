@@ -58,7 +58,6 @@ class HandoffOffer(models.Model):
     lock_key = models.IntegerField()
     queues = models.JSONField(null=True)  # the worker's queues; null: every queue
     terms = models.JSONField(default=dict)  # {task: [lease seconds or null, floor seconds]}
-    lease_timeout = models.FloatField(null=True)  # the worker's --lease-timeout
     offered_at = models.DateTimeField()
 
     class Meta:

@@ -82,14 +82,12 @@ class Listener:
             raise
         self.conn = conn
 
-    def offer(self, terms: Terms, lease_timeout: float | None) -> None:
+    def offer(self, terms: Terms) -> None:
         """Offer one slot to the next plain enqueue of our queues. Raises psycopg.OperationalError when the
         connection is lost."""
         if self.connected and self.channel is not None and self.offer_id is None:
             queues = None if self.queues is None else sorted(self.queues)
-            self.offer_id = handoff.offer(
-                self.conn, self.holder, self.channel, self.lock_key, queues, terms, lease_timeout
-            )
+            self.offer_id = handoff.offer(self.conn, self.holder, self.channel, self.lock_key, queues, terms)
 
     def withdraw(self) -> None:
         """Take the offer back. If an enqueue took it first (the DELETE waited for that enqueue's commit), its

@@ -570,7 +570,7 @@ class Supervisor:
 
     def _offer(self) -> None:
         try:
-            self.listener.offer(self.terms, None)
+            self.listener.offer(self.terms)
         except DATABASE_DOWN:
             self._listener_lost()
 

@@ -39,7 +39,7 @@ class Worker:
         learnt: the statement choice's own tests are below)."""
         for queue in queues:
             handoff.saw(queue, True)
-        return handoff.offer(self.conn, self.worker_id, self.channel, self.lock_key, list(queues), terms, None)
+        return handoff.offer(self.conn, self.worker_id, self.channel, self.lock_key, list(queues), terms)
 
     def notes(self, timeout: float = 2.0) -> list:
         return [handoff.lease_from_note(n.payload) for n in self.conn.notifies(timeout=timeout, stop_after=1)]
@@ -183,7 +183,7 @@ def test_an_item_does_not_pass_a_due_item_waiting_in_its_queue(listening):
 def test_the_first_enqueue_into_a_new_queue_is_not_handed_off(listening):
     """Its queue is created by the very statement, invisible to its snapshot: it may not be what it will be when
     committed (paused by an admin at the same moment), so the item is queued ready."""
-    handoff.offer(listening.conn, "w-1", listening.channel, listening.lock_key, None, None, None)
+    handoff.offer(listening.conn, "w-1", listening.channel, listening.lock_key, None, None)
     handoff.saw("brand-new", True)
 
     item = engine.enqueue("t", queue="brand-new")
@@ -199,7 +199,7 @@ def test_an_offer_is_taken_only_for_the_queues_it_names(listening):
 
     QueueItem.objects.all().delete()
     HandoffOffer.objects.all().delete()
-    handoff.offer(listening.conn, "w-1", listening.channel, listening.lock_key, None, None, None)  # every queue
+    handoff.offer(listening.conn, "w-1", listening.channel, listening.lock_key, None, None)  # every queue
     handoff.saw("q", True)
     anywhere = engine.enqueue("t", queue="q")
     assert state(anywhere.id) == "reserved"
@@ -275,7 +275,7 @@ def test_a_process_tries_an_offer_only_once_it_saw_one(listening):
     """Taking an offer costs more than a plain enqueue when none is there, so a process that saw no offer lately
     sends ENQUEUE with a read of the offer table: that item is queued ready, and the answer has the next enqueue
     take the offer. A statement that finds none sends the process back to the plain one."""
-    handoff.offer(listening.conn, "w-1", listening.channel, listening.lock_key, ["q"], None, None)  # not seen
+    handoff.offer(listening.conn, "w-1", listening.channel, listening.lock_key, ["q"], None)  # not seen
 
     first = engine.enqueue("t", queue="q")
     QueueItem.objects.filter(id=first.id).update(state="done")  # run (else the next would not pass it)
