@@ -112,7 +112,12 @@ def test_without_a_term_the_lease_lasts_the_items_then_the_queues(listening):
 
 def test_an_offer_of_a_session_gone_is_not_taken(listening):
     listening.offer()
-    listening.conn.close()  # the worker died: its lock went with its session
+    # The worker died: its lock goes with its session once the server process has ended, which a client's close
+    # does not wait for. pg_terminate_backend with a timeout returns once it has.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s, 10000)", [listening.conn.info.backend_pid])
+        assert cursor.fetchone() == (True,)
+    listening.conn.close()
 
     item = engine.enqueue("t", queue="q")
 
