@@ -17,7 +17,9 @@ from .pooler import pooled
 from .workers import dedicated_connection
 
 # Every lease, settle and prune leaves dead rows in these; the rest of the schema changes slowly.
-HOT_TABLES = (sql.ITEM, sql.RESERVATION, sql.DEDUP, sql.DEAD_LETTER)
+# The hand-off's offers too: a row inserted and deleted for every item handed off, so its dead rows (and its
+# primary key's entries) grow with the traffic until a VACUUM, where autovacuum is off or behind.
+HOT_TABLES = (sql.ITEM, sql.RESERVATION, sql.DEDUP, sql.DEAD_LETTER, sql.HANDOFF)
 
 
 def rescue_expired(limit: int = 1000, *, lost_after: float | None = None, using: str | None = None) -> tuple[int, int]:

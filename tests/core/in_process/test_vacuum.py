@@ -5,7 +5,7 @@ import pytest
 from django.db import connection
 
 from queue_app import engine
-from queue_app.engine import leaders
+from queue_app.engine import leaders, sql
 from queue_app.models import Leader
 from queue_app.worker.maintenance import _analyze_unit, _vacuum_unit
 from tests.support.waiting import wait_for
@@ -83,6 +83,30 @@ def test_a_table_full_of_dead_rows_is_found_and_vacuumed():
     assert set(took) == {ITEM}
     wait_cleared(before)
     assert ITEM not in engine.bloated_tables()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_offers_of_many_hand_offs_are_vacuumed_too():
+    """Every item handed off inserts an offer and deletes it: 25,000 of them leave the offer table's dead rows
+    (and its primary key's entries) to the worker's VACUUM as the item table's."""
+    handoff = sql.HANDOFF
+    wait_for(lambda: not snapshot_holders(), timeout=30, what="no other session holding a snapshot")
+    with connection.cursor() as cur:
+        cur.execute(f"ALTER TABLE {handoff} SET (autovacuum_enabled = off)")
+        try:
+            cur.execute(
+                f"""INSERT INTO {handoff} (worker_id, channel, lock_key, queues, terms, offered_at)
+                    SELECT 'w-' || n, 'c', n, NULL, '{{}}', now() FROM generate_series(1, 25000) n"""
+            )
+            cur.execute(f"DELETE FROM {handoff}")
+            dead_rows(handoff)
+            wait_for(lambda: handoff in engine.bloated_tables(), timeout=15, what="the offers' dead rows counted")
+            before = vacuums(handoff)
+
+            assert set(engine.vacuum(engine.bloated_tables()) or {}) >= {handoff}
+            wait_for(lambda: vacuums(handoff) > before and dead_rows(handoff) == 0, timeout=15, what="VACUUM")
+        finally:
+            cur.execute(f"ALTER TABLE {handoff} RESET (autovacuum_enabled)")
 
 
 @pytest.mark.django_db(transaction=True)
