@@ -136,8 +136,8 @@ ENQUEUE_TRACED = _ENQUEUE.format(**_TRACED)
 # enqueue in a transaction of its own then takes an offer of a live worker for its queue, writes its item already
 # reserved for that worker with its reservation, and NOTIFYs the worker's own channel with the leased row: the
 # worker starts the item from the notification, with no lease round trip. An offer is taken only when the queue
-# is not paused or under flow control and no due item of the same priority or a higher one waits at the head of
-# its fetch order (the item does not pass what is waiting), and only one of a live worker (a try of the lock's
+# is not paused or under flow control and no due item of the same priority or a higher one waits in the queue
+# (the item does not pass what is waiting), and only one of a live worker (a try of the lock's
 # shared form succeeds only once its session is gone, and never blocks another enqueuer). SKIP LOCKED: two
 # enqueues never take one offer. Otherwise the item is queued ready and the queue's channel notified, as ENQUEUE
 # does. The lease lasts what the worker's lease would have given it:
@@ -175,15 +175,13 @@ WITH qr AS (
           AND octet_length(json_build_object('q', %(queue)s::text, 't', %(task)s::text, 'p', %(payload)s::jsonb)::text)
               <= 7600
           AND NOT EXISTS (
-              -- The head of the queue's fetch order (item_fetch) at this item's priority and above: at most 32
-              -- rows, so an enqueue never walks all the items in flight behind them.
-              SELECT FROM (
-                  SELECT i.state, i.visible_at, i.attempts, i.max_attempts FROM {ITEM} i
-                  WHERE i.queue_id = %(queue)s::text AND i.state IN ('ready', 'reserved')
-                    AND i.priority >= %(priority)s AND o.id IS NOT NULL
-                  ORDER BY i.priority DESC, i.visible_at LIMIT 32
-              ) head
-              WHERE head.visible_at <= now() AND (head.state = 'ready' OR head.attempts < head.max_attempts))
+              -- A due item of this priority or a higher one: ready, or leased and its lease lapsed with attempts
+              -- left. Read from item_fetch, whose entries carry visible_at: the items in flight (their leases
+              -- ahead) and those not yet due are passed over in the index, without a visit to their rows.
+              SELECT FROM {ITEM} i
+              WHERE i.queue_id = %(queue)s::text AND i.state IN ('ready', 'reserved')
+                AND i.priority >= %(priority)s AND i.visible_at <= now()
+                AND (i.state = 'ready' OR i.attempts < i.max_attempts) AND o.id IS NOT NULL)
           AND NOT pg_try_advisory_xact_lock_shared({HANDOFF_LOCK_NAMESPACE}, o.lock_key)
         LIMIT 1 FOR UPDATE SKIP LOCKED)
     RETURNING h.id, h.worker_id, h.channel, h.terms

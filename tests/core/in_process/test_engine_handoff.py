@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 from django.test import override_settings
+from django.utils import timezone
 
 from queue_app import engine
 from queue_app.conf import queue_settings
@@ -183,6 +184,45 @@ def test_an_item_does_not_pass_a_due_item_waiting_in_its_queue(listening):
 
     assert (state(waiting.id), state(item.id)) == ("ready", "ready")
     assert HandoffOffer.objects.count() == 1
+
+
+AHEAD, BEHIND = timedelta(hours=1), timedelta(seconds=-1)
+
+
+@pytest.mark.parametrize(
+    ("waiting", "handed"),
+    [
+        ({"priority": -1}, True),  # a lower priority waits: the item would have been leased first anyway
+        ({"visible_at": AHEAD}, True),  # not due yet
+        ({"state": "reserved", "attempts": 1, "visible_at": AHEAD}, True),  # in flight
+        ({"state": "reserved", "attempts": 1, "visible_at": BEHIND}, False),  # its lease lapsed: due again
+        ({"state": "reserved", "attempts": 3, "visible_at": BEHIND}, True),  # lapsed on its last attempt: dead
+        ({"priority": 5, "visible_at": BEHIND}, False),  # a higher priority waits
+    ],
+    ids=["lower_priority", "not_due", "in_flight", "lease_lapsed", "last_attempt_lapsed", "higher_priority"],
+)
+def test_what_waits_in_the_queue_and_what_does_not(listening, waiting, handed):
+    other = engine.enqueue("t", queue="q", max_attempts=3)  # no offer yet: queued ready
+    changes = {key: (timezone.now() + value if key == "visible_at" else value) for key, value in waiting.items()}
+    QueueItem.objects.filter(id=other.id).update(**changes)
+    listening.offer()
+
+    item = engine.enqueue("t", queue="q")
+
+    assert state(item.id) == ("reserved" if handed else "ready")
+
+
+def test_a_due_item_behind_many_in_flight_of_a_higher_priority_is_not_passed(listening):
+    """The check reads every item of the priority and above, not a head of the fetch order: 40 items in flight
+    at priority 5 come first in it, and the due item of priority 0 behind them still holds the hand-off."""
+    engine.enqueue_many("t", [{}] * 40, queue="q", priority=5)
+    QueueItem.objects.filter(queue_id="q").update(state="reserved", attempts=1, visible_at=timezone.now() + AHEAD)
+    engine.enqueue("t", queue="q")  # ready and due, behind them
+    listening.offer()
+
+    item = engine.enqueue("t", queue="q")
+
+    assert state(item.id) == "ready" and HandoffOffer.objects.count() == 1
 
 
 def test_the_first_enqueue_into_a_new_queue_is_not_handed_off(listening):
