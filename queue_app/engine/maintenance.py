@@ -18,7 +18,8 @@ from .workers import dedicated_connection
 
 # Every lease, settle and prune leaves dead rows in these; the rest of the schema changes slowly.
 # The hand-off's offers too: a row inserted and deleted for every item handed off, so its dead rows (and its
-# primary key's entries) grow with the traffic until a VACUUM, where autovacuum is off or behind.
+# primary key's entries) grow with the traffic until a VACUUM, where autovacuum is off or behind; vacuumed
+# sooner than the others (bloated_tables' `min_dead_offers`).
 HOT_TABLES = (sql.ITEM, sql.RESERVATION, sql.DEDUP, sql.DEAD_LETTER, sql.HANDOFF)
 
 
@@ -46,11 +47,14 @@ def prune_dedup_claims(*, using: str | None = None) -> int:
         return cur.rowcount
 
 
-def bloated_tables(min_dead: int = 20_000, share: float = 0.1, *, using: str | None = None) -> list[str]:
-    """The hot tables, and history partitions, with more than `min_dead` dead rows and more than `share` of their
-    live rows dead."""
+def bloated_tables(
+    min_dead: int = 20_000, share: float = 0.1, min_dead_offers: int = 1_000, *, using: str | None = None
+) -> list[str]:
+    """The hot tables, and history partitions, with more than `min_dead` dead rows (the hand-off's offers:
+    `min_dead_offers`) and more than `share` of their live rows dead."""
+    params = {"tables": list(HOT_TABLES), "min_dead": min_dead, "share": share, "min_dead_offers": min_dead_offers}
     with cursor(using) as cur:
-        cur.execute(sql.BLOATED_TABLES, {"tables": list(HOT_TABLES), "min_dead": min_dead, "share": share})
+        cur.execute(sql.BLOATED_TABLES, params)
         return [row[0] for row in cur.fetchall()]
 
 

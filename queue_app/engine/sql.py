@@ -932,14 +932,17 @@ PRUNE_DEDUP = f"DELETE FROM {DEDUP} WHERE expires_at <= now()"
 # The queue's hot tables whose dead rows (every lease, settle and prune leaves some) have piled up past
 # `min_dead` and `share` of their live rows: they need a VACUUM. From the statistics collector (track_counts).
 # With them the history partitions a row-by-row prune (engine/history.py) has left dead rows in: vacuumed,
-# their space is used again and a queue keeping minutes keeps its history at that size.
+# their space is used again and a queue keeping minutes keeps its history at that size. The hand-off's offers
+# past `min_dead_offers`: a handful of live rows (one per idle worker), read whole by every enqueue that may
+# take one, so their dead rows cost each enqueue, and a VACUUM of them costs a millisecond.
 BLOATED_TABLES = f"""
 SELECT relname, n_dead_tup, n_live_tup FROM pg_stat_user_tables
 WHERE schemaname = current_schema()
   AND (relname = ANY(%(tables)s)
        OR relid IN (SELECT inhrelid FROM pg_inherits
                     WHERE inhparent IN ('{ITEM_HISTORY}'::regclass, '{RESERVATION_HISTORY}'::regclass)))
-  AND n_dead_tup > GREATEST(%(min_dead)s, %(share)s * n_live_tup)
+  AND n_dead_tup > GREATEST(CASE WHEN relname = '{HANDOFF}' THEN %(min_dead_offers)s ELSE %(min_dead)s END,
+                            %(share)s * n_live_tup)
 ORDER BY n_dead_tup DESC
 """
 # SKIP_LOCKED: a table another VACUUM (autovacuum, another worker) holds is skipped, never waited for. No

@@ -87,8 +87,9 @@ def test_a_table_full_of_dead_rows_is_found_and_vacuumed():
 
 @pytest.mark.django_db(transaction=True)
 def test_the_offers_of_many_hand_offs_are_vacuumed_too():
-    """Every item handed off inserts an offer and deletes it: 25,000 of them leave the offer table's dead rows
-    (and its primary key's entries) to the worker's VACUUM as the item table's."""
+    """Every item handed off inserts an offer and deletes it, and every enqueue that may take one reads the table
+    whole: 2,000 of them, which would not make the item table bloated, make the offer table so, and the
+    worker's VACUUM clears it."""
     handoff = sql.HANDOFF
     wait_for(lambda: not snapshot_holders(), timeout=30, what="no other session holding a snapshot")
     with connection.cursor() as cur:
@@ -96,17 +97,19 @@ def test_the_offers_of_many_hand_offs_are_vacuumed_too():
         try:
             cur.execute(
                 f"""INSERT INTO {handoff} (worker_id, channel, lock_key, queues, terms, offered_at)
-                    SELECT 'w-' || n, 'c', n, NULL, '{{}}', now() FROM generate_series(1, 25000) n"""
+                    SELECT 'w-' || n, 'c', n, NULL, '{{}}', now() FROM generate_series(1, 2000) n"""
             )
             cur.execute(f"DELETE FROM {handoff}")
             dead_rows(handoff)
             wait_for(lambda: handoff in engine.bloated_tables(), timeout=15, what="the offers' dead rows counted")
+            assert handoff not in engine.bloated_tables(min_dead_offers=20_000)
             before = vacuums(handoff)
 
             assert set(engine.vacuum(engine.bloated_tables()) or {}) >= {handoff}
             wait_for(lambda: vacuums(handoff) > before and dead_rows(handoff) == 0, timeout=15, what="VACUUM")
         finally:
             cur.execute(f"ALTER TABLE {handoff} RESET (autovacuum_enabled)")
+            cur.execute(f"ANALYZE {handoff}")  # its rows' churn counted: left as the analyze unit would
 
 
 @pytest.mark.django_db(transaction=True)
