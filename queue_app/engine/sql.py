@@ -205,7 +205,8 @@ WITH qr AS (
     SELECT ins.reservation_id, ins.id, ins.attempts, o.worker_id, now(), ins.visible_at, now(), '', ''
     FROM ins, offer o
 )
-SELECT ins.id, ins.run_at, ins.created_at, {_OFFERS_THERE},
+-- An offer taken says offers are there: the table is read again only when none was.
+SELECT ins.id, ins.run_at, ins.created_at, o.id IS NOT NULL OR {_OFFERS_THERE},
        CASE WHEN o.id IS NULL THEN pg_notify(%(channel)s, %(queue)s::text)
             ELSE pg_notify(o.channel, json_build_object(
                 'h', o.id, 'r', ins.reservation_id, 'i', ins.id, 'q', %(queue)s::text, 't', %(task)s::text,
