@@ -177,7 +177,9 @@ WITH qr AS (
           AND NOT EXISTS (
               -- A due item of this priority or a higher one: ready, or leased and its lease lapsed with attempts
               -- left. Read from item_fetch, whose entries carry visible_at: the items in flight (their leases
-              -- ahead) and those not yet due are passed over in the index, without a visit to their rows.
+              -- ahead) and those not yet due are passed over in the index, without a visit to their rows. Only
+              -- lapsed leases on their last attempt are visited and passed: the rescue takes them to the dead
+              -- letters within seconds.
               SELECT FROM {ITEM} i
               WHERE i.queue_id = %(queue)s::text AND i.state IN ('ready', 'reserved')
                 AND i.priority >= %(priority)s AND i.visible_at <= now()
