@@ -242,11 +242,14 @@ def _write_one(params: dict[str, Any], task: str, dedup_key: str | None, using: 
         # One statement (queue row, item, NOTIFY): atomic by itself, so no transaction block of its own — outside
         # the caller's transaction it commits in its own round trip; inside, it joins without a savepoint.
         # Outside one, a plain item may be handed to an idle worker in the same statement (engine/handoff.py).
-        eligible = "trace_context" not in params and handoff.eligible(params, using)
-        if eligible:
+        traced = "trace_context" in params
+        eligible = not traced and handoff.eligible(params, using)
+        if traced:
+            statement = sql.ENQUEUE_TRACED
+        elif eligible:
             statement = handoff.statement(params["queue"])
         else:
-            statement = sql.ENQUEUE if "trace_context" not in params else sql.ENQUEUE_TRACED
+            statement = sql.ENQUEUE
         with cursor(using) as cur:
             cur.execute(statement, params)
             row = cur.fetchone()

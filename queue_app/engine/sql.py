@@ -145,7 +145,7 @@ ENQUEUE_TRACED = _ENQUEUE.format(**_TRACED)
 HANDOFF = "queue_app_handoff"
 HANDOFF_LOCK_NAMESPACE = 0x6A6F68  # "joh"
 # Whether any worker offered a slot for the queue, as of the statement's start (the offer an enqueue takes
-# included): engine/handoff.py's `seen`, which picks the next enqueue's statement.
+# included): what engine/handoff.py's `saw` records, and `statement` picks the next enqueue's statement by.
 _OFFERS_THERE = f"EXISTS (SELECT FROM {HANDOFF} h WHERE h.queues IS NULL OR h.queues ? %(queue)s)"
 # ENQUEUE, and whether an offer is there: the statement of an eligible enqueue while no offer was seen lately
 # (a busy deployment's), which costs ENQUEUE and a read of the (empty) offer table; ENQUEUE_HANDOFF, whose
