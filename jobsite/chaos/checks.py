@@ -26,6 +26,11 @@ from queue_app.engine.sql import DeadReason
 
 from .history import History, Res, Run
 
+# How long after a worker's kill -9 its server sessions may still act for it: the server ends a session once it
+# reads the closed socket (through the run's proxy), and until then runs what the worker sent and holds its
+# listening session's offer lock (engine/handoff.py). A reservation for a killed worker later than this is a fault.
+SESSION_END = timedelta(seconds=2)
+
 AT_LEAST_ONCE, AT_MOST_ONCE, TRANSACTIONAL, POISON = "at_least_once", "at_most_once", "transactional", "poison"
 EXAMPLES = 20
 # Exception class names (execute.failed writes "Name: message") that mean the database went away under a handler.
@@ -62,9 +67,15 @@ class Expect:
     rate_limits: dict[str, tuple[int, int]] = field(default_factory=dict)  # queue -> (leases, per seconds)
 
     def killed_holding(self, res: Res) -> bool:
-        """The reservation's worker was killed while the reservation was open."""
+        """The reservation's worker was killed while the reservation was open; or it was made for that worker as
+        its sessions ended (within SESSION_END of the kill: a statement it sent before, or an enqueue that handed
+        it an item while its listening session still held the offer lock)."""
         at = self.killed.get(res.worker_id)
-        return at is not None and res.reserved_at <= at and (res.finished_at is None or res.finished_at >= at)
+        return (
+            at is not None
+            and res.reserved_at <= at + SESSION_END
+            and (res.finished_at is None or res.finished_at >= at)
+        )
 
     def cut_off(self, res: Res) -> bool:
         """An outage overlapped the reservation: its live worker may have been unable to renew the lease."""

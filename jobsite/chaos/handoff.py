@@ -11,7 +11,7 @@ as an at-least-once probe: run, settled once, re-run only when its worker was lo
 """
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db import connections
 from django.db.utils import InterfaceError, OperationalError
@@ -19,17 +19,13 @@ from django.db.utils import InterfaceError, OperationalError
 from queue_app import engine
 from queue_app.models import ItemHistory, QueueItem
 
-from .checks import Check, _examples
+from .checks import SESSION_END, Check, _examples
 from .history import History, Res
 
 TASK = "queue_app.probe"  # at-least-once
 QUEUE = "chaos_handoff"
 PRIORITY = 20  # ahead of the planted backlog when another worker leases a fed item
 SLEEP = 0.2  # seconds each fed item's handler sleeps: a kill lands mid-run
-# How long after a worker's kill -9 its listening session may still hold its offer lock: the server ends the session
-# once it reads the closed socket (through the run's proxy). An item handed to a killed worker later than this is a
-# fault of the hand-off.
-SESSION_END = timedelta(seconds=2)
 
 
 @dataclass
