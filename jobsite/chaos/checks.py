@@ -390,6 +390,12 @@ def check_amo_killed_mid_run(h: History, expect: Expect) -> Check:
     for item_id, worker_id in sorted(expect.amo_killed.items()):
         item, letters = h.items.get(item_id), h.dead_letters.get(item_id, [])
         runs = len(h.runs_by_item.get(item_id, []))
+        done, killed_at = _done_res(h, item_id), expect.killed.get(worker_id)
+        if (
+            runs == 1 and done is not None and done.worker_id == worker_id and killed_at is not None
+            and done.finished_at is not None and killed_at <= done.finished_at <= killed_at + SESSION_END
+        ):  # fmt: skip
+            continue  # its handler had finished: the settle the worker sent before its kill committed after it
         if item is None or item.state != "dead" or letters != [AMO_STOPPED] or runs > 1:
             state = item.state if item else "gone"
             problems.append(f"item {item_id} killed mid-run in {worker_id}: {state}, letters {letters}, {runs} runs")
