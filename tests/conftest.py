@@ -9,6 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from tests.support import children as children_support
 from tests.support import db_reset, skip_guard, slow_guard, spark_jvm, time_report, xdist_groups
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,14 +72,18 @@ def manage(test_db_name):
 
 @pytest.fixture
 def spawn(test_db_name):
-    """Start `python manage.py ...` in the background; every child is killed at teardown."""
+    """Start `python manage.py ...` in the background; at teardown every child is killed, with its process group,
+    and its server sessions ended before the test database is reset (tests/support/children.py)."""
+    from django.db import connection
+
     children: list[subprocess.Popen] = []
+    tag = children_support.new_tag()
 
     def start(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
         proc = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), *args],
             cwd=ROOT,
-            env=child_env(test_db_name, **(env or {})),
+            env=child_env(test_db_name, PGAPPNAME=tag, **(env or {})),
             stdout=kwargs.pop("stdout", subprocess.PIPE),
             stderr=kwargs.pop("stderr", subprocess.STDOUT),
             text=True,
@@ -88,11 +93,9 @@ def spawn(test_db_name):
         children.append(proc)
         return proc
 
+    start.tag = tag
     yield start
-    for proc in children:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    children_support.end(children, tag, connection)
 
 
 @pytest.fixture
