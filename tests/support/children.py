@@ -16,6 +16,8 @@ import signal
 import subprocess
 import uuid
 
+import psycopg
+
 
 def new_tag() -> str:
     """The `application_name` the sessions of one test's children share."""
@@ -31,14 +33,16 @@ def sessions(connection, tag: str) -> list[int]:
 
 def end(children: list[subprocess.Popen], tag: str, connection) -> None:
     """Kill each child still running, with its process group (a process pool's children too), then end the
-    sessions named `tag`, waiting up to 10 s for each to go."""
+    sessions named `tag`, waiting up to 10 s for each to go. On a connection of its own, opened with the Django
+    connection's parameters: a browser test's teardown runs where Playwright's event loop makes Django's
+    connection refuse to be used (SynchronousOnlyOperation)."""
     for proc in children:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
     if children:
-        with connection.cursor() as cursor:
-            cursor.execute(
+        with psycopg.connect(**connection.get_connection_params(), autocommit=True) as own:
+            own.execute(
                 "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE application_name = %s", [tag]
             )
