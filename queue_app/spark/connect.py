@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -107,26 +108,47 @@ def open_session(url: ConnectUrl | str):
     return spark
 
 
-def probe(url: ConnectUrl, spark=None):
+# How long a probe's query may take. PySpark 4.0's Connect client sets no deadline on a query's RPC: a query the
+# server took and never answers blocks its caller for good (seen once in CI, a probe sent while a restarted server
+# came up: the supervisor then never probed or recorded again, and its server stayed unhealthy).
+PROBE_DEADLINE = 30.0
+
+
+def probe(url: ConnectUrl, spark=None, *, deadline: float = PROBE_DEADLINE):
     """(error, session): error is '' when the server ran a query in `spark` (a session kept between probes,
-    opened when None). A failed probe drops its session."""
+    opened when None) within `deadline` seconds. A failed probe drops its session."""
     if not reachable(url):
         return f"nothing listens on {url.host}:{url.port}", None
     try:
         spark = spark if spark is not None else open_session(url)
     except Exception as exc:  # any client error means: not healthy
         return _said(exc), None
-    error = probe_error(spark)
+    error = probe_error(spark, deadline=deadline)
     return error, None if error else spark
 
 
-def probe_error(spark) -> str:
-    """'' when the server of session `spark` runs a query, else what went wrong."""
-    try:
-        spark.range(1).collect()
-    except Exception as exc:
-        return _said(exc)
-    return ""
+def probe_error(spark, *, deadline: float = PROBE_DEADLINE) -> str:
+    """'' when the server of session `spark` runs a query within `deadline` seconds, else what went wrong. The
+    query runs in a thread of its own; past the deadline the session's channel is closed, which ends the query's
+    RPC (and the thread), and the probe has failed."""
+    said: list[str] = []
+
+    def query() -> None:
+        try:
+            spark.range(1).collect()
+        except Exception as exc:
+            said.append(_said(exc))
+        else:
+            said.append("")
+
+    thread = threading.Thread(target=query, name="spark-connect-probe", daemon=True)
+    thread.start()
+    thread.join(deadline)
+    if thread.is_alive():
+        with contextlib.suppress(Exception):
+            spark.client.close()
+        return f"the server did not answer a query within {deadline:g} s"
+    return said[0]
 
 
 def _said(exc: Exception) -> str:
