@@ -34,6 +34,7 @@ import select
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -447,6 +448,19 @@ class Supervisor:
         if listener_fd is not None and listener_fd in readable:
             self._drain_listener()
 
+    def _on_listener(self, statement: Callable[[], object]) -> None:
+        """Run one of the listener's statements (an offer, its withdrawal, a take of the wake duty), then drain.
+        PostgreSQL sends the notifications that arrive during a statement before its result, so psycopg reads
+        them off the socket with it and keeps them: select() would not wake for them, and the worker would sleep
+        on a queue's wake-up, or on a lease an enqueue handed it (one that took the offer being withdrawn), until
+        its next deadline."""
+        try:
+            statement()
+        except DATABASE_DOWN:
+            self._listener_lost()
+        else:
+            self._drain_listener()
+
     def _drain_listener(self) -> None:
         """Take in the notifications that arrived: the first worker leases now, a follower a moment later."""
         try:
@@ -485,12 +499,7 @@ class Supervisor:
                 self._listener_lost()
         if self.listener.connected and not self.listener.first and now >= self.next_first_try:
             self.next_first_try = now + self.options.poll_interval
-            try:
-                self.listener.try_first()
-            except DATABASE_DOWN:
-                self._listener_lost()
-            else:
-                self._drain_listener()  # what arrived during that statement waits in psycopg, not the socket
+            self._on_listener(self.listener.try_first)
         if now < self.outage.retry_at:
             return
         try:
@@ -569,10 +578,7 @@ class Supervisor:
         )
 
     def _offer(self) -> None:
-        try:
-            self.listener.offer(self.terms)
-        except DATABASE_DOWN:
-            self._listener_lost()
+        self._on_listener(lambda: self.listener.offer(self.terms))
 
     def _offer_in_the_way(self, now: float) -> bool:
         """The offer holds the one slot a lease that is due could use (a queue notification, a poll): take it
@@ -582,10 +588,7 @@ class Supervisor:
         return wanted and self._free() == 0 and self._room() + 1 > 0 and not self.lease_call.busy
 
     def _withdraw(self) -> None:
-        try:
-            self.listener.withdraw()
-        except DATABASE_DOWN:
-            self._listener_lost()
+        self._on_listener(self.listener.withdraw)
 
     def _hold_handed(self) -> None:
         """Hold the leases enqueues handed over (their notifications drained): started in this round like leased

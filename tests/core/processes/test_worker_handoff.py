@@ -1,11 +1,15 @@
 """Hand-off with real run_worker processes (engine/handoff.py): idle workers offer a slot, plain enqueues take the
 offers, and every item runs once; an offer of a worker killed -9 is never taken (its item is queued ready and
-another worker leases it); a worker stopping withdraws its offer."""
+another worker leases it); a worker stopping withdraws its offer; a notification that arrives while the worker
+makes its offer still wakes it."""
 
 import os
 import signal
 
+import psycopg
 import pytest
+from django.db import connection, transaction
+from django.utils import timezone
 
 from queue_app import engine
 from queue_app.models import ExecutionLog, HandoffOffer, ItemState, QueueItem, Reservation, Worker
@@ -76,3 +80,28 @@ def test_the_offer_of_a_worker_killed_is_never_taken(worker):
     assert not offered("w-dead")  # cleared by the live worker's offer
     alive.send_signal(signal.SIGTERM)
     assert alive.wait(30) == 0
+
+
+def test_a_notification_that_arrives_during_the_offer_still_wakes_the_worker(worker):
+    """PostgreSQL sends a notification that arrives during a statement before the statement's result: psycopg
+    reads it off the socket with the result and keeps it, and select() on the socket does not wake for it. Here
+    the worker's OFFER waits on a row lock this test holds while an item is enqueued; the worker must start the
+    item from that notification, not from its next poll 30 s later."""
+    engine.ensure_queue("default")
+    planted = HandoffOffer.objects.create(  # a row the worker's OFFER deletes (its own worker_id) and so waits on
+        worker_id="w-late", channel="planted", lock_key=0, queues=None, terms={}, offered_at=timezone.now()
+    )
+    params = connection.get_connection_params()
+    with psycopg.connect(**params) as holder, psycopg.connect(**params, autocommit=True) as watcher:
+        holder.execute("SELECT 1 FROM queue_app_handoff WHERE id = %s FOR UPDATE", [planted.id])
+        proc = worker("w-late", "--pool", "thread", "--concurrency", "1", "--poll-interval", "30", "--no-scheduler")
+        blocked = "SELECT query FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
+        held_pid = holder.info.backend_pid
+        waiting = wait_for(lambda: watcher.execute(blocked, [held_pid]).fetchall(), 30, what="the OFFER to wait")
+        assert "INSERT INTO queue_app_handoff" in waiting[0][0]
+        with transaction.atomic():  # in a transaction: never handed off, queued ready with a NOTIFY at commit
+            item = engine.enqueue(PROBE, {}).id
+        holder.rollback()  # the OFFER goes on, and the notification comes with its result
+    wait_for(lambda: ExecutionLog.objects.filter(item_id=item).exists(), 10, what="the run before the next poll")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.log.read_text()[-3000:]
