@@ -26,7 +26,7 @@ def _reset_lock_taken() -> bool:
     """Whether the reset's SHARE lock on the table is free now (NOWAIT: no waiting on the child's backend)."""
     with psycopg.connect(**connection.get_connection_params(), autocommit=False) as other:
         try:
-            other.execute("SET lock_timeout = 0; LOCK TABLE queue_app_queue IN SHARE MODE NOWAIT")
+            other.execute("LOCK TABLE queue_app_queue IN SHARE MODE NOWAIT")
         except psycopg.errors.LockNotAvailable:
             return False
         return True
