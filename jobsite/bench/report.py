@@ -105,6 +105,9 @@ CEILING_OF = {
     "ceiling.lease_batch_again": "ceiling.lease_batch",  # the machine's drift between the two measurements
     # jobsite's idle enqueue-to-start over the floor of the same path on bare PostgreSQL (bench/idle_floor.py)
     "jobsite.latency_p50": "ceiling.idle_start",
+    # jobsite's half-load tail over the floor's at the same rate, same run (peers.floor_at_half_load)
+    "jobsite.latency_load_p50": "ceiling.load_start_p50",
+    "jobsite.latency_load_p99": "ceiling.load_start_p99",
     **{f"peer.{name}": "ceiling.lease_batch" for name in PEER_LABELS},
 }
 LATENCY_PREFIX = "latency."  # enqueue-to-start at the peers' common load: jobsite's and each peer's, p50 and p99

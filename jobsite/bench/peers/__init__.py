@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,6 +33,7 @@ from .probe import PROBE_FILE_ENV
 DSN_ENV = "JOBSITE_BENCH_PEER_DSN"  # the peer's scratch database, for its workers and its clients
 LOAD_SHARE = 0.5  # the common load is at most this share of any measured throughput
 STEADY = 1.0  # seconds of feeding before the first counted probe
+FLOOR = "pg_floor"  # the peer that is the floor (pg_floor.py): also measured at jobsite's half load
 
 
 class Client(Protocol):
@@ -275,3 +276,27 @@ def run(ctx: BenchContext, sizes: Sizes, results: Results, names: list[str] | tu
             results.add(Figure(f"latency.{name}_p50", f"{PEER_LABELS[name]} p50", None, "ms", note=note))
         finally:
             peer.teardown()
+    if FLOOR in winners:
+        floor_at_half_load(ctx, sizes, results, winners[FLOOR])
+
+
+def floor_at_half_load(ctx: BenchContext, sizes: Sizes, results: Results, variant: Variant) -> None:
+    """The floor's enqueue-to-start under jobsite's half load (the rate of `jobsite.latency_load_*`, same run):
+    the tail that load leaves a queue with no more than the shortest durable path, on this machine's cores
+    shared by the server, the workers, the feeder and the prober. Keys ceiling.load_start_p50/_p99, jobsite's
+    half-load figures read over them."""
+    half = results.figures.get("jobsite.latency_load_p99")
+    per_s = half.detail.get("load_per_s") if half and half.value is not None else None
+    if not per_s:
+        return
+    peer = load(FLOOR)(ctx)
+    try:
+        p50, p99 = peer.measure_latency(variant, per_s, sizes.latency_samples)
+    except Exception as exc:  # the other figures stand without it
+        ctx.progress("peers", f"{FLOOR} at {per_s:,.0f}/s failed: {exc!r}")
+        return
+    finally:
+        peer.teardown()
+    where = f"floor: enqueue-to-start under a steady {per_s:,.0f} items/s (bare psycopg)"
+    for q, figure in (("p50", p50), ("p99", p99)):
+        results.add(replace(figure, key=f"ceiling.load_start_{q}", label=f"{where}, {q}"))

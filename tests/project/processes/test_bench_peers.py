@@ -12,6 +12,7 @@ import pytest
 
 from jobsite.bench import peers
 from jobsite.bench.context import BenchContext, Progress, server_from_django
+from jobsite.bench.report import Figure, Results, table
 from jobsite.bench.sizes import QUICK
 
 pytestmark = pytest.mark.slow
@@ -69,3 +70,35 @@ def test_peer_drains_its_backlog_with_its_own_workers(name, tmp_path):
     assert 0 < p50.value <= p99.value, logs
     assert p50.detail["samples"] == SMOKE.latency_samples and p50.detail["load_per_s"] == SMOKE_LOAD
     assert p50.detail["fed"] > 0, p50.detail  # the steady load ran beside the probes
+
+
+def test_the_floor_is_measured_at_jobsites_half_load_and_read_beside_it(tmp_path):
+    """The floor (pg_floor) runs under the rate of jobsite's half-load figure of the same run: the tail that load
+    leaves the shortest durable path, the figure jobsite's half-load p50 and p99 are read over."""
+    ctx = BenchContext(
+        server=server_from_django(), db_prefix=f"test_floor_{os.getpid()}", progress=Progress(print), log_dir=tmp_path
+    )
+    results = Results(size="smoke")
+    detail = {"load_per_s": SMOKE_LOAD}
+    results.add(Figure("jobsite.latency_load_p99", "jobsite: under load p99", 30.0, "ms", detail=detail))
+    floor = peers.load(peers.FLOOR)(ctx)
+    try:
+        floor.setup()
+        peers.floor_at_half_load(ctx, SMOKE, results, floor.variants()[0])
+    finally:
+        floor.teardown()
+        ctx.drop_databases()
+    p50, p99 = results.figures["ceiling.load_start_p50"], results.figures["ceiling.load_start_p99"]
+    assert 0 < p50.value <= p99.value
+    assert p99.detail["load_per_s"] == SMOKE_LOAD and p99.detail["samples"] == SMOKE.latency_samples
+    assert p99.label == "floor: enqueue-to-start under a steady 20 items/s (bare psycopg), p99"
+    assert results.ratio("jobsite.latency_load_p99", "ceiling.load_start_p99") == 30.0 / p99.value
+    assert p99.label in table(results)  # in the figures, not the side by side at the common load
+
+
+def test_without_a_half_load_figure_the_floor_is_not_measured_again(tmp_path):
+    ctx = BenchContext(server=server_from_django(), db_prefix="unused", progress=Progress(print), log_dir=tmp_path)
+    results = Results(size="smoke")
+    results.add(Figure("jobsite.latency_load_p99", "jobsite: under load p99", None, "ms", note="n/a"))
+    peers.floor_at_half_load(ctx, SMOKE, results, peers.load(peers.FLOOR)(ctx).variants()[0])
+    assert "ceiling.load_start_p99" not in results.figures
