@@ -26,6 +26,13 @@ def sleepy(payload: dict, ctx: Context) -> None:
     time.sleep(payload.get("seconds", 30))
 
 
+@job("tests.sleepy_once", hard_timeout=5.0, retry=Retry(times=1))
+def sleepy_once(payload: dict, ctx: Context) -> None:
+    """tests.sleepy with one attempt and 5 s to its hard timeout: room for a test to set up what the timeout
+    must come after (a slow machine took more than 1 s)."""
+    time.sleep(payload.get("seconds", 30))
+
+
 @job("tests.stuck_transactional", delivery=Delivery.TRANSACTIONAL, hard_timeout=1.0, retry=Retry(times=3, delay=0))
 def stuck_transactional(payload: dict, ctx: Context) -> None:
     """Logs its run, applies its effect inside its transaction (the item's row locked), and on its first attempt

@@ -466,7 +466,7 @@ def test_the_loop_goes_on_while_its_lease_statement_waits_on_the_server(worker):
     handler past its hard timeout and settles it; once the lock goes, the waiting lease returns its item, which
     runs. With the statement in the loop's own thread, the timeout would wait for the lock."""
     services.configure_queue("held", concurrency_limit=5)
-    stuck = get_task("tests.sleepy").enqueue({"seconds": 8}).id  # hard timeout 1 s
+    stuck = get_task("tests.sleepy_once").enqueue({"seconds": 30}).id  # hard timeout 5 s, one attempt
     proc = worker("leaser", "--pool", "process", "--concurrency", "1", "--queues", "default", "held")
     wait_for(
         lambda: QueueItem.objects.get(id=stuck).state == ItemState.RESERVED, timeout=60, what="the sleepy item's lease"
@@ -483,11 +483,16 @@ def test_the_loop_goes_on_while_its_lease_statement_waits_on_the_server(worker):
                 return look.execute(query, [lock.info.backend_pid]).fetchone()[0]
 
         wait_for(blocked, timeout=10, what="the worker's lease to wait on the queue's row lock")
+        blocked_at = lock.execute("SELECT clock_timestamp()").fetchone()[0]
         wait_for(
             lambda: [r.outcome for r in Reservation.objects.filter(item_id=stuck)] == ["timed_out"],
-            timeout=10,
+            timeout=20,
             what="the hard timeout to be enforced and settled while the lease waits",
         )
+        # With tests.sleepy's 1 s, a loaded CI machine once took longer than that from the lease to the lock
+        # waited on: the item timed out first, was retried and leased again, and the test waited in vain.
+        (timed_out,) = Reservation.objects.filter(item_id=stuck)
+        assert timed_out.finished_at > blocked_at, "the hard timeout came before the lease waited on the lock"
         assert blocked(), "the lease should still be waiting on the lock"
         assert QueueItem.objects.get(id=waiting).state == ItemState.READY
         lock.execute("ROLLBACK")
