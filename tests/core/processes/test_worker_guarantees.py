@@ -6,9 +6,12 @@ Connection loss is real: the worker under test reaches PostgreSQL through the ch
 (`db_proxy`), which resets its connections and refuses new ones for as long as the test says.
 """
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.db.models import Count
@@ -209,6 +212,18 @@ def test_three_workers_fire_each_due_schedule_exactly_once(worker):
     assert {item_id: runs[item_id] for item_id in ran} == {item_id: 1 for item_id in ran}  # and ran once
 
 
+CLOCK_NANOSLEEP = {"x86_64": "230", "aarch64": "115"}[os.uname().machine]  # time.sleep's system call on Linux
+
+
+def _children_asleep(proc) -> int:
+    """How many of a worker's pool children are in time.sleep (their system call, from /proc)."""
+    asleep = 0
+    for child in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
+        with contextlib.suppress(OSError):  # gone meanwhile
+            asleep += Path(f"/proc/{child}/syscall").read_text().split()[0] == CLOCK_NANOSLEEP
+    return asleep
+
+
 def test_a_worker_cut_off_briefly_settles_what_finished_meanwhile_once_the_database_is_back(worker, db_proxy):
     """README, limits: results of handlers that finish while the database is unreachable are kept and settled
     when it is back. Inside the silence limit nobody takes the items over: each runs once, settled by it."""
@@ -217,6 +232,10 @@ def test_a_worker_cut_off_briefly_settles_what_finished_meanwhile_once_the_datab
     ids = get_task("queue_app.probe").enqueue_many([{"sleep": 1}] * 4)
     cut_off = worker("blip", "--concurrency", "4", "--prefetch", "0", env={"DATABASE_URL": db_proxy.url()})
     wait_for(lambda: ExecutionLog.objects.count() == 4, timeout=60, what="the four handlers to start")
+    # A run's row is visible once the server commits it, before its reply has reached the handler through the
+    # proxy: a cut then fails that handler (a loaded CI machine did so, and the retries ran again). Cut once the
+    # four are asleep, past their statement.
+    wait_for(lambda: _children_asleep(cut_off) == 4, timeout=30, what="the four handlers asleep")
     assert db_proxy.cut(4) > 0  # the handlers finish (1 s) during the cut
     other = worker("bystander", "--concurrency", "2")  # competes for the queue all along: must get nothing
     wait_for(
