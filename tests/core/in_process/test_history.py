@@ -16,6 +16,7 @@ from queue_app import engine, services
 from queue_app.engine import history, sql
 from queue_app.models import DeadLetter, ItemHistory, QueueItem, Reservation, ReservationHistory
 from tests.support.history_helpers import age, archive_all, finished
+from tests.support.locks import blocked_by
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -212,9 +213,7 @@ def test_the_archive_runs_in_the_maintenance_thread_and_the_loop_does_not_wait_f
         blocker.execute("LOCK TABLE queue_app_itemhistory IN SHARE MODE")  # no insert until it commits
 
         def waiting() -> list[str]:
-            with psycopg.connect(**connection.get_connection_params(), autocommit=True) as look:
-                query = "SELECT query FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
-                return [row[0] for row in look.execute(query, [blocker.info.backend_pid]).fetchall()]
+            return [query for _, query in blocked_by(blocker.info.backend_pid)]
 
         Maintenance([unit]).run_due()  # returns: the batch runs in the maintenance thread
         deadline = time.monotonic() + 1.5  # within the move's lock timeout (2 s)

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from queue_app import engine
 from queue_app.models import ExecutionLog, HandoffOffer, ItemState, QueueItem, Reservation, Worker
+from tests.support.locks import blocked_by
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -91,14 +92,11 @@ def test_a_notification_that_arrives_during_the_offer_still_wakes_the_worker(wor
     planted = HandoffOffer.objects.create(  # a row the worker's OFFER deletes (its own worker_id) and so waits on
         worker_id="w-late", channel="planted", lock_key=0, queues=None, terms={}, offered_at=timezone.now()
     )
-    params = connection.get_connection_params()
-    with psycopg.connect(**params) as holder, psycopg.connect(**params, autocommit=True) as watcher:
+    with psycopg.connect(**connection.get_connection_params()) as holder:
         holder.execute("SELECT 1 FROM queue_app_handoff WHERE id = %s FOR UPDATE", [planted.id])
         proc = worker("w-late", "--pool", "thread", "--concurrency", "1", "--poll-interval", "30", "--no-scheduler")
-        blocked = "SELECT query FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
-        held_pid = holder.info.backend_pid
-        waiting = wait_for(lambda: watcher.execute(blocked, [held_pid]).fetchall(), 30, what="the OFFER to wait")
-        assert "INSERT INTO queue_app_handoff" in waiting[0][0]
+        waiting = wait_for(lambda: blocked_by(holder.info.backend_pid), 30, what="the OFFER to wait")
+        assert "INSERT INTO queue_app_handoff" in waiting[0][1]
         with transaction.atomic():  # in a transaction: never handed off, queued ready with a NOTIFY at commit
             item = engine.enqueue(PROBE, {}).id
         holder.rollback()  # the OFFER goes on, and the notification comes with its result

@@ -31,6 +31,7 @@ from queue_app.models import DeadLetter, ExecutionLog, ItemState, ProbeEffect, Q
 from queue_app.registry import get_task
 from queue_app.worker.replace import REPLACES_ENV, STOP_SIGNALS
 from tests.support.lease_sampler import LiveReservations
+from tests.support.locks import blocked_by
 from tests.support.waiting import wait_for
 from tests.support.worker_helpers import finish, held_by, open_items, output, runs_per_item, short_leases
 from tests.tasks import worker_tasks  # noqa: F401  (registers the tests.* tasks the workers --import)
@@ -478,9 +479,7 @@ def test_the_loop_goes_on_while_its_lease_statement_waits_on_the_server(worker):
         waiting = get_task("queue_app.echo").enqueue({"after": "the lock"}, queue="held").id
 
         def blocked() -> int:
-            with engine.dedicated_connection() as look:
-                query = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
-                return look.execute(query, [lock.info.backend_pid]).fetchone()[0]
+            return len(blocked_by(lock.info.backend_pid))
 
         wait_for(blocked, timeout=10, what="the worker's lease to wait on the queue's row lock")
         blocked_at = lock.execute("SELECT clock_timestamp()").fetchone()[0]
