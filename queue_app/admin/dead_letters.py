@@ -51,7 +51,7 @@ class StatusFilter(admin.SimpleListFilter):
         if self.value() == "open":
             # An open letter's item is dead: it dies with the letter written, and only a requeue
             # (services.requeue_items, which closes its letters) or a purge (which deletes both) ends that. Said
-            # here, the planner can use the dead items' indexes (item_task_history, item_history) with a queue or
+            # here, the planner can use the dead items' indexes (item_task_not_done, item_history) with a queue or
             # task filter: 10M open items, "open, queue + task" p95 566 -> 153-189 ms (it read the item table whole).
             return queryset.filter(requeued_at__isnull=True, item__state=ItemState.DEAD)
         if self.value() == "requeued":

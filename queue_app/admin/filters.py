@@ -10,7 +10,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from ..engine.alias import connection
-from ..models import HISTORY_STATES_SQL, IdMark, ItemHistory, ItemState, QueueItem
+from ..models import NOT_DONE_STATES_SQL, IdMark, ItemHistory, ItemState, QueueItem
 from ..monitoring import SCHEDULED, SHOWN_STATES
 from ..registry import registered_tasks
 
@@ -80,17 +80,18 @@ def recent(field: str, title: str, parameter: str, *, mark: str = "") -> type[Re
 
 # -- task names -----------------------------------------------------------------------------------------------
 
-# DISTINCT task over millions of rows is a full scan; this walks item_task_history (task, state) one name at a
-# time, and the history's itemhistory_task likewise (the archiver moves finished items there after a minute).
-# Those indexes hold finished items only (an index on open items would cost every enqueue and lease one more
-# entry), so the names of open items come from the task registry: a task that is not registered cannot be run,
-# and its items soon finish as dead letters.
+# DISTINCT task over millions of rows is a full scan; this walks item_task_not_done (task, state) one name at a
+# time, and the history's itemhistory_task likewise. Those indexes hold finished items only (an index on open
+# items would cost every enqueue and lease one more entry, on done items every settle: migration 0053), so the
+# names of open items come from the task registry (a task that is not registered cannot be run, and its items
+# soon finish as dead letters), and those of done items from the history (the archiver moves them there a
+# minute after they finish; a done item ran a registered task).
 DISTINCT_TASKS = f"""
 WITH RECURSIVE t(task) AS (
-    (SELECT task FROM {QueueItem._meta.db_table} WHERE state IN ({HISTORY_STATES_SQL}) ORDER BY task LIMIT 1)
+    (SELECT task FROM {QueueItem._meta.db_table} WHERE state IN ({NOT_DONE_STATES_SQL}) ORDER BY task LIMIT 1)
     UNION ALL
     SELECT (SELECT i.task FROM {QueueItem._meta.db_table} i
-            WHERE i.state IN ({HISTORY_STATES_SQL}) AND i.task > t.task ORDER BY i.task LIMIT 1)
+            WHERE i.state IN ({NOT_DONE_STATES_SQL}) AND i.task > t.task ORDER BY i.task LIMIT 1)
     FROM t WHERE t.task IS NOT NULL
 ), h(task) AS (
     (SELECT task FROM {ItemHistory._meta.db_table} ORDER BY task LIMIT 1)

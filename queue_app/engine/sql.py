@@ -24,7 +24,7 @@ WORKFLOW_STEP = "queue_app_workflowstep"  # read by the traced lease (a step ite
 # The state test of a row found by its primary key, written as an expression (`state || ''`) so that PostgreSQL
 # cannot match it to a partial index's predicate. Planned on out-of-date statistics (a queue filled since its
 # last ANALYZE) a partial index looks empty, and reading it whole then looks cheaper than a primary-key probe:
-# every settle read the whole in-flight (item_in_flight) or done (item_task_history) set.
+# every settle read the whole in-flight (item_in_flight) or done set (the task index of the time).
 # tests/core/in_process/test_engine_plans.py plans every statement on such statistics.
 def _state_is(state: str, alias: str = "") -> str:
     return f"({alias + '.' if alias else ''}state || '') = '{state}'"

@@ -16,6 +16,8 @@ from .history import ItemHistory, ReservationHistory
 from .queue import (
     HISTORY_STATES,
     HISTORY_STATES_SQL,
+    NOT_DONE_STATES,
+    NOT_DONE_STATES_SQL,
     OPEN_STATES,
     DeadLetter,
     DedupClaim,
@@ -38,6 +40,8 @@ from ..probes.models import ExecutionLog, ProbeEffect
 __all__ = [
     "HISTORY_STATES",
     "HISTORY_STATES_SQL",
+    "NOT_DONE_STATES",
+    "NOT_DONE_STATES_SQL",
     "OPEN_STATES",
     "CatchUp",
     "DeadLetter",

@@ -248,7 +248,7 @@ def test_items_filter_by_task_lists_registered_tasks_and_those_of_finished_items
 
     assert ids_listed(response) == {items["billing"]}
     page = response.content.decode()
-    assert "?task=billing.void" in page  # from item_task_history
+    assert "?task=billing.void" in page  # from item_task_not_done
     assert "?task=queue_app.noop" in page  # registered, no item yet
     # Open items of a task nobody registered ("billing.refund") are offered once they finish (as dead letters,
     # when a worker meets them): an index of open items' tasks would cost every enqueue and lease one more entry.

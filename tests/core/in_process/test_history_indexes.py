@@ -1,5 +1,6 @@
-"""The admin's indexes cover finished items only (item_history, item_task_history): an enqueue and a lease write
-no entry into them, and the counts and lists that used full-table indexes before still read indexes only."""
+"""The admin's indexes cover finished items only (item_history; item_task_not_done, dead and cancelled ones): an
+enqueue and a lease write no entry into them, a done settle one (item_history), and the counts and lists that used
+full-table indexes before still read indexes only."""
 
 import json
 
@@ -14,7 +15,7 @@ from queue_app.monitoring import DEPTH, snapshot
 
 pytestmark = pytest.mark.django_db
 
-HISTORY_INDEXES = ("item_history", "item_task_history")
+HISTORY_INDEXES = ("item_history", "item_task_not_done")
 
 
 def index_pages(name: str) -> int:
@@ -35,8 +36,15 @@ def test_enqueue_and_lease_write_no_entry_into_the_history_indexes():
     engine.lease(["q"], 5_000, "w1")
 
     assert {name: index_pages(name) for name in HISTORY_INDEXES} == empty
-    QueueItem.objects.filter(state=ItemState.RESERVED).update(state=ItemState.DONE)
-    assert all(index_pages(name) > empty[name] for name in HISTORY_INDEXES)
+    # Done: what almost every item ends as, through its lease's settle. Into item_history only.
+    reserved = sorted(QueueItem.objects.filter(state=ItemState.RESERVED).values_list("id", flat=True))
+    QueueItem.objects.filter(id__in=reserved[1_000:]).update(state=ItemState.DONE)
+    assert index_pages("item_history") > empty["item_history"]
+    assert index_pages("item_task_not_done") == empty["item_task_not_done"]
+    # Dead and cancelled: into both.
+    QueueItem.objects.filter(id__in=reserved[:500]).update(state=ItemState.DEAD)
+    QueueItem.objects.filter(id__in=reserved[500:1_000]).update(state=ItemState.CANCELLED)
+    assert index_pages("item_task_not_done") > empty["item_task_not_done"]
 
 
 def item_scans(query: str, params: dict) -> list[tuple[str, str | None]]:
@@ -64,7 +72,7 @@ def item_scans(query: str, params: dict) -> list[tuple[str, str | None]]:
 def backlog_and_history() -> None:
     """60,000 items in two queues and two tasks: one in ten open (a drained queue's shape), the rest finished,
     and analyzed: the plans asserted are those of this table, not of the statistics an earlier test left (planned on
-    a table last analyzed empty, the depth's hot count walked item_task_history as readily as item_history). The
+    a table last analyzed empty, the depth's hot count walked the task index as readily as item_history). The
     ANALYZE sees this transaction's rows; its column statistics (pg_statistic) go with the test's rollback, the row
     count it writes in place into pg_class stays until the next ANALYZE or VACUUM."""
     for queue, task in (("qa", "billing.charge"), ("qb", "mail.send")):
@@ -88,11 +96,30 @@ def test_depth_counts_every_state_through_an_index_that_holds_only_that_class_of
     assert len(counted) == 4  # ready, done, dead and cancelled all there
 
 
-def test_task_names_walk_item_task_history_and_add_the_registered_tasks(backlog_and_history):
+def test_task_names_walk_item_task_not_done_and_add_the_registered_tasks(backlog_and_history):
     scans = item_scans(DISTINCT_TASKS, {"limit": 200})
 
-    assert {index for _, index in scans} - {None} == {"item_task_history"}
+    assert {index for _, index in scans} - {None} == {"item_task_not_done"}
     assert "Seq Scan" not in {kind for kind, _ in scans}
     names = task_names()
     assert {"billing.charge", "mail.send", "queue_app.noop"} <= set(names)
     assert names == sorted(names)
+
+
+def test_task_names_offer_a_done_task_once_it_is_archived_and_a_dead_one_at_once():
+    """Done items are not in the hot table's task index (each settle would write an entry): an unregistered task
+    whose items are done is offered once the archiver moved them (a minute after they finish); one whose items are
+    dead or cancelled, at once."""
+    engine.enqueue_many("old.done", [{}] * 3, queue="qa")
+    engine.enqueue_many("old.dead", [{}], queue="qa")
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE queue_app_queueitem SET finished_at = now() - interval '2 minutes',"
+            " state = CASE task WHEN 'old.done' THEN 'done' ELSE 'dead' END WHERE task LIKE 'old.%%'"
+        )
+
+    names = task_names()
+    assert "old.dead" in names and "old.done" not in names
+    with transaction.atomic():
+        assert engine.archive(grace=60) == 3
+    assert {"old.dead", "old.done"} <= set(task_names())
