@@ -130,6 +130,8 @@ probe_at_most_once = job(
 probe_transactional = job(
     "queue_app.probe_transactional", delivery=Delivery.TRANSACTIONAL, hard_timeout=PROBE_HARD_TIMEOUT
 )(_probe)
+# Their items are the ones a worker with the stage times on stamps (queue_app/stages.py): _probe stamps the last.
+stages.TASKS.update(task.name for task in (probe, probe_at_most_once, probe_transactional))
 
 
 def _probe_chunk(items: list[ChunkItem]) -> list[Any]:

@@ -141,7 +141,7 @@ def _child_main(conn: Connection, inherited: list[Connection], parent_pid: int, 
             break
         if job is None:
             break
-        if stages.on:
+        if stages.on and job.task in stages.TASKS:
             stages.picked(job.reservation_id)
         _checked_by_socket()  # a child always waited for its job (it gets one only when idle)
         outcome = runner(job)
@@ -224,7 +224,7 @@ class ProcessPool:
     def submit(self, job: Job) -> None:
         child = next(c for c in self.children if c.job is None)
         child.job, child.started = job, time.monotonic()
-        if stages.on:
+        if stages.on and job.task in stages.TASKS:
             stages.submitted(job.reservation_id)
         try:
             child.conn.send(job)
@@ -361,7 +361,7 @@ class ThreadPool:
                 break
             if self.queued.pop(job.reservation_id, None) is None:
                 continue  # stopped or taken back before any thread started it
-            if stages.on:
+            if stages.on and job.task in stages.TASKS:
                 stages.picked(job.reservation_id)
             if waited:
                 _checked_by_socket()
@@ -402,7 +402,7 @@ class ThreadPool:
     def submit(self, job: Job) -> None:
         self.outstanding.add(job.reservation_id)
         self.queued[job.reservation_id] = job
-        if stages.on:
+        if stages.on and job.task in stages.TASKS:
             stages.submitted(job.reservation_id)
         self.jobs.put(job)
 

@@ -601,7 +601,7 @@ class Supervisor:
         if stages.on:
             at = time.time()
             for lease in handed:
-                stages.leased([lease.reservation_id], at, at, at, 1, "handoff")  # its notification drained
+                stages.leased([lease], at, at, at, 1, "handoff")  # its notification drained
         self.taken += len(handed)
         self.stats.handed_off += len(handed)
         self._hold(handed, time.monotonic())
@@ -652,8 +652,7 @@ class Supervisor:
             self.woken = True  # try again as soon as the database allows
             raise
         if stages.on:
-            rids = [lease.reservation_id for lease in out.leases]
-            stages.leased(rids, woken_at, sent_at, time.time(), want, "beside")
+            stages.leased(out.leases, woken_at, sent_at, time.time(), want, "beside")
             self.woken_at = 0.0
         self._took(out, [], want, now)
 
@@ -691,8 +690,7 @@ class Supervisor:
             raise error
         if stages.on and want:
             call = self.lease_call
-            rids = [lease.reservation_id for lease in out.leases]
-            stages.leased(rids, call.woken_at, call.sent_at, call.leased_at, want, call.path)
+            stages.leased(out.leases, call.woken_at, call.sent_at, call.leased_at, want, call.path)
         self._took(out, sent, want, now)
 
     def _took(self, out: engine.SettledAndLeased, sent: list, want: int, now: float) -> None:

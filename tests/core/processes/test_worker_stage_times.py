@@ -1,11 +1,13 @@
 """The worker's stage times (queue_app/stages.py, issue 47): off by default, an off worker never calls a
-recording function; on, every item it starts is stamped from its lease to its handler's first line; and what the
-stamps show of the latency path with real worker processes: a lone item on an idle queue is leased alone, while
-a burst is leased in batches."""
+recording function; on, every probe it starts is stamped from its lease to its handler's first line, and no other
+item; and what the stamps show of the latency path with real worker processes: a lone item on an idle queue is
+leased alone, while a burst is leased in batches."""
 
 import signal
+from collections import Counter
 
 import pytest
+from django.db import transaction
 
 from queue_app import engine, stages
 from queue_app.engine import handoff
@@ -67,6 +69,28 @@ def test_an_on_worker_stamps_each_item_from_its_lease_to_its_handlers_first_line
     for line in (line for line in lines if line[0] == "L"):
         woken, sent, leased = map(float, line[2:5])
         assert 0 < sent <= leased and int(line[6]) <= int(line[5]) and line[7] in ("loop", "thread", "beside")
+
+
+def test_an_on_worker_stamps_the_probes_only_and_counts_every_item_a_lease_got(settings, tmp_path):
+    """A split is made of the probes; the load around them is not stamped (writing out a load's stamps held the
+    loop it timed). A lease's line still says how many items it got, probes or not."""
+    path = tmp_path / "stages"
+    settings.JOBSITE = {**getattr(settings, "JOBSITE", {}), "STAGE_TIMES": str(path)}
+    with transaction.atomic():  # one due time: leased in id order, a no-op beside each probe
+        for _ in range(10):
+            engine.enqueue("queue_app.noop", {})
+            engine.enqueue(PROBE, {})
+    Supervisor(WorkerOptions(pool="thread", concurrency=2, burst=True, scheduler=False)).run()
+    assert QueueItem.objects.filter(state=ItemState.DONE).count() == 20
+
+    lines = [line.split() for line in path.read_text().splitlines()]
+    probes = set(ExecutionLog.objects.values_list("reservation_id", flat=True))
+    assert len(probes) == 10
+    for kind in "LSPF":
+        assert {int(line[1]) for line in lines if line[0] == kind} == probes, kind
+    per_lease = Counter(tuple(line[2:8]) for line in lines if line[0] == "L")  # a lease's times, asked, got, path
+    assert all(int(lease[4]) >= probes_in_it for lease, probes_in_it in per_lease.items())
+    assert any(int(lease[4]) > probes_in_it for lease, probes_in_it in per_lease.items()), per_lease
 
 
 @pytest.mark.slow
