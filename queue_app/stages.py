@@ -64,12 +64,16 @@ def leased(leases: Sequence[Any], woken: float, sent: float, leased_at: float, a
         _stamps.append(("L", reservation_ids, woken, sent, leased_at, asked, len(leases), path))
 
 
-def submitted(reservation_id: int) -> None:
-    _stamps.append(("S", reservation_id, time.time()))
+def submitted(job: Any) -> None:
+    """A job (anything with `reservation_id` and `task`) handed to the pool, if its task is one of TASKS."""
+    if job.task in TASKS:
+        _stamps.append(("S", job.reservation_id, time.time()))
 
 
-def picked(reservation_id: int) -> None:
-    _stamps.append(("P", reservation_id, time.time()))
+def picked(job: Any) -> None:
+    """A job taken by a pool thread or child, if its task is one of TASKS."""
+    if job.task in TASKS:
+        _stamps.append(("P", job.reservation_id, time.time()))
 
 
 def first_line(reservation_id: int) -> None:

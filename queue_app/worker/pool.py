@@ -141,8 +141,8 @@ def _child_main(conn: Connection, inherited: list[Connection], parent_pid: int, 
             break
         if job is None:
             break
-        if stages.on and job.task in stages.TASKS:
-            stages.picked(job.reservation_id)
+        if stages.on:
+            stages.picked(job)
         _checked_by_socket()  # a child always waited for its job (it gets one only when idle)
         outcome = runner(job)
         try:
@@ -224,8 +224,8 @@ class ProcessPool:
     def submit(self, job: Job) -> None:
         child = next(c for c in self.children if c.job is None)
         child.job, child.started = job, time.monotonic()
-        if stages.on and job.task in stages.TASKS:
-            stages.submitted(job.reservation_id)
+        if stages.on:
+            stages.submitted(job)
         try:
             child.conn.send(job)
         except OSError:  # it died while idle: its replacement takes the job
@@ -361,8 +361,8 @@ class ThreadPool:
                 break
             if self.queued.pop(job.reservation_id, None) is None:
                 continue  # stopped or taken back before any thread started it
-            if stages.on and job.task in stages.TASKS:
-                stages.picked(job.reservation_id)
+            if stages.on:
+                stages.picked(job)
             if waited:
                 _checked_by_socket()
             me.job, me.started = job, time.monotonic()
@@ -402,8 +402,8 @@ class ThreadPool:
     def submit(self, job: Job) -> None:
         self.outstanding.add(job.reservation_id)
         self.queued[job.reservation_id] = job
-        if stages.on and job.task in stages.TASKS:
-            stages.submitted(job.reservation_id)
+        if stages.on:
+            stages.submitted(job)
         self.jobs.put(job)
 
     def started_at(self, reservation_id: int) -> float | None:

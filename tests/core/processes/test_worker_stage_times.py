@@ -5,6 +5,7 @@ leased alone, while a burst is leased in batches."""
 
 import signal
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 from django.db import transaction
@@ -138,7 +139,7 @@ def test_stamps_gathered_past_the_bound_are_written_out_of_memory(settings, tmp_
     settings.JOBSITE = {**getattr(settings, "JOBSITE", {}), "STAGE_TIMES": str(path)}
     stages.configure()
     for reservation_id in range(3):
-        stages.picked(reservation_id)
+        stages.picked(SimpleNamespace(reservation_id=reservation_id, task=PROBE))
     stages.flush(at_least=4)  # fewer than the bound: kept
     assert not path.exists()
     stages.first_line(2)
