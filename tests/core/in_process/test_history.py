@@ -16,7 +16,7 @@ from queue_app import engine, services
 from queue_app.engine import history, sql
 from queue_app.models import DeadLetter, ItemHistory, QueueItem, Reservation, ReservationHistory
 from tests.support.history_helpers import age, archive_all, finished
-from tests.support.locks import blocked_by
+from tests.support.locks import relations_awaited
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -212,8 +212,8 @@ def test_the_archive_runs_in_the_maintenance_thread_and_the_loop_does_not_wait_f
     with psycopg.connect(**connection.get_connection_params()) as blocker:
         blocker.execute("LOCK TABLE queue_app_itemhistory IN SHARE MODE")  # no insert until it commits
 
-        def waiting() -> list[str]:
-            return [query for _, query in blocked_by(blocker.info.backend_pid)]
+        def waiting() -> list[str]:  # by the relations it waits for (its query text can be an older statement's)
+            return relations_awaited(blocker.info.backend_pid)
 
         Maintenance([unit]).run_due()  # returns: the batch runs in the maintenance thread
         deadline = time.monotonic() + 1.5  # within the move's lock timeout (2 s)
