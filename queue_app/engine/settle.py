@@ -23,16 +23,21 @@ class Held(Protocol):
     attempt: int
 
 
+def _encoded(result: Any) -> str | None:
+    """A result as stored (JSON text, or None); InvalidResult when it is not JSON."""
+    try:
+        return None if result is None else encode_json(result, "result")
+    except InvalidEnqueue as exc:
+        raise InvalidResult(str(exc)) from None
+
+
 def complete_many(done: Iterable[tuple[Held, Any]], *, using: str | None = None) -> list[Held]:
     """Mark items done with their results in one statement. Returns the leases that were stale (unchanged).
     Results must be JSON (InvalidResult otherwise, raised before anything is written)."""
     pairs = list(done)
     if not pairs:
         return []
-    try:
-        results = [None if result is None else encode_json(result, "result") for _, result in pairs]
-    except InvalidEnqueue as exc:
-        raise InvalidResult(str(exc)) from None
+    results = [_encoded(result) for _, result in pairs]
     with cursor(using) as cur:
         cur.execute(
             sql.COMPLETE_MANY,
@@ -47,8 +52,14 @@ def complete_many(done: Iterable[tuple[Held, Any]], *, using: str | None = None)
 
 
 def complete(held: Held, result: Any = None, *, using: str | None = None) -> None:
-    if complete_many([(held, result)], using=using):
-        raise StaleReservation(held.reservation_id, held.item_id, "complete")
+    """complete_many of one item, in a statement of its own (sql.COMPLETE_ONE: planned once per connection)."""
+    encoded = _encoded(result)
+    with cursor(using) as cur:
+        cur.execute(
+            sql.COMPLETE_ONE, {"item_id": held.item_id, "reservation_id": held.reservation_id, "result": encoded}
+        )
+        if cur.fetchone() is None:
+            raise StaleReservation(held.reservation_id, held.item_id, "complete")
 
 
 def _storable(text: str) -> str:
@@ -172,10 +183,16 @@ def extend_many(held: Sequence[Held], seconds: float, *, using: str | None = Non
 
 
 def extend(held: Held, seconds: float, *, using: str | None = None) -> datetime:
-    deadline = extend_many([held], seconds, using=using).get(held.reservation_id)
-    if deadline is None:
+    """extend_many of one item, in a statement of its own (sql.EXTEND_ONE: planned once per connection)."""
+    with cursor(using) as cur:
+        cur.execute(
+            sql.EXTEND_ONE,
+            {"item_id": held.item_id, "reservation_id": held.reservation_id, "seconds": float(seconds)},
+        )
+        row = cur.fetchone()
+    if row is None:
         raise StaleReservation(held.reservation_id, held.item_id, "extend")
-    return deadline
+    return row[1]
 
 
 def release(held: Held, *, delay: float = 0.0, using: str | None = None) -> None:

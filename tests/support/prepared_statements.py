@@ -3,6 +3,7 @@ of the engine on first use (engine/db.py), and `pg_prepared_statements` counts e
 its custom plans), so a count that grew during the call says that statement ran."""
 
 import re
+import threading
 from collections.abc import Callable, Iterable
 
 from django.db import connection
@@ -35,3 +36,37 @@ def which_ran(call: Callable[[], object], names: Iterable[str]) -> list[str]:
     call()
     ran = {text for text, runs in _runs().items() if runs > before.get(text, 0)}
     return [name for name in names if positional(getattr(sql, name))[0] in ran]
+
+
+def plans_on_a_projects_connection(call: Callable[[], object], names: Iterable[str]) -> dict[str, tuple]:
+    """Run `call` in a thread of its own, whose connection is a new session and a project's, not the worker's
+    (this test's thread may have been marked as a worker's by a test before it: engine_session_here), and return
+    how the engine's statements `names` were planned there: {name: (plan_cache_mode, generic plans, custom
+    plans)}. A project's connection keeps PostgreSQL's plan choice (`auto`), which plans a prepared statement
+    with its values five times and then keeps the generic plan, unless that plan looks dearer than planning
+    anew; then every later run is planned again."""
+    found: dict[str, tuple] = {}
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT statement, current_setting('plan_cache_mode'), generic_plans, custom_plans"
+                    " FROM pg_prepared_statements"
+                )
+                counts = {text: rest for text, *rest in cur.fetchall()}
+            for name in names:
+                found[name] = tuple(counts.get(positional(getattr(sql, name))[0], ()))
+        except BaseException as exc:  # reported in the test's own thread
+            failed.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(120)
+    if failed:
+        raise failed[0]
+    return found

@@ -12,6 +12,7 @@ from django.utils import timezone
 from queue_app import engine
 from queue_app.conf import queue_settings
 from queue_app.models import DeadLetter, QueueItem, Reservation
+from tests.support.prepared_statements import plans_on_a_projects_connection
 
 LONG = 3600.0
 
@@ -337,6 +338,25 @@ def test_extend_many_returns_deadlines_for_current_reservations_only():
     a, b = engine.lease(["default"], 2, "w1")
     engine.complete(b)
     assert set(engine.extend_many([a, b], 60)) == {a.reservation_id}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_projects_connection_plans_one_items_complete_and_extend_once():
+    """A transactional handler's complete, a reservation used as a lock, a handler's ctx.extend: one item at a
+    time on a project's connection. Through a batch's arrays, whose length a plan made without the values puts
+    at 10, the generic plan looked ten times dearer than one item's, and each call was planned anew
+    (COMPLETE_MANY ('auto', 0, 8) for eight completes, 0.27 ms of a 0.83 ms call)."""
+    engine.enqueue_many("t", [{}] * 8)
+
+    def settle_eight() -> None:
+        for held in engine.lease(["default"], 8, "w1", lease_timeout=LONG):
+            engine.extend(held, 60)
+            engine.complete(held, {"ok": True})
+
+    plans = plans_on_a_projects_connection(settle_eight, ["COMPLETE_ONE", "EXTEND_ONE"])
+
+    assert plans == {"COMPLETE_ONE": ("auto", 3, 5), "EXTEND_ONE": ("auto", 3, 5)}
+    assert QueueItem.objects.filter(state="done", result={"ok": True}).count() == 8
 
 
 # -- fencing: a lease that expired and was taken again ------------------------------------------------------
